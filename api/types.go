@@ -1,0 +1,197 @@
+// Package api holds the wire types of warren's REST API v1. The server, the
+// Go SDK and the CLI share them; api/openapi.yaml describes the same contract.
+package api
+
+import "time"
+
+// Sandbox states.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StateStopped  = "stopped"
+	StateFailed   = "failed"
+)
+
+// Tiers.
+const (
+	TierContainer = "container"
+)
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest struct {
+	Tier        string            `json:"tier,omitempty"`
+	Image       string            `json:"image"`
+	CPU         float64           `json:"cpu,omitempty"`       // cores; default 1
+	MemoryMB    int64             `json:"memory_mb,omitempty"` // default 512
+	DiskMB      int64             `json:"disk_mb,omitempty"`   // writable layer limit; default 1024
+	Pids        int64             `json:"pids,omitempty"`      // default 1024
+	Env         map[string]string `json:"env,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	TTL         int64             `json:"ttl,omitempty"`          // seconds of maximum lifetime; 0 = default
+	IdleTimeout int64             `json:"idle_timeout,omitempty"` // seconds without an operation; 0 = none
+	User        string            `json:"user,omitempty"`         // default user for exec
+	Hostname    string            `json:"hostname,omitempty"`
+}
+
+// Sandbox is the public view of one sandbox.
+type Sandbox struct {
+	ID          string            `json:"id"`
+	State       string            `json:"state"`
+	Node        string            `json:"node"`
+	Tier        string            `json:"tier"`
+	Image       string            `json:"image"`
+	CPU         float64           `json:"cpu"`
+	MemoryMB    int64             `json:"memory_mb"`
+	DiskMB      int64             `json:"disk_mb"`
+	Pids        int64             `json:"pids"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	User        string            `json:"user,omitempty"`
+	TTL         int64             `json:"ttl"`
+	IdleTimeout int64             `json:"idle_timeout"`
+	CreatedAt   time.Time         `json:"created_at"`
+	ExpiresAt   *time.Time        `json:"expires_at,omitempty"`
+	LastActive  time.Time         `json:"last_active_at"`
+	Reason      string            `json:"reason,omitempty"` // why it failed or stopped
+}
+
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+// Exactly one of Cmd (a shell string run by the session's shell) and Argv is set.
+type ExecRequest struct {
+	Cmd        string            `json:"cmd,omitempty"`
+	Argv       []string          `json:"argv,omitempty"`
+	Session    string            `json:"session,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Cwd        string            `json:"cwd,omitempty"`
+	Stdin      string            `json:"stdin,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Timeout    float64           `json:"timeout,omitempty"`    // seconds; 0 = default (600)
+	OutputCap  int64             `json:"output_cap,omitempty"` // bytes per stream; 0 = default (16 MiB)
+	Background bool              `json:"background,omitempty"`
+}
+
+// ExecResult is the JSON answer of exec (and the last NDJSON event of a stream).
+type ExecResult struct {
+	ExitCode   int     `json:"exit_code"`
+	Stdout     string  `json:"stdout"`
+	Stderr     string  `json:"stderr"`
+	Truncated  bool    `json:"truncated"`
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	Signal     string  `json:"signal,omitempty"`
+	DurationMs float64 `json:"duration_ms"`
+	CommandID  string  `json:"command_id,omitempty"` // set for background commands
+}
+
+// ExecEvent is one line of an NDJSON exec stream. Exactly one field group is set.
+type ExecEvent struct {
+	Stdout     *string  `json:"stdout,omitempty"`
+	Stderr     *string  `json:"stderr,omitempty"`
+	ExitCode   *int     `json:"exit_code,omitempty"`
+	Truncated  bool     `json:"truncated,omitempty"`
+	TimedOut   bool     `json:"timed_out,omitempty"`
+	Signal     string   `json:"signal,omitempty"`
+	DurationMs *float64 `json:"duration_ms,omitempty"`
+	Error      *Error   `json:"error,omitempty"`
+}
+
+// Command is the state of a background command.
+type Command struct {
+	ID        string  `json:"id"`
+	Running   bool    `json:"running"`
+	ExitCode  *int    `json:"exit_code,omitempty"`
+	Stdout    string  `json:"stdout"`
+	Stderr    string  `json:"stderr"`
+	Truncated bool    `json:"truncated"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	Signal    string  `json:"signal,omitempty"`
+	DurationMs float64 `json:"duration_ms"`
+}
+
+// FileInfo describes one file in a sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits
+	Type    string    `json:"type"` // file, dir, symlink, other
+	ModTime time.Time `json:"mod_time"`
+	Target  string    `json:"target,omitempty"` // symlink target
+}
+
+// FileList is the body of GET /v1/sandboxes/{id}/files?list=1.
+type FileList struct {
+	Files []FileInfo `json:"files"`
+}
+
+// MkdirRequest, RenameRequest: POST /v1/sandboxes/{id}/files:mkdir and :rename.
+type MkdirRequest struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode,omitempty"`
+	Parents bool   `json:"parents,omitempty"`
+}
+
+type RenameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// Image is one image known to the node's image store.
+type Image struct {
+	Name      string    `json:"name"`
+	Digest    string    `json:"digest"`
+	Layers    []string  `json:"layers"`
+	Size      int64     `json:"size"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+type ImageList struct {
+	Images []Image `json:"images"`
+}
+
+// Node is the watcher's view of one edge.
+type Node struct {
+	Name          string    `json:"name"`
+	State         string    `json:"state"` // up, down
+	CPUCapacity   float64   `json:"cpu_capacity"`
+	MemoryMB      int64     `json:"memory_mb"`
+	CPURequested  float64   `json:"cpu_requested"`
+	MemRequested  int64     `json:"memory_requested_mb"`
+	Sandboxes     int       `json:"sandboxes"`
+	Tiers         []string  `json:"tiers"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+}
+
+type NodeList struct {
+	Nodes []Node `json:"nodes"`
+}
+
+// Error is the body of every error answer: {"error":{"code","message"}}.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type ErrorBody struct {
+	Error Error `json:"error"`
+}
+
+// Error codes and the HTTP status each maps to.
+const (
+	CodeBadRequest      = "bad_request"       // 400
+	CodeUnauthorized    = "unauthorized"      // 401
+	CodeForbidden       = "forbidden"         // 403
+	CodeNotFound        = "not_found"         // 404
+	CodeConflict        = "conflict"          // 409
+	CodeTooLarge        = "too_large"         // 413
+	CodeInvalid         = "invalid"           // 422
+	CodeTooManyRequests = "too_many_requests" // 429
+	CodeInternal        = "internal"          // 500
+	CodeUnavailable     = "unavailable"       // 503
+	CodeTimeout         = "timeout"           // 504
+)
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }

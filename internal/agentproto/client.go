@@ -1,0 +1,159 @@
+package agentproto
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+)
+
+// ErrClosed is returned for calls on (or pending on) a closed connection.
+var ErrClosed = errors.New("agentproto: channel closed")
+
+// Client is the edge's side of one agent connection. It is safe for
+// concurrent use; answers are matched to calls by id.
+type Client struct {
+	conn net.Conn
+
+	wmu sync.Mutex // serialises frame writes
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]*call
+	closed  bool
+	err     error
+	done    chan struct{}
+}
+
+// NewClient starts reading answers from conn.
+func NewClient(conn net.Conn) *Client {
+	c := &Client{conn: conn, pending: make(map[uint64]*call), done: make(chan struct{})}
+	go c.readLoop()
+	return c
+}
+
+// Done is closed when the connection is gone (the agent died or closed it).
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Err tells why the connection ended.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close closes the connection; pending calls fail with ErrClosed.
+func (c *Client) Close() error {
+	err := c.conn.Close()
+	<-c.done
+	return err
+}
+
+func (c *Client) readLoop() {
+	var err error
+	for {
+		r := new(Response)
+		if err = ReadFrame(c.conn, r); err != nil {
+			break
+		}
+		c.mu.Lock()
+		cl := c.pending[r.ID]
+		if r.Kind != KindChunk {
+			delete(c.pending, r.ID)
+		}
+		c.mu.Unlock()
+		if cl != nil {
+			select {
+			case cl.ch <- r:
+			case <-cl.quit: // the caller gave up
+			}
+		}
+	}
+	c.mu.Lock()
+	c.closed = true
+	c.err = fmt.Errorf("%w: %v", ErrClosed, err)
+	for id, cl := range c.pending {
+		close(cl.ch)
+		delete(c.pending, id)
+	}
+	c.mu.Unlock()
+	close(c.done)
+}
+
+// Call sends op with body and waits for its answer. Each chunk frame is
+// passed to onChunk (which may be nil) in order. The "done" body is decoded
+// into out when out is non-nil. An agent error comes back as *Error.
+// Cancelling ctx abandons the wait (the agent may still finish the work).
+func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk func(*Response) error) error {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("agentproto: encode %s: %w", op, err)
+	}
+	cl := &call{ch: make(chan *Response, 64), quit: make(chan struct{})}
+	ch := cl.ch
+	defer close(cl.quit)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.next++
+	id := c.next
+	c.pending[id] = cl
+	c.mu.Unlock()
+
+	c.wmu.Lock()
+	err = WriteFrame(c.conn, &Request{ID: id, Op: op, Body: raw})
+	c.wmu.Unlock()
+	if err != nil {
+		c.forget(id)
+		return fmt.Errorf("agentproto: send %s: %w", op, err)
+	}
+
+	var chunkErr error
+	for {
+		select {
+		case <-ctx.Done():
+			c.forget(id)
+			return ctx.Err()
+		case r, ok := <-ch:
+			if !ok {
+				return c.Err()
+			}
+			switch r.Kind {
+			case KindChunk:
+				if onChunk != nil && chunkErr == nil {
+					chunkErr = onChunk(r)
+				}
+			case KindError:
+				if r.Error == nil {
+					return &Error{Code: ErrInternal, Message: "error without detail"}
+				}
+				return r.Error
+			default:
+				if chunkErr != nil {
+					return chunkErr
+				}
+				if out != nil && len(r.Body) > 0 {
+					if err := json.Unmarshal(r.Body, out); err != nil {
+						return fmt.Errorf("agentproto: decode %s answer: %w", op, err)
+					}
+				}
+				return nil
+			}
+		}
+	}
+}
+
+func (c *Client) forget(id uint64) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+type call struct {
+	ch   chan *Response
+	quit chan struct{}
+}

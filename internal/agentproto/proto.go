@@ -1,0 +1,133 @@
+// Package agentproto is the wire protocol between the edge and the agent
+// (warren-agent, PID 1 inside a sandbox). Frames are a 4-byte big-endian
+// length followed by one JSON object. Requests carry an id; the agent answers
+// each with zero or more "chunk" frames and then exactly one "done" or
+// "error" frame. Many requests run at once over one connection.
+package agentproto
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// MaxFrame bounds one frame; larger frames are a protocol error.
+const MaxFrame = 8 << 20
+
+// ChunkSize is the most data one chunk frame carries.
+const ChunkSize = 256 << 10
+
+// Operations.
+const (
+	OpSetup      = "setup"     // SetupConfig -> SetupResult; first request, once
+	OpPing       = "ping"      // -> nothing
+	OpExec       = "exec"      // ExecRequest -> chunks (stdout/stderr) + ExecResult
+	OpProcGet    = "proc.get"  // ProcRequest -> ProcStatus
+	OpProcKill   = "proc.kill" // ProcRequest -> nothing
+	OpFileRead   = "file.read" // PathRequest -> chunks (data) + FileInfo
+	OpFileWrite  = "file.write"
+	OpFileList   = "file.list"   // PathRequest -> FileList
+	OpFileStat   = "file.stat"   // PathRequest -> FileInfo
+	OpFileMkdir  = "file.mkdir"  // MkdirRequest -> FileInfo
+	OpFileRemove = "file.remove" // RemoveRequest -> nothing
+	OpFileRename = "file.rename" // RenameRequest -> nothing
+	OpTarGet     = "tar.get"     // PathRequest -> chunks (data, a tar stream) + nothing
+	OpTarPut     = "tar.put"     // TarPutRequest (repeated, same Handle) -> TarPutResult
+)
+
+// Response kinds.
+const (
+	KindChunk = "chunk"
+	KindDone  = "done"
+	KindError = "error"
+)
+
+// Streams of a chunk.
+const (
+	StreamStdout = "stdout"
+	StreamStderr = "stderr"
+	StreamData   = "data"
+)
+
+// Error codes the agent answers with.
+const (
+	ErrNotFound   = "not_found"
+	ErrInvalid    = "invalid"
+	ErrExists     = "exists"
+	ErrNotDir     = "not_dir"
+	ErrIsDir      = "is_dir"
+	ErrNotEmpty   = "not_empty"
+	ErrPermission = "permission"
+	ErrTooLarge   = "too_large"
+	ErrNoSpace    = "no_space"
+	ErrInternal   = "internal"
+)
+
+// Request is one call from the edge.
+type Request struct {
+	ID   uint64          `json:"id"`
+	Op   string          `json:"op"`
+	Body json.RawMessage `json:"body,omitempty"`
+}
+
+// Response is one frame of an answer.
+type Response struct {
+	ID     uint64          `json:"id"`
+	Kind   string          `json:"kind"`
+	Stream string          `json:"stream,omitempty"`
+	Data   []byte          `json:"data,omitempty"`
+	Body   json.RawMessage `json:"body,omitempty"`
+	Error  *Error          `json:"error,omitempty"`
+}
+
+// Error is an operation's failure as the agent reports it.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// IsCode reports whether err is an agent Error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// WriteFrame writes v as one frame. Callers serialise writers.
+func WriteFrame(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("agentproto: encode: %w", err)
+	}
+	if len(b) > MaxFrame {
+		return fmt.Errorf("agentproto: frame of %d bytes exceeds %d", len(b), MaxFrame)
+	}
+	buf := make([]byte, 4+len(b))
+	binary.BigEndian.PutUint32(buf, uint32(len(b)))
+	copy(buf[4:], b)
+	_, err = w.Write(buf)
+	return err
+}
+
+// ReadFrame reads one frame into v.
+func ReadFrame(r io.Reader, v any) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrame {
+		return fmt.Errorf("agentproto: frame of %d bytes exceeds %d", n, MaxFrame)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return fmt.Errorf("agentproto: short frame: %w", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("agentproto: decode: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package agentproto
+
+import "time"
+
+// SetupConfig tells a freshly started agent how to build its sandbox. The
+// agent receives it while still privileged and in the host's root; it is
+// already in its cgroups and its new namespaces (pid, mount, uts, ipc, net).
+type SetupConfig struct {
+	// RootDir is an empty host directory; the agent mounts the sandbox root
+	// there (inside its own mount namespace) and pivots into it.
+	RootDir string `json:"root_dir"`
+	// Lowers are read-only layer directories, top-most first (overlay order).
+	Lowers []string `json:"lowers"`
+	// Upper and Work are the overlay's private writable dir and work dir.
+	Upper string `json:"upper"`
+	Work  string `json:"work"`
+	// Hostname of the sandbox (uts namespace).
+	Hostname string `json:"hostname"`
+	// Env is the base environment of every session.
+	Env map[string]string `json:"env,omitempty"`
+	// User is the default user of exec ("" = root).
+	User string `json:"user,omitempty"`
+	// Shell runs string commands; default "/bin/sh".
+	Shell string `json:"shell,omitempty"`
+	// ShmMB sizes /dev/shm; default 64.
+	ShmMB int64 `json:"shm_mb,omitempty"`
+	// TmpMB sizes nothing yet; reserved.
+}
+
+// SetupResult answers OpSetup once the agent serves from inside the sandbox.
+type SetupResult struct {
+	Pid int `json:"pid"` // the agent's pid as the host sees it (informational)
+}
+
+// ExecRequest runs one command. Exactly one of Cmd and Argv is set.
+type ExecRequest struct {
+	Cmd        string            `json:"cmd,omitempty"`
+	Argv       []string          `json:"argv,omitempty"`
+	Session    string            `json:"session,omitempty"` // "" = "default"
+	Env        map[string]string `json:"env,omitempty"`
+	Cwd        string            `json:"cwd,omitempty"`
+	Stdin      []byte            `json:"stdin,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Timeout    time.Duration     `json:"timeout,omitempty"`    // 0 = none
+	OutputCap  int64             `json:"output_cap,omitempty"` // per stream; 0 = 16 MiB
+	Background bool              `json:"background,omitempty"` // answer at once with CommandID
+}
+
+// ExecResult ends an exec.
+type ExecResult struct {
+	ExitCode  int     `json:"exit_code"`
+	Truncated bool    `json:"truncated"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	Signal    string  `json:"signal,omitempty"`
+	Duration  float64 `json:"duration_ms"`
+	CommandID string  `json:"command_id,omitempty"`
+}
+
+// ProcRequest addresses a background command.
+type ProcRequest struct {
+	CommandID string `json:"command_id"`
+	Wait      bool   `json:"wait,omitempty"`   // proc.get: block until it ends
+	Signal    int    `json:"signal,omitempty"` // proc.kill: default SIGKILL
+}
+
+// ProcStatus is a background command's state and all output kept so far.
+type ProcStatus struct {
+	CommandID string  `json:"command_id"`
+	Running   bool    `json:"running"`
+	ExitCode  *int    `json:"exit_code,omitempty"`
+	Stdout    []byte  `json:"stdout,omitempty"`
+	Stderr    []byte  `json:"stderr,omitempty"`
+	Truncated bool    `json:"truncated"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	Signal    string  `json:"signal,omitempty"`
+	Duration  float64 `json:"duration_ms"`
+}
+
+// PathRequest names one path inside the sandbox.
+type PathRequest struct {
+	Path string `json:"path"`
+}
+
+// WriteRequest writes (or appends) data to a file, creating parent dirs.
+type WriteRequest struct {
+	Path   string `json:"path"`
+	Data   []byte `json:"data,omitempty"`
+	Mode   uint32 `json:"mode,omitempty"` // default 0644
+	Append bool   `json:"append,omitempty"`
+}
+
+type MkdirRequest struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode,omitempty"` // default 0755
+	Parents bool   `json:"parents,omitempty"`
+}
+
+type RemoveRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+}
+
+type RenameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// TarPutRequest streams a tar archive into directory Path. The first request
+// has an empty Handle; its answer names the handle that later chunks use.
+// The request with Final set waits for extraction to finish.
+type TarPutRequest struct {
+	Path   string `json:"path"`
+	Handle string `json:"handle,omitempty"`
+	Data   []byte `json:"data,omitempty"`
+	Final  bool   `json:"final,omitempty"`
+}
+
+type TarPutResult struct {
+	Handle string `json:"handle"`
+	Files  int    `json:"files,omitempty"` // entries extracted (on Final)
+}
+
+// FileInfo describes one file.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"`
+	Type    string    `json:"type"` // file, dir, symlink, other
+	ModTime time.Time `json:"mod_time"`
+	Target  string    `json:"target,omitempty"`
+}
+
+type FileList struct {
+	Files []FileInfo `json:"files"`
+}

@@ -1,0 +1,71 @@
+// Package runtime defines the interface every sandbox tier implements. The
+// edge is its only user; one package per tier lives below this one.
+package runtime
+
+import (
+	"context"
+	"errors"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// ErrGone means the sandbox's processes no longer exist.
+var ErrGone = errors.New("runtime: sandbox is gone")
+
+// Spec is everything a runtime needs to start one sandbox. The edge has
+// already prepared the directories it names.
+type Spec struct {
+	ID       string // sb-<node>-<random>
+	Hostname string
+	// StateDir is a private host directory for this sandbox (sockets, pid
+	// files). It is never visible inside the sandbox.
+	StateDir string
+	// RootDir is an empty host directory where the root is assembled.
+	RootDir string
+	// Lowers are read-only layer directories, top-most first.
+	Lowers []string
+	// Upper and Work are the private writable overlay directories.
+	Upper string
+	Work  string
+
+	CPU      float64 // cores (cfs quota); 0 = unlimited
+	MemoryMB int64   // 0 = unlimited
+	Pids     int64   // 0 = unlimited
+	Env      map[string]string
+	User     string
+}
+
+// Handle is what the edge persists to find a sandbox again after it restarts.
+type Handle struct {
+	ID       string `json:"id"`
+	Pid      int    `json:"pid"`       // host pid of the agent
+	PidStart uint64 `json:"pid_start"` // start time of that pid (from /proc/<pid>/stat), guards pid reuse
+	Socket   string `json:"socket"`    // the agent's listening socket, a host path
+	Cgroup   string `json:"cgroup"`    // cgroup path relative to each hierarchy's root
+}
+
+// Instance is a live sandbox with a connected agent.
+type Instance struct {
+	Handle Handle
+	Agent  *agentproto.Client
+}
+
+// Runtime starts and stops sandboxes of one tier.
+type Runtime interface {
+	// Name is the tier ("container").
+	Name() string
+	// Start creates the sandbox and returns once its agent serves.
+	Start(ctx context.Context, spec *Spec) (*Instance, error)
+	// Attach reconnects to a sandbox that outlived a restart of the edge.
+	// It returns ErrGone when the sandbox's processes are dead.
+	Attach(ctx context.Context, h Handle) (*Instance, error)
+	// Destroy kills every process of the sandbox and frees its cgroups and
+	// sockets. It is idempotent and works on dead or half-created sandboxes.
+	Destroy(ctx context.Context, h Handle) error
+	// Leftovers lists handles of sandboxes this runtime finds on the host
+	// (cgroups it made) so the edge can destroy the ones it does not know.
+	Leftovers(ctx context.Context) ([]Handle, error)
+	// Freeze and Thaw stop and restart every process of the sandbox.
+	Freeze(ctx context.Context, h Handle) error
+	Thaw(ctx context.Context, h Handle) error
+}
