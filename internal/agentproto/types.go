@@ -25,6 +25,11 @@ type SetupConfig struct {
 	// ShmMB sizes /dev/shm; default 64.
 	ShmMB int64 `json:"shm_mb,omitempty"`
 	// TmpMB sizes nothing yet; reserved.
+
+	// Unconfined skips confinement (no mounts, no pivot, no privilege drop).
+	// Tests only: the agent then serves file operations relative to RootDir
+	// (or "/" when empty) and runs commands in its own (host) root.
+	Unconfined bool `json:"unconfined,omitempty"`
 }
 
 // SetupResult answers OpSetup once the agent serves from inside the sandbox.

@@ -1,0 +1,191 @@
+// Package agent is warren-agent: PID 1 inside a sandbox. It serves the
+// agentproto protocol on an inherited listening socket (fd 3), reaps every
+// zombie, runs commands in sessions and performs file operations resolved
+// inside the sandbox root.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// ListenFD is the descriptor of the inherited listening socket.
+const ListenFD = 3
+
+// confineEnter mounts the sandbox root, pivots into it and drops privileges.
+var confineEnter = enterConfinement
+
+// Main runs the agent until the listening socket fails; it never returns
+// normally.
+func Main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	slog.SetDefault(log)
+	f := os.NewFile(ListenFD, "listener")
+	ln, err := net.FileListener(f)
+	if err != nil {
+		log.Error("agent: fd 3 is not a listening socket", "err", err)
+		os.Exit(2)
+	}
+	f.Close()
+	a := New(log)
+	if err := a.Serve(ln); err != nil {
+		log.Error("agent: serve", "err", err)
+		os.Exit(1)
+	}
+}
+
+// Agent is the state of one agent process.
+type Agent struct {
+	log    *slog.Logger
+	reaper *reaper
+
+	mu      sync.Mutex
+	setup   bool
+	cfg     agentproto.SetupConfig
+	root    *fsRoot // file operations root
+	shell   string
+	baseEnv map[string]string
+	defUser *credential // nil: run as the agent's own user
+	pool    *warmPool
+	dotOK   bool // /proc/self/fd usable: scripts are fed through a pipe
+
+	sessions *sessions
+	procs    *procTable
+	tars     *tarPuts
+
+	connMu  sync.Mutex
+	curConn net.Conn
+}
+
+// New returns an agent. It starts the reaper and makes the agent a child
+// subreaper so orphans are reaped even when it is not PID 1.
+func New(log *slog.Logger) *Agent {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		log.Warn("agent: cannot become subreaper", "err", err)
+	}
+	// PID 1 in a pid namespace gets no default signal action; handle (and
+	// ignore) the usual terminal signals explicitly. Handled signals reset to
+	// the default in children on exec, ignored ones would not.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	go func() {
+		for s := range sigs {
+			log.Info("agent: ignoring signal", "signal", s)
+		}
+	}()
+	return &Agent{
+		log:      log,
+		reaper:   startReaper(),
+		sessions: newSessions(),
+		procs:    newProcTable(),
+		tars:     newTarPuts(),
+	}
+}
+
+// Serve accepts connections forever. Exactly one connection is active: a new
+// one replaces (closes) the previous one. Work started on an old connection
+// keeps running.
+func (a *Agent) Serve(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		a.connMu.Lock()
+		if a.curConn != nil {
+			a.curConn.Close()
+		}
+		a.curConn = c
+		a.connMu.Unlock()
+		go a.serveConn(c)
+	}
+}
+
+func enterConfinement(*agentproto.SetupConfig) error {
+	return errors.New("confinement is not available in this build")
+}
+
+// hostPid reads the agent's pid as the currently mounted /proc sees it (the
+// host's, before confinement remounts /proc).
+func hostPid() int {
+	s, err := os.Readlink("/proc/self")
+	if err == nil {
+		var pid int
+		if _, err := fmt.Sscanf(s, "%d", &pid); err == nil {
+			return pid
+		}
+	}
+	return os.Getpid()
+}
+
+func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.setup {
+		return nil, errf(agentproto.ErrInvalid, "setup: already done")
+	}
+	pid := hostPid()
+	rootDir := "/"
+	if cfg.Unconfined {
+		if cfg.RootDir != "" {
+			rootDir = cfg.RootDir
+		}
+	} else {
+		if err := confineEnter(cfg); err != nil {
+			a.log.Error("agent: confinement failed", "err", err)
+			return nil, errf(agentproto.ErrInternal, "setup: confine: %v", err)
+		}
+	}
+	root, err := openRoot(rootDir)
+	if err != nil {
+		return nil, errf(agentproto.ErrInternal, "setup: open root %s: %v", rootDir, err)
+	}
+	a.root = root
+	a.cfg = *cfg
+	a.shell = cfg.Shell
+	if a.shell == "" {
+		a.shell = "/bin/sh"
+	}
+	a.baseEnv = map[string]string{"PATH": defaultPath}
+	for k, v := range cfg.Env {
+		a.baseEnv[k] = v
+	}
+	if cfg.User != "" {
+		cred, err := resolveUser(root, cfg.User)
+		if err != nil {
+			return nil, err
+		}
+		a.defUser = cred
+	}
+	_, err = os.Stat("/proc/self/fd")
+	a.dotOK = err == nil
+	a.setup = true
+	if a.dotOK {
+		a.pool = newWarmPool(a, 2)
+	}
+	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
+	return &agentproto.SetupResult{Pid: pid}, nil
+}
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+func (a *Agent) isSetup() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.setup
+}

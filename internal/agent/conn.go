@@ -1,0 +1,209 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// conn is one edge connection. Frame writes are serialised by wmu.
+type conn struct {
+	c      net.Conn
+	ctx    context.Context // cancelled when the connection ends
+	wmu    sync.Mutex
+	werr   error
+}
+
+// send writes one frame; after the first write error every send fails fast.
+func (c *conn) send(r *agentproto.Response) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return c.werr
+	}
+	if err := agentproto.WriteFrame(c.c, r); err != nil {
+		c.werr = err
+		c.c.Close()
+		return err
+	}
+	return nil
+}
+
+// call is one request being served.
+type call struct {
+	id   uint64
+	conn *conn
+}
+
+// chunk sends one chunk frame of stream.
+func (r *call) chunk(stream string, data []byte) error {
+	return r.conn.send(&agentproto.Response{ID: r.id, Kind: agentproto.KindChunk, Stream: stream, Data: data})
+}
+
+func (r *call) done(v any) {
+	resp := &agentproto.Response{ID: r.id, Kind: agentproto.KindDone}
+	if v != nil {
+		b, err := json.Marshal(v)
+		if err != nil {
+			r.fail(errf(agentproto.ErrInternal, "encode answer: %v", err))
+			return
+		}
+		if len(b) > agentproto.MaxFrame-256 {
+			r.fail(errf(agentproto.ErrTooLarge, "answer of %d bytes exceeds one frame", len(b)))
+			return
+		}
+		resp.Body = b
+	}
+	_ = r.conn.send(resp)
+}
+
+func (r *call) fail(err error) {
+	var pe *agentproto.Error
+	if !errors.As(err, &pe) {
+		pe = &agentproto.Error{Code: agentproto.ErrInternal, Message: err.Error()}
+	}
+	_ = r.conn.send(&agentproto.Response{ID: r.id, Kind: agentproto.KindError, Error: pe})
+}
+
+// errf builds a protocol error.
+func errf(code, format string, args ...any) *agentproto.Error {
+	return &agentproto.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func (a *Agent) serveConn(nc net.Conn) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := &conn{c: nc, ctx: ctx}
+	br := bufio.NewReaderSize(nc, 64<<10)
+	for {
+		req := new(agentproto.Request)
+		if err := agentproto.ReadFrame(br, req); err != nil {
+			break
+		}
+		cl := &call{id: req.ID, conn: c}
+		if req.Op == agentproto.OpSetup {
+			// Served in line: later requests must see the agent set up.
+			a.serve(ctx, cl, req)
+			continue
+		}
+		go a.serve(ctx, cl, req)
+	}
+	nc.Close()
+}
+
+// decode unmarshals a request body.
+func decode(req *agentproto.Request, v any) error {
+	if len(req.Body) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(req.Body, v); err != nil {
+		return errf(agentproto.ErrInvalid, "%s: bad body: %v", req.Op, err)
+	}
+	return nil
+}
+
+func (a *Agent) serve(ctx context.Context, cl *call, req *agentproto.Request) {
+	v, err := a.dispatch(ctx, cl, req)
+	if err != nil {
+		cl.fail(err)
+		return
+	}
+	cl.done(v)
+}
+
+func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request) (any, error) {
+	switch req.Op {
+	case agentproto.OpPing:
+		return nil, nil
+	case agentproto.OpSetup:
+		var cfg agentproto.SetupConfig
+		if err := decode(req, &cfg); err != nil {
+			return nil, err
+		}
+		return a.doSetup(ctx, &cfg)
+	}
+	if !a.isSetup() {
+		return nil, errf(agentproto.ErrInvalid, "%s: agent is not set up", req.Op)
+	}
+	switch req.Op {
+	case agentproto.OpExec:
+		var r agentproto.ExecRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.exec(ctx, cl, &r)
+	case agentproto.OpProcGet:
+		var r agentproto.ProcRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.procGet(ctx, &r)
+	case agentproto.OpProcKill:
+		var r agentproto.ProcRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return nil, a.procKill(&r)
+	case agentproto.OpFileRead:
+		var r agentproto.PathRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.fileRead(cl, &r)
+	case agentproto.OpFileWrite:
+		var r agentproto.WriteRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.fileWrite(&r)
+	case agentproto.OpFileList:
+		var r agentproto.PathRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.fileList(&r)
+	case agentproto.OpFileStat:
+		var r agentproto.PathRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.fileStat(&r)
+	case agentproto.OpFileMkdir:
+		var r agentproto.MkdirRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.fileMkdir(&r)
+	case agentproto.OpFileRemove:
+		var r agentproto.RemoveRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return nil, a.fileRemove(&r)
+	case agentproto.OpFileRename:
+		var r agentproto.RenameRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return nil, a.fileRename(&r)
+	case agentproto.OpTarGet:
+		var r agentproto.PathRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return nil, a.tarGet(cl, &r)
+	case agentproto.OpTarPut:
+		var r agentproto.TarPutRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.tarPut(ctx, &r)
+	}
+	return nil, errf(agentproto.ErrInvalid, "unknown op %q", req.Op)
+}

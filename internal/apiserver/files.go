@@ -1,0 +1,275 @@
+package apiserver
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge"
+)
+
+// MaxPathLength bounds a sandbox path.
+const MaxPathLength = 4096
+
+// CheckPath validates a path inside a sandbox: absolute, bounded, no NUL.
+// The agent resolves it inside the sandbox root, so ".." cannot lead out;
+// it is still cleaned here so logs and errors show the real target.
+func CheckPath(p string) (string, error) {
+	if p == "" {
+		return "", &api.Error{Code: api.CodeBadRequest, Message: "path is required"}
+	}
+	if len(p) > MaxPathLength || strings.IndexByte(p, 0) >= 0 || !strings.HasPrefix(p, "/") {
+		return "", &api.Error{Code: api.CodeBadRequest, Message: "path must be absolute, without NUL bytes, at most 4096 bytes"}
+	}
+	return path.Clean(p), nil
+}
+
+func queryBool(r *http.Request, name string) bool {
+	b, _ := strconv.ParseBool(r.URL.Query().Get(name))
+	return b
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	p, err := CheckPath(r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	if p == "/" {
+		return &api.Error{Code: api.CodeBadRequest, Message: "cannot write to /"}
+	}
+	var mode uint32
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > 0o7777 {
+			return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("mode %q is not an octal permission", truncate(m))}
+		}
+		mode = uint32(v)
+	}
+	if r.ContentLength > MaxFileBody {
+		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("file exceeds %d bytes", MaxFileBody)}
+	}
+	body := http.MaxBytesReader(w, r.Body, MaxFileBody)
+	buf := make([]byte, singleWrite)
+	n, err := io.ReadFull(body, buf)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return err
+	}
+	var info api.FileInfo
+	if n < singleWrite {
+		// Small files: one atomic write.
+		err := s.callEdge(r.Context(), id, edge.OpFileWrite, &edge.FileRequest{ID: id, Path: p, Mode: mode, Data: buf[:n]}, &info, nil)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, &info)
+		return nil
+	}
+	// Large files: append to a temporary name beside the target, then rename.
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := path.Join(path.Dir(p), ".warren-upload-"+hex.EncodeToString(rnd[:]))
+	ctx := r.Context()
+	fail := func(err error) error {
+		_ = s.callEdge(ctx, id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: tmp}, nil, nil)
+		return err
+	}
+	chunk := buf[:n]
+	appendMode := false
+	for {
+		for len(chunk) > 0 {
+			c := chunk
+			if len(c) > uploadChunk {
+				c = c[:uploadChunk]
+			}
+			if err := s.callEdge(ctx, id, edge.OpFileWrite, &edge.FileRequest{ID: id, Path: tmp, Mode: mode, Data: c, Append: appendMode}, nil, nil); err != nil {
+				return fail(err)
+			}
+			appendMode = true
+			chunk = chunk[len(c):]
+		}
+		n, err := io.ReadFull(body, buf)
+		chunk = buf[:n]
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				if n == 0 {
+					break
+				}
+				continue
+			}
+			return fail(err)
+		}
+	}
+	if err := s.callEdge(ctx, id, edge.OpFileRename, &edge.FileRequest{ID: id, Path: tmp, To: p}, nil, nil); err != nil {
+		return fail(err)
+	}
+	if err := s.callEdge(ctx, id, edge.OpFileStat, &edge.FileRequest{ID: id, Path: p}, &info, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &info)
+	return nil
+}
+
+// streamDownload answers with the chunks of a read as raw bytes. The status
+// is sent with the first chunk, so an error before any data keeps its code.
+func (s *Server) streamDownload(w http.ResponseWriter, r *http.Request, id, op, contentType string, req *edge.FileRequest) error {
+	started := false
+	flusher, _ := w.(http.Flusher)
+	err := s.callEdge(r.Context(), id, op, req, nil, func(c bus.Chunk) error {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", contentType)
+			w.WriteHeader(http.StatusOK)
+		}
+		_, err := w.Write(c.Data)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if !started {
+		w.Header().Set("Content-Type", contentType)
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusOK)
+	}
+	if flusher != nil {
+		flusher.Flush()
+	}
+	return nil
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	p, err := CheckPath(r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	req := &edge.FileRequest{ID: id, Path: p}
+	switch {
+	case queryBool(r, "list"):
+		var l api.FileList
+		if err := s.callEdge(r.Context(), id, edge.OpFileList, req, &l, nil); err != nil {
+			return err
+		}
+		if l.Files == nil {
+			l.Files = []api.FileInfo{}
+		}
+		writeJSON(w, http.StatusOK, &l)
+		return nil
+	case queryBool(r, "stat"):
+		var fi api.FileInfo
+		if err := s.callEdge(r.Context(), id, edge.OpFileStat, req, &fi, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, &fi)
+		return nil
+	}
+	return s.streamDownload(w, r, id, edge.OpFileRead, "application/octet-stream", req)
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	p, err := CheckPath(r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	if p == "/" {
+		return &api.Error{Code: api.CodeBadRequest, Message: "cannot remove /"}
+	}
+	if err := s.callEdge(r.Context(), id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: p, Recursive: queryBool(r, "recursive")}, nil, nil); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var req api.MkdirRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	p, err := CheckPath(req.Path)
+	if err != nil {
+		return err
+	}
+	if req.Mode > 0o7777 {
+		return &api.Error{Code: api.CodeInvalid, Message: "mode must be a permission (at most 07777)"}
+	}
+	var fi api.FileInfo
+	if err := s.callEdge(r.Context(), id, edge.OpFileMkdir, &edge.FileRequest{ID: id, Path: p, Mode: req.Mode, Parents: req.Parents}, &fi, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &fi)
+	return nil
+}
+
+func (s *Server) rename(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var req api.RenameRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	from, err := CheckPath(req.From)
+	if err != nil {
+		return err
+	}
+	to, err := CheckPath(req.To)
+	if err != nil {
+		return err
+	}
+	if err := s.callEdge(r.Context(), id, edge.OpFileRename, &edge.FileRequest{ID: id, Path: from, To: to}, nil, nil); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	p, err := CheckPath(r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	body := http.MaxBytesReader(w, r.Body, MaxArchive)
+	buf := make([]byte, uploadChunk)
+	var res edge.TarPutResult
+	handle := ""
+	for {
+		n, rerr := io.ReadFull(body, buf)
+		final := rerr != nil
+		if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
+			if handle != "" {
+				_ = s.callEdge(r.Context(), id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Final: true}, nil, nil)
+			}
+			return rerr
+		}
+		req := &edge.FileRequest{ID: id, Path: p, Handle: handle, Data: buf[:n], Final: final}
+		if err := s.callEdge(r.Context(), id, edge.OpTarPut, req, &res, nil); err != nil {
+			return err
+		}
+		handle = res.Handle
+		if final {
+			break
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"files": res.Files})
+	return nil
+}
+
+func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	p, err := CheckPath(r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	return s.streamDownload(w, r, id, edge.OpTarGet, "application/x-tar", &edge.FileRequest{ID: id, Path: p})
+}

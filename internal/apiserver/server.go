@@ -1,0 +1,306 @@
+// Package apiserver is warren's stateless HTTP ingress: it authenticates,
+// validates, places and forwards. It holds no per-sandbox state: a sandbox
+// id names its node, so any replica can route any request over the bus.
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/placement"
+	"github.com/warrenhq/warren/internal/watcher"
+)
+
+// Limits on what a client may send.
+const (
+	MaxJSONBody   = 1 << 20   // JSON request bodies
+	MaxFileBody   = 1 << 30   // one uploaded file
+	MaxArchive    = 4 << 30   // one uploaded tar archive
+	uploadChunk   = 1 << 20   // bytes per bus message for uploads
+	singleWrite   = 4 << 20   // uploads up to this size are written in one atomic step
+	idempotentTTL = 24 * time.Hour
+)
+
+// Config wires an apiserver.
+type Config struct {
+	Bus     *bus.Conn
+	IAM     *iam.IAM
+	Watcher *watcher.Watcher
+	Logger  *slog.Logger
+	// Registry receives the apiserver's metrics; nil = a private one.
+	Registry *prometheus.Registry
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	placer *placement.Placer
+	idem   jetstream.KeyValue
+	mux    *http.ServeMux
+
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+type route struct {
+	pattern string
+	handler func(http.ResponseWriter, *http.Request) error
+	public  bool
+}
+
+func (s *Server) routes() []route {
+	return []route{
+		{pattern: "GET /healthz", handler: s.healthz, public: true},
+		{pattern: "POST /v1/sandboxes", handler: s.createSandbox},
+		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes},
+		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox},
+		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
+		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand},
+		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},
+		{pattern: "PUT /v1/sandboxes/{id}/files", handler: s.putFile},
+		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile},
+		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile},
+		{pattern: "POST /v1/sandboxes/{id}/files/mkdir", handler: s.mkdir},
+		{pattern: "POST /v1/sandboxes/{id}/files/rename", handler: s.rename},
+		{pattern: "PUT /v1/sandboxes/{id}/archive", handler: s.putArchive},
+		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive},
+		{pattern: "GET /v1/images", handler: s.listImages},
+		{pattern: "GET /v1/nodes", handler: s.listNodes},
+	}
+}
+
+// Routes lists every route pattern ("METHOD /path") the server answers,
+// except /metrics. A test checks it against api/openapi.yaml.
+func Routes() []string {
+	var out []string
+	for _, r := range (&Server{}).routes() {
+		out = append(out, r.pattern)
+	}
+	return out
+}
+
+// New builds the server.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	idem, err := cfg.Bus.KeyValue(ctx, "warren-idempotency", idempotentTTL)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Logger.With("part", "apiserver"), placer: placement.New(cfg.Watcher), idem: idem,
+		mux: http.NewServeMux(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warren_api_requests_total", Help: "API requests by route and status code.",
+		}, []string{"route", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "warren_api_request_seconds", Help: "API request latency by route.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"route"}),
+	}
+	cfg.Registry.MustRegister(s.requests, s.latency)
+	for _, r := range s.routes() {
+		s.mux.Handle(r.pattern, s.wrap(r))
+	}
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
+	})
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) wrap(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if rec := recover(); rec != nil {
+				s.log.Error("handler panic", "route", rt.pattern, "panic", rec)
+				if sw.code == 0 {
+					writeError(sw, &api.Error{Code: api.CodeInternal, Message: "internal error"})
+				}
+			}
+			s.requests.WithLabelValues(rt.pattern, strconv.Itoa(sw.code)).Inc()
+			s.latency.WithLabelValues(rt.pattern).Observe(time.Since(start).Seconds())
+		}()
+		if !rt.public {
+			if err := s.authenticate(r); err != nil {
+				writeError(sw, s.toAPIError(err))
+				return
+			}
+		}
+		if err := rt.handler(sw, r); err != nil {
+			if sw.code != 0 {
+				// The answer had started (a stream); nothing more can be said.
+				s.log.Warn("request failed after its answer started", "route", rt.pattern, "err", err)
+				return
+			}
+			writeError(sw, s.toAPIError(err))
+		}
+	})
+}
+
+func (s *Server) authenticate(r *http.Request) error {
+	h := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || tok == "" {
+		return &api.Error{Code: api.CodeUnauthorized, Message: "missing bearer token (Authorization: Bearer <token>)"}
+	}
+	if _, err := s.cfg.IAM.Authenticate(r.Context(), strings.TrimSpace(tok)); err != nil {
+		if errors.Is(err, iam.ErrUnauthenticated) {
+			return &api.Error{Code: api.CodeUnauthorized, Message: "invalid token"}
+		}
+		return &api.Error{Code: api.CodeUnavailable, Message: "cannot check the token now"}
+	}
+	return nil
+}
+
+func (s *Server) toAPIError(err error) *api.Error {
+	var ae *api.Error
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, bus.ErrNoResponders):
+		return &api.Error{Code: api.CodeUnavailable, Message: "the sandbox's node is not available"}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &api.Error{Code: api.CodeTimeout, Message: "timed out"}
+	case errors.Is(err, context.Canceled):
+		return &api.Error{Code: api.CodeBadRequest, Message: "request cancelled"}
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
+	}
+	s.log.Error("internal error", "err", err)
+	return &api.Error{Code: api.CodeInternal, Message: err.Error()}
+}
+
+// StatusOf maps an error code to its HTTP status.
+func StatusOf(code string) int {
+	switch code {
+	case api.CodeBadRequest:
+		return http.StatusBadRequest
+	case api.CodeUnauthorized:
+		return http.StatusUnauthorized
+	case api.CodeForbidden:
+		return http.StatusForbidden
+	case api.CodeNotFound:
+		return http.StatusNotFound
+	case api.CodeConflict:
+		return http.StatusConflict
+	case api.CodeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case api.CodeInvalid:
+		return http.StatusUnprocessableEntity
+	case api.CodeTooManyRequests:
+		return http.StatusTooManyRequests
+	case api.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case api.CodeTimeout:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, e *api.Error) {
+	status := StatusOf(e.Code)
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, status, api.ErrorBody{Error: *e})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"encode answer"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// decodeJSON reads a bounded JSON body into v, refusing unknown fields and
+// trailing data.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("JSON body exceeds %d bytes", MaxJSONBody)}
+		}
+		if errors.Is(err, io.EOF) {
+			return &api.Error{Code: api.CodeBadRequest, Message: "request body is empty"}
+		}
+		return &api.Error{Code: api.CodeBadRequest, Message: "malformed JSON: " + err.Error()}
+	}
+	if dec.More() {
+		return &api.Error{Code: api.CodeBadRequest, Message: "malformed JSON: data after the object"}
+	}
+	return nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, api.NodeList{Nodes: s.cfg.Watcher.Nodes()})
+	return nil
+}

@@ -1,0 +1,303 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Subjects.
+const (
+	subjectEdgePrefix = "warren.edge."
+	SubjectHeartbeat  = "warren.heartbeat"
+)
+
+// Message headers of the request/stream pattern.
+const (
+	hdrOp     = "Warren-Op"
+	hdrKind   = "Warren-Kind"
+	hdrStream = "Warren-Stream"
+
+	kindChunk = "chunk"
+	kindDone  = "done"
+	kindError = "error"
+	kindPing  = "ping"
+)
+
+// keepaliveEvery is how often a busy handler proves it is alive; a caller
+// gives up after idleLimit without any message.
+const (
+	keepaliveEvery = 5 * time.Second
+	idleLimit      = 20 * time.Second
+)
+
+// ErrNoResponders means nothing serves the subject (the node is not up).
+var ErrNoResponders = errors.New("bus: no responders")
+
+// Conn is a NATS connection with warren's request/stream helpers.
+type Conn struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+func newConn(nc *nats.Conn) (*Conn, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("bus: jetstream: %w", err)
+	}
+	return &Conn{nc: nc, js: js}, nil
+}
+
+// Dial connects to an external NATS server or cluster (comma-separated URLs).
+func Dial(urls, name string, opts ...nats.Option) (*Conn, error) {
+	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectBufSize(64 << 20)}, opts...)
+	nc, err := nats.Connect(urls, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("bus: connect %s: %w", urls, err)
+	}
+	return newConn(nc)
+}
+
+// NATS exposes the raw connection (for the few callers that need it).
+func (c *Conn) NATS() *nats.Conn { return c.nc }
+
+// JetStream exposes the JetStream context.
+func (c *Conn) JetStream() jetstream.JetStream { return c.js }
+
+// Close drains and closes the connection.
+func (c *Conn) Close() {
+	_ = c.nc.Drain()
+	c.nc.Close()
+}
+
+// EdgeSubject is the subject prefix an edge named node serves.
+func EdgeSubject(node string) string { return subjectEdgePrefix + node }
+
+// Chunk is one piece of streamed data in an answer.
+type Chunk struct {
+	Stream string
+	Data   []byte
+}
+
+// Call sends one request (op with a JSON body) to subject and waits for the
+// answer. Chunks go to onChunk in order; the final JSON body is decoded into
+// out. An error answered by the handler comes back as *api.Error.
+func (c *Conn) Call(ctx context.Context, subject, op string, req any, out any, onChunk func(Chunk) error) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("bus: encode %s: %w", op, err)
+	}
+	return c.CallRaw(ctx, subject, op, body, out, onChunk)
+}
+
+// CallRaw is Call with a pre-encoded body.
+func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out any, onChunk func(Chunk) error) error {
+	inbox := c.nc.NewRespInbox()
+	ch := make(chan *nats.Msg, 256)
+	sub, err := c.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return fmt.Errorf("bus: subscribe: %w", err)
+	}
+	defer sub.Unsubscribe()
+	_ = sub.SetPendingLimits(-1, 512<<20)
+
+	msg := nats.NewMsg(subject + "." + op)
+	msg.Reply = inbox
+	msg.Header.Set(hdrOp, op)
+	msg.Data = body
+	if err := c.nc.PublishMsg(msg); err != nil {
+		return fmt.Errorf("bus: publish %s: %w", op, err)
+	}
+
+	idle := time.NewTimer(idleLimit)
+	defer idle.Stop()
+	var chunkErr error
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-idle.C:
+			return &api.Error{Code: api.CodeUnavailable, Message: "node stopped answering"}
+		case m := <-ch:
+			if !idle.Stop() {
+				select {
+				case <-idle.C:
+				default:
+				}
+			}
+			idle.Reset(idleLimit)
+			if m.Header.Get("Status") == "503" {
+				return ErrNoResponders
+			}
+			switch m.Header.Get(hdrKind) {
+			case kindPing:
+			case kindChunk:
+				if onChunk != nil && chunkErr == nil {
+					chunkErr = onChunk(Chunk{Stream: m.Header.Get(hdrStream), Data: m.Data})
+				}
+			case kindError:
+				e := new(api.Error)
+				if err := json.Unmarshal(m.Data, e); err != nil || e.Code == "" {
+					return &api.Error{Code: api.CodeInternal, Message: "malformed error answer"}
+				}
+				return e
+			case kindDone:
+				if chunkErr != nil {
+					return chunkErr
+				}
+				if out != nil && len(m.Data) > 0 {
+					if err := json.Unmarshal(m.Data, out); err != nil {
+						return fmt.Errorf("bus: decode %s answer: %w", op, err)
+					}
+				}
+				return nil
+			default:
+				return fmt.Errorf("bus: answer of unknown kind %q", m.Header.Get(hdrKind))
+			}
+		}
+	}
+}
+
+// Handler serves one request. It streams chunks with w.Chunk and returns the
+// final answer (encoded as JSON) or an error (an *api.Error keeps its code).
+type Handler func(ctx context.Context, op string, body []byte, w *Replier) (any, error)
+
+// Replier sends the chunks of one answer.
+type Replier struct {
+	nc    *nats.Conn
+	reply string
+	mu    sync.Mutex
+}
+
+// Chunk sends one piece of streamed data.
+func (w *Replier) Chunk(stream string, data []byte) error {
+	m := nats.NewMsg(w.reply)
+	m.Header.Set(hdrKind, kindChunk)
+	if stream != "" {
+		m.Header.Set(hdrStream, stream)
+	}
+	m.Data = data
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.nc.PublishMsg(m)
+}
+
+func (w *Replier) send(kind string, data []byte) {
+	m := nats.NewMsg(w.reply)
+	m.Header.Set(hdrKind, kind)
+	m.Data = data
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_ = w.nc.PublishMsg(m)
+}
+
+// Serve answers every request sent to prefix.<op>, each in its own
+// goroutine. queue, when set, spreads requests over a queue group.
+func (c *Conn) Serve(ctx context.Context, prefix, queue string, h Handler) (*nats.Subscription, error) {
+	cb := func(m *nats.Msg) {
+		if m.Reply == "" {
+			return
+		}
+		go c.handle(ctx, m, h)
+	}
+	var sub *nats.Subscription
+	var err error
+	if queue != "" {
+		sub, err = c.nc.QueueSubscribe(prefix+".>", queue, cb)
+	} else {
+		sub, err = c.nc.Subscribe(prefix+".>", cb)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bus: serve %s: %w", prefix, err)
+	}
+	_ = sub.SetPendingLimits(-1, 512<<20)
+	return sub, nil
+}
+
+func (c *Conn) handle(ctx context.Context, m *nats.Msg, h Handler) {
+	w := &Replier{nc: c.nc, reply: m.Reply}
+	op := m.Header.Get(hdrOp)
+	if op == "" {
+		op = m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	}
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(keepaliveEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				w.send(kindPing, nil)
+			}
+		}
+	}()
+	out, err := safeCall(ctx, h, op, m.Data, w)
+	close(stop)
+	if err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) {
+			ae = &api.Error{Code: api.CodeInternal, Message: err.Error()}
+		}
+		b, _ := json.Marshal(ae)
+		w.send(kindError, b)
+		return
+	}
+	var b []byte
+	if out != nil {
+		if raw, ok := out.(json.RawMessage); ok {
+			b = raw
+		} else if b, err = json.Marshal(out); err != nil {
+			b, _ = json.Marshal(&api.Error{Code: api.CodeInternal, Message: "encode answer: " + err.Error()})
+			w.send(kindError, b)
+			return
+		}
+	}
+	w.send(kindDone, b)
+}
+
+func safeCall(ctx context.Context, h Handler, op string, body []byte, w *Replier) (out any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panic in %s: %v", op, r)
+		}
+	}()
+	return h(ctx, op, body, w)
+}
+
+// Publish sends a fire-and-forget message (heartbeats, events).
+func (c *Conn) Publish(subject string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.nc.Publish(subject, b)
+}
+
+// Subscribe delivers every message on subject to fn.
+func (c *Conn) Subscribe(subject string, fn func(data []byte)) (*nats.Subscription, error) {
+	return c.nc.Subscribe(subject, func(m *nats.Msg) { fn(m.Data) })
+}
+
+// KeyValue opens (creating when missing) a JetStream KV bucket.
+func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (jetstream.KeyValue, error) {
+	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, fmt.Errorf("bus: kv %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+func netSplit(addr string) (string, string, error) { return net.SplitHostPort(addr) }

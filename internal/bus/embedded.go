@@ -1,0 +1,108 @@
+// Package bus is the one place that knows NATS: the embedded server, subject
+// names, the request/stream pattern between apiserver and edges, and the
+// JetStream buckets. Everything else talks through its small API.
+package bus
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// MaxPayload is the largest message the bus carries. Bulk data is chunked
+// well below it.
+const MaxPayload = 8 << 20
+
+// EmbeddedConfig configures the NATS server that `warren serve` runs in-process.
+type EmbeddedConfig struct {
+	DataDir string // JetStream storage lives in DataDir/nats
+	// Listen, when set (host:port), also accepts external NATS clients
+	// (other edges or apiservers). Empty: in-process connections only.
+	Listen string
+	Logger *slog.Logger
+}
+
+// Embedded is a running in-process NATS server with JetStream.
+type Embedded struct {
+	srv *server.Server
+}
+
+// StartEmbedded starts NATS with JetStream on local disk.
+func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+	storeDir := filepath.Join(cfg.DataDir, "nats")
+	if err := os.MkdirAll(storeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("bus: %w", err)
+	}
+	opts := &server.Options{
+		ServerName:         "warren-embedded",
+		JetStream:          true,
+		StoreDir:           storeDir,
+		MaxPayload:         MaxPayload,
+		NoSigs:             true,
+		NoLog:              true,
+		JetStreamMaxMemory: 256 << 20,
+		MaxPending:         256 << 20,
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+	} else {
+		host, port, err := splitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, err
+		}
+		opts.Host, opts.Port = host, port
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("bus: nats server: %w", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("bus: nats server did not become ready")
+	}
+	return &Embedded{srv: srv}, nil
+}
+
+// Connect opens an in-process client connection.
+func (e *Embedded) Connect(name string) (*Conn, error) {
+	nc, err := nats.Connect("", nats.InProcessServer(e.srv), nats.Name(name),
+		nats.MaxReconnects(-1), nats.ReconnectBufSize(64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("bus: connect in-process: %w", err)
+	}
+	return newConn(nc)
+}
+
+// ClientURL is the URL external clients use, or "" when not listening.
+func (e *Embedded) ClientURL() string {
+	if e.srv.Addr() == nil {
+		return ""
+	}
+	return e.srv.ClientURL()
+}
+
+// Shutdown stops the server and waits for it.
+func (e *Embedded) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	var host string
+	var port int
+	h, p, err := netSplit(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("bus: listen address %q: %w", addr, err)
+	}
+	host = h
+	if _, err := fmt.Sscanf(p, "%d", &port); err != nil {
+		return "", 0, fmt.Errorf("bus: listen port %q: %w", p, err)
+	}
+	return host, port, nil
+}

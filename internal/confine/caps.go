@@ -1,0 +1,73 @@
+package confine
+
+import (
+	"fmt"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// SandboxCaps is the capability set the agent keeps (and so every command it
+// starts as root): Docker's default set.
+var SandboxCaps = []uint{
+	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FSETID, unix.CAP_FOWNER,
+	unix.CAP_MKNOD, unix.CAP_NET_RAW, unix.CAP_SETGID, unix.CAP_SETUID,
+	unix.CAP_SETFCAP, unix.CAP_SETPCAP, unix.CAP_NET_BIND_SERVICE,
+	unix.CAP_SYS_CHROOT, unix.CAP_KILL, unix.CAP_AUDIT_WRITE,
+}
+
+// SandboxCapMask is SandboxCaps as a bit mask (the CapEff line of
+// /proc/<pid>/status).
+func SandboxCapMask() uint64 {
+	var m uint64
+	for _, c := range SandboxCaps {
+		m |= 1 << c
+	}
+	return m
+}
+
+// The capset arguments live in package variables: AllThreadsSyscall takes
+// uintptrs, and globals never move.
+var (
+	capHdr  unix.CapUserHeader
+	capData [2]unix.CapUserData
+)
+
+// dropPrivileges shrinks the bounding, permitted, effective and inheritable
+// sets to SandboxCaps and clears the ambient set on every thread, then sets
+// no_new_privs (every thread) and makes the process non-dumpable.
+func dropPrivileges() error {
+	keep := SandboxCapMask()
+	for c := uintptr(0); c < 64; c++ {
+		if keep&(1<<c) != 0 {
+			continue
+		}
+		_, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, c, 0)
+		if e == syscall.EINVAL { // past the kernel's last capability
+			break
+		}
+		if e != 0 {
+			return fmt.Errorf("confine: drop capability %d from bounding set: %w", c, e)
+		}
+	}
+	if _, _, e := syscall.AllThreadsSyscall6(syscall.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0, 0); e != 0 {
+		return fmt.Errorf("confine: clear ambient capabilities: %w", e)
+	}
+	capHdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	for i := range capData {
+		v := uint32(keep >> (32 * i))
+		capData[i] = unix.CapUserData{Effective: v, Permitted: v, Inheritable: v}
+	}
+	if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_CAPSET,
+		uintptr(unsafe.Pointer(&capHdr)), uintptr(unsafe.Pointer(&capData[0])), 0); e != 0 {
+		return fmt.Errorf("confine: capset: %w", e)
+	}
+	if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
+		return fmt.Errorf("confine: set no_new_privs: %w", e)
+	}
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("confine: clear dumpable: %w", err)
+	}
+	return nil
+}

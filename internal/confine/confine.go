@@ -1,0 +1,88 @@
+// Package confine locks warren-agent into its sandbox.
+//
+// Enter runs inside the agent, which the edge started as PID 1 in new pid,
+// mount, uts, ipc, net and cgroup namespaces, already inside its cgroups, as
+// host root with every capability, still seeing the host's root filesystem.
+// In order it:
+//
+//  1. makes every mount rprivate and mounts the overlay root (nodev) at
+//     cfg.RootDir; the overlay exists only in the sandbox's mount namespace;
+//  2. takes detached copies of the host's null, zero, full, random, urandom
+//     and tty nodes (open_tree), then pivots into the new root
+//     (pivot_root(".", ".") and a lazy unmount of the old root, so no
+//     directory is left behind and nothing of the host stays reachable);
+//  3. mounts a fresh /proc, a read-only /sys, a small nodev tmpfs /dev holding
+//     only the six nodes (bind mounts of the host nodes), devpts, /dev/shm and
+//     the usual symlinks, then masks the dangerous parts of /proc and /sys;
+//  4. sets the hostname and brings up loopback in the (empty) net namespace;
+//  5. drops capabilities to Docker's default set on every thread, clears the
+//     ambient set, sets no_new_privs and marks the process non-dumpable;
+//  6. installs the seccomp filter (profile.go) on every thread (TSYNC).
+//
+// Every mount that could hold a device node the sandbox creates itself (the
+// root overlay, /dev, /dev/shm) is nodev, so CAP_MKNOD cannot open host disks.
+//
+// Capabilities and seccomp are per thread; Enter uses syscall.AllThreadsSyscall,
+// which only works in a binary built with CGO_ENABLED=0.
+package confine
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"syscall"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// DefaultShmMB sizes /dev/shm when the config says 0.
+const DefaultShmMB = 64
+
+// Enter confines the calling process as described in the package doc. On
+// error the process is in an undefined, partly confined state and should
+// exit.
+func Enter(cfg *agentproto.SetupConfig) error {
+	if cfg == nil {
+		return errors.New("confine: nil config")
+	}
+	if cfg.RootDir == "" || len(cfg.Lowers) == 0 {
+		return errors.New("confine: RootDir and at least one lower layer are required")
+	}
+	if err := checkAllThreads(); err != nil {
+		return err
+	}
+	// Mount and namespace operations act on the calling thread's fs state
+	// (cwd, root). Go threads share it (CLONE_FS), but keep the whole
+	// sequence on one thread anyway.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+
+	if err := setupRoot(cfg); err != nil {
+		return err
+	}
+	if err := setupHost(cfg.Hostname); err != nil {
+		return err
+	}
+	if err := dropPrivileges(); err != nil {
+		return err
+	}
+	if err := installSeccomp(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkAllThreads fails early, before anything changes, when the binary was
+// built with cgo (AllThreadsSyscall then answers ENOTSUP).
+func checkAllThreads() error {
+	_, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, prGetKeepCaps, 0, 0)
+	if e == syscall.ENOTSUP {
+		return errors.New("confine: AllThreadsSyscall unsupported: build the agent with CGO_ENABLED=0")
+	}
+	if e != 0 {
+		return fmt.Errorf("confine: probe AllThreadsSyscall: %w", e)
+	}
+	return nil
+}
+
+const prGetKeepCaps = 7 // PR_GET_KEEPCAPS: harmless probe

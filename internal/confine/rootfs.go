@@ -1,0 +1,209 @@
+package confine
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// devNodes are the only device nodes of a sandbox's /dev.
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// devLinks are the symlinks of a sandbox's /dev.
+var devLinks = [][2]string{
+	{"ptmx", "pts/ptmx"},
+	{"fd", "/proc/self/fd"},
+	{"stdin", "/proc/self/fd/0"},
+	{"stdout", "/proc/self/fd/1"},
+	{"stderr", "/proc/self/fd/2"},
+}
+
+// setupRoot mounts the overlay, pivots into it and builds /proc, /sys, /dev
+// and the masks.
+func setupRoot(cfg *agentproto.SetupConfig) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("confine: make mounts rprivate: %w", err)
+	}
+	if err := mountOverlay(cfg); err != nil {
+		return err
+	}
+	// Detached copies of the host's device nodes, taken before the host
+	// root goes away. Closing an unattached one unmounts it.
+	nodes := make(map[string]int, len(devNodes))
+	defer func() {
+		for _, fd := range nodes {
+			unix.Close(fd)
+		}
+	}()
+	for _, n := range devNodes {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, "/dev/"+n, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			if n == "tty" && err == unix.ENOENT {
+				continue
+			}
+			return fmt.Errorf("confine: clone /dev/%s: %w", n, err)
+		}
+		nodes[n] = fd
+	}
+	if err := pivot(cfg.RootDir); err != nil {
+		return err
+	}
+	if err := mountProcSys(); err != nil {
+		return err
+	}
+	shm := cfg.ShmMB
+	if shm <= 0 {
+		shm = DefaultShmMB
+	}
+	if err := mountDev(nodes, shm); err != nil {
+		return err
+	}
+	return applyMasks()
+}
+
+func mountOverlay(cfg *agentproto.SetupConfig) error {
+	for _, p := range append([]string{cfg.RootDir, cfg.Upper, cfg.Work}, cfg.Lowers...) {
+		if strings.ContainsAny(p, ",:") {
+			return fmt.Errorf("confine: overlay path %q contains ',' or ':'", p)
+		}
+	}
+	opts := "lowerdir=" + strings.Join(cfg.Lowers, ":")
+	if cfg.Upper != "" {
+		opts += ",upperdir=" + cfg.Upper + ",workdir=" + cfg.Work
+	}
+	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("confine: mount overlay at %s: %w", cfg.RootDir, err)
+	}
+	return nil
+}
+
+// pivot makes root the root of this mount namespace and detaches the old
+// one. pivot_root(".", ".") stacks the old root on top of the new one, so
+// no directory for it is needed inside the sandbox.
+func pivot(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("confine: chdir %s: %w", root, err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("confine: pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("confine: detach old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("confine: chdir /: %w", err)
+	}
+	return nil
+}
+
+func mountProcSys() error {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := mountAt("proc", "/proc", "proc", flags, ""); err != nil {
+		return err
+	}
+	return mountAt("sysfs", "/sys", "sysfs", flags|unix.MS_RDONLY, "")
+}
+
+func mountDev(nodes map[string]int, shmMB int64) error {
+	if err := mountAt("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"); err != nil {
+		return err
+	}
+	for _, n := range devNodes {
+		fd, ok := nodes[n]
+		if !ok {
+			continue
+		}
+		p := "/dev/" + n
+		if err := os.WriteFile(p, nil, 0o666); err != nil {
+			return fmt.Errorf("confine: create %s: %w", p, err)
+		}
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("confine: attach %s: %w", p, err)
+		}
+	}
+	if err := mountAt("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
+		"newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		return err
+	}
+	if err := mountAt("shm", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
+		"mode=1777,size="+strconv.FormatInt(shmMB, 10)+"m"); err != nil {
+		return err
+	}
+	for _, l := range devLinks {
+		if err := os.Symlink(l[1], "/dev/"+l[0]); err != nil {
+			return fmt.Errorf("confine: symlink /dev/%s: %w", l[0], err)
+		}
+	}
+	return nil
+}
+
+// maskedFiles are hidden behind /dev/null (they leak host memory, kernel
+// pointers, or let root poke the kernel).
+var maskedFiles = []string{
+	"/proc/kcore", "/proc/kpagecount", "/proc/kpageflags", "/proc/kpagecgroup",
+	"/proc/sysrq-trigger", "/proc/timer_list", "/proc/keys", "/proc/latency_stats",
+	"/proc/sched_debug",
+}
+
+// maskedDirs are hidden behind an empty read-only tmpfs.
+var maskedDirs = []string{
+	"/proc/acpi", "/proc/scsi", "/proc/asound", "/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+// readonlyDirs are made read-only (sysctls, bus and fs tunables, irq affinity).
+var readonlyDirs = []string{"/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"}
+
+func applyMasks() error {
+	for _, p := range maskedFiles {
+		if !exists(p) {
+			continue
+		}
+		if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("confine: mask %s: %w", p, err)
+		}
+	}
+	for _, p := range maskedDirs {
+		if !exists(p) {
+			continue
+		}
+		if err := unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k"); err != nil {
+			return fmt.Errorf("confine: mask %s: %w", p, err)
+		}
+	}
+	for _, p := range readonlyDirs {
+		if !exists(p) {
+			continue
+		}
+		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("confine: bind %s: %w", p, err)
+		}
+		const ro = unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+		if err := unix.Mount(p, p, "", ro, ""); err != nil {
+			return fmt.Errorf("confine: make %s read-only: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// mountAt mounts at target (an absolute path in the new root), creating the
+// directory in the upper layer when the image lacks it.
+func mountAt(source, target, fstype string, flags uintptr, data string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return fmt.Errorf("confine: mkdir %s: %w", target, err)
+	}
+	if err := unix.Mount(source, target, fstype, flags, data); err != nil {
+		return fmt.Errorf("confine: mount %s on %s: %w", fstype, target, err)
+	}
+	return nil
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(filepath.Clean(p))
+	return err == nil
+}

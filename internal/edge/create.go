@@ -1,0 +1,168 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/sandboxspec"
+)
+
+// startTimeout bounds how long a sandbox may take to come up.
+const startTimeout = 60 * time.Second
+
+func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, error) {
+	spec := req.Spec
+	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
+		return nil, aerr
+	}
+	id := req.ID
+	if id == "" {
+		id = e.newID()
+	} else if NodeOf(id) != e.cfg.Node {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("sandbox id %q does not belong to node %s", id, e.cfg.Node)}
+	}
+
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: "node is shutting down"}
+	}
+	if existing, ok := e.sandboxes[id]; ok {
+		e.mu.Unlock()
+		<-existing.ready
+		if existing.createErr != nil {
+			return nil, existing.createErr
+		}
+		v := existing.view()
+		return &v, nil
+	}
+	if aerr := e.admitLocked(&spec); aerr != nil {
+		e.mu.Unlock()
+		return nil, aerr
+	}
+	now := time.Now().UTC()
+	expires := now.Add(time.Duration(spec.TTL) * time.Second)
+	sb := &sandbox{
+		rec: record{
+			Spec: spec,
+			Sandbox: api.Sandbox{
+				ID: id, State: api.StateCreating, Node: e.cfg.Node, Tier: spec.Tier, Image: spec.Image,
+				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
+				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
+				CreatedAt: now, ExpiresAt: &expires,
+			},
+		},
+		lastActive: now,
+		ready:      make(chan struct{}),
+	}
+	e.sandboxes[id] = sb
+	e.mu.Unlock()
+
+	err := e.start(ctx, sb)
+	if err != nil {
+		sb.createErr = err
+		e.mu.Lock()
+		delete(e.sandboxes, id)
+		e.mu.Unlock()
+		close(sb.ready)
+		return nil, err
+	}
+	close(sb.ready)
+	v := sb.view()
+	return &v, nil
+}
+
+// admitLocked is the node's final say: it refuses work beyond capacity.
+func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
+	var cpu float64
+	var mem int64
+	n := 0
+	for _, sb := range e.sandboxes {
+		if !sb.live() {
+			continue
+		}
+		n++
+		cpu += sb.rec.Spec.CPU
+		mem += sb.rec.Spec.MemoryMB
+	}
+	switch {
+	case n+1 > e.cfg.MaxSandboxes:
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %d sandboxes", e.cfg.Node, n)}
+	case e.cfg.CPUCapacity > 0 && cpu+spec.CPU > e.cfg.CPUCapacity:
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %.1f of %.1f cores requested", e.cfg.Node, cpu, e.cfg.CPUCapacity)}
+	case e.cfg.MemoryMB > 0 && mem+spec.MemoryMB > e.cfg.MemoryMB:
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %d of %d MiB requested", e.cfg.Node, mem, e.cfg.MemoryMB)}
+	}
+	return nil
+}
+
+func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
+	spec := &sb.rec.Spec
+	id := sb.rec.Sandbox.ID
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+	defer cancel()
+
+	_, lowers, err := e.cfg.Images.ResolveLayers(ctx, spec.Image)
+	if err != nil {
+		if errors.Is(err, ErrImageNotFound) {
+			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("image %q not found", spec.Image)}
+		}
+		return fmt.Errorf("resolve image %s: %w", spec.Image, err)
+	}
+
+	stateDir := e.stateDir(id)
+	cleanup := func() {
+		e.freeStorage(id)
+		_ = os.Remove(e.recordPath(id))
+	}
+	defer func() {
+		if err != nil {
+			cleanup()
+		}
+	}()
+	wdir, err := e.cfg.Writable.Alloc(id, spec.DiskMB<<20)
+	if err != nil {
+		return fmt.Errorf("writable layer: %w", err)
+	}
+	upper, work, root := filepath.Join(wdir, "upper"), filepath.Join(wdir, "work"), filepath.Join(stateDir, "root")
+	for _, d := range []string{upper, work, root} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("prepare %s: %w", d, err)
+		}
+	}
+	if err := e.persist(&sb.rec); err != nil {
+		return err
+	}
+	rspec := &runtime.Spec{
+		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
+		Lowers: lowers, Upper: upper, Work: work,
+		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
+		Env: spec.Env, User: spec.User,
+	}
+	inst, err := e.cfg.Runtime.Start(ctx, rspec)
+	if err != nil {
+		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
+	}
+	sb.mu.Lock()
+	sb.inst = inst
+	h := inst.Handle
+	sb.rec.Handle = &h
+	sb.rec.Sandbox.State = api.StateRunning
+	sb.lastActive = time.Now()
+	rec := sb.rec
+	sb.mu.Unlock()
+	if err := e.persist(&rec); err != nil {
+		_ = inst.Agent.Close()
+		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h)
+		return err
+	}
+	e.watch(sb)
+	return nil
+}

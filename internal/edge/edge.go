@@ -1,0 +1,228 @@
+// Package edge is the only part of warren that touches a node: it admits
+// sandboxes against real capacity, builds their roots from layers, starts
+// them through a runtime, reaps expired ones, and reconciles after a crash.
+// It owns the truth about its sandboxes and persists enough (one JSON record
+// per sandbox) to adopt live sandboxes again after a kill -9.
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+// ImageResolver finds an image's layer directories, top-most first.
+type ImageResolver interface {
+	ResolveLayers(ctx context.Context, name string) (digest string, dirs []string, err error)
+	ListImages(ctx context.Context) ([]api.Image, error)
+}
+
+// ErrImageNotFound is what an ImageResolver returns for unknown names.
+var ErrImageNotFound = errors.New("image not found")
+
+// WritableLayers hands out each sandbox's private writable directory with a
+// disk limit.
+type WritableLayers interface {
+	Alloc(id string, limitBytes int64) (dir string, err error)
+	Free(id string) error
+	List() ([]string, error)
+}
+
+// Config configures an edge.
+type Config struct {
+	Node     string // node name; [a-z0-9-], used in sandbox ids and subjects
+	DataDir  string // edge state lives in DataDir/edge
+	Bus      *bus.Conn
+	Runtime  runtime.Runtime
+	Images   ImageResolver
+	Writable WritableLayers
+	Logger   *slog.Logger
+
+	CPUCapacity float64 // cores offered (after overcommit)
+	MemoryMB    int64   // memory offered (after overcommit)
+	MaxSandboxes int
+
+	DefaultTTL       time.Duration // 0 = 24h
+	TombstoneFor     time.Duration // how long stopped sandboxes stay visible; 0 = 10m
+	HeartbeatEvery   time.Duration // 0 = 1s
+	KeepOnShutdown   bool          // leave sandboxes running on Close (for upgrades)
+	ReaperEvery      time.Duration // 0 = 1s
+}
+
+// Edge manages the sandboxes of one node.
+type Edge struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+	closing   bool
+
+	subs   []*nats.Subscription
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+
+// ValidNodeName reports whether name can be a node name.
+func ValidNodeName(name string) bool { return nodeNameRE.MatchString(name) }
+
+// New checks cfg and prepares directories; Start brings the edge up.
+func New(cfg Config) (*Edge, error) {
+	if !ValidNodeName(cfg.Node) {
+		return nil, fmt.Errorf("edge: invalid node name %q (want [a-z0-9-], at most 32)", cfg.Node)
+	}
+	if cfg.Bus == nil || cfg.Runtime == nil || cfg.Images == nil || cfg.Writable == nil {
+		return nil, errors.New("edge: bus, runtime, images and writable layers are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.DefaultTTL == 0 {
+		cfg.DefaultTTL = 24 * time.Hour
+	}
+	if cfg.TombstoneFor == 0 {
+		cfg.TombstoneFor = 10 * time.Minute
+	}
+	if cfg.HeartbeatEvery == 0 {
+		cfg.HeartbeatEvery = time.Second
+	}
+	if cfg.ReaperEvery == 0 {
+		cfg.ReaperEvery = time.Second
+	}
+	if cfg.MaxSandboxes == 0 {
+		cfg.MaxSandboxes = 10000
+	}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox)}
+	for _, d := range []string{e.recordsDir(), e.runDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("edge: %w", err)
+		}
+	}
+	return e, nil
+}
+
+func (e *Edge) recordsDir() string     { return filepath.Join(e.cfg.DataDir, "edge", "sandboxes") }
+func (e *Edge) runDir() string         { return filepath.Join(e.cfg.DataDir, "edge", "run") }
+func (e *Edge) stateDir(id string) string { return filepath.Join(e.runDir(), id) }
+
+// Start reconciles with what is on the host, then serves requests, sends
+// heartbeats and reaps expired sandboxes until Close.
+func (e *Edge) Start(ctx context.Context) error {
+	if err := e.reconcile(ctx); err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	sub, err := e.cfg.Bus.Serve(runCtx, bus.EdgeSubject(e.cfg.Node), "", e.handle)
+	if err != nil {
+		cancel()
+		return err
+	}
+	e.subs = append(e.subs, sub)
+	e.wg.Add(2)
+	go e.heartbeatLoop(runCtx)
+	go e.reaperLoop(runCtx)
+	e.log.Info("edge serving", "sandboxes", e.count())
+	return nil
+}
+
+// Close stops serving. Unless KeepOnShutdown, every sandbox is stopped and
+// its resources freed.
+func (e *Edge) Close(ctx context.Context) error {
+	e.mu.Lock()
+	e.closing = true
+	all := make([]*sandbox, 0, len(e.sandboxes))
+	for _, sb := range e.sandboxes {
+		all = append(all, sb)
+	}
+	e.mu.Unlock()
+	for _, s := range e.subs {
+		_ = s.Unsubscribe()
+	}
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.wg.Wait()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, sb := range all {
+		if e.cfg.KeepOnShutdown {
+			sb.detach()
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(sb *sandbox) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			e.stop(ctx, sb, api.StateStopped, "node shut down")
+		}(sb)
+	}
+	wg.Wait()
+	return nil
+}
+
+func (e *Edge) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, sb := range e.sandboxes {
+		if sb.live() {
+			n++
+		}
+	}
+	return n
+}
+
+// newID returns sb-<node>-<random>; the random part has no '-'.
+func (e *Edge) newID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return "sb-" + e.cfg.Node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// NodeOf extracts the node name from a sandbox id, or "" if id is malformed.
+func NodeOf(id string) string {
+	if len(id) > 80 || !strings.HasPrefix(id, "sb-") {
+		return ""
+	}
+	rest := id[3:]
+	i := strings.LastIndexByte(rest, '-')
+	if i <= 0 || i == len(rest)-1 {
+		return ""
+	}
+	node, random := rest[:i], rest[i+1:]
+	if !ValidNodeName(node) {
+		return ""
+	}
+	for _, c := range random {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return ""
+		}
+	}
+	return node
+}
+
+// NewSandboxID makes a fresh id for node (used by the apiserver, which
+// chooses ids so that creates are idempotent).
+func NewSandboxID(node string) string {
+	e := &Edge{cfg: Config{Node: node}}
+	return e.newID()
+}

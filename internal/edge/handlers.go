@@ -1,0 +1,311 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/sandboxspec"
+)
+
+// Exec defaults.
+const (
+	DefaultExecTimeout = 10 * time.Minute
+	DefaultOutputCap   = 16 << 20
+	MaxOutputCap       = 1 << 30
+)
+
+func badRequest(format string, a ...any) error {
+	return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf(format, a...)}
+}
+
+func decode(body []byte, v any) error {
+	if err := json.Unmarshal(body, v); err != nil {
+		return badRequest("malformed request: %v", err)
+	}
+	return nil
+}
+
+// handle is the edge's bus handler.
+func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replier) (any, error) {
+	switch op {
+	case OpCreate:
+		var req CreateRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.create(ctx, &req)
+	case OpGet:
+		var req IDRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		sb, err := e.lookup(req.ID)
+		if err != nil {
+			return nil, err
+		}
+		v := sb.view()
+		return &v, nil
+	case OpList:
+		var req ListRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.list(&req), nil
+	case OpDelete:
+		var req IDRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		sb, err := e.lookup(req.ID)
+		if err != nil {
+			return nil, err
+		}
+		<-sb.ready
+		e.stop(ctx, sb, api.StateStopped, "deleted")
+		v := sb.view()
+		return &v, nil
+	case OpImages:
+		imgs, err := e.cfg.Images.ListImages(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &api.ImageList{Images: imgs}, nil
+	case OpExec:
+		var req ExecRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.exec(ctx, &req, w)
+	case OpCommandGet, OpCommandKill:
+		var req CommandRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.command(ctx, op, &req)
+	case OpFileRead, OpFileWrite, OpFileList, OpFileStat, OpFileMkdir, OpFileRemove, OpFileRename, OpTarGet, OpTarPut:
+		var req FileRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.file(ctx, op, &req, w)
+	}
+	return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("unknown edge operation %q", op)}
+}
+
+func (e *Edge) list(req *ListRequest) *api.SandboxList {
+	e.mu.Lock()
+	all := make([]*sandbox, 0, len(e.sandboxes))
+	for _, sb := range e.sandboxes {
+		all = append(all, sb)
+	}
+	e.mu.Unlock()
+	out := &api.SandboxList{Sandboxes: []api.Sandbox{}}
+	for _, sb := range all {
+		v := sb.view()
+		if req.State != "" && v.State != req.State {
+			continue
+		}
+		match := true
+		for k, want := range req.Labels {
+			if v.Labels[k] != want {
+				match = false
+				break
+			}
+		}
+		if match {
+			out.Sandboxes = append(out.Sandboxes, v)
+		}
+	}
+	sort.Slice(out.Sandboxes, func(i, j int) bool { return out.Sandboxes[i].CreatedAt.Before(out.Sandboxes[j].CreatedAt) })
+	return out
+}
+
+func (e *Edge) lookup(id string) (*sandbox, error) {
+	e.mu.Lock()
+	sb := e.sandboxes[id]
+	e.mu.Unlock()
+	if sb == nil {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
+	}
+	return sb, nil
+}
+
+// acquire finds a running sandbox, marks it active and counts the operation
+// as in flight until release is called.
+func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) {
+	sb, err := e.lookup(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	<-sb.ready
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.rec.Sandbox.State != api.StateRunning || sb.stopping || sb.inst == nil {
+		return nil, nil, nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, stateWord(sb))}
+	}
+	sb.inflight++
+	sb.lastActive = time.Now()
+	return sb, sb.inst.Agent, func() {
+		sb.mu.Lock()
+		sb.inflight--
+		sb.lastActive = time.Now()
+		sb.mu.Unlock()
+	}, nil
+}
+
+func stateWord(sb *sandbox) string {
+	if sb.stopping && sb.rec.Sandbox.State == api.StateRunning {
+		return "stopping"
+	}
+	return sb.rec.Sandbox.State
+}
+
+// agentError turns an agent or channel failure into an API error.
+func (e *Edge) agentError(sb *sandbox, err error) error {
+	var ae *agentproto.Error
+	if errors.As(err, &ae) {
+		code := api.CodeInternal
+		switch ae.Code {
+		case agentproto.ErrNotFound:
+			code = api.CodeNotFound
+		case agentproto.ErrInvalid:
+			code = api.CodeBadRequest
+		case agentproto.ErrExists, agentproto.ErrNotDir, agentproto.ErrIsDir, agentproto.ErrNotEmpty:
+			code = api.CodeConflict
+		case agentproto.ErrPermission:
+			code = api.CodeForbidden
+		case agentproto.ErrTooLarge:
+			code = api.CodeTooLarge
+		case agentproto.ErrNoSpace:
+			code = api.CodeTooLarge
+		}
+		return &api.Error{Code: code, Message: ae.Message}
+	}
+	if errors.Is(err, agentproto.ErrClosed) {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s stopped during the operation", sb.rec.Sandbox.ID)}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return &api.Error{Code: api.CodeTimeout, Message: "operation cancelled"}
+	}
+	return err
+}
+
+func (e *Edge) exec(ctx context.Context, req *ExecRequest, w *bus.Replier) (any, error) {
+	x := &req.Exec
+	if (x.Cmd == "") == (len(x.Argv) == 0) {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: "exactly one of cmd and argv is required"}
+	}
+	if aerr := sandboxspec.CheckEnv(x.Env); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := sandboxspec.CheckUser(x.User); aerr != nil {
+		return nil, aerr
+	}
+	if x.Timeout < 0 || x.OutputCap < 0 || x.OutputCap > MaxOutputCap {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: "timeout and output_cap must be positive (output_cap at most 1 GiB)"}
+	}
+	sb, agent, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	timeout := DefaultExecTimeout
+	if x.Timeout > 0 {
+		timeout = time.Duration(x.Timeout * float64(time.Second))
+	}
+	areq := &agentproto.ExecRequest{
+		Cmd: x.Cmd, Argv: x.Argv, Session: x.Session, Env: x.Env, Cwd: x.Cwd, User: x.User,
+		Timeout: timeout, OutputCap: x.OutputCap, Background: x.Background,
+	}
+	if areq.OutputCap == 0 {
+		areq.OutputCap = DefaultOutputCap
+	}
+	if x.Stdin != "" {
+		areq.Stdin = []byte(x.Stdin)
+	}
+	var res agentproto.ExecResult
+	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
+		return w.Chunk(r.Stream, r.Data)
+	})
+	if err != nil {
+		return nil, e.agentError(sb, err)
+	}
+	return &api.ExecResult{
+		ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
+		DurationMs: res.Duration, CommandID: res.CommandID,
+	}, nil
+}
+
+func (e *Edge) command(ctx context.Context, op string, req *CommandRequest) (any, error) {
+	if req.CommandID == "" || len(req.CommandID) > 128 {
+		return nil, badRequest("command_id is required")
+	}
+	sb, agent, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if op == OpCommandKill {
+		if req.Signal < 0 || req.Signal > 64 {
+			return nil, &api.Error{Code: api.CodeInvalid, Message: "signal must be between 1 and 64"}
+		}
+		if err := agent.Call(ctx, agentproto.OpProcKill, &agentproto.ProcRequest{CommandID: req.CommandID, Signal: req.Signal}, nil, nil); err != nil {
+			return nil, e.agentError(sb, err)
+		}
+	}
+	var st agentproto.ProcStatus
+	if err := agent.Call(ctx, agentproto.OpProcGet, &agentproto.ProcRequest{CommandID: req.CommandID, Wait: req.Wait && op == OpCommandGet}, &st, nil); err != nil {
+		return nil, e.agentError(sb, err)
+	}
+	return &api.Command{
+		ID: st.CommandID, Running: st.Running, ExitCode: st.ExitCode, Stdout: string(st.Stdout), Stderr: string(st.Stderr),
+		Truncated: st.Truncated, TimedOut: st.TimedOut, Signal: st.Signal, DurationMs: st.Duration,
+	}, nil
+}
+
+func (e *Edge) file(ctx context.Context, op string, req *FileRequest, w *bus.Replier) (any, error) {
+	sb, agent, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var out any
+	var body any
+	var agentOp string
+	var onChunk func(*agentproto.Response) error
+	switch op {
+	case OpFileRead:
+		agentOp, body, out = agentproto.OpFileRead, &agentproto.PathRequest{Path: req.Path}, &api.FileInfo{}
+		onChunk = func(r *agentproto.Response) error { return w.Chunk("data", r.Data) }
+	case OpFileWrite:
+		agentOp, body, out = agentproto.OpFileWrite, &agentproto.WriteRequest{Path: req.Path, Data: req.Data, Mode: req.Mode, Append: req.Append}, &api.FileInfo{}
+	case OpFileList:
+		agentOp, body, out = agentproto.OpFileList, &agentproto.PathRequest{Path: req.Path}, &api.FileList{}
+	case OpFileStat:
+		agentOp, body, out = agentproto.OpFileStat, &agentproto.PathRequest{Path: req.Path}, &api.FileInfo{}
+	case OpFileMkdir:
+		agentOp, body, out = agentproto.OpFileMkdir, &agentproto.MkdirRequest{Path: req.Path, Mode: req.Mode, Parents: req.Parents}, &api.FileInfo{}
+	case OpFileRemove:
+		agentOp, body = agentproto.OpFileRemove, &agentproto.RemoveRequest{Path: req.Path, Recursive: req.Recursive}
+	case OpFileRename:
+		agentOp, body = agentproto.OpFileRename, &agentproto.RenameRequest{From: req.Path, To: req.To}
+	case OpTarGet:
+		agentOp, body = agentproto.OpTarGet, &agentproto.PathRequest{Path: req.Path}
+		onChunk = func(r *agentproto.Response) error { return w.Chunk("data", r.Data) }
+	case OpTarPut:
+		agentOp, body, out = agentproto.OpTarPut, &agentproto.TarPutRequest{Path: req.Path, Handle: req.Handle, Data: req.Data, Final: req.Final}, &TarPutResult{}
+	}
+	if err := agent.Call(ctx, agentOp, body, out, onChunk); err != nil {
+		return nil, e.agentError(sb, err)
+	}
+	return out, nil
+}

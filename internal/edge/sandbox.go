@@ -1,0 +1,261 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+// record is what the edge persists per sandbox (DataDir/edge/sandboxes/<id>.json).
+type record struct {
+	Sandbox api.Sandbox              `json:"sandbox"`
+	Spec    api.CreateSandboxRequest `json:"spec"`
+	Handle  *runtime.Handle          `json:"handle,omitempty"`
+}
+
+// sandbox is the edge's live state of one sandbox.
+type sandbox struct {
+	mu         sync.Mutex
+	rec        record
+	inst       *runtime.Instance
+	lastActive time.Time
+	inflight   int
+	stopping   bool
+	detached   bool
+	stoppedAt  time.Time
+	ready      chan struct{} // closed once creation finished (either way)
+	createErr  error
+}
+
+func (sb *sandbox) view() api.Sandbox {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	v := sb.rec.Sandbox
+	v.LastActive = sb.lastActive
+	v.Labels = copyMap(v.Labels)
+	return v
+}
+
+func (sb *sandbox) live() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	s := sb.rec.Sandbox.State
+	return s == api.StateRunning || s == api.StateCreating
+}
+
+func (sb *sandbox) detach() {
+	sb.mu.Lock()
+	sb.detached = true
+	inst := sb.inst
+	sb.mu.Unlock()
+	if inst != nil {
+		_ = inst.Agent.Close()
+	}
+}
+
+func copyMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	c := make(map[string]string, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+func (e *Edge) recordPath(id string) string { return filepath.Join(e.recordsDir(), id+".json") }
+
+// persist writes the record atomically (temp file, fsync, rename).
+func (e *Edge) persist(rec *record) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	p := e.recordPath(rec.Sandbox.ID)
+	tmp := p + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("edge: persist %s: %w", rec.Sandbox.ID, err)
+	}
+	if _, err = f.Write(b); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("edge: persist %s: %w", rec.Sandbox.ID, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("edge: persist %s: %w", rec.Sandbox.ID, err)
+	}
+	return nil
+}
+
+func (e *Edge) loadRecords() ([]record, error) {
+	ents, err := os.ReadDir(e.recordsDir())
+	if err != nil {
+		return nil, fmt.Errorf("edge: read records: %w", err)
+	}
+	var out []record
+	for _, ent := range ents {
+		name := ent.Name()
+		p := filepath.Join(e.recordsDir(), name)
+		if filepath.Ext(name) != ".json" {
+			_ = os.Remove(p) // a temp file of an interrupted write
+			continue
+		}
+		b, err := os.ReadFile(p)
+		var rec record
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err != nil || NodeOf(rec.Sandbox.ID) != e.cfg.Node || rec.Sandbox.ID+".json" != name {
+			e.log.Warn("dropping unreadable sandbox record", "file", name, "err", err)
+			_ = os.Remove(p)
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// reconcile adopts sandboxes that survived a restart and frees everything
+// else this node left behind: runtime leftovers, writable dirs, state dirs.
+func (e *Edge) reconcile(ctx context.Context) error {
+	recs, err := e.loadRecords()
+	if err != nil {
+		return err
+	}
+	adopted := map[string]bool{}
+	for i := range recs {
+		rec := recs[i]
+		id := rec.Sandbox.ID
+		if rec.Handle != nil && rec.Sandbox.State == api.StateRunning {
+			inst, err := e.cfg.Runtime.Attach(ctx, *rec.Handle)
+			if err == nil {
+				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{})}
+				close(sb.ready)
+				e.sandboxes[id] = sb
+				adopted[id] = true
+				e.watch(sb)
+				e.log.Info("adopted sandbox", "id", id)
+				continue
+			}
+			e.log.Warn("sandbox did not survive the restart", "id", id, "err", err)
+		}
+		h := runtime.Handle{ID: id, Socket: filepath.Join(e.stateDir(id), "agent.sock")}
+		if rec.Handle != nil {
+			h = *rec.Handle
+		}
+		if err := e.cfg.Runtime.Destroy(ctx, h); err != nil {
+			e.log.Error("destroy leftover sandbox", "id", id, "err", err)
+		}
+		e.freeStorage(id)
+		_ = os.Remove(e.recordPath(id))
+		rec.Sandbox.State = api.StateFailed
+		rec.Sandbox.Reason = "lost while the edge was down"
+		sb := &sandbox{rec: rec, stoppedAt: time.Now(), ready: make(chan struct{})}
+		close(sb.ready)
+		e.sandboxes[id] = sb
+	}
+	left, err := e.cfg.Runtime.Leftovers(ctx)
+	if err != nil {
+		return fmt.Errorf("edge: list leftovers: %w", err)
+	}
+	for _, h := range left {
+		if !adopted[h.ID] {
+			e.log.Info("removing leftover sandbox", "id", h.ID)
+			if err := e.cfg.Runtime.Destroy(ctx, h); err != nil {
+				e.log.Error("destroy leftover", "id", h.ID, "err", err)
+			}
+		}
+	}
+	ids, err := e.cfg.Writable.List()
+	if err != nil {
+		return fmt.Errorf("edge: list writable layers: %w", err)
+	}
+	for _, id := range ids {
+		if !adopted[id] {
+			_ = e.cfg.Writable.Free(id)
+		}
+	}
+	ents, _ := os.ReadDir(e.runDir())
+	for _, ent := range ents {
+		if !adopted[ent.Name()] {
+			_ = os.RemoveAll(filepath.Join(e.runDir(), ent.Name()))
+		}
+	}
+	return nil
+}
+
+func (e *Edge) freeStorage(id string) {
+	if err := e.cfg.Writable.Free(id); err != nil {
+		e.log.Warn("free writable layer", "id", id, "err", err)
+	}
+	_ = os.RemoveAll(e.stateDir(id))
+}
+
+// watch marks the sandbox failed when its agent channel closes unexpectedly.
+func (e *Edge) watch(sb *sandbox) {
+	inst := sb.inst
+	go func() {
+		<-inst.Agent.Done()
+		sb.mu.Lock()
+		expected := sb.stopping || sb.detached
+		sb.mu.Unlock()
+		if !expected {
+			e.log.Warn("agent channel closed; sandbox failed", "id", sb.rec.Sandbox.ID, "err", inst.Agent.Err())
+			e.stop(context.Background(), sb, api.StateFailed, "sandbox agent exited")
+		}
+	}()
+}
+
+// stop ends a sandbox and frees everything it holds; it keeps a tombstone so
+// that GET still answers for a while. Safe to call more than once.
+func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
+	sb.mu.Lock()
+	if sb.stopping {
+		sb.mu.Unlock()
+		return
+	}
+	sb.stopping = true
+	inst := sb.inst
+	id := sb.rec.Sandbox.ID
+	h := runtime.Handle{ID: id, Socket: filepath.Join(e.stateDir(id), "agent.sock")}
+	if sb.rec.Handle != nil {
+		h = *sb.rec.Handle
+	}
+	sb.mu.Unlock()
+
+	if inst != nil {
+		_ = inst.Agent.Close()
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := e.cfg.Runtime.Destroy(dctx, h); err != nil {
+		// Keep the record: the next reconcile retries.
+		e.log.Error("destroy sandbox", "id", id, "err", err)
+	} else {
+		e.freeStorage(id)
+		_ = os.Remove(e.recordPath(id))
+	}
+	sb.mu.Lock()
+	sb.rec.Sandbox.State = state
+	sb.rec.Sandbox.Reason = reason
+	sb.stoppedAt = time.Now()
+	sb.mu.Unlock()
+	e.log.Info("sandbox stopped", "id", id, "state", state, "reason", reason)
+}
+
+var errStopped = errors.New("stopped")

@@ -1,0 +1,364 @@
+// Package image is the node's content-addressed image store. An image is a
+// named, ordered list of layers; each layer is kept once, unpacked, under
+// the sha256 of its uncompressed tar (the OCI diff id), and shared by every
+// image that contains it.
+//
+// On disk, under the store directory:
+//
+//	layers/sha256/<hex>/       an unpacked layer (overlayfs whiteout form)
+//	layers/sha256/<hex>.json   its size
+//	images/<escaped name>.json the image: name, digest, layers, config
+//	tmp/                       private work space; renamed into place
+//
+// Every visible file or directory appears by an atomic rename, so a crash
+// never leaves a half layer or half manifest behind.
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// ErrNotFound means no image has the name.
+var ErrNotFound = errors.New("image: not found")
+
+// Store is what the edge needs from the image store. The storage format
+// (unpacked directories today, EROFS images later) stays behind it.
+type Store interface {
+	// Resolve returns the image and its layer directories, top-most first
+	// (overlayfs lowerdir order). Unknown names give ErrNotFound.
+	Resolve(ctx context.Context, name string) (*Image, []string, error)
+	List(ctx context.Context) ([]Image, error)
+	// Remove deletes the image and every layer no other image uses. The
+	// caller must not remove an image whose layers are mounted.
+	Remove(ctx context.Context, name string) error
+	// Import reads src (OCI layout directory or archive, docker-save
+	// archive, root filesystem directory or tarball) and stores it as name.
+	Import(ctx context.Context, src string, name string) (*Image, error)
+}
+
+// Config is the part of an OCI image config a sandbox uses.
+type Config struct {
+	Env        []string `json:"env,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+}
+
+// Image is one stored image.
+type Image struct {
+	Name string `json:"name"`
+	// Digest is "sha256:<hex>" of the canonical JSON of Config and Layers.
+	Digest string `json:"digest"`
+	// Layers are diff ids ("sha256:<hex>"), bottom first.
+	Layers    []string  `json:"layers"`
+	Size      int64     `json:"size"` // bytes of uncompressed layer tars
+	CreatedAt time.Time `json:"created_at"`
+	Config    Config    `json:"config"`
+}
+
+// API returns the wire form of the image.
+func (i *Image) API() api.Image {
+	return api.Image{Name: i.Name, Digest: i.Digest, Layers: append([]string(nil), i.Layers...), Size: i.Size, CreatedAt: i.CreatedAt}
+}
+
+// digestOf is the image digest: sha256 over the canonical JSON of config
+// and layers (encoding/json emits struct fields in order, so it is stable).
+func digestOf(cfg Config, layers []string) string {
+	b, _ := json.Marshal(struct {
+		Config Config   `json:"config"`
+		Layers []string `json:"layers"`
+	}{cfg, layers})
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// LocalStore keeps images in a directory on this node (or on a shared
+// filesystem mounted at the same path on every node).
+type LocalStore struct {
+	dir string
+	mu  sync.Mutex // with the flock on dir/.lock: commit and garbage collection
+	// BusyboxPath is the static busybox EnsureBusybox packs ("/bin/busybox").
+	BusyboxPath string
+}
+
+var _ Store = (*LocalStore)(nil)
+
+// Open opens (creating if needed) the store in dir and removes work files
+// this host left behind in a crash.
+func Open(dir string) (*LocalStore, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	for _, d := range []string{"layers/sha256", "images", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("image: open store: %w", err)
+		}
+	}
+	s := &LocalStore{dir: dir, BusyboxPath: "/bin/busybox"}
+	s.cleanTmp()
+	return s, nil
+}
+
+// Dir is the store's root directory.
+func (s *LocalStore) Dir() string { return s.dir }
+
+// tmpPrefix names work files host-pid- so a restarted process can tell its
+// own dead predecessors' leftovers from another live process's work.
+func tmpPrefix() string {
+	h, _ := os.Hostname()
+	return strings.ReplaceAll(h, "-", "_") + "-" + strconv.Itoa(os.Getpid()) + "-"
+}
+
+func (s *LocalStore) cleanTmp() {
+	host, _ := os.Hostname()
+	host = strings.ReplaceAll(host, "-", "_")
+	ents, err := os.ReadDir(filepath.Join(s.dir, "tmp"))
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		parts := strings.SplitN(e.Name(), "-", 3)
+		if len(parts) != 3 || parts[0] != host {
+			continue
+		}
+		pid, err := strconv.Atoi(parts[1])
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if syscall.Kill(pid, 0) == nil {
+			continue // alive (or reused): leave it
+		}
+		os.RemoveAll(filepath.Join(s.dir, "tmp", e.Name()))
+	}
+}
+
+func (s *LocalStore) mkTemp(kind string) (string, error) {
+	return os.MkdirTemp(filepath.Join(s.dir, "tmp"), tmpPrefix()+kind+"-")
+}
+
+// lock serialises commits and garbage collection in this process and,
+// through flock, with other processes sharing the directory.
+func (s *LocalStore) lock() (func(), error) {
+	s.mu.Lock()
+	f, err := os.OpenFile(filepath.Join(s.dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("image: lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		s.mu.Unlock()
+		return nil, fmt.Errorf("image: lock: %w", err)
+	}
+	return func() { f.Close(); s.mu.Unlock() }, nil
+}
+
+const maxImageName = 200
+
+// ValidName reports whether name can name an image: 1 to 200 characters of
+// [A-Za-z0-9._-/:@], starting with a letter or digit, without "..", "//"
+// or a trailing "/".
+func ValidName(name string) error {
+	if name == "" || len(name) > maxImageName {
+		return fmt.Errorf("image: invalid name %q: length must be 1..%d", name, maxImageName)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '.' || c == '_' || c == '-' || c == '/' || c == ':' || c == '@'
+		if !ok {
+			return fmt.Errorf("image: invalid name %q: character %q not allowed", name, c)
+		}
+	}
+	c := name[0]
+	if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+		return fmt.Errorf("image: invalid name %q: must start with a letter or digit", name)
+	}
+	if strings.Contains(name, "..") || strings.Contains(name, "//") || strings.HasSuffix(name, "/") {
+		return fmt.Errorf("image: invalid name %q", name)
+	}
+	return nil
+}
+
+// fileName maps a valid name to a single file name: "/" (the only
+// character of a valid name a path cannot hold) becomes "%2F".
+func fileName(name string) string {
+	return strings.ReplaceAll(name, "/", "%2F") + ".json"
+}
+
+func (s *LocalStore) imagePath(name string) string {
+	return filepath.Join(s.dir, "images", fileName(name))
+}
+
+func (s *LocalStore) layerDir(diffID string) string {
+	return filepath.Join(s.dir, "layers", "sha256", strings.TrimPrefix(diffID, "sha256:"))
+}
+
+func (s *LocalStore) readImage(name string) (*Image, error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(s.imagePath(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	var img Image
+	if err := json.Unmarshal(b, &img); err != nil {
+		return nil, fmt.Errorf("image: %s: corrupt manifest: %w", name, err)
+	}
+	return &img, nil
+}
+
+// Resolve implements Store.
+func (s *LocalStore) Resolve(ctx context.Context, name string) (*Image, []string, error) {
+	img, err := s.readImage(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	dirs := make([]string, 0, len(img.Layers))
+	for i := len(img.Layers) - 1; i >= 0; i-- {
+		d := s.layerDir(img.Layers[i])
+		if _, err := os.Lstat(d); err != nil {
+			return nil, nil, fmt.Errorf("image: %s: layer %s missing: %w", name, img.Layers[i], err)
+		}
+		dirs = append(dirs, d)
+	}
+	return img, dirs, nil
+}
+
+// List implements Store. Images are sorted by name.
+func (s *LocalStore) List(ctx context.Context) ([]Image, error) {
+	ents, err := os.ReadDir(filepath.Join(s.dir, "images"))
+	if err != nil {
+		return nil, fmt.Errorf("image: list: %w", err)
+	}
+	var out []Image
+	for _, e := range ents {
+		n, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		img, err := s.readImage(strings.ReplaceAll(n, "%2F", "/"))
+		if err != nil {
+			continue // removed meanwhile, or not ours
+		}
+		out = append(out, *img)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Remove implements Store.
+func (s *LocalStore) Remove(ctx context.Context, name string) error {
+	if err := ValidName(name); err != nil {
+		return err
+	}
+	unlock, err := s.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.Remove(s.imagePath(name)); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: %s", ErrNotFound, name)
+		}
+		return fmt.Errorf("image: remove %s: %w", name, err)
+	}
+	_, err = s.pruneLocked()
+	return err
+}
+
+// Prune removes layers that no image references and returns how many.
+func (s *LocalStore) Prune(ctx context.Context) (int, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	return s.pruneLocked()
+}
+
+func (s *LocalStore) pruneLocked() (int, error) {
+	imgs, err := s.List(context.Background())
+	if err != nil {
+		return 0, err
+	}
+	used := map[string]bool{}
+	for _, img := range imgs {
+		for _, l := range img.Layers {
+			used[strings.TrimPrefix(l, "sha256:")] = true
+		}
+	}
+	ldir := filepath.Join(s.dir, "layers", "sha256")
+	ents, err := os.ReadDir(ldir)
+	if err != nil {
+		return 0, fmt.Errorf("image: prune: %w", err)
+	}
+	n := 0
+	for _, e := range ents {
+		if !e.IsDir() || used[e.Name()] {
+			continue
+		}
+		// Rename out of sight first so no half-deleted layer is visible.
+		tmp, err := s.mkTemp("gc")
+		if err != nil {
+			return n, err
+		}
+		if err := os.Rename(filepath.Join(ldir, e.Name()), filepath.Join(tmp, "layer")); err != nil {
+			os.Remove(tmp)
+			return n, fmt.Errorf("image: prune: %w", err)
+		}
+		os.Remove(filepath.Join(ldir, e.Name()+".json"))
+		if err := os.RemoveAll(tmp); err != nil {
+			return n, fmt.Errorf("image: prune: %w", err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// writeFileAtomic writes b to path through a temporary file and rename.
+func (s *LocalStore) writeFileAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Join(s.dir, "tmp"), tmpPrefix()+"file-")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}

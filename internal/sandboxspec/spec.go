@@ -1,0 +1,146 @@
+// Package sandboxspec validates create requests and fills in defaults. The
+// apiserver checks before placing; the edge checks again before admitting.
+package sandboxspec
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Defaults and bounds.
+const (
+	DefaultCPU      = 1.0
+	DefaultMemoryMB = 512
+	DefaultDiskMB   = 1024
+	DefaultPids     = 1024
+	DefaultTTL      = 3600 // seconds
+
+	MaxCPU         = 256
+	MaxMemoryMB    = 1 << 20 // 1 TiB
+	MaxDiskMB      = 1 << 22 // 4 TiB
+	MaxPids        = 1 << 22
+	MaxTTL         = 30 * 24 * 3600
+	MaxEnv         = 256
+	MaxLabels      = 64
+	MaxValueLength = 4096
+)
+
+var (
+	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
+	hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	userRE     = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$|^[0-9]{1,10}(:[0-9]{1,10})?$`)
+	imageRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$`)
+)
+
+func invalid(format string, a ...any) *api.Error {
+	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(format, a...)}
+}
+
+// Normalize validates req and fills in defaults in place.
+func Normalize(req *api.CreateSandboxRequest) *api.Error {
+	if req.Tier == "" {
+		req.Tier = api.TierContainer
+	}
+	if req.Tier != api.TierContainer {
+		return invalid("tier %q is not available (available: container)", req.Tier)
+	}
+	if req.Image == "" {
+		return invalid("image is required")
+	}
+	if !imageRE.MatchString(req.Image) || strings.Contains(req.Image, "..") {
+		return invalid("image name %q is malformed", truncate(req.Image))
+	}
+	switch {
+	case req.CPU == 0:
+		req.CPU = DefaultCPU
+	case req.CPU < 0.01 || req.CPU > MaxCPU || req.CPU != req.CPU:
+		return invalid("cpu must be between 0.01 and %d cores", MaxCPU)
+	}
+	switch {
+	case req.MemoryMB == 0:
+		req.MemoryMB = DefaultMemoryMB
+	case req.MemoryMB < 16 || req.MemoryMB > MaxMemoryMB:
+		return invalid("memory_mb must be between 16 and %d", MaxMemoryMB)
+	}
+	switch {
+	case req.DiskMB == 0:
+		req.DiskMB = DefaultDiskMB
+	case req.DiskMB < 1 || req.DiskMB > MaxDiskMB:
+		return invalid("disk_mb must be between 1 and %d", MaxDiskMB)
+	}
+	switch {
+	case req.Pids == 0:
+		req.Pids = DefaultPids
+	case req.Pids < 8 || req.Pids > MaxPids:
+		return invalid("pids must be between 8 and %d", MaxPids)
+	}
+	switch {
+	case req.TTL == 0:
+		req.TTL = DefaultTTL
+	case req.TTL < 1 || req.TTL > MaxTTL:
+		return invalid("ttl must be between 1 and %d seconds", MaxTTL)
+	}
+	if req.IdleTimeout < 0 || req.IdleTimeout > MaxTTL {
+		return invalid("idle_timeout must be between 0 and %d seconds", MaxTTL)
+	}
+	if len(req.Env) > MaxEnv {
+		return invalid("at most %d env variables", MaxEnv)
+	}
+	if err := CheckEnv(req.Env); err != nil {
+		return err
+	}
+	if len(req.Labels) > MaxLabels {
+		return invalid("at most %d labels", MaxLabels)
+	}
+	for k, v := range req.Labels {
+		if !labelKeyRE.MatchString(k) {
+			return invalid("label key %q is malformed", truncate(k))
+		}
+		if len(v) > 256 || !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\n") {
+			return invalid("label %q has a malformed value", k)
+		}
+	}
+	if req.User != "" && !userRE.MatchString(req.User) {
+		return invalid("user %q is malformed", truncate(req.User))
+	}
+	if req.Hostname == "" {
+		req.Hostname = "sandbox"
+	}
+	if !hostnameRE.MatchString(req.Hostname) {
+		return invalid("hostname %q is malformed", truncate(req.Hostname))
+	}
+	return nil
+}
+
+// CheckEnv validates environment variables.
+func CheckEnv(env map[string]string) *api.Error {
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return invalid("env name %q is malformed", truncate(k))
+		}
+		if len(v) > MaxValueLength*8 || strings.IndexByte(v, 0) >= 0 {
+			return invalid("env %s has a malformed or oversized value", k)
+		}
+	}
+	return nil
+}
+
+// CheckUser validates an exec user.
+func CheckUser(u string) *api.Error {
+	if u != "" && !userRE.MatchString(u) {
+		return invalid("user %q is malformed", truncate(u))
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}

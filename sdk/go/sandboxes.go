@@ -1,0 +1,77 @@
+package warren
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"sort"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Create starts a sandbox. It sends a fresh Idempotency-Key, so the retries
+// it makes on 429/503/connection refused never create a second sandbox.
+func (c *Client) Create(ctx context.Context, req api.CreateSandboxRequest) (*api.Sandbox, error) {
+	return c.CreateWithKey(ctx, req, idempotencyKey())
+}
+
+// CreateWithKey is Create with a caller-chosen idempotency key: calling it
+// again with the same key returns the sandbox the first call created.
+func (c *Client) CreateWithKey(ctx context.Context, req api.CreateSandboxRequest, key string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	h := http.Header{}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	_, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes", header: h, json: req, retry: key != ""}, &sb)
+	if err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// Get returns one sandbox.
+func (c *Client) Get(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id), retry: true}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// ListOptions filters List. Every label must match; State is one of the
+// api.State* constants or empty for all.
+type ListOptions struct {
+	Labels map[string]string
+	State  string
+}
+
+// List returns the sandboxes visible to the token.
+func (c *Client) List(ctx context.Context, opts ListOptions) ([]api.Sandbox, error) {
+	q := url.Values{}
+	keys := make([]string, 0, len(opts.Labels))
+	for k := range opts.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q.Add("label", k+"="+opts.Labels[k])
+	}
+	if opts.State != "" {
+		q.Set("state", opts.State)
+	}
+	var l api.SandboxList
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes", query: q, retry: true}, &l); err != nil {
+		return nil, err
+	}
+	return l.Sandboxes, nil
+}
+
+// Delete stops and removes a sandbox and returns its final state.
+func (c *Client) Delete(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if _, err := c.doJSON(ctx, &request{method: http.MethodDelete, path: "/v1/sandboxes/" + esc(id), retry: true}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}

@@ -1,0 +1,331 @@
+"""I/O-free parts shared by the sync and asyncio clients: configuration,
+request descriptions, retry policy, the NDJSON exec-stream decoder and the
+body builders of every operation."""
+
+import datetime as _dt
+import json
+import os
+import random
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ._version import __version__
+from .errors import WarrenError, error_for
+from .models import ExecResult
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+RETRY_STATUSES = frozenset((429, 503))
+IDEMPOTENT_METHODS = frozenset(("GET", "HEAD", "PUT", "DELETE", "OPTIONS"))
+NDJSON = "application/x-ndjson"
+
+Number = Union[int, float]
+Duration = Union[int, float, _dt.timedelta]
+Command = Union[str, Sequence[str]]
+
+
+def seconds(v: Optional[Duration]) -> Optional[float]:
+    """Seconds as a float from a number or a timedelta (None stays None)."""
+    if v is None:
+        return None
+    if isinstance(v, _dt.timedelta):
+        return v.total_seconds()
+    return float(v)
+
+
+def whole_seconds(v: Optional[Duration]) -> Optional[int]:
+    s = seconds(v)
+    return None if s is None else int(round(s))
+
+
+@dataclass
+class Config:
+    """Connection settings shared by :class:`~warren.Client` and :class:`~warren.AsyncClient`."""
+
+    url: str
+    token: Optional[str]
+    timeout: float
+    max_retries: int
+    backoff: float
+    max_backoff: float
+    user_agent: str
+    scheme: str = "http"
+    host: str = "127.0.0.1"
+    port: int = 7070
+    base_path: str = ""
+
+    @classmethod
+    def build(cls, url: Optional[str], token: Optional[str], timeout: float, max_retries: int,
+              backoff: float, max_backoff: float, user_agent: Optional[str]) -> "Config":
+        url = url or os.environ.get("WARREN_URL") or DEFAULT_URL
+        if "://" not in url:
+            url = "http://" + url
+        if token is None:
+            token = os.environ.get("WARREN_TOKEN") or None
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https"):
+            raise ValueError("warren: unsupported URL scheme %r (want http or https)" % u.scheme)
+        if not u.hostname:
+            raise ValueError("warren: URL %r has no host" % url)
+        port = u.port or (443 if u.scheme == "https" else 80)
+        if max_retries < 0:
+            raise ValueError("warren: max_retries must be >= 0")
+        return cls(url=url.rstrip("/"), token=token, timeout=float(timeout),
+                   max_retries=int(max_retries), backoff=float(backoff),
+                   max_backoff=float(max_backoff),
+                   user_agent=user_agent or ("warren-python/" + __version__),
+                   scheme=u.scheme, host=u.hostname, port=port,
+                   base_path=u.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = "[%s]" % self.host if ":" in self.host else self.host
+        return host if self.port == default else "%s:%d" % (host, self.port)
+
+    def backoff_delay(self, attempt: int, retry_after: Optional[str] = None) -> float:
+        """Delay before retry number ``attempt`` (0-based): exponential with
+        full jitter, or the server's ``Retry-After`` seconds, capped."""
+        if retry_after:
+            try:
+                return max(0.0, min(float(retry_after), self.max_backoff))
+            except ValueError:
+                pass
+        cap = min(self.max_backoff, self.backoff * (2 ** attempt))
+        return cap / 2 + random.uniform(0, cap / 2)
+
+
+@dataclass
+class Req:
+    """One HTTP request, described without doing I/O."""
+
+    method: str
+    path: str
+    params: Sequence[Tuple[str, str]] = ()
+    body: Optional[bytes] = None
+    content_type: Optional[str] = None
+    accept: str = "application/json"
+    headers: Dict[str, str] = field(default_factory=dict)
+    timeout: Optional[float] = None  # read timeout override (seconds)
+    auth: bool = True
+
+    @property
+    def replayable(self) -> bool:
+        """True if sending this request twice has the effect of sending it once."""
+        return self.method in IDEMPOTENT_METHODS or "Idempotency-Key" in self.headers
+
+    def target(self, cfg: Config) -> str:
+        t = cfg.base_path + self.path
+        if self.params:
+            t += "?" + urllib.parse.urlencode(list(self.params), safe="/=")
+        return t
+
+    def header_list(self, cfg: Config) -> List[Tuple[str, str]]:
+        h = [("Host", cfg.host_header), ("User-Agent", cfg.user_agent), ("Accept", self.accept)]
+        if self.auth and cfg.token:
+            h.append(("Authorization", "Bearer " + cfg.token))
+        if self.body is not None:
+            h.append(("Content-Type", self.content_type or "application/octet-stream"))
+            h.append(("Content-Length", str(len(self.body))))
+        elif self.method in ("POST", "PUT", "PATCH"):
+            h.append(("Content-Length", "0"))
+        h.extend(self.headers.items())
+        return h
+
+
+def json_req(method: str, path: str, body: Any = None, params: Sequence[Tuple[str, str]] = (),
+             **kw: Any) -> Req:
+    data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
+    return Req(method, path, params=params, body=data,
+               content_type="application/json" if data is not None else None, **kw)
+
+
+def decode_json(body: bytes) -> Any:
+    if not body:
+        return {}
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WarrenError("warren: server sent invalid JSON: %s" % e) from None
+
+
+def q(segment: str) -> str:
+    """Quote one path segment (a sandbox id, a command id)."""
+    if not segment:
+        raise ValueError("warren: empty id")
+    return urllib.parse.quote(segment, safe="")
+
+
+def sandbox_path(sandbox_id: str, *rest: str) -> str:
+    return "/v1/sandboxes/" + q(sandbox_id) + "".join("/" + r for r in rest)
+
+
+def drop_none(d: Mapping[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def new_idempotency_key() -> str:
+    return "warren-py-" + uuid.uuid4().hex
+
+
+# ---- request builders ------------------------------------------------------------------
+
+
+def create_body(*, tier: Optional[str], image: Optional[str], layers: Optional[Sequence[str]],
+                cpu: Optional[Number], memory_mb: Optional[int], disk_mb: Optional[int],
+                pids: Optional[int], ttl: Optional[Duration], idle_timeout: Optional[Duration],
+                env: Optional[Mapping[str, str]], labels: Optional[Mapping[str, str]],
+                priority: Optional[Any], trajectory: Optional[str], user: Optional[str],
+                hostname: Optional[str], network: Optional[Any],
+                extra: Mapping[str, Any]) -> Dict[str, Any]:
+    body = drop_none({
+        "tier": tier, "image": image, "layers": list(layers) if layers is not None else None,
+        "cpu": cpu, "memory_mb": memory_mb, "disk_mb": disk_mb, "pids": pids,
+        "ttl": whole_seconds(ttl), "idle_timeout": whole_seconds(idle_timeout),
+        "env": dict(env) if env is not None else None,
+        "labels": dict(labels) if labels is not None else None,
+        "priority": priority, "trajectory": trajectory, "user": user, "hostname": hostname,
+        "network": network,
+    })
+    body.update(drop_none(extra))
+    return body
+
+
+def create_req(body: Dict[str, Any], idempotency_key: Optional[str]) -> Req:
+    return json_req("POST", "/v1/sandboxes", body,
+                    headers={"Idempotency-Key": idempotency_key or new_idempotency_key()})
+
+
+def list_req(labels: Optional[Mapping[str, str]], state: Optional[str]) -> Req:
+    params: List[Tuple[str, str]] = []
+    for k, v in (labels or {}).items():
+        params.append(("label", "%s=%s" % (k, v)))
+    if state:
+        params.append(("state", state))
+    return Req("GET", "/v1/sandboxes", params=params)
+
+
+def exec_body(cmd: Command, *, session: Optional[str], env: Optional[Mapping[str, str]],
+              cwd: Optional[str], stdin: Optional[Union[str, bytes]], user: Optional[str],
+              timeout: Optional[Duration], output_cap: Optional[int], background: bool,
+              extra: Mapping[str, Any]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {}
+    if isinstance(cmd, str):
+        body["cmd"] = cmd
+    else:
+        argv = [str(a) for a in cmd]
+        if not argv:
+            raise ValueError("warren: empty argv")
+        body["argv"] = argv
+    if isinstance(stdin, bytes):
+        stdin = stdin.decode("utf-8")
+    body.update(drop_none({
+        "session": session, "env": dict(env) if env is not None else None, "cwd": cwd,
+        "stdin": stdin, "user": user, "timeout": seconds(timeout), "output_cap": output_cap,
+    }))
+    if background:
+        body["background"] = True
+    body.update(drop_none(extra))
+    return body
+
+
+def exec_req(sandbox_id: str, body: Dict[str, Any], stream: bool, read_timeout: float) -> Req:
+    return json_req("POST", sandbox_path(sandbox_id, "exec"), body,
+                    accept=NDJSON if stream else "application/json", timeout=read_timeout)
+
+
+def exec_read_timeout(cfg: Config, timeout: Optional[Duration]) -> float:
+    """How long to wait for an exec answer: the command's own timeout (the
+    server's default is 600 s) plus a margin."""
+    t = seconds(timeout)
+    return max(cfg.timeout, (t if t and t > 0 else 600.0) + 30.0)
+
+
+def file_params(path: str, **extra: Any) -> List[Tuple[str, str]]:
+    if not path:
+        raise ValueError("warren: empty path")
+    p = [("path", path)]
+    for k, v in extra.items():
+        if v is None or v is False:
+            continue
+        p.append((k, "1" if v is True else str(v)))
+    return p
+
+
+def mode_str(mode: Optional[int]) -> Optional[str]:
+    return None if mode is None else "0%o" % mode
+
+
+class ExecStream:
+    """Decoder of an NDJSON exec stream: accumulates output and finds the end.
+
+    ``feed(line)`` returns ``("stdout"|"stderr", text)`` for output events and
+    ``None`` otherwise; after the exit event :attr:`result` is set. An error
+    event raises the matching typed error.
+    """
+
+    def __init__(self) -> None:
+        self._out: List[str] = []
+        self._err: List[str] = []
+        self.result: Optional[ExecResult] = None
+
+    def feed(self, line: bytes) -> Optional[Tuple[str, str]]:
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            ev = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise WarrenError("warren: bad NDJSON line from server: %s" % e) from None
+        if not isinstance(ev, dict):
+            return None
+        err = ev.get("error")
+        if isinstance(err, dict):
+            raise error_for(err.get("code"), str(err.get("message") or "exec failed"))
+        if isinstance(ev.get("stdout"), str):
+            self._out.append(ev["stdout"])
+            return ("stdout", ev["stdout"])
+        if isinstance(ev.get("stderr"), str):
+            self._err.append(ev["stderr"])
+            return ("stderr", ev["stderr"])
+        if "exit_code" in ev:
+            self.result = ExecResult.from_json(ev, stdout="".join(self._out),
+                                               stderr="".join(self._err))
+        return None
+
+    def finish(self) -> ExecResult:
+        if self.result is None:
+            raise WarrenError("warren: exec stream ended without an exit status")
+        return self.result
+
+
+def sandboxes_from(doc: Any) -> List[Dict[str, Any]]:
+    """The list of sandbox objects in a list/fork answer (``{"sandboxes": [...]}`` or ``[...]``)."""
+    if isinstance(doc, dict):
+        doc = doc.get("sandboxes", doc.get("items", []))
+    return [d for d in doc if isinstance(d, dict)] if isinstance(doc, list) else []
+
+
+def items_from(doc: Any, key: str) -> List[Dict[str, Any]]:
+    if isinstance(doc, dict):
+        doc = doc.get(key, [])
+    return [d for d in doc if isinstance(d, dict)] if isinstance(doc, list) else []
+
+
+def fncall_body(cmd: Command, *, image: Optional[str], timeout: Optional[Duration],
+                env: Optional[Mapping[str, str]], stdin: Optional[Union[str, bytes]],
+                files: Optional[Mapping[str, Union[str, bytes]]], cpu: Optional[Number],
+                memory_mb: Optional[int], extra: Mapping[str, Any]) -> Dict[str, Any]:
+    body = exec_body(cmd, session=None, env=env, cwd=None, stdin=stdin, user=None,
+                     timeout=timeout, output_cap=None, background=False, extra={})
+    if files is not None:
+        import base64
+        enc: Dict[str, str] = {}
+        for p, data in files.items():
+            b = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+            enc[p] = base64.b64encode(b).decode("ascii")
+        body["files"] = enc
+    body.update(drop_none({"image": image, "cpu": cpu, "memory_mb": memory_mb}))
+    body.update(drop_none(extra))
+    return body
