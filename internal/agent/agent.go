@@ -176,11 +176,19 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	a.dotOK = err == nil
 	a.setup = true
 	if a.dotOK {
-		a.pool = newWarmPool(a, 2)
+		// Warm shells start with the environment and directory a default
+		// session's first command gets; scripts adjust the difference.
+		plan, err := a.plan(&agentproto.ExecRequest{Cmd: "true"})
+		if err == nil {
+			a.pool = newWarmPool(a, warmShells, a.shell, plan.env, plan.cwd, a.defUser)
+		}
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
 	return &agentproto.SetupResult{Pid: pid}, nil
 }
+
+// warmShells is how many idle shells of the default user are kept ready.
+const warmShells = 2
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/api"
@@ -108,7 +109,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
 	defer cancel()
 
-	_, lowers, err := e.cfg.Images.ResolveLayers(ctx, spec.Image)
+	img, err := e.cfg.Images.ResolveLayers(ctx, spec.Image)
 	if err != nil {
 		if errors.Is(err, ErrImageNotFound) {
 			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("image %q not found", spec.Image)}
@@ -141,9 +142,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	rspec := &runtime.Spec{
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
-		Lowers: lowers, Upper: upper, Work: work,
+		Lowers: img.Dirs, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: spec.Env, User: spec.User,
+		Env: sandboxEnv(img.Env, spec.Env), User: spec.User,
 	}
 	inst, err := e.cfg.Runtime.Start(ctx, rspec)
 	if err != nil {
@@ -165,4 +166,21 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	e.watch(sb)
 	return nil
+}
+
+// DefaultPath is the PATH of a sandbox whose image sets none.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// sandboxEnv merges the image's environment, then the create request's.
+func sandboxEnv(image []string, req map[string]string) map[string]string {
+	env := map[string]string{"PATH": DefaultPath, "HOME": "/root", "TERM": "xterm"}
+	for _, kv := range image {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	for k, v := range req {
+		env[k] = v
+	}
+	return env
 }

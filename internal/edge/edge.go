@@ -26,9 +26,16 @@ import (
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
-// ImageResolver finds an image's layer directories, top-most first.
+// ResolvedImage is what a sandbox needs of its image.
+type ResolvedImage struct {
+	Digest string
+	Dirs   []string // layer directories, top-most first
+	Env    []string // the image's KEY=VALUE environment
+}
+
+// ImageResolver finds an image's layers.
 type ImageResolver interface {
-	ResolveLayers(ctx context.Context, name string) (digest string, dirs []string, err error)
+	ResolveLayers(ctx context.Context, name string) (*ResolvedImage, error)
 	ListImages(ctx context.Context) ([]api.Image, error)
 }
 

@@ -70,10 +70,19 @@ func imageArchiveEntry(n string) bool {
 		return true
 	case !nested && (first == "manifest.json" || first == "index.json" || first == "oci-layout" || first == "repositories"):
 		return true
-	case validHex(strings.TrimSuffix(first, ".json")) && (!nested || rest == "" || rest == "layer.tar" || rest == "json" || rest == "VERSION"):
-		return true // legacy docker-save: <id>.json, <id>/layer.tar
+	case nested:
+		// legacy docker save: <id>/layer.tar, <id>/json, <id>/VERSION
+		return validHex(first) && (rest == "" || rest == "layer.tar" || rest == "json" || rest == "VERSION")
 	}
-	return false
+	// <id>.json configs, <hex>.tar[.gz|.zst] layers, sha256:<hex> configs
+	stem := strings.TrimPrefix(first, "sha256:")
+	for _, ext := range []string{".json", ".tar", ".tar.gz", ".tar.zst"} {
+		if s, ok := strings.CutSuffix(stem, ext); ok {
+			stem = s
+			break
+		}
+	}
+	return validHex(stem)
 }
 
 // sniffArchive tells an image archive from a root filesystem tarball. It

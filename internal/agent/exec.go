@@ -1,0 +1,391 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+const (
+	defaultOutputCap = 16 << 20
+	// bgOutputMax bounds what a background command keeps per stream, so its
+	// ProcStatus fits one frame.
+	bgOutputMax = 2 << 20
+	// drainGrace is how long an exec waits, after its process ended, for
+	// descendants that still hold its stdout/stderr (daemons started with &).
+	drainGrace = 50 * time.Millisecond
+	// stateWait bounds the wait for the shell's state report after exit.
+	stateWait = 20 * time.Millisecond
+)
+
+// running is one started command.
+type running struct {
+	pid   int
+	exit  <-chan exitInfo
+	start time.Time
+	outs  []*outStream
+	stdin *os.File
+	state *os.File // nil for argv commands
+
+	mu       sync.Mutex
+	exited   bool
+	timedOut bool
+	timer    *time.Timer
+}
+
+// execPlan is a validated exec request.
+type execPlan struct {
+	req      *agentproto.ExecRequest
+	sess     *session
+	cred     *credential
+	env      map[string]string
+	prior    map[string]string
+	injected map[string]string
+	cwd      string
+	limit    int64
+}
+
+func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
+	if (req.Cmd == "") == (len(req.Argv) == 0) {
+		return nil, errf(agentproto.ErrInvalid, "exec: exactly one of cmd and argv must be set")
+	}
+	if strings.IndexByte(req.Cmd, 0) >= 0 {
+		return nil, errf(agentproto.ErrInvalid, "exec: cmd contains a NUL byte")
+	}
+	for _, s := range req.Argv {
+		if strings.IndexByte(s, 0) >= 0 {
+			return nil, errf(agentproto.ErrInvalid, "exec: argv contains a NUL byte")
+		}
+	}
+	p := &execPlan{req: req, limit: req.OutputCap, injected: make(map[string]string)}
+	if p.limit <= 0 {
+		p.limit = defaultOutputCap
+	}
+	p.cred = a.defUser
+	if req.User != "" {
+		c, err := resolveUser(a.root, req.User)
+		if err != nil {
+			return nil, err
+		}
+		p.cred = c
+	}
+	p.sess = a.sessions.get(req.Session)
+	env, cwd := p.sess.snapshot(a.baseEnv)
+	p.prior = env
+	p.env = make(map[string]string, len(env)+4)
+	for k, v := range env {
+		p.env[k] = v
+	}
+	home, name := "/root", "root"
+	if p.cred != nil {
+		home, name = p.cred.home, p.cred.name
+	}
+	inject := func(k, v string) {
+		p.env[k] = v
+		p.injected[k] = v
+	}
+	if _, ok := p.env["HOME"]; !ok {
+		inject("HOME", home)
+	}
+	if _, ok := p.env["USER"]; !ok && name != "" {
+		inject("USER", name)
+		inject("LOGNAME", name)
+	}
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return nil, errf(agentproto.ErrInvalid, "exec: bad environment variable %q", k)
+		}
+		inject(k, v)
+	}
+	switch {
+	case req.Cwd != "":
+		c, err := cleanPath(req.Cwd)
+		if err != nil {
+			return nil, err
+		}
+		if !isDir(c) {
+			return nil, errf(agentproto.ErrNotFound, "exec: cwd %s is not a directory", c)
+		}
+		p.cwd = c
+	case cwd != "" && isDir(cwd):
+		p.cwd = cwd
+	case isDir(home):
+		p.cwd = home
+	default:
+		p.cwd = "/"
+	}
+	return p, nil
+}
+
+func isDir(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
+}
+
+// exec runs a command in the foreground (streaming its output as chunks) or
+// in the background.
+func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest) (any, error) {
+	p, err := a.plan(req)
+	if err != nil {
+		return nil, err
+	}
+	if req.Background {
+		bg := a.procs.add()
+		limit := min(p.limit, bgOutputMax)
+		r, err := a.start(p, limit, bg.emit)
+		if err != nil {
+			a.procs.drop(bg.id)
+			return nil, err
+		}
+		bg.started(r)
+		go func() {
+			res := a.finish(p, r)
+			a.procs.finished(bg, res)
+		}()
+		return &agentproto.ExecResult{CommandID: bg.id}, nil
+	}
+	emit := func(stream string, b []byte) { _ = cl.chunk(stream, b) }
+	r, err := a.start(p, p.limit, emit)
+	if err != nil {
+		return nil, err
+	}
+	return a.finish(p, r), nil
+}
+
+// start launches the planned command; output goes to emit.
+func (a *Agent) start(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
+	if p.req.Cmd != "" {
+		return a.startShell(p, limit, emit)
+	}
+	return a.startArgv(p, limit, emit)
+}
+
+func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
+	var sp *shellProc
+	var script string
+	if a.pool != nil {
+		if sp = a.pool.get(p.cred); sp != nil {
+			s, ok := buildScript(sp.spawned, sp.dir, p.env, p.cwd, p.req.Cmd)
+			if ok {
+				script = s
+			} else {
+				a.pool.discard(sp)
+				sp = nil
+			}
+		}
+	}
+	if sp == nil {
+		s, _ := buildScript(p.env, p.cwd, p.env, p.cwd, p.req.Cmd)
+		var err error
+		if a.dotOK {
+			sp, err = a.spawnShell(a.shell, p.env, p.cwd, p.cred, "")
+		} else {
+			sp, err = a.spawnShell(a.shell, p.env, p.cwd, p.cred, s)
+		}
+		if err != nil {
+			return nil, fsErr("exec", a.shell, err)
+		}
+		script = s
+	}
+	r := &running{pid: sp.pid, exit: sp.exit, start: time.Now(), stdin: sp.stdin, state: sp.state}
+	r.armTimeout(p.req.Timeout)
+	if sp.script >= 0 {
+		_ = writeAll(sp.script, []byte(script))
+		unix.Close(sp.script)
+		sp.script = -1
+	}
+	r.feedStdin(p.req.Stdin)
+	r.outs = []*outStream{
+		newOutStream(agentproto.StreamStdout, sp.stdout, limit, emit),
+		newOutStream(agentproto.StreamStderr, sp.stderr, limit, emit),
+	}
+	return r, nil
+}
+
+func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
+	bin, err := lookPath(p.req.Argv[0], p.env["PATH"])
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	defer func() { closeAll(fds...) }()
+	inR, inW, err := pipe()
+	if err != nil {
+		return nil, fsErr("exec", bin, err)
+	}
+	fds = append(fds, inR)
+	stdin := pollFile(inW, "stdin")
+	outR, outW, err := pipe()
+	if err != nil {
+		stdin.Close()
+		return nil, fsErr("exec", bin, err)
+	}
+	fds = append(fds, outW)
+	stdout := pollFile(outR, "stdout")
+	errR, errW, err := pipe()
+	if err != nil {
+		stdin.Close()
+		stdout.Close()
+		return nil, fsErr("exec", bin, err)
+	}
+	fds = append(fds, errW)
+	stderr := pollFile(errR, "stderr")
+	pid, exit, err := a.forkExec(bin, p.req.Argv, p.env, p.cwd, p.cred,
+		[]uintptr{uintptr(inR), uintptr(outW), uintptr(errW)})
+	if err != nil {
+		stdin.Close()
+		stdout.Close()
+		stderr.Close()
+		return nil, fsErr("exec", bin, err)
+	}
+	r := &running{pid: pid, exit: exit, start: time.Now(), stdin: stdin}
+	r.armTimeout(p.req.Timeout)
+	r.feedStdin(p.req.Stdin)
+	r.outs = []*outStream{
+		newOutStream(agentproto.StreamStdout, stdout, limit, emit),
+		newOutStream(agentproto.StreamStderr, stderr, limit, emit),
+	}
+	return r, nil
+}
+
+// lookPath finds name in PATH (as the agent sees the sandbox).
+func lookPath(name, pathEnv string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	for _, dir := range strings.Split(pathEnv, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		f := path.Join(dir, name)
+		if st, err := os.Stat(f); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return f, nil
+		}
+	}
+	return "", errf(agentproto.ErrNotFound, "exec: %q not found in PATH", name)
+}
+
+func (r *running) armTimeout(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.timer = time.AfterFunc(d, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !r.exited {
+			r.timedOut = true
+			_ = unix.Kill(-r.pid, unix.SIGKILL)
+		}
+	})
+}
+
+// kill signals the command's process group while it runs.
+func (r *running) kill(sig unix.Signal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.exited {
+		_ = unix.Kill(-r.pid, sig)
+	}
+}
+
+// feedStdin writes data to the command's stdin and closes it; with no data
+// stdin is at EOF at once.
+func (r *running) feedStdin(data []byte) {
+	if len(data) == 0 {
+		r.stdin.Close()
+		return
+	}
+	go func() {
+		_, _ = r.stdin.Write(data)
+		r.stdin.Close()
+	}()
+}
+
+// finish waits for the command, its output and (for shell commands) its
+// state report, updates the session and returns the result.
+func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
+	var stateCh chan []byte
+	if r.state != nil {
+		stateCh = make(chan []byte, 1)
+		go readState(r.state, stateCh)
+	}
+	ei := <-r.exit
+	r.mu.Lock()
+	r.exited = true
+	timedOut := r.timedOut
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	r.mu.Unlock()
+
+	res := &agentproto.ExecResult{Duration: float64(ei.at.Sub(r.start).Microseconds()) / 1000}
+	ws := ei.status
+	switch {
+	case ws.Exited():
+		res.ExitCode = ws.ExitStatus()
+	case ws.Signaled():
+		res.ExitCode = 128 + int(ws.Signal())
+		res.Signal = unix.SignalName(ws.Signal())
+	}
+	res.TimedOut = timedOut
+
+	grace := time.NewTimer(drainGrace)
+	for _, o := range r.outs {
+		select {
+		case <-o.done:
+		case <-grace.C:
+		}
+	}
+	grace.Stop()
+	for _, o := range r.outs {
+		if o.detach() {
+			res.Truncated = true
+		}
+	}
+	r.stdin.Close() // unblocks a stdin writer the command never read
+
+	if stateCh != nil {
+		var st []byte
+		if !timedOut && ws.Exited() {
+			select {
+			case st = <-stateCh:
+			case <-time.After(stateWait):
+			}
+		}
+		r.state.Close()
+		if cwd, env, ok := parseState(st); ok {
+			p.sess.update(cwd, env, p.injected, p.prior)
+		}
+	}
+	return res
+}
+
+// readState reads the shell's "$PWD\0exports\0" report.
+func readState(f *os.File, out chan<- []byte) {
+	var buf bytes.Buffer
+	b := make([]byte, 32<<10)
+	nuls := 0
+	for buf.Len() < 64<<20 {
+		n, err := f.Read(b)
+		buf.Write(b[:n])
+		nuls += bytes.Count(b[:n], []byte{0})
+		if nuls >= 2 {
+			out <- buf.Bytes()
+			return
+		}
+		if err != nil {
+			break
+		}
+	}
+	out <- nil
+}

@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// coalesce is how long a pump waits for more output after a short read.
+const coalesce = 300 * time.Microsecond
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, agentproto.ChunkSize); return &b }}
+
+// outStream drains one output pipe until EOF. Up to limit bytes go to emit;
+// the rest is read and dropped (truncated). After detach nothing more is
+// emitted, but the pipe is still drained so writers never block.
+type outStream struct {
+	name  string
+	f     *os.File
+	limit int64
+	emit  func(stream string, b []byte)
+
+	mu        sync.Mutex
+	n         int64
+	truncated bool
+	detached  bool
+	done      chan struct{}
+}
+
+func newOutStream(name string, f *os.File, limit int64, emit func(string, []byte)) *outStream {
+	o := &outStream{name: name, f: f, limit: limit, emit: emit, done: make(chan struct{})}
+	go o.run()
+	return o
+}
+
+func (o *outStream) run() {
+	defer close(o.done)
+	defer o.f.Close()
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, err := o.f.Read(buf)
+		if err == nil && n < len(buf) {
+			// Coalesce small writes for a short while.
+			_ = o.f.SetReadDeadline(time.Now().Add(coalesce))
+			for n < len(buf) {
+				m, e := o.f.Read(buf[n:])
+				n += m
+				if e != nil {
+					if !errors.Is(e, os.ErrDeadlineExceeded) {
+						err = e
+					}
+					break
+				}
+			}
+			_ = o.f.SetReadDeadline(time.Time{})
+		}
+		if n > 0 {
+			o.deliver(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (o *outStream) deliver(b []byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.detached {
+		return
+	}
+	if room := o.limit - o.n; int64(len(b)) > room {
+		o.truncated = true
+		if room <= 0 {
+			return
+		}
+		b = b[:room]
+	}
+	o.n += int64(len(b))
+	o.emit(o.name, b)
+}
+
+// detach stops emitting; it returns whether output was truncated.
+func (o *outStream) detach() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.detached = true
+	return o.truncated
+}

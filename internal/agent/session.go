@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"bytes"
+	"maps"
+	"strings"
+	"sync"
+)
+
+// sessions are named, terminal-like contexts: each keeps a working directory
+// and exported variables between commands.
+type sessions struct {
+	mu sync.Mutex
+	m  map[string]*session
+}
+
+type session struct {
+	mu  sync.Mutex
+	env map[string]string // nil until the first command updates it
+	cwd string
+}
+
+func newSessions() *sessions { return &sessions{m: make(map[string]*session)} }
+
+func (s *sessions) get(name string) *session {
+	if name == "" {
+		name = "default"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss := s.m[name]
+	if ss == nil {
+		ss = &session{}
+		s.m[name] = ss
+	}
+	return ss
+}
+
+// snapshot returns a copy of the session's environment (base when the
+// session has none yet) and its cwd ("" when unset).
+func (s *session) snapshot(base map[string]string) (map[string]string, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.env == nil {
+		return maps.Clone(base), s.cwd
+	}
+	return maps.Clone(s.env), s.cwd
+}
+
+// notPersisted are variables the shell maintains itself.
+var notPersisted = map[string]bool{"PWD": true, "SHLVL": true, "_": true}
+
+// update stores what a command left behind. Variables the agent injected for
+// this command only (request env, HOME/USER of the user) that came back
+// unchanged revert to their prior session value. Last writer wins.
+func (s *session) update(pwd string, exported, injected, prior map[string]string) {
+	env := make(map[string]string, len(exported))
+	for k, v := range exported {
+		if !notPersisted[k] {
+			env[k] = v
+		}
+	}
+	for k, v := range injected {
+		if nv, ok := env[k]; ok && nv == v {
+			if pv, ok := prior[k]; ok {
+				env[k] = pv
+			} else {
+				delete(env, k)
+			}
+		}
+	}
+	s.mu.Lock()
+	s.env = env
+	if pwd != "" {
+		s.cwd = pwd
+	}
+	s.mu.Unlock()
+}
+
+// stateTrap makes the shell write "$PWD\0<export -p>\0" to fd 4 on exit.
+const stateTrap = `trap '{ printf "%s\0" "$PWD"; export -p; printf "\0"; } >&4 2>/dev/null' EXIT` + "\n"
+
+// buildScript returns the script a shell spawned with spawnEnv in spawnDir
+// runs to execute cmd with env in cwd, or ok=false when env cannot be
+// expressed in shell syntax.
+func buildScript(spawnEnv map[string]string, spawnDir string, env map[string]string, cwd, cmd string) (string, bool) {
+	var b strings.Builder
+	b.Grow(len(cmd) + 256)
+	for k := range spawnEnv {
+		if _, ok := env[k]; !ok {
+			if !validName(k) {
+				return "", false
+			}
+			b.WriteString("unset " + k + "\n")
+		}
+	}
+	for k, v := range env {
+		if old, ok := spawnEnv[k]; ok && old == v {
+			continue
+		}
+		if !validName(k) {
+			return "", false
+		}
+		b.WriteString("export " + k + "=" + shellQuote(v) + "\n")
+	}
+	if cwd != spawnDir {
+		b.WriteString("cd -- " + shellQuote(cwd) + " || exit 1\n")
+	}
+	b.WriteString(stateTrap)
+	b.WriteString("__warren_cmd=" + shellQuote(cmd) + "\n")
+	b.WriteString(`eval "$__warren_cmd" 3<&- 4>&-` + "\n")
+	return b.String(), true
+}
+
+// parseState splits the trap's output into cwd and exported variables.
+func parseState(b []byte) (cwd string, env map[string]string, ok bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return "", nil, false
+	}
+	rest := b[i+1:]
+	j := bytes.IndexByte(rest, 0)
+	if j < 0 {
+		return "", nil, false
+	}
+	return string(b[:i]), parseExports(string(rest[:j])), true
+}

@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"os"
+	"sort"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// closedFD marks a child descriptor slot that is closed.
+const closedFD = ^uintptr(0)
+
+// forkExec starts one process in its own process group, registered with the
+// reaper. files are the child's descriptors 0..n (closedFD = closed).
+func (a *Agent) forkExec(path string, argv []string, env map[string]string, dir string, cred *credential, files []uintptr) (int, <-chan exitInfo, error) {
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	if cred != nil {
+		sys.Credential = &syscall.Credential{Uid: cred.uid, Gid: cred.gid, Groups: cred.groups}
+	}
+	attr := &syscall.ProcAttr{Dir: dir, Env: envList(env), Files: files, Sys: sys}
+	return a.reaper.spawn(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+}
+
+func envList(env map[string]string) []string {
+	l := make([]string, 0, len(env))
+	for k, v := range env {
+		l = append(l, k+"="+v)
+	}
+	sort.Strings(l)
+	return l
+}
+
+// pipe returns a close-on-exec pipe.
+func pipe() (r, w int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return -1, -1, err
+	}
+	return p[0], p[1], nil
+}
+
+// pollFile wraps fd as a non-blocking, poller-backed file.
+func pollFile(fd int, name string) *os.File {
+	_ = unix.SetNonblock(fd, true)
+	return os.NewFile(uintptr(fd), name)
+}
+
+func closeAll(fds ...int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// shellProc is a shell process (possibly pre-started) waiting for its script
+// on fd 3; it reports its state on fd 4.
+type shellProc struct {
+	pid     int
+	exit    <-chan exitInfo
+	spawned map[string]string // its environment
+	dir     string
+	cred    *credential
+	stdin   *os.File // write end; the child's fd 0
+	script  int      // write end (blocking); the child's fd 3; -1 in -c mode
+	stdout  *os.File
+	stderr  *os.File
+	state   *os.File
+}
+
+func (s *shellProc) release() {
+	if s.script >= 0 {
+		unix.Close(s.script)
+		s.script = -1
+	}
+	for _, f := range []*os.File{s.stdin, s.stdout, s.stderr, s.state} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// spawnShell starts the session shell. With script == "" it reads its script
+// from a pipe (". /proc/self/fd/3"), so it can be started ahead of time;
+// otherwise the script is passed with -c.
+func (a *Agent) spawnShell(shell string, env map[string]string, dir string, cred *credential, script string) (*shellProc, error) {
+	var fds []int
+	fail := func(err error) (*shellProc, error) {
+		closeAll(fds...)
+		return nil, err
+	}
+	mk := func() (int, int, error) {
+		r, w, err := pipe()
+		if err == nil {
+			fds = append(fds, r, w)
+		}
+		return r, w, err
+	}
+	inR, inW, err := mk()
+	if err != nil {
+		return fail(err)
+	}
+	outR, outW, err := mk()
+	if err != nil {
+		return fail(err)
+	}
+	errR, errW, err := mk()
+	if err != nil {
+		return fail(err)
+	}
+	stR, stW, err := mk()
+	if err != nil {
+		return fail(err)
+	}
+	scR, scW := -1, -1
+	argv := []string{shell, "-c", script}
+	if script == "" {
+		if scR, scW, err = mk(); err != nil {
+			return fail(err)
+		}
+		argv = []string{shell, "-c", ". /proc/self/fd/3"}
+	}
+	child := []uintptr{uintptr(inR), uintptr(outW), uintptr(errW), closedFD, uintptr(stW)}
+	if scR >= 0 {
+		child[3] = uintptr(scR)
+	}
+	pid, exit, err := a.forkExec(shell, argv, env, dir, cred, child)
+	if err != nil {
+		return fail(err)
+	}
+	closeAll(inR, outW, errW, stW, scR)
+	return &shellProc{
+		pid: pid, exit: exit, spawned: env, dir: dir, cred: cred,
+		stdin:  pollFile(inW, "stdin"),
+		script: scW,
+		stdout: pollFile(outR, "stdout"),
+		stderr: pollFile(errR, "stderr"),
+		state:  pollFile(stR, "state"),
+	}, nil
+}
+
+// writeAll writes b to a blocking fd.
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}

@@ -1,0 +1,401 @@
+package agent
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// chunkWriter sends what is written as data chunks.
+type chunkWriter struct{ cl *call }
+
+func (w chunkWriter) Write(b []byte) (int, error) {
+	for off := 0; off < len(b); off += agentproto.ChunkSize {
+		end := min(off+agentproto.ChunkSize, len(b))
+		if err := w.cl.chunk(agentproto.StreamData, b[off:end]); err != nil {
+			return off, err
+		}
+	}
+	return len(b), nil
+}
+
+// tarGet streams a tar of a file or directory tree (symlinks as symlinks;
+// entries relative to the directory, or the file's base name).
+func (a *Agent) tarGet(cl *call, req *agentproto.PathRequest) error {
+	p, err := cleanPath(req.Path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(chunkWriter{cl}, agentproto.ChunkSize)
+	tw := tar.NewWriter(bw)
+	fd, err := a.root.open(p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return fsErr("tar", p, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return fsErr("tar", p, err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		err = tarTree(tw, fd, "")
+	} else {
+		err = tarFile(tw, fd, &st, path.Base(p))
+	}
+	unix.Close(fd)
+	if err == nil {
+		err = tw.Close()
+	}
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		return fsErr("tar", p, err)
+	}
+	return nil
+}
+
+func tarHeader(st *unix.Stat_t, name string) *tar.Header {
+	return &tar.Header{
+		Name:    name,
+		Mode:    int64(st.Mode & 0o7777),
+		Uid:     int(st.Uid),
+		Gid:     int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Sec, st.Mtim.Nsec),
+		Format:  tar.FormatPAX,
+	}
+}
+
+func tarFile(tw *tar.Writer, fd int, st *unix.Stat_t, name string) error {
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
+	h := tarHeader(st, name)
+	h.Typeflag = tar.TypeReg
+	h.Size = st.Size
+	if err := tw.WriteHeader(h); err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	n, err := io.CopyN(tw, f, st.Size)
+	if err == io.EOF { // shrank meanwhile: pad
+		_, err = io.CopyN(tw, zeroReader{}, st.Size-n)
+	}
+	return err
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) {
+	clear(b)
+	return len(b), nil
+}
+
+// tarTree adds the entries of directory dirfd under prefix.
+func tarTree(tw *tar.Writer, dirfd int, prefix string) error {
+	names, err := listAt(dirfd)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		var st unix.Stat_t
+		if err := unix.Fstatat(dirfd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue
+		}
+		name := prefix + n
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			h := tarHeader(&st, name+"/")
+			h.Typeflag = tar.TypeDir
+			if err := tw.WriteHeader(h); err != nil {
+				return err
+			}
+			fd, err := openNoFollow(dirfd, n, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+			if err != nil {
+				continue
+			}
+			err = tarTree(tw, fd, name+"/")
+			unix.Close(fd)
+			if err != nil {
+				return err
+			}
+		case unix.S_IFLNK:
+			target, err := readlinkAt(dirfd, n)
+			if err != nil {
+				continue
+			}
+			h := tarHeader(&st, name)
+			h.Typeflag = tar.TypeSymlink
+			h.Linkname = target
+			if err := tw.WriteHeader(h); err != nil {
+				return err
+			}
+		case unix.S_IFREG:
+			fd, err := openNoFollow(dirfd, n, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+			if err != nil {
+				continue
+			}
+			var fst unix.Stat_t
+			if err = unix.Fstat(fd, &fst); err == nil {
+				err = tarFile(tw, fd, &fst, name)
+			}
+			unix.Close(fd)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// tarPuts are the extractions in progress, by handle.
+type tarPuts struct {
+	mu sync.Mutex
+	m  map[string]*tarPut
+}
+
+type tarPut struct {
+	mu    sync.Mutex // one request of a handle at a time
+	pw    *io.PipeWriter
+	done  chan struct{}
+	files int
+	err   error
+}
+
+func newTarPuts() *tarPuts { return &tarPuts{m: make(map[string]*tarPut)} }
+
+func (a *Agent) tarPut(ctx context.Context, req *agentproto.TarPutRequest) (any, error) {
+	handle := req.Handle
+	var tp *tarPut
+	if handle == "" {
+		p, err := cleanPath(req.Path)
+		if err != nil {
+			return nil, err
+		}
+		if err := a.mkdirAll(p, 0o755); err != nil {
+			return nil, fsErr("tar.put", p, err)
+		}
+		dirfd, err := a.root.open(p, unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return nil, fsErr("tar.put", p, err)
+		}
+		pr, pw := io.Pipe()
+		tp = &tarPut{pw: pw, done: make(chan struct{})}
+		handle = "tar-" + newID()[4:]
+		go func() {
+			tp.files, tp.err = a.extract(dirfd, pr)
+			unix.Close(dirfd)
+			if tp.err != nil {
+				tp.err = fsErr("tar.put", p, tp.err)
+			}
+			pr.CloseWithError(errors.New("extraction ended"))
+			close(tp.done)
+		}()
+		go func() { // an upload abandoned by its connection ends
+			select {
+			case <-ctx.Done():
+				pw.CloseWithError(errors.New("connection closed"))
+				<-tp.done
+				a.tars.remove(handle)
+			case <-tp.done:
+			}
+		}()
+		a.tars.mu.Lock()
+		a.tars.m[handle] = tp
+		a.tars.mu.Unlock()
+	} else {
+		a.tars.mu.Lock()
+		tp = a.tars.m[handle]
+		a.tars.mu.Unlock()
+		if tp == nil {
+			return nil, errf(agentproto.ErrNotFound, "tar.put: no handle %q", handle)
+		}
+	}
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	if len(req.Data) > 0 {
+		if _, err := tp.pw.Write(req.Data); err != nil {
+			<-tp.done
+			a.tars.remove(handle)
+			return nil, tp.failure()
+		}
+	}
+	if !req.Final {
+		return &agentproto.TarPutResult{Handle: handle}, nil
+	}
+	tp.pw.Close()
+	<-tp.done
+	a.tars.remove(handle)
+	if tp.err != nil {
+		return nil, tp.err
+	}
+	return &agentproto.TarPutResult{Handle: handle, Files: tp.files}, nil
+}
+
+func (tp *tarPut) failure() error {
+	if tp.err != nil {
+		return tp.err
+	}
+	return errf(agentproto.ErrInvalid, "tar.put: extraction ended early")
+}
+
+func (t *tarPuts) remove(h string) {
+	t.mu.Lock()
+	delete(t.m, h)
+	t.mu.Unlock()
+}
+
+// tarName validates and cleans an archive entry name.
+func tarName(n string) (string, error) {
+	if strings.IndexByte(n, 0) >= 0 {
+		return "", errf(agentproto.ErrInvalid, "tar entry name contains NUL")
+	}
+	if strings.HasPrefix(n, "/") {
+		return "", errf(agentproto.ErrInvalid, "tar entry %q is absolute", n)
+	}
+	for _, c := range strings.Split(n, "/") {
+		if c == ".." {
+			return "", errf(agentproto.ErrInvalid, "tar entry %q contains ..", n)
+		}
+	}
+	return path.Clean(n), nil
+}
+
+// dirBeneath opens (creating when missing) directory rel below dirfd; no
+// component may resolve outside dirfd.
+func (a *Agent) dirBeneath(dirfd int, rel string) (int, error) {
+	fd, err := openat2(dirfd, rel, unix.O_PATH|unix.O_DIRECTORY, 0, beneath)
+	if err != unix.ENOENT || rel == "." {
+		return fd, err
+	}
+	pfd, err := a.dirBeneath(dirfd, path.Dir(rel))
+	if err != nil {
+		return -1, err
+	}
+	err = a.mkdirAt(pfd, path.Base(rel), 0o755, true)
+	unix.Close(pfd)
+	if err != nil {
+		return -1, err
+	}
+	return openat2(dirfd, rel, unix.O_PATH|unix.O_DIRECTORY, 0, beneath)
+}
+
+// extract unpacks a tar stream into dirfd. Names must be relative without
+// ".."; nothing is ever resolved outside dirfd; setuid/setgid bits are
+// dropped; devices and fifos are skipped.
+func (a *Agent) extract(dirfd int, r io.Reader) (int, error) {
+	tr := tar.NewReader(r)
+	files := 0
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return files, nil
+		}
+		if err != nil {
+			return files, errf(agentproto.ErrInvalid, "tar: %v", err)
+		}
+		name, err := tarName(h.Name)
+		if err != nil {
+			return files, err
+		}
+		if name == "." {
+			continue
+		}
+		pfd, err := a.dirBeneath(dirfd, path.Dir(name))
+		if err != nil {
+			return files, err
+		}
+		err = a.extractOne(dirfd, pfd, path.Base(name), h, tr)
+		unix.Close(pfd)
+		if err != nil {
+			return files, err
+		}
+		files++
+	}
+}
+
+func (a *Agent) extractOne(dirfd, pfd int, base string, h *tar.Header, r io.Reader) error {
+	mode := uint32(h.Mode) & 0o1777
+	switch h.Typeflag {
+	case tar.TypeDir:
+		var st unix.Stat_t
+		if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			fd, err := openNoFollow(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			return unix.Fchmod(fd, mode)
+		}
+		return a.mkdirAt(pfd, base, mode, false)
+	case tar.TypeReg, tar.TypeRegA:
+		if err := unlinkNonDir(pfd, base); err != nil {
+			return err
+		}
+		fd, err := openNoFollow(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), base)
+		defer f.Close()
+		if _, err := io.Copy(f, r); err != nil {
+			return err
+		}
+		a.chownFD(fd)
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return err
+		}
+		ts := []unix.Timespec{unix.NsecToTimespec(h.ModTime.UnixNano()), unix.NsecToTimespec(h.ModTime.UnixNano())}
+		_ = unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
+		return nil
+	case tar.TypeSymlink:
+		if strings.IndexByte(h.Linkname, 0) >= 0 || h.Linkname == "" {
+			return errf(agentproto.ErrInvalid, "tar: bad symlink target")
+		}
+		if err := unlinkNonDir(pfd, base); err != nil {
+			return err
+		}
+		if err := unix.Symlinkat(h.Linkname, pfd, base); err != nil {
+			return err
+		}
+		if uid, gid, ok := a.owner(); ok {
+			_ = unix.Fchownat(pfd, base, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		return nil
+	case tar.TypeLink:
+		target, err := tarName(h.Linkname)
+		if err != nil {
+			return err
+		}
+		tfd, err := a.dirBeneath(dirfd, path.Dir(target))
+		if err != nil {
+			return err
+		}
+		defer unix.Close(tfd)
+		if err := unlinkNonDir(pfd, base); err != nil {
+			return err
+		}
+		return unix.Linkat(tfd, path.Base(target), pfd, base, 0)
+	}
+	return nil // devices, fifos and others are skipped
+}
+
+// unlinkNonDir removes base unless it is missing; a directory is an error.
+func unlinkNonDir(pfd int, base string) error {
+	err := unix.Unlinkat(pfd, base, 0)
+	if err == nil || err == unix.ENOENT {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,88 @@
+package agent
+
+import (
+	"sync"
+	"time"
+)
+
+// warmPool keeps shells of the default user started ahead of time, blocked
+// reading their script: an exec then skips fork+exec of the shell (about
+// 0.7 ms here) on its critical path.
+type warmPool struct {
+	a     *Agent
+	size  int
+	shell string
+	env   map[string]string
+	dir   string
+	cred  *credential
+
+	mu      sync.Mutex
+	idle    []*shellProc
+	filling bool
+	failed  time.Time
+}
+
+func newWarmPool(a *Agent, size int, shell string, env map[string]string, dir string, cred *credential) *warmPool {
+	p := &warmPool{a: a, size: size, shell: shell, env: env, dir: dir, cred: cred}
+	p.mu.Lock()
+	p.refillLocked()
+	p.mu.Unlock()
+	return p
+}
+
+// get returns a live idle shell for cred, or nil.
+func (p *warmPool) get(cred *credential) *shellProc {
+	if cred.key() != p.cred.key() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.refillLocked()
+	for len(p.idle) > 0 {
+		sp := p.idle[0]
+		p.idle = p.idle[1:]
+		select {
+		case <-sp.exit: // died while idle (e.g. kill -9 -1 in the sandbox)
+			sp.release()
+		default:
+			return sp
+		}
+	}
+	return nil
+}
+
+func (p *warmPool) refillLocked() {
+	if p.filling || len(p.idle) >= p.size || time.Since(p.failed) < time.Second {
+		return
+	}
+	p.filling = true
+	go func() {
+		for {
+			p.mu.Lock()
+			if len(p.idle) >= p.size {
+				p.filling = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			sp, err := p.a.spawnShell(p.shell, p.env, p.dir, p.cred, "")
+			p.mu.Lock()
+			if err != nil {
+				p.a.log.Warn("agent: warm shell", "err", err)
+				p.failed = time.Now()
+				p.filling = false
+				p.mu.Unlock()
+				return
+			}
+			p.idle = append(p.idle, sp)
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// discard ends an idle shell that cannot be used.
+func (p *warmPool) discard(sp *shellProc) {
+	_ = killGroup(sp.pid)
+	sp.release()
+	go func() { <-sp.exit }()
+}

@@ -1,0 +1,553 @@
+package cli
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+)
+
+const tok = "secret"
+
+// fakeAPI is an httptest server speaking the REST contract with canned,
+// in-memory answers; requests are recorded for the tests to inspect.
+type fakeAPI struct {
+	t   *testing.T
+	srv *httptest.Server
+
+	mu       sync.Mutex
+	reqs     []recorded
+	files    map[string]fakeFile // "id:path"
+	dirs     map[string]bool     // "id:path"
+	archives map[string][]byte   // "id:path" -> tar
+}
+
+type recorded struct {
+	Method, Path string
+	Query        map[string][]string
+	Header       http.Header
+	Body         []byte
+}
+
+type fakeFile struct {
+	data []byte
+	mode uint32
+}
+
+func newFakeAPI(t *testing.T) *fakeAPI {
+	f := &fakeAPI{t: t, files: map[string]fakeFile{}, dirs: map[string]bool{}, archives: map[string][]byte{}}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeAPI) last(method, p string) *recorded {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.reqs) - 1; i >= 0; i-- {
+		if f.reqs[i].Method == method && f.reqs[i].Path == p {
+			r := f.reqs[i]
+			return &r
+		}
+	}
+	f.t.Fatalf("no request %s %s", method, p)
+	return nil
+}
+
+func reply(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func replyErr(w http.ResponseWriter, status int, code, msg string) {
+	reply(w, status, api.ErrorBody{Error: api.Error{Code: code, Message: msg}})
+}
+
+func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.reqs = append(f.reqs, recorded{r.Method, r.URL.Path, r.URL.Query(), r.Header.Clone(), body})
+	f.mu.Unlock()
+	if r.Header.Get("Authorization") != "Bearer "+tok {
+		replyErr(w, 401, api.CodeUnauthorized, "invalid token")
+		return
+	}
+	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/v1/"), "/")
+	q := r.URL.Query()
+	switch {
+	case r.Method == "POST" && r.URL.Path == "/v1/sandboxes":
+		var req api.CreateSandboxRequest
+		_ = json.Unmarshal(body, &req)
+		reply(w, 201, api.Sandbox{ID: "sb-n1-new", State: api.StateRunning, Image: req.Image, CPU: req.CPU, MemoryMB: req.MemoryMB, Labels: req.Labels})
+	case r.Method == "GET" && r.URL.Path == "/v1/sandboxes":
+		reply(w, 200, api.SandboxList{Sandboxes: []api.Sandbox{
+			{ID: "sb-n1-a", State: "running", Image: "busybox", Node: "n1", CPU: 1.5, MemoryMB: 2048, CreatedAt: time.Now().Add(-3 * time.Minute), Labels: map[string]string{"team": "x", "a": "b"}},
+			{ID: "sb-n1-b", State: "stopped", Image: "python", Node: "n1", CPU: 1, MemoryMB: 512},
+		}})
+	case r.Method == "DELETE" && len(parts) == 2 && parts[0] == "sandboxes":
+		if parts[1] == "sb-missing" {
+			replyErr(w, 404, api.CodeNotFound, "no sandbox sb-missing")
+			return
+		}
+		reply(w, 200, api.Sandbox{ID: parts[1], State: api.StateStopped})
+	case r.Method == "POST" && len(parts) == 3 && parts[2] == "exec":
+		f.exec(w, r, body)
+	case len(parts) == 3 && parts[2] == "files":
+		f.filesOp(w, r, parts[1], q, body)
+	case r.Method == "POST" && len(parts) == 4 && parts[3] == "mkdir":
+		var req api.MkdirRequest
+		_ = json.Unmarshal(body, &req)
+		f.mu.Lock()
+		f.dirs[parts[1]+":"+req.Path] = true
+		f.mu.Unlock()
+		reply(w, 200, api.FileInfo{Path: req.Path, Type: "dir", Mode: req.Mode})
+	case len(parts) == 3 && parts[2] == "archive":
+		key := parts[1] + ":" + q.Get("path")
+		if r.Method == "PUT" {
+			f.mu.Lock()
+			f.archives[key] = body
+			f.mu.Unlock()
+			reply(w, 200, map[string]int{"files": 3})
+			return
+		}
+		f.mu.Lock()
+		b, ok := f.archives[key]
+		f.mu.Unlock()
+		if !ok {
+			replyErr(w, 404, api.CodeNotFound, "no dir")
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Write(b)
+	case r.Method == "GET" && r.URL.Path == "/v1/images":
+		reply(w, 200, api.ImageList{Images: []api.Image{{Name: "busybox", Digest: "sha256:0123456789abcdef0123", Layers: []string{"l1"}, Size: 4 << 20}}})
+	case r.Method == "GET" && r.URL.Path == "/v1/nodes":
+		reply(w, 200, api.NodeList{Nodes: []api.Node{{Name: "n1", State: "up", CPUCapacity: 2, CPURequested: 0.5, MemoryMB: 24576, MemRequested: 1024, Sandboxes: 3, Tiers: []string{"container"}, LastHeartbeat: time.Now()}}})
+	default:
+		replyErr(w, 404, api.CodeNotFound, "no route "+r.Method+" "+r.URL.Path)
+	}
+}
+
+func (f *fakeAPI) exec(w http.ResponseWriter, r *http.Request, body []byte) {
+	var req api.ExecRequest
+	_ = json.Unmarshal(body, &req)
+	if req.Background {
+		reply(w, 202, api.ExecResult{CommandID: "cmd-1"})
+		return
+	}
+	code := 0
+	if req.Cmd == "exit 3" {
+		code = 3
+	}
+	out := "out:" + req.Cmd + strings.Join(req.Argv, "|") + req.Stdin + "\n"
+	if r.Header.Get("Accept") != "application/x-ndjson" {
+		reply(w, 200, api.ExecResult{ExitCode: code, Stdout: out, Stderr: "err\n", DurationMs: 2})
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	enc.Encode(map[string]string{"stdout": out})
+	w.(http.Flusher).Flush()
+	enc.Encode(map[string]string{"stderr": "err\n"})
+	enc.Encode(map[string]any{"exit_code": code, "truncated": false, "duration_ms": 2})
+}
+
+func (f *fakeAPI) filesOp(w http.ResponseWriter, r *http.Request, id string, q map[string][]string, body []byte) {
+	p := ""
+	if v := q["path"]; len(v) > 0 {
+		p = v[0]
+	}
+	key := id + ":" + p
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch r.Method {
+	case "PUT":
+		mode, _ := strconv.ParseUint(strings.Join(q["mode"], ""), 8, 32)
+		f.files[key] = fakeFile{data: body, mode: uint32(mode)}
+		reply(w, 200, api.FileInfo{Path: p, Name: path.Base(p), Size: int64(len(body)), Mode: uint32(mode), Type: "file"})
+	case "GET":
+		if _, ok := q["stat"]; ok {
+			if ff, ok := f.files[key]; ok {
+				reply(w, 200, api.FileInfo{Path: p, Name: path.Base(p), Size: int64(len(ff.data)), Mode: ff.mode, Type: "file"})
+			} else if f.dirs[key] || f.archives[key] != nil {
+				reply(w, 200, api.FileInfo{Path: p, Name: path.Base(p), Mode: 0o755, Type: "dir"})
+			} else {
+				replyErr(w, 404, api.CodeNotFound, "no such file "+p)
+			}
+			return
+		}
+		ff, ok := f.files[key]
+		if !ok {
+			replyErr(w, 404, api.CodeNotFound, "no such file "+p)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Write(ff.data)
+	}
+}
+
+// run runs the CLI against the fake server and returns exit code and output.
+func (f *fakeAPI) run(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	full := append([]string{"--url", f.srv.URL, "--token", tok}, args...)
+	code := Main(context.Background(), full, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestCreate(t *testing.T) {
+	f := newFakeAPI(t)
+	code, out, errs := f.run(t, "", "create", "--image", "busybox", "--cpu", "2", "--memory", "4g", "--disk", "512",
+		"--ttl", "1h", "--idle-timeout", "90", "--env", "A=1", "-e", "B=x=y", "--label", "team=ml")
+	if code != 0 || out != "sb-n1-new\n" {
+		t.Fatalf("code %d out %q err %q", code, out, errs)
+	}
+	r := f.last("POST", "/v1/sandboxes")
+	var req api.CreateSandboxRequest
+	if err := json.Unmarshal(r.Body, &req); err != nil {
+		t.Fatal(err)
+	}
+	if req.Image != "busybox" || req.CPU != 2 || req.MemoryMB != 4096 || req.DiskMB != 512 || req.TTL != 3600 ||
+		req.IdleTimeout != 90 || req.Env["A"] != "1" || req.Env["B"] != "x=y" || req.Labels["team"] != "ml" {
+		t.Fatalf("request %+v", req)
+	}
+	if r.Header.Get("Idempotency-Key") == "" {
+		t.Fatal("no idempotency key")
+	}
+	code, out, _ = f.run(t, "", "--json", "create", "--image", "busybox")
+	var sb api.Sandbox
+	if code != 0 || json.Unmarshal([]byte(out), &sb) != nil || sb.ID != "sb-n1-new" {
+		t.Fatalf("json: %d %q", code, out)
+	}
+	if code, _, errs := f.run(t, "", "create"); code != 1 || !strings.Contains(errs, "image") {
+		t.Fatalf("missing --image: %d %q", code, errs)
+	}
+	if code, _, errs := f.run(t, "", "create", "--image", "x", "--label", "novalue"); code != 1 || !strings.Contains(errs, "KEY=VALUE") {
+		t.Fatalf("bad label: %d %q", code, errs)
+	}
+}
+
+func TestEnvFallbackAndAuthError(t *testing.T) {
+	f := newFakeAPI(t)
+	t.Setenv("WARREN_URL", f.srv.URL)
+	t.Setenv("WARREN_TOKEN", tok)
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), []string{"ls"}, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "sb-n1-a") {
+		t.Fatalf("env config: %d %q %q", code, out.String(), errb.String())
+	}
+	out.Reset()
+	code := Main(context.Background(), []string{"--token", "wrong", "ls"}, nil, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "unauthorized") {
+		t.Fatalf("bad token: %d %q", code, errb.String())
+	}
+}
+
+func TestRun(t *testing.T) {
+	f := newFakeAPI(t)
+	// A shell string: output streams, the exit code is the command's.
+	code, out, errs := f.run(t, "", "run", "sb-n1-a", "exit 3")
+	if code != 3 || out != "out:exit 3\n" || errs != "err\n" {
+		t.Fatalf("code %d out %q err %q", code, out, errs)
+	}
+	var req api.ExecRequest
+	json.Unmarshal(f.last("POST", "/v1/sandboxes/sb-n1-a/exec").Body, &req)
+	if req.Cmd != "exit 3" || req.Argv != nil {
+		t.Fatalf("req %+v", req)
+	}
+	// "--" and argv, with flags before the id.
+	code, out, _ = f.run(t, "", "run", "--cwd", "/w", "--session", "s1", "-e", "K=V", "--timeout", "2m", "sb-n1-a", "--", "ls", "-la", "/")
+	if code != 0 || out != "out:ls|-la|/\n" {
+		t.Fatalf("argv: %d %q", code, out)
+	}
+	req = api.ExecRequest{}
+	json.Unmarshal(f.last("POST", "/v1/sandboxes/sb-n1-a/exec").Body, &req)
+	if strings.Join(req.Argv, " ") != "ls -la /" || req.Cwd != "/w" || req.Session != "s1" || req.Env["K"] != "V" || req.Timeout != 120 {
+		t.Fatalf("req %+v", req)
+	}
+	// Several words without "--" are argv too; a single "--"-prefixed word stays a command word.
+	if code, out, _ = f.run(t, "", "run", "sb-n1-a", "echo", "--x"); code != 0 || out != "out:echo|--x\n" {
+		t.Fatalf("words: %d %q", code, out)
+	}
+	// --json: one JSON result, same exit code.
+	code, out, _ = f.run(t, "", "--json", "run", "sb-n1-a", "exit 3")
+	var res api.ExecResult
+	if code != 3 || json.Unmarshal([]byte(out), &res) != nil || res.Stdout != "out:exit 3\n" || res.Stderr != "err\n" {
+		t.Fatalf("json: %d %q", code, out)
+	}
+	if f.last("POST", "/v1/sandboxes/sb-n1-a/exec").Header.Get("Accept") == "application/x-ndjson" {
+		t.Fatal("--json must not stream")
+	}
+	// stdin and detach.
+	if code, out, _ = f.run(t, "input", "run", "-i", "sb-n1-a", "cat"); code != 0 || out != "out:catinput\n" {
+		t.Fatalf("stdin: %d %q", code, out)
+	}
+	if code, out, _ = f.run(t, "", "run", "-d", "sb-n1-a", "sleep 100"); code != 0 || out != "cmd-1\n" {
+		t.Fatalf("detach: %d %q", code, out)
+	}
+	if code, _, errs = f.run(t, "", "run", "sb-n1-a", "--"); code != 1 || !strings.Contains(errs, "no command") {
+		t.Fatalf("empty: %d %q", code, errs)
+	}
+}
+
+func TestLsRm(t *testing.T) {
+	f := newFakeAPI(t)
+	code, out, _ := f.run(t, "", "ls", "--label", "team=x", "-l", "a=b", "--state", "running")
+	if code != 0 {
+		t.Fatal(code)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[1], "sb-n1-a") ||
+		!strings.Contains(lines[1], "a=b,team=x") || !strings.Contains(lines[1], "2G") || !strings.Contains(lines[1], "3m") {
+		t.Fatalf("table:\n%s", out)
+	}
+	r := f.last("GET", "/v1/sandboxes")
+	if got := r.Query["label"]; len(got) != 2 || r.Query["state"][0] != "running" {
+		t.Fatalf("query %v", r.Query)
+	}
+	code, out, _ = f.run(t, "", "--json", "ls")
+	var l api.SandboxList
+	if code != 0 || json.Unmarshal([]byte(out), &l) != nil || len(l.Sandboxes) != 2 {
+		t.Fatalf("json %q", out)
+	}
+	code, out, errs := f.run(t, "", "rm", "sb-n1-a", "sb-missing", "sb-n1-b")
+	if code != 1 || out != "sb-n1-a\nsb-n1-b\n" || !strings.Contains(errs, "sb-missing") || !strings.Contains(errs, "not_found") {
+		t.Fatalf("rm: %d %q %q", code, out, errs)
+	}
+}
+
+func TestImagesNodesVersion(t *testing.T) {
+	f := newFakeAPI(t)
+	code, out, _ := f.run(t, "", "image", "ls")
+	if code != 0 || !strings.Contains(out, "busybox") || !strings.Contains(out, "sha256:0123456789ab ") || !strings.Contains(out, "4.0MiB") {
+		t.Fatalf("image ls %d:\n%s", code, out)
+	}
+	code, out, _ = f.run(t, "", "nodes")
+	if code != 0 || !strings.Contains(out, "0.5/2") || !strings.Contains(out, "1G/24G") || !strings.Contains(out, "container") {
+		t.Fatalf("nodes %d:\n%s", code, out)
+	}
+	code, out, _ = f.run(t, "", "--json", "nodes")
+	var nl api.NodeList
+	if code != 0 || json.Unmarshal([]byte(out), &nl) != nil || nl.Nodes[0].Sandboxes != 3 {
+		t.Fatalf("nodes json %q", out)
+	}
+	code, out, _ = f.run(t, "", "version")
+	if code != 0 || !strings.HasPrefix(out, "warren "+Version) {
+		t.Fatalf("version %q", out)
+	}
+}
+
+func TestImageImport(t *testing.T) {
+	f := newFakeAPI(t)
+	old := importImage
+	t.Cleanup(func() { importImage = old })
+	importImage = nil
+	if code, _, errs := f.run(t, "", "image", "import", "x.tar", "--name", "x"); code != 1 || !strings.Contains(errs, "not available") {
+		t.Fatalf("nil importer: %d %q", code, errs)
+	}
+	var got []string
+	importImage = func(ctx context.Context, dataDir, src, name string) error {
+		got = []string{dataDir, src, name}
+		return nil
+	}
+	code, out, _ := f.run(t, "", "image", "import", "/tmp/img.tar", "--name", "busybox:1", "--data-dir", "/srv/w")
+	if code != 0 || out != "busybox:1\n" || strings.Join(got, ",") != "/srv/w,/tmp/img.tar,busybox:1" {
+		t.Fatalf("%d %q %v", code, out, got)
+	}
+	f.run(t, "", "image", "import", "a", "--name", "n")
+	if got[0] != DefaultDataDir {
+		t.Fatalf("default data dir %q", got[0])
+	}
+}
+
+func TestCpFiles(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "hello.sh")
+	os.WriteFile(src, []byte("echo hi\n"), 0o750)
+	f.dirs["sb-1:/work"] = true
+
+	// Into an existing remote directory: lands under its own name, mode kept.
+	if code, _, errs := f.run(t, "", "cp", src, "sb-1:/work"); code != 0 {
+		t.Fatalf("upload: %q", errs)
+	}
+	r := f.last("PUT", "/v1/sandboxes/sb-1/files")
+	if r.Query["path"][0] != "/work/hello.sh" || r.Query["mode"][0] != "0750" || string(r.Body) != "echo hi\n" {
+		t.Fatalf("put %v %q", r.Query, r.Body)
+	}
+	// Back into a local directory, and to a new local name.
+	if code, _, errs := f.run(t, "", "cp", "sb-1:/work/hello.sh", filepath.Join(dir, "sub")); code != 0 {
+		// sub does not exist: it becomes the file
+		t.Fatalf("download: %q", errs)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "sub"))
+	st, _ := os.Stat(filepath.Join(dir, "sub"))
+	if err != nil || string(b) != "echo hi\n" || st.Mode().Perm() != 0o750 {
+		t.Fatalf("downloaded %q %v %v", b, err, st.Mode())
+	}
+	os.Mkdir(filepath.Join(dir, "into"), 0o755)
+	if code, _, errs := f.run(t, "", "cp", "sb-1:/work/hello.sh", filepath.Join(dir, "into")); code != 0 {
+		t.Fatalf("download into dir: %q", errs)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "into", "hello.sh")); string(b) != "echo hi\n" {
+		t.Fatalf("into dir: %q", b)
+	}
+	// stdin and stdout.
+	if code, _, _ := f.run(t, "from stdin", "cp", "-", "sb-1:/in.txt"); code != 0 {
+		t.Fatal("stdin upload")
+	}
+	if code, out, _ := f.run(t, "", "cp", "sb-1:/in.txt", "-"); code != 0 || out != "from stdin" {
+		t.Fatalf("stdout download %q", out)
+	}
+	// Errors.
+	if code, _, errs := f.run(t, "", "cp", "a", "b"); code != 1 || !strings.Contains(errs, "ID:/path") {
+		t.Fatalf("local-local: %q", errs)
+	}
+	if code, _, errs := f.run(t, "", "cp", "sb-1:/nope", dir); code != 1 || !strings.Contains(errs, "not_found") {
+		t.Fatalf("missing: %q", errs)
+	}
+	if code, _, errs := f.run(t, "", "cp", src, "sb-1:rel"); code != 1 || !strings.Contains(errs, "absolute") {
+		t.Fatalf("relative: %q", errs)
+	}
+}
+
+func TestCpDirectoryRoundTrip(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "proj")
+	os.MkdirAll(filepath.Join(src, "pkg", "deep"), 0o755)
+	os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "pkg", "deep", "run.sh"), []byte("#!/bin/sh\n"), 0o755)
+	os.Symlink("main.go", filepath.Join(src, "link"))
+
+	// The remote target does not exist: it becomes the copy.
+	if code, _, errs := f.run(t, "", "cp", src, "sb-1:/srv/proj"); code != 0 {
+		t.Fatalf("upload: %q", errs)
+	}
+	var mk api.MkdirRequest
+	json.Unmarshal(f.last("POST", "/v1/sandboxes/sb-1/files/mkdir").Body, &mk)
+	if mk.Path != "/srv/proj" || !mk.Parents {
+		t.Fatalf("mkdir %+v", mk)
+	}
+	ar := f.last("PUT", "/v1/sandboxes/sb-1/archive")
+	if ar.Query["path"][0] != "/srv/proj" || ar.Header.Get("Content-Type") != "application/x-tar" {
+		t.Fatalf("archive %v", ar.Query)
+	}
+	names := tarNames(t, ar.Body)
+	if strings.Join(names, " ") != "link main.go pkg/ pkg/deep/ pkg/deep/run.sh" {
+		t.Fatalf("tar entries %v", names)
+	}
+	// Download into an existing local dir: lands as out/proj.
+	out := filepath.Join(dir, "out")
+	os.Mkdir(out, 0o755)
+	if code, _, errs := f.run(t, "", "cp", "sb-1:/srv/proj", out); code != 0 {
+		t.Fatalf("download: %q", errs)
+	}
+	got := filepath.Join(out, "proj")
+	if b, _ := os.ReadFile(filepath.Join(got, "pkg", "deep", "run.sh")); string(b) != "#!/bin/sh\n" {
+		t.Fatalf("content %q", b)
+	}
+	if st, err := os.Stat(filepath.Join(got, "pkg", "deep", "run.sh")); err != nil || st.Mode().Perm() != 0o755 {
+		t.Fatalf("mode %v %v", st, err)
+	}
+	if l, err := os.Readlink(filepath.Join(got, "link")); err != nil || l != "main.go" {
+		t.Fatalf("symlink %q %v", l, err)
+	}
+}
+
+func tarNames(t *testing.T, b []byte) []string {
+	tr := tar.NewReader(bytes.NewReader(b))
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+}
+
+func TestExtractTarRefusesEscapes(t *testing.T) {
+	mk := func(entries ...tar.Header) []byte {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range entries {
+			h := h
+			if h.Typeflag == tar.TypeReg {
+				h.Size = 1
+			}
+			tw.WriteHeader(&h)
+			if h.Typeflag == tar.TypeReg {
+				tw.Write([]byte("x"))
+			}
+		}
+		tw.Close()
+		return buf.Bytes()
+	}
+	outside := t.TempDir()
+	cases := map[string][]byte{
+		"dotdot": mk(tar.Header{Name: "../evil", Typeflag: tar.TypeReg, Mode: 0o644}),
+		"symlink parent": mk(
+			tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: outside},
+			tar.Header{Name: "l/evil", Typeflag: tar.TypeReg, Mode: 0o644}),
+	}
+	for name, b := range cases {
+		dir := t.TempDir()
+		if err := extractTar(bytes.NewReader(b), dir); err == nil {
+			t.Errorf("%s: extracted without error", name)
+		}
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Fatalf("wrote outside: %v", ents)
+	}
+	// Absolute names are taken relative to the target.
+	dir := t.TempDir()
+	if err := extractTar(bytes.NewReader(mk(tar.Header{Name: "/abs/f", Typeflag: tar.TypeReg, Mode: 0o600})), dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "abs", "f")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParsers(t *testing.T) {
+	for in, want := range map[string]int64{"512": 512, "4g": 4096, "4GiB": 4096, "256m": 256, "1.5g": 1536, "1t": 1 << 20, "512k": 1} {
+		if got, err := parseSizeMB("memory", in); err != nil || got != want {
+			t.Errorf("parseSizeMB(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	if _, err := parseSizeMB("memory", "lots"); err == nil {
+		t.Error("parseSizeMB accepted garbage")
+	}
+	for in, want := range map[string]float64{"30": 30, "1.5": 1.5, "2m": 120, "1h30m": 5400} {
+		if got, err := parseSeconds("ttl", in); err != nil || got != want {
+			t.Errorf("parseSeconds(%q) = %v, %v", in, got, err)
+		}
+	}
+	for _, s := range []string{"sb-1:/x", "a:/"} {
+		if _, _, ok := remoteSpec(s); !ok {
+			t.Errorf("%q should be remote", s)
+		}
+	}
+	for _, s := range []string{"./a:b", "/tmp/x:y", "plain", ":x"} {
+		if _, _, ok := remoteSpec(s); ok {
+			t.Errorf("%q should be local", s)
+		}
+	}
+}

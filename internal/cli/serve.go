@@ -1,0 +1,62 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/serve"
+)
+
+func init() {
+	importImage = func(ctx context.Context, dataDir, src, name string) error {
+		store, err := image.Open(dataDir + "/images")
+		if err != nil {
+			return err
+		}
+		_, err = store.Import(ctx, src, name)
+		return err
+	}
+}
+
+func newServeCmd() *cobra.Command {
+	var o serve.Options
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "run warren on this machine: embedded NATS, apiserver, placement, watcher and one edge",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level := slog.LevelInfo
+			if verbose {
+				level = slog.LevelDebug
+			}
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			out := cmd.OutOrStdout()
+			o.Ready = func(url, token string) {
+				fmt.Fprintf(out, "warren is ready\n  URL:   %s\n  token: %s\n  try:   curl -s -H 'Authorization: Bearer %s' -d '{\"image\":\"busybox\"}' %s/v1/sandboxes\n",
+					url, token, token, url)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return serve.Run(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "state directory (NATS store, images, sandboxes, admin token)")
+	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
+	f.StringVar(&o.Node, "node", "", "node name (default: the hostname)")
+	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
+	f.StringVar(&o.NATSListen, "nats-listen", "", "also serve NATS to other processes on this address (default: in-process only)")
+	f.Float64Var(&o.CPUOvercommit, "cpu-overcommit", 20, "CPU overcommit factor used by admission")
+	f.Float64Var(&o.MemoryOvercommit, "memory-overcommit", 1.5, "memory overcommit factor used by admission")
+	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
+	f.BoolVar(&verbose, "verbose", false, "debug logging")
+	return cmd
+}

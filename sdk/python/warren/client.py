@@ -1,0 +1,621 @@
+"""The blocking client: :class:`Client`, :class:`Sandbox` handles, sessions,
+files and background commands. Thread safe: one client may be shared by many
+threads (connections are pooled and reused)."""
+
+import concurrent.futures
+import ssl
+import time
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union,
+                    overload)
+
+from . import _core
+from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
+from ._http_sync import SyncTransport
+from ._tar import PathLike, pack_dir, unpack
+from .errors import Conflict, NotFound, SandboxFailed, Timeout, WarrenError
+from .models import (CommandStatus, ExecResult, FileInfo, Image, Node, Pool, SandboxInfo,
+                     Snapshot, Trajectory)
+
+try:  # Python 3.8+: typing.Literal
+    from typing import Literal
+except ImportError:  # pragma: no cover
+    Literal = None  # type: ignore
+
+__all__ = ["Client", "Sandbox", "Session", "Files", "BackgroundCommand", "Pools"]
+
+OutputCallback = Callable[[str], Any]
+
+
+class Client:
+    """A connection to a warren server.
+
+    Args:
+        url: base URL, e.g. ``"http://127.0.0.1:7070"``. Default: ``$WARREN_URL``,
+            else ``http://127.0.0.1:7070``.
+        token: API token sent as ``Authorization: Bearer``. Default: ``$WARREN_TOKEN``.
+        timeout: socket timeout in seconds for ordinary requests (commands get
+            their own timeout plus a margin).
+        max_retries: how many times a request is retried after HTTP 429/503 or a
+            connection error (with exponential backoff and jitter, honouring
+            ``Retry-After``). Requests that are not idempotent are retried after
+            a connection error only when the server cannot have seen them.
+        backoff, max_backoff: first and largest delay between retries, seconds.
+        pool_size: how many idle keep-alive connections are kept for reuse.
+        ssl_context: for ``https`` URLs.
+
+    Use it as a context manager, or call :meth:`close`, to close pooled connections.
+    """
+
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *,
+                 timeout: float = 60.0, max_retries: int = 5, backoff: float = 0.1,
+                 max_backoff: float = 2.0, pool_size: int = 32,
+                 ssl_context: Optional[ssl.SSLContext] = None,
+                 user_agent: Optional[str] = None) -> None:
+        self._cfg = Config.build(url, token, timeout, max_retries, backoff, max_backoff,
+                                 user_agent)
+        self._t = SyncTransport(self._cfg, pool_size, ssl_context)
+        self.pools = Pools(self)
+
+    @property
+    def url(self) -> str:
+        return self._cfg.url
+
+    def close(self) -> None:
+        """Close pooled connections (the client may still be used afterwards)."""
+        self._t.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "Client(%r)" % self._cfg.url
+
+    # ---- low level ---------------------------------------------------------------------
+
+    def _json(self, req: Req) -> Any:
+        return self._t.request(req).json()
+
+    def request(self, method: str, path: str, *, json: Any = None,
+                params: Optional[Mapping[str, Any]] = None, body: Optional[bytes] = None,
+                headers: Optional[Mapping[str, str]] = None,
+                timeout: Optional[float] = None) -> Any:
+        """Send any API request (with auth, retries and error mapping) and return
+        the decoded JSON answer (raw bytes if the answer is not JSON)."""
+        p = [(k, str(v)) for k, v in (params or {}).items()]
+        if body is not None:
+            req = Req(method.upper(), path, params=p, body=body, headers=dict(headers or {}),
+                      timeout=timeout)
+        else:
+            req = json_req(method.upper(), path, json, params=p, headers=dict(headers or {}),
+                           timeout=timeout)
+        resp = self._t.request(req)
+        if "json" in (resp.headers.get("Content-Type") or "json"):
+            return resp.json()
+        return resp.body
+
+    # ---- server ------------------------------------------------------------------------
+
+    def health(self) -> Dict[str, Any]:
+        """``GET /healthz`` (no auth); returns e.g. ``{"status": "ok"}``."""
+        return self._json(Req("GET", "/healthz", auth=False))
+
+    def images(self) -> List[Image]:
+        """Images known to the image store."""
+        return [Image.from_json(d) for d in
+                _core.items_from(self._json(Req("GET", "/v1/images")), "images")]
+
+    def nodes(self) -> List[Node]:
+        """The fleet's nodes."""
+        return [Node.from_json(d) for d in
+                _core.items_from(self._json(Req("GET", "/v1/nodes")), "nodes")]
+
+    # ---- sandboxes ---------------------------------------------------------------------
+
+    def create(self, image: Optional[str] = None, *, tier: Optional[str] = None,
+               layers: Optional[Sequence[str]] = None, cpu: Optional[Number] = None,
+               memory_mb: Optional[int] = None, disk_mb: Optional[int] = None,
+               pids: Optional[int] = None, ttl: Optional[Duration] = None,
+               idle_timeout: Optional[Duration] = None, env: Optional[Mapping[str, str]] = None,
+               labels: Optional[Mapping[str, str]] = None, priority: Optional[Any] = None,
+               trajectory: Optional[str] = None, user: Optional[str] = None,
+               hostname: Optional[str] = None, network: Optional[Any] = None,
+               idempotency_key: Optional[str] = None, wait: bool = True,
+               wait_timeout: float = 300.0, **extra: Any) -> "Sandbox":
+        """Create a sandbox and return its handle.
+
+        ``ttl`` and ``idle_timeout`` are seconds (or ``timedelta``). Keyword
+        arguments the SDK does not know are sent as-is in the JSON body (e.g.
+        ``pool=`` or ``snapshot=`` on servers that support them).
+
+        The request carries an ``Idempotency-Key`` (``idempotency_key`` or a
+        random one), reused by every retry, so a retried create never makes a
+        second sandbox. With ``wait`` (default), a sandbox still ``creating`` is
+        polled until it runs; a ``failed`` one raises :class:`SandboxFailed`.
+        """
+        body = _core.create_body(tier=tier, image=image, layers=layers, cpu=cpu,
+                                 memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, ttl=ttl,
+                                 idle_timeout=idle_timeout, env=env, labels=labels,
+                                 priority=priority, trajectory=trajectory, user=user,
+                                 hostname=hostname, network=network, extra=extra)
+        info = SandboxInfo.from_json(self._json(_core.create_req(body, idempotency_key)))
+        sb = Sandbox(self, info)
+        if wait:
+            sb.wait_running(wait_timeout)
+        return sb
+
+    def get(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox (raises :class:`NotFound`)."""
+        return Sandbox(self, SandboxInfo.from_json(self._json(Req("GET",
+                                                                  sandbox_path(sandbox_id)))))
+
+    def sandbox(self, sandbox_id: str) -> "Sandbox":
+        """A handle on a sandbox by id, without asking the server (no I/O)."""
+        return Sandbox(self, SandboxInfo(id=sandbox_id))
+
+    def list(self, labels: Optional[Mapping[str, str]] = None,
+             state: Optional[str] = None) -> List["Sandbox"]:
+        """Sandboxes visible to this token, filtered by all ``labels`` and by ``state``."""
+        doc = self._json(_core.list_req(labels, state))
+        return [Sandbox(self, SandboxInfo.from_json(d)) for d in _core.sandboxes_from(doc)]
+
+    def create_many(self, n: int, *, max_workers: int = 16, **spec: Any) -> List["Sandbox"]:
+        """Create ``n`` sandboxes with the same ``spec`` (the arguments of
+        :meth:`create`) concurrently. If any create fails, the ones that were
+        created are stopped and the first error is raised."""
+        if n <= 0:
+            return []
+        spec.pop("idempotency_key", None)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(n, max_workers))) as ex:
+            futs = [ex.submit(self.create, **spec) for _ in range(n)]
+            concurrent.futures.wait(futs)
+        made = [f.result() for f in futs if f.exception() is None]
+        errs = [f.exception() for f in futs if f.exception() is not None]
+        if errs:
+            for sb in made:
+                try:
+                    sb.stop()
+                except WarrenError:
+                    pass
+            raise errs[0]  # type: ignore[misc]
+        return made
+
+    def run_many(self, sandboxes: Iterable[Union["Sandbox", str]], cmd: Command, *,
+                 max_workers: int = 16, return_exceptions: bool = False,
+                 **kwargs: Any) -> List[Any]:
+        """Run ``cmd`` in every sandbox concurrently; results in the same order.
+
+        ``kwargs`` are those of :meth:`Sandbox.run`. With ``return_exceptions``
+        an error is returned in its slot instead of raised.
+        """
+        sbs = [self.sandbox(s) if isinstance(s, str) else s for s in sandboxes]
+        if not sbs:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(sbs),
+                                                                          max_workers))) as ex:
+            futs = [ex.submit(sb.run, cmd, **kwargs) for sb in sbs]
+            concurrent.futures.wait(futs)
+        out: List[Any] = []
+        for f in futs:
+            e = f.exception()
+            if e is not None and not return_exceptions:
+                raise e
+            out.append(e if e is not None else f.result())
+        return out
+
+    # ---- later features (404 until the server offers them) -----------------------------
+
+    def fncall(self, cmd: Command, *, image: Optional[str] = None,
+               timeout: Optional[Duration] = None, env: Optional[Mapping[str, str]] = None,
+               stdin: Optional[Union[str, bytes]] = None,
+               files: Optional[Mapping[str, Union[str, bytes]]] = None,
+               cpu: Optional[Number] = None, memory_mb: Optional[int] = None,
+               **extra: Any) -> ExecResult:
+        """Run a stateless task in a pre-warmed sandbox (``POST /v1/fncall``).
+
+        ``files`` maps absolute paths to contents written before the command runs.
+        """
+        body = _core.fncall_body(cmd, image=image, timeout=timeout, env=env, stdin=stdin,
+                                 files=files, cpu=cpu, memory_mb=memory_mb, extra=extra)
+        req = json_req("POST", "/v1/fncall", body,
+                       timeout=_core.exec_read_timeout(self._cfg, timeout))
+        return ExecResult.from_json(self._json(req))
+
+    def trajectory(self, trajectory_id: str) -> Trajectory:
+        """The recorded operations of a trajectory (``GET /v1/trajectories/{id}``)."""
+        return Trajectory.from_json(self._json(Req("GET", "/v1/trajectories/" +
+                                                   _core.q(trajectory_id))))
+
+
+class Pools:
+    """Warm pools (``/v1/pools``): ``client.pools.create(...)``, ``list()``, ``get()``, ``delete()``."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, name: str, *, image: Optional[str] = None, size: Optional[int] = None,
+               tier: Optional[str] = None, **spec: Any) -> Pool:
+        body = _core.drop_none({"name": name, "image": image, "size": size, "tier": tier})
+        body.update(_core.drop_none(spec))
+        return Pool.from_json(self._c._json(json_req("POST", "/v1/pools", body)))
+
+    def list(self) -> List[Pool]:
+        return [Pool.from_json(d) for d in
+                _core.items_from(self._c._json(Req("GET", "/v1/pools")), "pools")]
+
+    def get(self, name: str) -> Pool:
+        return Pool.from_json(self._c._json(Req("GET", "/v1/pools/" + _core.q(name))))
+
+    def delete(self, name: str) -> None:
+        self._c._t.request(Req("DELETE", "/v1/pools/" + _core.q(name)))
+
+
+class Sandbox:
+    """A handle on one sandbox. Cheap: holds the client and the last known
+    :class:`SandboxInfo` (``info``; :meth:`refresh` re-reads it).
+
+    As a context manager it stops the sandbox on exit::
+
+        with client.create(image="busybox") as sb:
+            print(sb.run("echo hi").stdout)
+    """
+
+    def __init__(self, client: Client, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+        self._files: Optional[Files] = None
+
+    # -- attributes
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def state(self) -> str:
+        return self.info.state
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        return self.info.labels
+
+    @property
+    def node(self) -> str:
+        return self.info.node
+
+    @property
+    def image(self) -> str:
+        return self.info.image
+
+    @property
+    def tier(self) -> str:
+        return self.info.tier
+
+    def __repr__(self) -> str:
+        return "Sandbox(id=%r, state=%r)" % (self.info.id, self.info.state)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        except (NotFound, Conflict):
+            pass
+
+    def _path(self, *rest: str) -> str:
+        return sandbox_path(self.id, *rest)
+
+    def _set(self, doc: Any) -> "Sandbox":
+        if isinstance(doc, dict) and doc.get("id"):
+            self.info = SandboxInfo.from_json(doc)
+        return self
+
+    # -- lifecycle
+    def refresh(self) -> "Sandbox":
+        """Re-read the sandbox's state from the server."""
+        return self._set(self.client._json(Req("GET", self._path())))
+
+    def wait_running(self, timeout: float = 300.0) -> "Sandbox":
+        """Poll until the sandbox leaves ``creating``; raise :class:`SandboxFailed` if it failed."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while self.info.state == "creating":
+            if time.monotonic() > deadline:
+                raise Timeout("warren: sandbox %s still creating after %.0fs" % (self.id, timeout))
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            self.refresh()
+        if self.info.state == "failed":
+            raise SandboxFailed(self.info.reason or "sandbox failed", code="sandbox_failed",
+                                sandbox_id=self.id)
+        return self
+
+    def stop(self) -> "Sandbox":
+        """Stop and delete the sandbox (``DELETE /v1/sandboxes/{id}``)."""
+        return self._set(self.client._json(Req("DELETE", self._path())))
+
+    def pause(self) -> "Sandbox":
+        """Freeze the sandbox's processes (``POST .../pause``)."""
+        return self._set(self.client._json(json_req("POST", self._path("pause"))))
+
+    def resume(self) -> "Sandbox":
+        """Thaw a paused sandbox (``POST .../resume``)."""
+        return self._set(self.client._json(json_req("POST", self._path("resume"))))
+
+    def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
+        """Snapshot the sandbox's filesystem (``POST .../snapshots``)."""
+        body = _core.drop_none({"name": name})
+        body.update(_core.drop_none(extra))
+        return Snapshot.from_json(self.client._json(json_req("POST", self._path("snapshots"),
+                                                             body)))
+
+    def fork(self, n: int = 1, **extra: Any) -> List["Sandbox"]:
+        """``n`` new sandboxes from this sandbox's exact state (``POST .../fork``)."""
+        body: Dict[str, Any] = {"count": n}
+        body.update(_core.drop_none(extra))
+        doc = self.client._json(json_req("POST", self._path("fork"), body))
+        return [Sandbox(self.client, SandboxInfo.from_json(d)) for d in _core.sandboxes_from(doc)]
+
+    # -- commands
+    @overload
+    def run(self, cmd: Command, *, timeout: Optional[Duration] = ..., session: Optional[str] = ...,
+            env: Optional[Mapping[str, str]] = ..., cwd: Optional[str] = ...,
+            stdin: Optional[Union[str, bytes]] = ..., user: Optional[str] = ...,
+            output_cap: Optional[int] = ..., on_stdout: Optional[OutputCallback] = ...,
+            on_stderr: Optional[OutputCallback] = ..., background: "Literal[False]" = ...,
+            check: bool = ..., **extra: Any) -> ExecResult: ...
+
+    @overload
+    def run(self, cmd: Command, *, timeout: Optional[Duration] = ..., session: Optional[str] = ...,
+            env: Optional[Mapping[str, str]] = ..., cwd: Optional[str] = ...,
+            stdin: Optional[Union[str, bytes]] = ..., user: Optional[str] = ...,
+            output_cap: Optional[int] = ..., on_stdout: Optional[OutputCallback] = ...,
+            on_stderr: Optional[OutputCallback] = ..., background: "Literal[True]",
+            check: bool = ..., **extra: Any) -> "BackgroundCommand": ...
+
+    def run(self, cmd: Command, *, timeout: Optional[Duration] = None,
+            session: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+            cwd: Optional[str] = None, stdin: Optional[Union[str, bytes]] = None,
+            user: Optional[str] = None, output_cap: Optional[int] = None,
+            on_stdout: Optional[OutputCallback] = None,
+            on_stderr: Optional[OutputCallback] = None, background: bool = False,
+            check: bool = False, **extra: Any) -> Any:
+        """Run a command and return its :class:`ExecResult`.
+
+        ``cmd`` is a shell string (run by the session's shell) or an argv list.
+        ``timeout`` (seconds) kills the command when it runs longer; the result
+        then has ``timed_out=True``. ``session`` names a persistent shell (cwd,
+        exported variables survive between commands). ``on_stdout`` /
+        ``on_stderr`` receive output as it arrives (the result still carries all
+        of it). ``check=True`` raises :class:`CommandFailed` on a non-zero exit.
+        ``background=True`` returns a :class:`BackgroundCommand` at once.
+        """
+        body = _core.exec_body(cmd, session=session, env=env, cwd=cwd, stdin=stdin, user=user,
+                               timeout=timeout, output_cap=output_cap, background=background,
+                               extra=extra)
+        read_timeout = _core.exec_read_timeout(self.client._cfg, timeout)
+        if background:
+            if on_stdout or on_stderr:
+                raise ValueError("warren: output callbacks need a foreground command")
+            doc = self.client._json(_core.exec_req(self.id, body, False, read_timeout))
+            cid = (doc.get("command_id") or doc.get("id")) if isinstance(doc, dict) else None
+            if not cid:
+                raise WarrenError("warren: server did not return a command id")
+            return BackgroundCommand(self, cid)
+        if on_stdout is None and on_stderr is None:
+            res = ExecResult.from_json(self.client._json(
+                _core.exec_req(self.id, body, False, read_timeout)))
+        else:
+            res = self._run_stream(body, read_timeout, on_stdout, on_stderr)
+        return res.check() if check else res
+
+    def _run_stream(self, body: Dict[str, Any], read_timeout: float,
+                    on_stdout: Optional[OutputCallback],
+                    on_stderr: Optional[OutputCallback]) -> ExecResult:
+        with self.client._t.open(_core.exec_req(self.id, body, True, read_timeout)) as s:
+            ctype = (s.headers.get("Content-Type") or "").lower()
+            if "ndjson" not in ctype:  # the server answered plain JSON
+                res = ExecResult.from_json(_core.decode_json(s.read()))
+                if on_stdout and res.stdout:
+                    on_stdout(res.stdout)
+                if on_stderr and res.stderr:
+                    on_stderr(res.stderr)
+                return res
+            dec = _core.ExecStream()
+            for line in s.lines():
+                ev = dec.feed(line)
+                if ev is None:
+                    continue
+                cb = on_stdout if ev[0] == "stdout" else on_stderr
+                if cb is not None:
+                    cb(ev[1])
+            return dec.finish()
+
+    def command(self, command_id: str) -> "BackgroundCommand":
+        """A handle on a background command by id."""
+        return BackgroundCommand(self, command_id)
+
+    def session(self, name: Optional[str] = None) -> "Session":
+        """A named persistent shell in this sandbox (a fresh name if omitted)."""
+        return Session(self, name or _core.new_idempotency_key().replace("warren-py-", "s-")[:14])
+
+    @property
+    def files(self) -> "Files":
+        """File operations in this sandbox."""
+        if self._files is None:
+            self._files = Files(self)
+        return self._files
+
+
+class Session:
+    """A persistent shell in a sandbox: working directory and exported
+    variables survive between :meth:`run` calls."""
+
+    def __init__(self, sandbox: Sandbox, name: str) -> None:
+        self.sandbox = sandbox
+        self.name = name
+
+    def __repr__(self) -> str:
+        return "Session(%r, sandbox=%r)" % (self.name, self.sandbox.id)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def run(self, cmd: Command, **kwargs: Any) -> Any:
+        """:meth:`Sandbox.run` in this session."""
+        kwargs["session"] = self.name
+        return self.sandbox.run(cmd, **kwargs)
+
+    @property
+    def files(self) -> "Files":
+        return self.sandbox.files
+
+
+class BackgroundCommand:
+    """A command started with ``run(..., background=True)``."""
+
+    def __init__(self, sandbox: Sandbox, command_id: str) -> None:
+        self.sandbox = sandbox
+        self.id = command_id
+        self.status: Optional[CommandStatus] = None
+
+    def __repr__(self) -> str:
+        return "BackgroundCommand(%r, sandbox=%r)" % (self.id, self.sandbox.id)
+
+    def _path(self, *rest: str) -> str:
+        return self.sandbox._path("commands", _core.q(self.id), *rest)
+
+    def _set(self, doc: Any) -> CommandStatus:
+        self.status = CommandStatus.from_json(doc if isinstance(doc, dict) else {})
+        if not self.status.id:
+            self.status.id = self.id
+        return self.status
+
+    def refresh(self) -> CommandStatus:
+        """The command's current state, without waiting."""
+        return self._set(self.sandbox.client._json(Req("GET", self._path())))
+
+    @property
+    def running(self) -> bool:
+        """Whether the command still ran when last looked at (refreshes first)."""
+        return self.refresh().running
+
+    def wait(self, timeout: Optional[float] = None) -> ExecResult:
+        """Block until the command ends and return its result; raise
+        :class:`Timeout` if ``timeout`` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cfg = self.sandbox.client._cfg
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise Timeout("warren: command %s still running after %.1fs" % (self.id, timeout))
+            rt = max(cfg.timeout, 630.0) if left is None else max(0.1, left)
+            st = self._set(self.sandbox.client._json(
+                Req("GET", self._path(), params=[("wait", "1")], timeout=rt)))
+            if not st.running:
+                return st.result()
+
+    def kill(self, signal: int = 9) -> CommandStatus:
+        """Send ``signal`` (default SIGKILL) to the command."""
+        return self._set(self.sandbox.client._json(json_req("POST", self._path("kill"),
+                                                            {"signal": signal})))
+
+
+class Files:
+    """File operations inside a sandbox (paths are absolute, in the sandbox's root)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+
+    def _c(self) -> Client:
+        return self.sandbox.client
+
+    def _fpath(self) -> str:
+        return self.sandbox._path("files")
+
+    def read(self, path: str) -> bytes:
+        """The contents of a file."""
+        return self._c()._t.request(Req("GET", self._fpath(), params=_core.file_params(path),
+                                        accept="application/octet-stream")).body
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return self.read(path).decode(encoding)
+
+    def write(self, path: str, data: Union[bytes, bytearray, memoryview, str],
+              mode: Optional[int] = None) -> FileInfo:
+        """Create or replace a file (parent directories must exist); ``mode`` like ``0o755``."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        req = Req("PUT", self._fpath(), params=_core.file_params(path, mode=_core.mode_str(mode)),
+                  body=bytes(data), content_type="application/octet-stream")
+        return FileInfo.from_json(self._c()._t.request(req).json())
+
+    def list(self, path: str = "/") -> List[FileInfo]:
+        """The entries of a directory."""
+        doc = self._c()._json(Req("GET", self._fpath(), params=_core.file_params(path, list=True)))
+        return [FileInfo.from_json(d) for d in _core.items_from(doc, "files")]
+
+    def stat(self, path: str) -> FileInfo:
+        """Information about one file (raises :class:`NotFound`)."""
+        return FileInfo.from_json(self._c()._json(
+            Req("GET", self._fpath(), params=_core.file_params(path, stat=True))))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Delete a file, or a directory tree with ``recursive=True``."""
+        self._c()._t.request(Req("DELETE", self._fpath(),
+                                 params=_core.file_params(path, recursive=recursive)))
+
+    def mkdir(self, path: str, mode: Optional[int] = None, parents: bool = True) -> FileInfo:
+        """Create a directory (and its parents, by default)."""
+        body = _core.drop_none({"path": path, "mode": mode, "parents": parents})
+        return FileInfo.from_json(self._c()._json(
+            json_req("POST", self.sandbox._path("files", "mkdir"), body)))
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst``."""
+        self._c()._t.request(json_req("POST", self.sandbox._path("files", "rename"),
+                                      {"from": src, "to": dst}))
+
+    def upload_tar(self, remote_dir: str, tar: bytes) -> int:
+        """Extract a tar archive into ``remote_dir``; returns the server's file count."""
+        req = Req("PUT", self.sandbox._path("archive"), params=_core.file_params(remote_dir),
+                  body=tar, content_type="application/x-tar",
+                  timeout=max(self._c()._cfg.timeout, 300.0))
+        doc = self._c()._t.request(req).json()
+        return int(doc.get("files", 0)) if isinstance(doc, dict) else 0
+
+    def download_tar(self, remote_dir: str) -> bytes:
+        """``remote_dir`` as an uncompressed tar archive."""
+        return self._c()._t.request(Req("GET", self.sandbox._path("archive"),
+                                        params=_core.file_params(remote_dir),
+                                        accept="application/x-tar",
+                                        timeout=max(self._c()._cfg.timeout, 300.0))).body
+
+    def upload_dir(self, local_dir: PathLike, remote_dir: str) -> int:
+        """Copy a local directory tree into ``remote_dir`` (created if needed).
+        Returns the number of files the server wrote."""
+        tar, _ = pack_dir(local_dir)
+        return self.upload_tar(remote_dir, tar)
+
+    def download_dir(self, remote_dir: str, local_dir: PathLike) -> int:
+        """Copy ``remote_dir`` into a local directory (created if needed).
+        Returns the number of regular files written."""
+        return unpack(self.download_tar(remote_dir), local_dir)

@@ -1,0 +1,232 @@
+// Package e2e runs the real warren binary and drives it over HTTP. These
+// tests need root (namespaces, cgroups, mounts).
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+var bins struct {
+	dir, warren, agent, probe string
+}
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("SKIP: e2e tests need root")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "wtest-bin-")
+	if err != nil {
+		panic(err)
+	}
+	bins.dir = dir
+	bins.warren = filepath.Join(dir, "warren")
+	bins.agent = filepath.Join(dir, "warren-agent")
+	bins.probe = filepath.Join(dir, "probe")
+	for out, pkg := range map[string]string{bins.warren: "../../cmd/warren", bins.agent: "../../cmd/warren-agent", bins.probe: "./probe"} {
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			fmt.Printf("build %s: %v\n%s", pkg, err, b)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is one running `warren serve`.
+type server struct {
+	t       *testing.T
+	dataDir string
+	listen  string
+	URL     string
+	Token   string
+	C       *warren.Client
+	cmd     *exec.Cmd
+	logs    *syncBuffer
+	done    chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startServer starts warren serve on a fresh data dir; it is stopped (SIGTERM)
+// when the test ends.
+func startServer(t *testing.T) *server {
+	t.Helper()
+	dataDir, err := os.MkdirTemp("", "wtest-data-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{t: t, dataDir: dataDir, listen: freePort(t)}
+	t.Cleanup(func() {
+		s.stop()
+		os.RemoveAll(dataDir)
+	})
+	s.start()
+	return s
+}
+
+func (s *server) start() {
+	t := s.t
+	t.Helper()
+	s.logs = &syncBuffer{}
+	s.cmd = exec.Command(bins.warren, "serve", "--data-dir", s.dataDir, "--listen", s.listen, "--agent", bins.agent, "--node", "e2e")
+	s.cmd.Stdout = s.logs
+	s.cmd.Stderr = s.logs
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.done = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	s.URL = "http://" + s.listen
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-s.done:
+			t.Fatalf("warren serve exited early:\n%s", s.logs.String())
+		default:
+		}
+		resp, err := http.Get(s.URL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warren serve did not become healthy:\n%s", s.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tok, err := os.ReadFile(filepath.Join(s.dataDir, "admin-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Token = strings.TrimSpace(string(tok))
+	s.C = warren.New(s.URL, s.Token)
+}
+
+// stop sends SIGTERM and waits; the server stops every sandbox.
+func (s *server) stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(90 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		s.t.Errorf("warren serve did not stop on SIGTERM:\n%s", s.logs.String())
+	}
+}
+
+// kill9 kills the whole server process without any cleanup.
+func (s *server) kill9() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+func (s *server) create(t *testing.T, req api.CreateSandboxRequest) *api.Sandbox {
+	t.Helper()
+	if req.Image == "" {
+		req.Image = "busybox"
+	}
+	sb, err := s.C.Create(context.Background(), req)
+	if err != nil {
+		t.Fatalf("create: %v\nserver log:\n%s", err, tail(s.logs.String(), 40))
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.ID) })
+	return sb
+}
+
+func (s *server) sh(t *testing.T, id, cmd string) *api.ExecResult {
+	t.Helper()
+	r, err := s.C.Exec(context.Background(), id, api.ExecRequest{Cmd: cmd})
+	if err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	return r
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// rawRequest sends an HTTP request with the server's token (unless token is "-").
+func (s *server) rawRequest(t *testing.T, method, path, token string, body []byte, hdr map[string]string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.URL+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch token {
+	case "":
+		req.Header.Set("Authorization", "Bearer "+s.Token)
+	case "-":
+	default:
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String()
+}

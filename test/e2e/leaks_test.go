@@ -1,0 +1,41 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// assertNoLeaks fails when a warren cgroup, agent process or mount remains.
+func assertNoLeaks(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var leaks []string
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/warren/*")
+		for _, d := range dirs {
+			if st, err := os.Stat(d); err == nil && st.IsDir() {
+				leaks = append(leaks, "cgroup "+d)
+			}
+		}
+		if out, _ := exec.Command("pgrep", "-f", bins.agent).Output(); len(strings.TrimSpace(string(out))) > 0 {
+			leaks = append(leaks, "agent processes "+strings.TrimSpace(string(out)))
+		}
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, l := range strings.Split(string(mi), "\n") {
+			if strings.Contains(l, "wtest-") {
+				leaks = append(leaks, "mount "+l)
+			}
+		}
+		if len(leaks) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leaks after the servers stopped:\n%s", strings.Join(leaks, "\n"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
