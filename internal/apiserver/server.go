@@ -28,11 +28,11 @@ import (
 
 // Limits on what a client may send.
 const (
-	MaxJSONBody   = 1 << 20   // JSON request bodies
-	MaxFileBody   = 1 << 30   // one uploaded file
-	MaxArchive    = 4 << 30   // one uploaded tar archive
-	uploadChunk   = 1 << 20   // bytes per bus message for uploads
-	singleWrite   = 4 << 20   // uploads up to this size are written in one atomic step
+	MaxJSONBody   = 1 << 20 // JSON request bodies
+	MaxFileBody   = 1 << 30 // one uploaded file
+	MaxArchive    = 4 << 30 // one uploaded tar archive
+	uploadChunk   = 1 << 20 // bytes per bus message for uploads
+	singleWrite   = 4 << 20 // uploads up to this size are written in one atomic step
 	idempotentTTL = 24 * time.Hour
 )
 

@@ -59,6 +59,7 @@ func NewRootCmd() *cobra.Command {
 		newImageCmd(g),
 		newNodesCmd(g),
 		newVersionCmd(g),
+		newBenchCmd(),
 	)
 	return root
 }

@@ -60,15 +60,15 @@ type Config struct {
 	Writable WritableLayers
 	Logger   *slog.Logger
 
-	CPUCapacity float64 // cores offered (after overcommit)
-	MemoryMB    int64   // memory offered (after overcommit)
+	CPUCapacity  float64 // cores offered (after overcommit)
+	MemoryMB     int64   // memory offered (after overcommit)
 	MaxSandboxes int
 
-	DefaultTTL       time.Duration // 0 = 24h
-	TombstoneFor     time.Duration // how long stopped sandboxes stay visible; 0 = 10m
-	HeartbeatEvery   time.Duration // 0 = 1s
-	KeepOnShutdown   bool          // leave sandboxes running on Close (for upgrades)
-	ReaperEvery      time.Duration // 0 = 1s
+	DefaultTTL     time.Duration // 0 = 24h
+	TombstoneFor   time.Duration // how long stopped sandboxes stay visible; 0 = 10m
+	HeartbeatEvery time.Duration // 0 = 1s
+	KeepOnShutdown bool          // leave sandboxes running on Close (for upgrades)
+	ReaperEvery    time.Duration // 0 = 1s
 }
 
 // Edge manages the sandboxes of one node.
@@ -125,8 +125,8 @@ func New(cfg Config) (*Edge, error) {
 	return e, nil
 }
 
-func (e *Edge) recordsDir() string     { return filepath.Join(e.cfg.DataDir, "edge", "sandboxes") }
-func (e *Edge) runDir() string         { return filepath.Join(e.cfg.DataDir, "edge", "run") }
+func (e *Edge) recordsDir() string        { return filepath.Join(e.cfg.DataDir, "edge", "sandboxes") }
+func (e *Edge) runDir() string            { return filepath.Join(e.cfg.DataDir, "edge", "run") }
 func (e *Edge) stateDir(id string) string { return filepath.Join(e.runDir(), id) }
 
 // Start reconciles with what is on the host, then serves requests, sends

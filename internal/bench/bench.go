@@ -1,0 +1,273 @@
+// Package bench measures warren against peers (runc, bubblewrap) in the same
+// run on the same root filesystem, so figures are ratios that survive noisy
+// machines. `warren bench` drives it and writes docs/BENCHMARKS.md.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/serve"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+// Options configure a run.
+type Options struct {
+	Duration    time.Duration // per throughput measurement; default 20s
+	Concurrency int           // clients; default 16
+	ExecSamples int           // exec round trips; default 2000
+	AgentPath   string
+	Out         io.Writer // progress
+}
+
+// Result is one measured figure.
+type Result struct {
+	Name  string
+	Value float64
+	Unit  string
+	Note  string
+}
+
+// Report is everything one run measured.
+type Report struct {
+	Started time.Time
+	Results []Result
+}
+
+func (o *Options) defaults() {
+	if o.Duration == 0 {
+		o.Duration = 20 * time.Second
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 16
+	}
+	if o.ExecSamples == 0 {
+		o.ExecSamples = 2000
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+}
+
+// Run starts a private `warren serve`, measures, and stops it.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	o.defaults()
+	dataDir, err := os.MkdirTemp("", "warren-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dataDir)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	sctx, stop := context.WithCancel(ctx)
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve.Run(sctx, serve.Options{
+			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:  func(url, token string) { ready <- [2]string{url, token} },
+		})
+	}()
+	var url, token string
+	select {
+	case r := <-ready:
+		url, token = r[0], r[1]
+	case err := <-done:
+		stop()
+		return nil, fmt.Errorf("bench: warren serve: %w", err)
+	}
+	defer func() { stop(); <-done }()
+
+	c := warren.New(url, token)
+	rep := &Report{Started: time.Now().UTC()}
+	rootfs, err := busyboxRoot(dataDir)
+	if err != nil {
+		return nil, err
+	}
+
+	fmt.Fprintf(o.Out, "exec round trip (%d samples)...\n", o.ExecSamples)
+	p50, p99, err := execRoundTrip(ctx, c, o.ExecSamples)
+	if err != nil {
+		return nil, err
+	}
+	rep.add("exec round trip `true` p50", ms(p50), "ms", "target ≤ 1 ms")
+	rep.add("exec round trip `true` p99", ms(p99), "ms", "target ≤ 5 ms")
+
+	fmt.Fprintf(o.Out, "warren create→exec→stop, %d clients, %v...\n", o.Concurrency, o.Duration)
+	wRate, wLat, err := throughput(ctx, o, func(ctx context.Context) error { return warrenCycle(ctx, c) })
+	if err != nil {
+		return nil, err
+	}
+	rep.add("warren create→exec→stop", wRate, "sandboxes/s", fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(wLat.p50), ms(wLat.p99)))
+
+	peers := []struct {
+		name string
+		mk   func(string) (func(context.Context) error, func(), error)
+	}{{"runc run", runcCycle}, {"bwrap", bwrapCycle}}
+	for _, p := range peers {
+		fmt.Fprintf(o.Out, "%s, %d clients, %v...\n", p.name, o.Concurrency, o.Duration)
+		cycle, cleanup, err := p.mk(rootfs)
+		if err != nil {
+			rep.add(p.name+" run `true`", 0, "runs/s", "not measured: "+err.Error())
+			continue
+		}
+		rate, lat, err := throughput(ctx, o, cycle)
+		cleanup()
+		if err != nil {
+			rep.add(p.name+" run `true`", 0, "runs/s", "failed: "+err.Error())
+			continue
+		}
+		rep.add(p.name+" run `true`", rate, "runs/s", fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(lat.p50), ms(lat.p99)))
+		if rate > 0 {
+			rep.add("ratio warren / "+p.name, wRate/rate, "×", "target ≥ 5× runc")
+		}
+	}
+	return rep, nil
+}
+
+func (r *Report) add(name string, v float64, unit, note string) {
+	r.Results = append(r.Results, Result{Name: name, Value: v, Unit: unit, Note: note})
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+type latencies struct{ p50, p99 time.Duration }
+
+func percentiles(ds []time.Duration) latencies {
+	if len(ds) == 0 {
+		return latencies{}
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	at := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
+	return latencies{at(0.50), at(0.99)}
+}
+
+// throughput runs cycle from o.Concurrency workers for o.Duration.
+func throughput(ctx context.Context, o Options, cycle func(context.Context) error) (float64, latencies, error) {
+	var n atomic.Int64
+	var mu sync.Mutex
+	var lats []time.Duration
+	var firstErr error
+	deadline := time.Now().Add(o.Duration)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := 0; i < o.Concurrency; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				t0 := time.Now()
+				if err := cycle(ctx); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				d := time.Since(t0)
+				n.Add(1)
+				mu.Lock()
+				lats = append(lats, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, latencies{}, firstErr
+	}
+	return float64(n.Load()) / time.Since(start).Seconds(), percentiles(lats), nil
+}
+
+func warrenCycle(ctx context.Context, c *warren.Client) error {
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64})
+	if err != nil {
+		return err
+	}
+	r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"true"}})
+	if err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("true exited %d", r.ExitCode)
+	}
+	if _, derr := c.Delete(ctx, sb.ID); err == nil {
+		err = derr
+	}
+	return err
+}
+
+func execRoundTrip(ctx context.Context, c *warren.Client, n int) (time.Duration, time.Duration, error) {
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox"})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Delete(context.WithoutCancel(ctx), sb.ID)
+	lats := make([]time.Duration, 0, n)
+	for i := 0; i < n+50; i++ {
+		t0 := time.Now()
+		r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "true"})
+		if err != nil {
+			return 0, 0, err
+		}
+		if r.ExitCode != 0 {
+			return 0, 0, fmt.Errorf("true exited %d", r.ExitCode)
+		}
+		if i >= 50 { // warm-up
+			lats = append(lats, time.Since(t0))
+		}
+	}
+	p := percentiles(lats)
+	return p.p50, p.p99, nil
+}
+
+// busyboxRoot finds the unpacked busybox layer of the bench server's store,
+// so peers run the very same root filesystem.
+func busyboxRoot(dataDir string) (string, error) {
+	matches, _ := filepath.Glob(filepath.Join(dataDir, "images", "layers", "sha256", "*"))
+	for _, m := range matches {
+		if _, err := os.Stat(filepath.Join(m, "bin", "busybox")); err == nil {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("bench: busybox layer not found in %s", dataDir)
+}
+
+// Markdown renders the report as a table.
+func (r *Report) Markdown(command string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "### Run of %s\n\nCommand: `%s` on %s.\n\n| figure | value | unit | note |\n| --- | ---: | --- | --- |\n",
+		r.Started.Format("2006-01-02 15:04 UTC"), command, machine())
+	for _, res := range r.Results {
+		fmt.Fprintf(&b, "| %s | %.2f | %s | %s |\n", res.Name, res.Value, res.Unit, res.Note)
+	}
+	return b.String()
+}
+
+func machine() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	cpus := strings.Count(string(b), "processor\t:")
+	model := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			model = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+			break
+		}
+	}
+	return fmt.Sprintf("%d × %s", cpus, model)
+}

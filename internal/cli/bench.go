@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/internal/bench"
+	"github.com/warrenhq/warren/internal/serve"
+)
+
+func newBenchCmd() *cobra.Command {
+	var o bench.Options
+	var out string
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "measure warren against runc and bubblewrap on this machine (starts a private server)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.AgentPath == "" {
+				p, err := serve.FindAgent()
+				if err != nil {
+					return err
+				}
+				o.AgentPath = p
+			}
+			o.Out = cmd.ErrOrStderr()
+			rep, err := bench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			md := rep.Markdown("warren bench " + strings.Join(os.Args[2:], " "))
+			fmt.Fprint(cmd.OutOrStdout(), md)
+			if out != "" {
+				return appendResults(out, md)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&o.Duration, "duration", 20*time.Second, "length of each throughput measurement")
+	f.IntVar(&o.Concurrency, "concurrency", 16, "concurrent clients")
+	f.IntVar(&o.ExecSamples, "exec-samples", 2000, "exec round trips to time")
+	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
+	f.StringVar(&out, "out", "", "append the results to this Markdown file (docs/BENCHMARKS.md)")
+	return cmd
+}
+
+// appendResults adds a run to the results file, below the marker line.
+func appendResults(path, md string) error {
+	old, _ := os.ReadFile(path)
+	const marker = "<!-- results: newest first -->\n"
+	s := string(old)
+	if i := strings.Index(s, marker); i >= 0 {
+		s = s[:i+len(marker)] + "\n" + md + s[i+len(marker):]
+	} else {
+		s += "\n" + marker + "\n" + md
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}
