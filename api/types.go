@@ -100,14 +100,14 @@ type ExecEvent struct {
 
 // Command is the state of a background command.
 type Command struct {
-	ID        string  `json:"id"`
-	Running   bool    `json:"running"`
-	ExitCode  *int    `json:"exit_code,omitempty"`
-	Stdout    string  `json:"stdout"`
-	Stderr    string  `json:"stderr"`
-	Truncated bool    `json:"truncated"`
-	TimedOut  bool    `json:"timed_out,omitempty"`
-	Signal    string  `json:"signal,omitempty"`
+	ID         string  `json:"id"`
+	Running    bool    `json:"running"`
+	ExitCode   *int    `json:"exit_code,omitempty"`
+	Stdout     string  `json:"stdout"`
+	Stderr     string  `json:"stderr"`
+	Truncated  bool    `json:"truncated"`
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	Signal     string  `json:"signal,omitempty"`
 	DurationMs float64 `json:"duration_ms"`
 }
 

@@ -18,13 +18,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/confine"
 )
 
 // ListenFD is the descriptor of the inherited listening socket.
 const ListenFD = 3
 
 // confineEnter mounts the sandbox root, pivots into it and drops privileges.
-var confineEnter = enterConfinement
+var confineEnter = confine.Enter
 
 // Main runs the agent until the listening socket fails; it never returns
 // normally.
@@ -114,10 +115,6 @@ func (a *Agent) Serve(ln net.Listener) error {
 		a.connMu.Unlock()
 		go a.serveConn(c)
 	}
-}
-
-func enterConfinement(*agentproto.SetupConfig) error {
-	return errors.New("confinement is not available in this build")
 }
 
 // hostPid reads the agent's pid as the currently mounted /proc sees it (the

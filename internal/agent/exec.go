@@ -339,11 +339,12 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	}
 	res.TimedOut = timedOut
 
-	grace := time.NewTimer(drainGrace)
+	graceUp := make(chan struct{})
+	grace := time.AfterFunc(drainGrace, func() { close(graceUp) })
 	for _, o := range r.outs {
 		select {
 		case <-o.done:
-		case <-grace.C:
+		case <-graceUp:
 		}
 	}
 	grace.Stop()

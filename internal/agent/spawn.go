@@ -120,6 +120,13 @@ func (a *Agent) spawnShell(shell string, env map[string]string, dir string, cred
 			return fail(err)
 		}
 		argv = []string{shell, "-c", ". /proc/self/fd/3"}
+		if cred != nil {
+			// Re-opening a pipe through /proc checks the pipe inode's
+			// owner: give it to the user the shell runs as.
+			if err := unix.Fchown(scR, int(cred.uid), int(cred.gid)); err != nil {
+				return fail(err)
+			}
+		}
 	}
 	child := []uintptr{uintptr(inR), uintptr(outW), uintptr(errW), closedFD, uintptr(stW)}
 	if scR >= 0 {

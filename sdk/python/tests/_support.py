@@ -33,14 +33,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_build_error: Optional[str] = None
+
+
 def ensure_binary() -> Path:
-    """The warren binary; runs ``make build`` in the repo root if it is missing."""
+    """The warren binary; runs ``make build`` in the repo root (once per
+    process) if it is missing."""
+    global _build_error
     if not BINARY.exists():
-        r = subprocess.run(["make", "build"], cwd=str(REPO), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=900)
-        if r.returncode != 0 or not BINARY.exists():
+        if _build_error is None:
+            r = subprocess.run(["make", "build"], cwd=str(REPO), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=900)
+            if r.returncode != 0 or not BINARY.exists():
+                _build_error = r.stdout.decode(errors="replace")[-4000:]
+        if not BINARY.exists():
             raise RuntimeError("warren binary %s missing and `make build` failed:\n%s" % (
-                BINARY, r.stdout.decode(errors="replace")[-4000:]))
+                BINARY, _build_error))
     return BINARY
 
 
