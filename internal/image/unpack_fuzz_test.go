@@ -23,7 +23,7 @@ func FuzzUnpack(f *testing.F) {
 	seeds := [][]ent{
 		{dirE("./"), dirE("a/"), fileE("a/b", "hello"), symE("a/l", "b"), hardE("a/h", "a/b")},
 		{fileE("../escape", "x")},
-		{fileE(outside + "/abs", "x")},
+		{fileE(outside+"/abs", "x")},
 		{symE("l", outside), fileE("l/evil", "x")},
 		{symE("l", "../../"+outside), dirE("l/d/")},
 		{symE("f", victim), fileE("f", "replaced")},
@@ -40,9 +40,14 @@ func FuzzUnpack(f *testing.F) {
 	f.Add([]byte("not a tar at all"))
 	f.Add(mkTar(f, fileE("big", "0123456789"))[:700])
 
+	// One base directory for all iterations (t.TempDir per input makes
+	// fuzzing, and especially minimisation, several times slower).
+	base := f.TempDir()
+	root := filepath.Join(base, "root")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		base := t.TempDir()
-		root := filepath.Join(base, "root")
+		if err := os.RemoveAll(root); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.Mkdir(root, 0o755); err != nil {
 			t.Fatal(err)
 		}
