@@ -185,7 +185,7 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 }
 
 // warmShells is how many idle shells of the default user are kept ready.
-const warmShells = 2
+const warmShells = 3
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

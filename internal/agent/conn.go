@@ -14,10 +14,10 @@ import (
 
 // conn is one edge connection. Frame writes are serialised by wmu.
 type conn struct {
-	c      net.Conn
-	ctx    context.Context // cancelled when the connection ends
-	wmu    sync.Mutex
-	werr   error
+	c    net.Conn
+	ctx  context.Context // cancelled when the connection ends
+	wmu  sync.Mutex
+	werr error
 }
 
 // send writes one frame; after the first write error every send fails fast.

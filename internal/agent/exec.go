@@ -328,6 +328,9 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	}
 	r.mu.Unlock()
 
+	if a.pool != nil {
+		defer a.pool.refillSoon()
+	}
 	res := &agentproto.ExecResult{Duration: float64(ei.at.Sub(r.start).Microseconds()) / 1000}
 	ws := ei.status
 	switch {

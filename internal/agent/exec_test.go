@@ -106,12 +106,40 @@ func TestExecStdinEnvCwd(t *testing.T) {
 	wantCode(t, err, agentproto.ErrInvalid)
 }
 
-func TestExecUser(t *testing.T) {
-	a := startAgent(t, agentproto.SetupConfig{})
-	etc := filepath.Join(a.root, "etc")
+func writeUsers(root string) {
+	etc := filepath.Join(root, "etc")
 	os.MkdirAll(etc, 0o755)
 	os.WriteFile(filepath.Join(etc, "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nalice:x:1234:1234::/tmp:/bin/sh\n"), 0o644)
 	os.WriteFile(filepath.Join(etc, "group"), []byte("root:x:0:\nalice:x:1234:\nwheel:x:10:alice,bob\n"), 0o644)
+}
+
+// TestDefaultUser: the setup user runs commands (through warm shells) and
+// owns the files the agent writes.
+func TestDefaultUser(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{User: "alice"}, writeUsers)
+	for i := 0; i < 4; i++ {
+		if out := a.sh(`id -u; echo "$HOME"; cd /; export N=` + strconv.Itoa(i)); out != "1234\n/tmp\n" {
+			t.Fatalf("default user: %q", out)
+		}
+	}
+	if out := a.sh(`pwd; echo $N`); out != "/\n3\n" {
+		t.Fatalf("default user session: %q", out)
+	}
+	r := a.mustExec(agentproto.ExecRequest{Cmd: "id -u", User: "root"})
+	if r.stdout.String() != "0\n" {
+		t.Fatalf("root override: %q", r.stdout.String())
+	}
+	if err := a.call(agentproto.OpFileWrite, &agentproto.WriteRequest{Path: "/home/alice/f", Data: []byte("x")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(a.root, "home/alice/f"))
+	if err != nil || st.Sys().(*syscall.Stat_t).Uid != 1234 {
+		t.Fatalf("owner: %v %+v", err, st.Sys())
+	}
+}
+
+func TestExecUser(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{}, writeUsers)
 	r := a.mustExec(agentproto.ExecRequest{Cmd: `id -u; id -g; id -G; echo "$HOME $USER"; pwd`, User: "alice"})
 	if r.stdout.String() != "1234\n1234\n1234 10\n/tmp alice\n/tmp\n" {
 		t.Fatalf("user alice: %q %q", r.stdout.String(), r.stderr.String())

@@ -27,8 +27,15 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	agentBin = filepath.Join(dir, "warren-agent")
-	build := exec.Command("go", "build", "-o", agentBin, "github.com/warrenhq/warren/cmd/warren-agent")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// WARREN_AGENT_RACE=1 builds the agent with the race detector (cgo).
+	args := []string{"build", "-o", agentBin}
+	env := append(os.Environ(), "CGO_ENABLED=0")
+	if os.Getenv("WARREN_AGENT_RACE") != "" {
+		args = append(args, "-race")
+		env = append(os.Environ(), "CGO_ENABLED=1")
+	}
+	build := exec.Command("go", append(args, "github.com/warrenhq/warren/cmd/warren-agent")...)
+	build.Env = env
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
 		os.RemoveAll(dir)
@@ -50,7 +57,8 @@ type testAgent struct {
 	c    *agentproto.Client
 }
 
-func startAgent(t testing.TB, cfg agentproto.SetupConfig) *testAgent {
+// startAgent starts an agent; prepare (optional) fills the root before setup.
+func startAgent(t testing.TB, cfg agentproto.SetupConfig, prepare ...func(root string)) *testAgent {
 	t.Helper()
 	dir := t.TempDir()
 	a := &testAgent{t: t, sock: filepath.Join(dir, "agent.sock"), root: filepath.Join(dir, "root"), log: filepath.Join(dir, "agent.log")}
@@ -86,11 +94,17 @@ func startAgent(t testing.TB, cfg agentproto.SetupConfig) *testAgent {
 		}
 		killTree(a.cmd.Process.Pid)
 		a.cmd.Wait()
+		if b, _ := os.ReadFile(a.log); bytes.Contains(b, []byte("DATA RACE")) {
+			t.Errorf("the agent reported a data race")
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(a.log)
 			t.Logf("agent log:\n%s", b)
 		}
 	})
+	for _, p := range prepare {
+		p(a.root)
+	}
 	a.c = a.connect()
 	cfg.Unconfined = true
 	if cfg.RootDir == "" {

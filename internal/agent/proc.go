@@ -12,14 +12,19 @@ import (
 	"github.com/warrenhq/warren/internal/agentproto"
 )
 
-// maxFinished bounds the finished background commands kept until read.
-const maxFinished = 1000
+// Finished background commands are kept (and can be read any number of
+// times) until one of these bounds evicts the oldest.
+const (
+	maxFinished      = 1000
+	maxFinishedBytes = 32 << 20 // output held by finished commands
+)
 
 // procTable holds background commands.
 type procTable struct {
-	mu       sync.Mutex
-	m        map[string]*bgProc
-	doneIDs  []string // finished ids, oldest first
+	mu        sync.Mutex
+	m         map[string]*bgProc
+	doneIDs   []string // finished ids, oldest first
+	doneBytes int
 }
 
 type bgProc struct {
@@ -73,23 +78,20 @@ func (t *procTable) finished(p *bgProc, res *agentproto.ExecResult) {
 		return
 	}
 	t.doneIDs = append(t.doneIDs, p.id)
-	for len(t.doneIDs) > maxFinished {
+	t.doneBytes += p.size()
+	for len(t.doneIDs) > 1 && (len(t.doneIDs) > maxFinished || t.doneBytes > maxFinishedBytes) {
+		if old := t.m[t.doneIDs[0]]; old != nil {
+			t.doneBytes -= old.size()
+		}
 		delete(t.m, t.doneIDs[0])
 		t.doneIDs = t.doneIDs[1:]
 	}
 }
 
-// forget removes a finished command once read.
-func (t *procTable) forget(id string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.m, id)
-	for i, f := range t.doneIDs {
-		if f == id {
-			t.doneIDs = append(t.doneIDs[:i], t.doneIDs[i+1:]...)
-			break
-		}
-	}
+func (p *bgProc) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.stdout) + len(p.stderr)
 }
 
 func (p *bgProc) started(r *running) {
@@ -138,8 +140,7 @@ func (p *bgProc) status() *agentproto.ProcStatus {
 }
 
 // procGet answers a background command's status; with Wait it blocks until
-// the command ends or the connection goes away. A finished command is
-// forgotten once its status has been read.
+// the command ends or the connection goes away.
 func (a *Agent) procGet(ctx context.Context, req *agentproto.ProcRequest) (any, error) {
 	p := a.procs.get(req.CommandID)
 	if p == nil {
@@ -152,11 +153,7 @@ func (a *Agent) procGet(ctx context.Context, req *agentproto.ProcRequest) (any, 
 			return nil, errf(agentproto.ErrInternal, "proc.get: connection closed")
 		}
 	}
-	st := p.status()
-	if !st.Running {
-		a.procs.forget(p.id)
-	}
-	return st, nil
+	return p.status(), nil
 }
 
 // procKill signals a running background command's process group.

@@ -87,12 +87,31 @@ func tarFile(tw *tar.Writer, fd int, st *unix.Stat_t, name string) error {
 	if err := tw.WriteHeader(h); err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(fd), name)
-	n, err := io.CopyN(tw, f, st.Size)
+	// A raw reader: an os.File here would close fd again when finalized.
+	n, err := io.CopyN(tw, fdReader(fd), st.Size)
 	if err == io.EOF { // shrank meanwhile: pad
 		_, err = io.CopyN(tw, zeroReader{}, st.Size-n)
 	}
 	return err
+}
+
+// fdReader reads a descriptor it does not own.
+type fdReader int
+
+func (r fdReader) Read(b []byte) (int, error) {
+	for {
+		n, err := unix.Read(int(r), b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 && len(b) > 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
 }
 
 type zeroReader struct{}

@@ -20,6 +20,7 @@ type warmPool struct {
 	idle    []*shellProc
 	filling bool
 	failed  time.Time
+	timer   *time.Timer
 }
 
 func newWarmPool(a *Agent, size int, shell string, env map[string]string, dir string, cred *credential) *warmPool {
@@ -37,7 +38,11 @@ func (p *warmPool) get(cred *credential) *shellProc {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	defer p.refillLocked()
+	if len(p.idle) <= 1 {
+		// Refill at once only when running dry; otherwise refillSoon
+		// after the command, off its critical path.
+		defer p.refillLocked()
+	}
 	for len(p.idle) > 0 {
 		sp := p.idle[0]
 		p.idle = p.idle[1:]
@@ -85,4 +90,24 @@ func (p *warmPool) discard(sp *shellProc) {
 	_ = killGroup(sp.pid)
 	sp.release()
 	go func() { <-sp.exit }()
+}
+
+// refillDelay is the quiet time after a command before the pool is topped
+// up, so the refill's fork+exec does not compete with answering the command
+// or with the client's next one.
+const refillDelay = time.Millisecond
+
+// refillSoon tops the pool up once no command has ended for refillDelay.
+func (p *warmPool) refillSoon() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.timer == nil {
+		p.timer = time.AfterFunc(refillDelay, func() {
+			p.mu.Lock()
+			p.refillLocked()
+			p.mu.Unlock()
+		})
+		return
+	}
+	p.timer.Reset(refillDelay)
 }

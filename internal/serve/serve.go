@@ -152,7 +152,7 @@ func Run(ctx context.Context, o Options) error {
 	if _, err := images.EnsureBusybox(ctx); err != nil {
 		log.Warn("cannot build the busybox image", "err", err)
 	}
-	writable, closeWritable, err := openWritable(ctx, o.DataDir, log)
+	writable, closeWritable, err := openWritable(ctx, o.DataDir, o.KeepOnShutdown, log)
 	if err != nil {
 		return err
 	}
