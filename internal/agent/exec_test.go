@@ -374,7 +374,12 @@ func TestBackground(t *testing.T) {
 	if st.Running || st.ExitCode == nil || *st.ExitCode != 5 || string(st.Stdout) != "start\nend\n" || string(st.Stderr) != "e\n" || st.Duration < 250 {
 		t.Fatalf("finished status: %+v", st)
 	}
-	err := a.c.Call(ctx(t), agentproto.OpProcGet, &agentproto.ProcRequest{CommandID: res.CommandID}, &st, nil)
+	// A finished command stays readable.
+	st = agentproto.ProcStatus{}
+	if err := a.c.Call(ctx(t), agentproto.OpProcGet, &agentproto.ProcRequest{CommandID: res.CommandID}, &st, nil); err != nil || string(st.Stdout) != "start\nend\n" {
+		t.Fatalf("second read of a finished command: %+v %v", st, err)
+	}
+	err := a.c.Call(ctx(t), agentproto.OpProcGet, &agentproto.ProcRequest{CommandID: "cmd-unknown"}, &st, nil)
 	wantCode(t, err, agentproto.ErrNotFound)
 
 	for _, sig := range []int{0, 15} {
