@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"runtime"
 	"syscall"
+	"time"
 
 	"github.com/warrenhq/warren/internal/agentproto"
 )
@@ -57,20 +58,30 @@ func Enter(cfg *agentproto.SetupConfig) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 
-	if err := setupRoot(cfg); err != nil {
-		return err
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{"root", func() error { return setupRoot(cfg) }},
+		{"host", func() error { return setupHost(cfg.Hostname) }},
+		{"privileges", dropPrivileges},
+		{"seccomp", installSeccomp},
 	}
-	if err := setupHost(cfg.Hostname); err != nil {
-		return err
-	}
-	if err := dropPrivileges(); err != nil {
-		return err
-	}
-	if err := error(nil); err != nil {
-		return err
+	for _, s := range steps {
+		t0 := time.Now()
+		if err := s.fn(); err != nil {
+			return err
+		}
+		if Trace != nil {
+			Trace(s.name, time.Since(t0))
+		}
 	}
 	return nil
 }
+
+// Trace, when set, is told how long each step of Enter took (for tests and
+// benchmarks).
+var Trace func(step string, took time.Duration)
 
 // checkAllThreads fails early, before anything changes, when the binary was
 // built with cgo (AllThreadsSyscall then answers ENOTSUP).

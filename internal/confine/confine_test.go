@@ -79,11 +79,15 @@ func childMain() int {
 		fmt.Fprintln(os.Stderr, "child: decode input:", err)
 		return 2
 	}
+	var steps []string
+	Trace = func(step string, took time.Duration) { steps = append(steps, fmt.Sprintf("%s=%s", step, took)) }
+	t0 := time.Now()
 	if err := Enter(&in.Setup); err != nil {
 		fmt.Fprintln(os.Stderr, "child: Enter:", err)
 		return 3
 	}
-	results := runProbes(&in)
+	took := time.Since(t0)
+	results := append(runProbes(&in), probeResult{Name: "enter-duration", OK: true, Detail: took.String() + " " + strings.Join(steps, " ")})
 	if err := json.NewEncoder(os.Stdout).Encode(results); err != nil {
 		fmt.Fprintln(os.Stderr, "child: encode:", err)
 		return 4
@@ -139,6 +143,9 @@ func TestEnterConfinesSandbox(t *testing.T) {
 	}
 	got := map[string]probeResult{}
 	for _, r := range results {
+		if r.Name == "enter-duration" {
+			t.Logf("Enter took %s", r.Detail)
+		}
 		got[r.Name] = r
 		if !r.OK {
 			t.Errorf("probe %s failed: %s", r.Name, r.Detail)

@@ -143,7 +143,7 @@ func runProbes(in *childInput) []probeResult {
 		return wantErrno(e, unix.EPERM)
 	}())
 	add("clone3", wantErrno(sys(unix.SYS_CLONE3, 0, 0, 0), unix.ENOSYS))
-	add("ptrace", wantErrno(sys(unix.SYS_PTRACE, unix.PTRACE_TRACEME, 0, 0), unix.EPERM))
+	add("ptrace", wantErrno(sys(unix.SYS_PTRACE, unix.PTRACE_ATTACH, 4000000, 0), unix.EPERM)) // ESRCH without the filter
 	add("process_vm_readv", wantErrno(sys(unix.SYS_PROCESS_VM_READV, 1, 0, 0), unix.EPERM))
 	add("open_by_handle_at", wantErrno(sys(unix.SYS_OPEN_BY_HANDLE_AT, 0, 0, 0), unix.EPERM))
 	add("reboot", wantErrno(sys(unix.SYS_REBOOT, 0, 0, 0), unix.EPERM))

@@ -1,0 +1,433 @@
+package container
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	cgroups "github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// cfsPeriod is the cpu quota period (100 ms).
+const cfsPeriod = 100000
+
+// v1Controllers are the cgroup v1 controllers a sandbox gets.
+var v1Controllers = []string{"cpu", "cpuacct", "memory", "pids", "freezer"}
+
+// limits are a sandbox's resource limits; zero means unlimited.
+type limits struct {
+	cpu      float64 // cores
+	memoryMB int64
+	pids     int64
+}
+
+// cgroupDriver knows one cgroup layout of the host (v1 or v2).
+type cgroupDriver interface {
+	// create makes the cgroup path (relative to the hierarchy roots).
+	create(path string, lim limits) error
+	// start starts cmd so that it runs inside path from its first instruction.
+	start(path string, cmd *exec.Cmd) error
+	// dirs are path's directories that exist, one per hierarchy.
+	dirs(path string) []string
+	// children lists the names of the child cgroups of parent.
+	children(parent string) ([]string, error)
+	// freeze and thaw every process of path.
+	freeze(path string) error
+	thaw(path string) error
+	// remove deletes path (it must hold no process).
+	remove(path string) error
+}
+
+func newCgroupDriver() (cgroupDriver, error) {
+	switch cgroups.Mode() {
+	case cgroups.Unified:
+		return &v2Driver{mount: "/sys/fs/cgroup"}, nil
+	case cgroups.Legacy, cgroups.Hybrid:
+		return newV1Driver()
+	default:
+		return nil, errors.New("container: no cgroup hierarchy mounted")
+	}
+}
+
+// procsOf lists the pids in the cgroup.procs files of dirs, without
+// duplicates.
+func procsOf(dirs []string) []int {
+	seen := map[int]bool{}
+	var pids []int
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+				seen[pid] = true
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// ---- cgroup v1 ----
+
+type v1Hierarchy struct {
+	controller string
+	mount      string // where the hierarchy is mounted
+}
+
+type v1Driver struct {
+	root        string // parent of the per-controller mounts (for containerd/cgroups)
+	hierarchies []v1Hierarchy
+	subsystems  []cgroup1.Subsystem
+	memsw       bool
+}
+
+func newV1Driver() (*v1Driver, error) {
+	mounts, err := v1Mounts()
+	if err != nil {
+		return nil, err
+	}
+	d := &v1Driver{}
+	seen := map[string]bool{}
+	for _, c := range v1Controllers {
+		m, ok := mounts[c]
+		if !ok {
+			return nil, fmt.Errorf("container: cgroup v1 controller %s not mounted", c)
+		}
+		if d.root == "" {
+			d.root = filepath.Dir(m)
+		}
+		if !seen[m] { // co-mounted controllers (cpu,cpuacct) share one hierarchy
+			seen[m] = true
+			d.hierarchies = append(d.hierarchies, v1Hierarchy{controller: c, mount: m})
+		}
+	}
+	d.subsystems = []cgroup1.Subsystem{
+		cgroup1.NewCpu(d.root), cgroup1.NewCpuacct(d.root), cgroup1.NewMemory(d.root),
+		cgroup1.NewPids(d.root), cgroup1.NewFreezer(d.root),
+	}
+	_, err = os.Stat(filepath.Join(mounts["memory"], "memory.memsw.limit_in_bytes"))
+	d.memsw = err == nil
+	return d, nil
+}
+
+// v1Mounts maps each v1 controller to its mount point.
+func v1Mounts() (map[string]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]string{}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		pre, post, ok := strings.Cut(s.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 || qf[0] != "cgroup" {
+			continue
+		}
+		for _, opt := range strings.Split(qf[2], ",") {
+			if _, dup := out[opt]; !dup {
+				out[opt] = pf[4]
+			}
+		}
+	}
+	return out, s.Err()
+}
+
+func (d *v1Driver) hierarchy() cgroup1.InitOpts {
+	return cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return d.subsystems, nil })
+}
+
+func (d *v1Driver) create(path string, lim limits) error {
+	res := &specs.LinuxResources{}
+	if lim.cpu > 0 {
+		q, p := int64(lim.cpu*cfsPeriod), uint64(cfsPeriod)
+		res.CPU = &specs.LinuxCPU{Quota: &q, Period: &p}
+	}
+	if lim.memoryMB > 0 {
+		b := lim.memoryMB << 20
+		res.Memory = &specs.LinuxMemory{Limit: &b}
+		if d.memsw {
+			res.Memory.Swap = &b
+		}
+	}
+	if lim.pids > 0 {
+		res.Pids = &specs.LinuxPids{Limit: &lim.pids}
+	}
+	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, d.hierarchy()); err != nil {
+		return fmt.Errorf("container: create cgroup %s: %w", path, err)
+	}
+	return nil
+}
+
+func (d *v1Driver) dirs(path string) []string {
+	var out []string
+	for _, h := range d.hierarchies {
+		p := filepath.Join(h.mount, path)
+		if _, err := os.Stat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (d *v1Driver) children(parent string) ([]string, error) {
+	seen := map[string]bool{}
+	var names []string
+	for _, h := range d.hierarchies {
+		ents, err := os.ReadDir(filepath.Join(h.mount, parent))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			if e.IsDir() && !seen[e.Name()] {
+				seen[e.Name()] = true
+				names = append(names, e.Name())
+			}
+		}
+	}
+	return names, nil
+}
+
+func (d *v1Driver) load(path string) (cgroup1.Cgroup, error) {
+	cg, err := cgroup1.Load(cgroup1.StaticPath(path), d.hierarchy())
+	if errors.Is(err, cgroup1.ErrCgroupDeleted) {
+		return nil, os.ErrNotExist
+	}
+	return cg, err
+}
+
+func (d *v1Driver) freeze(path string) error {
+	cg, err := d.load(path)
+	if err != nil {
+		return err
+	}
+	return cg.Freeze()
+}
+
+func (d *v1Driver) thaw(path string) error {
+	cg, err := d.load(path)
+	if err != nil {
+		return err
+	}
+	return cg.Thaw()
+}
+
+func (d *v1Driver) remove(path string) error {
+	cg, err := d.load(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return cg.Delete()
+}
+
+// start uses the per-thread trick: cgroup v1 cannot clone into a cgroup,
+// but a child inherits the cgroups of the thread that forks it, and Go forks
+// from the calling thread. So a locked thread moves itself into the
+// sandbox's cgroups, starts cmd, and moves itself back. The main thread is
+// never used (it is the memory cgroup's owner of the whole process); a
+// thread that cannot be moved back is left locked and so destroyed when its
+// goroutine ends, instead of running edge code in a sandbox's cgroup.
+func (d *v1Driver) start(path string, cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	var attempt func()
+	attempt = func() {
+		runtime.LockOSThread()
+		tid := unix.Gettid()
+		if tid == unix.Getpid() {
+			// Hold the main thread so the retry runs on another one.
+			done := make(chan struct{})
+			go func() { attempt(); close(done) }()
+			<-done
+			runtime.UnlockOSThread()
+			return
+		}
+		err, restored := d.startFromThread(tid, path, cmd)
+		if restored {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}
+	go attempt()
+	return <-errc
+}
+
+// startFromThread moves thread tid into path, starts cmd and moves the
+// thread back. restored reports whether the thread is back in its own
+// cgroups.
+func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd) (err error, restored bool) {
+	orig, err := threadCgroups(tid)
+	if err != nil {
+		return err, true
+	}
+	tidb := []byte(strconv.Itoa(tid))
+	var moved []v1Hierarchy
+	defer func() {
+		restored = true
+		for _, h := range moved {
+			back, ok := orig[h.controller]
+			if !ok {
+				back = "/"
+			}
+			if werr := os.WriteFile(filepath.Join(h.mount, back, "tasks"), tidb, 0); werr != nil {
+				restored = false
+				err = errors.Join(err, fmt.Errorf("container: move thread back to %s:%s: %w", h.controller, back, werr))
+			}
+		}
+	}()
+	for _, h := range d.hierarchies {
+		moved = append(moved, h)
+		if err := os.WriteFile(filepath.Join(h.mount, path, "tasks"), tidb, 0); err != nil {
+			return fmt.Errorf("container: enter cgroup %s:%s: %w", h.controller, path, err), true
+		}
+	}
+	return cmd.Start(), true
+}
+
+// threadCgroups maps each v1 controller to the cgroup of thread tid.
+func threadCgroups(tid int) (map[string]string, error) {
+	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("container: cgroups of thread %d: %w", tid, err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out, nil
+}
+
+// ---- cgroup v2 ----
+
+// v2Driver writes the unified hierarchy's files directly: containerd's
+// cgroup2 package needs modules (cilium/ebpf, containerd/log) this module
+// does not require. It is not exercised on the hybrid test hosts.
+type v2Driver struct {
+	mount string
+}
+
+func (d *v2Driver) create(path string, lim limits) error {
+	dir := filepath.Join(d.mount, path)
+	// Enable the controllers along the way down from the root.
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	cur := d.mount
+	for _, p := range parts {
+		if err := os.WriteFile(filepath.Join(cur, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0); err != nil {
+			return fmt.Errorf("container: enable controllers in %s: %w", cur, err)
+		}
+		cur = filepath.Join(cur, p)
+		if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("container: create cgroup %s: %w", cur, err)
+		}
+	}
+	var files [][2]string
+	if lim.cpu > 0 {
+		files = append(files, [2]string{"cpu.max", fmt.Sprintf("%d %d", int64(lim.cpu*cfsPeriod), cfsPeriod)})
+	}
+	if lim.memoryMB > 0 {
+		files = append(files, [2]string{"memory.max", strconv.FormatInt(lim.memoryMB<<20, 10)},
+			[2]string{"memory.swap.max", "0"})
+	}
+	if lim.pids > 0 {
+		files = append(files, [2]string{"pids.max", strconv.FormatInt(lim.pids, 10)})
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0); err != nil && !(f[0] == "memory.swap.max" && errors.Is(err, os.ErrNotExist)) {
+			return fmt.Errorf("container: set %s of %s: %w", f[0], path, err)
+		}
+	}
+	return nil
+}
+
+func (d *v2Driver) start(path string, cmd *exec.Cmd) error {
+	f, err := os.Open(filepath.Join(d.mount, path))
+	if err != nil {
+		return fmt.Errorf("container: open cgroup %s: %w", path, err)
+	}
+	defer f.Close()
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = int(f.Fd())
+	return cmd.Start()
+}
+
+func (d *v2Driver) dirs(path string) []string {
+	p := filepath.Join(d.mount, path)
+	if _, err := os.Stat(p); err != nil {
+		return nil
+	}
+	return []string{p}
+}
+
+func (d *v2Driver) children(parent string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(d.mount, parent))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+func (d *v2Driver) setFreeze(path, v string) error {
+	p := filepath.Join(d.mount, path, "cgroup.freeze")
+	if err := os.WriteFile(p, []byte(v), 0); err != nil {
+		return err
+	}
+	want := "frozen " + v
+	for i := 0; i < 1000; i++ {
+		b, err := os.ReadFile(filepath.Join(d.mount, path, "cgroup.events"))
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(b), want) {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return fmt.Errorf("container: cgroup %s: freeze=%s did not settle", path, v)
+}
+
+func (d *v2Driver) freeze(path string) error { return d.setFreeze(path, "1") }
+func (d *v2Driver) thaw(path string) error   { return d.setFreeze(path, "0") }
+
+func (d *v2Driver) remove(path string) error {
+	err := os.Remove(filepath.Join(d.mount, path))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,354 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+// Config configures the container runtime.
+type Config struct {
+	// AgentPath is the warren-agent binary (static, CGO_ENABLED=0).
+	AgentPath string
+	// CgroupParent is the cgroup (relative to each hierarchy's root) under
+	// which every sandbox gets its own; default "warren".
+	CgroupParent string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// SocketName is the agent's socket inside a sandbox's StateDir.
+const SocketName = "agent.sock"
+
+// LogName is the agent's stdout and stderr inside a sandbox's StateDir.
+const LogName = "agent.log"
+
+// destroyWait bounds how long Destroy waits for a cgroup to empty.
+const destroyWait = 10 * time.Second
+
+// Runtime is the "container" tier.
+type Runtime struct {
+	cfg Config
+	log *slog.Logger
+	cg  cgroupDriver
+
+	mu       sync.Mutex
+	children map[int]chan struct{} // agents this process started, closed when reaped
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New checks the configuration and detects the host's cgroup layout.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.AgentPath == "" {
+		return nil, errors.New("container: AgentPath is required")
+	}
+	if fi, err := os.Stat(cfg.AgentPath); err != nil || fi.IsDir() {
+		return nil, fmt.Errorf("container: agent %s: not a file (%v)", cfg.AgentPath, err)
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "warren"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cg, err := newCgroupDriver()
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, children: map[int]chan struct{}{}}, nil
+}
+
+// Name is the tier.
+func (r *Runtime) Name() string { return "container" }
+
+func (r *Runtime) cgroupPath(id string) string { return path.Join(r.cfg.CgroupParent, id) }
+
+// Start creates the sandbox; see the package doc for the sequence.
+func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.Instance, err error) {
+	if spec.ID == "" || spec.ID != filepath.Base(spec.ID) || spec.ID[0] == '.' {
+		return nil, fmt.Errorf("container: bad sandbox id %q", spec.ID)
+	}
+	if spec.StateDir == "" {
+		return nil, errors.New("container: StateDir is required")
+	}
+	t0 := time.Now()
+	h := runtime.Handle{
+		ID:     spec.ID,
+		Socket: filepath.Join(spec.StateDir, SocketName),
+		Cgroup: r.cgroupPath(spec.ID),
+	}
+	var (
+		cmd    *exec.Cmd
+		conn   net.Conn
+		client *agentproto.Client
+	)
+	defer func() {
+		if err == nil {
+			return
+		}
+		if client != nil {
+			client.Close()
+		} else if conn != nil {
+			conn.Close()
+		}
+		if derr := r.Destroy(context.WithoutCancel(ctx), h); derr != nil {
+			r.log.Error("container: undo failed start", "id", spec.ID, "err", derr)
+		}
+	}()
+
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("container: state dir: %w", err)
+	}
+	os.Remove(h.Socket) // a stale socket of an earlier attempt
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: h.Socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("container: listen: %w", err)
+	}
+	l.SetUnlinkOnClose(false) // the agent keeps listening after we let go
+	lf, err := l.File()
+	l.Close()
+	if err != nil {
+		return nil, fmt.Errorf("container: listener fd: %w", err)
+	}
+	defer lf.Close()
+	if err := os.Chmod(h.Socket, 0o600); err != nil {
+		return nil, fmt.Errorf("container: chmod socket: %w", err)
+	}
+	// Connect now: the connection waits in the backlog until the agent
+	// accepts it, so no polling for readiness is needed.
+	conn, err = net.Dial("unix", h.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("container: connect: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("container: agent log: %w", err)
+	}
+	defer logf.Close()
+	tListen := time.Now()
+
+	if err := r.cg.create(h.Cgroup, limits{cpu: spec.CPU, memoryMB: spec.MemoryMB, pids: spec.Pids}); err != nil {
+		return nil, err
+	}
+	tCgroup := time.Now()
+
+	cmd = &exec.Cmd{
+		Path:       r.cfg.AgentPath,
+		Args:       []string{r.cfg.AgentPath},
+		Env:        []string{},
+		Stdout:     logf,
+		Stderr:     logf,
+		ExtraFiles: []*os.File{lf},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS |
+				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET | syscall.CLONE_NEWCGROUP,
+			Setsid:    true,
+			Pdeathsig: 0, // sandboxes outlive the edge
+		},
+	}
+	if err := r.cg.start(h.Cgroup, cmd); err != nil {
+		return nil, fmt.Errorf("container: start agent: %w", err)
+	}
+	tFork := time.Now()
+	h.Pid = cmd.Process.Pid
+	h.PidStart, err = pidStart(h.Pid)
+	r.reap(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("container: agent start time: %w", err)
+	}
+	lf.Close() // only the agent holds the listener now: its death resets our connection
+
+	client = agentproto.NewClient(conn)
+	setup := &agentproto.SetupConfig{
+		RootDir:  spec.RootDir,
+		Lowers:   spec.Lowers,
+		Upper:    spec.Upper,
+		Work:     spec.Work,
+		Hostname: spec.Hostname,
+		Env:      spec.Env,
+		User:     spec.User,
+	}
+	var res agentproto.SetupResult
+	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
+		return nil, fmt.Errorf("container: agent setup: %w", err)
+	}
+	tSetup := time.Now()
+	r.log.Debug("container: started", "id", spec.ID, "pid", h.Pid,
+		"listen", tListen.Sub(t0), "cgroup", tCgroup.Sub(tListen), "fork", tFork.Sub(tCgroup),
+		"setup", tSetup.Sub(tFork), "total", tSetup.Sub(t0))
+	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// reap waits for an agent this process started, so it never stays a zombie.
+func (r *Runtime) reap(cmd *exec.Cmd) {
+	done := make(chan struct{})
+	pid := cmd.Process.Pid
+	r.mu.Lock()
+	r.children[pid] = done
+	r.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		r.mu.Lock()
+		delete(r.children, pid)
+		r.mu.Unlock()
+		close(done)
+		r.log.Debug("container: agent exited", "pid", pid, "status", err)
+	}()
+}
+
+// Attach reconnects to a running sandbox's agent.
+func (r *Runtime) Attach(ctx context.Context, h runtime.Handle) (*runtime.Instance, error) {
+	if !sameProcess(h.Pid, h.PidStart) {
+		return nil, fmt.Errorf("%w: agent pid %d", runtime.ErrGone, h.Pid)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", h.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connect %s: %v", runtime.ErrGone, h.Socket, err)
+	}
+	client := agentproto.NewClient(conn)
+	if err := client.Call(ctx, agentproto.OpPing, nil, nil, nil); err != nil {
+		client.Close()
+		if errors.Is(err, agentproto.ErrClosed) {
+			return nil, fmt.Errorf("%w: %v", runtime.ErrGone, err)
+		}
+		return nil, fmt.Errorf("container: ping agent: %w", err)
+	}
+	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// Destroy kills every process of the sandbox, deletes its cgroups and
+// removes its socket. It is idempotent.
+func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
+	if h.Cgroup == "" && h.ID != "" {
+		h.Cgroup = r.cgroupPath(h.ID)
+	}
+	if h.Cgroup == "" {
+		return errors.New("container: destroy: handle names no cgroup")
+	}
+	// Killing PID 1 of the pid namespace kills the whole namespace.
+	if h.Pid > 0 && sameProcess(h.Pid, h.PidStart) {
+		syscall.Kill(h.Pid, syscall.SIGKILL)
+	}
+	var errs []error
+	dirs := r.cg.dirs(h.Cgroup)
+	if len(dirs) > 0 {
+		if err := r.killCgroup(ctx, h.Cgroup, dirs); err != nil {
+			errs = append(errs, err)
+		}
+		if err := r.cg.remove(h.Cgroup); err != nil {
+			errs = append(errs, fmt.Errorf("container: delete cgroup %s: %w", h.Cgroup, err))
+		}
+	}
+	r.waitReaped(ctx, h.Pid)
+	if h.Socket != "" {
+		if err := os.Remove(h.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// killCgroup SIGKILLs whatever is left in the cgroup (frozen first, so
+// nothing forks in between) and waits until it is empty.
+func (r *Runtime) killCgroup(ctx context.Context, cgPath string, dirs []string) error {
+	deadline := time.Now().Add(destroyWait)
+	for attempt := 0; ; attempt++ {
+		pids := procsOf(dirs)
+		if len(pids) == 0 {
+			return nil
+		}
+		if attempt%50 == 0 { // again every ~50 ms, for stragglers
+			frozen := r.cg.freeze(cgPath) == nil
+			for _, pid := range procsOf(dirs) {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+			if frozen {
+				r.cg.thaw(cgPath)
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("container: cgroup %s still holds %v", cgPath, pids)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitReaped waits (bounded) until an agent this process started is reaped.
+func (r *Runtime) waitReaped(ctx context.Context, pid int) {
+	r.mu.Lock()
+	done, ok := r.children[pid]
+	r.mu.Unlock()
+	if !ok {
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-time.After(destroyWait):
+	}
+}
+
+// Leftovers lists the sandboxes found under CgroupParent. Pid is the
+// agent's (PID 1 of the sandbox) when it is still alive; Socket is unknown.
+func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
+	names, err := r.cg.children(r.cfg.CgroupParent)
+	if err != nil {
+		return nil, fmt.Errorf("container: list cgroups: %w", err)
+	}
+	var out []runtime.Handle
+	for _, id := range names {
+		h := runtime.Handle{ID: id, Cgroup: r.cgroupPath(id)}
+		pids := procsOf(r.cg.dirs(h.Cgroup))
+		slices.Sort(pids)
+		for _, pid := range pids {
+			if namespacePid1(pid) {
+				h.Pid = pid
+				break
+			}
+		}
+		if h.Pid == 0 && len(pids) > 0 {
+			h.Pid = pids[0]
+		}
+		if h.Pid > 0 {
+			h.PidStart, _ = pidStart(h.Pid)
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// Freeze stops every process of the sandbox.
+func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
+	return r.freezeThaw(h, r.cg.freeze)
+}
+
+// Thaw restarts every process of the sandbox.
+func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
+	return r.freezeThaw(h, r.cg.thaw)
+}
+
+func (r *Runtime) freezeThaw(h runtime.Handle, fn func(string) error) error {
+	if h.Cgroup == "" {
+		h.Cgroup = r.cgroupPath(h.ID)
+	}
+	err := fn(h.Cgroup)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: cgroup %s", runtime.ErrGone, h.Cgroup)
+	}
+	return err
+}
