@@ -9,6 +9,7 @@ packages=(
   bubblewrap       # peer measured by `make bench`
   debootstrap      # builds the default debian:12 image
   xfsprogs         # per-sandbox disk quota (XFS project quota on the scratch filesystem)
+  btrfs-progs      # per-sandbox disk quota where XFS quota is missing (mkfs.btrfs for btrfs qgroups)
   erofs-utils      # read-only layer images
   iproute2
   python3          # Python SDK tests

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 
@@ -30,6 +31,7 @@ var confineEnter = confine.Enter
 // Main runs the agent until the listening socket fails; it never returns
 // normally.
 func Main() {
+	closeInheritedFDs()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
 	f := os.NewFile(ListenFD, "listener")
@@ -193,4 +195,26 @@ func (a *Agent) isSetup() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.setup
+}
+
+// closeInheritedFDs closes every descriptor above the listener that the
+// agent inherited by accident (whatever its starter leaked without
+// close-on-exec), so no sandboxed process can ever receive one.
+func closeInheritedFDs() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		// No /proc: mark everything above the listener close-on-exec.
+		_ = unix.CloseRange(ListenFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+		return
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd <= ListenFD {
+			continue
+		}
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err == nil && flags&unix.FD_CLOEXEC == 0 {
+			_ = unix.Close(fd)
+		}
+	}
 }

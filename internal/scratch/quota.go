@@ -182,6 +182,12 @@ func (s *Scratch) Alloc(id string, limitBytes int64) (string, error) {
 	if limitBytes <= 0 {
 		return "", fmt.Errorf("scratch: %s: limit must be positive", id)
 	}
+	if s.fstype == "btrfs" {
+		if err := s.btrfsAlloc(id, limitBytes); err != nil {
+			return "", fmt.Errorf("scratch: %s: %w", id, err)
+		}
+		return dir, nil
+	}
 	p, err := s.freeProject()
 	if err != nil {
 		return "", err
@@ -216,6 +222,12 @@ func (s *Scratch) Free(id string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.fstype == "btrfs" && !s.closed {
+		if err := s.btrfsFree(id); err != nil {
+			return fmt.Errorf("scratch: free %s: %w", id, err)
+		}
+		return nil
+	}
 	var p uint32
 	if s.limited && !s.closed {
 		var err error
@@ -245,6 +257,13 @@ func (s *Scratch) Usage(id string) (int64, error) {
 	defer s.mu.Unlock()
 	if !s.limited || s.closed {
 		return duBytes(filepath.Join(s.dir, id))
+	}
+	if s.fstype == "btrfs" {
+		n, err := s.btrfsUsage(id)
+		if err != nil {
+			return 0, fmt.Errorf("scratch: %s: %w", id, err)
+		}
+		return n, nil
 	}
 	p, err := s.projectOf(id)
 	if err != nil {

@@ -1,24 +1,39 @@
 // Package scratch gives each sandbox a private writable directory (for its
 // overlay upper and work dirs) with a hard disk limit.
 //
-// The mechanism is one filesystem with project quotas per node: XFS, or
-// ext4 (-O quota,project) where the kernel lacks XFS quota support (as on
-// CONFIG_XFS_QUOTA=n kernels). It lives in a sparse image file <dir>.img,
-// attached to one loop device (auto-clearing: it disappears when the
-// filesystem is unmounted) and mounted on dir with -o prjquota. Both
-// filesystems take the same calls (FS_IOC_FSSETXATTR, quotactl Q_XSETQLIM).
-// Each sandbox directory gets its own project id, inherited by everything
-// created below it, and a hard block limit for that project.
+// The mechanism is one filesystem per node in a sparse image file
+// <dir>.img, attached to one auto-clearing loop device (it disappears with
+// the unmount) and mounted on dir. Open reuses a filesystem already
+// mounted there (after a restart) and tries, for a new image, best first:
 //
-// Costs: one loop device and one mount per node, set up once (mkfs of a
-// fresh 256 GiB sparse image takes well under a second and a few MiB of
-// real disk). Per sandbox: a mkdir, two ioctls (FS_IOC_FSGETXATTR and
-// FS_IOC_FSSETXATTR) and one quotactl_fd(Q_XSETQLIM): tens of microseconds,
-// no process started. The directory's project id lives in its inode, so
-// the id→project map survives restarts without a file of its own.
+//   - XFS with -o prjquota (needs CONFIG_XFS_QUOTA). Each sandbox directory
+//     gets its own project id, inherited by everything below it, and a
+//     hard block limit: a mkdir, FS_IOC_FSGETXATTR/FS_IOC_FSSETXATTR and one
+//     quotactl_fd(Q_XSETQLIM), tens of microseconds. The id lives in the
+//     inode, so the id→project map survives restarts.
+//   - btrfs with quotas (simple quotas, squota, where the kernel has them,
+//     else regular qgroups), enabled once with BTRFS_IOC_QUOTA_CTL. Each
+//     sandbox directory is a subvolume made by one ioctl
+//     (BTRFS_IOC_SUBVOL_CREATE_V2 whose qgroup-inherit argument carries the
+//     max_rfer limit, so it is never unlimited; fallback SUBVOL_CREATE +
+//     BTRFS_IOC_QGROUP_LIMIT). Writes past the limit fail with EDQUOT,
+//     also through an overlay whose upper dir lives there. Free is one
+//     BTRFS_IOC_SNAP_DESTROY; the space and the qgroup are released by the
+//     btrfs cleaner thread within a commit interval (30 s), which also
+//     removes the qgroup (Linux 6.10+; Open sweeps any left over). Usage
+//     reads the qgroup's referenced bytes plus its pending data reservation
+//     from sysfs, so unflushed writes count at once.
+//   - ext4 with -O quota,project (needs CONFIG_QFMT_V2), same calls as XFS.
 //
-// Where quotas or loop devices are unavailable, Open falls back to a plain
-// directory without limits and logs a warning; Limited reports which.
+// Measured on a 2-vCPU VM, kernel 6.18 (no XFS quota, so btrfs/squota):
+// Open of a fresh 256 GiB image 37 ms (mkfs.btrfs 20 ms; the failed XFS
+// attempt ~8 ms), 4 MiB of real disk; reopen of the image 3 ms; Close
+// 0.5–1.5 ms. Per sandbox Alloc 25–60 µs, Alloc+Free 40–85 µs, Usage 15–20 µs,
+// no process started.
+//
+// Where no quota works or loop devices are unavailable, Open falls back to
+// a plain directory without limits and logs a warning; Limited reports
+// which.
 package scratch
 
 import (
@@ -47,21 +62,24 @@ type Scratch struct {
 	dir     string
 	limited bool
 	loopDev string // e.g. /dev/loop3, when limited
-	fstype  string // xfs or ext4, when limited
-	rootfd  int    // the mount root, for quotactl_fd; -1 when not limited
+	fstype  string // xfs, btrfs or ext4, when limited
+	rootfd  int    // the mount root, for quotactl_fd and ioctls; -1 when not limited
 
 	mu       sync.Mutex
 	projects map[uint32]string // project id → sandbox id
 	next     uint32
 	closed   bool
+
+	noInherit  bool   // btrfs: SUBVOL_CREATE_V2 with qgroup inherit refused
+	qgroupsDir string // btrfs: /sys/fs/btrfs/<fsid>/qgroups, or ""
 }
 
 // Open prepares the scratch space at dir. If dir already is an XFS or ext4
-// mount with project quotas (after a restart) it is reused; otherwise the
-// image <dir>.img is created (sizeBytes, sparse; DefaultSize when 0) and
-// formatted if missing (XFS first, ext4 if XFS cannot mount with quotas),
-// attached to an auto-clearing loop device and mounted with -o prjquota.
-// On failure it falls back to a plain directory.
+// mount with project quotas or a btrfs mount (after a restart) it is
+// reused; otherwise the image <dir>.img is created (sizeBytes, sparse;
+// DefaultSize when 0) and formatted if missing (XFS, else btrfs, else
+// ext4: the first that mounts with quotas), attached to an auto-clearing
+// loop device and mounted. On failure it falls back to a plain directory.
 func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
@@ -83,6 +101,13 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 	case m != nil && (m.fstype == "xfs" || m.fstype == "ext4") && m.prjquota():
 		s.limited, s.loopDev, s.fstype = true, m.source, m.fstype
 		slog.Info("scratch: reusing mounted filesystem", "dir", dir, "fstype", m.fstype, "device", m.source)
+	case m != nil && m.fstype == "btrfs":
+		if err := btrfsEnableQuota(dir); err != nil {
+			slog.Warn("scratch: btrfs quota unavailable; sandboxes get no disk limit", "dir", dir, "err", err)
+			break
+		}
+		s.limited, s.loopDev, s.fstype = true, m.source, m.fstype
+		slog.Info("scratch: reusing mounted filesystem", "dir", dir, "fstype", m.fstype, "device", m.source)
 	case m != nil:
 		slog.Warn("scratch: dir is mounted without project quota; sandboxes get no disk limit", "dir", dir, "fstype", m.fstype)
 	default:
@@ -102,6 +127,18 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 			return nil, fmt.Errorf("scratch: %w", err)
 		}
 		s.rootfd = fd
+		if s.fstype == "btrfs" {
+			// Limits live in qgroups keyed by subvolume: nothing to load.
+			if d, err := btrfsQgroupsDir(fd); err == nil {
+				s.qgroupsDir = d
+			}
+			if n, err := s.btrfsSweepQgroups(); err != nil {
+				slog.Warn("scratch: sweeping stale btrfs qgroups", "dir", dir, "err", err)
+			} else if n > 0 {
+				slog.Info("scratch: removed stale btrfs qgroups", "dir", dir, "count", n)
+			}
+			return s, nil
+		}
 		if err := s.loadProjects(); err != nil {
 			s.Close()
 			return nil, err
@@ -113,24 +150,33 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 // Dir is the scratch root.
 func (s *Scratch) Dir() string { return s.dir }
 
-// FSType is the scratch filesystem ("xfs", "ext4"), or "" when unlimited.
+// FSType is the scratch filesystem ("xfs", "btrfs", "ext4"), or "" when
+// unlimited.
 func (s *Scratch) FSType() string { return s.fstype }
 
-// Limited reports whether Alloc's limits are enforced (XFS project quota)
-// or the scratch space is a plain directory.
+// Limited reports whether Alloc's limits are enforced (project quota or
+// btrfs qgroups) or the scratch space is a plain directory.
 func (s *Scratch) Limited() bool { return s.limited }
 
-// Filesystems tried for a new image, best first. XFS needs CONFIG_XFS_QUOTA;
-// ext4 (with the quota and project features) serves where it is missing.
-var filesystems = []struct {
+type fsKind struct {
 	name, opts string
 	mkfs       []string
-}{
-	{"xfs", "prjquota", []string{"mkfs.xfs", "-q"}},
+	setup      func(dir string) error
+}
+
+// Filesystems tried for a new image, best first. XFS needs CONFIG_XFS_QUOTA;
+// btrfs (qgroups) serves where it is missing; ext4 (quota and project
+// features) needs CONFIG_QFMT_V2. setup runs after the mount; if it fails
+// the next filesystem is tried.
+var filesystems = []fsKind{
+	{"xfs", "prjquota", []string{"mkfs.xfs", "-q"}, nil},
+	// single metadata: a scratch image needs no DUP copies; -K: no discard
+	// pass over the sparse file.
+	{"btrfs", "", []string{"mkfs.btrfs", "-q", "-K", "-m", "single"}, btrfsEnableQuota},
 	// lazy init and noinit_itable: inode tables and journal of the sparse
 	// image are never zeroed, so it stays small and mkfs stays fast.
 	{"ext4", "prjquota,noinit_itable", []string{"mkfs.ext4", "-q", "-F", "-m", "0", "-i", "16384", "-O", "quota,project",
-		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"}},
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"}, nil},
 }
 
 // mountImage mounts the image (creating and formatting it if missing) on
@@ -139,7 +185,7 @@ func mountImage(ctx context.Context, dir, img string, size int64) (string, error
 	if fstype, err := imageFS(img); err == nil {
 		for _, f := range filesystems {
 			if f.name == fstype {
-				return mountLoop(img, dir, f.name, f.opts)
+				return mountSetup(img, dir, f.name, f.opts, f.setup)
 			}
 		}
 		return "", fmt.Errorf("%s holds no known filesystem", img)
@@ -153,7 +199,7 @@ func mountImage(ctx context.Context, dir, img string, size int64) (string, error
 			os.Remove(img)
 			continue
 		}
-		dev, err := mountLoop(img, dir, f.name, f.opts)
+		dev, err := mountSetup(img, dir, f.name, f.opts, f.setup)
 		if err == nil {
 			return dev, nil
 		}
@@ -163,6 +209,21 @@ func mountImage(ctx context.Context, dir, img string, size int64) (string, error
 	return "", errors.Join(errs...)
 }
 
+// mountSetup mounts img on dir and runs setup; on failure it unmounts.
+func mountSetup(img, dir, fstype, opts string, setup func(string) error) (string, error) {
+	dev, err := mountLoop(img, dir, fstype, opts)
+	if err != nil || setup == nil {
+		return dev, err
+	}
+	if err := setup(dir); err != nil {
+		if uerr := unix.Unmount(dir, 0); uerr != nil {
+			return "", fmt.Errorf("%w (and unmount: %w)", err, uerr)
+		}
+		return "", err
+	}
+	return dev, nil
+}
+
 // imageFS recognises the filesystem in an image by its superblock magic.
 func imageFS(img string) (string, error) {
 	f, err := os.Open(img)
@@ -170,13 +231,15 @@ func imageFS(img string) (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	b := make([]byte, 1082)
-	if _, err := f.ReadAt(b, 0); err != nil {
+	b := make([]byte, btrfsSuperMagicOffset+len(btrfsSuperMagic))
+	if n, err := f.ReadAt(b, 0); err != nil && n < 1082 {
 		return "", fmt.Errorf("%s: %w", img, err)
 	}
 	switch {
 	case string(b[:4]) == "XFSB":
 		return "xfs", nil
+	case string(b[btrfsSuperMagicOffset:]) == btrfsSuperMagic:
+		return "btrfs", nil
 	case b[1080] == 0x53 && b[1081] == 0xef:
 		return "ext4", nil
 	}
@@ -345,7 +408,8 @@ func (s *Scratch) Close() error {
 	return nil
 }
 
-// List returns the ids of the sandbox directories present, sorted.
+// List returns the ids of the sandbox directories (on btrfs: subvolumes)
+// present, sorted.
 func (s *Scratch) List() ([]string, error) {
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -353,6 +417,9 @@ func (s *Scratch) List() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range ents {
+		if s.fstype == "btrfs" && !isSubvol(filepath.Join(s.dir, e.Name())) {
+			continue
+		}
 		if e.IsDir() && validID(e.Name()) == nil {
 			ids = append(ids, e.Name())
 		}

@@ -188,12 +188,16 @@ func TestScratchLimit(t *testing.T) {
 	if _, err := writeUntilFull(filepath.Join(other, "g"), 64<<20); !errors.Is(err, syscall.EDQUOT) && !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("limit lost across reopen: %v", err)
 	}
-	// A new allocation gets a project id distinct from sb-2's.
-	p2, _ := s2.projectOf("sb-2")
+	// A new allocation gets a project id (btrfs: subvolume) distinct from sb-2's.
+	key := s2.projectOf
+	if s2.FSType() == "btrfs" {
+		key = func(id string) (uint32, error) { sv, err := s2.subvolID(id); return uint32(sv), err }
+	}
+	p2, _ := key("sb-2")
 	if _, err := s2.Alloc("sb-3", 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if p3, _ := s2.projectOf("sb-3"); p3 == p2 || p3 == 0 {
+	if p3, _ := key("sb-3"); p3 == p2 || p3 == 0 {
 		t.Fatalf("project ids %d and %d", p2, p3)
 	}
 }
@@ -210,13 +214,23 @@ func TestScratchReuseMounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !s2.Limited() || s2.loopDev != s.loopDev {
+	defer unixCloseOnly(s2) // before s.Close: an open root fd keeps the mount busy
+	if !s2.Limited() || s2.loopDev != s.loopDev || s2.FSType() != s.FSType() {
 		t.Fatalf("not reused: limited=%v dev %s vs %s", s2.Limited(), s2.loopDev, s.loopDev)
+	}
+	if s2.FSType() == "btrfs" {
+		if ids, err := s2.List(); err != nil || !slices.Equal(ids, []string{"keep"}) {
+			t.Fatalf("list after reuse: %v %v", ids, err)
+		}
+		// The limit still holds through the second handle.
+		if _, err := writeUntilFull(filepath.Join(s2.Dir(), "keep", "f"), 8<<20); !errors.Is(err, syscall.EDQUOT) {
+			t.Fatalf("limit lost across reuse: %v", err)
+		}
+		return
 	}
 	if p, _ := s2.projectOf("keep"); s2.projects[p] != "keep" {
 		t.Fatalf("project map not rebuilt: %v", s2.projects)
 	}
-	unixCloseOnly(s2)
 }
 
 // unixCloseOnly drops s's descriptor without unmounting (the other handle

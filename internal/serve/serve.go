@@ -5,6 +5,8 @@ package serve
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -113,6 +115,18 @@ func DefaultNodeName() string {
 	return name
 }
 
+// CgroupParent is the cgroup under which the node started from dataDir
+// keeps its sandboxes: one per data dir, so that several warren instances
+// on one host (tests, benchmarks) never reconcile away each other's sandboxes.
+func CgroupParent(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	h := sha256.Sum256([]byte(abs))
+	return "warren/" + hex.EncodeToString(h[:6])
+}
+
 // Run serves until ctx is cancelled, then shuts down cleanly.
 func Run(ctx context.Context, o Options) error {
 	if err := o.defaults(); err != nil {
@@ -158,10 +172,17 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer closeWritable()
 
-	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log})
+	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir)})
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if !o.KeepOnShutdown {
+			if err := rt.Close(); err != nil {
+				log.Warn("remove parent cgroup", "err", err)
+			}
+		}
+	}()
 	memMB := totalMemoryMB()
 	e, err := edge.New(edge.Config{
 		Node: o.Node, DataDir: o.DataDir, Bus: edgeConn, Runtime: rt,

@@ -51,6 +51,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// startedDataDirs are the data dirs of every server this process started;
+// the leak checks look for what they may have left.
+var startedDataDirs = map[string]bool{}
+
 // server is one running `warren serve`.
 type server struct {
 	t       *testing.T
@@ -114,7 +118,9 @@ func (s *server) start() {
 	s.cmd = exec.Command(bins.warren, "serve", "--data-dir", s.dataDir, "--listen", s.listen, "--agent", bins.agent, "--node", "e2e")
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// If this test process dies, the server gets SIGTERM and cleans up.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	startedDataDirs[s.dataDir] = true
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warrenhq/warren/internal/serve"
 )
 
 // assertNoLeaks fails when a warren cgroup, agent process or mount remains.
@@ -15,10 +17,12 @@ func assertNoLeaks(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var leaks []string
-		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/warren/*")
-		for _, d := range dirs {
-			if st, err := os.Stat(d); err == nil && st.IsDir() {
-				leaks = append(leaks, "cgroup "+d)
+		for dataDir := range startedDataDirs {
+			dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir))
+			for _, d := range dirs {
+				if st, err := os.Stat(d); err == nil && st.IsDir() {
+					leaks = append(leaks, "cgroup "+d)
+				}
 			}
 		}
 		if out, _ := exec.Command("pgrep", "-f", bins.agent).Output(); len(strings.TrimSpace(string(out))) > 0 {
@@ -26,8 +30,10 @@ func assertNoLeaks(t *testing.T) {
 		}
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		for _, l := range strings.Split(string(mi), "\n") {
-			if strings.Contains(l, "wtest-") {
-				leaks = append(leaks, "mount "+l)
+			for dataDir := range startedDataDirs {
+				if strings.Contains(l, dataDir) {
+					leaks = append(leaks, "mount "+l)
+				}
 			}
 		}
 		if len(leaks) == 0 {

@@ -352,3 +352,13 @@ func (r *Runtime) freezeThaw(h runtime.Handle, fn func(string) error) error {
 	}
 	return err
 }
+
+// Close removes the parent cgroup when no sandbox remains under it (a
+// node shutting down with its sandboxes kept leaves it in place).
+func (r *Runtime) Close() error {
+	names, err := r.cg.children(r.cfg.CgroupParent)
+	if err != nil || len(names) > 0 {
+		return err
+	}
+	return r.cg.remove(r.cfg.CgroupParent)
+}
