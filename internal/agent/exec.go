@@ -22,6 +22,7 @@ const (
 	// drainGrace is how long an exec waits, after its process ended, for
 	// descendants that still hold its stdout/stderr (daemons started with &).
 	drainGrace = 50 * time.Millisecond
+	drainMax   = 5 * time.Second
 	// stateWait bounds the wait for the shell's state report after exit.
 	stateWait = 20 * time.Millisecond
 )
@@ -342,15 +343,25 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	}
 	res.TimedOut = timedOut
 
-	graceUp := make(chan struct{})
-	grace := time.AfterFunc(drainGrace, func() { close(graceUp) })
+	// Wait for the output to end. A daemon the command left behind may keep
+	// the pipes open: after drainGrace stop waiting, but never while output
+	// written before the exit is still in the pipe or being delivered (on a
+	// loaded machine the readers may be late), up to drainMax.
+	graceAt, maxAt := time.Now().Add(drainGrace), time.Now().Add(drainMax)
 	for _, o := range r.outs {
-		select {
-		case <-o.done:
-		case <-graceUp:
+	wait:
+		for {
+			select {
+			case <-o.done:
+				break wait
+			case <-time.After(2 * time.Millisecond):
+			}
+			now := time.Now()
+			if now.After(maxAt) || now.After(graceAt) && !o.pending() {
+				break
+			}
 		}
 	}
-	grace.Stop()
 	for _, o := range r.outs {
 		if o.detach() {
 			res.Truncated = true

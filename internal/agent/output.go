@@ -4,7 +4,10 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/agentproto"
 )
@@ -22,6 +25,8 @@ type outStream struct {
 	f     *os.File
 	limit int64
 	emit  func(stream string, b []byte)
+
+	holding atomic.Bool // read data not yet delivered
 
 	mu        sync.Mutex
 	n         int64
@@ -44,6 +49,9 @@ func (o *outStream) run() {
 	buf := *bp
 	for {
 		n, err := o.f.Read(buf)
+		if n > 0 {
+			o.holding.Store(true)
+		}
 		if err == nil && n < len(buf) {
 			// Coalesce small writes for a short while.
 			_ = o.f.SetReadDeadline(time.Now().Add(coalesce))
@@ -62,6 +70,7 @@ func (o *outStream) run() {
 		if n > 0 {
 			o.deliver(buf[:n])
 		}
+		o.holding.Store(false)
 		if err != nil {
 			return
 		}
@@ -91,4 +100,20 @@ func (o *outStream) detach() bool {
 	defer o.mu.Unlock()
 	o.detached = true
 	return o.truncated
+}
+
+// pending reports whether output is still on its way: bytes in the pipe, or
+// read but not yet delivered.
+func (o *outStream) pending() bool {
+	if o.holding.Load() {
+		return true
+	}
+	rc, err := o.f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	// TIOCINQ is FIONREAD: the bytes waiting in the pipe.
+	_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+	return n > 0
 }

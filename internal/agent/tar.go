@@ -215,6 +215,11 @@ func (a *Agent) tarPut(ctx context.Context, req *agentproto.TarPutRequest) (any,
 		go func() {
 			tp.files, tp.err = a.extract(dirfd, pr)
 			unix.Close(dirfd)
+			if tp.err == nil {
+				// Archivers pad past the end-of-archive marker (GNU tar to
+				// 10 KiB records): read and drop the rest of the upload.
+				_, _ = io.Copy(io.Discard, pr)
+			}
 			if tp.err != nil {
 				tp.err = fsErr("tar.put", p, tp.err)
 			}

@@ -69,11 +69,24 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.E
 		}
 	}
 	var res api.ExecResult
+	// A UTF-8 character may be split across chunks: hold its first bytes
+	// back until the rest arrives, per stream.
+	var carry [2][]byte
 	err := s.callEdge(r.Context(), ereq.ID, edge.OpExec, ereq, &res, func(c bus.Chunk) error {
 		start()
-		data := string(c.Data)
-		ev := api.ExecEvent{}
+		i := 0
 		if c.Stream == "stderr" {
+			i = 1
+		}
+		buf := append(carry[i], c.Data...)
+		cut := completeUTF8(buf)
+		carry[i] = append([]byte(nil), buf[cut:]...)
+		if cut == 0 {
+			return nil
+		}
+		data := string(buf[:cut])
+		ev := api.ExecEvent{}
+		if i == 1 {
 			ev.Stderr = &data
 		} else {
 			ev.Stdout = &data
@@ -95,6 +108,16 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.E
 		return nil
 	}
 	start()
+	for i, rest := range carry {
+		if len(rest) > 0 {
+			data := string(rest)
+			ev := api.ExecEvent{Stdout: &data}
+			if i == 1 {
+				ev = api.ExecEvent{Stderr: &data}
+			}
+			_ = enc.Encode(&ev)
+		}
+	}
 	code, dur := res.ExitCode, res.DurationMs
 	_ = enc.Encode(&api.ExecEvent{ExitCode: &code, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal, DurationMs: &dur})
 	if flusher != nil {
@@ -132,4 +155,33 @@ func (s *Server) killCommand(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, &c)
 	return nil
+}
+
+// completeUTF8 returns the length of the longest prefix of b that does not
+// end inside a (possibly still arriving) multi-byte UTF-8 character.
+func completeUTF8(b []byte) int {
+	n := len(b)
+	for i := 1; i <= 3 && i <= n; i++ {
+		c := b[n-i]
+		if c < 0x80 {
+			return n // ASCII: nothing pending
+		}
+		if c >= 0xF5 || c == 0xC0 || c == 0xC1 {
+			return n // never valid: nothing to wait for
+		}
+		if c >= 0xC0 { // a leading byte: is its sequence complete?
+			need := 2
+			switch {
+			case c >= 0xF0:
+				need = 4
+			case c >= 0xE0:
+				need = 3
+			}
+			if i < need {
+				return n - i
+			}
+			return n
+		}
+	}
+	return n
 }

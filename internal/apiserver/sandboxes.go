@@ -47,9 +47,22 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 	}
 	err = s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, out, onChunk)
 	if errors.Is(err, bus.ErrNoResponders) {
+		if !s.knownNode(node) {
+			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found (no node %s)", id, node)}
+		}
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s of sandbox %s is not available", node, id)}
 	}
 	return err
+}
+
+// knownNode reports whether the fleet has ever reported node (up or down).
+func (s *Server) knownNode(node string) bool {
+	for _, n := range s.cfg.Watcher.Nodes() {
+		if n.Name == node {
+			return true
+		}
+	}
+	return false
 }
 
 func idempotencyKey(r *http.Request) (string, error) {

@@ -118,7 +118,7 @@ func TestAuthAndBadInput(t *testing.T) {
 		{"huge body", "POST", "/v1/sandboxes", "", `{"image":"` + strings.Repeat("a", 2<<20) + `"}`, nil, 413},
 		{"missing sandbox", "GET", "/v1/sandboxes/sb-e2e-aaaaaaaaaaaaaaaa", "", "", nil, 404},
 		{"malformed id", "GET", "/v1/sandboxes/..%2f..%2fetc", "", "", nil, 404},
-		{"unknown node", "GET", "/v1/sandboxes/sb-elsewhere-abc", "", "", nil, 503},
+		{"unknown node", "GET", "/v1/sandboxes/sb-elsewhere-abc", "", "", nil, 404},
 		{"exec missing", "POST", "/v1/sandboxes/sb-e2e-zzzz/exec", "", `{"cmd":"true"}`, nil, 404},
 		{"bad state filter", "GET", "/v1/sandboxes?state=sleepy", "", "", nil, 422},
 		{"no route", "GET", "/v2/nothing", "", "", nil, 404},

@@ -36,6 +36,10 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a: Any) -> None:  # quiet
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def _handle(self) -> None:
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
@@ -109,14 +113,17 @@ class FakeServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 1024
 
-    def __init__(self, route: Route) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, route: Route, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), Handler)
         self.route = route
         self.lock = threading.Lock()
         self.seen: List[Seen] = []
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
         self._thread.start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients that hang up on purpose (timeouts, cancellations) are expected
 
     @property
     def url(self) -> str:

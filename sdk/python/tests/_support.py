@@ -61,7 +61,7 @@ class WarrenServer:
         self.url = "http://127.0.0.1:%d" % self.port
         self.proc: Optional[subprocess.Popen] = None
         self.token = ""
-        self._log_path = os.path.join(self.data_dir, "..", os.path.basename(self.data_dir) + ".log")
+        self._log_path = self.data_dir.rstrip(os.sep) + ".log"
         self._log = None
 
     def start(self, timeout: float = 60.0) -> "WarrenServer":

@@ -8,7 +8,10 @@ import time
 import unittest
 import uuid
 
-import _support
+try:  # run as the package "tests" (discover -t) or as top-level modules (discover -s)
+    from . import _support
+except ImportError:
+    import _support
 
 import warren
 
@@ -92,6 +95,7 @@ class RestartTest(unittest.TestCase):
     def test_gives_up_when_server_stays_down(self):
         c = warren.Client(self.srv.url, token=self.srv.token, max_retries=3, backoff=0.05,
                           max_backoff=0.1)
+        self.addCleanup(c.close)
         self.srv.stop()
         with self.assertRaises(warren.ConnectionFailed):
             c.list()

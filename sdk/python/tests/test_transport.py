@@ -12,8 +12,12 @@ import threading
 import time
 import unittest
 
-import _support  # noqa: F401  (sys.path)
-from _fake import SANDBOX, FakeServer
+try:  # run as the package "tests" (discover -t) or as top-level modules (discover -s)
+    from . import _support
+    from ._fake import SANDBOX, FakeServer
+except ImportError:
+    import _support
+    from _fake import SANDBOX, FakeServer
 
 import warren
 from warren._tar import pack_dir, unpack
@@ -160,24 +164,15 @@ class SyncTransportTest(FakeCase):
 
         def start_later():
             time.sleep(0.4)
-            from http.server import ThreadingHTTPServer
-            from _fake import Handler
-            ThreadingHTTPServer.allow_reuse_address = True
-            s = FakeServer.__new__(FakeServer)
-            ThreadingHTTPServer.__init__(s, ("127.0.0.1", port), Handler)
-            s.route = lambda h, seen, i: h.send_json(200, {"sandboxes": [SANDBOX]})
-            s.lock = threading.Lock()
-            s.seen = []
-            s._thread = threading.Thread(target=s.serve_forever, daemon=True)
-            s._thread.start()
-            srv_box.append(s)
+            srv_box.append(FakeServer(lambda h, seen, i: h.send_json(
+                200, {"sandboxes": [SANDBOX]}), port=port))
 
         th = threading.Thread(target=start_later)
         th.start()
         try:
-            c = warren.Client("http://127.0.0.1:%d" % port, token="t", max_retries=10,
-                              backoff=0.05, max_backoff=0.2)
-            sbs = c.list()
+            with warren.Client("http://127.0.0.1:%d" % port, token="t", max_retries=10,
+                               backoff=0.05, max_backoff=0.2) as c:
+                sbs = c.list()
             self.assertEqual([s.id for s in sbs], ["sb-n1-abc"])
         finally:
             th.join()
@@ -499,6 +494,28 @@ class AsyncTransportTest(FakeCase):
         self.assertLessEqual(len(srv.peers()), 64)
         self.assertLess(time.monotonic() - t0, 30)
 
+    def test_cancellation_releases_connections(self):
+        def route(h, seen, idx):
+            if seen.path.endswith("/exec"):
+                time.sleep(0.3)
+                return h.send_json(200, {"exit_code": 0, "stdout": "slow"})
+            h.send_json(200, SANDBOX)
+        srv = self.serve(route)
+
+        async def main():
+            async with afast(srv.url, max_connections=4) as c:
+                sb = c.sandbox("sb-1")
+                tasks = [asyncio.ensure_future(sb.run("x")) for _ in range(20)]
+                await asyncio.sleep(0.1)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                # every slot came back: 4 more requests go through at once
+                got = await asyncio.wait_for(asyncio.gather(*(c.get("sb-1") for _ in range(8))),
+                                             5)
+                return len(got)
+        self.assertEqual(self.run_async(main()), 8)
+
     def test_timeout_typed(self):
         def route(h, seen, idx):
             time.sleep(0.6)
@@ -569,6 +586,32 @@ class AsyncTransportTest(FakeCase):
 
 
 class HelpersTest(unittest.TestCase):
+    def test_version_matches_pyproject(self):
+        with open(os.path.join(str(_support.SDK), "pyproject.toml")) as f:
+            self.assertIn('version = "%s"' % warren.__version__, f.read())
+
+    def test_build_backend_builds_a_wheel(self):
+        import importlib.util
+        import zipfile
+        spec = importlib.util.spec_from_file_location(
+            "warren_build", os.path.join(str(_support.SDK), "_pep517", "warren_build.py"))
+        wb = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(wb)
+        d = tempfile.mkdtemp()
+        self.addCleanup(__import__("shutil").rmtree, d)
+        name = wb.build_wheel(d)
+        with zipfile.ZipFile(os.path.join(d, name)) as z:
+            names = z.namelist()
+        self.assertIn("warren/py.typed", names)
+        self.assertIn("warren/aio.py", names)
+        self.assertTrue(any(n.endswith(".dist-info/RECORD") for n in names))
+        self.assertTrue(wb.build_sdist(d).endswith(".tar.gz"))
+
+    def test_public_api(self):
+        for name in warren.__all__:
+            self.assertTrue(hasattr(warren, name), name)
+        self.assertTrue(os.path.exists(os.path.join(os.path.dirname(warren.__file__), "py.typed")))
+
     def test_parse_time(self):
         t = parse_time("2024-05-01T10:00:00.123456789+02:00")
         self.assertEqual((t.hour, t.microsecond, t.utcoffset().total_seconds()),

@@ -284,9 +284,13 @@ class AsyncTransport:
             head += "".join("%s: %s\r\n" % kv for kv in req.header_list(cfg)) + "\r\n"
             conn.arm(timeout)
             try:
-                conn.writer.write(head.encode("latin-1"))
-                if req.body:
-                    conn.writer.write(req.body)
+                data = head.encode("latin-1")
+                if req.body and len(req.body) <= _READ:
+                    conn.writer.write(data + req.body)  # one segment for small requests
+                else:
+                    conn.writer.write(data)
+                    if req.body:
+                        conn.writer.write(req.body)
                 await conn.writer.drain()
                 status, headers, keep = await self._read_head(conn)
             except _Stale:

@@ -39,7 +39,10 @@ def pack_dir(local_dir: PathLike) -> Tuple[bytes, int]:
                     arc = os.path.normpath(os.path.join(rel_dir, name)).replace(os.sep, "/")
                     tf.addfile(tf.gettarinfo(full, arcname=arc))
                     dirnames.remove(name)
-    return buf.getvalue(), count
+        end = tf.offset  # where the end-of-archive marker starts
+    # Drop tarfile's padding to a 10 KiB record after the two zero blocks: the
+    # archive stays valid and extractors that stop at the marker see no junk.
+    return buf.getvalue()[:end + 2 * tarfile.BLOCKSIZE], count
 
 
 def _safe(member: tarfile.TarInfo, dest: str) -> bool:

@@ -455,8 +455,11 @@ class AsyncBackgroundCommand:
             if left is not None and left <= 0:
                 raise Timeout("warren: command %s still running after %.1fs" % (self.id, timeout))
             rt = max(cfg.timeout, 630.0) if left is None else max(0.1, left)
-            st = self._set(await self.sandbox.client._json(
-                Req("GET", self._path(), params=[("wait", "1")], timeout=rt)))
+            try:
+                st = self._set(await self.sandbox.client._json(
+                    Req("GET", self._path(), params=[("wait", "1")], timeout=rt)))
+            except Timeout:
+                continue  # the long poll ran out; the deadline check above decides
             if not st.running:
                 return st.result()
 

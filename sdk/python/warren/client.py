@@ -521,8 +521,11 @@ class BackgroundCommand:
             if left is not None and left <= 0:
                 raise Timeout("warren: command %s still running after %.1fs" % (self.id, timeout))
             rt = max(cfg.timeout, 630.0) if left is None else max(0.1, left)
-            st = self._set(self.sandbox.client._json(
-                Req("GET", self._path(), params=[("wait", "1")], timeout=rt)))
+            try:
+                st = self._set(self.sandbox.client._json(
+                    Req("GET", self._path(), params=[("wait", "1")], timeout=rt)))
+            except Timeout:
+                continue  # the long poll ran out; the deadline check above decides
             if not st.running:
                 return st.result()
 
@@ -554,7 +557,8 @@ class Files:
 
     def write(self, path: str, data: Union[bytes, bytearray, memoryview, str],
               mode: Optional[int] = None) -> FileInfo:
-        """Create or replace a file (parent directories must exist); ``mode`` like ``0o755``."""
+        """Create or replace a file atomically (missing parent directories are created);
+        ``mode`` like ``0o755`` (default 0o644)."""
         if isinstance(data, str):
             data = data.encode("utf-8")
         req = Req("PUT", self._fpath(), params=_core.file_params(path, mode=_core.mode_str(mode)),
@@ -595,7 +599,8 @@ class Files:
                                       {"from": src, "to": dst}))
 
     def upload_tar(self, remote_dir: str, tar: bytes) -> int:
-        """Extract a tar archive into ``remote_dir``; returns the server's file count."""
+        """Extract a tar archive into ``remote_dir``; returns the server's count of
+        extracted entries."""
         req = Req("PUT", self.sandbox._path("archive"), params=_core.file_params(remote_dir),
                   body=tar, content_type="application/x-tar",
                   timeout=max(self._c()._cfg.timeout, 300.0))
@@ -611,7 +616,7 @@ class Files:
 
     def upload_dir(self, local_dir: PathLike, remote_dir: str) -> int:
         """Copy a local directory tree into ``remote_dir`` (created if needed).
-        Returns the number of files the server wrote."""
+        Returns the number of entries the server extracted (files and directories)."""
         tar, _ = pack_dir(local_dir)
         return self.upload_tar(remote_dir, tar)
 
