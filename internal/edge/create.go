@@ -108,6 +108,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	id := sb.rec.Sandbox.ID
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
 	defer cancel()
+	t0 := time.Now()
 
 	img, err := e.cfg.Images.ResolveLayers(ctx, spec.Image)
 	if err != nil {
@@ -137,9 +138,11 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 			return fmt.Errorf("prepare %s: %w", d, err)
 		}
 	}
+	tAlloc := time.Now()
 	if err := e.persist(&sb.rec); err != nil {
 		return err
 	}
+	tPersist := time.Now()
 	rspec := &runtime.Spec{
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
 		Lowers: img.Dirs, Upper: upper, Work: work,
@@ -165,6 +168,8 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		return err
 	}
 	e.watch(sb)
+	e.log.Debug("sandbox started", "id", id, "alloc", tAlloc.Sub(t0), "persist", tPersist.Sub(tAlloc),
+		"runtime", time.Since(tPersist), "total", time.Since(t0))
 	return nil
 }
 

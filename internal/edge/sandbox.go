@@ -243,12 +243,15 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	t0 := time.Now()
 	if err := e.cfg.Runtime.Destroy(dctx, h); err != nil {
 		// Keep the record: the next reconcile retries.
 		e.log.Error("destroy sandbox", "id", id, "err", err)
 	} else {
+		t1 := time.Now()
 		e.freeStorage(id)
 		_ = os.Remove(e.recordPath(id))
+		e.log.Debug("sandbox destroyed", "id", id, "runtime", t1.Sub(t0), "storage", time.Since(t1))
 	}
 	sb.mu.Lock()
 	sb.rec.Sandbox.State = state
