@@ -52,6 +52,9 @@ func Main() {
 type Agent struct {
 	log    *slog.Logger
 	reaper *reaper
+	// spawner forks every sandbox process from one thread whose bounding
+	// set is cut (nil when unconfined: tests).
+	spawner *spawner
 
 	mu      sync.Mutex
 	setup   bool
@@ -149,6 +152,12 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 			a.log.Error("agent: confinement failed", "err", err)
 			return nil, errf(agentproto.ErrInternal, "setup: confine: %v", err)
 		}
+		sp, err := startSpawner(confine.DropBoundingSet)
+		if err != nil {
+			a.log.Error("agent: spawner thread", "err", err)
+			return nil, errf(agentproto.ErrInternal, "setup: spawner: %v", err)
+		}
+		a.spawner = sp
 	}
 	root, err := openRoot(rootDir)
 	if err != nil {
@@ -187,7 +196,7 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 }
 
 // warmShells is how many idle shells of the default user are kept ready.
-const warmShells = 3
+const warmShells = 2
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

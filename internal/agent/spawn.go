@@ -2,6 +2,7 @@ package agent
 
 import (
 	"os"
+	"runtime"
 	"sort"
 	"syscall"
 
@@ -19,7 +20,59 @@ func (a *Agent) forkExec(path string, argv []string, env map[string]string, dir 
 		sys.Credential = &syscall.Credential{Uid: cred.uid, Gid: cred.gid, Groups: cred.groups}
 	}
 	attr := &syscall.ProcAttr{Dir: dir, Env: envList(env), Files: files, Sys: sys}
-	return a.reaper.spawn(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	fork := func() (int, error) { return syscall.ForkExec(path, argv, attr) }
+	if a.spawner != nil {
+		return a.reaper.spawn(func() (int, error) { return a.spawner.run(fork) })
+	}
+	return a.reaper.spawn(fork)
+}
+
+// spawner runs forks on one dedicated OS thread. Capability bounding sets
+// are per thread and a child inherits the forking thread's, so only this
+// thread needs its bounding set cut.
+type spawner struct {
+	reqs chan spawnReq
+}
+
+type spawnReq struct {
+	fork func() (int, error)
+	res  chan spawnRes
+}
+
+type spawnRes struct {
+	pid int
+	err error
+}
+
+// startSpawner starts the thread and runs prepare on it first.
+func startSpawner(prepare func() error) (*spawner, error) {
+	s := &spawner{reqs: make(chan spawnReq)}
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread must not run other goroutines, and it
+		// is never handed back to the scheduler with its changed state.
+		runtime.LockOSThread()
+		if err := prepare(); err != nil {
+			errc <- err
+			return
+		}
+		errc <- nil
+		for r := range s.reqs {
+			pid, err := r.fork()
+			r.res <- spawnRes{pid, err}
+		}
+	}()
+	if err := <-errc; err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *spawner) run(fork func() (int, error)) (int, error) {
+	res := make(chan spawnRes, 1)
+	s.reqs <- spawnReq{fork: fork, res: res}
+	r := <-res
+	return r.pid, r.err
 }
 
 func envList(env map[string]string) []string {

@@ -24,11 +24,10 @@ type warmPool struct {
 }
 
 func newWarmPool(a *Agent, size int, shell string, env map[string]string, dir string, cred *credential) *warmPool {
-	p := &warmPool{a: a, size: size, shell: shell, env: env, dir: dir, cred: cred}
-	p.mu.Lock()
-	p.refillLocked()
-	p.mu.Unlock()
-	return p
+	// The pool fills on first use, not at setup: a sandbox that is created,
+	// runs one command and stops (or sits idle) never pays for shells it
+	// does not use.
+	return &warmPool{a: a, size: size, shell: shell, env: env, dir: dir, cred: cred}
 }
 
 // get returns a live idle shell for cred, or nil.

@@ -74,7 +74,10 @@ func copyMap(m map[string]string) map[string]string {
 
 func (e *Edge) recordPath(id string) string { return filepath.Join(e.recordsDir(), id+".json") }
 
-// persist writes the record atomically (temp file, fsync, rename).
+// persist writes the record atomically (temp file, rename). It does not
+// fsync: the record must survive a crash of the warren process (the page
+// cache keeps it), and a crash of the whole machine ends every sandbox too,
+// after which reconcile frees whatever storage has no record.
 func (e *Edge) persist(rec *record) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -86,9 +89,7 @@ func (e *Edge) persist(rec *record) error {
 	if err != nil {
 		return fmt.Errorf("edge: persist %s: %w", rec.Sandbox.ID, err)
 	}
-	if _, err = f.Write(b); err == nil {
-		err = f.Sync()
-	}
+	_, err = f.Write(b)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
