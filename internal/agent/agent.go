@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	goruntime "runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -31,6 +32,9 @@ var confineEnter = confine.Enter
 // Main runs the agent until the listening socket fails; it never returns
 // normally.
 func Main() {
+	// One P: the agent mostly waits; fewer threads make its start, its
+	// stop-the-world confinement steps and its idle footprint cheaper.
+	goruntime.GOMAXPROCS(1)
 	closeInheritedFDs()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)

@@ -244,9 +244,14 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if h.Pid > 0 && sameProcess(h.Pid, h.PidStart) {
 		syscall.Kill(h.Pid, syscall.SIGKILL)
 	}
+	// When we started the agent, its reaping means the namespace is empty
+	// (the kernel ends PID 1's exit only after every other member is gone),
+	// so the cgroups can simply be removed. Otherwise (an adopted sandbox,
+	// or anything left behind) kill what the cgroups hold, then delete them.
+	r.waitReaped(ctx, h.Pid)
 	var errs []error
 	dirs := r.cg.dirs(h.Cgroup)
-	if len(dirs) > 0 {
+	if len(dirs) > 0 && !removeDirs(dirs) {
 		if err := r.killCgroup(ctx, h.Cgroup, dirs); err != nil {
 			errs = append(errs, err)
 		}
@@ -254,13 +259,23 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 			errs = append(errs, fmt.Errorf("container: delete cgroup %s: %w", h.Cgroup, err))
 		}
 	}
-	r.waitReaped(ctx, h.Pid)
 	if h.Socket != "" {
 		if err := os.Remove(h.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeDirs removes empty cgroup directories; false if any remains.
+func removeDirs(dirs []string) bool {
+	ok := true
+	for _, d := range dirs {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			ok = false
+		}
+	}
+	return ok
 }
 
 // killCgroup SIGKILLs whatever is left in the cgroup (frozen first, so
