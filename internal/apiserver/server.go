@@ -227,31 +227,7 @@ func (s *Server) toAPIError(err error) *api.Error {
 }
 
 // StatusOf maps an error code to its HTTP status.
-func StatusOf(code string) int {
-	switch code {
-	case api.CodeBadRequest:
-		return http.StatusBadRequest
-	case api.CodeUnauthorized:
-		return http.StatusUnauthorized
-	case api.CodeForbidden:
-		return http.StatusForbidden
-	case api.CodeNotFound:
-		return http.StatusNotFound
-	case api.CodeConflict:
-		return http.StatusConflict
-	case api.CodeTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case api.CodeInvalid:
-		return http.StatusUnprocessableEntity
-	case api.CodeTooManyRequests:
-		return http.StatusTooManyRequests
-	case api.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case api.CodeTimeout:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}
+func StatusOf(code string) int { return api.HTTPStatus(code) }
 
 func writeError(w http.ResponseWriter, e *api.Error) {
 	status := StatusOf(e.Code)

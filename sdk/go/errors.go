@@ -28,59 +28,11 @@ func (e *APIError) Unwrap() error { return &api.Error{Code: e.Code, Message: e.M
 
 // codeForStatus gives the error code a status maps to, for answers without
 // a JSON error body (a proxy, a panic).
-func codeForStatus(status int) string {
-	switch status {
-	case http.StatusBadRequest:
-		return api.CodeBadRequest
-	case http.StatusUnauthorized:
-		return api.CodeUnauthorized
-	case http.StatusForbidden:
-		return api.CodeForbidden
-	case http.StatusNotFound:
-		return api.CodeNotFound
-	case http.StatusConflict:
-		return api.CodeConflict
-	case http.StatusRequestEntityTooLarge:
-		return api.CodeTooLarge
-	case http.StatusUnprocessableEntity:
-		return api.CodeInvalid
-	case http.StatusTooManyRequests:
-		return api.CodeTooManyRequests
-	case http.StatusServiceUnavailable, http.StatusBadGateway:
-		return api.CodeUnavailable
-	case http.StatusGatewayTimeout:
-		return api.CodeTimeout
-	}
-	return api.CodeInternal
-}
+func codeForStatus(status int) string { return api.CodeForStatus(status) }
 
 // statusForCode is the inverse of codeForStatus, used for errors that arrive
 // inside an NDJSON stream (after a 200 header).
-func statusForCode(code string) int {
-	switch code {
-	case api.CodeBadRequest:
-		return http.StatusBadRequest
-	case api.CodeUnauthorized:
-		return http.StatusUnauthorized
-	case api.CodeForbidden:
-		return http.StatusForbidden
-	case api.CodeNotFound:
-		return http.StatusNotFound
-	case api.CodeConflict:
-		return http.StatusConflict
-	case api.CodeTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case api.CodeInvalid:
-		return http.StatusUnprocessableEntity
-	case api.CodeTooManyRequests:
-		return http.StatusTooManyRequests
-	case api.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case api.CodeTimeout:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}
+func statusForCode(code string) int { return api.HTTPStatus(code) }
 
 // readError consumes resp's body and closes it.
 func readError(resp *http.Response) *APIError {
