@@ -12,7 +12,7 @@ import (
 )
 
 // assertNoLeaks fails when a warren cgroup, agent process or mount remains.
-func assertNoLeaks(t *testing.T) {
+func assertNoLeaks(t *testing.T, servers ...*server) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -40,6 +40,9 @@ func assertNoLeaks(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
+			for _, s := range servers {
+				t.Logf("server log (%s):\n%s", s.dataDir, tail(s.logs.String(), 60))
+			}
 			t.Fatalf("leaks after the servers stopped:\n%s", strings.Join(leaks, "\n"))
 		}
 		time.Sleep(100 * time.Millisecond)

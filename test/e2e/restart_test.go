@@ -69,5 +69,5 @@ func TestRestartAdoptsLiveSandboxes(t *testing.T) {
 		t.Fatalf("dead sandbox's cgroup was not removed")
 	}
 	s.stop()
-	assertNoLeaks(t)
+	assertNoLeaks(t, s)
 }

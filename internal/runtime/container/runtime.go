@@ -288,13 +288,14 @@ func (r *Runtime) killCgroup(ctx context.Context, cgPath string, dirs []string) 
 			return nil
 		}
 		if attempt%50 == 0 { // again every ~50 ms, for stragglers
-			frozen := r.cg.freeze(cgPath) == nil
+			// Freeze so nothing forks between listing and killing. Thaw
+			// whatever the freeze returned: a freeze that timed out may
+			// still have frozen the tasks, and frozen tasks never die.
+			_ = r.cg.freeze(cgPath)
 			for _, pid := range procsOf(dirs) {
 				syscall.Kill(pid, syscall.SIGKILL)
 			}
-			if frozen {
-				r.cg.thaw(cgPath)
-			}
+			_ = r.cg.thaw(cgPath)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("container: cgroup %s still holds %v", cgPath, pids)
