@@ -215,12 +215,30 @@ func (d *v1Driver) load(path string) (cgroup1.Cgroup, error) {
 	return cg, err
 }
 
+// freezeTimeout bounds how long freeze waits for FROZEN: tasks in
+// uninterruptible sleep can keep a cgroup FREEZING for a long time (and
+// containerd's Freeze would wait for ever).
+const freezeTimeout = 200 * time.Millisecond
+
 func (d *v1Driver) freeze(path string) error {
-	cg, err := d.load(path)
-	if err != nil {
+	state := filepath.Join(d.root, "freezer", path, "freezer.state")
+	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
 		return err
 	}
-	return cg.Freeze()
+	deadline := time.Now().Add(freezeTimeout)
+	for {
+		b, err := os.ReadFile(state)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(b)) == "FROZEN" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container: cgroup %s still %s after %v", path, strings.TrimSpace(string(b)), freezeTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (d *v1Driver) thaw(path string) error {
