@@ -139,13 +139,18 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		}
 	}
 	tAlloc := time.Now()
+	sb.rec.Layers = img.Layers
 	if err := e.persist(&sb.rec); err != nil {
 		return err
+	}
+	lowers, err := e.cfg.Images.MountLayers(id, img.Layers)
+	if err != nil {
+		return fmt.Errorf("mount layers: %w", err)
 	}
 	tPersist := time.Now()
 	rspec := &runtime.Spec{
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
-		Lowers: img.Dirs, Upper: upper, Work: work,
+		Lowers: lowers, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
 		Env: sandboxEnv(img.Env, spec.Env), User: spec.User,
 	}
@@ -168,7 +173,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		return err
 	}
 	e.watch(sb)
-	e.log.Debug("sandbox started", "id", id, "alloc", tAlloc.Sub(t0), "persist", tPersist.Sub(tAlloc),
+	e.log.Debug("sandbox started", "id", id, "alloc", tAlloc.Sub(t0), "persist+mount", tPersist.Sub(tAlloc),
 		"runtime", time.Since(tPersist), "total", time.Since(t0))
 	return nil
 }

@@ -29,14 +29,23 @@ import (
 // ResolvedImage is what a sandbox needs of its image.
 type ResolvedImage struct {
 	Digest string
-	Dirs   []string // layer directories, top-most first
+	Layers []string // layer diff ids ("sha256:<hex>"), top-most first
 	Env    []string // the image's KEY=VALUE environment
 }
 
-// ImageResolver finds an image's layers.
+// ImageResolver finds an image's layers and mounts them. Layers are
+// mounted once per node and shared; each sandbox holds references that
+// ReleaseLayers drops.
 type ImageResolver interface {
 	ResolveLayers(ctx context.Context, name string) (*ResolvedImage, error)
 	ListImages(ctx context.Context) ([]api.Image, error)
+	// MountLayers mounts the layers (diff ids) for holder and returns their
+	// read-only directories in the same order.
+	MountLayers(holder string, diffIDs []string) ([]string, error)
+	// ReleaseLayers drops holder's references (idempotent).
+	ReleaseLayers(holder string)
+	// ReconcileMounts keeps exactly the mounts the given holders need.
+	ReconcileMounts(holders map[string][]string) error
 }
 
 // ErrImageNotFound is what an ImageResolver returns for unknown names.

@@ -19,6 +19,8 @@ type record struct {
 	Sandbox api.Sandbox              `json:"sandbox"`
 	Spec    api.CreateSandboxRequest `json:"spec"`
 	Handle  *runtime.Handle          `json:"handle,omitempty"`
+	// Layers are the diff ids the sandbox holds mounted.
+	Layers []string `json:"layers,omitempty"`
 }
 
 // sandbox is the edge's live state of one sandbox.
@@ -196,6 +198,13 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			_ = os.RemoveAll(filepath.Join(e.runDir(), ent.Name()))
 		}
 	}
+	holders := map[string][]string{}
+	for id := range adopted {
+		holders[id] = e.sandboxes[id].rec.Layers
+	}
+	if err := e.cfg.Images.ReconcileMounts(holders); err != nil {
+		e.log.Error("reconcile layer mounts", "err", err)
+	}
 	return nil
 }
 
@@ -204,6 +213,7 @@ func (e *Edge) freeStorage(id string) {
 		e.log.Warn("free writable layer", "id", id, "err", err)
 	}
 	_ = os.RemoveAll(e.stateDir(id))
+	e.cfg.Images.ReleaseLayers(id)
 }
 
 // watch marks the sandbox failed when its agent channel closes unexpectedly.

@@ -12,18 +12,36 @@ import (
 	"github.com/warrenhq/warren/internal/image"
 )
 
-// imageResolver adapts the image store to what the edge needs.
-type imageResolver struct{ store image.Store }
+// imageResolver adapts the image store and the node's layer mounts to
+// what the edge needs.
+type imageResolver struct {
+	store  *image.LocalStore
+	mounts *image.Mounter
+}
 
 func (r imageResolver) ResolveLayers(ctx context.Context, name string) (*edge.ResolvedImage, error) {
-	img, dirs, err := r.store.Resolve(ctx, name)
+	img, _, err := r.store.Resolve(ctx, name)
 	if err != nil {
 		if errors.Is(err, image.ErrNotFound) {
 			return nil, fmt.Errorf("%w: %s", edge.ErrImageNotFound, name)
 		}
 		return nil, err
 	}
-	return &edge.ResolvedImage{Digest: img.Digest, Dirs: dirs, Env: img.Config.Env}, nil
+	layers := make([]string, 0, len(img.Layers))
+	for i := len(img.Layers) - 1; i >= 0; i-- {
+		layers = append(layers, img.Layers[i])
+	}
+	return &edge.ResolvedImage{Digest: img.Digest, Layers: layers, Env: img.Config.Env}, nil
+}
+
+func (r imageResolver) MountLayers(holder string, ids []string) ([]string, error) {
+	return r.mounts.Acquire(holder, ids)
+}
+
+func (r imageResolver) ReleaseLayers(holder string) { r.mounts.Release(holder) }
+
+func (r imageResolver) ReconcileMounts(holders map[string][]string) error {
+	return r.mounts.Reconcile(holders)
 }
 
 func (r imageResolver) ListImages(ctx context.Context) ([]api.Image, error) {
