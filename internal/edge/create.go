@@ -140,6 +140,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	tAlloc := time.Now()
 	sb.rec.Layers = img.Layers
+	sb.rec.Upper = upper
 	if err := e.persist(&sb.rec); err != nil {
 		return err
 	}

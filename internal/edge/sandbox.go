@@ -19,8 +19,10 @@ type record struct {
 	Sandbox api.Sandbox              `json:"sandbox"`
 	Spec    api.CreateSandboxRequest `json:"spec"`
 	Handle  *runtime.Handle          `json:"handle,omitempty"`
-	// Layers are the diff ids the sandbox holds mounted.
+	// Layers are the diff ids the sandbox holds mounted, top-most first.
 	Layers []string `json:"layers,omitempty"`
+	// Upper is the overlay's writable directory (packed by layer_create).
+	Upper string `json:"upper,omitempty"`
 }
 
 // sandbox is the edge's live state of one sandbox.

@@ -41,6 +41,9 @@ func buildErofs(ctx context.Context, src, dst string) error {
 			msg = msg[len(msg)-512:]
 		}
 		_ = os.Remove(dst)
+		if strings.Contains(msg, "No space") || strings.Contains(msg, "ENOSPC") {
+			return fmt.Errorf("%w: mkfs.erofs: %s", ErrNoSpace, msg)
+		}
 		return fmt.Errorf("mkfs.erofs: %w: %s", err, msg)
 	}
 	f, err := os.Open(dst)

@@ -9,10 +9,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
 // maxLayers bounds the layers of one image (overlayfs stacks at most 500).
@@ -284,17 +288,34 @@ func (s *LocalStore) unpackLayer(ctx context.Context, src layerSource, dir strin
 	cr := &countingReader{r: rc, h: h}
 	st, err := Unpack(ctx, cr, dir, DefaultLimits)
 	if err != nil {
-		return "", meta, err
+		return "", meta, classify(err)
 	}
 	// The diff id covers the whole stream, end-of-archive padding included.
 	if _, err := io.Copy(io.Discard, cr); err != nil {
-		return "", meta, fmt.Errorf("reading layer: %w", err)
+		return "", meta, classify(fmt.Errorf("reading layer: %w", err))
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 	if src.diffID != "" && src.diffID != "sha256:"+sum {
-		return "", meta, fmt.Errorf("diff id mismatch: the image says %s, the content is sha256:%s", src.diffID, sum)
+		return "", meta, fmt.Errorf("%w: diff id mismatch: the image says %s, the content is sha256:%s", ErrBadContent, src.diffID, sum)
 	}
 	meta.Size, meta.Entries = cr.n, st.Entries
 	slog.Debug("layer unpacked", "diff_id", "sha256:"+sum, "entries", st.Entries, "bytes", st.Bytes)
 	return sum, meta, nil
+}
+
+// classify tags an unpack error: a full store, a cancellation, or content
+// that cannot be a layer.
+func classify(err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("%w: %v", ErrNoSpace, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	var te *transport.Error
+	var ne net.Error
+	if errors.As(err, &te) || errors.As(err, &ne) {
+		return fmt.Errorf("%w: %w", ErrRegistry, err)
+	}
+	return fmt.Errorf("%w: %w", ErrBadContent, err)
 }

@@ -22,8 +22,18 @@ import (
 // points at one content-addressed layer. Versions never change: creating
 // an existing version again succeeds only with the same content.
 
-// ErrExists means a layer version already exists with other content.
-var ErrExists = errors.New("image: layer version exists with other content")
+// Errors a caller can act on (the API maps them to 4xx answers).
+var (
+	// ErrExists means a layer version already exists with other content.
+	ErrExists = errors.New("layer version exists with other content")
+	// ErrInvalid wraps malformed names, references and versions.
+	ErrInvalid = errors.New("invalid")
+	// ErrBadContent wraps archives that cannot become a layer: corrupt or
+	// truncated, a digest mismatch, unsafe entries, limits exceeded.
+	ErrBadContent = errors.New("bad layer content")
+	// ErrNoSpace means the store's filesystem filled up during an import.
+	ErrNoSpace = errors.New("no space left in the layer store")
+)
 
 // MaxLayerVersion bounds version numbers.
 const MaxLayerVersion = 1 << 30
@@ -50,25 +60,25 @@ func (l *Layer) API() api.Layer {
 // [a-z0-9._-] starting with a letter or digit, joined by "/".
 func ValidLayerName(name string) error {
 	if name == "" || len(name) > 128 {
-		return fmt.Errorf("layer name %q: length must be 1..128", trunc(name))
+		return fmt.Errorf("%w: layer name %q: length must be 1..128", ErrInvalid, trunc(name))
 	}
 	for _, seg := range strings.Split(name, "/") {
 		if seg == "" {
-			return fmt.Errorf("layer name %q: empty segment", trunc(name))
+			return fmt.Errorf("%w: layer name %q: empty segment", ErrInvalid, trunc(name))
 		}
 		c := seg[0]
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return fmt.Errorf("layer name %q: each segment must start with a lower-case letter or digit", trunc(name))
+			return fmt.Errorf("%w: layer name %q: each segment must start with a lower-case letter or digit", ErrInvalid, trunc(name))
 		}
 		for i := 0; i < len(seg); i++ {
 			c := seg[i]
 			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-				return fmt.Errorf("layer name %q: character %q not allowed (use a-z, 0-9, '.', '_', '-', '/')", trunc(name), c)
+				return fmt.Errorf("%w: layer name %q: character %q not allowed (use a-z, 0-9, '.', '_', '-', '/')", ErrInvalid, trunc(name), c)
 			}
 		}
 	}
 	if strings.Contains(name, "..") {
-		return fmt.Errorf("layer name %q: '..' not allowed", trunc(name))
+		return fmt.Errorf("%w: layer name %q: '..' not allowed", ErrInvalid, trunc(name))
 	}
 	return nil
 }
@@ -91,7 +101,7 @@ func ParseLayerRef(ref string) (string, int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 || n > MaxLayerVersion || strconv.Itoa(n) != v {
-		return "", 0, fmt.Errorf("layer reference %q: version must be a positive integer", trunc(ref))
+		return "", 0, fmt.Errorf("%w: layer reference %q: version must be a positive integer", ErrInvalid, trunc(ref))
 	}
 	return name, n, nil
 }
@@ -269,7 +279,7 @@ func (s *LocalStore) CreateLayerFromDir(ctx context.Context, name string, versio
 		return nil, fmt.Errorf("image: layer from %s: %w", dir, err)
 	}
 	if !fi.IsDir() {
-		return nil, fmt.Errorf("image: layer from %s: not a directory", dir)
+		return nil, fmt.Errorf("%w: layer from %s: not a directory", ErrInvalid, dir)
 	}
 	src := layerSource{open: func() (io.ReadCloser, error) { return tarDir(dir), nil }}
 	return s.createNamed(ctx, name, version, src, "dir")
@@ -289,7 +299,7 @@ func (s *LocalStore) createNamed(ctx context.Context, name string, version int, 
 		return nil, err
 	}
 	if version < 0 || version > MaxLayerVersion {
-		return nil, fmt.Errorf("layer version must be between 1 and %d", MaxLayerVersion)
+		return nil, fmt.Errorf("%w: layer version must be between 1 and %d", ErrInvalid, MaxLayerVersion)
 	}
 	for attempt := 0; ; attempt++ {
 		l, err := s.createNamedOnce(ctx, name, version, src, source)

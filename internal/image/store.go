@@ -331,3 +331,10 @@ func (s *LocalStore) writeFileAtomic(path string, b []byte) error {
 	}
 	return err
 }
+
+// StageFile creates a private file in the store's work directory (on the
+// layers' filesystem) for an upload; a crash leaves nothing that the next
+// Open does not remove.
+func (s *LocalStore) StageFile() (*os.File, error) {
+	return os.CreateTemp(filepath.Join(s.dir, "tmp"), tmpPrefix()+"upload-")
+}

@@ -1,13 +1,18 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
 )
 
 // layerMounts lists the erofs mounts of server s (mount point -> source).
@@ -95,4 +100,143 @@ func TestLayerMountsShared(t *testing.T) {
 	}
 	s.stop()
 	assertNoLeaks(t)
+}
+
+// tarOf builds a layer tarball of (name, body) regular files; a body of
+// "<dir>" makes a directory.
+func tarOf(t *testing.T, files ...[2]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		h := &tar.Header{Name: f[0], Mode: 0o644, Typeflag: tar.TypeReg, Size: int64(len(f[1])), ModTime: time.Unix(1700000000, 0)}
+		if f[1] == "<dir>" {
+			h.Typeflag, h.Size, h.Mode = tar.TypeDir, 0, 0o755
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write([]byte(f[1]))
+		}
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+func (s *server) warren(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(bins.warren, append([]string{"--url", s.URL, "--token", s.Token}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func TestNamedLayers(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+
+	// From a tarball over the API: versions count up.
+	l1, err := s.C.CreateLayerFromTar(ctx, "ws/demo", 0, bytes.NewReader(tarOf(t, [2]string{"work/", "<dir>"}, [2]string{"work/a.txt", "one"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l1.Name != "ws/demo" || l1.Version != 1 || l1.StoredSize == 0 || l1.Source != "tar" {
+		t.Fatalf("layer %+v", l1)
+	}
+	l2, err := s.C.CreateLayerFromTar(ctx, "ws/demo", 0, bytes.NewReader(tarOf(t, [2]string{"work/a.txt", "two"})))
+	if err != nil || l2.Version != 2 {
+		t.Fatalf("second version: %+v %v", l2, err)
+	}
+	// The same version again: same content is fine, other content conflicts.
+	if again, err := s.C.CreateLayerFromTar(ctx, "ws/demo", 2, bytes.NewReader(tarOf(t, [2]string{"work/a.txt", "two"}))); err != nil || again.Digest != l2.Digest {
+		t.Fatalf("idempotent create: %+v %v", again, err)
+	}
+	if _, err := s.C.CreateLayerFromTar(ctx, "ws/demo", 2, bytes.NewReader(tarOf(t, [2]string{"x", "y"}))); !isCode(err, api.CodeConflict) {
+		t.Fatalf("conflicting version: %v", err)
+	}
+	if got, err := s.C.Layer(ctx, "ws/demo"); err != nil || got.Version != 2 {
+		t.Fatalf("latest: %+v %v", got, err)
+	}
+	if got, err := s.C.Layer(ctx, "ws/demo@1"); err != nil || got.Digest != l1.Digest {
+		t.Fatalf("@1: %+v %v", got, err)
+	}
+
+	// From a directory with the CLI.
+	dir := t.TempDir()
+	os.MkdirAll(dir+"/opt/tk/bin", 0o755)
+	os.WriteFile(dir+"/opt/tk/bin/hello", []byte("#!/bin/sh\necho hello from toolkit\n"), 0o755)
+	if out, err := s.warren(t, "layer", "create", "--from-dir", dir, "--name", "toolkit/t", "--version", "3"); err != nil || !strings.HasPrefix(out, "toolkit/t@3 ") {
+		t.Fatalf("cli create: %q %v", out, err)
+	}
+	if out, err := s.warren(t, "layer", "ls"); err != nil || !strings.Contains(out, "toolkit/t") || !strings.Contains(out, "ws/demo") {
+		t.Fatalf("cli ls: %q %v", out, err)
+	}
+
+	// From a sandbox: an environment builder runs its setup and packs it.
+	sb := s.create(t, api.CreateSandboxRequest{})
+	s.sh(t, sb.ID, "mkdir -p /srv/app && echo built > /srv/app/out && rm /bin/vi && chmod u+s /bin/busybox && touch /srv/app/suid && chmod 4755 /srv/app/suid")
+	if out, err := s.warren(t, "layer", "create", "--from-sandbox", sb.ID, "--name", "ws/built"); err != nil {
+		t.Fatalf("from sandbox: %q %v", out, err)
+	}
+	lb, err := s.C.Layer(ctx, "ws/built@1")
+	if err != nil || !strings.HasPrefix(lb.Source, "sandbox ") {
+		t.Fatalf("built layer %+v %v", lb, err)
+	}
+
+	// Bad input: clear 4xx, nothing half-written.
+	bad := []struct {
+		name string
+		body []byte
+		code string
+	}{
+		{"Bad_Name", tarOf(t, [2]string{"a", "b"}), api.CodeInvalid},
+		{"ws/../x", tarOf(t, [2]string{"a", "b"}), api.CodeInvalid},
+		{"ws/trunc", tarOf(t, [2]string{"a", strings.Repeat("x", 4096)})[:1000], api.CodeInvalid},
+		{"ws/garbage", []byte("this is not a tar archive at all, not even close.............."), api.CodeInvalid},
+		{"ws/escape", tarOf(t, [2]string{"../../etc/evil", "x"}), api.CodeInvalid},
+		{"ws/abs", tarOf(t, [2]string{"/etc/evil", "x"}), api.CodeInvalid},
+		{"ws/empty", nil, api.CodeBadRequest},
+	}
+	for _, b := range bad {
+		if _, err := s.C.CreateLayerFromTar(ctx, b.name, 0, bytes.NewReader(b.body)); !isCode(err, b.code) {
+			t.Errorf("%s: want %s, got %v", b.name, b.code, err)
+		}
+	}
+	for _, ref := range []string{"ws/nope", "ws/demo@9"} {
+		if _, err := s.C.Layer(ctx, ref); !isCode(err, api.CodeNotFound) {
+			t.Errorf("%s: %v", ref, err)
+		}
+	}
+	if _, err := s.C.Layer(ctx, "ws/demo@x"); !isCode(err, api.CodeInvalid) {
+		t.Errorf("bad version: %v", err)
+	}
+	if _, err := s.C.CreateLayerFromSandbox(ctx, "sb-e2e-nope", "ws/x", 0); !isCode(err, api.CodeNotFound) {
+		t.Errorf("unknown sandbox: %v", err)
+	}
+	ls, err := s.C.Layers(ctx, "")
+	if err != nil || len(ls) != 4 {
+		t.Fatalf("layers after bad input: %d %v", len(ls), err)
+	}
+	if ents, _ := os.ReadDir(s.dataDir + "/images/tmp"); len(ents) != 0 {
+		t.Fatalf("tmp left: %v", ents)
+	}
+
+	// Delete one version, then the name; gc keeps what images use.
+	if gone, err := s.C.DeleteLayer(ctx, "ws/demo@1"); err != nil || len(gone) != 1 {
+		t.Fatalf("delete @1: %v %v", gone, err)
+	}
+	if _, err := s.C.DeleteLayer(ctx, "ws/demo@1"); !isCode(err, api.CodeNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+	if out, err := s.warren(t, "layer", "rm", "ws/demo"); err != nil || out != "ws/demo@2\n" {
+		t.Fatalf("cli rm: %q %v", out, err)
+	}
+	if r, err := s.C.GCLayers(ctx); err != nil || len(r.Removed) != 0 {
+		t.Fatalf("gc after deletes: %+v %v", r, err)
+	}
+}
+
+func isCode(err error, code string) bool {
+	var ae *warren.APIError
+	return errors.As(err, &ae) && ae.Code == code
 }
