@@ -236,7 +236,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, w *bus.Replier) (any,
 	}
 	areq := &agentproto.ExecRequest{
 		Cmd: x.Cmd, Argv: x.Argv, Session: x.Session, Env: x.Env, Cwd: x.Cwd, User: x.User,
-		Timeout: timeout, OutputCap: x.OutputCap, Background: x.Background,
+		Timeout: timeout, OutputCap: x.OutputCap, Background: x.Background, Trusted: x.Trusted,
 	}
 	if areq.OutputCap == 0 {
 		areq.OutputCap = DefaultOutputCap

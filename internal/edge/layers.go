@@ -145,7 +145,7 @@ func (e *Edge) packSandbox(ctx context.Context, req *LayerRequest) (any, error) 
 	defer release()
 	sb.mu.Lock()
 	upper := sb.rec.Upper
-	ids := append([]string(nil), sb.rec.Layers...)
+	ids := append([]string(nil), sb.rec.Layers[:len(sb.rec.Layers)-len(sb.rec.Binds)]...)
 	sb.mu.Unlock()
 	if upper == "" {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to pack", req.ID)}

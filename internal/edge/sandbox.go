@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -23,6 +24,9 @@ type record struct {
 	Layers []string `json:"layers,omitempty"`
 	// Upper is the overlay's writable directory (packed by layer_create).
 	Upper string `json:"upper,omitempty"`
+	// Binds are the layers attached at mount points; their diff ids are the
+	// last len(Binds) entries of Layers.
+	Binds []agentproto.Bind `json:"binds,omitempty"`
 }
 
 // sandbox is the edge's live state of one sandbox.

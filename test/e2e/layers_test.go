@@ -240,3 +240,139 @@ func isCode(err error, code string) bool {
 	var ae *warren.APIError
 	return errors.As(err, &ae) && ae.Code == code
 }
+
+func TestCompositionAndProtectedToolkit(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	mk := func(name string, body []byte) {
+		t.Helper()
+		if _, err := s.C.CreateLayerFromTar(ctx, name, 0, bytes.NewReader(body)); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	mk("ws/base", tarOf(t, [2]string{"work/", "<dir>"}, [2]string{"work/a", "1"}, [2]string{"work/b", "b"}))
+	mk("ws/base", tarOf(t, [2]string{"work/a", "2"}))
+	// An upper layer: deletes work/b (OCI whiteout), adds work/c.
+	mk("ws/over", tarOf(t, [2]string{"work/", "<dir>"}, [2]string{"work/.wh.b", ""}, [2]string{"work/c", "c"}))
+
+	sb := s.create(t, api.CreateSandboxRequest{Layers: []api.LayerAttachment{{Layer: "ws/base@1"}, {Layer: "ws/over"}}})
+	if len(sb.Layers) != 2 || sb.Layers[0] != "ws/base@1" || sb.Layers[1] != "ws/over@1" {
+		t.Fatalf("sandbox layers %v", sb.Layers)
+	}
+	r := s.sh(t, sb.ID, "echo $(cat /work/a); ls /work; ls /bin/busybox")
+	if r.Stdout != "1\na\nc\n/bin/busybox\n" {
+		t.Fatalf("composed root: %q %q", r.Stdout, r.Stderr)
+	}
+	if r := s.sh(t, sb.ID, "echo x > /work/a && cat /work/a"); r.Stdout != "x\n" {
+		t.Fatalf("write over a layer: %+v", r)
+	}
+
+	// Unknown layers and bad attachments: clear errors.
+	for _, c := range []struct {
+		l    []api.LayerAttachment
+		code string
+	}{
+		{[]api.LayerAttachment{{Layer: "ws/none"}}, api.CodeNotFound},
+		{[]api.LayerAttachment{{Layer: "ws/base@7"}}, api.CodeNotFound},
+		{[]api.LayerAttachment{{Layer: "WS"}}, api.CodeInvalid},
+		{[]api.LayerAttachment{{Layer: "ws/base", Mount: "relative"}}, api.CodeInvalid},
+		{[]api.LayerAttachment{{Layer: "ws/base", Mount: "/proc/x"}}, api.CodeInvalid},
+		{[]api.LayerAttachment{{Layer: "ws/base", Mount: "/a/../b"}}, api.CodeInvalid},
+		{[]api.LayerAttachment{{Layer: "ws/base", Protected: true}}, api.CodeInvalid},
+		{[]api.LayerAttachment{{Layer: "ws/base", Mount: "/x"}, {Layer: "ws/over", Mount: "/x/y"}}, api.CodeInvalid},
+	} {
+		if _, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Layers: c.l}); !isCode(err, c.code) {
+			t.Errorf("%+v: want %s, got %v", c.l, c.code, err)
+		}
+	}
+	if code, body := s.rawRequest(t, "POST", "/v1/sandboxes", "", []byte(`{"image":"busybox","layers":[{"layer":"ws/base","bogus":1}]}`), nil); code != 400 {
+		t.Errorf("unknown attachment field: %d %s", code, body)
+	}
+
+	// A toolkit: a static busybox of its own.
+	dir := t.TempDir()
+	os.MkdirAll(dir+"/bin", 0o755)
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("SKIP: no /bin/busybox")
+	}
+	os.WriteFile(dir+"/bin/busybox", bb, 0o755)
+	os.Symlink("busybox", dir+"/bin/sh")
+	os.WriteFile(dir+"/bin/grade", []byte("#!/opt/toolkit/bin/sh\necho graded by toolkit\n"), 0o755)
+	if out, err := s.warren(t, "layer", "create", "--from-dir", dir, "--name", "toolkit/h"); err != nil {
+		t.Fatalf("toolkit: %q %v", out, err)
+	}
+	tk := s.create(t, api.CreateSandboxRequest{Layers: []api.LayerAttachment{{Layer: "ws/base"}, {Layer: "toolkit/h", Mount: "/opt/toolkit", Protected: true}}})
+	if r := s.sh(t, tk.ID, "echo $(cat /work/a); /opt/toolkit/bin/grade"); r.Stdout != "2\ngraded by toolkit\n" {
+		t.Fatalf("toolkit sandbox: %+v", r)
+	}
+	// Root in the sandbox cannot modify, remount, unmount or shadow it.
+	for _, attack := range []string{
+		"touch /opt/toolkit/x",
+		"rm -f /opt/toolkit/bin/grade",
+		"echo evil > /opt/toolkit/bin/grade",
+		"mount -o remount,rw /opt/toolkit",
+		"umount /opt/toolkit",
+		"umount -l /opt/toolkit",
+		"mv /opt/toolkit /opt/other",
+		"mv /opt /opt2",
+		"rm -rf /opt",
+		"mount -t tmpfs none /opt/toolkit",
+		"mount --bind /tmp /opt",
+	} {
+		if r := s.sh(t, tk.ID, attack+" 2>&1; test -x /opt/toolkit/bin/grade && /opt/toolkit/bin/grade"); r.Stdout == "" || !strings.HasSuffix(r.Stdout, "graded by toolkit\n") {
+			t.Errorf("after %q the toolkit is gone or changed: %+v", attack, r)
+		}
+	}
+	// The agent under test replaces the sandbox's shell and busybox.
+	if r := s.sh(t, tk.ID, "cp /bin/busybox /tmp/busybox && /tmp/busybox rm -f /bin/sh /bin/busybox && printf '#!/tmp/busybox sh\\necho pwned\\n' > /bin/busybox && /tmp/busybox chmod 755 /bin/busybox && /tmp/busybox ln -s busybox /bin/sh"); r.ExitCode != 0 {
+		t.Fatalf("replace: %+v", r)
+	}
+	if r, err := s.C.Exec(ctx, tk.ID, api.ExecRequest{Argv: []string{"sh", "-c", "echo hi"}}); err != nil || r.Stdout != "pwned\n" {
+		t.Fatalf("the sandbox's own shell was not replaced: %+v %v", r, err)
+	}
+	r, err = s.C.Exec(ctx, tk.ID, api.ExecRequest{Cmd: "echo $PATH; readlink /proc/$$/exe; grade; echo $(cat /work/a)", Trusted: true, Session: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(r.Stdout, "\n")
+	if r.ExitCode != 0 || len(lines) < 4 || !strings.HasPrefix(lines[0], "/opt/toolkit/bin:") ||
+		lines[1] != "/opt/toolkit/bin/busybox" || lines[2] != "graded by toolkit" || lines[3] != "2" {
+		t.Fatalf("trusted exec: %+v", r)
+	}
+	r, err = s.C.Exec(ctx, tk.ID, api.ExecRequest{Argv: []string{"grade"}, Trusted: true})
+	if err != nil || r.Stdout != "graded by toolkit\n" {
+		t.Fatalf("trusted argv: %+v %v", r, err)
+	}
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "true", Trusted: true}); !isCode(err, api.CodeBadRequest) {
+		t.Fatalf("trusted without a toolkit: %v", err)
+	}
+}
+
+// TestLayerFromSandboxComposes: a builder's changes, packed and stacked on
+// the same base, reproduce its root: deletions and opaque directories
+// honoured, privileges the base did not have dropped.
+func TestLayerFromSandboxComposes(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	b := s.create(t, api.CreateSandboxRequest{})
+	s.sh(t, b.ID, "mkdir -p /srv/app && echo built > /srv/app/out && rm /bin/vi && rm -rf /home && mkdir /home && echo new > /home/only && "+
+		"touch /srv/app/suid && chmod 4755 /srv/app/suid && mkfifo /srv/app/fifo")
+	l, err := s.C.CreateLayerFromSandbox(ctx, b.ID, "ws/built", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Version != 1 || !strings.HasPrefix(l.Source, "sandbox "+b.ID) {
+		t.Fatalf("layer %+v", l)
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Layers: []api.LayerAttachment{{Layer: "ws/built"}}})
+	r := s.sh(t, sb.ID, "cat /srv/app/out; ls /bin/vi; ls /home; stat -c %a /srv/app/suid; test -p /srv/app/fifo && echo fifo")
+	if r.Stdout != "built\nonly\n755\nfifo\n" {
+		t.Fatalf("composed from a sandbox: %q %q", r.Stdout, r.Stderr)
+	}
+	// A device node in the changes cannot be packed.
+	s.sh(t, b.ID, "mknod /srv/app/disk b 7 0")
+	if _, err := s.C.CreateLayerFromSandbox(ctx, b.ID, "ws/built", 0); !isCode(err, api.CodeInvalid) {
+		t.Fatalf("device node packed: %v", err)
+	}
+}
