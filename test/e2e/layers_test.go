@@ -5,11 +5,22 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/warrenhq/warren/api"
 	warren "github.com/warrenhq/warren/sdk/go"
@@ -374,5 +385,70 @@ func TestLayerFromSandboxComposes(t *testing.T) {
 	s.sh(t, b.ID, "mknod /srv/app/disk b 7 0")
 	if _, err := s.C.CreateLayerFromSandbox(ctx, b.ID, "ws/built", 0); !isCode(err, api.CodeInvalid) {
 		t.Fatalf("device node packed: %v", err)
+	}
+}
+
+// TestImagePull pulls from go-containerregistry's in-memory registry on
+// loopback and runs the image.
+func TestImagePull(t *testing.T) {
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("SKIP: no /bin/busybox")
+	}
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))})
+	tw.Write(bb)
+	tw.WriteHeader(&tar.Header{Name: "bin/sh", Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
+	tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "etc/pulled", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3})
+	tw.Write([]byte("yes"))
+	tw.Close()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err = mutate.Config(img, v1.Config{Env: []string{"PATH=/bin", "PULLED=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := name.ParseReference(host + "/tools/bb:1")
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+
+	s := startServer(t)
+	ctx := context.Background()
+	got, err := s.C.PullImage(ctx, ref.String(), "bb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "bb" || len(got.Layers) != 1 {
+		t.Fatalf("pulled %+v", got)
+	}
+	if out, err := s.warren(t, "image", "pull", ref.String()); err != nil || !strings.HasPrefix(out, ref.String()+" sha256:") {
+		t.Fatalf("cli pull: %q %v", out, err)
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Image: "bb"})
+	if r := s.sh(t, sb.ID, "cat /etc/pulled; echo $PULLED"); r.Stdout != "yes1\n" {
+		t.Fatalf("pulled image: %+v", r)
+	}
+	if _, err := s.C.PullImage(ctx, host+"/tools/none:1", ""); !isCode(err, api.CodeNotFound) {
+		t.Fatalf("unknown image: %v", err)
+	}
+	if _, err := s.C.PullImage(ctx, "Bad Ref", ""); !isCode(err, api.CodeInvalid) {
+		t.Fatalf("bad ref: %v", err)
+	}
+	if code, _ := s.rawRequest(t, "POST", "/v1/images", "", []byte(`{}`), nil); code != 422 {
+		t.Fatalf("missing ref: %d", code)
 	}
 }
