@@ -156,3 +156,40 @@ func FuzzParseLayerRef(f *testing.F) {
 		}
 	})
 }
+
+// TestFullDiskMidImport: a store on a tiny filesystem fills up during the
+// import: a clear ErrNoSpace, nothing half-written visible, and the store
+// still works for what fits.
+func TestFullDiskMidImport(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=3m"); err != nil {
+		t.Skipf("SKIP: tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	s, err := Open(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	big := make([]byte, 4<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	os.WriteFile(filepath.Join(src, "big"), big, 0o644)
+	_, err = s.CreateLayerFromDir(context.Background(), "ws/big", 0, src)
+	if !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("want ErrNoSpace, got %v", err)
+	}
+	if l, i, tmp := visible(t, s); len(l)+len(i)+len(tmp) != 0 {
+		t.Fatalf("left behind: %v %v %v", l, i, tmp)
+	}
+	if ls, _ := s.ListLayers(context.Background(), ""); len(ls) != 0 {
+		t.Fatalf("layers: %v", ls)
+	}
+	small := t.TempDir()
+	os.WriteFile(filepath.Join(small, "f"), []byte("fits"), 0o644)
+	if _, err := s.CreateLayerFromDir(context.Background(), "ws/small", 0, small); err != nil {
+		t.Fatalf("store unusable after a full disk: %v", err)
+	}
+}
