@@ -31,6 +31,19 @@ type CreateSandboxRequest struct {
 	IdleTimeout int64             `json:"idle_timeout,omitempty"` // seconds without an operation; 0 = none
 	User        string            `json:"user,omitempty"`         // default user for exec
 	Hostname    string            `json:"hostname,omitempty"`
+	// Layers are named layers stacked above the image, bottom first
+	// ("ws/django-1234@3", "toolkit/harness"), or attached at a mount point
+	// ({"layer": "toolkit/harness", "mount": "/opt/toolkit", "protected": true}).
+	Layers []LayerAttachment `json:"layers,omitempty"`
+}
+
+// LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
+// is either a string (a layer reference stacked into the root) or an
+// object with a mount point.
+type LayerAttachment struct {
+	Layer     string `json:"layer"`               // "name" (latest) or "name@version"
+	Mount     string `json:"mount,omitempty"`     // absolute path: a read-only bind mount there instead of a root layer
+	Protected bool   `json:"protected,omitempty"` // the sandbox cannot modify, remount or shadow it; usable by trusted exec
 }
 
 // Sandbox is the public view of one sandbox.
@@ -52,6 +65,9 @@ type Sandbox struct {
 	ExpiresAt   *time.Time        `json:"expires_at,omitempty"`
 	LastActive  time.Time         `json:"last_active_at"`
 	Reason      string            `json:"reason,omitempty"` // why it failed or stopped
+	// Layers are the named layers the sandbox was created with, resolved
+	// to versions ("ws/django-1234@3", "toolkit/harness@2 at /opt/toolkit (protected)").
+	Layers []string `json:"layers,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -72,6 +88,11 @@ type ExecRequest struct {
 	Timeout    float64           `json:"timeout,omitempty"`    // seconds; 0 = default (600)
 	OutputCap  int64             `json:"output_cap,omitempty"` // bytes per stream; 0 = default (16 MiB)
 	Background bool              `json:"background,omitempty"`
+	// Trusted runs the command with the shell of the sandbox's first
+	// protected toolkit (its bin/sh) and the toolkits' bin directories first
+	// on PATH, outside any session, so nothing the sandbox changed in its
+	// own root can stand in for the toolkit's programs.
+	Trusted bool `json:"trusted,omitempty"`
 }
 
 // ExecResult is the JSON answer of exec (and the last NDJSON event of a stream).
@@ -150,6 +171,44 @@ type Image struct {
 
 type ImageList struct {
 	Images []Image `json:"images"`
+}
+
+// PullImageRequest is the body of POST /v1/images: pull ref from an OCI
+// registry and store it as name (default: ref).
+type PullImageRequest struct {
+	Ref  string `json:"ref"`
+	Name string `json:"name,omitempty"`
+}
+
+// Layer is one version of a named layer.
+type Layer struct {
+	Name       string    `json:"name"`
+	Version    int       `json:"version"`
+	Digest     string    `json:"digest"`      // diff id of the layer tar, sha256:<hex>
+	Size       int64     `json:"size"`        // bytes of the uncompressed layer tar
+	Entries    int       `json:"entries"`     // files, directories, links
+	StoredSize int64     `json:"stored_size"` // bytes of its EROFS image in the store
+	Source     string    `json:"source,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+type LayerList struct {
+	Layers []Layer `json:"layers"`
+}
+
+// CreateLayerRequest is the JSON body of POST /v1/layers that packs a
+// sandbox's changes. (A tar body with ?name=&version= uploads a layer.)
+type CreateLayerRequest struct {
+	Name        string `json:"name"`
+	Version     int    `json:"version,omitempty"` // 0 = the next version
+	FromSandbox string `json:"from_sandbox"`
+}
+
+// GCResult answers POST /v1/layers/gc.
+type GCResult struct {
+	Removed []string `json:"removed"`
+	Bytes   int64    `json:"bytes"`
+	Kept    int      `json:"kept"`
 }
 
 // Node is the watcher's view of one edge.

@@ -66,6 +66,14 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 			return nil, errf(agentproto.ErrInvalid, "exec: argv contains a NUL byte")
 		}
 	}
+	var tkPath string
+	if req.Trusted {
+		tr, path, err := a.trustedRequest(req)
+		if err != nil {
+			return nil, err
+		}
+		req, tkPath = tr, path
+	}
 	p := &execPlan{req: req, limit: req.OutputCap, injected: make(map[string]string)}
 	if p.limit <= 0 {
 		p.limit = defaultOutputCap
@@ -79,6 +87,9 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 		p.cred = c
 	}
 	p.sess = a.sessions.get(req.Session)
+	if req.Trusted {
+		p.sess = &session{} // nothing a session exported reaches a trusted command
+	}
 	env, cwd := p.sess.snapshot(a.baseEnv)
 	p.prior = env
 	p.env = make(map[string]string, len(env)+4)
@@ -105,6 +116,9 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 			return nil, errf(agentproto.ErrInvalid, "exec: bad environment variable %q", k)
 		}
 		inject(k, v)
+	}
+	if req.Trusted {
+		inject("PATH", tkPath+":"+p.env["PATH"])
 	}
 	switch {
 	case req.Cwd != "":

@@ -14,6 +14,8 @@ type SetupConfig struct {
 	// Upper and Work are the overlay's private writable dir and work dir.
 	Upper string `json:"upper"`
 	Work  string `json:"work"`
+	// Binds are read-only layer directories attached at paths of the root.
+	Binds []Bind `json:"binds,omitempty"`
 	// Hostname of the sandbox (uts namespace).
 	Hostname string `json:"hostname"`
 	// Env is the base environment of every session.
@@ -30,6 +32,16 @@ type SetupConfig struct {
 	// Tests only: the agent then serves file operations relative to RootDir
 	// (or "/" when empty) and runs commands in its own (host) root.
 	Unconfined bool `json:"unconfined,omitempty"`
+}
+
+// Bind attaches a host directory (a mounted layer) read-only, nosuid and
+// nodev at Target inside the sandbox. A protected bind cannot be shadowed:
+// every ancestor directory of Target becomes a mount point of its own, so
+// none can be renamed or removed; trusted exec runs from it.
+type Bind struct {
+	Source    string `json:"source"`
+	Target    string `json:"target"`
+	Protected bool   `json:"protected,omitempty"`
 }
 
 // SetupResult answers OpSetup once the agent serves from inside the sandbox.
@@ -49,6 +61,9 @@ type ExecRequest struct {
 	Timeout    time.Duration     `json:"timeout,omitempty"`    // 0 = none
 	OutputCap  int64             `json:"output_cap,omitempty"` // per stream; 0 = 16 MiB
 	Background bool              `json:"background,omitempty"` // answer at once with CommandID
+	// Trusted runs the command with the first protected bind's bin/sh and
+	// the protected binds' bin directories first on PATH.
+	Trusted bool `json:"trusted,omitempty"`
 }
 
 // ExecResult ends an exec.

@@ -20,6 +20,8 @@ func FuzzCreateDecoding(f *testing.F) {
 		`{"image":"busybox"}`, `{"image":"busybox","cpu":-1}`, `{"image":"a","env":{"A":"\u0000"}}`,
 		`{"image":"x","labels":{"k":"v"},"ttl":1e308}`, `{`, `[]`, `null`, `{"image":"busybox"} {}`,
 		`{"image":"../../x","memory_mb":9223372036854775807}`, `{"cpu":NaN}`,
+		`{"image":"busybox","layers":["ws/x@3",{"layer":"toolkit/h","mount":"/opt/toolkit","protected":true}]}`,
+		`{"image":"busybox","layers":[{"layer":"a","mount":"/proc/x"}]}`, `{"image":"b","layers":[1,null,"x@"]}`,
 	} {
 		f.Add([]byte(seed))
 	}

@@ -82,6 +82,12 @@ func (s *Server) routes() []route {
 		{pattern: "PUT /v1/sandboxes/{id}/archive", handler: s.putArchive},
 		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive},
 		{pattern: "GET /v1/images", handler: s.listImages},
+		{pattern: "POST /v1/images", handler: s.pullImage},
+		{pattern: "POST /v1/layers", handler: s.createLayer},
+		{pattern: "GET /v1/layers", handler: s.listLayers},
+		{pattern: "POST /v1/layers:gc", handler: s.gcLayers},
+		{pattern: "GET /v1/layers/{ref...}", handler: s.getLayer},
+		{pattern: "DELETE /v1/layers/{ref...}", handler: s.deleteLayer},
 		{pattern: "GET /v1/nodes", handler: s.listNodes},
 	}
 }

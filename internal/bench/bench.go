@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/serve"
 	warren "github.com/warrenhq/warren/sdk/go"
 )
@@ -29,6 +31,28 @@ type Options struct {
 	ExecSamples int           // exec round trips; default 2000
 	AgentPath   string
 	Out         io.Writer // progress
+	// Figures selects what to measure (comma-separated): core (exec round
+	// trip, create throughput against runc and bwrap), and the layer
+	// figures create-size, lazy, burst, upgrade (or "layers" for all four).
+	// Default: everything.
+	Figures string
+	Layers  LayerOptions
+}
+
+// FigureSets are the names Figures accepts.
+var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade"}
+
+func (o *Options) want(f string) bool {
+	if o.Figures == "" || o.Figures == "all" {
+		return true
+	}
+	for _, w := range strings.Split(o.Figures, ",") {
+		w = strings.TrimSpace(w)
+		if w == f || w == "layers" && f != "core" {
+			return true
+		}
+	}
+	return false
 }
 
 // Result is one measured figure.
@@ -63,6 +87,12 @@ func (o *Options) defaults() {
 // Run starts a private `warren serve`, measures, and stops it.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o.defaults()
+	for _, w := range strings.Split(o.Figures, ",") {
+		w = strings.TrimSpace(w)
+		if w != "" && w != "all" && w != "layers" && !slices.Contains(FigureSets, w) {
+			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, %s)", w, strings.Join(FigureSets, ", "))
+		}
+	}
 	dataDir, err := os.MkdirTemp("", "warren-bench-")
 	if err != nil {
 		return nil, err
@@ -97,15 +127,28 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 	c := warren.New(url, token)
 	rep := &Report{Started: time.Now().UTC()}
-	rootfs, err := busyboxRoot(dataDir)
-	if err != nil {
+	if o.want("core") {
+		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
+			return nil, err
+		}
+	}
+	if err := runLayers(ctx, o, c, dataDir, rep); err != nil {
 		return nil, err
 	}
+	return rep, nil
+}
+
+func runCore(ctx context.Context, o Options, c *warren.Client, dataDir string, rep *Report) error {
+	rootfs, release, err := busyboxRoot(dataDir)
+	if err != nil {
+		return err
+	}
+	defer release()
 
 	fmt.Fprintf(o.Out, "exec round trip (%d samples)...\n", o.ExecSamples)
 	p50, p99, err := execRoundTrip(ctx, c, o.ExecSamples)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rep.add("exec round trip `true` p50", ms(p50), "ms", "target ≤ 1 ms")
 	rep.add("exec round trip `true` p99", ms(p99), "ms", "target ≤ 5 ms")
@@ -113,7 +156,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	fmt.Fprintf(o.Out, "warren create→exec→stop, %d clients, %v...\n", o.Concurrency, o.Duration)
 	wRate, wLat, err := throughput(ctx, o, func(ctx context.Context) error { return warrenCycle(ctx, c) })
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rep.add("warren create→exec→stop", wRate, "sandboxes/s", fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(wLat.p50), ms(wLat.p99)))
 
@@ -139,7 +182,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			rep.add("ratio warren / "+p.name, wRate/rate, "×", "target ≥ 5× runc")
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 func (r *Report) add(name string, v float64, unit, note string) {
@@ -236,16 +279,26 @@ func execRoundTrip(ctx context.Context, c *warren.Client, n int) (time.Duration,
 	return p.p50, p.p99, nil
 }
 
-// busyboxRoot finds the unpacked busybox layer of the bench server's store,
-// so peers run the very same root filesystem.
-func busyboxRoot(dataDir string) (string, error) {
-	matches, _ := filepath.Glob(filepath.Join(dataDir, "images", "layers", "sha256", "*"))
-	for _, m := range matches {
-		if _, err := os.Stat(filepath.Join(m, "bin", "busybox")); err == nil {
-			return m, nil
-		}
+// busyboxRoot mounts the busybox layer of the bench server's store, so
+// peers run the very same root filesystem; release unmounts it.
+func busyboxRoot(dataDir string) (string, func(), error) {
+	store, err := image.Open(filepath.Join(dataDir, "images"))
+	if err != nil {
+		return "", nil, err
 	}
-	return "", fmt.Errorf("bench: busybox layer not found in %s", dataDir)
+	img, _, err := store.Resolve(context.Background(), image.BusyboxImage)
+	if err != nil {
+		return "", nil, fmt.Errorf("bench: busybox image: %w", err)
+	}
+	m, err := image.NewMounter(filepath.Join(dataDir, "bench-mnt"), store)
+	if err != nil {
+		return "", nil, err
+	}
+	dirs, err := m.Acquire("bench", img.Layers)
+	if err != nil {
+		return "", nil, err
+	}
+	return dirs[0], func() { _ = m.Close() }, nil
 }
 
 // Markdown renders the report as a table.

@@ -13,8 +13,11 @@ import (
 )
 
 // writeTar writes the tree under dir to w; entry names are relative to dir
-// ("a.txt", "sub/b.txt"), the root itself is not an entry.
-func writeTar(w io.Writer, dir string) error {
+// ("a.txt", "sub/b.txt"), the root itself is not an entry. Owners become root.
+func writeTar(w io.Writer, dir string) error { return writeTarOwners(w, dir, false) }
+
+// writeTarOwners is writeTar, keeping numeric owners when keep is set.
+func writeTarOwners(w io.Writer, dir string, keep bool) error {
 	tw := tar.NewWriter(w)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -48,7 +51,10 @@ func writeTar(w io.Writer, dir string) error {
 		if info.IsDir() {
 			hdr.Name += "/"
 		}
-		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
+		hdr.Uname, hdr.Gname = "", ""
+		if !keep {
+			hdr.Uid, hdr.Gid = 0, 0
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}

@@ -46,6 +46,15 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.ExecSamples, "exec-samples", 2000, "exec round trips to time")
 	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
 	f.StringVar(&out, "out", "", "append the results to this Markdown file (docs/BENCHMARKS.md)")
+	f.StringVar(&o.Figures, "figures", "all", "what to measure, comma-separated: all, core, layers, or any of "+strings.Join(bench.FigureSets, ", "))
+	f.IntVar(&o.Layers.LayerMB, "layer-mb", 2048, "create-size: size of the big workspace layer (MiB)")
+	f.IntVar(&o.Layers.CreateSamples, "create-samples", 20, "create-size: creates timed per layer")
+	f.IntVar(&o.Layers.ImageMB, "image-mb", 1024, "lazy: size of the image (MiB)")
+	f.Float64Var(&o.Layers.TouchPercent, "touch-percent", 5, "lazy: share of the image the task reads")
+	f.IntVar(&o.Layers.Burst, "burst", 500, "burst: sandboxes created")
+	f.IntVar(&o.Layers.BurstWorkspaces, "burst-workspaces", 50, "burst: distinct workspaces")
+	f.IntVar(&o.Layers.WorkspaceMB, "workspace-mb", 4, "burst: size of one workspace (MiB)")
+	f.IntVar(&o.Layers.UpgradeWorkspaces, "upgrade-workspaces", 1000, "upgrade: workspaces sharing the toolkit")
 	return cmd
 }
 

@@ -364,12 +364,16 @@ func TestImageImport(t *testing.T) {
 		return nil
 	}
 	code, out, _ := f.run(t, "", "image", "import", "/tmp/img.tar", "--name", "busybox:1", "--data-dir", "/srv/w")
-	if code != 0 || out != "busybox:1\n" || strings.Join(got, ",") != "/srv/w,/tmp/img.tar,busybox:1" {
+	if code != 0 || out != "busybox:1\n" || strings.Join(got, ",") != "/srv/w/images,/tmp/img.tar,busybox:1" {
 		t.Fatalf("%d %q %v", code, out, got)
 	}
 	f.run(t, "", "image", "import", "a", "--name", "n")
-	if got[0] != DefaultDataDir {
-		t.Fatalf("default data dir %q", got[0])
+	if got[0] != DefaultDataDir+"/images" {
+		t.Fatalf("default store %q", got[0])
+	}
+	f.run(t, "", "image", "import", "a", "--name", "n", "--store", "/shared/store")
+	if got[0] != "/shared/store" {
+		t.Fatalf("--store %q", got[0])
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 )
 
 // importImage imports an OCI archive (file) or OCI layout (directory) src
-// into the image store under dataDir as name. The lead wires it to
+// into the image store directory as name. The lead wires it to
 // internal/image; nil means this build has no image store.
 var importImage func(ctx context.Context, dataDir, src, name string) error
 
@@ -26,7 +27,7 @@ func newImageCmd(g *globals) *cobra.Command {
 		Aliases: []string{"images"},
 		Short:   "manage images",
 	}
-	cmd.AddCommand(newImageLsCmd(g), newImageImportCmd(g))
+	cmd.AddCommand(newImageLsCmd(g), newImageImportCmd(g), newImagePullCmd(g))
 	return cmd
 }
 
@@ -72,7 +73,7 @@ func shortDigest(d string) string {
 }
 
 func newImageImportCmd(g *globals) *cobra.Command {
-	var name, dataDir string
+	var name, dataDir, store string
 	cmd := &cobra.Command{
 		Use:   "import FILE|DIR --name NAME",
 		Short: "import an OCI archive or layout into the local image store",
@@ -84,7 +85,10 @@ not to the API, so it runs on the node itself.`,
 			if importImage == nil {
 				return errors.New("image import is not available in this build")
 			}
-			if err := importImage(cmd.Context(), dataDir, args[0], name); err != nil {
+			if store == "" {
+				store = filepath.Join(dataDir, "images")
+			}
+			if err := importImage(cmd.Context(), store, args[0], name); err != nil {
 				return fmt.Errorf("import %s: %w", args[0], err)
 			}
 			if g.json {
@@ -96,6 +100,7 @@ not to the API, so it runs on the node itself.`,
 	}
 	cmd.Flags().StringVar(&name, "name", "", "image name (required)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", DefaultDataDir, "warren's data directory")
+	cmd.Flags().StringVar(&store, "store", "", "layer store directory (default: DATA_DIR/images)")
 	_ = cmd.MarkFlagRequired("name")
 	return cmd
 }

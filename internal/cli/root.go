@@ -57,6 +57,7 @@ func NewRootCmd() *cobra.Command {
 		newLsCmd(g),
 		newRmCmd(g),
 		newImageCmd(g),
+		newLayerCmd(g),
 		newNodesCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),

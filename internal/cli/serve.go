@@ -15,8 +15,8 @@ import (
 )
 
 func init() {
-	importImage = func(ctx context.Context, dataDir, src, name string) error {
-		store, err := image.Open(dataDir + "/images")
+	importImage = func(ctx context.Context, storeDir, src, name string) error {
+		store, err := image.Open(storeDir)
 		if err != nil {
 			return err
 		}
@@ -53,6 +53,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
 	f.StringVar(&o.Node, "node", "", "node name (default: the hostname)")
 	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
+	f.StringVar(&o.Store, "store", "", "layer store directory, shared by every node of a cluster (default: DATA_DIR/images)")
 	f.StringVar(&o.NATSListen, "nats-listen", "", "also serve NATS to other processes on this address (default: in-process only)")
 	f.Float64Var(&o.CPUOvercommit, "cpu-overcommit", 20, "CPU overcommit factor used by admission")
 	f.Float64Var(&o.MemoryOvercommit, "memory-overcommit", 1.5, "memory overcommit factor used by admission")

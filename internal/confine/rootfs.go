@@ -51,6 +51,11 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 		}
 		nodes[n] = fd
 	}
+	binds, err := cloneBinds(cfg.Binds)
+	if err != nil {
+		return err
+	}
+	defer closeBinds(binds)
 	if err := pivot(cfg.RootDir); err != nil {
 		return err
 	}
@@ -64,7 +69,10 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 	if err := mountDev(nodes, shm); err != nil {
 		return err
 	}
-	return applyMasks()
+	if err := applyMasks(); err != nil {
+		return err
+	}
+	return attachBinds(binds)
 }
 
 func mountOverlay(cfg *agentproto.SetupConfig) error {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -118,6 +119,39 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		return fmt.Errorf("resolve image %s: %w", spec.Image, err)
 	}
 
+	// Named layers: stacked above the image (bottom first in the request),
+	// or attached at mount points.
+	var rootIDs, bindIDs, names []string
+	var binds []agentproto.Bind
+	for _, a := range spec.Layers {
+		l, err := e.cfg.Images.ResolveLayer(ctx, a.Layer)
+		if err != nil {
+			var ae *api.Error
+			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+				return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", a.Layer)}
+			}
+			return fmt.Errorf("resolve layer %s: %w", a.Layer, err)
+		}
+		desc := fmt.Sprintf("%s@%d", l.Name, l.Version)
+		if a.Mount == "" {
+			rootIDs = append(rootIDs, l.Digest)
+		} else {
+			bindIDs = append(bindIDs, l.Digest)
+			binds = append(binds, agentproto.Bind{Target: a.Mount, Protected: a.Protected})
+			desc += " at " + a.Mount
+			if a.Protected {
+				desc += " (protected)"
+			}
+		}
+		names = append(names, desc)
+	}
+	layerIDs := make([]string, 0, len(rootIDs)+len(img.Layers)+len(bindIDs))
+	for i := len(rootIDs) - 1; i >= 0; i-- {
+		layerIDs = append(layerIDs, rootIDs[i])
+	}
+	layerIDs = append(layerIDs, img.Layers...)
+	layerIDs = append(layerIDs, bindIDs...)
+
 	stateDir := e.stateDir(id)
 	cleanup := func() {
 		e.freeStorage(id)
@@ -139,13 +173,28 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		}
 	}
 	tAlloc := time.Now()
+	sb.mu.Lock()
+	sb.rec.Layers = layerIDs
+	sb.rec.Upper = upper
+	sb.rec.Binds = binds
+	sb.rec.Sandbox.Layers = names
+	sb.mu.Unlock()
 	if err := e.persist(&sb.rec); err != nil {
 		return err
+	}
+	dirs, err := e.cfg.Images.MountLayers(id, layerIDs)
+	if err != nil {
+		return fmt.Errorf("mount layers: %w", err)
+	}
+	nRoot := len(layerIDs) - len(binds)
+	lowers := dirs[:nRoot]
+	for i := range binds {
+		binds[i].Source = dirs[nRoot+i]
 	}
 	tPersist := time.Now()
 	rspec := &runtime.Spec{
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
-		Lowers: img.Dirs, Upper: upper, Work: work,
+		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
 		Env: sandboxEnv(img.Env, spec.Env), User: spec.User,
 	}
@@ -168,7 +217,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		return err
 	}
 	e.watch(sb)
-	e.log.Debug("sandbox started", "id", id, "alloc", tAlloc.Sub(t0), "persist", tPersist.Sub(tAlloc),
+	e.log.Debug("sandbox started", "id", id, "alloc", tAlloc.Sub(t0), "persist+mount", tPersist.Sub(tAlloc),
 		"runtime", time.Since(tPersist), "total", time.Since(t0))
 	return nil
 }

@@ -29,14 +29,35 @@ import (
 // ResolvedImage is what a sandbox needs of its image.
 type ResolvedImage struct {
 	Digest string
-	Dirs   []string // layer directories, top-most first
+	Layers []string // layer diff ids ("sha256:<hex>"), top-most first
 	Env    []string // the image's KEY=VALUE environment
 }
 
-// ImageResolver finds an image's layers.
+// ImageResolver finds an image's layers and mounts them. Layers are
+// mounted once per node and shared; each sandbox holds references that
+// ReleaseLayers drops.
 type ImageResolver interface {
 	ResolveLayers(ctx context.Context, name string) (*ResolvedImage, error)
 	ListImages(ctx context.Context) ([]api.Image, error)
+	// MountLayers mounts the layers (diff ids) for holder and returns their
+	// read-only directories in the same order.
+	MountLayers(holder string, diffIDs []string) ([]string, error)
+	// ReleaseLayers drops holder's references (idempotent).
+	ReleaseLayers(holder string)
+	// ReconcileMounts keeps exactly the mounts the given holders need.
+	ReconcileMounts(holders map[string][]string) error
+
+	// Named layers. Errors are *api.Error where the caller is at fault.
+	ResolveLayer(ctx context.Context, ref string) (*api.Layer, error)
+	ListLayers(ctx context.Context, name string) ([]api.Layer, error)
+	DeleteLayer(ctx context.Context, name string, version int) ([]api.Layer, error)
+	CreateLayerFromTar(ctx context.Context, name string, version int, path string) (*api.Layer, error)
+	CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, source string) (*api.Layer, error)
+	GC(ctx context.Context) (*api.GCResult, error)
+	// PullImage fetches ref from its registry and stores it as name.
+	PullImage(ctx context.Context, ref, name string) (*api.Image, error)
+	// StageFile creates a private file for an upload (on the store's filesystem).
+	StageFile() (*os.File, error)
 }
 
 // ErrImageNotFound is what an ImageResolver returns for unknown names.
@@ -83,6 +104,8 @@ type Edge struct {
 	subs   []*nats.Subscription
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	uploads uploads // layer tarballs arriving in chunks
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)

@@ -77,6 +77,18 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return &api.ImageList{Images: imgs}, nil
+	case OpImagePull:
+		var req api.PullImageRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.cfg.Images.PullImage(ctx, req.Ref, req.Name)
+	case OpLayerCreate, OpLayerUpload, OpLayerList, OpLayerGet, OpLayerDelete, OpLayerGC:
+		var req LayerRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.layerOp(ctx, op, &req)
 	case OpExec:
 		var req ExecRequest
 		if err := decode(body, &req); err != nil {
@@ -224,7 +236,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, w *bus.Replier) (any,
 	}
 	areq := &agentproto.ExecRequest{
 		Cmd: x.Cmd, Argv: x.Argv, Session: x.Session, Env: x.Env, Cwd: x.Cwd, User: x.User,
-		Timeout: timeout, OutputCap: x.OutputCap, Background: x.Background,
+		Timeout: timeout, OutputCap: x.OutputCap, Background: x.Background, Trusted: x.Trusted,
 	}
 	if areq.OutputCap == 0 {
 		areq.OutputCap = DefaultOutputCap

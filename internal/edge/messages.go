@@ -21,7 +21,34 @@ const (
 	OpTarGet      = "tar_get"
 	OpTarPut      = "tar_put"
 	OpImages      = "images"
+	OpImagePull   = "image_pull"
+	OpLayerCreate = "layer_create" // from a sandbox's changes (routed by sandbox id)
+	OpLayerUpload = "layer_upload" // a layer tar in chunks
+	OpLayerList   = "layer_list"
+	OpLayerGet    = "layer_get"
+	OpLayerDelete = "layer_delete"
+	OpLayerGC     = "layer_gc"
 )
+
+// LayerRequest is the body of the layer operations. Upload chunks carry
+// Data; the first has no Handle and its answer names one; the one with
+// Final set creates the layer and answers with it.
+type LayerRequest struct {
+	Name    string `json:"name,omitempty"`
+	Version int    `json:"version,omitempty"`
+	Ref     string `json:"ref,omitempty"` // layer_get, layer_delete: name or name@version
+	ID      string `json:"id,omitempty"`  // layer_create: the sandbox
+	Handle  string `json:"handle,omitempty"`
+	Data    []byte `json:"data,omitempty"`
+	Final   bool   `json:"final,omitempty"`
+	Abort   bool   `json:"abort,omitempty"`
+}
+
+// UploadResult answers a non-final upload chunk.
+type UploadResult struct {
+	Handle string `json:"handle"`
+	Bytes  int64  `json:"bytes"`
+}
 
 // CreateRequest asks an edge for a sandbox. ID is chosen by the caller (it
 // encodes this node); a repeated create with the same ID returns the

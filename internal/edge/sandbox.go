@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -19,6 +20,13 @@ type record struct {
 	Sandbox api.Sandbox              `json:"sandbox"`
 	Spec    api.CreateSandboxRequest `json:"spec"`
 	Handle  *runtime.Handle          `json:"handle,omitempty"`
+	// Layers are the diff ids the sandbox holds mounted, top-most first.
+	Layers []string `json:"layers,omitempty"`
+	// Upper is the overlay's writable directory (packed by layer_create).
+	Upper string `json:"upper,omitempty"`
+	// Binds are the layers attached at mount points; their diff ids are the
+	// last len(Binds) entries of Layers.
+	Binds []agentproto.Bind `json:"binds,omitempty"`
 }
 
 // sandbox is the edge's live state of one sandbox.
@@ -197,6 +205,13 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			_ = os.RemoveAll(filepath.Join(e.runDir(), ent.Name()))
 		}
 	}
+	holders := map[string][]string{}
+	for id := range adopted {
+		holders[id] = e.sandboxes[id].rec.Layers
+	}
+	if err := e.cfg.Images.ReconcileMounts(holders); err != nil {
+		e.log.Error("reconcile layer mounts", "err", err)
+	}
 	return nil
 }
 
@@ -205,6 +220,7 @@ func (e *Edge) freeStorage(id string) {
 		e.log.Warn("free writable layer", "id", id, "err", err)
 	}
 	_ = os.RemoveAll(e.stateDir(id))
+	e.cfg.Images.ReleaseLayers(id)
 }
 
 // watch marks the sandbox failed when its agent channel closes unexpectedly.

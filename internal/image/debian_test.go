@@ -25,10 +25,7 @@ func TestImportDebianTarball(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("imported %s (%d bytes) in %v", img.Digest, img.Size, time.Since(start))
-	_, dirs, err := s.Resolve(context.Background(), "debian:12")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, dirs := mountImage(t, s, "debian:12")
 	out, err := exec.Command("chroot", dirs[0], "/usr/bin/python3", "-c", "print(6*7)").CombinedOutput()
 	if err != nil || string(out) != "42\n" {
 		t.Fatalf("python3 in the image: %q %v", out, err)

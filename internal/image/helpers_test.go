@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -120,12 +121,40 @@ func visible(t testing.TB, s *LocalStore) (layers, images, tmp []string) {
 		sort.Strings(out)
 		return out
 	}
-	for _, n := range ls("layers/sha256") {
-		if filepath.Ext(n) != ".json" {
+	for _, n := range ls("blobs/sha256") {
+		if filepath.Ext(n) == ".erofs" {
 			layers = append(layers, n)
 		}
 	}
 	return layers, ls("images"), ls("tmp")
+}
+
+// mountImage resolves name and mounts its layers (top-most first) for the
+// test; they are unmounted when it ends.
+func mountImage(t testing.TB, s *LocalStore, name string) (*Image, []string) {
+	t.Helper()
+	img, _, err := s.Resolve(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMounter(filepath.Join(t.TempDir(), "mnt"), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 0, len(img.Layers))
+	for i := len(img.Layers) - 1; i >= 0; i-- {
+		ids = append(ids, img.Layers[i])
+	}
+	dirs, err := m.Acquire("test", ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return img, dirs
 }
 
 func lstat(t testing.TB, p string) unix.Stat_t {

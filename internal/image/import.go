@@ -9,10 +9,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
 // maxLayers bounds the layers of one image (overlayfs stacks at most 500).
@@ -25,17 +29,10 @@ type layerSource struct {
 	open   func() (io.ReadCloser, error)
 }
 
-// pendingLayer is a layer unpacked into a temporary directory, or an
-// existing one (tmp == "") that the image reuses.
-type pendingLayer struct {
-	hex  string
-	tmp  string
-	size int64
-}
-
 type layerMeta struct {
-	Size    int64 `json:"size"`
-	Entries int   `json:"entries"`
+	Size      int64 `json:"size"` // bytes of the uncompressed layer tar
+	Entries   int   `json:"entries"`
+	ErofsSize int64 `json:"erofs_size,omitempty"`
 }
 
 // Import implements Store. It detects the format of src: an OCI layout
@@ -113,68 +110,134 @@ func (s *LocalStore) importLayers(ctx context.Context, name string, cfg Config, 
 
 func (s *LocalStore) importOnce(ctx context.Context, name string, cfg Config, srcs []layerSource) (*Image, error) {
 	start := time.Now()
-	pending := make([]pendingLayer, 0, len(srcs))
-	defer func() {
-		for _, p := range pending {
-			if p.tmp != "" {
-				os.RemoveAll(p.tmp)
-			}
-		}
-	}()
-	for i, src := range srcs {
-		if h, ok := strings.CutPrefix(src.diffID, "sha256:"); ok && validHex(h) {
-			if m, err := s.layerMeta(h); err == nil {
-				pending = append(pending, pendingLayer{hex: h, size: m.Size})
-				continue
-			}
-		}
-		p, err := s.unpackLayer(ctx, src)
-		if p.tmp != "" {
-			pending = append(pending, p)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("image: %s: layer %d: %w", name, i, err)
-		}
-	}
-
-	unlock, err := s.lock()
-	if err != nil {
+	var made []string // layers this import made visible; collected again if it fails
+	fail := func(err error) (*Image, error) {
+		s.collect(made)
 		return nil, err
 	}
-	defer unlock()
 	img := &Image{Name: name, Config: cfg, CreatedAt: time.Now().UTC()}
-	for i := range pending {
-		p := &pending[i]
-		final := filepath.Join(s.dir, "layers", "sha256", p.hex)
-		_, statErr := os.Lstat(final)
-		switch {
-		case statErr == nil:
-			// Present already (reused, or another import won the race).
-		case p.tmp == "":
-			return nil, errLayerGone
-		default:
-			meta, _ := json.Marshal(layerMeta{Size: p.size})
-			if err := s.writeFileAtomic(final+".json", meta); err != nil {
-				return nil, fmt.Errorf("image: %s: %w", name, err)
-			}
-			if err := os.Rename(p.tmp, final); err != nil {
-				return nil, fmt.Errorf("image: %s: commit layer: %w", name, err)
-			}
-			p.tmp = ""
+	for i, src := range srcs {
+		h, size, mine, err := s.storeLayer(ctx, src)
+		if mine {
+			made = append(made, h)
 		}
-		img.Layers = append(img.Layers, "sha256:"+p.hex)
-		img.Size += p.size
+		if err != nil {
+			return fail(fmt.Errorf("image: %s: layer %d: %w", name, i, err))
+		}
+		img.Layers = append(img.Layers, "sha256:"+h)
+		img.Size += size
 	}
 	img.Digest = digestOf(cfg, img.Layers)
 	b, err := json.MarshalIndent(img, "", "  ")
 	if err != nil {
-		return nil, fmt.Errorf("image: %s: %w", name, err)
+		return fail(fmt.Errorf("image: %s: %w", name, err))
 	}
-	if err := s.writeFileAtomic(s.imagePath(name), b); err != nil {
-		return nil, fmt.Errorf("image: %s: write manifest: %w", name, err)
+	unlock, err := s.lock()
+	if err != nil {
+		return fail(err)
+	}
+	for _, l := range img.Layers {
+		if _, err := os.Lstat(s.BlobPath(l)); err != nil {
+			unlock()
+			return nil, errLayerGone // collected meanwhile: start again
+		}
+	}
+	err = s.writeFileAtomic(s.imagePath(name), b)
+	unlock()
+	if err != nil {
+		return fail(fmt.Errorf("image: %s: write manifest: %w", name, err))
 	}
 	slog.Debug("image imported", "name", name, "digest", img.Digest, "layers", len(img.Layers), "took", time.Since(start))
 	return img, nil
+}
+
+// storeLayer makes sure the layer src is in the store as an EROFS image and
+// returns its hex diff id, its tar size, and whether this call added it.
+// Concurrent calls for one known diff id in this process convert it once.
+func (s *LocalStore) storeLayer(ctx context.Context, src layerSource) (h string, size int64, mine bool, err error) {
+	if known, ok := strings.CutPrefix(src.diffID, "sha256:"); ok && validHex(known) {
+		for {
+			if m, err := s.layerMeta(known); err == nil {
+				return known, m.Size, false, nil
+			}
+			wait, done := s.flight.begin(known)
+			if wait == nil {
+				defer done()
+				break
+			}
+			select {
+			case <-wait: // look again: the other conversion may have failed
+			case <-ctx.Done():
+				return "", 0, false, ctx.Err()
+			}
+		}
+	}
+	return s.convertLayer(ctx, src)
+}
+
+// convertLayer unpacks src into a private directory (checking its diff id),
+// packs that into an EROFS image and renames it into place.
+func (s *LocalStore) convertLayer(ctx context.Context, src layerSource) (string, int64, bool, error) {
+	tmp, err := s.mkTemp("layer")
+	if err != nil {
+		return "", 0, false, err
+	}
+	defer os.RemoveAll(tmp)
+	tree := filepath.Join(tmp, "tree")
+	if err := os.Mkdir(tree, 0o755); err != nil {
+		return "", 0, false, err
+	}
+	h, meta, err := s.unpackLayer(ctx, src, tree)
+	if err != nil {
+		return "", 0, false, err
+	}
+	if m, err := s.layerMeta(h); err == nil {
+		return h, m.Size, false, nil // same content as a stored layer
+	}
+	img := filepath.Join(tmp, "layer.erofs")
+	if err := buildErofs(ctx, tree, img); err != nil {
+		return "", 0, false, err
+	}
+	if fi, err := os.Stat(img); err == nil {
+		meta.ErofsSize = fi.Size()
+	}
+	_ = os.RemoveAll(tree) // free the space before the commit
+	mine, err := s.commitLayer(h, img, meta)
+	return h, meta.Size, mine, err
+}
+
+// commitLayer moves a finished EROFS image into place unless the layer is
+// already there (another import won the race).
+func (s *LocalStore) commitLayer(h, img string, meta layerMeta) (bool, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	final := s.BlobPath(h)
+	if _, err := os.Lstat(final); err == nil {
+		return false, nil
+	}
+	mb, _ := json.Marshal(meta)
+	if err := s.writeFileAtomic(s.metaPath(h), mb); err != nil {
+		return false, fmt.Errorf("commit layer: %w", err)
+	}
+	if err := os.Chmod(img, 0o444); err != nil {
+		return false, err
+	}
+	if err := os.Rename(img, final); err != nil {
+		_ = os.Remove(s.metaPath(h))
+		return false, fmt.Errorf("commit layer: %w", err)
+	}
+	syncDir(filepath.Dir(final))
+	return true, nil
+}
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 }
 
 func validHex(h string) bool {
@@ -187,11 +250,10 @@ func validHex(h string) bool {
 
 func (s *LocalStore) layerMeta(h string) (layerMeta, error) {
 	var m layerMeta
-	d := filepath.Join(s.dir, "layers", "sha256", h)
-	if _, err := os.Lstat(d); err != nil {
+	if _, err := os.Lstat(s.BlobPath(h)); err != nil {
 		return m, err
 	}
-	b, err := os.ReadFile(d + ".json")
+	b, err := os.ReadFile(s.metaPath(h))
 	if err != nil {
 		return m, nil // size unknown; the layer itself is complete
 	}
@@ -213,38 +275,47 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// unpackLayer unpacks src into a new temporary directory and checks its
-// diff id. The returned pendingLayer names the directory even on error so
-// the caller removes it.
-func (s *LocalStore) unpackLayer(ctx context.Context, src layerSource) (pendingLayer, error) {
-	tmp, err := s.mkTemp("layer")
-	if err != nil {
-		return pendingLayer{}, err
-	}
-	p := pendingLayer{tmp: tmp}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return p, err
-	}
+// unpackLayer unpacks src into the empty directory dir and checks its diff
+// id, which it returns as hex.
+func (s *LocalStore) unpackLayer(ctx context.Context, src layerSource, dir string) (string, layerMeta, error) {
+	var meta layerMeta
 	rc, err := src.open()
 	if err != nil {
-		return p, err
+		return "", meta, err
 	}
 	defer rc.Close()
 	h := sha256.New()
 	cr := &countingReader{r: rc, h: h}
-	st, err := Unpack(ctx, cr, tmp, DefaultLimits)
+	st, err := Unpack(ctx, cr, dir, DefaultLimits)
 	if err != nil {
-		return p, err
+		return "", meta, classify(err)
 	}
 	// The diff id covers the whole stream, end-of-archive padding included.
 	if _, err := io.Copy(io.Discard, cr); err != nil {
-		return p, fmt.Errorf("reading layer: %w", err)
+		return "", meta, classify(fmt.Errorf("reading layer: %w", err))
 	}
-	p.hex = hex.EncodeToString(h.Sum(nil))
-	p.size = cr.n
-	if src.diffID != "" && src.diffID != "sha256:"+p.hex {
-		return p, fmt.Errorf("diff id mismatch: the image says %s, the content is sha256:%s", src.diffID, p.hex)
+	sum := hex.EncodeToString(h.Sum(nil))
+	if src.diffID != "" && src.diffID != "sha256:"+sum {
+		return "", meta, fmt.Errorf("%w: diff id mismatch: the image says %s, the content is sha256:%s", ErrBadContent, src.diffID, sum)
 	}
-	slog.Debug("layer unpacked", "diff_id", "sha256:"+p.hex, "entries", st.Entries, "bytes", st.Bytes)
-	return p, nil
+	meta.Size, meta.Entries = cr.n, st.Entries
+	slog.Debug("layer unpacked", "diff_id", "sha256:"+sum, "entries", st.Entries, "bytes", st.Bytes)
+	return sum, meta, nil
+}
+
+// classify tags an unpack error: a full store, a cancellation, or content
+// that cannot be a layer.
+func classify(err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("%w: %v", ErrNoSpace, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	var te *transport.Error
+	var ne net.Error
+	if errors.As(err, &te) || errors.As(err, &ne) {
+		return fmt.Errorf("%w: %w", ErrRegistry, err)
+	}
+	return fmt.Errorf("%w: %w", ErrBadContent, err)
 }

@@ -1,17 +1,22 @@
 // Package image is the node's content-addressed image store. An image is a
-// named, ordered list of layers; each layer is kept once, unpacked, under
-// the sha256 of its uncompressed tar (the OCI diff id), and shared by every
-// image that contains it.
+// named, ordered list of layers; each layer is converted once into an EROFS
+// image kept under the sha256 of its uncompressed tar (the OCI diff id), and
+// shared by every image, named layer and sandbox that contains it. Layers
+// are mounted read-only, file-backed (no loop device), once per node, by a
+// Mounter; on a shared filesystem the kernel then reads only the blocks a
+// sandbox touches.
 //
 // On disk, under the store directory:
 //
-//	layers/sha256/<hex>/       an unpacked layer (overlayfs whiteout form)
-//	layers/sha256/<hex>.json   its size
-//	images/<escaped name>.json the image: name, digest, layers, config
-//	tmp/                       private work space; renamed into place
+//	blobs/sha256/<hex>.erofs     a layer as an EROFS image (overlayfs whiteout form)
+//	blobs/sha256/<hex>.json      its size and entry count
+//	images/<escaped name>.json   the image: name, digest, layers, config
+//	named/<escaped name>/<v>.json a named, versioned layer: its digest
+//	tmp/                         private work space; renamed into place
 //
-// Every visible file or directory appears by an atomic rename, so a crash
-// never leaves a half layer or half manifest behind.
+// Every visible file appears by an atomic rename after an fsync, so a crash
+// never leaves a half layer or half manifest behind. Stores of the first
+// format (unpacked layers/sha256/<hex>/ directories) are converted on Open.
 package image
 
 import (
@@ -38,14 +43,15 @@ import (
 var ErrNotFound = errors.New("image: not found")
 
 // Store is what the edge needs from the image store. The storage format
-// (unpacked directories today, EROFS images later) stays behind it.
+// (EROFS images) stays behind it.
 type Store interface {
-	// Resolve returns the image and its layer directories, top-most first
-	// (overlayfs lowerdir order). Unknown names give ErrNotFound.
+	// Resolve returns the image and the paths of its layer blobs (EROFS
+	// images, mounted by a Mounter), top-most first (overlayfs lowerdir
+	// order). Unknown names give ErrNotFound.
 	Resolve(ctx context.Context, name string) (*Image, []string, error)
 	List(ctx context.Context) ([]Image, error)
-	// Remove deletes the image and every layer no other image uses. The
-	// caller must not remove an image whose layers are mounted.
+	// Remove deletes the image and every layer nothing else uses (no other
+	// image, no named layer, no mount).
 	Remove(ctx context.Context, name string) error
 	// Import reads src (OCI layout directory or archive, docker-save
 	// archive, root filesystem directory or tarball) and stores it as name.
@@ -96,6 +102,9 @@ type LocalStore struct {
 	mu  sync.Mutex // with the flock on dir/.lock: commit and garbage collection
 	// BusyboxPath is the static busybox EnsureBusybox packs ("/bin/busybox").
 	BusyboxPath string
+
+	inUse  func(hex string) bool // set by a Mounter: layers mounted on this node
+	flight flights               // conversions of one layer in progress in this process
 }
 
 var _ Store = (*LocalStore)(nil)
@@ -107,13 +116,16 @@ func Open(dir string) (*LocalStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
-	for _, d := range []string{"layers/sha256", "images", "tmp"} {
+	for _, d := range []string{"blobs/sha256", "images", "named", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("image: open store: %w", err)
 		}
 	}
 	s := &LocalStore{dir: dir, BusyboxPath: "/bin/busybox"}
 	s.cleanTmp()
+	if err := s.migrate(context.Background()); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -208,8 +220,14 @@ func (s *LocalStore) imagePath(name string) string {
 	return filepath.Join(s.dir, "images", fileName(name))
 }
 
-func (s *LocalStore) layerDir(diffID string) string {
-	return filepath.Join(s.dir, "layers", "sha256", strings.TrimPrefix(diffID, "sha256:"))
+// BlobPath is where the EROFS image of the layer with diff id
+// "sha256:<hex>" (or bare <hex>) lives.
+func (s *LocalStore) BlobPath(diffID string) string {
+	return filepath.Join(s.dir, "blobs", "sha256", strings.TrimPrefix(diffID, "sha256:")+".erofs")
+}
+
+func (s *LocalStore) metaPath(hex string) string {
+	return filepath.Join(s.dir, "blobs", "sha256", hex+".json")
 }
 
 func (s *LocalStore) readImage(name string) (*Image, error) {
@@ -236,15 +254,15 @@ func (s *LocalStore) Resolve(ctx context.Context, name string) (*Image, []string
 	if err != nil {
 		return nil, nil, err
 	}
-	dirs := make([]string, 0, len(img.Layers))
+	blobs := make([]string, 0, len(img.Layers))
 	for i := len(img.Layers) - 1; i >= 0; i-- {
-		d := s.layerDir(img.Layers[i])
-		if _, err := os.Lstat(d); err != nil {
+		b := s.BlobPath(img.Layers[i])
+		if _, err := os.Lstat(b); err != nil {
 			return nil, nil, fmt.Errorf("image: %s: layer %s missing: %w", name, img.Layers[i], err)
 		}
-		dirs = append(dirs, d)
+		blobs = append(blobs, b)
 	}
-	return img, dirs, nil
+	return img, blobs, nil
 }
 
 // List implements Store. Images are sorted by name.
@@ -285,57 +303,8 @@ func (s *LocalStore) Remove(ctx context.Context, name string) error {
 		}
 		return fmt.Errorf("image: remove %s: %w", name, err)
 	}
-	_, err = s.pruneLocked()
+	_, err = s.gcLocked(nil)
 	return err
-}
-
-// Prune removes layers that no image references and returns how many.
-func (s *LocalStore) Prune(ctx context.Context) (int, error) {
-	unlock, err := s.lock()
-	if err != nil {
-		return 0, err
-	}
-	defer unlock()
-	return s.pruneLocked()
-}
-
-func (s *LocalStore) pruneLocked() (int, error) {
-	imgs, err := s.List(context.Background())
-	if err != nil {
-		return 0, err
-	}
-	used := map[string]bool{}
-	for _, img := range imgs {
-		for _, l := range img.Layers {
-			used[strings.TrimPrefix(l, "sha256:")] = true
-		}
-	}
-	ldir := filepath.Join(s.dir, "layers", "sha256")
-	ents, err := os.ReadDir(ldir)
-	if err != nil {
-		return 0, fmt.Errorf("image: prune: %w", err)
-	}
-	n := 0
-	for _, e := range ents {
-		if !e.IsDir() || used[e.Name()] {
-			continue
-		}
-		// Rename out of sight first so no half-deleted layer is visible.
-		tmp, err := s.mkTemp("gc")
-		if err != nil {
-			return n, err
-		}
-		if err := os.Rename(filepath.Join(ldir, e.Name()), filepath.Join(tmp, "layer")); err != nil {
-			os.Remove(tmp)
-			return n, fmt.Errorf("image: prune: %w", err)
-		}
-		os.Remove(filepath.Join(ldir, e.Name()+".json"))
-		if err := os.RemoveAll(tmp); err != nil {
-			return n, fmt.Errorf("image: prune: %w", err)
-		}
-		n++
-	}
-	return n, nil
 }
 
 // writeFileAtomic writes b to path through a temporary file and rename.
@@ -361,4 +330,11 @@ func (s *LocalStore) writeFileAtomic(path string, b []byte) error {
 		os.Remove(f.Name())
 	}
 	return err
+}
+
+// StageFile creates a private file in the store's work directory (on the
+// layers' filesystem) for an upload; a crash leaves nothing that the next
+// Open does not remove.
+func (s *LocalStore) StageFile() (*os.File, error) {
+	return os.CreateTemp(filepath.Join(s.dir, "tmp"), tmpPrefix()+"upload-")
 }

@@ -334,6 +334,15 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return nil
 
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		if hdr.Typeflag != tar.TypeFifo {
+			// A sandbox's /dev is its own tmpfs, so the device nodes of a
+			// root filesystem tarball's dev/ are never seen: drop them.
+			// Anywhere else a device node has no business in a layer.
+			if rel == "dev" || strings.HasPrefix(rel, "dev/") {
+				return nil
+			}
+			return errors.New("device nodes are not allowed in layers (only under dev/, where they are dropped)")
+		}
 		mode := uint32(unix.S_IFIFO)
 		if hdr.Typeflag == tar.TypeChar {
 			mode = unix.S_IFCHR

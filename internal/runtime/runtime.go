@@ -24,6 +24,8 @@ type Spec struct {
 	RootDir string
 	// Lowers are read-only layer directories, top-most first.
 	Lowers []string
+	// Binds attach read-only layer directories at paths inside the root.
+	Binds []agentproto.Bind
 	// Upper and Work are the private writable overlay directories.
 	Upper string
 	Work  string

@@ -4,11 +4,13 @@ package sandboxspec
 
 import (
 	"fmt"
+	"path"
 	"regexp"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/image"
 )
 
 // Defaults and bounds.
@@ -27,6 +29,7 @@ const (
 	MaxEnv         = 256
 	MaxLabels      = 64
 	MaxValueLength = 4096
+	MaxLayers      = 32 // named layers per sandbox
 )
 
 var (
@@ -113,6 +116,44 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	}
 	if !hostnameRE.MatchString(req.Hostname) {
 		return invalid("hostname %q is malformed", truncate(req.Hostname))
+	}
+	return checkLayers(req.Layers)
+}
+
+// reservedMounts are paths the sandbox's own /proc, /sys and /dev cover.
+var reservedMounts = []string{"/proc", "/sys", "/dev"}
+
+func checkLayers(ls []api.LayerAttachment) *api.Error {
+	if len(ls) > MaxLayers {
+		return invalid("at most %d layers", MaxLayers)
+	}
+	mounts := map[string]bool{}
+	for i, l := range ls {
+		if _, _, err := image.ParseLayerRef(l.Layer); err != nil {
+			return invalid("layers[%d]: %s", i, strings.TrimPrefix(err.Error(), "invalid: "))
+		}
+		if l.Mount == "" {
+			if l.Protected {
+				return invalid("layers[%d]: protected needs a mount point", i)
+			}
+			continue
+		}
+		m := l.Mount
+		if !strings.HasPrefix(m, "/") || path.Clean(m) != m || m == "/" || len(m) > 1024 ||
+			strings.ContainsAny(m, ",:\x00\n") || !utf8.ValidString(m) {
+			return invalid("layers[%d]: mount %q must be a clean absolute path other than /", i, truncate(m))
+		}
+		for _, r := range reservedMounts {
+			if m == r || strings.HasPrefix(m, r+"/") {
+				return invalid("layers[%d]: mount %q is inside %s", i, m, r)
+			}
+		}
+		for other := range mounts {
+			if m == other || strings.HasPrefix(m, other+"/") || strings.HasPrefix(other, m+"/") {
+				return invalid("layers[%d]: mount %q overlaps %s", i, m, other)
+			}
+		}
+		mounts[m] = true
 	}
 	return nil
 }

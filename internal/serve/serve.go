@@ -28,7 +28,10 @@ import (
 
 // Options configure `warren serve`.
 type Options struct {
-	DataDir    string // default /var/lib/warren
+	DataDir string // default /var/lib/warren
+	// Store is the layer store directory (default DataDir/images). In a
+	// cluster it is a shared filesystem mounted at the same path on every node.
+	Store      string
 	Listen     string // default 127.0.0.1:7070
 	Node       string // default: hostname, sanitised
 	AgentPath  string // default: warren-agent beside the running binary
@@ -159,10 +162,24 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer apiConn.Close()
 
-	images, err := image.Open(filepath.Join(o.DataDir, "images"))
+	if o.Store == "" {
+		o.Store = filepath.Join(o.DataDir, "images")
+	}
+	images, err := image.Open(o.Store)
 	if err != nil {
 		return err
 	}
+	mounts, err := image.NewMounter(filepath.Join(o.DataDir, "layers"), images)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if !o.KeepOnShutdown {
+			if err := mounts.Close(); err != nil {
+				log.Warn("unmount layers", "err", err)
+			}
+		}
+	}()
 	if _, err := images.EnsureBusybox(ctx); err != nil {
 		log.Warn("cannot build the busybox image", "err", err)
 	}
@@ -186,7 +203,7 @@ func Run(ctx context.Context, o Options) error {
 	memMB := totalMemoryMB()
 	e, err := edge.New(edge.Config{
 		Node: o.Node, DataDir: o.DataDir, Bus: edgeConn, Runtime: rt,
-		Images: imageResolver{store: images}, Writable: writable, Logger: log,
+		Images: imageResolver{store: images, mounts: mounts}, Writable: writable, Logger: log,
 		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
 		KeepOnShutdown: o.KeepOnShutdown,

@@ -176,6 +176,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	setup := &agentproto.SetupConfig{
 		RootDir:  spec.RootDir,
 		Lowers:   spec.Lowers,
+		Binds:    spec.Binds,
 		Upper:    spec.Upper,
 		Work:     spec.Work,
 		Hostname: spec.Hostname,

@@ -27,7 +27,7 @@ from .client import BackgroundCommand, Client, Files, Pools, Sandbox, Session
 from .errors import (BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
                      QuotaExceeded, SandboxFailed, ServerError, Timeout, TooLarge, Unauthorized,
                      Unavailable, WarrenError)
-from .models import (CommandStatus, ExecResult, FileInfo, Image, Node, Pool, SandboxInfo,
+from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
                      Snapshot, Trajectory)
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncFiles", "AsyncBackgroundCommand",
     "AsyncPools",
     # data
-    "SandboxInfo", "ExecResult", "CommandStatus", "FileInfo", "Image", "Node", "Snapshot",
+    "SandboxInfo", "ExecResult", "CommandStatus", "FileInfo", "Image", "Layer", "Node", "Snapshot",
     "Pool", "Trajectory",
     # errors
     "WarrenError", "BadRequest", "TooLarge", "Unauthorized", "Forbidden", "NotFound",

@@ -172,7 +172,7 @@ def new_idempotency_key() -> str:
 # ---- request builders ------------------------------------------------------------------
 
 
-def create_body(*, tier: Optional[str], image: Optional[str], layers: Optional[Sequence[str]],
+def create_body(*, tier: Optional[str], image: Optional[str], layers: Optional[Sequence[Any]],
                 cpu: Optional[Number], memory_mb: Optional[int], disk_mb: Optional[int],
                 pids: Optional[int], ttl: Optional[Duration], idle_timeout: Optional[Duration],
                 env: Optional[Mapping[str, str]], labels: Optional[Mapping[str, str]],
@@ -329,3 +329,32 @@ def fncall_body(cmd: Command, *, image: Optional[str], timeout: Optional[Duratio
     body.update(drop_none({"image": image, "cpu": cpu, "memory_mb": memory_mb}))
     body.update(drop_none(extra))
     return body
+
+
+# ---- layers and images ---------------------------------------------------------------------
+
+def layer_path(ref: str) -> str:
+    """``/v1/layers/<ref>`` with each path segment escaped (slashes stay)."""
+    return "/v1/layers/" + "/".join(urllib.parse.quote(p, safe="@") for p in ref.split("/"))
+
+
+def create_layer_req(name: str, *, tar: Optional[bytes], from_sandbox: Optional[str],
+                     version: Optional[int]) -> Req:
+    if (tar is None) == (from_sandbox is None):
+        raise ValueError("warren: give exactly one of tar= and from_sandbox=")
+    if from_sandbox is not None:
+        return json_req("POST", "/v1/layers", drop_none(
+            {"name": name, "version": version, "from_sandbox": from_sandbox}), timeout=3600.0)
+    params = [("name", name)]
+    if version:
+        params.append(("version", str(version)))
+    return Req("POST", "/v1/layers", params=params, body=tar, content_type="application/x-tar",
+               timeout=3600.0)
+
+
+def layers_req(name: Optional[str]) -> Req:
+    return Req("GET", "/v1/layers", params=[("name", name)] if name else [])
+
+
+def pull_req(ref: str, name: Optional[str]) -> Req:
+    return json_req("POST", "/v1/images", drop_none({"ref": ref, "name": name}), timeout=3600.0)

@@ -15,7 +15,7 @@ from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_pat
 from ._http_async import AsyncTransport
 from ._tar import PathLike, pack_dir, unpack
 from .errors import Conflict, NotFound, SandboxFailed, Timeout, WarrenError
-from .models import (CommandStatus, ExecResult, FileInfo, Image, Node, Pool, SandboxInfo,
+from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
                      Snapshot, Trajectory)
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncFiles", "AsyncBackgroundCommand",
@@ -112,8 +112,36 @@ class AsyncClient:
         doc = await self._json(Req("GET", "/v1/nodes"))
         return [Node.from_json(d) for d in _core.items_from(doc, "nodes")]
 
+    async def create_layer(self, name: str, *, tar: Optional[bytes] = None,
+                           directory: Optional[PathLike] = None,
+                           from_sandbox: Optional[str] = None,
+                           version: Optional[int] = None) -> Layer:
+        if directory is not None:
+            if tar is not None:
+                raise ValueError("warren: give one of tar= and directory=")
+            tar, _ = pack_dir(directory)
+        return Layer.from_json(await self._json(_core.create_layer_req(
+            name, tar=tar, from_sandbox=from_sandbox, version=version)))
+
+    async def layers(self, name: Optional[str] = None) -> List[Layer]:
+        doc = await self._json(_core.layers_req(name))
+        return [Layer.from_json(d) for d in _core.items_from(doc, "layers")]
+
+    async def layer(self, ref: str) -> Layer:
+        return Layer.from_json(await self._json(Req("GET", _core.layer_path(ref))))
+
+    async def delete_layer(self, ref: str) -> List[Layer]:
+        doc = await self._json(Req("DELETE", _core.layer_path(ref)))
+        return [Layer.from_json(d) for d in _core.items_from(doc, "layers")]
+
+    async def gc_layers(self) -> Dict[str, Any]:
+        return await self._json(Req("POST", "/v1/layers:gc"))
+
+    async def pull_image(self, ref: str, name: Optional[str] = None) -> Image:
+        return Image.from_json(await self._json(_core.pull_req(ref, name)))
+
     def create(self, image: Optional[str] = None, *, tier: Optional[str] = None,
-               layers: Optional[Sequence[str]] = None, cpu: Optional[Number] = None,
+               layers: Optional[Sequence[Any]] = None, cpu: Optional[Number] = None,
                memory_mb: Optional[int] = None, disk_mb: Optional[int] = None,
                pids: Optional[int] = None, ttl: Optional[Duration] = None,
                idle_timeout: Optional[Duration] = None, env: Optional[Mapping[str, str]] = None,

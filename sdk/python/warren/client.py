@@ -13,7 +13,7 @@ from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_pat
 from ._http_sync import SyncTransport
 from ._tar import PathLike, pack_dir, unpack
 from .errors import Conflict, NotFound, SandboxFailed, Timeout, WarrenError
-from .models import (CommandStatus, ExecResult, FileInfo, Image, Node, Pool, SandboxInfo,
+from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
                      Snapshot, Trajectory)
 
 try:  # Python 3.8+: typing.Literal
@@ -112,10 +112,47 @@ class Client:
         return [Node.from_json(d) for d in
                 _core.items_from(self._json(Req("GET", "/v1/nodes")), "nodes")]
 
+    # ---- layers ------------------------------------------------------------------------
+
+    def create_layer(self, name: str, *, tar: Optional[bytes] = None,
+                     directory: Optional[PathLike] = None, from_sandbox: Optional[str] = None,
+                     version: Optional[int] = None) -> Layer:
+        """Create a version of the named layer from a layer tarball (bytes, plain
+        or gzip), a local ``directory``, or the changes of sandbox ``from_sandbox``
+        (an environment builder's result). Without ``version``: the next one."""
+        if directory is not None:
+            if tar is not None:
+                raise ValueError("warren: give one of tar= and directory=")
+            tar, _ = pack_dir(directory)
+        return Layer.from_json(self._json(_core.create_layer_req(
+            name, tar=tar, from_sandbox=from_sandbox, version=version)))
+
+    def layers(self, name: Optional[str] = None) -> List[Layer]:
+        """Every version of every named layer (or of ``name``)."""
+        return [Layer.from_json(d) for d in
+                _core.items_from(self._json(_core.layers_req(name)), "layers")]
+
+    def layer(self, ref: str) -> Layer:
+        """A layer version: ``name`` (the latest) or ``name@version``."""
+        return Layer.from_json(self._json(Req("GET", _core.layer_path(ref))))
+
+    def delete_layer(self, ref: str) -> List[Layer]:
+        """Delete ``name@version`` or every version of ``name``; returns what went."""
+        return [Layer.from_json(d) for d in
+                _core.items_from(self._json(Req("DELETE", _core.layer_path(ref))), "layers")]
+
+    def gc_layers(self) -> Dict[str, Any]:
+        """Remove layers no image, named layer or sandbox uses."""
+        return self._json(Req("POST", "/v1/layers:gc"))
+
+    def pull_image(self, ref: str, name: Optional[str] = None) -> Image:
+        """Pull ``ref`` from its OCI registry into the store (as ``name``)."""
+        return Image.from_json(self._json(_core.pull_req(ref, name)))
+
     # ---- sandboxes ---------------------------------------------------------------------
 
     def create(self, image: Optional[str] = None, *, tier: Optional[str] = None,
-               layers: Optional[Sequence[str]] = None, cpu: Optional[Number] = None,
+               layers: Optional[Sequence[Any]] = None, cpu: Optional[Number] = None,
                memory_mb: Optional[int] = None, disk_mb: Optional[int] = None,
                pids: Optional[int] = None, ttl: Optional[Duration] = None,
                idle_timeout: Optional[Duration] = None, env: Optional[Mapping[str, str]] = None,

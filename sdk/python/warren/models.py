@@ -263,6 +263,32 @@ class Image:
 
 
 @dataclass
+class Layer:
+    """One version of a named layer (a workspace, a toolkit)."""
+
+    name: str
+    version: int = 0
+    digest: str = ""
+    size: int = 0
+    entries: int = 0
+    stored_size: int = 0
+    source: str = ""
+    created_at: Optional[_dt.datetime] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ref(self) -> str:
+        """``name@version``, the reference to use in ``create(layers=[...])``."""
+        return "%s@%d" % (self.name, self.version)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Layer":
+        return cls(name=_s(d, "name"), version=_i(d, "version"), digest=_s(d, "digest"),
+                   size=_i(d, "size"), entries=_i(d, "entries"), stored_size=_i(d, "stored_size"),
+                   source=_s(d, "source"), created_at=parse_time(d.get("created_at")), raw=d)
+
+
+@dataclass
 class Node:
     """One edge node as the fleet watcher sees it."""
 

@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// trustedRequest rewrites a trusted exec into an argv command run by the
+// first protected toolkit's own shell (<mount>/bin/sh), and returns the
+// PATH prefix of every protected toolkit's bin directories. The toolkit is
+// a read-only mount the sandbox can neither change nor shadow, so the shell
+// and the programs found first on PATH are the toolkit's. (Toolkit binaries
+// should be static: a dynamic one would load the sandbox's libc.)
+func (a *Agent) trustedRequest(req *agentproto.ExecRequest) (*agentproto.ExecRequest, string, error) {
+	var dirs []string
+	sh := ""
+	for _, b := range a.cfg.Binds {
+		if !b.Protected {
+			continue
+		}
+		if sh == "" {
+			sh = path.Join(b.Target, "bin/sh")
+			// bin/sh may be a link (to busybox, say), but only within the
+			// toolkit: never to the sandbox's own programs.
+			real, err := filepath.EvalSymlinks(sh)
+			if err != nil || !strings.HasPrefix(real, b.Target+"/") {
+				return nil, "", errf(agentproto.ErrInvalid, "exec: trusted: %s is missing or leads out of the toolkit", sh)
+			}
+		}
+		for _, d := range []string{"bin", "usr/bin", "sbin", "usr/sbin"} {
+			dirs = append(dirs, path.Join(b.Target, d))
+		}
+	}
+	if sh == "" {
+		return nil, "", errf(agentproto.ErrInvalid, "exec: trusted needs a layer attached with protected: true")
+	}
+	if st, err := os.Stat(sh); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		return nil, "", errf(agentproto.ErrInvalid, "exec: trusted: the toolkit has no executable %s", sh)
+	}
+	r := *req
+	r.Session = ""
+	if req.Cmd != "" {
+		r.Argv = []string{sh, "-c", req.Cmd}
+	} else {
+		r.Argv = append([]string{sh, "-c", `exec "$@"`, "sh"}, req.Argv...)
+	}
+	r.Cmd = ""
+	return &r, strings.Join(dirs, ":"), nil
+}

@@ -1,0 +1,238 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/image"
+)
+
+// MaxLayerUpload bounds one uploaded layer tarball.
+const MaxLayerUpload = edge.MaxLayerUpload
+
+// anyNode picks an up node for store operations that belong to no sandbox
+// (the store is shared by every node of a cluster).
+func (s *Server) anyNode() (string, error) {
+	up := s.cfg.Watcher.Up()
+	if len(up) == 0 {
+		return "", &api.Error{Code: api.CodeUnavailable, Message: "no node is up"}
+	}
+	return up[rand.IntN(len(up))].Name, nil
+}
+
+func (s *Server) callAnyNode(ctx context.Context, op string, req, out any) error {
+	node, err := s.anyNode()
+	if err != nil {
+		return err
+	}
+	return s.callNode(ctx, node, op, req, out)
+}
+
+func (s *Server) callNode(ctx context.Context, node, op string, req, out any) error {
+	err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, out, nil)
+	if errors.Is(err, bus.ErrNoResponders) {
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is not available", node)}
+	}
+	return err
+}
+
+func invalid(format string, a ...any) error {
+	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(format, a...)}
+}
+
+// layerRef checks a path's layer reference ("name" or "name@version").
+func layerRef(ref string) (string, int, error) {
+	name, v, err := image.ParseLayerRef(ref)
+	if err != nil {
+		return "", 0, invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
+	}
+	return name, v, nil
+}
+
+func parseVersion(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > image.MaxLayerVersion {
+		return 0, invalid("version %q must be a positive integer", truncate(v))
+	}
+	return n, nil
+}
+
+// createLayer: a JSON body packs a sandbox's changes; any other body is a
+// layer tarball (plain or gzip) named by ?name= and ?version=.
+func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	if strings.HasPrefix(ct, "application/json") {
+		var req api.CreateLayerRequest
+		if err := decodeJSON(w, r, &req); err != nil {
+			return err
+		}
+		if _, _, err := layerRef(req.Name); err != nil || strings.Contains(req.Name, "@") {
+			if err == nil {
+				err = invalid("name %q must not carry a version (use the version field)", truncate(req.Name))
+			}
+			return err
+		}
+		if req.Version < 0 || req.Version > image.MaxLayerVersion {
+			return invalid("version must be a positive integer")
+		}
+		if req.FromSandbox == "" {
+			return invalid("from_sandbox is required (or upload a tarball with ?name=)")
+		}
+		var l api.Layer
+		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpLayerCreate,
+			&edge.LayerRequest{ID: req.FromSandbox, Name: req.Name, Version: req.Version}, &l, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusCreated, &l)
+		return nil
+	}
+	q := r.URL.Query()
+	name := q.Get("name")
+	if name == "" {
+		return invalid("name is required (?name=ws/x)")
+	}
+	if err := image.ValidLayerName(name); err != nil {
+		return invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
+	}
+	version, err := parseVersion(q.Get("version"))
+	if err != nil {
+		return err
+	}
+	if r.ContentLength > MaxLayerUpload {
+		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("layer exceeds %d bytes", int64(MaxLayerUpload))}
+	}
+	node, err := s.anyNode()
+	if err != nil {
+		return err
+	}
+	ctx := r.Context()
+	body := http.MaxBytesReader(w, r.Body, MaxLayerUpload)
+	buf := make([]byte, uploadChunk)
+	handle := ""
+	abort := func() {
+		if handle != "" {
+			_ = s.callNode(context.WithoutCancel(ctx), node, edge.OpLayerUpload, &edge.LayerRequest{Handle: handle, Abort: true}, nil)
+		}
+	}
+	for {
+		n, rerr := io.ReadFull(body, buf)
+		final := rerr != nil
+		if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
+			abort()
+			return rerr
+		}
+		req := &edge.LayerRequest{Name: name, Version: version, Handle: handle, Data: buf[:n], Final: final}
+		if final {
+			var l api.Layer
+			if err := s.callNode(ctx, node, edge.OpLayerUpload, req, &l); err != nil {
+				return err
+			}
+			writeJSON(w, http.StatusCreated, &l)
+			return nil
+		}
+		var res edge.UploadResult
+		if err := s.callNode(ctx, node, edge.OpLayerUpload, req, &res); err != nil {
+			abort()
+			return err
+		}
+		handle = res.Handle
+	}
+}
+
+func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
+	name := r.URL.Query().Get("name")
+	if name != "" {
+		if err := image.ValidLayerName(name); err != nil {
+			return invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
+		}
+	}
+	var l api.LayerList
+	if err := s.callAnyNode(r.Context(), edge.OpLayerList, &edge.LayerRequest{Name: name}, &l); err != nil {
+		return err
+	}
+	if l.Layers == nil {
+		l.Layers = []api.Layer{}
+	}
+	writeJSON(w, http.StatusOK, &l)
+	return nil
+}
+
+func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) error {
+	ref := r.PathValue("ref")
+	if _, _, err := layerRef(ref); err != nil {
+		return err
+	}
+	var l api.Layer
+	if err := s.callAnyNode(r.Context(), edge.OpLayerGet, &edge.LayerRequest{Ref: ref}, &l); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &l)
+	return nil
+}
+
+func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
+	name, v, err := layerRef(r.PathValue("ref"))
+	if err != nil {
+		return err
+	}
+	var l api.LayerList
+	if err := s.callAnyNode(r.Context(), edge.OpLayerDelete, &edge.LayerRequest{Name: name, Version: v}, &l); err != nil {
+		return err
+	}
+	if l.Layers == nil {
+		l.Layers = []api.Layer{}
+	}
+	writeJSON(w, http.StatusOK, &l)
+	return nil
+}
+
+// gcLayers runs garbage collection on one node. It spares layers that node
+// has mounted; on a shared store, a layer another node has mounted keeps
+// working there (the mount holds the open file) and nothing can name it.
+func (s *Server) gcLayers(w http.ResponseWriter, r *http.Request) error {
+	var res api.GCResult
+	if err := s.callAnyNode(r.Context(), edge.OpLayerGC, &edge.LayerRequest{}, &res); err != nil {
+		return err
+	}
+	if res.Removed == nil {
+		res.Removed = []string{}
+	}
+	writeJSON(w, http.StatusOK, &res)
+	return nil
+}
+
+func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
+	var req api.PullImageRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.Ref == "" {
+		return invalid("ref is required")
+	}
+	if len(req.Ref) > 512 {
+		return invalid("ref is longer than 512 bytes")
+	}
+	if req.Name != "" {
+		if err := image.ValidName(req.Name); err != nil {
+			return invalid("%s", strings.TrimPrefix(err.Error(), "image: "))
+		}
+	}
+	var img api.Image
+	if err := s.callAnyNode(r.Context(), edge.OpImagePull, &req, &img); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, &img)
+	return nil
+}

@@ -1,0 +1,160 @@
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// MaxLayerUpload bounds one uploaded layer tarball.
+const MaxLayerUpload = 64 << 30
+
+// uploadIdle is how long an upload may wait for its next chunk.
+const uploadIdle = 2 * time.Minute
+
+type upload struct {
+	f     *os.File
+	n     int64
+	name  string
+	ver   int
+	last  time.Time
+	inUse bool
+}
+
+type uploads struct {
+	mu sync.Mutex
+	m  map[string]*upload
+}
+
+func invalidf(format string, a ...any) error {
+	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(format, a...)}
+}
+
+func (e *Edge) layerOp(ctx context.Context, op string, req *LayerRequest) (any, error) {
+	switch op {
+	case OpLayerList:
+		ls, err := e.cfg.Images.ListLayers(ctx, req.Name)
+		if err != nil {
+			return nil, err
+		}
+		if ls == nil {
+			ls = []api.Layer{}
+		}
+		return &api.LayerList{Layers: ls}, nil
+	case OpLayerGet:
+		return e.cfg.Images.ResolveLayer(ctx, req.Ref)
+	case OpLayerDelete:
+		gone, err := e.cfg.Images.DeleteLayer(ctx, req.Name, req.Version)
+		if err != nil {
+			return nil, err
+		}
+		return &api.LayerList{Layers: gone}, nil
+	case OpLayerGC:
+		return e.cfg.Images.GC(ctx)
+	case OpLayerUpload:
+		return e.upload(ctx, req)
+	case OpLayerCreate:
+		return e.packSandbox(ctx, req)
+	}
+	return nil, badRequest("unknown layer operation %q", op)
+}
+
+// upload appends a chunk of a layer tarball to a staging file beside the
+// store; the final chunk turns it into the layer.
+func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
+	e.uploads.mu.Lock()
+	if e.uploads.m == nil {
+		e.uploads.m = map[string]*upload{}
+	}
+	// Drop uploads whose client went away.
+	for h, u := range e.uploads.m {
+		if !u.inUse && time.Since(u.last) > uploadIdle {
+			u.f.Close()
+			os.Remove(u.f.Name())
+			delete(e.uploads.m, h)
+		}
+	}
+	var u *upload
+	handle := req.Handle
+	if handle == "" {
+		f, err := e.cfg.Images.StageFile()
+		if err != nil {
+			e.uploads.mu.Unlock()
+			return nil, fmt.Errorf("stage upload: %w", err)
+		}
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		handle = hex.EncodeToString(b[:])
+		u = &upload{f: f, name: req.Name, ver: req.Version}
+		e.uploads.m[handle] = u
+	} else if u = e.uploads.m[handle]; u == nil || u.inUse {
+		e.uploads.mu.Unlock()
+		return nil, badRequest("unknown or busy upload handle")
+	}
+	u.inUse = true
+	u.last = time.Now()
+	e.uploads.mu.Unlock()
+
+	finish := func() {
+		e.uploads.mu.Lock()
+		delete(e.uploads.m, handle)
+		e.uploads.mu.Unlock()
+		u.f.Close()
+		os.Remove(u.f.Name())
+	}
+	if req.Abort {
+		finish()
+		return &UploadResult{Handle: handle}, nil
+	}
+	if u.n+int64(len(req.Data)) > MaxLayerUpload {
+		finish()
+		return nil, &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("layer upload exceeds %d bytes", int64(MaxLayerUpload))}
+	}
+	if _, err := u.f.Write(req.Data); err != nil {
+		finish()
+		return nil, fmt.Errorf("stage upload: %w", err)
+	}
+	u.n += int64(len(req.Data))
+	if !req.Final {
+		e.uploads.mu.Lock()
+		u.inUse = false
+		u.last = time.Now()
+		e.uploads.mu.Unlock()
+		return &UploadResult{Handle: handle, Bytes: u.n}, nil
+	}
+	defer finish()
+	if u.n == 0 {
+		return nil, badRequest("the layer tarball is empty")
+	}
+	return e.cfg.Images.CreateLayerFromTar(ctx, u.name, u.ver, u.f.Name())
+}
+
+// packSandbox stores the writable layer of a sandbox as a named layer.
+func (e *Edge) packSandbox(ctx context.Context, req *LayerRequest) (any, error) {
+	sb, _, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	sb.mu.Lock()
+	upper := sb.rec.Upper
+	ids := append([]string(nil), sb.rec.Layers[:len(sb.rec.Layers)-len(sb.rec.Binds)]...)
+	sb.mu.Unlock()
+	if upper == "" {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to pack", req.ID)}
+	}
+	holder := req.ID + "/pack"
+	lowers, err := e.cfg.Images.MountLayers(holder, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer e.cfg.Images.ReleaseLayers(holder)
+	return e.cfg.Images.CreateLayerFromChanges(ctx, req.Name, req.Version, filepath.Clean(upper), lowers, "sandbox "+req.ID)
+}
