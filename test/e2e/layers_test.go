@@ -110,7 +110,7 @@ func TestLayerMountsShared(t *testing.T) {
 		t.Fatalf("mounts after the last sandbox: %v", m)
 	}
 	s.stop()
-	assertNoLeaks(t)
+	assertNoLeaks(t, s)
 }
 
 // tarOf builds a layer tarball of (name, body) regular files; a body of

@@ -11,13 +11,25 @@ import (
 	"github.com/warrenhq/warren/internal/serve"
 )
 
-// assertNoLeaks fails when a warren cgroup, agent process or mount remains.
+// assertNoLeaks fails when a cgroup, agent process or mount of the given
+// (stopped) servers remains; with no servers given, of every server this
+// process started.
 func assertNoLeaks(t *testing.T, servers ...*server) {
 	t.Helper()
+	dataDirs := startedDataDirs
+	agentCheck := true
+	if len(servers) > 0 {
+		dataDirs = map[string]bool{}
+		for _, s := range servers {
+			dataDirs[s.dataDir] = true
+		}
+		// Other servers of this process may still run their agents.
+		agentCheck = len(sharedStops) == 0
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var leaks []string
-		for dataDir := range startedDataDirs {
+		for dataDir := range dataDirs {
 			dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir))
 			for _, d := range dirs {
 				if st, err := os.Stat(d); err == nil && st.IsDir() {
@@ -25,12 +37,12 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 				}
 			}
 		}
-		if out, _ := exec.Command("pgrep", "-f", bins.agent).Output(); len(strings.TrimSpace(string(out))) > 0 {
+		if out, _ := exec.Command("pgrep", "-f", bins.agent).Output(); agentCheck && len(strings.TrimSpace(string(out))) > 0 {
 			leaks = append(leaks, "agent processes "+strings.TrimSpace(string(out)))
 		}
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		for _, l := range strings.Split(string(mi), "\n") {
-			for dataDir := range startedDataDirs {
+			for dataDir := range dataDirs {
 				if strings.Contains(l, dataDir) {
 					leaks = append(leaks, "mount "+l)
 				}
