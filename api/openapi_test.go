@@ -485,7 +485,7 @@ func TestErrorCodesAndStates(t *testing.T) {
 	if got := enum("Error", "code"); strings.Join(got, ",") != strings.Join(codes, ",") {
 		t.Errorf("error codes in spec %v, in api %v", got, codes)
 	}
-	states := []string{api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed}
+	states := []string{api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed, api.StateLost}
 	sort.Strings(states)
 	if got := enum("SandboxState", ""); strings.Join(got, ",") != strings.Join(states, ",") {
 		t.Errorf("states in spec %v, in api %v", got, states)

@@ -10,6 +10,9 @@ const (
 	StateRunning  = "running"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
+	// StateLost is reported for a sandbox whose node stopped heartbeating:
+	// nothing can reach it until the node comes back and reconciles.
+	StateLost = "lost"
 )
 
 // Tiers.
@@ -20,6 +23,7 @@ const (
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	Tier        string            `json:"tier,omitempty"`
+	Project     string            `json:"project,omitempty"` // default: the token's project
 	Image       string            `json:"image"`
 	CPU         float64           `json:"cpu,omitempty"`       // cores; default 1
 	MemoryMB    int64             `json:"memory_mb,omitempty"` // default 512
@@ -31,6 +35,8 @@ type CreateSandboxRequest struct {
 	IdleTimeout int64             `json:"idle_timeout,omitempty"` // seconds without an operation; 0 = none
 	User        string            `json:"user,omitempty"`         // default user for exec
 	Hostname    string            `json:"hostname,omitempty"`
+	// NodeSelector restricts placement to nodes carrying all these labels.
+	NodeSelector map[string]string `json:"node_selector,omitempty"`
 }
 
 // Sandbox is the public view of one sandbox.
@@ -38,6 +44,7 @@ type Sandbox struct {
 	ID          string            `json:"id"`
 	State       string            `json:"state"`
 	Node        string            `json:"node"`
+	Project     string            `json:"project,omitempty"`
 	Tier        string            `json:"tier"`
 	Image       string            `json:"image"`
 	CPU         float64           `json:"cpu"`
@@ -154,16 +161,55 @@ type ImageList struct {
 
 // Node is the watcher's view of one edge.
 type Node struct {
-	Name          string    `json:"name"`
-	State         string    `json:"state"` // up, down
-	CPUCapacity   float64   `json:"cpu_capacity"`
-	MemoryMB      int64     `json:"memory_mb"`
-	CPURequested  float64   `json:"cpu_requested"`
-	MemRequested  int64     `json:"memory_requested_mb"`
-	Sandboxes     int       `json:"sandboxes"`
-	Tiers         []string  `json:"tiers"`
-	LastHeartbeat time.Time `json:"last_heartbeat"`
+	Name          string            `json:"name"`
+	State         string            `json:"state"` // up, down
+	CPUCapacity   float64           `json:"cpu_capacity"`
+	MemoryMB      int64             `json:"memory_mb"`
+	CPURequested  float64           `json:"cpu_requested"`
+	MemRequested  int64             `json:"memory_requested_mb"`
+	Sandboxes     int               `json:"sandboxes"`
+	Tiers         []string          `json:"tiers"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	LastHeartbeat time.Time         `json:"last_heartbeat"`
+	// Images are the images whose layers the node holds (placement prefers them).
+	Images []string `json:"images,omitempty"`
+	// States counts sandboxes per state; Projects sums live usage per
+	// project; Jobs counts live sandboxes per value of their "job" label.
+	States   map[string]int   `json:"states,omitempty"`
+	Projects map[string]Usage `json:"projects,omitempty"`
+	Jobs     map[string]int   `json:"jobs,omitempty"`
 }
+
+// Usage is what live sandboxes hold.
+type Usage struct {
+	Sandboxes int     `json:"sandboxes"`
+	CPU       float64 `json:"cpu"`
+	MemoryMB  int64   `json:"memory_mb"`
+}
+
+// Event is one entry of the event stream (GET /v1/events).
+type Event struct {
+	Seq     uint64    `json:"seq"`
+	Time    time.Time `json:"time"`
+	Type    string    `json:"type"` // node.down, node.up, sandbox.lost
+	Node    string    `json:"node,omitempty"`
+	Sandbox string    `json:"sandbox,omitempty"`
+	Project string    `json:"project,omitempty"`
+	Message string    `json:"message,omitempty"`
+}
+
+type EventList struct {
+	Events []Event `json:"events"`
+	// Next is the seq to pass as ?after= to continue.
+	Next uint64 `json:"next"`
+}
+
+// Event types.
+const (
+	EventNodeDown    = "node.down"
+	EventNodeUp      = "node.up"
+	EventSandboxLost = "sandbox.lost"
+)
 
 type NodeList struct {
 	Nodes []Node `json:"nodes"`

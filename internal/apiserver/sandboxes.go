@@ -47,22 +47,24 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 	}
 	err = s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, out, onChunk)
 	if errors.Is(err, bus.ErrNoResponders) {
-		if !s.knownNode(node) {
+		known, _ := s.cfg.Watcher.Known(node)
+		if !known {
 			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found (no node %s)", id, node)}
+		}
+		if _, lost := s.cfg.Watcher.Lost(id); lost {
+			return &lostError{id: id, node: node}
 		}
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s of sandbox %s is not available", node, id)}
 	}
 	return err
 }
 
-// knownNode reports whether the fleet has ever reported node (up or down).
-func (s *Server) knownNode(node string) bool {
-	for _, n := range s.cfg.Watcher.Nodes() {
-		if n.Name == node {
-			return true
-		}
-	}
-	return false
+// lostError is a sandbox whose node went down; get answers it as state
+// "lost", every other operation as 503.
+type lostError struct{ id, node string }
+
+func (e *lostError) Error() string {
+	return fmt.Sprintf("sandbox %s is lost: its node %s is down", e.id, e.node)
 }
 
 func idempotencyKey(r *http.Request) (string, error) {
@@ -102,7 +104,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			writeJSON(w, http.StatusOK, &sb)
 			return nil
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return fmt.Errorf("idempotency store: %w", err)
+			return storeUnavailable("idempotency store", err)
 		}
 	}
 	exclude := map[string]bool{}
@@ -125,11 +127,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 					// A concurrent request with the same key won the race: answer as it does.
 					e, gerr := s.idem.Get(ctx, key)
 					if gerr != nil {
-						return fmt.Errorf("idempotency store: %w", gerr)
+						return storeUnavailable("idempotency store", gerr)
 					}
 					id = string(e.Value())
 				} else {
-					return fmt.Errorf("idempotency store: %w", err)
+					return storeUnavailable("idempotency store", err)
 				}
 			}
 		}
@@ -157,7 +159,12 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var sb api.Sandbox
 	if err := s.callEdge(r.Context(), id, edge.OpGet, &edge.IDRequest{ID: id}, &sb, nil); err != nil {
-		return err
+		var le *lostError
+		if !errors.As(err, &le) {
+			return err
+		}
+		project, _ := s.cfg.Watcher.Lost(id)
+		sb = api.Sandbox{ID: id, Node: le.node, Project: project, State: api.StateLost, Reason: "node " + le.node + " is down"}
 	}
 	writeJSON(w, http.StatusOK, &sb)
 	return nil
@@ -238,4 +245,10 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	sort.Slice(out.Images, func(i, j int) bool { return out.Images[i].Name < out.Images[j].Name })
 	writeJSON(w, http.StatusOK, &out)
 	return nil
+}
+
+// storeUnavailable turns a failed JetStream call into a 503: the cluster is
+// electing a leader or lost its quorum, and the client should retry.
+func storeUnavailable(what string, err error) error {
+	return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("%s is not available now: %v", what, err)}
 }

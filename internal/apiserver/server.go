@@ -83,6 +83,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive},
 		{pattern: "GET /v1/images", handler: s.listImages},
 		{pattern: "GET /v1/nodes", handler: s.listNodes},
+		{pattern: "GET /v1/events", handler: s.listEvents},
 	}
 }
 
@@ -211,6 +212,8 @@ func (s *Server) toAPIError(err error) *api.Error {
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, new(*lostError)):
+		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	case errors.Is(err, bus.ErrNoResponders):
 		return &api.Error{Code: api.CodeUnavailable, Message: "the sandbox's node is not available"}
 	case errors.Is(err, context.DeadlineExceeded):
@@ -304,3 +307,56 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, api.NodeList{Nodes: s.cfg.Watcher.Nodes()})
 	return nil
 }
+
+// listEvents answers GET /v1/events?after=SEQ&limit=N&wait=SECONDS.
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	var after uint64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return &api.Error{Code: api.CodeInvalid, Message: "after must be a sequence number"}
+		}
+		after = n
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			return &api.Error{Code: api.CodeInvalid, Message: "limit must be between 1 and 10000"}
+		}
+		limit = n
+	}
+	wait := 100 * time.Millisecond
+	if v := q.Get("wait"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 60 {
+			return &api.Error{Code: api.CodeInvalid, Message: "wait must be between 0 and 60 seconds"}
+		}
+		if f > 0 {
+			wait = time.Duration(f * float64(time.Second))
+		}
+	}
+	evs := s.cfg.Watcher.Events()
+	if evs == nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: "no event stream"}
+	}
+	list, err := evs.Read(r.Context(), after, limit, wait)
+	if err != nil {
+		return err
+	}
+	out := api.EventList{Events: []api.Event{}, Next: after}
+	for _, ev := range list {
+		if ev.Seq > out.Next {
+			out.Next = ev.Seq
+		}
+		if s.visibleEvent(r, &ev) {
+			out.Events = append(out.Events, ev)
+		}
+	}
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}
+
+// visibleEvent reports whether the caller may see ev.
+func (s *Server) visibleEvent(r *http.Request, ev *api.Event) bool { return true }

@@ -20,6 +20,17 @@ import (
 const (
 	subjectEdgePrefix = "warren.edge."
 	SubjectHeartbeat  = "warren.heartbeat"
+	// SubjectEvents prefixes the event stream's subjects (warren.events.<type>).
+	SubjectEvents = "warren.events"
+	// SubjectAPIServerHeartbeat carries the apiservers' presence (each
+	// replica learns how many share the quotas).
+	SubjectAPIServerHeartbeat = "warren.apiserver.heartbeat"
+)
+
+// Buckets and streams.
+const (
+	BucketRoster = "warren-roster" // node -> ids of its live sandboxes
+	StreamEvents = "warren-events"
 )
 
 // Message headers of the request/stream pattern.
@@ -48,6 +59,9 @@ var ErrNoResponders = errors.New("bus: no responders")
 type Conn struct {
 	nc *nats.Conn
 	js jetstream.JetStream
+	// Replicas is the replication factor of the KV buckets and streams this
+	// connection creates (1 on one server; 3 on a three-server cluster).
+	Replicas int
 }
 
 func newConn(nc *nats.Conn) (*Conn, error) {
@@ -59,14 +73,85 @@ func newConn(nc *nats.Conn) (*Conn, error) {
 	return &Conn{nc: nc, js: js}, nil
 }
 
-// Dial connects to an external NATS server or cluster (comma-separated URLs).
-func Dial(urls, name string, opts ...nats.Option) (*Conn, error) {
-	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectBufSize(64 << 20)}, opts...)
-	nc, err := nats.Connect(urls, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("bus: connect %s: %w", urls, err)
+// DialConfig says how to reach an external NATS server or cluster.
+type DialConfig struct {
+	URLs     string // comma-separated nats:// or tls:// URLs
+	Name     string // connection name shown by the server
+	Creds    string // a .creds file (JWT + NKey seed)
+	NKeySeed string // a file holding an NKey seed
+	User     string
+	Password string
+	Token    string
+	TLSCA    string // CA bundle that signs the servers' certificates
+	TLSCert  string // client certificate (mutual TLS), with TLSKey
+	TLSKey   string
+	Replicas int // replication of buckets and streams this process creates; 0 = 1
+}
+
+// DialPatience is how long Dial retries when no server answers yet.
+var DialPatience = time.Minute
+
+// Dial connects to an external NATS server or cluster.
+func Dial(cfg DialConfig, extra ...nats.Option) (*Conn, error) {
+	if strings.TrimSpace(cfg.URLs) == "" {
+		return nil, errors.New("bus: no NATS URL given")
 	}
-	return newConn(nc)
+	opts := []nats.Option{nats.Name(cfg.Name), nats.MaxReconnects(-1), nats.ReconnectBufSize(64 << 20),
+		nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(false)}
+	if cfg.Creds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	}
+	if cfg.NKeySeed != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeed)
+		if err != nil {
+			return nil, fmt.Errorf("bus: nkey seed: %w", err)
+		}
+		opts = append(opts, o)
+	}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.Token != "" {
+		opts = append(opts, nats.Token(cfg.Token))
+	}
+	if cfg.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLSCA))
+	}
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return nil, errors.New("bus: a TLS client certificate needs both the certificate and the key")
+		}
+		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	opts = append(opts, extra...)
+	// Servers may still be starting (a cluster brought up together): retry
+	// the first connection for a while.
+	var nc *nats.Conn
+	var err error
+	deadline := time.Now().Add(DialPatience)
+	for {
+		nc, err = nats.Connect(cfg.URLs, opts...)
+		if err == nil || !errors.Is(err, nats.ErrNoServers) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bus: connect %s: %w", cfg.URLs, err)
+	}
+	c, err := newConn(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.Replicas = cfg.Replicas
+	return c, nil
+}
+
+func (c *Conn) replicas() int {
+	if c.Replicas < 1 {
+		return 1
+	}
+	return c.Replicas
 }
 
 // NATS exposes the raw connection (for the few callers that need it).
@@ -291,13 +376,48 @@ func (c *Conn) Subscribe(subject string, fn func(data []byte)) (*nats.Subscripti
 	return c.nc.Subscribe(subject, func(m *nats.Msg) { fn(m.Data) })
 }
 
-// KeyValue opens (creating when missing) a JetStream KV bucket.
+// KeyValue opens (creating when missing) a JetStream KV bucket. A cluster
+// that is still electing its leaders answers late: it retries for a minute.
 func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (jetstream.KeyValue, error) {
-	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage})
+	cfg := jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage, Replicas: c.replicas()}
+	var kv jetstream.KeyValue
+	err := retryStartup(ctx, func(ctx context.Context) error {
+		var err error
+		if kv, err = c.js.KeyValue(ctx, bucket); err == nil {
+			return nil
+		}
+		kv, err = c.js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = c.js.KeyValue(ctx, bucket)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("bus: kv %s: %w", bucket, err)
 	}
 	return kv, nil
+}
+
+// retryStartup calls fn until it succeeds, ctx ends or a minute passes.
+func retryStartup(ctx context.Context, fn func(context.Context) error) error {
+	deadline := time.Now().Add(time.Minute)
+	wait := 100 * time.Millisecond
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := fn(cctx)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		if wait < 2*time.Second {
+			wait *= 2
+		}
+	}
 }
 
 func netSplit(addr string) (string, string, error) { return net.SplitHostPort(addr) }

@@ -51,6 +51,9 @@ func NewRootCmd() *cobra.Command {
 
 	root.AddCommand(
 		newServeCmd(),
+		newAPIServerCmd(),
+		newEdgeCmd(),
+		newNATSCmd(),
 		newCreateCmd(g),
 		newRunCmd(g),
 		newCpCmd(g),

@@ -53,7 +53,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		rec: record{
 			Spec: spec,
 			Sandbox: api.Sandbox{
-				ID: id, State: api.StateCreating, Node: e.cfg.Node, Tier: spec.Tier, Image: spec.Image,
+				ID: id, State: api.StateCreating, Node: e.cfg.Node, Project: spec.Project, Tier: spec.Tier, Image: spec.Image,
 				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
 				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
 				CreatedAt: now, ExpiresAt: &expires,

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -64,31 +65,49 @@ func NewToken() string {
 	return TokenPrefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
 
-// Bootstrap makes sure an admin token exists. The token itself lives only
-// in dataDir/admin-token (mode 0600); when that file exists and its hash is
-// known, nothing changes. It returns the token.
+// bootstrapKey marks that the cluster's first admin token exists.
+const bootstrapKey = "bootstrap"
+
+// Bootstrap makes sure the cluster has an admin token. The first caller on
+// an empty cluster (an atomic create in the KV bucket decides, so of several
+// apiservers starting together exactly one wins) registers a token and
+// writes it to dataDir/admin-token (mode 0600); a token already in that file
+// is kept (a new NATS store under an old data dir). Later callers return the
+// token of their own admin-token file when it is valid, else "": the token
+// lives only on the disk of the apiserver that made it.
 func (m *IAM) Bootstrap(ctx context.Context, dataDir string) (string, error) {
 	path := filepath.Join(dataDir, "admin-token")
+	var fileTok string
 	if b, err := os.ReadFile(path); err == nil {
-		tok := strings.TrimSpace(string(b))
-		if _, err := m.Authenticate(ctx, tok); err == nil {
-			return tok, nil
-		}
-		// The file exists but its hash is unknown (new NATS store): register it.
-		if strings.HasPrefix(tok, TokenPrefix) && len(tok) >= 20 {
-			return tok, m.store(ctx, tok, &Principal{Name: "admin", Admin: true})
+		fileTok = strings.TrimSpace(string(b))
+		if _, err := m.Authenticate(ctx, fileTok); err == nil {
+			return fileTok, nil
 		}
 	}
-	tok := NewToken()
+	if _, err := m.kv.Create(ctx, bootstrapKey, []byte(time.Now().UTC().Format(time.RFC3339))); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return "", nil
+		}
+		return "", fmt.Errorf("iam: bootstrap: %w", err)
+	}
+	tok := fileTok
+	if !strings.HasPrefix(tok, TokenPrefix) || len(tok) < 20 || len(tok) > 128 {
+		tok = NewToken()
+	}
 	if err := m.store(ctx, tok, &Principal{Name: "admin", Admin: true}); err != nil {
 		return "", err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("iam: write admin token: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return "", fmt.Errorf("iam: write admin token: %w", err)
+	if tok != fileTok {
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return "", fmt.Errorf("iam: write admin token: %w", err)
+		}
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
+			return "", fmt.Errorf("iam: write admin token: %w", err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return "", fmt.Errorf("iam: write admin token: %w", err)
+		}
 	}
 	return tok, nil
 }
