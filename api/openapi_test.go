@@ -389,6 +389,20 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"NodeList":             api.NodeList{},
 		"Error":                api.Error{},
 		"ErrorBody":            api.ErrorBody{},
+		"Usage":                api.Usage{},
+		"Event":                api.Event{},
+		"EventList":            api.EventList{},
+		"Quota":                api.Quota{},
+		"Project":              api.Project{},
+		"ProjectList":          api.ProjectList{},
+		"CreateProjectRequest": api.CreateProjectRequest{},
+		"UpdateProjectRequest": api.UpdateProjectRequest{},
+		"CreateTokenRequest":   api.CreateTokenRequest{},
+		"Token":                api.Token{},
+		"TokenList":            api.TokenList{},
+		"BatchCreateRequest":   api.BatchCreateRequest{},
+		"BatchCreateResult":    api.BatchCreateResult{},
+		"BatchError":           api.BatchError{},
 	}
 	for name, v := range types {
 		schema := mapAt(spec, "components", "schemas", name)

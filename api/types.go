@@ -241,3 +241,96 @@ const (
 )
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Roles, from most to least powerful. An admin manages the subprojects and
+// tokens of its project; a member creates and uses sandboxes; a viewer reads.
+const (
+	RoleAdmin  = "admin"
+	RoleMember = "member"
+	RoleViewer = "viewer"
+)
+
+// Quota limits what the live sandboxes of a project and all its
+// descendants may hold; 0 means no limit of its own (its ancestors' still apply).
+type Quota struct {
+	Sandboxes int     `json:"sandboxes,omitempty"`
+	CPU       float64 `json:"cpu,omitempty"`
+	MemoryMB  int64   `json:"memory_mb,omitempty"`
+}
+
+// Project is a node of the project tree. Its id is the path of names from
+// the top, joined by '.' ("acme.rl.run7").
+type Project struct {
+	ID        string    `json:"id"`
+	Parent    string    `json:"parent,omitempty"`
+	Name      string    `json:"name"`
+	Quota     Quota     `json:"quota"`
+	Usage     *Usage    `json:"usage,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	CreatedBy string    `json:"created_by,omitempty"`
+}
+
+type ProjectList struct {
+	Projects []Project `json:"projects"`
+}
+
+// CreateProjectRequest is the body of POST /v1/projects.
+type CreateProjectRequest struct {
+	Name   string `json:"name"`
+	Parent string `json:"parent,omitempty"` // default: the caller's project
+	Quota  Quota  `json:"quota"`
+}
+
+// UpdateProjectRequest is the body of PATCH /v1/projects/{id}.
+type UpdateProjectRequest struct {
+	Quota Quota `json:"quota"`
+}
+
+// CreateTokenRequest is the body of POST /v1/tokens.
+type CreateTokenRequest struct {
+	Principal string `json:"principal"`
+	Project   string `json:"project,omitempty"`    // default: the caller's project
+	Role      string `json:"role,omitempty"`       // default: member
+	ExpiresIn int64  `json:"expires_in,omitempty"` // seconds; 0 = as long as the caller's token
+}
+
+// Token describes an API token. Secret is set only in the answer that
+// created it: it is stored hashed and cannot be shown again.
+type Token struct {
+	ID        string     `json:"id"`
+	Principal string     `json:"principal"`
+	Project   string     `json:"project"`
+	Role      string     `json:"role"`
+	CreatedAt time.Time  `json:"created_at"`
+	CreatedBy string     `json:"created_by,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Secret    string     `json:"token,omitempty"`
+}
+
+type TokenList struct {
+	Tokens []Token `json:"tokens"`
+}
+
+// BatchCreateRequest is the body of POST /v1/sandboxes:batch: count
+// sandboxes of one spec, placed and created in one call.
+type BatchCreateRequest struct {
+	Count   int                  `json:"count"`
+	Spec    CreateSandboxRequest `json:"spec"`
+	IDsOnly bool                 `json:"ids_only,omitempty"` // answer ids, not whole sandboxes
+}
+
+// BatchCreateResult answers a batch create. Created sandboxes are listed
+// (or their ids); those that could not be created are counted per error.
+type BatchCreateResult struct {
+	Created   int          `json:"created"`
+	IDs       []string     `json:"ids"`
+	Sandboxes []Sandbox    `json:"sandboxes,omitempty"`
+	Failed    int          `json:"failed"`
+	Errors    []BatchError `json:"errors,omitempty"`
+}
+
+// BatchError is one kind of failure in a batch and how often it happened.
+type BatchError struct {
+	Count int   `json:"count"`
+	Error Error `json:"error"`
+}

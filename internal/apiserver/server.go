@@ -62,28 +62,40 @@ type route struct {
 	pattern string
 	handler func(http.ResponseWriter, *http.Request) error
 	public  bool
+	// role is the least role the route needs: viewer for reads, member by
+	// default; project and token routes check more themselves.
+	role string
 }
 
 func (s *Server) routes() []route {
 	return []route{
 		{pattern: "GET /healthz", handler: s.healthz, public: true},
 		{pattern: "POST /v1/sandboxes", handler: s.createSandbox},
-		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes},
-		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox},
+		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes, role: api.RoleViewer},
+		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox, role: api.RoleViewer},
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
-		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand},
+		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},
 		{pattern: "PUT /v1/sandboxes/{id}/files", handler: s.putFile},
-		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile},
+		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile, role: api.RoleViewer},
 		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile},
 		{pattern: "POST /v1/sandboxes/{id}/files/mkdir", handler: s.mkdir},
 		{pattern: "POST /v1/sandboxes/{id}/files/rename", handler: s.rename},
 		{pattern: "PUT /v1/sandboxes/{id}/archive", handler: s.putArchive},
-		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive},
-		{pattern: "GET /v1/images", handler: s.listImages},
-		{pattern: "GET /v1/nodes", handler: s.listNodes},
-		{pattern: "GET /v1/events", handler: s.listEvents},
+		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive, role: api.RoleViewer},
+		{pattern: "GET /v1/images", handler: s.listImages, role: api.RoleViewer},
+		{pattern: "GET /v1/nodes", handler: s.listNodes, role: api.RoleViewer},
+		{pattern: "GET /v1/events", handler: s.listEvents, role: api.RoleViewer},
+		{pattern: "POST /v1/sandboxes:batch", handler: s.batchCreate},
+		{pattern: "POST /v1/projects", handler: s.createProject, role: api.RoleViewer},
+		{pattern: "GET /v1/projects", handler: s.listProjects, role: api.RoleViewer},
+		{pattern: "GET /v1/projects/{id}", handler: s.getProject, role: api.RoleViewer},
+		{pattern: "PATCH /v1/projects/{id}", handler: s.updateProject, role: api.RoleViewer},
+		{pattern: "DELETE /v1/projects/{id}", handler: s.deleteProject, role: api.RoleViewer},
+		{pattern: "POST /v1/tokens", handler: s.createToken, role: api.RoleViewer},
+		{pattern: "GET /v1/tokens", handler: s.listTokens, role: api.RoleViewer},
+		{pattern: "DELETE /v1/tokens/{id}", handler: s.revokeToken, role: api.RoleViewer},
 	}
 }
 
@@ -176,10 +188,20 @@ func (s *Server) wrap(rt route) http.Handler {
 			s.latency.WithLabelValues(rt.pattern).Observe(time.Since(start).Seconds())
 		}()
 		if !rt.public {
-			if err := s.authenticate(r); err != nil {
+			p, err := s.authenticate(r)
+			if err != nil {
 				writeError(sw, s.toAPIError(err))
 				return
 			}
+			role := rt.role
+			if role == "" {
+				role = api.RoleMember
+			}
+			if !p.Can(role) {
+				writeError(sw, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("this needs the %s role; your token has %s", role, p.Role)})
+				return
+			}
+			r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
 		}
 		if err := rt.handler(sw, r); err != nil {
 			if sw.code != 0 {
@@ -192,19 +214,31 @@ func (s *Server) wrap(rt route) http.Handler {
 	})
 }
 
-func (s *Server) authenticate(r *http.Request) error {
+type principalKey struct{}
+
+// principal is the authenticated caller of r.
+func principal(r *http.Request) *iam.Principal {
+	p, _ := r.Context().Value(principalKey{}).(*iam.Principal)
+	if p == nil {
+		return &iam.Principal{Role: "none", Project: "\x00"} // reaches nothing
+	}
+	return p
+}
+
+func (s *Server) authenticate(r *http.Request) (*iam.Principal, error) {
 	h := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || tok == "" {
-		return &api.Error{Code: api.CodeUnauthorized, Message: "missing bearer token (Authorization: Bearer <token>)"}
+		return nil, &api.Error{Code: api.CodeUnauthorized, Message: "missing bearer token (Authorization: Bearer <token>)"}
 	}
-	if _, err := s.cfg.IAM.Authenticate(r.Context(), strings.TrimSpace(tok)); err != nil {
+	p, err := s.cfg.IAM.Authenticate(r.Context(), strings.TrimSpace(tok))
+	if err != nil {
 		if errors.Is(err, iam.ErrUnauthenticated) {
-			return &api.Error{Code: api.CodeUnauthorized, Message: "invalid token"}
+			return nil, &api.Error{Code: api.CodeUnauthorized, Message: "invalid, expired or revoked token"}
 		}
-		return &api.Error{Code: api.CodeUnavailable, Message: "cannot check the token now"}
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: "cannot check the token now"}
 	}
-	return nil
+	return p, nil
 }
 
 func (s *Server) toAPIError(err error) *api.Error {
@@ -358,5 +392,11 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// visibleEvent reports whether the caller may see ev.
-func (s *Server) visibleEvent(r *http.Request, ev *api.Event) bool { return true }
+// visibleEvent reports whether the caller may see ev: node events are
+// public to every caller, sandbox events to the sandbox's project scope.
+func (s *Server) visibleEvent(r *http.Request, ev *api.Event) bool {
+	if ev.Sandbox == "" {
+		return true
+	}
+	return principal(r).InScope(ev.Project)
+}

@@ -200,6 +200,11 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 	msg := nats.NewMsg(subject + "." + op)
 	msg.Reply = inbox
 	msg.Header.Set(hdrOp, op)
+	if h, ok := ctx.Value(outHeadersKey{}).(map[string]string); ok {
+		for k, v := range h {
+			msg.Header.Set(k, v)
+		}
+	}
 	msg.Data = body
 	if err := c.nc.PublishMsg(msg); err != nil {
 		return fmt.Errorf("bus: publish %s: %w", op, err)
@@ -316,6 +321,7 @@ func (c *Conn) handle(ctx context.Context, m *nats.Msg, h Handler) {
 	if op == "" {
 		op = m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	}
+	ctx = context.WithValue(ctx, inHeadersKey{}, m.Header)
 	stop := make(chan struct{})
 	go func() {
 		t := time.NewTicker(keepaliveEvery)
@@ -421,3 +427,35 @@ func retryStartup(ctx context.Context, fn func(context.Context) error) error {
 }
 
 func netSplit(addr string) (string, string, error) { return net.SplitHostPort(addr) }
+
+type outHeadersKey struct{}
+type inHeadersKey struct{}
+
+// WithHeaders makes the calls made with ctx carry these message headers
+// (the apiserver tells an edge on whose behalf it asks).
+func WithHeaders(ctx context.Context, h map[string]string) context.Context {
+	return context.WithValue(ctx, outHeadersKey{}, h)
+}
+
+// HeaderOf returns a header of the request a handler serves ("" if absent)
+// and whether it was present.
+func HeaderOf(ctx context.Context, key string) (string, bool) {
+	h, ok := ctx.Value(inHeadersKey{}).(nats.Header)
+	if !ok || h == nil {
+		return "", false
+	}
+	v, ok := h[key]
+	if !ok || len(v) == 0 {
+		return "", false
+	}
+	return v[0], true
+}
+
+// Headers the apiserver sets on requests to edges.
+const (
+	// HeaderScope limits a request to sandboxes of this project and its
+	// descendants; absent = no limit (cluster admins, internal callers).
+	HeaderScope = "Warren-Scope"
+	// HeaderSandbox names the sandbox a request is about.
+	HeaderSandbox = "Warren-Sandbox"
+)

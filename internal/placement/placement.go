@@ -1,12 +1,17 @@
 // Package placement picks a node for a new sandbox: filter the healthy nodes
-// that offer the tier and the resources, then take the least loaded of k
-// random candidates. Each replica counts its own recent placements until the
-// next heartbeat shows them; it keeps no durable state.
+// that offer the tier, the resources and the labels asked for, prefer those
+// that already hold the image, then take the least loaded of k random
+// candidates. Each replica counts its own recent placements (per node and
+// per project) until the next heartbeat shows them; it keeps no durable
+// state. It also enforces project quotas against the fleet's usage plus
+// those recent placements.
 package placement
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,66 +27,184 @@ const K = 2
 // Fleet is the view placement reads (the watcher).
 type Fleet interface {
 	Up() []api.Node
+	// ProjectUsage is what the live sandboxes of a project and its
+	// descendants hold, as of the last heartbeats.
+	ProjectUsage(project string) api.Usage
+	// APIServers is how many replicas share the quotas (at least 1).
+	APIServers() int
+}
+
+// Limit is one project's quota that binds a new sandbox (its own project's
+// and each ancestor's).
+type Limit struct {
+	Project string
+	Quota   api.Quota
+}
+
+// QuotaError says which quota a placement would break. Transient is set
+// when only this replica's share of the headroom is used up (it frees at
+// the next heartbeats).
+type QuotaError struct {
+	Project   string
+	What      string
+	Transient bool
+}
+
+func (e *QuotaError) Error() string {
+	if e.Transient {
+		return fmt.Sprintf("project %s is close to its %s quota; retry shortly", e.Project, e.What)
+	}
+	return fmt.Sprintf("project %s would exceed its %s quota", e.Project, e.What)
 }
 
 // Placer chooses nodes.
 type Placer struct {
 	fleet Fleet
 
-	mu     sync.Mutex
-	recent map[string]*pending // node -> placements not yet in a heartbeat
+	mu       sync.Mutex
+	recent   map[string]*pending  // node -> placements not yet in a heartbeat
+	projects map[string]api.Usage // project -> the same, summed over nodes
 }
 
 type pending struct {
-	cpu   float64
-	mem   int64
-	count int
-	since time.Time
+	cpu      float64
+	mem      int64
+	count    int
+	since    time.Time
+	projects map[string]api.Usage
 }
 
 // New returns a placer over fleet.
 func New(fleet Fleet) *Placer {
-	return &Placer{fleet: fleet, recent: make(map[string]*pending)}
+	return &Placer{fleet: fleet, recent: make(map[string]*pending), projects: make(map[string]api.Usage)}
 }
 
-// Pick chooses a node for spec, skipping the nodes in exclude.
-func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool) (string, error) {
+// Pick chooses a node for spec, skipping the nodes in exclude, and checks
+// limits (nil: none) first.
+func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool, limits []Limit) (string, error) {
 	nodes := p.fleet.Up()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.checkQuotaLocked(spec, limits); err != nil {
+		return "", err
+	}
 	cands := make([]api.Node, 0, len(nodes))
+	var withImage []api.Node
 	for _, n := range nodes {
-		if exclude[n.Name] || !offers(n, spec.Tier) {
+		p.adjust(&n)
+		if exclude[n.Name] || !offers(n, spec.Tier) || !selects(n, spec.NodeSelector) {
 			continue
 		}
-		p.adjust(&n)
 		if n.CPUCapacity > 0 && n.CPURequested+spec.CPU > n.CPUCapacity {
 			continue
 		}
 		if n.MemoryMB > 0 && n.MemRequested+spec.MemoryMB > n.MemoryMB {
 			continue
 		}
+		// Nodes holding the image are preferred.
+		if holds(n, spec.Image) {
+			withImage = append(withImage, n)
+		}
 		cands = append(cands, n)
 	}
 	if len(cands) == 0 {
 		return "", ErrNoNode
 	}
-	best := cands[rand.IntN(len(cands))]
-	for i := 1; i < K && len(cands) > 1; i++ {
-		c := cands[rand.IntN(len(cands))]
+	pool := cands
+	if len(withImage) > 0 {
+		pool = withImage
+	}
+	best := pool[rand.IntN(len(pool))]
+	for i := 1; i < K && len(pool) > 1; i++ {
+		c := pool[rand.IntN(len(pool))]
 		if load(c) < load(best) {
 			best = c
 		}
 	}
 	r := p.recent[best.Name]
 	if r == nil {
-		r = &pending{since: time.Now()}
+		r = &pending{since: time.Now(), projects: map[string]api.Usage{}}
 		p.recent[best.Name] = r
 	}
 	r.cpu += spec.CPU
 	r.mem += spec.MemoryMB
 	r.count++
+	for _, l := range limits {
+		add := api.Usage{Sandboxes: 1, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
+		r.projects[l.Project] = plus(r.projects[l.Project], add, 1)
+		p.projects[l.Project] = plus(p.projects[l.Project], add, 1)
+	}
 	return best.Name, nil
+}
+
+// Release forgets a placement that did not happen (the edge refused it).
+func (p *Placer) Release(node string, spec *api.CreateSandboxRequest, limits []Limit) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.recent[node]
+	if r == nil {
+		return
+	}
+	r.cpu -= spec.CPU
+	r.mem -= spec.MemoryMB
+	r.count--
+	for _, l := range limits {
+		sub := api.Usage{Sandboxes: 1, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
+		if _, ok := r.projects[l.Project]; ok {
+			r.projects[l.Project] = plus(r.projects[l.Project], sub, -1)
+			p.projects[l.Project] = plus(p.projects[l.Project], sub, -1)
+		}
+	}
+}
+
+func plus(a, b api.Usage, sign int) api.Usage {
+	a.Sandboxes += sign * b.Sandboxes
+	a.CPU += float64(sign) * b.CPU
+	a.MemoryMB += int64(sign) * b.MemoryMB
+	return a
+}
+
+// checkQuotaLocked refuses a sandbox that would take a project over its
+// quota, counting the fleet's usage and this replica's recent placements.
+// With R replicas, each may place at most 1/R of the headroom left at the
+// last heartbeats (always at least one sandbox): together they overshoot by
+// at most R-1 sandboxes per heartbeat interval.
+func (p *Placer) checkQuotaLocked(spec *api.CreateSandboxRequest, limits []Limit) error {
+	if len(limits) == 0 {
+		return nil
+	}
+	// Drop what the heartbeats now count, so it is not counted twice.
+	for _, n := range p.fleet.Up() {
+		p.adjust(&n)
+	}
+	replicas := p.fleet.APIServers()
+	for _, l := range limits {
+		base := p.fleet.ProjectUsage(l.Project)
+		pend := p.projects[l.Project]
+		q := l.Quota
+		type dim struct {
+			what             string
+			limit, base, pen float64
+			add              float64
+		}
+		dims := []dim{
+			{"sandboxes", float64(q.Sandboxes), float64(base.Sandboxes), float64(pend.Sandboxes), 1},
+			{"cpu", q.CPU, base.CPU, pend.CPU, spec.CPU},
+			{"memory", float64(q.MemoryMB), float64(base.MemoryMB), float64(pend.MemoryMB), float64(spec.MemoryMB)},
+		}
+		for _, d := range dims {
+			if d.limit <= 0 {
+				continue
+			}
+			if d.base+d.pen+d.add > d.limit+1e-9 {
+				return &QuotaError{Project: l.Project, What: d.what}
+			}
+			if replicas > 1 && pend.Sandboxes > 0 && d.pen+d.add > (d.limit-d.base)/float64(replicas)+1e-9 {
+				return &QuotaError{Project: l.Project, What: d.what, Transient: true}
+			}
+		}
+	}
+	return nil
 }
 
 // adjust adds this replica's placements that the node's last heartbeat
@@ -93,6 +216,14 @@ func (p *Placer) adjust(n *api.Node) {
 	}
 	if n.LastHeartbeat.After(r.since) {
 		delete(p.recent, n.Name)
+		for proj, u := range r.projects {
+			t := plus(p.projects[proj], u, -1)
+			if t.Sandboxes <= 0 {
+				delete(p.projects, proj)
+			} else {
+				p.projects[proj] = t
+			}
+		}
 		return
 	}
 	n.CPURequested += r.cpu
@@ -103,6 +234,24 @@ func (p *Placer) adjust(n *api.Node) {
 func offers(n api.Node, tier string) bool {
 	for _, t := range n.Tiers {
 		if t == tier {
+			return true
+		}
+	}
+	return false
+}
+
+func selects(n api.Node, sel map[string]string) bool {
+	for k, v := range sel {
+		if got, ok := n.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func holds(n api.Node, image string) bool {
+	for _, i := range n.Images {
+		if i == image || strings.TrimSuffix(i, ":latest") == image {
 			return true
 		}
 	}
@@ -120,4 +269,12 @@ func load(n api.Node) float64 {
 		}
 	}
 	return l
+}
+
+// Pending is what this replica placed in project (and below) that the
+// heartbeats do not show yet.
+func (p *Placer) Pending(project string) api.Usage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.projects[project]
 }

@@ -181,3 +181,9 @@ func ValidProject(id string) bool {
 	}
 	return true
 }
+
+// Within reports whether project is scope or one of its descendants ("" is
+// the root: everything is within it).
+func Within(project, scope string) bool {
+	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
+}

@@ -43,6 +43,12 @@ type Watcher struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	upMu    sync.Mutex
+	upCache []api.Node
+	upAt    time.Time
+	upGen   uint64 // w.gen when upCache was built
+	gen     uint64 // bumped by every heartbeat (under mu)
 }
 
 type lostSandbox struct{ node, project string }
@@ -174,6 +180,7 @@ func (w *Watcher) Observe(n api.Node) {
 		}
 	}
 	w.nodes[n.Name] = e
+	w.gen++
 	w.mu.Unlock()
 	if up != nil && w.events != nil {
 		go w.publish(api.Event{Time: time.Now().UTC(), Type: api.EventNodeUp, Node: n.Name,
@@ -318,15 +325,25 @@ func (w *Watcher) Nodes() []api.Node {
 	return out
 }
 
-// Up lists the nodes that are up.
+// Up lists the nodes that are up. The slice is shared (rebuilt at most
+// once per heartbeat or every 100ms): callers must not modify it.
 func (w *Watcher) Up() []api.Node {
+	w.mu.RLock()
+	gen := w.gen
+	w.mu.RUnlock()
+	w.upMu.Lock()
+	defer w.upMu.Unlock()
+	if w.upCache != nil && w.upGen == gen && w.now().Sub(w.upAt) < 100*time.Millisecond {
+		return w.upCache
+	}
 	all := w.Nodes()
-	up := all[:0]
+	up := make([]api.Node, 0, len(all))
 	for _, n := range all {
 		if n.State == "up" {
 			up = append(up, n)
 		}
 	}
+	w.upCache, w.upAt, w.upGen = up, w.now(), gen
 	return up
 }
 
