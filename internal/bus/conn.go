@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,6 +61,14 @@ var ErrNoResponders = errors.New("bus: no responders")
 type Conn struct {
 	nc *nats.Conn
 	js jetstream.JetStream
+
+	// One wildcard subscription answers every call that streams nothing
+	// back (most calls): no SUB/UNSUB per request.
+	muxOnce   sync.Once
+	muxErr    error
+	muxPrefix string
+	muxCalls  sync.Map // token -> chan *nats.Msg
+	muxSeq    atomic.Uint64
 	// Replicas is the replication factor of the KV buckets and streams this
 	// connection creates (1 on one server; 3 on a three-server cluster).
 	Replicas int
@@ -188,14 +198,27 @@ func (c *Conn) Call(ctx context.Context, subject, op string, req any, out any, o
 
 // CallRaw is Call with a pre-encoded body.
 func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out any, onChunk func(Chunk) error) error {
-	inbox := c.nc.NewRespInbox()
-	ch := make(chan *nats.Msg, 256)
-	sub, err := c.nc.ChanSubscribe(inbox, ch)
-	if err != nil {
-		return fmt.Errorf("bus: subscribe: %w", err)
+	var inbox string
+	var ch chan *nats.Msg
+	if onChunk == nil {
+		if err := c.startMux(); err != nil {
+			return err
+		}
+		token := strconv.FormatUint(c.muxSeq.Add(1), 36)
+		inbox = c.muxPrefix + token
+		ch = make(chan *nats.Msg, 16)
+		c.muxCalls.Store(token, ch)
+		defer c.muxCalls.Delete(token)
+	} else {
+		inbox = c.nc.NewRespInbox()
+		ch = make(chan *nats.Msg, 256)
+		sub, err := c.nc.ChanSubscribe(inbox, ch)
+		if err != nil {
+			return fmt.Errorf("bus: subscribe: %w", err)
+		}
+		defer sub.Unsubscribe()
+		_ = sub.SetPendingLimits(-1, 512<<20)
 	}
-	defer sub.Unsubscribe()
-	_ = sub.SetPendingLimits(-1, 512<<20)
 
 	msg := nats.NewMsg(subject + "." + op)
 	msg.Reply = inbox
@@ -257,6 +280,30 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 			}
 		}
 	}
+}
+
+// startMux subscribes the shared reply inbox once.
+func (c *Conn) startMux() error {
+	c.muxOnce.Do(func() {
+		c.muxPrefix = c.nc.NewRespInbox() + "."
+		sub, err := c.nc.Subscribe(c.muxPrefix+"*", func(m *nats.Msg) {
+			token := m.Subject[len(c.muxPrefix):]
+			v, ok := c.muxCalls.Load(token)
+			if !ok {
+				return // the caller gave up
+			}
+			select {
+			case v.(chan *nats.Msg) <- m:
+			default: // a caller without streams gets a few pings and one answer
+			}
+		})
+		if err != nil {
+			c.muxErr = fmt.Errorf("bus: subscribe: %w", err)
+			return
+		}
+		_ = sub.SetPendingLimits(-1, 512<<20)
+	})
+	return c.muxErr
 }
 
 // Handler serves one request. It streams chunks with w.Chunk and returns the

@@ -54,6 +54,8 @@ func NewRootCmd() *cobra.Command {
 		newAPIServerCmd(),
 		newEdgeCmd(),
 		newNATSCmd(),
+		newSimCmd(),
+		newSimEdgesCmd(),
 		newCreateCmd(g),
 		newRunCmd(g),
 		newCpCmd(g),

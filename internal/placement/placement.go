@@ -64,6 +64,9 @@ type Placer struct {
 	mu       sync.Mutex
 	recent   map[string]*pending  // node -> placements not yet in a heartbeat
 	projects map[string]api.Usage // project -> the same, summed over nodes
+
+	cands, withImage []int // scratch for Pick
+	loads            []float64
 }
 
 type pending struct {
@@ -88,39 +91,55 @@ func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 	if err := p.checkQuotaLocked(spec, limits); err != nil {
 		return "", err
 	}
-	cands := make([]api.Node, 0, len(nodes))
-	var withImage []api.Node
-	for _, n := range nodes {
-		p.adjust(&n)
+	// Filter without copying nodes: candidate indices and their loads live
+	// in scratch slices reused under the lock.
+	p.cands, p.withImage = p.cands[:0], p.withImage[:0]
+	if cap(p.loads) < len(nodes) {
+		p.loads = make([]float64, len(nodes))
+	}
+	p.loads = p.loads[:len(nodes)]
+	for i := range nodes {
+		n := &nodes[i]
+		cpu, mem := n.CPURequested, n.MemRequested
+		if r := p.recent[n.Name]; r != nil {
+			if n.LastHeartbeat.After(r.since) {
+				p.expireLocked(n.Name, r)
+			} else {
+				cpu += r.cpu
+				mem += r.mem
+			}
+		}
 		if exclude[n.Name] || !offers(n, spec.Tier) || !selects(n, spec.NodeSelector) {
 			continue
 		}
-		if n.CPUCapacity > 0 && n.CPURequested+spec.CPU > n.CPUCapacity {
+		if n.CPUCapacity > 0 && cpu+spec.CPU > n.CPUCapacity {
 			continue
 		}
-		if n.MemoryMB > 0 && n.MemRequested+spec.MemoryMB > n.MemoryMB {
+		if n.MemoryMB > 0 && mem+spec.MemoryMB > n.MemoryMB {
 			continue
 		}
+		p.loads[i] = loadOf(cpu, n.CPUCapacity, mem, n.MemoryMB)
 		// Nodes holding the image are preferred.
 		if holds(n, spec.Image) {
-			withImage = append(withImage, n)
+			p.withImage = append(p.withImage, i)
 		}
-		cands = append(cands, n)
+		p.cands = append(p.cands, i)
 	}
-	if len(cands) == 0 {
+	if len(p.cands) == 0 {
 		return "", ErrNoNode
 	}
-	pool := cands
-	if len(withImage) > 0 {
-		pool = withImage
+	pool := p.cands
+	if len(p.withImage) > 0 {
+		pool = p.withImage
 	}
-	best := pool[rand.IntN(len(pool))]
+	bi := pool[rand.IntN(len(pool))]
 	for i := 1; i < K && len(pool) > 1; i++ {
 		c := pool[rand.IntN(len(pool))]
-		if load(c) < load(best) {
-			best = c
+		if p.loads[c] < p.loads[bi] {
+			bi = c
 		}
 	}
+	best := &nodes[bi]
 	r := p.recent[best.Name]
 	if r == nil {
 		r = &pending{since: time.Now(), projects: map[string]api.Usage{}}
@@ -174,8 +193,11 @@ func (p *Placer) checkQuotaLocked(spec *api.CreateSandboxRequest, limits []Limit
 		return nil
 	}
 	// Drop what the heartbeats now count, so it is not counted twice.
-	for _, n := range p.fleet.Up() {
-		p.adjust(&n)
+	nodes := p.fleet.Up()
+	for i := range nodes {
+		if r := p.recent[nodes[i].Name]; r != nil && nodes[i].LastHeartbeat.After(r.since) {
+			p.expireLocked(nodes[i].Name, r)
+		}
 	}
 	replicas := p.fleet.APIServers()
 	for _, l := range limits {
@@ -207,31 +229,20 @@ func (p *Placer) checkQuotaLocked(spec *api.CreateSandboxRequest, limits []Limit
 	return nil
 }
 
-// adjust adds this replica's placements that the node's last heartbeat
-// cannot have counted yet.
-func (p *Placer) adjust(n *api.Node) {
-	r := p.recent[n.Name]
-	if r == nil {
-		return
-	}
-	if n.LastHeartbeat.After(r.since) {
-		delete(p.recent, n.Name)
-		for proj, u := range r.projects {
-			t := plus(p.projects[proj], u, -1)
-			if t.Sandboxes <= 0 {
-				delete(p.projects, proj)
-			} else {
-				p.projects[proj] = t
-			}
+// expireLocked forgets a node's recent placements once a heartbeat counts them.
+func (p *Placer) expireLocked(node string, r *pending) {
+	delete(p.recent, node)
+	for proj, u := range r.projects {
+		t := plus(p.projects[proj], u, -1)
+		if t.Sandboxes <= 0 {
+			delete(p.projects, proj)
+		} else {
+			p.projects[proj] = t
 		}
-		return
 	}
-	n.CPURequested += r.cpu
-	n.MemRequested += r.mem
-	n.Sandboxes += r.count
 }
 
-func offers(n api.Node, tier string) bool {
+func offers(n *api.Node, tier string) bool {
 	for _, t := range n.Tiers {
 		if t == tier {
 			return true
@@ -240,7 +251,7 @@ func offers(n api.Node, tier string) bool {
 	return false
 }
 
-func selects(n api.Node, sel map[string]string) bool {
+func selects(n *api.Node, sel map[string]string) bool {
 	for k, v := range sel {
 		if got, ok := n.Labels[k]; !ok || got != v {
 			return false
@@ -249,7 +260,7 @@ func selects(n api.Node, sel map[string]string) bool {
 	return true
 }
 
-func holds(n api.Node, image string) bool {
+func holds(n *api.Node, image string) bool {
 	for _, i := range n.Images {
 		if i == image || strings.TrimSuffix(i, ":latest") == image {
 			return true
@@ -258,13 +269,13 @@ func holds(n api.Node, image string) bool {
 	return false
 }
 
-func load(n api.Node) float64 {
+func loadOf(cpu, cpuCap float64, mem, memCap int64) float64 {
 	l := 0.0
-	if n.CPUCapacity > 0 {
-		l = n.CPURequested / n.CPUCapacity
+	if cpuCap > 0 {
+		l = cpu / cpuCap
 	}
-	if n.MemoryMB > 0 {
-		if m := float64(n.MemRequested) / float64(n.MemoryMB); m > l {
+	if memCap > 0 {
+		if m := float64(mem) / float64(memCap); m > l {
 			l = m
 		}
 	}

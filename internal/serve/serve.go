@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -331,6 +332,10 @@ func RunAPIServer(ctx context.Context, o APIOptions) error {
 // serveAPI runs the watcher, IAM and HTTP API on conn and ln until ctx ends.
 func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions) error {
 	log := o.Logger
+	if addr := os.Getenv("WARREN_PPROF"); addr != "" {
+		// Profiling for measurements (warren sim): the default mux carries net/http/pprof.
+		go func() { _ = http.ListenAndServe(addr, nil) }()
+	}
 	w, err := watcher.Start(ctx, watcher.Config{Bus: conn, Logger: log})
 	if err != nil {
 		return err
