@@ -1,7 +1,12 @@
 package cli
 
 import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -12,6 +17,7 @@ import (
 
 func newSimCmd() *cobra.Command {
 	var cfg sim.Config
+	var out string
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "measure the real control plane (NATS, apiservers, placement, watcher, IAM) with simulated nodes",
@@ -24,10 +30,27 @@ process. The defaults are a short run; the full scale is
   warren sim --nodes 160 --hold 400000 --burst 32768 --duration 10s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg.Out = cmd.OutOrStdout()
+			var buf bytes.Buffer
+			cfg.Out = io.MultiWriter(cmd.OutOrStdout(), &buf)
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return sim.Run(ctx, cfg)
+			if err := sim.Run(ctx, cfg); err != nil {
+				return err
+			}
+			if out != "" {
+				var args []string
+				for i := 2; i < len(os.Args); i++ {
+					if a := os.Args[i]; a == "--out" {
+						i++
+					} else if !strings.HasPrefix(a, "--out=") {
+						args = append(args, a)
+					}
+				}
+				md := fmt.Sprintf("### Control plane, `warren sim %s` (%s)\n\n%s", strings.Join(args, " "),
+					time.Now().UTC().Format("2006-01-02"), buf.String())
+				return appendResults(out, md)
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -38,6 +61,7 @@ process. The defaults are a short run; the full scale is
 	f.DurationVar(&cfg.Duration, "duration", 3*time.Second, "length of each sustained phase")
 	f.IntVar(&cfg.BatchSize, "batch", 256, "sandboxes per call in the batch phase")
 	f.IntVar(&cfg.Hold, "hold", 40000, "live sandboxes to hold (full scale: 400000)")
+	f.StringVar(&out, "out", "", "append the report to this Markdown file (docs/BENCHMARKS.md)")
 	f.IntVar(&cfg.Burst, "burst", 4096, "sandboxes in the final one-call burst (full scale: 32768)")
 	return cmd
 }

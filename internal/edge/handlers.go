@@ -37,7 +37,7 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 	// A request on behalf of a project-scoped principal reaches only the
 	// sandboxes of that project and below.
 	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
-	if scoped && op != OpCreate && op != OpList && op != OpImages {
+	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages {
 		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
 		if !ok {
 			return nil, badRequest("a scoped request must name its sandbox")

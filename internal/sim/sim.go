@@ -229,7 +229,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return out
 	}
 	out := cfg.Out
-	fmt.Fprintf(out, "warren sim: %d NATS server(s), %d apiservers, %d simulated nodes, %d clients, GOMAXPROCS of each process = cores\n\n",
+	fmt.Fprintf(out, "warren sim: %d NATS server(s), %d apiservers, %d simulated nodes, %d clients on this machine\n\n",
 		cfg.NATSServers, cfg.APIServers, cfg.Nodes, cfg.Clients)
 	fmt.Fprintf(out, "| phase | sandboxes | seconds | creations/s | p50 ms | p99 ms | errors |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	live := 0
