@@ -63,6 +63,8 @@ func NewRootCmd() *cobra.Command {
 		newRmCmd(g),
 		newImageCmd(g),
 		newNodesCmd(g),
+		newProjectCmd(g),
+		newTokenCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),
 	)

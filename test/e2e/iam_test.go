@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -234,4 +235,34 @@ func TestBatchCreateAndSelector(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func TestCLIProjectsTokens(t *testing.T) {
+	s := startServer(t)
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bins.warren, append([]string{"--url", s.URL, "--token", s.Token}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("warren %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if id := run("project", "create", "cli", "--sandboxes", "5", "--cpu", "4"); id != "cli" {
+		t.Fatalf("project create: %q", id)
+	}
+	if id := run("project", "create", "sub", "--parent", "cli", "--sandboxes", "2"); id != "cli.sub" {
+		t.Fatalf("nested: %q", id)
+	}
+	if out := run("project", "ls"); !strings.Contains(out, "cli.sub") || !strings.Contains(out, "sandboxes=2") {
+		t.Fatalf("project ls:\n%s", out)
+	}
+	secret := run("token", "create", "ci", "--project", "cli.sub", "--role", "viewer", "--expires-in", "1h")
+	if !strings.HasPrefix(secret, "wrn_") {
+		t.Fatalf("token create: %q", secret)
+	}
+	if out := run("token", "ls"); !strings.Contains(out, "cli.sub") || strings.Contains(out, secret) {
+		t.Fatalf("token ls:\n%s", out)
+	}
+	run("project", "rm", "cli.sub")
 }
