@@ -397,6 +397,20 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"NodeList":             api.NodeList{},
 		"Error":                api.Error{},
 		"ErrorBody":            api.ErrorBody{},
+		"Usage":                api.Usage{},
+		"Event":                api.Event{},
+		"EventList":            api.EventList{},
+		"Quota":                api.Quota{},
+		"Project":              api.Project{},
+		"ProjectList":          api.ProjectList{},
+		"CreateProjectRequest": api.CreateProjectRequest{},
+		"UpdateProjectRequest": api.UpdateProjectRequest{},
+		"CreateTokenRequest":   api.CreateTokenRequest{},
+		"Token":                api.Token{},
+		"TokenList":            api.TokenList{},
+		"BatchCreateRequest":   api.BatchCreateRequest{},
+		"BatchCreateResult":    api.BatchCreateResult{},
+		"BatchError":           api.BatchError{},
 	}
 	for name, v := range types {
 		schema := mapAt(spec, "components", "schemas", name)
@@ -493,7 +507,7 @@ func TestErrorCodesAndStates(t *testing.T) {
 	if got := enum("Error", "code"); strings.Join(got, ",") != strings.Join(codes, ",") {
 		t.Errorf("error codes in spec %v, in api %v", got, codes)
 	}
-	states := []string{api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed}
+	states := []string{api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed, api.StateLost}
 	sort.Strings(states)
 	if got := enum("SandboxState", ""); strings.Join(got, ",") != strings.Join(states, ",") {
 		t.Errorf("states in spec %v, in api %v", got, states)

@@ -10,6 +10,9 @@ const (
 	StateRunning  = "running"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
+	// StateLost is reported for a sandbox whose node stopped heartbeating:
+	// nothing can reach it until the node comes back and reconciles.
+	StateLost = "lost"
 )
 
 // Tiers.
@@ -20,6 +23,7 @@ const (
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	Tier        string            `json:"tier,omitempty"`
+	Project     string            `json:"project,omitempty"` // default: the token's project
 	Image       string            `json:"image"`
 	CPU         float64           `json:"cpu,omitempty"`       // cores; default 1
 	MemoryMB    int64             `json:"memory_mb,omitempty"` // default 512
@@ -35,6 +39,8 @@ type CreateSandboxRequest struct {
 	// ("ws/django-1234@3", "toolkit/harness"), or attached at a mount point
 	// ({"layer": "toolkit/harness", "mount": "/opt/toolkit", "protected": true}).
 	Layers []LayerAttachment `json:"layers,omitempty"`
+	// NodeSelector restricts placement to nodes carrying all these labels.
+	NodeSelector map[string]string `json:"node_selector,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -51,6 +57,7 @@ type Sandbox struct {
 	ID          string            `json:"id"`
 	State       string            `json:"state"`
 	Node        string            `json:"node"`
+	Project     string            `json:"project,omitempty"`
 	Tier        string            `json:"tier"`
 	Image       string            `json:"image"`
 	CPU         float64           `json:"cpu"`
@@ -213,16 +220,55 @@ type GCResult struct {
 
 // Node is the watcher's view of one edge.
 type Node struct {
-	Name          string    `json:"name"`
-	State         string    `json:"state"` // up, down
-	CPUCapacity   float64   `json:"cpu_capacity"`
-	MemoryMB      int64     `json:"memory_mb"`
-	CPURequested  float64   `json:"cpu_requested"`
-	MemRequested  int64     `json:"memory_requested_mb"`
-	Sandboxes     int       `json:"sandboxes"`
-	Tiers         []string  `json:"tiers"`
-	LastHeartbeat time.Time `json:"last_heartbeat"`
+	Name          string            `json:"name"`
+	State         string            `json:"state"` // up, down
+	CPUCapacity   float64           `json:"cpu_capacity"`
+	MemoryMB      int64             `json:"memory_mb"`
+	CPURequested  float64           `json:"cpu_requested"`
+	MemRequested  int64             `json:"memory_requested_mb"`
+	Sandboxes     int               `json:"sandboxes"`
+	Tiers         []string          `json:"tiers"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	LastHeartbeat time.Time         `json:"last_heartbeat"`
+	// Images are the images whose layers the node holds (placement prefers them).
+	Images []string `json:"images,omitempty"`
+	// States counts sandboxes per state; Projects sums live usage per
+	// project; Jobs counts live sandboxes per value of their "job" label.
+	States   map[string]int   `json:"states,omitempty"`
+	Projects map[string]Usage `json:"projects,omitempty"`
+	Jobs     map[string]int   `json:"jobs,omitempty"`
 }
+
+// Usage is what live sandboxes hold.
+type Usage struct {
+	Sandboxes int     `json:"sandboxes"`
+	CPU       float64 `json:"cpu"`
+	MemoryMB  int64   `json:"memory_mb"`
+}
+
+// Event is one entry of the event stream (GET /v1/events).
+type Event struct {
+	Seq     uint64    `json:"seq"`
+	Time    time.Time `json:"time"`
+	Type    string    `json:"type"` // node.down, node.up, sandbox.lost
+	Node    string    `json:"node,omitempty"`
+	Sandbox string    `json:"sandbox,omitempty"`
+	Project string    `json:"project,omitempty"`
+	Message string    `json:"message,omitempty"`
+}
+
+type EventList struct {
+	Events []Event `json:"events"`
+	// Next is the seq to pass as ?after= to continue.
+	Next uint64 `json:"next"`
+}
+
+// Event types.
+const (
+	EventNodeDown    = "node.down"
+	EventNodeUp      = "node.up"
+	EventSandboxLost = "sandbox.lost"
+)
 
 type NodeList struct {
 	Nodes []Node `json:"nodes"`
@@ -254,3 +300,96 @@ const (
 )
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Roles, from most to least powerful. An admin manages the subprojects and
+// tokens of its project; a member creates and uses sandboxes; a viewer reads.
+const (
+	RoleAdmin  = "admin"
+	RoleMember = "member"
+	RoleViewer = "viewer"
+)
+
+// Quota limits what the live sandboxes of a project and all its
+// descendants may hold; 0 means no limit of its own (its ancestors' still apply).
+type Quota struct {
+	Sandboxes int     `json:"sandboxes,omitempty"`
+	CPU       float64 `json:"cpu,omitempty"`
+	MemoryMB  int64   `json:"memory_mb,omitempty"`
+}
+
+// Project is a node of the project tree. Its id is the path of names from
+// the top, joined by '.' ("acme.rl.run7").
+type Project struct {
+	ID        string    `json:"id"`
+	Parent    string    `json:"parent,omitempty"`
+	Name      string    `json:"name"`
+	Quota     Quota     `json:"quota"`
+	Usage     *Usage    `json:"usage,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	CreatedBy string    `json:"created_by,omitempty"`
+}
+
+type ProjectList struct {
+	Projects []Project `json:"projects"`
+}
+
+// CreateProjectRequest is the body of POST /v1/projects.
+type CreateProjectRequest struct {
+	Name   string `json:"name"`
+	Parent string `json:"parent,omitempty"` // default: the caller's project
+	Quota  Quota  `json:"quota"`
+}
+
+// UpdateProjectRequest is the body of PATCH /v1/projects/{id}.
+type UpdateProjectRequest struct {
+	Quota Quota `json:"quota"`
+}
+
+// CreateTokenRequest is the body of POST /v1/tokens.
+type CreateTokenRequest struct {
+	Principal string `json:"principal"`
+	Project   string `json:"project,omitempty"`    // default: the caller's project
+	Role      string `json:"role,omitempty"`       // default: member
+	ExpiresIn int64  `json:"expires_in,omitempty"` // seconds; 0 = as long as the caller's token
+}
+
+// Token describes an API token. Secret is set only in the answer that
+// created it: it is stored hashed and cannot be shown again.
+type Token struct {
+	ID        string     `json:"id"`
+	Principal string     `json:"principal"`
+	Project   string     `json:"project"`
+	Role      string     `json:"role"`
+	CreatedAt time.Time  `json:"created_at"`
+	CreatedBy string     `json:"created_by,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Secret    string     `json:"token,omitempty"`
+}
+
+type TokenList struct {
+	Tokens []Token `json:"tokens"`
+}
+
+// BatchCreateRequest is the body of POST /v1/sandboxes:batch: count
+// sandboxes of one spec, placed and created in one call.
+type BatchCreateRequest struct {
+	Count   int                  `json:"count"`
+	Spec    CreateSandboxRequest `json:"spec"`
+	IDsOnly bool                 `json:"ids_only,omitempty"` // answer ids, not whole sandboxes
+}
+
+// BatchCreateResult answers a batch create. Created sandboxes are listed
+// (or their ids); those that could not be created are counted per error.
+type BatchCreateResult struct {
+	Created   int          `json:"created"`
+	IDs       []string     `json:"ids"`
+	Sandboxes []Sandbox    `json:"sandboxes,omitempty"`
+	Failed    int          `json:"failed"`
+	Errors    []BatchError `json:"errors,omitempty"`
+}
+
+// BatchError is one kind of failure in a batch and how often it happened.
+type BatchError struct {
+	Count int   `json:"count"`
+	Error Error `json:"error"`
+}

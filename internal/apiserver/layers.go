@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/image"
 )
@@ -35,14 +34,6 @@ func (s *Server) callAnyNode(ctx context.Context, op string, req, out any) error
 		return err
 	}
 	return s.callNode(ctx, node, op, req, out)
-}
-
-func (s *Server) callNode(ctx context.Context, node, op string, req, out any) error {
-	err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, out, nil)
-	if errors.Is(err, bus.ErrNoResponders) {
-		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is not available", node)}
-	}
-	return err
 }
 
 func invalid(format string, a ...any) error {

@@ -16,6 +16,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/placement"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -45,24 +46,37 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 	if err != nil {
 		return err
 	}
-	err = s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, out, onChunk)
+	h := map[string]string{bus.HeaderSandbox: id}
+	p, _ := ctx.Value(principalKey{}).(*iam.Principal)
+	if p == nil || p.Project != "" {
+		if p == nil {
+			return &api.Error{Code: api.CodeUnauthorized, Message: "no principal"}
+		}
+		h[bus.HeaderScope] = p.Project
+	}
+	err = s.cfg.Bus.Call(bus.WithHeaders(ctx, h), bus.EdgeSubject(node), op, req, out, onChunk)
 	if errors.Is(err, bus.ErrNoResponders) {
-		if !s.knownNode(node) {
+		known, _ := s.cfg.Watcher.Known(node)
+		if !known {
 			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found (no node %s)", id, node)}
+		}
+		if project, lost := s.cfg.Watcher.Lost(id); lost {
+			if !p.InScope(project) {
+				return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
+			}
+			return &lostError{id: id, node: node}
 		}
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s of sandbox %s is not available", node, id)}
 	}
 	return err
 }
 
-// knownNode reports whether the fleet has ever reported node (up or down).
-func (s *Server) knownNode(node string) bool {
-	for _, n := range s.cfg.Watcher.Nodes() {
-		if n.Name == node {
-			return true
-		}
-	}
-	return false
+// lostError is a sandbox whose node went down; get answers it as state
+// "lost", every other operation as 503.
+type lostError struct{ id, node string }
+
+func (e *lostError) Error() string {
+	return fmt.Sprintf("sandbox %s is lost: its node %s is down", e.id, e.node)
 }
 
 func idempotencyKey(r *http.Request) (string, error) {
@@ -78,13 +92,39 @@ func idempotencyKey(r *http.Request) (string, error) {
 	return "k" + hex.EncodeToString(h[:]), nil
 }
 
+// prepareCreate validates a create request and resolves its project and
+// the quotas that bind it.
+func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) ([]placement.Limit, error) {
+	if aerr := sandboxspec.Normalize(req); aerr != nil {
+		return nil, aerr
+	}
+	p := principal(r)
+	if req.Project == "" {
+		req.Project = p.Project
+	}
+	if !p.InScope(req.Project) {
+		return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, p.Project)}
+	}
+	if req.Project != "" {
+		if _, err := s.cfg.IAM.Project(p, req.Project); err != nil {
+			return nil, err
+		}
+	}
+	var limits []placement.Limit
+	for _, l := range s.cfg.IAM.Chain(req.Project) {
+		limits = append(limits, placement.Limit{Project: l.Project, Quota: l.Quota})
+	}
+	return limits, nil
+}
+
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateSandboxRequest
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if aerr := sandboxspec.Normalize(&req); aerr != nil {
-		return aerr
+	limits, err := s.prepareCreate(r, &req)
+	if err != nil {
+		return err
 	}
 	key, err := idempotencyKey(r)
 	if err != nil {
@@ -102,21 +142,39 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			writeJSON(w, http.StatusOK, &sb)
 			return nil
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return fmt.Errorf("idempotency store: %w", err)
+			return storeUnavailable("idempotency store", err)
 		}
 	}
+	sb, err := s.place(ctx, &req, limits, key)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, sb)
+	return nil
+}
+
+// place picks a node and creates the sandbox there; a node that refuses
+// (full, shutting down) is skipped and another tried, at most
+// maxPlacementTries times, then 503.
+func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limits []placement.Limit, key string) (*api.Sandbox, error) {
 	exclude := map[string]bool{}
 	var lastErr error
 	for try := 0; try < maxPlacementTries; try++ {
-		node, err := s.placer.Pick(&req, exclude)
+		node, err := s.placer.Pick(req, exclude, limits)
 		if err != nil {
-			if lastErr != nil {
-				return lastErr
+			var qe *placement.QuotaError
+			switch {
+			case errors.As(err, &qe):
+				if qe.Transient {
+					return nil, &api.Error{Code: api.CodeTooManyRequests, Message: qe.Error()}
+				}
+				return nil, &api.Error{Code: api.CodeForbidden, Message: qe.Error()}
+			case lastErr != nil:
+				return nil, lastErr
+			case errors.Is(err, placement.ErrNoNode):
+				return nil, &api.Error{Code: api.CodeUnavailable, Message: "no node can take this sandbox now"}
 			}
-			if errors.Is(err, placement.ErrNoNode) {
-				return &api.Error{Code: api.CodeUnavailable, Message: "no node can take this sandbox now"}
-			}
-			return err
+			return nil, err
 		}
 		id := edge.NewSandboxID(node)
 		if key != "" {
@@ -125,20 +183,22 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 					// A concurrent request with the same key won the race: answer as it does.
 					e, gerr := s.idem.Get(ctx, key)
 					if gerr != nil {
-						return fmt.Errorf("idempotency store: %w", gerr)
+						s.placer.Release(node, req, limits)
+						return nil, storeUnavailable("idempotency store", gerr)
 					}
 					id = string(e.Value())
 				} else {
-					return fmt.Errorf("idempotency store: %w", err)
+					s.placer.Release(node, req, limits)
+					return nil, storeUnavailable("idempotency store", err)
 				}
 			}
 		}
 		var sb api.Sandbox
-		err = s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: req}, &sb, nil)
+		err = s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: *req}, &sb, nil)
 		if err == nil {
-			writeJSON(w, http.StatusCreated, &sb)
-			return nil
+			return &sb, nil
 		}
+		s.placer.Release(node, req, limits)
 		if key != "" {
 			_ = s.idem.Delete(context.WithoutCancel(ctx), key)
 		}
@@ -148,16 +208,21 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			lastErr = err
 			continue
 		}
-		return err
+		return nil, err
 	}
-	return lastErr
+	return nil, lastErr
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var sb api.Sandbox
 	if err := s.callEdge(r.Context(), id, edge.OpGet, &edge.IDRequest{ID: id}, &sb, nil); err != nil {
-		return err
+		var le *lostError
+		if !errors.As(err, &le) {
+			return err
+		}
+		project, _ := s.cfg.Watcher.Lost(id)
+		sb = api.Sandbox{ID: id, Node: le.node, Project: project, State: api.StateLost, Reason: "node " + le.node + " is down"}
 	}
 	writeJSON(w, http.StatusOK, &sb)
 	return nil
@@ -175,7 +240,15 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	req := edge.ListRequest{State: q.Get("state"), Labels: map[string]string{}}
+	req := edge.ListRequest{State: q.Get("state"), Labels: map[string]string{}, Project: q.Get("project")}
+	if req.Project != "" && !sandboxspec.ValidProject(req.Project) {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("project %q is not a project id", truncate(req.Project))}
+	}
+	p := principal(r)
+	ctx := r.Context()
+	if p.Project != "" {
+		ctx = bus.WithHeaders(ctx, map[string]string{bus.HeaderScope: p.Project})
+	}
 	switch req.State {
 	case "", api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed:
 	default:
@@ -198,7 +271,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		go func(node string) {
 			defer wg.Done()
 			var l api.SandboxList
-			err := s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edge.OpList, &req, &l, nil)
+			err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edge.OpList, &req, &l, nil)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -238,4 +311,10 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	sort.Slice(out.Images, func(i, j int) bool { return out.Images[i].Name < out.Images[j].Name })
 	writeJSON(w, http.StatusOK, &out)
 	return nil
+}
+
+// storeUnavailable turns a failed JetStream call into a 503: the cluster is
+// electing a leader or lost its quorum, and the client should retry.
+func storeUnavailable(what string, err error) error {
+	return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("%s is not available now: %v", what, err)}
 }

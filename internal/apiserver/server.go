@@ -62,33 +62,46 @@ type route struct {
 	pattern string
 	handler func(http.ResponseWriter, *http.Request) error
 	public  bool
+	// role is the least role the route needs: viewer for reads, member by
+	// default; project and token routes check more themselves.
+	role string
 }
 
 func (s *Server) routes() []route {
 	return []route{
 		{pattern: "GET /healthz", handler: s.healthz, public: true},
 		{pattern: "POST /v1/sandboxes", handler: s.createSandbox},
-		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes},
-		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox},
+		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes, role: api.RoleViewer},
+		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox, role: api.RoleViewer},
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
-		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand},
+		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},
 		{pattern: "PUT /v1/sandboxes/{id}/files", handler: s.putFile},
-		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile},
+		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile, role: api.RoleViewer},
 		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile},
 		{pattern: "POST /v1/sandboxes/{id}/files/mkdir", handler: s.mkdir},
 		{pattern: "POST /v1/sandboxes/{id}/files/rename", handler: s.rename},
 		{pattern: "PUT /v1/sandboxes/{id}/archive", handler: s.putArchive},
-		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive},
-		{pattern: "GET /v1/images", handler: s.listImages},
+		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive, role: api.RoleViewer},
+		{pattern: "GET /v1/images", handler: s.listImages, role: api.RoleViewer},
+		{pattern: "GET /v1/nodes", handler: s.listNodes, role: api.RoleViewer},
+		{pattern: "GET /v1/events", handler: s.listEvents, role: api.RoleViewer},
+		{pattern: "POST /v1/sandboxes:batch", handler: s.batchCreate},
+		{pattern: "POST /v1/projects", handler: s.createProject, role: api.RoleViewer},
+		{pattern: "GET /v1/projects", handler: s.listProjects, role: api.RoleViewer},
+		{pattern: "GET /v1/projects/{id}", handler: s.getProject, role: api.RoleViewer},
+		{pattern: "PATCH /v1/projects/{id}", handler: s.updateProject, role: api.RoleViewer},
+		{pattern: "DELETE /v1/projects/{id}", handler: s.deleteProject, role: api.RoleViewer},
+		{pattern: "POST /v1/tokens", handler: s.createToken, role: api.RoleViewer},
+		{pattern: "GET /v1/tokens", handler: s.listTokens, role: api.RoleViewer},
+		{pattern: "DELETE /v1/tokens/{id}", handler: s.revokeToken, role: api.RoleViewer},
 		{pattern: "POST /v1/images", handler: s.pullImage},
 		{pattern: "POST /v1/layers", handler: s.createLayer},
-		{pattern: "GET /v1/layers", handler: s.listLayers},
+		{pattern: "GET /v1/layers", handler: s.listLayers, role: api.RoleViewer},
 		{pattern: "POST /v1/layers:gc", handler: s.gcLayers},
-		{pattern: "GET /v1/layers/{ref...}", handler: s.getLayer},
+		{pattern: "GET /v1/layers/{ref...}", handler: s.getLayer, role: api.RoleViewer},
 		{pattern: "DELETE /v1/layers/{ref...}", handler: s.deleteLayer},
-		{pattern: "GET /v1/nodes", handler: s.listNodes},
 	}
 }
 
@@ -181,10 +194,20 @@ func (s *Server) wrap(rt route) http.Handler {
 			s.latency.WithLabelValues(rt.pattern).Observe(time.Since(start).Seconds())
 		}()
 		if !rt.public {
-			if err := s.authenticate(r); err != nil {
+			p, err := s.authenticate(r)
+			if err != nil {
 				writeError(sw, s.toAPIError(err))
 				return
 			}
+			role := rt.role
+			if role == "" {
+				role = api.RoleMember
+			}
+			if !p.Can(role) {
+				writeError(sw, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("this needs the %s role; your token has %s", role, p.Role)})
+				return
+			}
+			r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
 		}
 		if err := rt.handler(sw, r); err != nil {
 			if sw.code != 0 {
@@ -197,19 +220,31 @@ func (s *Server) wrap(rt route) http.Handler {
 	})
 }
 
-func (s *Server) authenticate(r *http.Request) error {
+type principalKey struct{}
+
+// principal is the authenticated caller of r.
+func principal(r *http.Request) *iam.Principal {
+	p, _ := r.Context().Value(principalKey{}).(*iam.Principal)
+	if p == nil {
+		return &iam.Principal{Role: "none", Project: "\x00"} // reaches nothing
+	}
+	return p
+}
+
+func (s *Server) authenticate(r *http.Request) (*iam.Principal, error) {
 	h := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || tok == "" {
-		return &api.Error{Code: api.CodeUnauthorized, Message: "missing bearer token (Authorization: Bearer <token>)"}
+		return nil, &api.Error{Code: api.CodeUnauthorized, Message: "missing bearer token (Authorization: Bearer <token>)"}
 	}
-	if _, err := s.cfg.IAM.Authenticate(r.Context(), strings.TrimSpace(tok)); err != nil {
+	p, err := s.cfg.IAM.Authenticate(r.Context(), strings.TrimSpace(tok))
+	if err != nil {
 		if errors.Is(err, iam.ErrUnauthenticated) {
-			return &api.Error{Code: api.CodeUnauthorized, Message: "invalid token"}
+			return nil, &api.Error{Code: api.CodeUnauthorized, Message: "invalid, expired or revoked token"}
 		}
-		return &api.Error{Code: api.CodeUnavailable, Message: "cannot check the token now"}
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: "cannot check the token now"}
 	}
-	return nil
+	return p, nil
 }
 
 func (s *Server) toAPIError(err error) *api.Error {
@@ -217,6 +252,8 @@ func (s *Server) toAPIError(err error) *api.Error {
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, new(*lostError)):
+		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	case errors.Is(err, bus.ErrNoResponders):
 		return &api.Error{Code: api.CodeUnavailable, Message: "the sandbox's node is not available"}
 	case errors.Is(err, context.DeadlineExceeded):
@@ -285,4 +322,63 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, api.NodeList{Nodes: s.cfg.Watcher.Nodes()})
 	return nil
+}
+
+// listEvents answers GET /v1/events?after=SEQ&limit=N&wait=SECONDS.
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	var after uint64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return &api.Error{Code: api.CodeInvalid, Message: "after must be a sequence number"}
+		}
+		after = n
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			return &api.Error{Code: api.CodeInvalid, Message: "limit must be between 1 and 10000"}
+		}
+		limit = n
+	}
+	wait := 100 * time.Millisecond
+	if v := q.Get("wait"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 60 {
+			return &api.Error{Code: api.CodeInvalid, Message: "wait must be between 0 and 60 seconds"}
+		}
+		if f > 0 {
+			wait = time.Duration(f * float64(time.Second))
+		}
+	}
+	evs := s.cfg.Watcher.Events()
+	if evs == nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: "no event stream"}
+	}
+	list, err := evs.Read(r.Context(), after, limit, wait)
+	if err != nil {
+		return err
+	}
+	out := api.EventList{Events: []api.Event{}, Next: after}
+	for _, ev := range list {
+		if ev.Seq > out.Next {
+			out.Next = ev.Seq
+		}
+		if s.visibleEvent(r, &ev) {
+			out.Events = append(out.Events, ev)
+		}
+	}
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}
+
+// visibleEvent reports whether the caller may see ev: node events are
+// public to every caller, sandbox events to the sandbox's project scope.
+func (s *Server) visibleEvent(r *http.Request, ev *api.Event) bool {
+	if ev.Sandbox == "" {
+		return true
+	}
+	return principal(r).InScope(ev.Project)
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +22,17 @@ import (
 const (
 	subjectEdgePrefix = "warren.edge."
 	SubjectHeartbeat  = "warren.heartbeat"
+	// SubjectEvents prefixes the event stream's subjects (warren.events.<type>).
+	SubjectEvents = "warren.events"
+	// SubjectAPIServerHeartbeat carries the apiservers' presence (each
+	// replica learns how many share the quotas).
+	SubjectAPIServerHeartbeat = "warren.apiserver.heartbeat"
+)
+
+// Buckets and streams.
+const (
+	BucketRoster = "warren-roster" // node -> ids of its live sandboxes
+	StreamEvents = "warren-events"
 )
 
 // Message headers of the request/stream pattern.
@@ -48,6 +61,17 @@ var ErrNoResponders = errors.New("bus: no responders")
 type Conn struct {
 	nc *nats.Conn
 	js jetstream.JetStream
+
+	// One wildcard subscription answers every call that streams nothing
+	// back (most calls): no SUB/UNSUB per request.
+	muxOnce   sync.Once
+	muxErr    error
+	muxPrefix string
+	muxCalls  sync.Map // token -> chan *nats.Msg
+	muxSeq    atomic.Uint64
+	// Replicas is the replication factor of the KV buckets and streams this
+	// connection creates (1 on one server; 3 on a three-server cluster).
+	Replicas int
 }
 
 func newConn(nc *nats.Conn) (*Conn, error) {
@@ -59,14 +83,85 @@ func newConn(nc *nats.Conn) (*Conn, error) {
 	return &Conn{nc: nc, js: js}, nil
 }
 
-// Dial connects to an external NATS server or cluster (comma-separated URLs).
-func Dial(urls, name string, opts ...nats.Option) (*Conn, error) {
-	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectBufSize(64 << 20)}, opts...)
-	nc, err := nats.Connect(urls, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("bus: connect %s: %w", urls, err)
+// DialConfig says how to reach an external NATS server or cluster.
+type DialConfig struct {
+	URLs     string // comma-separated nats:// or tls:// URLs
+	Name     string // connection name shown by the server
+	Creds    string // a .creds file (JWT + NKey seed)
+	NKeySeed string // a file holding an NKey seed
+	User     string
+	Password string
+	Token    string
+	TLSCA    string // CA bundle that signs the servers' certificates
+	TLSCert  string // client certificate (mutual TLS), with TLSKey
+	TLSKey   string
+	Replicas int // replication of buckets and streams this process creates; 0 = 1
+}
+
+// DialPatience is how long Dial retries when no server answers yet.
+var DialPatience = time.Minute
+
+// Dial connects to an external NATS server or cluster.
+func Dial(cfg DialConfig, extra ...nats.Option) (*Conn, error) {
+	if strings.TrimSpace(cfg.URLs) == "" {
+		return nil, errors.New("bus: no NATS URL given")
 	}
-	return newConn(nc)
+	opts := []nats.Option{nats.Name(cfg.Name), nats.MaxReconnects(-1), nats.ReconnectBufSize(64 << 20),
+		nats.ReconnectWait(250 * time.Millisecond), nats.RetryOnFailedConnect(false)}
+	if cfg.Creds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	}
+	if cfg.NKeySeed != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeed)
+		if err != nil {
+			return nil, fmt.Errorf("bus: nkey seed: %w", err)
+		}
+		opts = append(opts, o)
+	}
+	if cfg.User != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.Token != "" {
+		opts = append(opts, nats.Token(cfg.Token))
+	}
+	if cfg.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLSCA))
+	}
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return nil, errors.New("bus: a TLS client certificate needs both the certificate and the key")
+		}
+		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	opts = append(opts, extra...)
+	// Servers may still be starting (a cluster brought up together): retry
+	// the first connection for a while.
+	var nc *nats.Conn
+	var err error
+	deadline := time.Now().Add(DialPatience)
+	for {
+		nc, err = nats.Connect(cfg.URLs, opts...)
+		if err == nil || !errors.Is(err, nats.ErrNoServers) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bus: connect %s: %w", cfg.URLs, err)
+	}
+	c, err := newConn(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.Replicas = cfg.Replicas
+	return c, nil
+}
+
+func (c *Conn) replicas() int {
+	if c.Replicas < 1 {
+		return 1
+	}
+	return c.Replicas
 }
 
 // NATS exposes the raw connection (for the few callers that need it).
@@ -103,18 +198,36 @@ func (c *Conn) Call(ctx context.Context, subject, op string, req any, out any, o
 
 // CallRaw is Call with a pre-encoded body.
 func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out any, onChunk func(Chunk) error) error {
-	inbox := c.nc.NewRespInbox()
-	ch := make(chan *nats.Msg, 256)
-	sub, err := c.nc.ChanSubscribe(inbox, ch)
-	if err != nil {
-		return fmt.Errorf("bus: subscribe: %w", err)
+	var inbox string
+	var ch chan *nats.Msg
+	if onChunk == nil {
+		if err := c.startMux(); err != nil {
+			return err
+		}
+		token := strconv.FormatUint(c.muxSeq.Add(1), 36)
+		inbox = c.muxPrefix + token
+		ch = make(chan *nats.Msg, 16)
+		c.muxCalls.Store(token, ch)
+		defer c.muxCalls.Delete(token)
+	} else {
+		inbox = c.nc.NewRespInbox()
+		ch = make(chan *nats.Msg, 256)
+		sub, err := c.nc.ChanSubscribe(inbox, ch)
+		if err != nil {
+			return fmt.Errorf("bus: subscribe: %w", err)
+		}
+		defer sub.Unsubscribe()
+		_ = sub.SetPendingLimits(-1, 512<<20)
 	}
-	defer sub.Unsubscribe()
-	_ = sub.SetPendingLimits(-1, 512<<20)
 
 	msg := nats.NewMsg(subject + "." + op)
 	msg.Reply = inbox
 	msg.Header.Set(hdrOp, op)
+	if h, ok := ctx.Value(outHeadersKey{}).(map[string]string); ok {
+		for k, v := range h {
+			msg.Header.Set(k, v)
+		}
+	}
 	msg.Data = body
 	if err := c.nc.PublishMsg(msg); err != nil {
 		return fmt.Errorf("bus: publish %s: %w", op, err)
@@ -167,6 +280,30 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 			}
 		}
 	}
+}
+
+// startMux subscribes the shared reply inbox once.
+func (c *Conn) startMux() error {
+	c.muxOnce.Do(func() {
+		c.muxPrefix = c.nc.NewRespInbox() + "."
+		sub, err := c.nc.Subscribe(c.muxPrefix+"*", func(m *nats.Msg) {
+			token := m.Subject[len(c.muxPrefix):]
+			v, ok := c.muxCalls.Load(token)
+			if !ok {
+				return // the caller gave up
+			}
+			select {
+			case v.(chan *nats.Msg) <- m:
+			default: // a caller without streams gets a few pings and one answer
+			}
+		})
+		if err != nil {
+			c.muxErr = fmt.Errorf("bus: subscribe: %w", err)
+			return
+		}
+		_ = sub.SetPendingLimits(-1, 512<<20)
+	})
+	return c.muxErr
 }
 
 // Handler serves one request. It streams chunks with w.Chunk and returns the
@@ -231,6 +368,7 @@ func (c *Conn) handle(ctx context.Context, m *nats.Msg, h Handler) {
 	if op == "" {
 		op = m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	}
+	ctx = context.WithValue(ctx, inHeadersKey{}, m.Header)
 	stop := make(chan struct{})
 	go func() {
 		t := time.NewTicker(keepaliveEvery)
@@ -291,13 +429,80 @@ func (c *Conn) Subscribe(subject string, fn func(data []byte)) (*nats.Subscripti
 	return c.nc.Subscribe(subject, func(m *nats.Msg) { fn(m.Data) })
 }
 
-// KeyValue opens (creating when missing) a JetStream KV bucket.
+// KeyValue opens (creating when missing) a JetStream KV bucket. A cluster
+// that is still electing its leaders answers late: it retries for a minute.
 func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (jetstream.KeyValue, error) {
-	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage})
+	cfg := jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage, Replicas: c.replicas()}
+	var kv jetstream.KeyValue
+	err := retryStartup(ctx, func(ctx context.Context) error {
+		var err error
+		if kv, err = c.js.KeyValue(ctx, bucket); err == nil {
+			return nil
+		}
+		kv, err = c.js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = c.js.KeyValue(ctx, bucket)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("bus: kv %s: %w", bucket, err)
 	}
 	return kv, nil
 }
 
+// retryStartup calls fn until it succeeds, ctx ends or a minute passes.
+func retryStartup(ctx context.Context, fn func(context.Context) error) error {
+	deadline := time.Now().Add(time.Minute)
+	wait := 100 * time.Millisecond
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := fn(cctx)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		if wait < 2*time.Second {
+			wait *= 2
+		}
+	}
+}
+
 func netSplit(addr string) (string, string, error) { return net.SplitHostPort(addr) }
+
+type outHeadersKey struct{}
+type inHeadersKey struct{}
+
+// WithHeaders makes the calls made with ctx carry these message headers
+// (the apiserver tells an edge on whose behalf it asks).
+func WithHeaders(ctx context.Context, h map[string]string) context.Context {
+	return context.WithValue(ctx, outHeadersKey{}, h)
+}
+
+// HeaderOf returns a header of the request a handler serves ("" if absent)
+// and whether it was present.
+func HeaderOf(ctx context.Context, key string) (string, bool) {
+	h, ok := ctx.Value(inHeadersKey{}).(nats.Header)
+	if !ok || h == nil {
+		return "", false
+	}
+	v, ok := h[key]
+	if !ok || len(v) == 0 {
+		return "", false
+	}
+	return v[0], true
+}
+
+// Headers the apiserver sets on requests to edges.
+const (
+	// HeaderScope limits a request to sandboxes of this project and its
+	// descendants; absent = no limit (cluster admins, internal callers).
+	HeaderScope = "Warren-Scope"
+	// HeaderSandbox names the sandbox a request is about.
+	HeaderSandbox = "Warren-Sandbox"
+)

@@ -6,6 +6,7 @@ package bus
 import (
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -25,6 +26,15 @@ type EmbeddedConfig struct {
 	// (other edges or apiservers). Empty: in-process connections only.
 	Listen string
 	Logger *slog.Logger
+
+	// For `warren nats` (a development cluster on one machine): a server
+	// name unique in the cluster, the cluster name, the address other
+	// servers route to, and their route URLs (nats-route://host:port).
+	ServerName    string
+	ClusterName   string
+	ClusterListen string
+	Routes        []string
+	Log           bool // write the server's own log to stderr
 }
 
 // Embedded is a running in-process NATS server with JetStream.
@@ -38,13 +48,17 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err := os.MkdirAll(storeDir, 0o700); err != nil {
 		return nil, fmt.Errorf("bus: %w", err)
 	}
+	name := cfg.ServerName
+	if name == "" {
+		name = "warren-embedded"
+	}
 	opts := &server.Options{
-		ServerName:         "warren-embedded",
+		ServerName:         name,
 		JetStream:          true,
 		StoreDir:           storeDir,
 		MaxPayload:         MaxPayload,
 		NoSigs:             true,
-		NoLog:              true,
+		NoLog:              !cfg.Log,
 		JetStreamMaxMemory: 256 << 20,
 		MaxPending:         256 << 20,
 	}
@@ -57,12 +71,35 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		opts.Host, opts.Port = host, port
 	}
+	if cfg.ClusterListen != "" {
+		host, port, err := splitHostPort(cfg.ClusterListen)
+		if err != nil {
+			return nil, err
+		}
+		opts.Cluster.Name = cfg.ClusterName
+		if opts.Cluster.Name == "" {
+			opts.Cluster.Name = "warren"
+		}
+		opts.Cluster.Host, opts.Cluster.Port = host, port
+		for _, r := range cfg.Routes {
+			u, err := url.Parse(r)
+			if err != nil || u.Host == "" {
+				return nil, fmt.Errorf("bus: route %q is not a URL (nats-route://host:port)", r)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("bus: nats server: %w", err)
 	}
+	if cfg.Log {
+		srv.ConfigureLogger()
+	}
 	go srv.Start()
-	if !srv.ReadyForConnections(30 * time.Second) {
+	// A clustered server is ready for clients only once it meets its routes;
+	// the caller waits for that (JetStream needs a quorum).
+	if !srv.ReadyForConnections(60 * time.Second) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("bus: nats server did not become ready")
 	}

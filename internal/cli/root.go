@@ -51,6 +51,11 @@ func NewRootCmd() *cobra.Command {
 
 	root.AddCommand(
 		newServeCmd(),
+		newAPIServerCmd(),
+		newEdgeCmd(),
+		newNATSCmd(),
+		newSimCmd(),
+		newSimEdgesCmd(),
 		newCreateCmd(g),
 		newRunCmd(g),
 		newCpCmd(g),
@@ -59,6 +64,8 @@ func NewRootCmd() *cobra.Command {
 		newImageCmd(g),
 		newLayerCmd(g),
 		newNodesCmd(g),
+		newProjectCmd(g),
+		newTokenCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),
 	)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/api"
@@ -54,7 +55,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		rec: record{
 			Spec: spec,
 			Sandbox: api.Sandbox{
-				ID: id, State: api.StateCreating, Node: e.cfg.Node, Tier: spec.Tier, Image: spec.Image,
+				ID: id, State: api.StateCreating, Node: e.cfg.Node, Project: spec.Project, Tier: spec.Tier, Image: spec.Image,
 				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
 				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
 				CreatedAt: now, ExpiresAt: &expires,
@@ -237,4 +238,34 @@ func sandboxEnv(image []string, req map[string]string) map[string]string {
 		env[k] = v
 	}
 	return env
+}
+
+// BatchParallelism bounds how many sandboxes of one batch start at once.
+var BatchParallelism = 16
+
+// createBatch creates every item, answering each on its own.
+func (e *Edge) createBatch(ctx context.Context, req *CreateBatchRequest) *CreateBatchResult {
+	out := &CreateBatchResult{Items: make([]CreateBatchItem, len(req.Items))}
+	sem := make(chan struct{}, BatchParallelism)
+	var wg sync.WaitGroup
+	for i := range req.Items {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			sb, err := e.create(ctx, &req.Items[i])
+			if err != nil {
+				var ae *api.Error
+				if !errors.As(err, &ae) {
+					ae = &api.Error{Code: api.CodeInternal, Message: err.Error()}
+				}
+				out.Items[i].Error = ae
+				return
+			}
+			out.Items[i].Sandbox = sb
+		}(i)
+	}
+	wg.Wait()
+	return out
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
@@ -84,12 +85,16 @@ type Config struct {
 	CPUCapacity  float64 // cores offered (after overcommit)
 	MemoryMB     int64   // memory offered (after overcommit)
 	MaxSandboxes int
+	Labels       map[string]string // node labels, matched by node_selector
 
 	DefaultTTL     time.Duration // 0 = 24h
 	TombstoneFor   time.Duration // how long stopped sandboxes stay visible; 0 = 10m
 	HeartbeatEvery time.Duration // 0 = 1s
 	KeepOnShutdown bool          // leave sandboxes running on Close (for upgrades)
 	ReaperEvery    time.Duration // 0 = 1s
+	// RosterEvery is how often, at most, the node writes the ids of its live
+	// sandboxes to the roster bucket (when they changed). 0 = 500ms; <0 = never.
+	RosterEvery time.Duration
 }
 
 // Edge manages the sandboxes of one node.
@@ -100,6 +105,9 @@ type Edge struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closing   bool
+
+	roster     jetstream.KeyValue
+	lastRoster string
 
 	subs   []*nats.Subscription
 	cancel context.CancelFunc
@@ -133,6 +141,9 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.HeartbeatEvery == 0 {
 		cfg.HeartbeatEvery = time.Second
 	}
+	if cfg.RosterEvery == 0 {
+		cfg.RosterEvery = 500 * time.Millisecond
+	}
 	if cfg.ReaperEvery == 0 {
 		cfg.ReaperEvery = time.Second
 	}
@@ -158,6 +169,13 @@ func (e *Edge) Start(ctx context.Context) error {
 	if err := e.reconcile(ctx); err != nil {
 		return err
 	}
+	if e.cfg.RosterEvery > 0 {
+		kv, err := e.cfg.Bus.KeyValue(ctx, bus.BucketRoster, 0)
+		if err != nil {
+			return err
+		}
+		e.roster = kv
+	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	sub, err := e.cfg.Bus.Serve(runCtx, bus.EdgeSubject(e.cfg.Node), "", e.handle)
@@ -169,6 +187,10 @@ func (e *Edge) Start(ctx context.Context) error {
 	e.wg.Add(2)
 	go e.heartbeatLoop(runCtx)
 	go e.reaperLoop(runCtx)
+	if e.roster != nil {
+		e.wg.Add(1)
+		go e.rosterLoop(runCtx)
+	}
 	e.log.Info("edge serving", "sandboxes", e.count())
 	return nil
 }

@@ -34,13 +34,43 @@ func decode(body []byte, v any) error {
 
 // handle is the edge's bus handler.
 func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replier) (any, error) {
+	// A request on behalf of a project-scoped principal reaches only the
+	// sandboxes of that project and below.
+	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
+	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages {
+		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
+		if !ok {
+			return nil, badRequest("a scoped request must name its sandbox")
+		}
+		sb, err := e.lookup(id)
+		if err != nil {
+			return nil, err
+		}
+		if !sandboxspec.Within(sb.rec.Spec.Project, scope) {
+			return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
+		}
+	}
 	switch op {
 	case OpCreate:
 		var req CreateRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
+		if scoped && !sandboxspec.Within(req.Spec.Project, scope) {
+			return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", req.Spec.Project, scope)}
+		}
 		return e.create(ctx, &req)
+	case OpCreateBatch:
+		var req CreateBatchRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		for _, it := range req.Items {
+			if scoped && !sandboxspec.Within(it.Spec.Project, scope) {
+				return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", it.Spec.Project, scope)}
+			}
+		}
+		return e.createBatch(ctx, &req), nil
 	case OpGet:
 		var req IDRequest
 		if err := decode(body, &req); err != nil {
@@ -56,6 +86,9 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		var req ListRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
+		}
+		if scoped {
+			req.Scope, req.Scoped = scope, true
 		}
 		return e.list(&req), nil
 	case OpDelete:
@@ -122,6 +155,12 @@ func (e *Edge) list(req *ListRequest) *api.SandboxList {
 	for _, sb := range all {
 		v := sb.view()
 		if req.State != "" && v.State != req.State {
+			continue
+		}
+		if req.Scoped && !sandboxspec.Within(v.Project, req.Scope) {
+			continue
+		}
+		if req.Project != "" && !sandboxspec.Within(v.Project, req.Project) {
 			continue
 		}
 		match := true

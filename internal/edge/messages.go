@@ -28,6 +28,7 @@ const (
 	OpLayerGet    = "layer_get"
 	OpLayerDelete = "layer_delete"
 	OpLayerGC     = "layer_gc"
+	OpCreateBatch = "create_batch"
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry
@@ -50,6 +51,22 @@ type UploadResult struct {
 	Bytes  int64  `json:"bytes"`
 }
 
+// CreateBatchRequest asks an edge for many sandboxes at once.
+type CreateBatchRequest struct {
+	Items []CreateRequest `json:"items"`
+}
+
+// CreateBatchResult answers item by item, in order.
+type CreateBatchResult struct {
+	Items []CreateBatchItem `json:"items"`
+}
+
+// CreateBatchItem is one sandbox of a batch, or why it was not made.
+type CreateBatchItem struct {
+	Sandbox *api.Sandbox `json:"sandbox,omitempty"`
+	Error   *api.Error   `json:"error,omitempty"`
+}
+
 // CreateRequest asks an edge for a sandbox. ID is chosen by the caller (it
 // encodes this node); a repeated create with the same ID returns the
 // existing sandbox, which makes creates safe to retry.
@@ -65,8 +82,12 @@ type IDRequest struct {
 
 // ListRequest filters the sandboxes of a node.
 type ListRequest struct {
-	Labels map[string]string `json:"labels,omitempty"`
-	State  string            `json:"state,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	State   string            `json:"state,omitempty"`
+	Project string            `json:"project,omitempty"` // this project and below
+	// Scope and Scoped come from the request's scope header, not the body.
+	Scope  string `json:"-"`
+	Scoped bool   `json:"-"`
 }
 
 // ExecRequest runs a command in a sandbox; output arrives as chunks on the

@@ -1,12 +1,17 @@
 // Package placement picks a node for a new sandbox: filter the healthy nodes
-// that offer the tier and the resources, then take the least loaded of k
-// random candidates. Each replica counts its own recent placements until the
-// next heartbeat shows them; it keeps no durable state.
+// that offer the tier, the resources and the labels asked for, prefer those
+// that already hold the image, then take the least loaded of k random
+// candidates. Each replica counts its own recent placements (per node and
+// per project) until the next heartbeat shows them; it keeps no durable
+// state. It also enforces project quotas against the fleet's usage plus
+// those recent placements.
 package placement
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,85 +27,222 @@ const K = 2
 // Fleet is the view placement reads (the watcher).
 type Fleet interface {
 	Up() []api.Node
+	// ProjectUsage is what the live sandboxes of a project and its
+	// descendants hold, as of the last heartbeats.
+	ProjectUsage(project string) api.Usage
+	// APIServers is how many replicas share the quotas (at least 1).
+	APIServers() int
+}
+
+// Limit is one project's quota that binds a new sandbox (its own project's
+// and each ancestor's).
+type Limit struct {
+	Project string
+	Quota   api.Quota
+}
+
+// QuotaError says which quota a placement would break. Transient is set
+// when only this replica's share of the headroom is used up (it frees at
+// the next heartbeats).
+type QuotaError struct {
+	Project   string
+	What      string
+	Transient bool
+}
+
+func (e *QuotaError) Error() string {
+	if e.Transient {
+		return fmt.Sprintf("project %s is close to its %s quota; retry shortly", e.Project, e.What)
+	}
+	return fmt.Sprintf("project %s would exceed its %s quota", e.Project, e.What)
 }
 
 // Placer chooses nodes.
 type Placer struct {
 	fleet Fleet
 
-	mu     sync.Mutex
-	recent map[string]*pending // node -> placements not yet in a heartbeat
+	mu       sync.Mutex
+	recent   map[string]*pending  // node -> placements not yet in a heartbeat
+	projects map[string]api.Usage // project -> the same, summed over nodes
+
+	cands, withImage []int // scratch for Pick
+	loads            []float64
 }
 
 type pending struct {
-	cpu   float64
-	mem   int64
-	count int
-	since time.Time
+	cpu      float64
+	mem      int64
+	count    int
+	since    time.Time
+	projects map[string]api.Usage
 }
 
 // New returns a placer over fleet.
 func New(fleet Fleet) *Placer {
-	return &Placer{fleet: fleet, recent: make(map[string]*pending)}
+	return &Placer{fleet: fleet, recent: make(map[string]*pending), projects: make(map[string]api.Usage)}
 }
 
-// Pick chooses a node for spec, skipping the nodes in exclude.
-func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool) (string, error) {
+// Pick chooses a node for spec, skipping the nodes in exclude, and checks
+// limits (nil: none) first.
+func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool, limits []Limit) (string, error) {
 	nodes := p.fleet.Up()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cands := make([]api.Node, 0, len(nodes))
-	for _, n := range nodes {
-		if exclude[n.Name] || !offers(n, spec.Tier) {
-			continue
-		}
-		p.adjust(&n)
-		if n.CPUCapacity > 0 && n.CPURequested+spec.CPU > n.CPUCapacity {
-			continue
-		}
-		if n.MemoryMB > 0 && n.MemRequested+spec.MemoryMB > n.MemoryMB {
-			continue
-		}
-		cands = append(cands, n)
+	if err := p.checkQuotaLocked(spec, limits); err != nil {
+		return "", err
 	}
-	if len(cands) == 0 {
+	// Filter without copying nodes: candidate indices and their loads live
+	// in scratch slices reused under the lock.
+	p.cands, p.withImage = p.cands[:0], p.withImage[:0]
+	if cap(p.loads) < len(nodes) {
+		p.loads = make([]float64, len(nodes))
+	}
+	p.loads = p.loads[:len(nodes)]
+	for i := range nodes {
+		n := &nodes[i]
+		cpu, mem := n.CPURequested, n.MemRequested
+		if r := p.recent[n.Name]; r != nil {
+			if n.LastHeartbeat.After(r.since) {
+				p.expireLocked(n.Name, r)
+			} else {
+				cpu += r.cpu
+				mem += r.mem
+			}
+		}
+		if exclude[n.Name] || !offers(n, spec.Tier) || !selects(n, spec.NodeSelector) {
+			continue
+		}
+		if n.CPUCapacity > 0 && cpu+spec.CPU > n.CPUCapacity {
+			continue
+		}
+		if n.MemoryMB > 0 && mem+spec.MemoryMB > n.MemoryMB {
+			continue
+		}
+		p.loads[i] = loadOf(cpu, n.CPUCapacity, mem, n.MemoryMB)
+		// Nodes holding the image are preferred.
+		if holds(n, spec.Image) {
+			p.withImage = append(p.withImage, i)
+		}
+		p.cands = append(p.cands, i)
+	}
+	if len(p.cands) == 0 {
 		return "", ErrNoNode
 	}
-	best := cands[rand.IntN(len(cands))]
-	for i := 1; i < K && len(cands) > 1; i++ {
-		c := cands[rand.IntN(len(cands))]
-		if load(c) < load(best) {
-			best = c
+	pool := p.cands
+	if len(p.withImage) > 0 {
+		pool = p.withImage
+	}
+	bi := pool[rand.IntN(len(pool))]
+	for i := 1; i < K && len(pool) > 1; i++ {
+		c := pool[rand.IntN(len(pool))]
+		if p.loads[c] < p.loads[bi] {
+			bi = c
 		}
 	}
+	best := &nodes[bi]
 	r := p.recent[best.Name]
 	if r == nil {
-		r = &pending{since: time.Now()}
+		r = &pending{since: time.Now(), projects: map[string]api.Usage{}}
 		p.recent[best.Name] = r
 	}
 	r.cpu += spec.CPU
 	r.mem += spec.MemoryMB
 	r.count++
+	for _, l := range limits {
+		add := api.Usage{Sandboxes: 1, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
+		r.projects[l.Project] = plus(r.projects[l.Project], add, 1)
+		p.projects[l.Project] = plus(p.projects[l.Project], add, 1)
+	}
 	return best.Name, nil
 }
 
-// adjust adds this replica's placements that the node's last heartbeat
-// cannot have counted yet.
-func (p *Placer) adjust(n *api.Node) {
-	r := p.recent[n.Name]
+// Release forgets a placement that did not happen (the edge refused it).
+func (p *Placer) Release(node string, spec *api.CreateSandboxRequest, limits []Limit) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.recent[node]
 	if r == nil {
 		return
 	}
-	if n.LastHeartbeat.After(r.since) {
-		delete(p.recent, n.Name)
-		return
+	r.cpu -= spec.CPU
+	r.mem -= spec.MemoryMB
+	r.count--
+	for _, l := range limits {
+		sub := api.Usage{Sandboxes: 1, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
+		if _, ok := r.projects[l.Project]; ok {
+			r.projects[l.Project] = plus(r.projects[l.Project], sub, -1)
+			p.projects[l.Project] = plus(p.projects[l.Project], sub, -1)
+		}
 	}
-	n.CPURequested += r.cpu
-	n.MemRequested += r.mem
-	n.Sandboxes += r.count
 }
 
-func offers(n api.Node, tier string) bool {
+func plus(a, b api.Usage, sign int) api.Usage {
+	a.Sandboxes += sign * b.Sandboxes
+	a.CPU += float64(sign) * b.CPU
+	a.MemoryMB += int64(sign) * b.MemoryMB
+	return a
+}
+
+// checkQuotaLocked refuses a sandbox that would take a project over its
+// quota, counting the fleet's usage and this replica's recent placements.
+// With R replicas, each may place at most 1/R of the headroom left at the
+// last heartbeats (always at least one sandbox): together they overshoot by
+// at most R-1 sandboxes per heartbeat interval.
+func (p *Placer) checkQuotaLocked(spec *api.CreateSandboxRequest, limits []Limit) error {
+	if len(limits) == 0 {
+		return nil
+	}
+	// Drop what the heartbeats now count, so it is not counted twice.
+	nodes := p.fleet.Up()
+	for i := range nodes {
+		if r := p.recent[nodes[i].Name]; r != nil && nodes[i].LastHeartbeat.After(r.since) {
+			p.expireLocked(nodes[i].Name, r)
+		}
+	}
+	replicas := p.fleet.APIServers()
+	for _, l := range limits {
+		base := p.fleet.ProjectUsage(l.Project)
+		pend := p.projects[l.Project]
+		q := l.Quota
+		type dim struct {
+			what             string
+			limit, base, pen float64
+			add              float64
+		}
+		dims := []dim{
+			{"sandboxes", float64(q.Sandboxes), float64(base.Sandboxes), float64(pend.Sandboxes), 1},
+			{"cpu", q.CPU, base.CPU, pend.CPU, spec.CPU},
+			{"memory", float64(q.MemoryMB), float64(base.MemoryMB), float64(pend.MemoryMB), float64(spec.MemoryMB)},
+		}
+		for _, d := range dims {
+			if d.limit <= 0 {
+				continue
+			}
+			if d.base+d.pen+d.add > d.limit+1e-9 {
+				return &QuotaError{Project: l.Project, What: d.what}
+			}
+			if replicas > 1 && pend.Sandboxes > 0 && d.pen+d.add > (d.limit-d.base)/float64(replicas)+1e-9 {
+				return &QuotaError{Project: l.Project, What: d.what, Transient: true}
+			}
+		}
+	}
+	return nil
+}
+
+// expireLocked forgets a node's recent placements once a heartbeat counts them.
+func (p *Placer) expireLocked(node string, r *pending) {
+	delete(p.recent, node)
+	for proj, u := range r.projects {
+		t := plus(p.projects[proj], u, -1)
+		if t.Sandboxes <= 0 {
+			delete(p.projects, proj)
+		} else {
+			p.projects[proj] = t
+		}
+	}
+}
+
+func offers(n *api.Node, tier string) bool {
 	for _, t := range n.Tiers {
 		if t == tier {
 			return true
@@ -109,15 +251,41 @@ func offers(n api.Node, tier string) bool {
 	return false
 }
 
-func load(n api.Node) float64 {
-	l := 0.0
-	if n.CPUCapacity > 0 {
-		l = n.CPURequested / n.CPUCapacity
+func selects(n *api.Node, sel map[string]string) bool {
+	for k, v := range sel {
+		if got, ok := n.Labels[k]; !ok || got != v {
+			return false
+		}
 	}
-	if n.MemoryMB > 0 {
-		if m := float64(n.MemRequested) / float64(n.MemoryMB); m > l {
+	return true
+}
+
+func holds(n *api.Node, image string) bool {
+	for _, i := range n.Images {
+		if i == image || strings.TrimSuffix(i, ":latest") == image {
+			return true
+		}
+	}
+	return false
+}
+
+func loadOf(cpu, cpuCap float64, mem, memCap int64) float64 {
+	l := 0.0
+	if cpuCap > 0 {
+		l = cpu / cpuCap
+	}
+	if memCap > 0 {
+		if m := float64(mem) / float64(memCap); m > l {
 			l = m
 		}
 	}
 	return l
+}
+
+// Pending is what this replica placed in project (and below) that the
+// heartbeats do not show yet.
+func (p *Placer) Pending(project string) api.Usage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.projects[project]
 }

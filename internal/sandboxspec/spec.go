@@ -108,6 +108,20 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 			return invalid("label %q has a malformed value", k)
 		}
 	}
+	if len(req.NodeSelector) > MaxLabels {
+		return invalid("at most %d node_selector entries", MaxLabels)
+	}
+	for k, v := range req.NodeSelector {
+		if !labelKeyRE.MatchString(k) {
+			return invalid("node_selector key %q is malformed", truncate(k))
+		}
+		if len(v) > 256 || !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\n") {
+			return invalid("node_selector %q has a malformed value", k)
+		}
+	}
+	if req.Project != "" && !ValidProject(req.Project) {
+		return invalid("project %q is malformed (names of [a-z0-9-] joined by '.')", truncate(req.Project))
+	}
 	if req.User != "" && !userRE.MatchString(req.User) {
 		return invalid("user %q is malformed", truncate(req.User))
 	}
@@ -184,4 +198,33 @@ func truncate(s string) string {
 		return s[:64] + "…"
 	}
 	return s
+}
+
+// MaxProjectPath bounds the length of a project id (its nesting is
+// otherwise unbounded).
+const MaxProjectPath = 512
+
+var projectNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+
+// ValidProjectName reports whether name can name one level of a project.
+func ValidProjectName(name string) bool { return projectNameRE.MatchString(name) }
+
+// ValidProject reports whether id is a project id: names joined by '.',
+// parent first ("acme.rl.run7").
+func ValidProject(id string) bool {
+	if id == "" || len(id) > MaxProjectPath {
+		return false
+	}
+	for _, p := range strings.Split(id, ".") {
+		if !ValidProjectName(p) {
+			return false
+		}
+	}
+	return true
+}
+
+// Within reports whether project is scope or one of its descendants ("" is
+// the root: everything is within it).
+func Within(project, scope string) bool {
+	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
 }

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -162,70 +163,202 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer apiConn.Close()
 
+	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
+		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
+		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer stopEdge()
+	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node})
+}
+
+// EdgeOptions configure one edge (`warren edge`, or the edge of `warren serve`).
+type EdgeOptions struct {
+	NATS      bus.DialConfig // for `warren edge`
+	Node      string         // default: hostname, sanitised
+	DataDir   string         // default /var/lib/warren
+	Store     string         // image store directory; default DataDir/images (shared in a cluster)
+	AgentPath string
+	Labels    map[string]string // node labels matched by node_selector
+	// CPUOvercommit and MemoryOvercommit scale the node's real capacity.
+	CPUOvercommit    float64
+	MemoryOvercommit float64
+	KeepOnShutdown   bool
+	Logger           *slog.Logger
+}
+
+func (o *EdgeOptions) defaults() error {
+	so := Options{DataDir: o.DataDir, Node: o.Node, AgentPath: o.AgentPath, Logger: o.Logger,
+		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit}
+	if err := so.defaults(); err != nil {
+		return err
+	}
+	o.DataDir, o.Node, o.AgentPath, o.Logger = so.DataDir, so.Node, so.AgentPath, so.Logger
+	o.CPUOvercommit, o.MemoryOvercommit = so.CPUOvercommit, so.MemoryOvercommit
 	if o.Store == "" {
 		o.Store = filepath.Join(o.DataDir, "images")
 	}
+	return nil
+}
+
+// RunEdge runs one edge (`warren edge`) against an external NATS until ctx
+// is cancelled.
+func RunEdge(ctx context.Context, o EdgeOptions) error {
+	if err := o.defaults(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return fmt.Errorf("edge: data dir: %w", err)
+	}
+	o.NATS.Name = "warren-edge-" + o.Node
+	conn, err := bus.Dial(o.NATS)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop, err := startEdge(ctx, conn, o)
+	if err != nil {
+		return err
+	}
+	o.Logger.Info("warren edge is serving", "node", o.Node, "data_dir", o.DataDir, "store", o.Store)
+	<-ctx.Done()
+	o.Logger.Info("shutting down")
+	stop()
+	return nil
+}
+
+// startEdge brings up the edge of o on conn; the returned func stops it.
+func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	log := o.Logger
 	images, err := image.Open(o.Store)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var closers []func()
+	stop := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	// Layer mounts are shared by the node's sandboxes: unmounted last, after
+	// the edge stopped them.
 	mounts, err := image.NewMounter(filepath.Join(o.DataDir, "layers"), images)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() {
+	closers = append(closers, func() {
 		if !o.KeepOnShutdown {
 			if err := mounts.Close(); err != nil {
 				log.Warn("unmount layers", "err", err)
 			}
 		}
-	}()
+	})
 	if _, err := images.EnsureBusybox(ctx); err != nil {
 		log.Warn("cannot build the busybox image", "err", err)
 	}
 	writable, closeWritable, err := openWritable(ctx, o.DataDir, o.KeepOnShutdown, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer closeWritable()
-
+	closers = append(closers, closeWritable)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir)})
 	if err != nil {
-		return err
+		stop()
+		return nil, err
 	}
-	defer func() {
+	closers = append(closers, func() {
 		if !o.KeepOnShutdown {
 			if err := rt.Close(); err != nil {
 				log.Warn("remove parent cgroup", "err", err)
 			}
 		}
-	}()
+	})
 	memMB := totalMemoryMB()
 	e, err := edge.New(edge.Config{
-		Node: o.Node, DataDir: o.DataDir, Bus: edgeConn, Runtime: rt,
+		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: rt,
 		Images: imageResolver{store: images, mounts: mounts}, Writable: writable, Logger: log,
 		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
+		Labels:         o.Labels,
 		KeepOnShutdown: o.KeepOnShutdown,
 	})
 	if err != nil {
-		return err
+		stop()
+		return nil, err
 	}
 	if err := e.Start(ctx); err != nil {
-		return err
+		stop()
+		return nil, err
 	}
-	defer func() {
+	closers = append(closers, func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		_ = e.Close(cctx)
-	}()
+	})
+	return stop, nil
+}
 
-	w, err := watcher.New(apiConn)
+// APIOptions configure one apiserver (`warren apiserver`, or the one of `warren serve`).
+type APIOptions struct {
+	NATS    bus.DialConfig // for `warren apiserver`
+	Listen  string         // default 127.0.0.1:7070
+	DataDir string         // where the bootstrap admin token is written
+	Logger  *slog.Logger
+	// Ready, when set, is called once the API answers (with its URL and the
+	// admin token, "" when another apiserver made it).
+	Ready func(url, token string)
+	// WaitForNode, when set, delays serving until that node reported in.
+	WaitForNode string
+}
+
+// RunAPIServer runs one apiserver replica (`warren apiserver`) against an
+// external NATS until ctx is cancelled.
+func RunAPIServer(ctx context.Context, o APIOptions) error {
+	if o.DataDir == "" {
+		o.DataDir = "/var/lib/warren"
+	}
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:7070"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return fmt.Errorf("apiserver: data dir: %w", err)
+	}
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("apiserver: listen %s: %w", o.Listen, err)
+	}
+	defer ln.Close()
+	o.NATS.Name = "warren-apiserver"
+	conn, err := bus.Dial(o.NATS)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return serveAPI(ctx, conn, ln, o)
+}
+
+// serveAPI runs the watcher, IAM and HTTP API on conn and ln until ctx ends.
+func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions) error {
+	log := o.Logger
+	if addr := os.Getenv("WARREN_PPROF"); addr != "" {
+		// Profiling for measurements (warren sim): the default mux carries net/http/pprof.
+		go func() { _ = http.ListenAndServe(addr, nil) }()
+	}
+	w, err := watcher.Start(ctx, watcher.Config{Bus: conn, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer w.Close()
-	auth, err := iam.Open(ctx, apiConn)
+	go announceAPIServer(ctx, conn)
+	auth, err := iam.Open(ctx, conn)
 	if err != nil {
 		return err
 	}
@@ -233,18 +366,22 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	api, err := apiserver.New(ctx, apiserver.Config{Bus: apiConn, IAM: auth, Watcher: w, Logger: log})
+	api, err := apiserver.New(ctx, apiserver.Config{Bus: conn, IAM: auth, Watcher: w, Logger: log})
 	if err != nil {
 		return err
 	}
-	if !w.WaitForNode(o.Node, 10*time.Second) {
+	if o.WaitForNode != "" && !w.WaitForNode(o.WaitForNode, 10*time.Second) {
 		return errors.New("serve: the edge did not report in")
 	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	url := "http://" + ln.Addr().String()
-	log.Info("warren is serving", "url", url, "node", o.Node, "data_dir", o.DataDir)
+	if token != "" {
+		log.Info("warren is serving", "url", url, "data_dir", o.DataDir, "admin_token_file", filepath.Join(o.DataDir, "admin-token"))
+	} else {
+		log.Info("warren is serving", "url", url, "data_dir", o.DataDir, "admin_token", "made by another apiserver")
+	}
 	if o.Ready != nil {
 		o.Ready(url, token)
 	}
@@ -272,4 +409,20 @@ func totalMemoryMB() int64 {
 	var kb int64
 	_, _ = fmt.Sscanf(string(b), "MemTotal: %d kB", &kb)
 	return kb / 1024
+}
+
+// announceAPIServer tells the other replicas this one exists (each shares
+// the quota headroom with the others).
+func announceAPIServer(ctx context.Context, conn *bus.Conn) {
+	id := fmt.Sprintf("%d-%x", os.Getpid(), time.Now().UnixNano())
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		_ = conn.NATS().Publish(bus.SubjectAPIServerHeartbeat, []byte(id))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

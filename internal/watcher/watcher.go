@@ -1,10 +1,17 @@
-// Package watcher keeps the fleet view: which nodes are up and how loaded
-// they are. It is rebuilt from edge heartbeats, so it holds no durable state.
+// Package watcher keeps the fleet view: which nodes are up, how loaded they
+// are, and what each project holds. It is rebuilt from edge heartbeats, so
+// it holds no durable state. When a node misses its heartbeats the watcher
+// marks it down, reports its sandboxes lost on the event stream and stops
+// offering it; when it heartbeats again it is up (the edge reconciles).
 package watcher
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,48 +26,286 @@ const DownAfter = 5 * time.Second
 
 // Watcher tracks node heartbeats.
 type Watcher struct {
+	conn   *bus.Conn
+	events *bus.Events
+	log    *slog.Logger
+
 	mu    sync.RWMutex
 	nodes map[string]*entry
-	sub   *nats.Subscription
-	now   func() time.Time
+	// projects sums live usage per project over every up node, counted
+	// into the project and each of its ancestors ("a.b" adds to "a").
+	projects map[string]api.Usage
+	lost     map[string]lostSandbox // sandbox id -> its down node
+	subs     []*nats.Subscription
+	now      func() time.Time
+	// apiservers: replica id -> last presence.
+	apiservers map[string]time.Time
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	upMu    sync.Mutex
+	upCache []api.Node
+	upAt    time.Time
+	upGen   uint64 // w.gen when upCache was built
+	gen     uint64 // bumped by every heartbeat (under mu)
 }
+
+type lostSandbox struct{ node, project string }
 
 type entry struct {
 	node     api.Node
 	received time.Time
+	down     bool // reported down (events published)
+	counted  bool // its Projects are in w.projects
+}
+
+// Config wires a watcher.
+type Config struct {
+	Bus    *bus.Conn
+	Logger *slog.Logger
+	// CheckEvery is how often silent nodes are looked for; 0 = 500ms.
+	CheckEvery time.Duration
 }
 
 // New starts listening to heartbeats on conn.
 func New(conn *bus.Conn) (*Watcher, error) {
-	w := &Watcher{nodes: make(map[string]*entry), now: time.Now}
-	sub, err := conn.Subscribe(bus.SubjectHeartbeat, w.observe)
+	return Start(context.Background(), Config{Bus: conn})
+}
+
+// Start starts a watcher.
+func Start(ctx context.Context, cfg Config) (*Watcher, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.CheckEvery == 0 {
+		cfg.CheckEvery = 500 * time.Millisecond
+	}
+	w := &Watcher{
+		conn: cfg.Bus, log: cfg.Logger.With("part", "watcher"), nodes: make(map[string]*entry),
+		projects: make(map[string]api.Usage), lost: make(map[string]lostSandbox), now: time.Now,
+		apiservers: make(map[string]time.Time), stop: make(chan struct{}),
+	}
+	if cfg.Bus == nil {
+		return w, nil
+	}
+	ev, err := cfg.Bus.OpenEvents(ctx)
 	if err != nil {
 		return nil, err
 	}
-	w.sub = sub
+	w.events = ev
+	sub, err := cfg.Bus.Subscribe(bus.SubjectHeartbeat, w.observe)
+	if err != nil {
+		return nil, err
+	}
+	w.subs = append(w.subs, sub)
+	sub, err = cfg.Bus.Subscribe(bus.SubjectAPIServerHeartbeat, func(data []byte) {
+		id := string(data)
+		if id == "" || len(id) > 64 {
+			return
+		}
+		w.mu.Lock()
+		w.apiservers[id] = w.now()
+		w.mu.Unlock()
+	})
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	w.subs = append(w.subs, sub)
+	w.wg.Add(1)
+	go w.checkLoop(cfg.CheckEvery)
 	return w, nil
 }
 
 // Close stops listening.
 func (w *Watcher) Close() {
-	if w.sub != nil {
-		_ = w.sub.Unsubscribe()
+	for _, s := range w.subs {
+		_ = s.Unsubscribe()
 	}
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	w.wg.Wait()
 }
 
 func (w *Watcher) observe(data []byte) {
 	var n api.Node
-	if err := json.Unmarshal(data, &n); err != nil || n.Name == "" {
+	if err := json.Unmarshal(data, &n); err != nil || n.Name == "" || len(n.Name) > 64 {
 		return
 	}
 	w.Observe(n)
 }
 
+// addUsage adds (sign +1) or removes (-1) a node's project usage.
+func (w *Watcher) addUsage(projects map[string]api.Usage, sign int) {
+	for p, u := range projects {
+		for {
+			t := w.projects[p]
+			t.Sandboxes += sign * u.Sandboxes
+			t.CPU += float64(sign) * u.CPU
+			t.MemoryMB += int64(sign) * u.MemoryMB
+			if t.Sandboxes <= 0 && t.CPU <= 1e-9 && t.MemoryMB <= 0 {
+				delete(w.projects, p)
+			} else {
+				w.projects[p] = t
+			}
+			i := strings.LastIndexByte(p, '.')
+			if i < 0 {
+				break
+			}
+			p = p[:i]
+		}
+	}
+}
+
 // Observe records one heartbeat.
 func (w *Watcher) Observe(n api.Node) {
+	var up *entry
 	w.mu.Lock()
-	w.nodes[n.Name] = &entry{node: n, received: w.now()}
+	old := w.nodes[n.Name]
+	if old != nil && old.counted {
+		w.addUsage(old.node.Projects, -1)
+	}
+	e := &entry{node: n, received: w.now(), counted: true}
+	w.addUsage(n.Projects, +1)
+	if old != nil && old.down {
+		up = e
+		for id, l := range w.lost {
+			if l.node == n.Name {
+				delete(w.lost, id)
+			}
+		}
+	}
+	w.nodes[n.Name] = e
+	w.gen++
 	w.mu.Unlock()
+	if up != nil && w.events != nil {
+		go w.publish(api.Event{Time: time.Now().UTC(), Type: api.EventNodeUp, Node: n.Name,
+			Message: fmt.Sprintf("node %s is back with %d live sandboxes", n.Name, n.Sandboxes)},
+			fmt.Sprintf("up-%s-%d", n.Name, n.LastHeartbeat.UnixNano()/int64(time.Second)))
+	}
+}
+
+func (w *Watcher) publish(ev api.Event, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.events.Publish(ctx, ev, id); err != nil {
+		w.log.Warn("publish event", "type", ev.Type, "err", err)
+	}
+}
+
+func (w *Watcher) checkLoop(every time.Duration) {
+	defer w.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+			w.check()
+		}
+	}
+}
+
+// check marks silent nodes down, drops their usage and reports their
+// sandboxes lost.
+func (w *Watcher) check() {
+	now := w.now()
+	var down []api.Node
+	w.mu.Lock()
+	for _, e := range w.nodes {
+		if !e.down && now.Sub(e.received) > DownAfter {
+			e.down = true
+			if e.counted {
+				w.addUsage(e.node.Projects, -1)
+				e.counted = false
+			}
+			down = append(down, e.node)
+		}
+	}
+	for id, t := range w.apiservers {
+		if now.Sub(t) > DownAfter {
+			delete(w.apiservers, id)
+		}
+	}
+	w.mu.Unlock()
+	for _, n := range down {
+		w.nodeDown(n)
+	}
+}
+
+func (w *Watcher) nodeDown(n api.Node) {
+	w.log.Warn("node is down", "node", n.Name, "last_heartbeat", n.LastHeartbeat)
+	var lost []lostSandbox
+	var ids []string
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if kv, err := w.conn.KeyValue(ctx, bus.BucketRoster, 0); err == nil {
+		if e, err := kv.Get(ctx, n.Name); err == nil {
+			for _, line := range strings.Split(string(e.Value()), "\n") {
+				id, project, _ := strings.Cut(line, " ")
+				if id == "" {
+					continue
+				}
+				ids = append(ids, id)
+				lost = append(lost, lostSandbox{node: n.Name, project: project})
+			}
+		}
+	}
+	w.mu.Lock()
+	if e := w.nodes[n.Name]; e == nil || !e.down {
+		w.mu.Unlock()
+		return // it came back meanwhile
+	}
+	for i, id := range ids {
+		w.lost[id] = lost[i]
+	}
+	w.mu.Unlock()
+	if w.events == nil {
+		return
+	}
+	epoch := n.LastHeartbeat.UnixNano() / int64(time.Second)
+	now := time.Now().UTC()
+	w.publish(api.Event{Time: now, Type: api.EventNodeDown, Node: n.Name,
+		Message: fmt.Sprintf("node %s missed its heartbeats; %d sandboxes lost", n.Name, len(ids))},
+		fmt.Sprintf("down-%s-%d", n.Name, epoch))
+	for i, id := range ids {
+		w.publish(api.Event{Time: now, Type: api.EventSandboxLost, Node: n.Name, Sandbox: id, Project: lost[i].project,
+			Message: "its node " + n.Name + " is down"}, fmt.Sprintf("lost-%s-%d", id, epoch))
+	}
+}
+
+// Events is the event stream (nil without a bus).
+func (w *Watcher) Events() *bus.Events { return w.events }
+
+// Lost reports whether sandbox id was on a node that went down, and its project.
+func (w *Watcher) Lost(id string) (project string, ok bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	l, ok := w.lost[id]
+	return l.project, ok
+}
+
+// ProjectUsage is what the live sandboxes of project and its descendants
+// hold on the up nodes, as of their last heartbeats.
+func (w *Watcher) ProjectUsage(project string) api.Usage {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.projects[project]
+}
+
+// APIServers is how many apiserver replicas announced themselves lately (at least 1).
+func (w *Watcher) APIServers() int {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if len(w.apiservers) < 1 {
+		return 1
+	}
+	return len(w.apiservers)
 }
 
 // Nodes lists every node seen, with State "down" for silent ones.
@@ -70,7 +315,7 @@ func (w *Watcher) Nodes() []api.Node {
 	out := make([]api.Node, 0, len(w.nodes))
 	for _, e := range w.nodes {
 		n := e.node
-		if now.Sub(e.received) > DownAfter {
+		if e.down || now.Sub(e.received) > DownAfter {
 			n.State = "down"
 		}
 		out = append(out, n)
@@ -80,26 +325,45 @@ func (w *Watcher) Nodes() []api.Node {
 	return out
 }
 
-// Up lists the nodes that are up.
+// Up lists the nodes that are up. The slice is shared (rebuilt at most
+// once per heartbeat or every 100ms): callers must not modify it.
 func (w *Watcher) Up() []api.Node {
+	w.mu.RLock()
+	gen := w.gen
+	w.mu.RUnlock()
+	w.upMu.Lock()
+	defer w.upMu.Unlock()
+	if w.upCache != nil && w.upGen == gen && w.now().Sub(w.upAt) < 100*time.Millisecond {
+		return w.upCache
+	}
 	all := w.Nodes()
-	up := all[:0]
+	up := make([]api.Node, 0, len(all))
 	for _, n := range all {
 		if n.State == "up" {
 			up = append(up, n)
 		}
 	}
+	w.upCache, w.upAt, w.upGen = up, w.now(), gen
 	return up
+}
+
+// Known reports whether node ever heartbeated, and whether it is up.
+func (w *Watcher) Known(node string) (known, up bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	e := w.nodes[node]
+	if e == nil {
+		return false, false
+	}
+	return true, !e.down && w.now().Sub(e.received) <= DownAfter
 }
 
 // WaitForNode blocks until node is up or the timeout passes.
 func (w *Watcher) WaitForNode(node string, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		for _, n := range w.Up() {
-			if n.Name == node {
-				return true
-			}
+		if _, up := w.Known(node); up {
+			return true
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -22,6 +22,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -37,9 +38,13 @@ const (
 // UserAgent is sent with every request.
 var UserAgent = "warren-go-sdk/1"
 
-// Client talks to one warren API endpoint. It is safe for concurrent use.
+// Client talks to a warren API: one endpoint, or several apiserver replicas
+// (New with comma-separated URLs) among which it fails over when one stops
+// answering. It is safe for concurrent use.
 type Client struct {
-	base        string // without trailing slash
+	base        string // the first endpoint, without trailing slash
+	bases       []string
+	cur         atomic.Uint32 // index of the endpoint in use
 	token       string
 	hc          *http.Client
 	maxAttempts int
@@ -76,10 +81,21 @@ func NewTransport() *http.Transport {
 }
 
 // New returns a client for the API at baseURL (e.g. "http://127.0.0.1:7070")
-// authenticating with token.
+// authenticating with token. baseURL may list several apiservers separated
+// by commas: a request that cannot connect to one moves to the next.
 func New(baseURL, token string, opts ...Option) *Client {
+	var bases []string
+	for _, b := range strings.Split(baseURL, ",") {
+		if b = strings.TrimRight(strings.TrimSpace(b), "/"); b != "" {
+			bases = append(bases, b)
+		}
+	}
+	if len(bases) == 0 {
+		bases = []string{""}
+	}
 	c := &Client{
-		base:        strings.TrimRight(baseURL, "/"),
+		base:        bases[0],
+		bases:       bases,
 		token:       token,
 		maxAttempts: 5,
 		baseDelay:   50 * time.Millisecond,
@@ -122,8 +138,13 @@ func ResolveEnv(baseURL, token string) (string, string) {
 	return baseURL, token
 }
 
-// URL returns the base URL the client talks to.
-func (c *Client) URL() string { return c.base }
+// URL returns the base URL the client talks to now.
+func (c *Client) URL() string { return c.bases[int(c.cur.Load())%len(c.bases)] }
+
+// failover moves to the next endpoint after endpoint i failed to connect.
+func (c *Client) failover(i uint32) {
+	c.cur.CompareAndSwap(i, (i+1)%uint32(len(c.bases)))
+}
 
 // request describes one API call.
 type request struct {
@@ -168,11 +189,16 @@ func (c *Client) do(ctx context.Context, r *request) (*http.Response, error) {
 	if r.retry && (r.body == nil || seeker != nil) {
 		attempts = c.maxAttempts
 	}
-	u := c.base + r.path
+	query := ""
 	if len(r.query) > 0 {
-		u += "?" + r.query.Encode()
+		query = "?" + r.query.Encode()
 	}
+	// A request that could not connect never reached a server: it may go
+	// to each other endpoint once, whatever the method.
+	failovers := len(c.bases) - 1
 	for attempt := 1; ; attempt++ {
+		ci := c.cur.Load() % uint32(len(c.bases))
+		u := c.bases[ci] + r.path + query
 		var body io.Reader
 		switch {
 		case payload != nil:
@@ -216,6 +242,14 @@ func (c *Client) do(ctx context.Context, r *request) (*http.Response, error) {
 		}
 		resp, err := c.hc.Do(req)
 		if err != nil {
+			if retryableNetErr(err) && ctx.Err() == nil && len(c.bases) > 1 {
+				c.failover(ci)
+				if failovers > 0 {
+					failovers--
+					attempt--
+					continue
+				}
+			}
 			if attempt < attempts && retryableNetErr(err) && ctx.Err() == nil {
 				if werr := c.sleep(ctx, attempt, 0); werr != nil {
 					return nil, werr

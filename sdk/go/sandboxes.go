@@ -42,8 +42,9 @@ func (c *Client) Get(ctx context.Context, id string) (*api.Sandbox, error) {
 // ListOptions filters List. Every label must match; State is one of the
 // api.State* constants or empty for all.
 type ListOptions struct {
-	Labels map[string]string
-	State  string
+	Labels  map[string]string
+	State   string
+	Project string // this project and its descendants
 }
 
 // List returns the sandboxes visible to the token.
@@ -56,6 +57,9 @@ func (c *Client) List(ctx context.Context, opts ListOptions) ([]api.Sandbox, err
 	sort.Strings(keys)
 	for _, k := range keys {
 		q.Add("label", k+"="+opts.Labels[k])
+	}
+	if opts.Project != "" {
+		q.Set("project", opts.Project)
 	}
 	if opts.State != "" {
 		q.Set("state", opts.State)

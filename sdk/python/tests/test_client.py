@@ -441,3 +441,35 @@ class LaterFeaturesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestProjectsTokensBatch(unittest.TestCase):
+    def test_projects_tokens_batch_events(self):
+        name = "py" + uuid.uuid4().hex[:8]
+        p = C.create_project(name, quota={"sandboxes": 2})
+        self.assertEqual(p["id"], name)
+        with self.assertRaises(warren.WarrenError) as cm:
+            C.create_project("sub", parent=name, quota={"sandboxes": 3})
+        self.assertEqual(cm.exception.status, 403)
+        tok = C.create_token("py-agent", project=name, role="member")
+        self.assertTrue(tok["token"].startswith("wrn_"))
+        self.assertTrue(all("token" not in t for t in C.tokens()))
+        member = warren.Client(SRV.url, token=tok["token"], timeout=60)
+        try:
+            res = member.create_batch(2, image=_support.IMAGE, cpu=0.1, memory_mb=32,
+                                      labels=LABELS)
+            self.assertEqual(res["created"], 2)
+            with self.assertRaises(warren.WarrenError) as cm:
+                member.create(_support.IMAGE, cpu=0.1, memory_mb=32, labels=LABELS)
+            self.assertEqual(cm.exception.status, 403)
+            self.assertEqual({s.id for s in member.list()}, set(res["ids"]))
+            for sid in res["ids"]:
+                member.sandbox(sid).stop()
+            C.revoke_token(tok["id"])
+            with self.assertRaises(warren.WarrenError) as cm:
+                member.list()
+            self.assertEqual(cm.exception.status, 401)
+        finally:
+            member.close()
+        self.assertIn("events", C.events(limit=10))
+        self.assertEqual([x["id"] for x in C.projects() if x["id"] == name], [name])

@@ -3,6 +3,7 @@ files and background commands. Thread safe: one client may be shared by many
 threads (connections are pooled and reused)."""
 
 import concurrent.futures
+from urllib.parse import quote
 import ssl
 import time
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union,
@@ -148,6 +149,72 @@ class Client:
     def pull_image(self, ref: str, name: Optional[str] = None) -> Image:
         """Pull ``ref`` from its OCI registry into the store (as ``name``)."""
         return Image.from_json(self._json(_core.pull_req(ref, name)))
+    # ---- cluster: events, projects, tokens ----------------------------------------------
+
+    def events(self, after: int = 0, limit: Optional[int] = None,
+               wait: Optional[float] = None) -> Dict[str, Any]:
+        """Cluster events after sequence ``after`` (``{"events": [...], "next": n}``);
+        pass ``next`` as the following call's ``after``."""
+        params: Dict[str, Any] = {}
+        if after:
+            params["after"] = int(after)
+        if limit:
+            params["limit"] = int(limit)
+        if wait:
+            params["wait"] = float(wait)
+        return self.request("GET", "/v1/events", params=params)
+
+    def create_project(self, name: str, *, parent: Optional[str] = None,
+                       quota: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """Create a subproject (default under the token's project). ``quota`` may set
+        ``sandboxes``, ``cpu`` and ``memory_mb``; it can never exceed the parent's."""
+        body: Dict[str, Any] = {"name": name, "quota": dict(quota or {})}
+        if parent:
+            body["parent"] = parent
+        return self.request("POST", "/v1/projects", json=body)
+
+    def projects(self) -> List[Dict[str, Any]]:
+        """Projects this token reaches, with their usage."""
+        return list(self.request("GET", "/v1/projects").get("projects") or [])
+
+    def project(self, project_id: str) -> Dict[str, Any]:
+        return self.request("GET", "/v1/projects/" + quote(project_id, safe=""))
+
+    def update_project(self, project_id: str, quota: Mapping[str, Any]) -> Dict[str, Any]:
+        """Set a project's quota (needs the admin role in a project above it)."""
+        return self.request("PATCH", "/v1/projects/" + quote(project_id, safe=""),
+                            json={"quota": dict(quota)})
+
+    def delete_project(self, project_id: str) -> None:
+        self.request("DELETE", "/v1/projects/" + quote(project_id, safe=""))
+
+    def create_token(self, principal: str, *, project: Optional[str] = None,
+                     role: Optional[str] = None,
+                     expires_in: Optional[Duration] = None) -> Dict[str, Any]:
+        """Issue a token; its secret (``["token"]``) is shown only in this answer."""
+        body: Dict[str, Any] = {"principal": principal}
+        if project:
+            body["project"] = project
+        if role:
+            body["role"] = role
+        if expires_in is not None:
+            body["expires_in"] = _core.whole_seconds(expires_in)
+        return self.request("POST", "/v1/tokens", json=body)
+
+    def tokens(self) -> List[Dict[str, Any]]:
+        """Tokens this token manages (never their secrets)."""
+        return list(self.request("GET", "/v1/tokens").get("tokens") or [])
+
+    def revoke_token(self, token_id: str) -> None:
+        self.request("DELETE", "/v1/tokens/" + quote(token_id, safe=""))
+
+    def create_batch(self, count: int, *, ids_only: bool = False, **spec: Any) -> Dict[str, Any]:
+        """Create ``count`` sandboxes of one spec in one call (``POST /v1/sandboxes:batch``).
+        Returns ``{"created", "ids", "sandboxes", "failed", "errors"}``."""
+        body = {"count": int(count), "spec": spec}
+        if ids_only:
+            body["ids_only"] = True
+        return self.request("POST", "/v1/sandboxes:batch", json=body)
 
     # ---- sandboxes ---------------------------------------------------------------------
 

@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/serve"
+)
+
+// natsFlags adds the flags that say how to reach an external NATS cluster.
+func natsFlags(f *pflag.FlagSet, c *bus.DialConfig) {
+	f.StringVar(&c.URLs, "nats", "", "NATS server URLs, comma-separated (nats://host:4222,... or tls://...)")
+	f.StringVar(&c.Creds, "nats-creds", "", "NATS credentials file (JWT and NKey seed)")
+	f.StringVar(&c.NKeySeed, "nats-nkey", "", "file holding an NKey seed")
+	f.StringVar(&c.User, "nats-user", "", "NATS user name")
+	f.StringVar(&c.Password, "nats-password", "", "NATS password (env WARREN_NATS_PASSWORD)")
+	f.StringVar(&c.Token, "nats-token", "", "NATS auth token (env WARREN_NATS_TOKEN)")
+	f.StringVar(&c.TLSCA, "nats-tls-ca", "", "CA bundle that signs the NATS servers' certificates")
+	f.StringVar(&c.TLSCert, "nats-tls-cert", "", "client certificate for mutual TLS")
+	f.StringVar(&c.TLSKey, "nats-tls-key", "", "client key for mutual TLS")
+	f.IntVar(&c.Replicas, "replicas", 1, "replicas of the JetStream buckets and streams this process creates (3 on a three-server cluster)")
+}
+
+func natsFromEnv(c *bus.DialConfig) {
+	if c.Password == "" {
+		c.Password = os.Getenv("WARREN_NATS_PASSWORD")
+	}
+	if c.Token == "" {
+		c.Token = os.Getenv("WARREN_NATS_TOKEN")
+	}
+}
+
+func logger(verbose bool) *slog.Logger {
+	level := slog.LevelInfo
+	if verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func newAPIServerCmd() *cobra.Command {
+	var o serve.APIOptions
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "apiserver",
+		Short: "run one apiserver replica (HTTP API, IAM, placement, watcher) against an external NATS cluster",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			natsFromEnv(&o.NATS)
+			o.Logger = logger(verbose)
+			out := cmd.OutOrStdout()
+			o.Ready = func(url, token string) {
+				if token != "" {
+					fmt.Fprintf(out, "warren apiserver is ready\n  URL:   %s\n  token: %s\n", url, token)
+				} else {
+					fmt.Fprintf(out, "warren apiserver is ready\n  URL:   %s\n", url)
+				}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return serve.RunAPIServer(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	natsFlags(f, &o.NATS)
+	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
+	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "state directory (the bootstrap admin token is written here)")
+	f.BoolVar(&verbose, "verbose", false, "debug logging")
+	_ = cmd.MarkFlagRequired("nats")
+	return cmd
+}
+
+func newEdgeCmd() *cobra.Command {
+	var o serve.EdgeOptions
+	var verbose bool
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "edge",
+		Short: "run the edge of this node (sandboxes, admission, storage) against an external NATS cluster",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			natsFromEnv(&o.NATS)
+			o.Logger = logger(verbose)
+			o.Labels = map[string]string{}
+			for _, l := range labels {
+				k, v, ok := strings.Cut(l, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--label %q is not key=value", l)
+				}
+				o.Labels[k] = v
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return serve.RunEdge(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	natsFlags(f, &o.NATS)
+	f.StringVar(&o.Node, "node", "", "node name (default: the hostname)")
+	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "this node's state directory (sandboxes, writable layers)")
+	f.StringVar(&o.Store, "store", "", "image store directory, shared by the nodes of a cluster (default: <data-dir>/images)")
+	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
+	f.StringArrayVar(&labels, "label", nil, "node label key=value, matched by node_selector (repeatable)")
+	f.Float64Var(&o.CPUOvercommit, "cpu-overcommit", 20, "CPU overcommit factor used by admission")
+	f.Float64Var(&o.MemoryOvercommit, "memory-overcommit", 1.5, "memory overcommit factor used by admission")
+	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
+	f.BoolVar(&verbose, "verbose", false, "debug logging")
+	_ = cmd.MarkFlagRequired("nats")
+	return cmd
+}
+
+func newNATSCmd() *cobra.Command {
+	var cfg bus.EmbeddedConfig
+	var routes string
+	cmd := &cobra.Command{
+		Use:   "nats",
+		Short: "run a NATS server with JetStream (for development clusters and tests; use the official nats-server in production)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if routes != "" {
+				cfg.Routes = strings.Split(routes, ",")
+			}
+			if cfg.ServerName == "" {
+				cfg.ServerName = "warren-nats-" + strings.NewReplacer(":", "-", ".", "-").Replace(cfg.Listen)
+			}
+			cfg.DataDir = filepath.Clean(cfg.DataDir)
+			srv, err := bus.StartEmbedded(cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "nats is ready\n  URL: %s\n", srv.ClientURL())
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			<-ctx.Done()
+			srv.Shutdown()
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:4222", "client listen address")
+	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/warren-nats", "JetStream storage (under <data-dir>/nats)")
+	f.StringVar(&cfg.ServerName, "name", "", "server name, unique in the cluster")
+	f.StringVar(&cfg.ClusterName, "cluster-name", "warren", "cluster name")
+	f.StringVar(&cfg.ClusterListen, "cluster-listen", "", "route listen address (host:port); empty: no cluster")
+	f.BoolVar(&cfg.Log, "log", false, "write the NATS server log to stderr")
+	f.StringVar(&routes, "routes", "", "routes to the other servers, comma-separated (nats-route://host:port)")
+	return cmd
+}

@@ -1,0 +1,114 @@
+package placement
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+)
+
+type fleet struct {
+	nodes    []api.Node
+	usage    map[string]api.Usage
+	replicas int
+}
+
+func (f *fleet) Up() []api.Node                  { return f.nodes }
+func (f *fleet) ProjectUsage(p string) api.Usage { return f.usage[p] }
+func (f *fleet) APIServers() int                 { return max(1, f.replicas) }
+
+func node(name string, labels map[string]string, images ...string) api.Node {
+	return api.Node{Name: name, State: "up", CPUCapacity: 10, MemoryMB: 10240, Tiers: []string{"container"},
+		Labels: labels, Images: images, LastHeartbeat: time.Now().Add(-time.Second)}
+}
+
+func spec() *api.CreateSandboxRequest {
+	return &api.CreateSandboxRequest{Tier: "container", Image: "py", CPU: 1, MemoryMB: 512}
+}
+
+func TestSelectorImageCapacity(t *testing.T) {
+	f := &fleet{nodes: []api.Node{node("a", map[string]string{"gpu": "h100"}), node("b", nil, "py"), node("c", nil)}}
+	p := New(f)
+	s := spec()
+	s.NodeSelector = map[string]string{"gpu": "h100"}
+	for i := 0; i < 10; i++ {
+		if n, err := p.Pick(s, nil, nil); err != nil || n != "a" {
+			t.Fatalf("selector: %s %v", n, err)
+		}
+	}
+	// a is now full (10 cores): the selector has nowhere to go.
+	if _, err := p.Pick(s, nil, nil); !errors.Is(err, ErrNoNode) {
+		t.Fatalf("full: %v", err)
+	}
+	// The image holder is preferred while it has room.
+	for i := 0; i < 10; i++ {
+		if n, err := p.Pick(spec(), nil, nil); err != nil || n != "b" {
+			t.Fatalf("image preference: %s %v", n, err)
+		}
+	}
+	if n, err := p.Pick(spec(), nil, nil); err != nil || n != "c" {
+		t.Fatalf("spill over: %s %v", n, err)
+	}
+	if _, err := p.Pick(spec(), map[string]bool{"c": true}, nil); !errors.Is(err, ErrNoNode) {
+		t.Fatalf("exclude: %v", err)
+	}
+}
+
+func TestQuotaAndReplicaShare(t *testing.T) {
+	f := &fleet{nodes: []api.Node{node("a", nil), node("b", nil)}, usage: map[string]api.Usage{"acme": {Sandboxes: 2}}}
+	p := New(f)
+	limits := []Limit{{Project: "acme.rl", Quota: api.Quota{Sandboxes: 5}}, {Project: "acme", Quota: api.Quota{Sandboxes: 4}}}
+	for i := 0; i < 2; i++ {
+		if _, err := p.Pick(spec(), nil, limits); err != nil {
+			t.Fatalf("pick %d: %v", i, err)
+		}
+	}
+	var qe *QuotaError
+	if _, err := p.Pick(spec(), nil, limits); !errors.As(err, &qe) || qe.Project != "acme" || qe.Transient {
+		t.Fatalf("over acme's quota: %v", err)
+	}
+	// Two replicas: each takes at most half of the headroom (at least one).
+	f2 := &fleet{nodes: f.nodes, usage: map[string]api.Usage{}, replicas: 2}
+	p2 := New(f2)
+	lim := []Limit{{Project: "x", Quota: api.Quota{Sandboxes: 4}}}
+	for i := 0; i < 2; i++ {
+		if _, err := p2.Pick(spec(), nil, lim); err != nil {
+			t.Fatalf("share pick %d: %v", i, err)
+		}
+	}
+	if _, err := p2.Pick(spec(), nil, lim); !errors.As(err, &qe) || !qe.Transient {
+		t.Fatalf("beyond this replica's share: %v", err)
+	}
+	// CPU quota.
+	p3 := New(&fleet{nodes: f.nodes})
+	if _, err := p3.Pick(spec(), nil, []Limit{{Project: "y", Quota: api.Quota{CPU: 0.5}}}); !errors.As(err, &qe) || qe.What != "cpu" {
+		t.Fatalf("cpu quota: %v", err)
+	}
+	// Released placements free the quota again.
+	n, err := p.Pick(&api.CreateSandboxRequest{Tier: "container", CPU: 1, MemoryMB: 1}, nil, []Limit{{Project: "z", Quota: api.Quota{Sandboxes: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Release(n, &api.CreateSandboxRequest{Tier: "container", CPU: 1, MemoryMB: 1}, []Limit{{Project: "z", Quota: api.Quota{Sandboxes: 1}}})
+	if _, err := p.Pick(&api.CreateSandboxRequest{Tier: "container", CPU: 1, MemoryMB: 1}, nil, []Limit{{Project: "z", Quota: api.Quota{Sandboxes: 1}}}); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+}
+
+func BenchmarkPick160(b *testing.B) {
+	f := &fleet{}
+	for i := 0; i < 160; i++ {
+		n := node("n"+string(rune('a'+i%26))+string(rune('a'+i/26)), nil, "py")
+		n.CPUCapacity = 1e9
+		n.MemoryMB = 1 << 40
+		f.nodes = append(f.nodes, n)
+	}
+	p := New(f)
+	s := spec()
+	for b.Loop() {
+		if _, err := p.Pick(s, nil, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
