@@ -387,6 +387,8 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"ImageList":            api.ImageList{},
 		"Node":                 api.Node{},
 		"NodeList":             api.NodeList{},
+		"NodePool":             api.NodePool{},
+		"NodeFeatures":         api.NodeFeatures{},
 		"Error":                api.Error{},
 		"ErrorBody":            api.ErrorBody{},
 	}
@@ -485,7 +487,7 @@ func TestErrorCodesAndStates(t *testing.T) {
 	if got := enum("Error", "code"); strings.Join(got, ",") != strings.Join(codes, ",") {
 		t.Errorf("error codes in spec %v, in api %v", got, codes)
 	}
-	states := []string{api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed}
+	states := []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateStopped, api.StateFailed}
 	sort.Strings(states)
 	if got := enum("SandboxState", ""); strings.Join(got, ",") != strings.Join(states, ",") {
 		t.Errorf("states in spec %v, in api %v", got, states)

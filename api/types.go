@@ -10,6 +10,23 @@ const (
 	StateRunning  = "running"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
+	StatePaused   = "paused" // frozen, memory pushed to swap; any operation resumes it
+)
+
+// QoS classes (CreateSandboxRequest.Priority).
+const (
+	// PriorityBestEffort runs under SCHED_IDLE with the lowest CPU weight:
+	// it gets the CPU only when nothing else wants it. The default.
+	PriorityBestEffort = "best-effort"
+	// PriorityLatency runs with normal weight (and a core-scheduling cookie
+	// where the kernel supports it).
+	PriorityLatency = "latency"
+)
+
+// What the reaper does with a sandbox idle for idle_timeout seconds.
+const (
+	IdleActionStop  = "stop" // the default
+	IdleActionPause = "pause"
 )
 
 // Tiers.
@@ -31,6 +48,10 @@ type CreateSandboxRequest struct {
 	IdleTimeout int64             `json:"idle_timeout,omitempty"` // seconds without an operation; 0 = none
 	User        string            `json:"user,omitempty"`         // default user for exec
 	Hostname    string            `json:"hostname,omitempty"`
+	// Priority is the QoS class: "best-effort" (default) or "latency".
+	Priority string `json:"priority,omitempty"`
+	// IdleTimeoutAction is "stop" (default) or "pause".
+	IdleTimeoutAction string `json:"idle_timeout_action,omitempty"`
 }
 
 // Sandbox is the public view of one sandbox.
@@ -52,6 +73,9 @@ type Sandbox struct {
 	ExpiresAt   *time.Time        `json:"expires_at,omitempty"`
 	LastActive  time.Time         `json:"last_active_at"`
 	Reason      string            `json:"reason,omitempty"` // why it failed or stopped
+	Priority    string            `json:"priority,omitempty"`
+	IdleAction  string            `json:"idle_timeout_action,omitempty"`
+	PausedAt    *time.Time        `json:"paused_at,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -163,6 +187,42 @@ type Node struct {
 	Sandboxes     int       `json:"sandboxes"`
 	Tiers         []string  `json:"tiers"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
+
+	// Measured on the node.
+	CPUUsed           float64 `json:"cpu_used"`            // cores the sandboxes used over the last seconds
+	MemoryUsedMB      int64   `json:"memory_used_mb"`      // the sandboxes' charged memory (cgroups)
+	MemoryAvailableMB int64   `json:"memory_available_mb"` // host MemAvailable
+	SwapTotalMB       int64   `json:"swap_total_mb"`
+	SwapUsedMB        int64   `json:"swap_used_mb"`
+	MemoryPressure    float64 `json:"memory_pressure"` // PSI memory "some" avg10, percent (0 without PSI)
+	CPUPressure       float64 `json:"cpu_pressure"`    // PSI cpu "some" avg10, percent
+
+	// Configuration.
+	CPUOvercommit    float64 `json:"cpu_overcommit"`
+	MemoryOvercommit float64 `json:"memory_overcommit"`
+
+	SandboxesByState    map[string]int `json:"sandboxes_by_state"`
+	SandboxesByPriority map[string]int `json:"sandboxes_by_priority"`
+	Pools               []NodePool     `json:"pools"`
+	Features            NodeFeatures   `json:"features"`
+}
+
+// NodePool is one warm pool's state on a node.
+type NodePool struct {
+	Name  string `json:"name"`
+	Size  int    `json:"size"`
+	Ready int    `json:"ready"`
+}
+
+// NodeFeatures says which isolation and elasticity features the node's
+// kernel offers.
+type NodeFeatures struct {
+	SchedIdle      bool `json:"sched_idle"`      // best-effort sandboxes run under SCHED_IDLE
+	CgroupCPUIdle  bool `json:"cgroup_cpu_idle"` // the cpu cgroup has cpu.idle (group-level SCHED_IDLE)
+	CoreScheduling bool `json:"core_scheduling"` // PR_SCHED_CORE cookies (CONFIG_SCHED_CORE)
+	PSI            bool `json:"psi"`             // /proc/pressure
+	Freezer        bool `json:"freezer"`         // cgroup freezer: pause works
+	Swap           bool `json:"swap"`            // swap is on: pause pushes memory out
 }
 
 type NodeList struct {

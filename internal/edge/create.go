@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -56,6 +57,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 				ID: id, State: api.StateCreating, Node: e.cfg.Node, Tier: spec.Tier, Image: spec.Image,
 				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
 				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
+				Priority: spec.Priority, IdleAction: spec.IdleTimeoutAction,
 				CreatedAt: now, ExpiresAt: &expires,
 			},
 		},
@@ -99,6 +101,27 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %.1f of %.1f cores requested", e.cfg.Node, cpu, e.cfg.CPUCapacity)}
 	case e.cfg.MemoryMB > 0 && mem+spec.MemoryMB > e.cfg.MemoryMB:
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %d of %d MiB requested", e.cfg.Node, mem, e.cfg.MemoryMB)}
+	}
+	return e.pressure()
+}
+
+// pressure refuses new work while the host itself is short of memory,
+// whatever the requests add up to: overcommitted requests are only a
+// promise, MemAvailable and PSI are what the kernel sees.
+func (e *Edge) pressure() *api.Error {
+	if e.cfg.MinMemoryAvailableMB > 0 {
+		if m, err := hoststat.ReadMemory(); err == nil && m.Available>>20 < e.cfg.MinMemoryAvailableMB {
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+				"node %s is under memory pressure: %d MiB available, below the %d MiB reserve",
+				e.cfg.Node, m.Available>>20, e.cfg.MinMemoryAvailableMB)}
+		}
+	}
+	if e.cfg.MaxMemoryPressure > 0 {
+		if p, err := hoststat.ReadPressure("memory"); err == nil && p.Avg10 > e.cfg.MaxMemoryPressure {
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+				"node %s is under memory pressure: PSI some avg10 %.1f%% above %.1f%%",
+				e.cfg.Node, p.Avg10, e.cfg.MaxMemoryPressure)}
+		}
 	}
 	return nil
 }
@@ -147,7 +170,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
 		Lowers: img.Dirs, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: sandboxEnv(img.Env, spec.Env), User: spec.User,
+		Env: sandboxEnv(img.Env, spec.Env), User: spec.User, Priority: spec.Priority,
 	}
 	inst, err := e.cfg.Runtime.Start(ctx, rspec)
 	if err != nil {

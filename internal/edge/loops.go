@@ -6,6 +6,8 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/hoststat"
+	"github.com/warrenhq/warren/internal/runtime"
 )
 
 func (e *Edge) heartbeatLoop(ctx context.Context) {
@@ -27,17 +29,63 @@ func (e *Edge) NodeStatus() api.Node {
 	n := api.Node{
 		Name: e.cfg.Node, State: "up", CPUCapacity: e.cfg.CPUCapacity, MemoryMB: e.cfg.MemoryMB,
 		Tiers: []string{e.cfg.Runtime.Name()}, LastHeartbeat: time.Now().UTC(),
+		CPUOvercommit: e.cfg.CPUOvercommit, MemoryOvercommit: e.cfg.MemoryOvercommit,
+		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
+		Pools: []api.NodePool{}, Features: e.features,
 	}
+	e.measure(&n)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, sb := range e.sandboxes {
-		if sb.live() {
+		sb.mu.Lock()
+		st, prio := sb.rec.Sandbox.State, sb.rec.Spec.Priority
+		sb.mu.Unlock()
+		n.SandboxesByState[st]++
+		if st == api.StateRunning || st == api.StateCreating || st == api.StatePaused {
 			n.Sandboxes++
+			n.SandboxesByPriority[prio]++
 			n.CPURequested += sb.rec.Spec.CPU
 			n.MemRequested += sb.rec.Spec.MemoryMB
 		}
 	}
 	return n
+}
+
+// measure fills in what the node view measures: host memory, swap, PSI
+// and the sandboxes' CPU and memory use.
+func (e *Edge) measure(n *api.Node) {
+	if m, err := hoststat.ReadMemory(); err == nil {
+		n.MemoryAvailableMB = m.Available >> 20
+		n.SwapTotalMB = m.SwapTotal >> 20
+		n.SwapUsedMB = m.SwapUsed() >> 20
+		n.Features.Swap = m.SwapTotal > 0
+	}
+	if p, err := hoststat.ReadPressure("memory"); err == nil {
+		n.MemoryPressure = p.Avg10
+	}
+	if p, err := hoststat.ReadPressure("cpu"); err == nil {
+		n.CPUPressure = p.Avg10
+	}
+	ur, ok := e.cfg.Runtime.(runtime.UsageReporter)
+	if !ok {
+		return
+	}
+	u, err := ur.Usage()
+	if err != nil {
+		return
+	}
+	n.MemoryUsedMB = u.MemoryBytes >> 20
+	now := time.Now()
+	e.usageMu.Lock()
+	defer e.usageMu.Unlock()
+	switch {
+	case e.lastAt.IsZero() || u.CPUSeconds < e.lastUsage.CPUSeconds:
+		e.lastUsage, e.lastAt = u, now
+	case now.Sub(e.lastAt) > 500*time.Millisecond:
+		e.cpuRate = (u.CPUSeconds - e.lastUsage.CPUSeconds) / now.Sub(e.lastAt).Seconds()
+		e.lastUsage, e.lastAt = u, now
+	}
+	n.CPUUsed = e.cpuRate
 }
 
 func (e *Edge) reaperLoop(ctx context.Context) {

@@ -48,7 +48,7 @@ func (sb *sandbox) live() bool {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	s := sb.rec.Sandbox.State
-	return s == api.StateRunning || s == api.StateCreating
+	return s == api.StateRunning || s == api.StateCreating || s == api.StatePaused
 }
 
 func (sb *sandbox) detach() {

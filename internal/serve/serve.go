@@ -36,8 +36,11 @@ type Options struct {
 	// CPUOvercommit and MemoryOvercommit scale the node's real capacity.
 	CPUOvercommit    float64 // default 20
 	MemoryOvercommit float64 // default 1.5
-	KeepOnShutdown   bool
-	Logger           *slog.Logger
+	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
+	MinMemoryAvailableMB int64
+	MaxMemoryPressure    float64
+	KeepOnShutdown       bool
+	Logger               *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 }
@@ -190,6 +193,8 @@ func Run(ctx context.Context, o Options) error {
 		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
 		KeepOnShutdown: o.KeepOnShutdown,
+		CPUOvercommit:  o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 	})
 	if err != nil {
 		return err
