@@ -388,6 +388,8 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"Node":                 api.Node{},
 		"NodeList":             api.NodeList{},
 		"NodePool":             api.NodePool{},
+		"PauseRequest":         api.PauseRequest{},
+		"PauseResult":          api.PauseResult{},
 		"NodeFeatures":         api.NodeFeatures{},
 		"Error":                api.Error{},
 		"ErrorBody":            api.ErrorBody{},

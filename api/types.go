@@ -83,6 +83,19 @@ type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
+// PauseRequest is the body of POST /v1/sandboxes:pause and :resume: every
+// sandbox whose labels match all of Label ("key=value") and Labels.
+type PauseRequest struct {
+	Label  string            `json:"label,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// PauseResult lists the sandboxes paused (or resumed) and those that failed.
+type PauseResult struct {
+	Sandboxes []string          `json:"sandboxes"`
+	Errors    map[string]string `json:"errors,omitempty"` // id -> why
+}
+
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
 // Exactly one of Cmd (a shell string run by the session's shell) and Argv is set.
 type ExecRequest struct {

@@ -177,7 +177,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	req := edge.ListRequest{State: q.Get("state"), Labels: map[string]string{}}
 	switch req.State {
-	case "", api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed:
+	case "", api.StateCreating, api.StateRunning, api.StatePaused, api.StateStopped, api.StateFailed:
 	default:
 		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("unknown state %q", truncate(req.State))}
 	}

@@ -77,6 +77,21 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return &api.ImageList{Images: imgs}, nil
+	case OpPause, OpResume:
+		var req IDRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		if op == OpPause {
+			return e.pauseOne(ctx, req.ID)
+		}
+		return e.resumeOne(ctx, req.ID)
+	case OpPauseMatch:
+		var req PauseMatchingRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.pauseMatching(ctx, &req)
 	case OpExec:
 		var req ExecRequest
 		if err := decode(body, &req); err != nil {
@@ -147,6 +162,15 @@ func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) 
 	<-sb.ready
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	for sb.rec.Sandbox.State == api.StatePaused && !sb.stopping {
+		// Any operation on a paused sandbox resumes it first.
+		sb.mu.Unlock()
+		err := e.resume(context.Background(), sb)
+		sb.mu.Lock()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+	}
 	if sb.rec.Sandbox.State != api.StateRunning || sb.stopping || sb.inst == nil {
 		return nil, nil, nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, stateWord(sb))}
 	}

@@ -110,6 +110,7 @@ func (e *Edge) reap(ctx context.Context) {
 		reason string
 	}
 	var victims []victim
+	var pauses []*sandbox
 	e.mu.Lock()
 	for id, sb := range e.sandboxes {
 		sb.mu.Lock()
@@ -119,17 +120,38 @@ func (e *Edge) reap(ctx context.Context) {
 			if !sb.stoppedAt.IsZero() && now.Sub(sb.stoppedAt) > e.cfg.TombstoneFor {
 				delete(e.sandboxes, id)
 			}
-		case st != api.StateRunning || sb.stopping:
+		case (st != api.StateRunning && st != api.StatePaused) || sb.stopping:
 		case sb.rec.Sandbox.ExpiresAt != nil && now.After(*sb.rec.Sandbox.ExpiresAt):
 			victims = append(victims, victim{sb, "ttl expired"})
-		case sb.rec.Spec.IdleTimeout > 0 && sb.inflight == 0 &&
+		case st == api.StateRunning && sb.rec.Spec.IdleTimeout > 0 && sb.inflight == 0 &&
 			now.Sub(sb.lastActive) > time.Duration(sb.rec.Spec.IdleTimeout)*time.Second:
-			victims = append(victims, victim{sb, "idle timeout"})
+			if sb.rec.Spec.IdleTimeoutAction == api.IdleActionPause {
+				pauses = append(pauses, sb)
+			} else {
+				victims = append(victims, victim{sb, "idle timeout"})
+			}
 		}
 		sb.mu.Unlock()
 	}
 	e.mu.Unlock()
 	for _, v := range victims {
 		go e.stop(ctx, v.sb, api.StateStopped, v.reason)
+	}
+	for _, sb := range pauses {
+		sb.mu.Lock()
+		if sb.pausing {
+			sb.mu.Unlock()
+			continue
+		}
+		sb.pausing = true
+		sb.mu.Unlock()
+		go func(sb *sandbox) {
+			if err := e.pause(ctx, sb, "idle timeout"); err != nil {
+				e.log.Warn("idle pause", "id", sb.rec.Sandbox.ID, "err", err)
+			}
+			sb.mu.Lock()
+			sb.pausing = false
+			sb.mu.Unlock()
+		}(sb)
 	}
 }

@@ -21,7 +21,17 @@ const (
 	OpTarGet      = "tar_get"
 	OpTarPut      = "tar_put"
 	OpImages      = "images"
+	OpPause       = "pause"          // IDRequest -> api.Sandbox
+	OpResume      = "resume"         // IDRequest -> api.Sandbox
+	OpPauseMatch  = "pause_matching" // PauseMatchingRequest -> api.PauseResult
 )
+
+// PauseMatchingRequest pauses (or, with Resume, resumes) every sandbox of
+// the node whose labels all match.
+type PauseMatchingRequest struct {
+	Labels map[string]string `json:"labels"`
+	Resume bool              `json:"resume,omitempty"`
+}
 
 // CreateRequest asks an edge for a sandbox. ID is chosen by the caller (it
 // encodes this node); a repeated create with the same ID returns the

@@ -23,12 +23,14 @@ type record struct {
 
 // sandbox is the edge's live state of one sandbox.
 type sandbox struct {
+	pmu        sync.Mutex // serializes pause and resume
 	mu         sync.Mutex
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time
 	inflight   int
 	stopping   bool
+	pausing    bool // the reaper is pausing it (idle timeout)
 	detached   bool
 	stoppedAt  time.Time
 	ready      chan struct{} // closed once creation finished (either way)
@@ -141,7 +143,18 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for i := range recs {
 		rec := recs[i]
 		id := rec.Sandbox.ID
-		if rec.Handle != nil && rec.Sandbox.State == api.StateRunning {
+		if rec.Handle != nil && (rec.Sandbox.State == api.StateRunning || rec.Sandbox.State == api.StatePaused) {
+			paused := rec.Sandbox.State == api.StatePaused
+			if paused {
+				// A frozen agent cannot answer the attach: thaw it, attach,
+				// and pause it again below.
+				if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
+					_ = rc.Restore(ctx, *rec.Handle, rec.Spec.MemoryMB)
+				}
+				_ = e.cfg.Runtime.Thaw(ctx, *rec.Handle)
+				rec.Sandbox.State = api.StateRunning
+				rec.Sandbox.PausedAt = nil
+			}
 			inst, err := e.cfg.Runtime.Attach(ctx, *rec.Handle)
 			if err == nil {
 				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{})}
@@ -149,7 +162,12 @@ func (e *Edge) reconcile(ctx context.Context) error {
 				e.sandboxes[id] = sb
 				adopted[id] = true
 				e.watch(sb)
-				e.log.Info("adopted sandbox", "id", id)
+				e.log.Info("adopted sandbox", "id", id, "paused", paused)
+				if paused {
+					if err := e.pause(ctx, sb, "paused before the restart"); err != nil {
+						e.log.Warn("pause adopted sandbox again", "id", id, "err", err)
+					}
+				}
 				continue
 			}
 			e.log.Warn("sandbox did not survive the restart", "id", id, "err", err)
