@@ -73,6 +73,7 @@ type Sandbox struct {
 	ExpiresAt   *time.Time        `json:"expires_at,omitempty"`
 	LastActive  time.Time         `json:"last_active_at"`
 	Reason      string            `json:"reason,omitempty"` // why it failed or stopped
+	Pool        string            `json:"pool,omitempty"`   // the warm pool it was claimed from
 	Priority    string            `json:"priority,omitempty"`
 	IdleAction  string            `json:"idle_timeout_action,omitempty"`
 	PausedAt    *time.Time        `json:"paused_at,omitempty"`
@@ -81,6 +82,44 @@ type Sandbox struct {
 // SandboxList is the body of GET /v1/sandboxes.
 type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// PoolRequest is the body of POST /v1/pools: keep Size sandboxes of this
+// shape created and ready on every node; a create with the same shape
+// (tier, image, cpu, memory_mb, disk_mb, pids, priority, and no env, user
+// or hostname) claims one.
+type PoolRequest struct {
+	Name     string  `json:"name,omitempty"` // [a-z0-9-]; default: generated
+	Tier     string  `json:"tier,omitempty"`
+	Image    string  `json:"image"`
+	CPU      float64 `json:"cpu,omitempty"`
+	MemoryMB int64   `json:"memory_mb,omitempty"`
+	DiskMB   int64   `json:"disk_mb,omitempty"`
+	Pids     int64   `json:"pids,omitempty"`
+	Priority string  `json:"priority,omitempty"`
+	Size     int     `json:"size"`
+}
+
+// Pool is a warm pool's state, summed over the nodes.
+type Pool struct {
+	Name     string  `json:"name"`
+	Tier     string  `json:"tier"`
+	Image    string  `json:"image"`
+	CPU      float64 `json:"cpu"`
+	MemoryMB int64   `json:"memory_mb"`
+	DiskMB   int64   `json:"disk_mb"`
+	Pids     int64   `json:"pids"`
+	Priority string  `json:"priority"`
+	Size     int     `json:"size"`            // per node
+	Ready    int     `json:"ready"`           // created and waiting, all nodes
+	Creating int     `json:"creating"`        // being created to refill
+	Claimed  int64   `json:"claimed"`         // creates served from the pool so far
+	Error    string  `json:"error,omitempty"` // the last refill failure
+}
+
+// PoolList is the body of GET /v1/pools.
+type PoolList struct {
+	Pools []Pool `json:"pools"`
 }
 
 // PauseRequest is the body of POST /v1/sandboxes:pause and :resume: every

@@ -85,6 +85,10 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/files/rename", handler: s.rename},
 		{pattern: "PUT /v1/sandboxes/{id}/archive", handler: s.putArchive},
 		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive},
+		{pattern: "POST /v1/pools", handler: s.createPool},
+		{pattern: "GET /v1/pools", handler: s.listPools},
+		{pattern: "GET /v1/pools/{name}", handler: s.getPool},
+		{pattern: "DELETE /v1/pools/{name}", handler: s.deletePool},
 		{pattern: "GET /v1/images", handler: s.listImages},
 		{pattern: "GET /v1/nodes", handler: s.listNodes},
 	}

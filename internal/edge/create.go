@@ -44,6 +44,20 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		v := existing.view()
 		return &v, nil
 	}
+	if sb := e.claimLocked(id, &spec); sb != nil {
+		// A warm pool member takes this id: no admission (it was admitted
+		// when the pool made it), no start.
+		e.mu.Unlock()
+		sb.mu.Lock()
+		rec := sb.rec
+		sb.mu.Unlock()
+		if err := e.persist(&rec); err != nil {
+			e.stop(ctx, sb, api.StateFailed, "cannot persist the record")
+			return nil, err
+		}
+		v := sb.view()
+		return &v, nil
+	}
 	if aerr := e.admitLocked(&spec); aerr != nil {
 		e.mu.Unlock()
 		return nil, aerr
@@ -128,7 +142,8 @@ func (e *Edge) pressure() *api.Error {
 
 func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	spec := &sb.rec.Spec
-	id := sb.rec.Sandbox.ID
+	id := sb.rec.storage()
+	pooled := sb.pool != "" // pool members get a record only when claimed
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
 	defer cancel()
 	t0 := time.Now()
@@ -144,7 +159,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	stateDir := e.stateDir(id)
 	cleanup := func() {
 		e.freeStorage(id)
-		_ = os.Remove(e.recordPath(id))
+		if !pooled {
+			_ = os.Remove(e.recordPath(id))
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -162,8 +179,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		}
 	}
 	tAlloc := time.Now()
-	if err := e.persist(&sb.rec); err != nil {
-		return err
+	if !pooled {
+		if err := e.persist(&sb.rec); err != nil {
+			return err
+		}
 	}
 	tPersist := time.Now()
 	rspec := &runtime.Spec{
@@ -185,6 +204,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	sb.lastActive = time.Now()
 	rec := sb.rec
 	sb.mu.Unlock()
+	if pooled {
+		e.watch(sb)
+		return nil
+	}
 	if err := e.persist(&rec); err != nil {
 		_ = inst.Agent.Close()
 		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h)

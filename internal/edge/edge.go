@@ -91,6 +91,8 @@ type Edge struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closing   bool
+	pools     map[string]*pool
+	runCtx    context.Context
 
 	features  api.NodeFeatures
 	usageMu   sync.Mutex
@@ -143,7 +145,7 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MaxMemoryPressure == 0 {
 		cfg.MaxMemoryPressure = 40
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox)}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), pools: map[string]*pool{}}
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	for _, d := range []string{e.recordsDir(), e.runDir()} {
@@ -166,6 +168,7 @@ func (e *Edge) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
+	e.runCtx = runCtx
 	sub, err := e.cfg.Bus.Serve(runCtx, bus.EdgeSubject(e.cfg.Node), "", e.handle)
 	if err != nil {
 		cancel()
@@ -175,6 +178,7 @@ func (e *Edge) Start(ctx context.Context) error {
 	e.wg.Add(2)
 	go e.heartbeatLoop(runCtx)
 	go e.reaperLoop(runCtx)
+	e.loadPools(runCtx)
 	e.log.Info("edge serving", "sandboxes", e.count())
 	return nil
 }

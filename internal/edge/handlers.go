@@ -92,6 +92,20 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.pauseMatching(ctx, &req)
+	case OpPoolPut:
+		var req api.PoolRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.putPool(ctx, &req)
+	case OpPoolList:
+		return e.listPools(), nil
+	case OpPoolDelete:
+		var req PoolNameRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.deletePool(req.Name)
 	case OpExec:
 		var req ExecRequest
 		if err := decode(body, &req); err != nil {
@@ -123,6 +137,9 @@ func (e *Edge) list(req *ListRequest) *api.SandboxList {
 	e.mu.Unlock()
 	out := &api.SandboxList{Sandboxes: []api.Sandbox{}}
 	for _, sb := range all {
+		if sb.pooled() {
+			continue
+		}
 		v := sb.view()
 		if req.State != "" && v.State != req.State {
 			continue
@@ -146,6 +163,9 @@ func (e *Edge) lookup(id string) (*sandbox, error) {
 	e.mu.Lock()
 	sb := e.sandboxes[id]
 	e.mu.Unlock()
+	if sb != nil && sb.pooled() {
+		sb = nil // warm pool members are nobody's yet
+	}
 	if sb == nil {
 		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
 	}

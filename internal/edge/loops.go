@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"sort"
 	"time"
 
 	"github.com/warrenhq/warren/api"
@@ -38,16 +39,31 @@ func (e *Edge) NodeStatus() api.Node {
 	defer e.mu.Unlock()
 	for _, sb := range e.sandboxes {
 		sb.mu.Lock()
-		st, prio := sb.rec.Sandbox.State, sb.rec.Spec.Priority
+		st, prio, pooled := sb.rec.Sandbox.State, sb.rec.Spec.Priority, sb.pool != ""
 		sb.mu.Unlock()
-		n.SandboxesByState[st]++
-		if st == api.StateRunning || st == api.StateCreating || st == api.StatePaused {
-			n.Sandboxes++
-			n.SandboxesByPriority[prio]++
+		live := st == api.StateRunning || st == api.StateCreating || st == api.StatePaused
+		if live {
+			// Pool members hold resources too, so they count as requested.
 			n.CPURequested += sb.rec.Spec.CPU
 			n.MemRequested += sb.rec.Spec.MemoryMB
 		}
+		if pooled {
+			if live {
+				n.SandboxesByState["pooled"]++
+			}
+			continue
+		}
+		n.SandboxesByState[st]++
+		if live {
+			n.Sandboxes++
+			n.SandboxesByPriority[prio]++
+		}
 	}
+	for _, p := range e.pools {
+		v := e.poolViewLocked(p)
+		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Size: v.Size, Ready: v.Ready})
+	}
+	sort.Slice(n.Pools, func(i, j int) bool { return n.Pools[i].Name < n.Pools[j].Name })
 	return n
 }
 

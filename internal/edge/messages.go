@@ -24,7 +24,15 @@ const (
 	OpPause       = "pause"          // IDRequest -> api.Sandbox
 	OpResume      = "resume"         // IDRequest -> api.Sandbox
 	OpPauseMatch  = "pause_matching" // PauseMatchingRequest -> api.PauseResult
+	OpPoolPut     = "pool_put"       // api.PoolRequest -> api.Pool
+	OpPoolList    = "pool_list"      // {} -> api.PoolList
+	OpPoolDelete  = "pool_delete"    // PoolNameRequest -> api.Pool
 )
+
+// PoolNameRequest names one warm pool.
+type PoolNameRequest struct {
+	Name string `json:"name"`
+}
 
 // PauseMatchingRequest pauses (or, with Resume, resumes) every sandbox of
 // the node whose labels all match.

@@ -19,6 +19,18 @@ type record struct {
 	Sandbox api.Sandbox              `json:"sandbox"`
 	Spec    api.CreateSandboxRequest `json:"spec"`
 	Handle  *runtime.Handle          `json:"handle,omitempty"`
+	// Storage names the sandbox's cgroup, state dir and writable layer when
+	// it differs from its id: a sandbox claimed from a warm pool keeps the
+	// name it was created under. Empty = Sandbox.ID.
+	Storage string `json:"storage,omitempty"`
+}
+
+// storage is the name the sandbox's host resources live under.
+func (r *record) storage() string {
+	if r.Storage != "" {
+		return r.Storage
+	}
+	return r.Sandbox.ID
 }
 
 // sandbox is the edge's live state of one sandbox.
@@ -35,6 +47,7 @@ type sandbox struct {
 	stoppedAt  time.Time
 	ready      chan struct{} // closed once creation finished (either way)
 	createErr  error
+	pool       string // the warm pool holding it, until claimed ("" = a user's sandbox)
 }
 
 func (sb *sandbox) view() api.Sandbox {
@@ -44,6 +57,12 @@ func (sb *sandbox) view() api.Sandbox {
 	v.LastActive = sb.lastActive
 	v.Labels = copyMap(v.Labels)
 	return v
+}
+
+func (sb *sandbox) pooled() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.pool != ""
 }
 
 func (sb *sandbox) live() bool {
@@ -143,6 +162,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for i := range recs {
 		rec := recs[i]
 		id := rec.Sandbox.ID
+		store := rec.storage()
 		if rec.Handle != nil && (rec.Sandbox.State == api.StateRunning || rec.Sandbox.State == api.StatePaused) {
 			paused := rec.Sandbox.State == api.StatePaused
 			if paused {
@@ -160,7 +180,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{})}
 				close(sb.ready)
 				e.sandboxes[id] = sb
-				adopted[id] = true
+				adopted[store] = true
 				e.watch(sb)
 				e.log.Info("adopted sandbox", "id", id, "paused", paused)
 				if paused {
@@ -172,14 +192,14 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			}
 			e.log.Warn("sandbox did not survive the restart", "id", id, "err", err)
 		}
-		h := runtime.Handle{ID: id, Socket: filepath.Join(e.stateDir(id), "agent.sock")}
+		h := runtime.Handle{ID: store, Socket: filepath.Join(e.stateDir(store), "agent.sock")}
 		if rec.Handle != nil {
 			h = *rec.Handle
 		}
 		if err := e.cfg.Runtime.Destroy(ctx, h); err != nil {
 			e.log.Error("destroy leftover sandbox", "id", id, "err", err)
 		}
-		e.freeStorage(id)
+		e.freeStorage(store)
 		_ = os.Remove(e.recordPath(id))
 		rec.Sandbox.State = api.StateFailed
 		rec.Sandbox.Reason = "lost while the edge was down"
@@ -250,7 +270,9 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	sb.stopping = true
 	inst := sb.inst
 	id := sb.rec.Sandbox.ID
-	h := runtime.Handle{ID: id, Socket: filepath.Join(e.stateDir(id), "agent.sock")}
+	store := sb.rec.storage()
+	pooled := sb.pool != ""
+	h := runtime.Handle{ID: store, Socket: filepath.Join(e.stateDir(store), "agent.sock")}
 	if sb.rec.Handle != nil {
 		h = *sb.rec.Handle
 	}
@@ -267,8 +289,10 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 		e.log.Error("destroy sandbox", "id", id, "err", err)
 	} else {
 		t1 := time.Now()
-		e.freeStorage(id)
-		_ = os.Remove(e.recordPath(id))
+		e.freeStorage(store)
+		if !pooled {
+			_ = os.Remove(e.recordPath(id))
+		}
 		e.log.Debug("sandbox destroyed", "id", id, "runtime", t1.Sub(t0), "storage", time.Since(t1))
 	}
 	sb.mu.Lock()

@@ -105,6 +105,7 @@ class SandboxInfo:
     priority: str = ""
     idle_timeout_action: str = ""
     paused_at: Optional[_dt.datetime] = None
+    pool: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -121,7 +122,7 @@ class SandboxInfo:
             last_active_at=parse_time(d.get("last_active_at")),
             reason=_s(d, "reason"), priority=_s(d, "priority"),
             idle_timeout_action=_s(d, "idle_timeout_action"),
-            paused_at=parse_time(d.get("paused_at")), raw=d)
+            paused_at=parse_time(d.get("paused_at")), pool=_s(d, "pool"), raw=d)
 
 
 @dataclass
@@ -343,12 +344,20 @@ class Pool:
     tier: str = ""
     size: int = 0
     ready: int = 0
+    creating: int = 0
+    claimed: int = 0
+    cpu: float = 0.0
+    memory_mb: int = 0
+    priority: str = ""
+    error: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Pool":
         return cls(name=_s(d, "name") or _s(d, "id"), image=_s(d, "image"), tier=_s(d, "tier"),
-                   size=_i(d, "size"), ready=_i(d, "ready"), raw=d)
+                   size=_i(d, "size"), ready=_i(d, "ready"), creating=_i(d, "creating"),
+                   claimed=_i(d, "claimed"), cpu=_f(d, "cpu"), memory_mb=_i(d, "memory_mb"),
+                   priority=_s(d, "priority"), error=_s(d, "error"), raw=d)
 
 
 @dataclass
