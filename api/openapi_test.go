@@ -390,6 +390,7 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"NodePool":             api.NodePool{},
 		"PauseRequest":         api.PauseRequest{},
 		"PoolRequest":          api.PoolRequest{},
+		"FnCallRequest":        api.FnCallRequest{},
 		"Pool":                 api.Pool{},
 		"PoolList":             api.PoolList{},
 		"PauseResult":          api.PauseResult{},

@@ -32,6 +32,7 @@ const (
 // Tiers.
 const (
 	TierContainer = "container"
+	TierFnCall    = "fncall" // POST /v1/fncall: stateless tasks in reset, reused containers
 )
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
@@ -120,6 +121,26 @@ type Pool struct {
 // PoolList is the body of GET /v1/pools.
 type PoolList struct {
 	Pools []Pool `json:"pools"`
+}
+
+// FnCallRequest is the body of POST /v1/fncall: one stateless task run in
+// a pre-created container that is reset afterwards. Exactly one of Cmd and
+// Argv is set. Files are written before the command runs; they must lie
+// under one of the writable directories (/tmp, /var/tmp, /root, /home,
+// /run, /work; the root is read-only). The answer is an ExecResult.
+type FnCallRequest struct {
+	Tier      string            `json:"tier,omitempty"`  // "fncall" or empty
+	Image     string            `json:"image,omitempty"` // default busybox
+	Cmd       string            `json:"cmd,omitempty"`
+	Argv      []string          `json:"argv,omitempty"`
+	Files     map[string][]byte `json:"files,omitempty"` // path -> content (base64 in JSON)
+	Stdin     string            `json:"stdin,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`        // default /work
+	Timeout   float64           `json:"timeout,omitempty"`    // seconds; default 30, at most 600
+	OutputCap int64             `json:"output_cap,omitempty"` // bytes per stream; default 1 MiB
+	CPU       float64           `json:"cpu,omitempty"`        // default 1
+	MemoryMB  int64             `json:"memory_mb,omitempty"`  // default 512
 }
 
 // PauseRequest is the body of POST /v1/sandboxes:pause and :resume: every

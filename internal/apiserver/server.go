@@ -85,6 +85,7 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/files/rename", handler: s.rename},
 		{pattern: "PUT /v1/sandboxes/{id}/archive", handler: s.putArchive},
 		{pattern: "GET /v1/sandboxes/{id}/archive", handler: s.getArchive},
+		{pattern: "POST /v1/fncall", handler: s.fncall},
 		{pattern: "POST /v1/pools", handler: s.createPool},
 		{pattern: "GET /v1/pools", handler: s.listPools},
 		{pattern: "GET /v1/pools/{name}", handler: s.getPool},

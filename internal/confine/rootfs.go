@@ -64,7 +64,13 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 	if err := mountDev(nodes, shm); err != nil {
 		return err
 	}
-	return applyMasks()
+	if err := applyMasks(); err != nil {
+		return err
+	}
+	if len(cfg.Stateless) > 0 {
+		return setupStateless(cfg.Stateless)
+	}
+	return nil
 }
 
 func mountOverlay(cfg *agentproto.SetupConfig) error {

@@ -191,6 +191,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
 		Env: sandboxEnv(img.Env, spec.Env), User: spec.User, Priority: spec.Priority,
 	}
+	if sb.stateless {
+		rspec.Stateless = FnCallDirs
+	}
 	inst, err := e.cfg.Runtime.Start(ctx, rspec)
 	if err != nil {
 		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})

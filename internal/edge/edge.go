@@ -92,6 +92,7 @@ type Edge struct {
 	sandboxes map[string]*sandbox
 	closing   bool
 	pools     map[string]*pool
+	fn        map[string]*fnShape
 	runCtx    context.Context
 
 	features  api.NodeFeatures
@@ -145,7 +146,7 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MaxMemoryPressure == 0 {
 		cfg.MaxMemoryPressure = 40
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), pools: map[string]*pool{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), pools: map[string]*pool{}, fn: map[string]*fnShape{}}
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	for _, d := range []string{e.recordsDir(), e.runDir()} {

@@ -106,6 +106,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.deletePool(req.Name)
+	case OpFnCall:
+		var req FnCallRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.fncall(ctx, &req)
 	case OpExec:
 		var req ExecRequest
 		if err := decode(body, &req); err != nil {

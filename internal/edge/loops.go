@@ -63,6 +63,7 @@ func (e *Edge) NodeStatus() api.Node {
 		v := e.poolViewLocked(p)
 		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Size: v.Size, Ready: v.Ready})
 	}
+	n.Pools = append(n.Pools, e.fnViewLocked()...)
 	sort.Slice(n.Pools, func(i, j int) bool { return n.Pools[i].Name < n.Pools[j].Name })
 	return n
 }

@@ -27,6 +27,7 @@ const (
 	OpPoolPut     = "pool_put"       // api.PoolRequest -> api.Pool
 	OpPoolList    = "pool_list"      // {} -> api.PoolList
 	OpPoolDelete  = "pool_delete"    // PoolNameRequest -> api.Pool
+	OpFnCall      = "fncall"         // FnCallRequest -> api.ExecResult
 )
 
 // PoolNameRequest names one warm pool.

@@ -48,6 +48,7 @@ type sandbox struct {
 	ready      chan struct{} // closed once creation finished (either way)
 	createErr  error
 	pool       string // the warm pool holding it, until claimed ("" = a user's sandbox)
+	stateless  bool   // an FnCall worker
 }
 
 func (sb *sandbox) view() api.Sandbox {

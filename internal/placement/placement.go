@@ -46,6 +46,17 @@ func New(fleet Fleet) *Placer {
 
 // Pick chooses a node for spec, skipping the nodes in exclude.
 func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool) (string, error) {
+	return p.pick(spec, exclude, true)
+}
+
+// PickTransient chooses a node like Pick for work that holds no resources
+// after it answers (an FnCall task runs in a worker the node already
+// counts), so it does not count the placement.
+func (p *Placer) PickTransient(spec *api.CreateSandboxRequest, exclude map[string]bool) (string, error) {
+	return p.pick(spec, exclude, false)
+}
+
+func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, record bool) (string, error) {
 	nodes := p.fleet.Up()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -72,6 +83,9 @@ func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool) (
 		if load(c) < load(best) {
 			best = c
 		}
+	}
+	if !record {
+		return best.Name, nil
 	}
 	r := p.recent[best.Name]
 	if r == nil {

@@ -33,6 +33,10 @@ type Spec struct {
 	Pids     int64   // 0 = unlimited
 	Env      map[string]string
 	User     string
+	// Stateless, when set, makes a reusable sandbox (the FnCall tier): a
+	// read-only root where only these directories (empty tmpfs) are
+	// writable; the agent's OpReset returns it to its initial state.
+	Stateless []string
 	// Priority is the QoS class (api.PriorityBestEffort or
 	// api.PriorityLatency; "" = latency, i.e. normal scheduling).
 	Priority string

@@ -182,13 +182,14 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 
 	client = agentproto.NewClient(conn)
 	setup := &agentproto.SetupConfig{
-		RootDir:  spec.RootDir,
-		Lowers:   spec.Lowers,
-		Upper:    spec.Upper,
-		Work:     spec.Work,
-		Hostname: spec.Hostname,
-		Env:      spec.Env,
-		User:     spec.User,
+		RootDir:   spec.RootDir,
+		Lowers:    spec.Lowers,
+		Upper:     spec.Upper,
+		Work:      spec.Work,
+		Hostname:  spec.Hostname,
+		Env:       spec.Env,
+		User:      spec.User,
+		Stateless: spec.Stateless,
 	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
