@@ -27,6 +27,9 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 		return nil, errf(agentproto.ErrInvalid, "reset: the sandbox is not stateless")
 	}
 	res := &agentproto.ResetResult{}
+	if a.pool != nil {
+		a.pool.invalidate()
+	}
 	// 1. Every process but ourselves. kill(-1) from PID 1 signals every
 	// process of the pid namespace except PID 1; repeat until none is
 	// left, so a fork racing the signal is caught by the next round.
@@ -51,6 +54,9 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
+	if a.pool != nil {
+		a.pool.invalidate() // shells spawned while we were killing
+	}
 	// 2. The agent's own memory of past commands and sessions.
 	a.sessions.clear()
 	a.procs.clear()
@@ -63,11 +69,7 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 	removeSysVIPC()
 	// 5. Warm shells again (the old ones were killed above).
 	if a.pool != nil {
-		a.pool.mu.Lock()
-		a.pool.idle = nil
-		a.pool.failed = time.Time{}
-		a.pool.refillLocked()
-		a.pool.mu.Unlock()
+		a.pool.refill()
 	}
 	return res, nil
 }

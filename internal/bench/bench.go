@@ -29,6 +29,29 @@ type Options struct {
 	ExecSamples int           // exec round trips; default 2000
 	AgentPath   string
 	Out         io.Writer // progress
+
+	// Figures selects what to measure: "core" (exec round trip, create
+	// throughput against runc and bwrap), "density", "burst", "fncall",
+	// "pause", "interference", or "all". Default: core.
+	Figures []string
+	// DensityMax stops the density figure at this many live sandboxes
+	// (earlier when admission refuses); default 500.
+	DensityMax int
+	// BurstCount creates with BurstClients concurrent clients, once
+	// without a pool and once with a pool of BurstPool; defaults 1000, 64, 200.
+	BurstCount, BurstClients, BurstPool int
+	// PauseCount sandboxes holding PauseHoldMB each are paused; defaults 100, 64.
+	PauseCount, PauseHoldMB int
+}
+
+// wants reports whether figure f was selected.
+func (o *Options) wants(f string) bool {
+	for _, x := range o.Figures {
+		if x == f || x == "all" {
+			return true
+		}
+	}
+	return false
 }
 
 // Result is one measured figure.
@@ -57,6 +80,27 @@ func (o *Options) defaults() {
 	}
 	if o.Out == nil {
 		o.Out = io.Discard
+	}
+	if len(o.Figures) == 0 {
+		o.Figures = []string{"core"}
+	}
+	if o.DensityMax == 0 {
+		o.DensityMax = 500
+	}
+	if o.BurstCount == 0 {
+		o.BurstCount = 1000
+	}
+	if o.BurstClients == 0 {
+		o.BurstClients = 64
+	}
+	if o.BurstPool == 0 {
+		o.BurstPool = 200
+	}
+	if o.PauseCount == 0 {
+		o.PauseCount = 100
+	}
+	if o.PauseHoldMB == 0 {
+		o.PauseHoldMB = 64
 	}
 }
 
@@ -102,10 +146,31 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 
+	if o.wants("core") || o.wants("all") {
+		if err := core(ctx, o, c, rep, rootfs); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []struct {
+		name string
+		fn   func(context.Context, Options, *warren.Client, *Report) error
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"burst", burst}, {"pause", pauseFigures}, {"density", density}} {
+		if !o.wants(f.name) {
+			continue
+		}
+		if err := f.fn(ctx, o, c, rep); err != nil {
+			rep.add(f.name, 0, "", "failed: "+err.Error())
+		}
+	}
+	return rep, nil
+}
+
+// core is the exec round trip and create throughput against the peers.
+func core(ctx context.Context, o Options, c *warren.Client, rep *Report, rootfs string) error {
 	fmt.Fprintf(o.Out, "exec round trip (%d samples)...\n", o.ExecSamples)
 	p50, p99, err := execRoundTrip(ctx, c, o.ExecSamples)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rep.add("exec round trip `true` p50", ms(p50), "ms", "target ≤ 1 ms")
 	rep.add("exec round trip `true` p99", ms(p99), "ms", "target ≤ 5 ms")
@@ -113,7 +178,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	fmt.Fprintf(o.Out, "warren create→exec→stop, %d clients, %v...\n", o.Concurrency, o.Duration)
 	wRate, wLat, err := throughput(ctx, o, func(ctx context.Context) error { return warrenCycle(ctx, c) })
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rep.add("warren create→exec→stop", wRate, "sandboxes/s", fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(wLat.p50), ms(wLat.p99)))
 
@@ -139,7 +204,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			rep.add("ratio warren / "+p.name, wRate/rate, "×", "target ≥ 5× runc")
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 func (r *Report) add(name string, v float64, unit, note string) {

@@ -45,6 +45,13 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.Concurrency, "concurrency", 16, "concurrent clients")
 	f.IntVar(&o.ExecSamples, "exec-samples", 2000, "exec round trips to time")
 	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
+	f.StringSliceVar(&o.Figures, "figures", []string{"core"}, "what to measure: core, density, burst, fncall, pause, interference, all")
+	f.IntVar(&o.DensityMax, "density-max", 500, "density: stop at this many live sandboxes")
+	f.IntVar(&o.BurstCount, "burst-count", 1000, "burst: creates per run")
+	f.IntVar(&o.BurstClients, "burst-clients", 64, "burst: concurrent clients")
+	f.IntVar(&o.BurstPool, "burst-pool", 200, "burst: warm pool size of the second run")
+	f.IntVar(&o.PauseCount, "pause-count", 100, "pause: sandboxes paused")
+	f.IntVar(&o.PauseHoldMB, "pause-hold-mb", 64, "pause: anonymous memory each holds")
 	f.StringVar(&out, "out", "", "append the results to this Markdown file (docs/BENCHMARKS.md)")
 	return cmd
 }

@@ -120,6 +120,7 @@ func (e *Edge) fncall(ctx context.Context, req *FnCallRequest) (*api.ExecResult,
 	if err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) || ae.Code == api.CodeInternal || ae.Code == api.CodeConflict || ae.Code == api.CodeTimeout {
+			e.log.Warn("fncall worker dropped", "id", w.rec.Sandbox.ID, "err", err)
 			e.fnDrop(shape, w) // the worker is in an unknown state
 		} else {
 			e.fnRelease(shape, w)
@@ -255,7 +256,12 @@ func (e *Edge) fnRelease(sh *fnShape, w *sandbox) {
 		inst := w.inst
 		w.mu.Unlock()
 		var rr agentproto.ResetResult
-		if inst == nil || inst.Agent.Call(ctx, agentproto.OpReset, nil, &rr, nil) != nil {
+		if inst == nil {
+			e.fnDrop(sh, w)
+			return
+		}
+		if err := inst.Agent.Call(ctx, agentproto.OpReset, nil, &rr, nil); err != nil {
+			e.log.Warn("fncall worker reset failed; dropped", "id", w.rec.Sandbox.ID, "err", err)
 			e.fnDrop(sh, w)
 			return
 		}
