@@ -395,6 +395,14 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"GCResult":             api.GCResult{},
 		"Node":                 api.Node{},
 		"NodeList":             api.NodeList{},
+		"NodePool":             api.NodePool{},
+		"PauseRequest":         api.PauseRequest{},
+		"PoolRequest":          api.PoolRequest{},
+		"FnCallRequest":        api.FnCallRequest{},
+		"Pool":                 api.Pool{},
+		"PoolList":             api.PoolList{},
+		"PauseResult":          api.PauseResult{},
+		"NodeFeatures":         api.NodeFeatures{},
 		"Error":                api.Error{},
 		"ErrorBody":            api.ErrorBody{},
 		"Usage":                api.Usage{},
@@ -507,7 +515,7 @@ func TestErrorCodesAndStates(t *testing.T) {
 	if got := enum("Error", "code"); strings.Join(got, ",") != strings.Join(codes, ",") {
 		t.Errorf("error codes in spec %v, in api %v", got, codes)
 	}
-	states := []string{api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed, api.StateLost}
+	states := []string{api.StateCreating, api.StateRunning, api.StatePaused, api.StateStopped, api.StateFailed, api.StateLost}
 	sort.Strings(states)
 	if got := enum("SandboxState", ""); strings.Join(got, ",") != strings.Join(states, ",") {
 		t.Errorf("states in spec %v, in api %v", got, states)

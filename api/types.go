@@ -12,12 +12,30 @@ const (
 	StateFailed   = "failed"
 	// StateLost is reported for a sandbox whose node stopped heartbeating:
 	// nothing can reach it until the node comes back and reconciles.
-	StateLost = "lost"
+	StateLost   = "lost"
+	StatePaused = "paused" // frozen, memory pushed to swap; any operation resumes it
+)
+
+// QoS classes (CreateSandboxRequest.Priority).
+const (
+	// PriorityBestEffort runs under SCHED_IDLE with the lowest CPU weight:
+	// it gets the CPU only when nothing else wants it. The default.
+	PriorityBestEffort = "best-effort"
+	// PriorityLatency runs with normal weight (and a core-scheduling cookie
+	// where the kernel supports it).
+	PriorityLatency = "latency"
+)
+
+// What the reaper does with a sandbox idle for idle_timeout seconds.
+const (
+	IdleActionStop  = "stop" // the default
+	IdleActionPause = "pause"
 )
 
 // Tiers.
 const (
 	TierContainer = "container"
+	TierFnCall    = "fncall" // POST /v1/fncall: stateless tasks in reset, reused containers
 )
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
@@ -41,6 +59,10 @@ type CreateSandboxRequest struct {
 	Layers []LayerAttachment `json:"layers,omitempty"`
 	// NodeSelector restricts placement to nodes carrying all these labels.
 	NodeSelector map[string]string `json:"node_selector,omitempty"`
+	// Priority is the QoS class: "best-effort" (default) or "latency".
+	Priority string `json:"priority,omitempty"`
+	// IdleTimeoutAction is "stop" (default) or "pause".
+	IdleTimeoutAction string `json:"idle_timeout_action,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -74,12 +96,87 @@ type Sandbox struct {
 	Reason      string            `json:"reason,omitempty"` // why it failed or stopped
 	// Layers are the named layers the sandbox was created with, resolved
 	// to versions ("ws/django-1234@3", "toolkit/harness@2 at /opt/toolkit (protected)").
-	Layers []string `json:"layers,omitempty"`
+	Layers     []string   `json:"layers,omitempty"`
+	Pool       string     `json:"pool,omitempty"` // the warm pool it was claimed from
+	Priority   string     `json:"priority,omitempty"`
+	IdleAction string     `json:"idle_timeout_action,omitempty"`
+	PausedAt   *time.Time `json:"paused_at,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
 type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// PoolRequest is the body of POST /v1/pools: keep Size sandboxes of this
+// shape created and ready on every node; a create with the same shape
+// (tier, image, cpu, memory_mb, disk_mb, pids, priority, and no env, user
+// or hostname) claims one.
+type PoolRequest struct {
+	Name     string  `json:"name,omitempty"` // [a-z0-9-]; default: generated
+	Tier     string  `json:"tier,omitempty"`
+	Image    string  `json:"image"`
+	CPU      float64 `json:"cpu,omitempty"`
+	MemoryMB int64   `json:"memory_mb,omitempty"`
+	DiskMB   int64   `json:"disk_mb,omitempty"`
+	Pids     int64   `json:"pids,omitempty"`
+	Priority string  `json:"priority,omitempty"`
+	Size     int     `json:"size"`
+}
+
+// Pool is a warm pool's state, summed over the nodes.
+type Pool struct {
+	Name     string  `json:"name"`
+	Tier     string  `json:"tier"`
+	Image    string  `json:"image"`
+	CPU      float64 `json:"cpu"`
+	MemoryMB int64   `json:"memory_mb"`
+	DiskMB   int64   `json:"disk_mb"`
+	Pids     int64   `json:"pids"`
+	Priority string  `json:"priority"`
+	Size     int     `json:"size"`            // per node
+	Ready    int     `json:"ready"`           // created and waiting, all nodes
+	Creating int     `json:"creating"`        // being created to refill
+	Claimed  int64   `json:"claimed"`         // creates served from the pool so far
+	Error    string  `json:"error,omitempty"` // the last refill failure
+}
+
+// PoolList is the body of GET /v1/pools.
+type PoolList struct {
+	Pools []Pool `json:"pools"`
+}
+
+// FnCallRequest is the body of POST /v1/fncall: one stateless task run in
+// a pre-created container that is reset afterwards. Exactly one of Cmd and
+// Argv is set. Files are written before the command runs; they must lie
+// under one of the writable directories (/tmp, /var/tmp, /root, /home,
+// /run, /work; the root is read-only). The answer is an ExecResult.
+type FnCallRequest struct {
+	Tier      string            `json:"tier,omitempty"`  // "fncall" or empty
+	Image     string            `json:"image,omitempty"` // default busybox
+	Cmd       string            `json:"cmd,omitempty"`
+	Argv      []string          `json:"argv,omitempty"`
+	Files     map[string][]byte `json:"files,omitempty"` // path -> content (base64 in JSON)
+	Stdin     string            `json:"stdin,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`        // default /work
+	Timeout   float64           `json:"timeout,omitempty"`    // seconds; default 30, at most 600
+	OutputCap int64             `json:"output_cap,omitempty"` // bytes per stream; default 1 MiB
+	CPU       float64           `json:"cpu,omitempty"`        // default 1
+	MemoryMB  int64             `json:"memory_mb,omitempty"`  // default 512
+}
+
+// PauseRequest is the body of POST /v1/sandboxes:pause and :resume: every
+// sandbox whose labels match all of Label ("key=value") and Labels.
+type PauseRequest struct {
+	Label  string            `json:"label,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// PauseResult lists the sandboxes paused (or resumed) and those that failed.
+type PauseResult struct {
+	Sandboxes []string          `json:"sandboxes"`
+	Errors    map[string]string `json:"errors,omitempty"` // id -> why
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
@@ -237,6 +334,42 @@ type Node struct {
 	States   map[string]int   `json:"states,omitempty"`
 	Projects map[string]Usage `json:"projects,omitempty"`
 	Jobs     map[string]int   `json:"jobs,omitempty"`
+
+	// Measured on the node.
+	CPUUsed           float64 `json:"cpu_used"`            // cores the sandboxes used over the last seconds
+	MemoryUsedMB      int64   `json:"memory_used_mb"`      // the sandboxes' charged memory (cgroups)
+	MemoryAvailableMB int64   `json:"memory_available_mb"` // host MemAvailable
+	SwapTotalMB       int64   `json:"swap_total_mb"`
+	SwapUsedMB        int64   `json:"swap_used_mb"`
+	MemoryPressure    float64 `json:"memory_pressure"` // PSI memory "some" avg10, percent (0 without PSI)
+	CPUPressure       float64 `json:"cpu_pressure"`    // PSI cpu "some" avg10, percent
+
+	// Configuration.
+	CPUOvercommit    float64 `json:"cpu_overcommit"`
+	MemoryOvercommit float64 `json:"memory_overcommit"`
+
+	SandboxesByState    map[string]int `json:"sandboxes_by_state"`
+	SandboxesByPriority map[string]int `json:"sandboxes_by_priority"`
+	Pools               []NodePool     `json:"pools"`
+	Features            NodeFeatures   `json:"features"`
+}
+
+// NodePool is one warm pool's state on a node.
+type NodePool struct {
+	Name  string `json:"name"`
+	Size  int    `json:"size"`
+	Ready int    `json:"ready"`
+}
+
+// NodeFeatures says which isolation and elasticity features the node's
+// kernel offers.
+type NodeFeatures struct {
+	SchedIdle      bool `json:"sched_idle"`      // best-effort sandboxes run under SCHED_IDLE
+	CgroupCPUIdle  bool `json:"cgroup_cpu_idle"` // the cpu cgroup has cpu.idle (group-level SCHED_IDLE)
+	CoreScheduling bool `json:"core_scheduling"` // PR_SCHED_CORE cookies (CONFIG_SCHED_CORE)
+	PSI            bool `json:"psi"`             // /proc/pressure
+	Freezer        bool `json:"freezer"`         // cgroup freezer: pause works
+	Swap           bool `json:"swap"`            // swap is on: pause pushes memory out
 }
 
 // Usage is what live sandboxes hold.

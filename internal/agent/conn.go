@@ -132,6 +132,8 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 		return nil, errf(agentproto.ErrInvalid, "%s: agent is not set up", req.Op)
 	}
 	switch req.Op {
+	case agentproto.OpReset:
+		return a.reset(ctx)
 	case agentproto.OpExec:
 		var r agentproto.ExecRequest
 		if err := decode(req, &r); err != nil {

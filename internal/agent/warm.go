@@ -17,6 +17,8 @@ type warmPool struct {
 	cred  *credential
 
 	mu      sync.Mutex
+	gen     int  // bumped by a reset: shells of an older generation are discarded
+	stopped bool // no refills during a reset
 	idle    []*shellProc
 	filling bool
 	failed  time.Time
@@ -56,21 +58,29 @@ func (p *warmPool) get(cred *credential) *shellProc {
 }
 
 func (p *warmPool) refillLocked() {
-	if p.filling || len(p.idle) >= p.size || time.Since(p.failed) < time.Second {
+	if p.filling || p.stopped || len(p.idle) >= p.size || time.Since(p.failed) < time.Second {
 		return
 	}
 	p.filling = true
 	go func() {
 		for {
 			p.mu.Lock()
-			if len(p.idle) >= p.size {
+			if p.stopped || len(p.idle) >= p.size {
 				p.filling = false
 				p.mu.Unlock()
 				return
 			}
+			gen := p.gen
 			p.mu.Unlock()
 			sp, err := p.a.spawnShell(p.shell, p.env, p.dir, p.cred, "")
 			p.mu.Lock()
+			if err == nil && gen != p.gen {
+				// A reset happened meanwhile: this shell may be dead, or
+				// may have seen the previous task.
+				p.discard(sp)
+				p.mu.Unlock()
+				continue
+			}
 			if err != nil {
 				p.a.log.Warn("agent: warm shell", "err", err)
 				p.failed = time.Now()
@@ -109,4 +119,26 @@ func (p *warmPool) refillSoon() {
 		return
 	}
 	p.timer.Reset(refillDelay)
+}
+
+// invalidate forgets every idle shell (a reset kills them) and makes the
+// shells being spawned right now discarded when they arrive.
+func (p *warmPool) invalidate() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gen++
+	p.stopped = true
+	for _, sp := range p.idle {
+		p.discard(sp)
+	}
+	p.idle = nil
+	p.failed = time.Time{}
+}
+
+// refill starts topping the pool up now.
+func (p *warmPool) refill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopped = false
+	p.refillLocked()
 }

@@ -35,6 +35,11 @@ const (
 	OpFileRename = "file.rename" // RenameRequest -> nothing
 	OpTarGet     = "tar.get"     // PathRequest -> chunks (data, a tar stream) + nothing
 	OpTarPut     = "tar.put"     // TarPutRequest (repeated, same Handle) -> TarPutResult
+	// OpReset returns a Stateless sandbox to its initial state: every
+	// process but the agent killed, the stateless directories and POSIX
+	// message queues emptied, SysV IPC objects removed, sessions,
+	// background commands and their environment forgotten. -> ResetResult
+	OpReset = "reset"
 )
 
 // Response kinds.

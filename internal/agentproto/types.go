@@ -28,6 +28,11 @@ type SetupConfig struct {
 	ShmMB int64 `json:"shm_mb,omitempty"`
 	// TmpMB sizes nothing yet; reserved.
 
+	// Stateless makes a reusable (FnCall) sandbox: the root and /dev are
+	// mounted read-only and each of these directories is an empty tmpfs;
+	// OpReset kills every process and empties them again.
+	Stateless []string `json:"stateless,omitempty"`
+
 	// Unconfined skips confinement (no mounts, no pivot, no privilege drop).
 	// Tests only: the agent then serves file operations relative to RootDir
 	// (or "/" when empty) and runs commands in its own (host) root.
@@ -153,4 +158,10 @@ type FileInfo struct {
 
 type FileList struct {
 	Files []FileInfo `json:"files"`
+}
+
+// ResetResult answers OpReset.
+type ResetResult struct {
+	Killed  int `json:"killed"`  // processes killed
+	Removed int `json:"removed"` // files removed from the stateless directories
 }

@@ -250,7 +250,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		ctx = bus.WithHeaders(ctx, map[string]string{bus.HeaderScope: p.Project})
 	}
 	switch req.State {
-	case "", api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed:
+	case "", api.StateCreating, api.StateRunning, api.StatePaused, api.StateStopped, api.StateFailed:
 	default:
 		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("unknown state %q", truncate(req.State))}
 	}

@@ -74,6 +74,10 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox, role: api.RoleViewer},
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/pause", handler: s.pauseSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/resume", handler: s.resumeSandbox},
+		{pattern: "POST /v1/sandboxes:pause", handler: s.pauseMatching},
+		{pattern: "POST /v1/sandboxes:resume", handler: s.resumeMatching},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
 		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},
@@ -102,6 +106,11 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/layers:gc", handler: s.gcLayers},
 		{pattern: "GET /v1/layers/{ref...}", handler: s.getLayer, role: api.RoleViewer},
 		{pattern: "DELETE /v1/layers/{ref...}", handler: s.deleteLayer},
+		{pattern: "POST /v1/fncall", handler: s.fncall},
+		{pattern: "POST /v1/pools", handler: s.createPool},
+		{pattern: "GET /v1/pools", handler: s.listPools, role: api.RoleViewer},
+		{pattern: "GET /v1/pools/{name}", handler: s.getPool, role: api.RoleViewer},
+		{pattern: "DELETE /v1/pools/{name}", handler: s.deletePool},
 	}
 }
 

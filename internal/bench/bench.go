@@ -32,23 +32,32 @@ type Options struct {
 	AgentPath   string
 	Out         io.Writer // progress
 	// Figures selects what to measure (comma-separated): core (exec round
-	// trip, create throughput against runc and bwrap), and the layer
-	// figures create-size, lazy, burst, upgrade (or "layers" for all four).
-	// Default: everything.
+	// trip, create throughput against runc and bwrap), the layer figures
+	// create-size, lazy, burst, upgrade ("layers" for all four), and the
+	// elasticity figures density, pool-burst, fncall, pause, interference
+	// ("elastic" for all five). "all" is everything. Default: core.
 	Figures string
 	Layers  LayerOptions
+	// DensityMax stops the density figure at this many live sandboxes
+	// (earlier when admission refuses); default 500.
+	DensityMax int
+	// BurstCount creates with BurstClients concurrent clients, once
+	// without a pool and once with a pool of BurstPool; defaults 1000, 64, 200.
+	BurstCount, BurstClients, BurstPool int
+	// PauseCount sandboxes holding PauseHoldMB each are paused; defaults 100, 64.
+	PauseCount, PauseHoldMB int
 }
 
-// FigureSets are the names Figures accepts.
-var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade"}
+// FigureSets are the names Figures accepts (besides all, layers, elastic).
+var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference"}
+
+var layerFigures = []string{"create-size", "lazy", "burst", "upgrade"}
 
 func (o *Options) want(f string) bool {
-	if o.Figures == "" || o.Figures == "all" {
-		return true
-	}
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
-		if w == f || w == "layers" && f != "core" {
+		if w == f || w == "all" || w == "layers" && slices.Contains(layerFigures, f) ||
+			w == "elastic" && f != "core" && !slices.Contains(layerFigures, f) {
 			return true
 		}
 	}
@@ -82,6 +91,27 @@ func (o *Options) defaults() {
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
+	if o.Figures == "" {
+		o.Figures = "core"
+	}
+	if o.DensityMax == 0 {
+		o.DensityMax = 500
+	}
+	if o.BurstCount == 0 {
+		o.BurstCount = 1000
+	}
+	if o.BurstClients == 0 {
+		o.BurstClients = 64
+	}
+	if o.BurstPool == 0 {
+		o.BurstPool = 200
+	}
+	if o.PauseCount == 0 {
+		o.PauseCount = 100
+	}
+	if o.PauseHoldMB == 0 {
+		o.PauseHoldMB = 64
+	}
 }
 
 // Run starts a private `warren serve`, measures, and stops it.
@@ -89,8 +119,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	o.defaults()
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
-		if w != "" && w != "all" && w != "layers" && !slices.Contains(FigureSets, w) {
-			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, %s)", w, strings.Join(FigureSets, ", "))
+		if w != "" && w != "all" && w != "layers" && w != "elastic" && !slices.Contains(FigureSets, w) {
+			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, elastic, %s)", w, strings.Join(FigureSets, ", "))
 		}
 	}
 	dataDir, err := os.MkdirTemp("", "warren-bench-")
@@ -135,6 +165,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := runLayers(ctx, o, c, dataDir, rep); err != nil {
 		return nil, err
 	}
+	for _, f := range []struct {
+		name string
+		fn   func(context.Context, Options, *warren.Client, *Report) error
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}} {
+		if !o.want(f.name) {
+			continue
+		}
+		if err := f.fn(ctx, o, c, rep); err != nil {
+			rep.add(f.name, 0, "", "failed: "+err.Error())
+		}
+	}
 	return rep, nil
 }
 
@@ -144,7 +185,11 @@ func runCore(ctx context.Context, o Options, c *warren.Client, dataDir string, r
 		return err
 	}
 	defer release()
+	return core(ctx, o, c, rep, rootfs)
+}
 
+// core is the exec round trip and create throughput against the peers.
+func core(ctx context.Context, o Options, c *warren.Client, rep *Report, rootfs string) error {
 	fmt.Fprintf(o.Out, "exec round trip (%d samples)...\n", o.ExecSamples)
 	p50, p99, err := execRoundTrip(ctx, c, o.ExecSamples)
 	if err != nil {

@@ -72,7 +72,13 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 	if err := applyMasks(); err != nil {
 		return err
 	}
-	return attachBinds(binds)
+	if err := attachBinds(binds); err != nil {
+		return err
+	}
+	if len(cfg.Stateless) > 0 {
+		return setupStateless(cfg.Stateless)
+	}
+	return nil
 }
 
 func mountOverlay(cfg *agentproto.SetupConfig) error {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -45,6 +46,20 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		v := existing.view()
 		return &v, nil
 	}
+	if sb := e.claimLocked(id, &spec); sb != nil {
+		// A warm pool member takes this id: no admission (it was admitted
+		// when the pool made it), no start.
+		e.mu.Unlock()
+		sb.mu.Lock()
+		rec := sb.rec
+		sb.mu.Unlock()
+		if err := e.persist(&rec); err != nil {
+			e.stop(ctx, sb, api.StateFailed, "cannot persist the record")
+			return nil, err
+		}
+		v := sb.view()
+		return &v, nil
+	}
 	if aerr := e.admitLocked(&spec); aerr != nil {
 		e.mu.Unlock()
 		return nil, aerr
@@ -58,6 +73,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 				ID: id, State: api.StateCreating, Node: e.cfg.Node, Project: spec.Project, Tier: spec.Tier, Image: spec.Image,
 				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
 				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
+				Priority: spec.Priority, IdleAction: spec.IdleTimeoutAction,
 				CreatedAt: now, ExpiresAt: &expires,
 			},
 		},
@@ -102,12 +118,34 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 	case e.cfg.MemoryMB > 0 && mem+spec.MemoryMB > e.cfg.MemoryMB:
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %d of %d MiB requested", e.cfg.Node, mem, e.cfg.MemoryMB)}
 	}
+	return e.pressure()
+}
+
+// pressure refuses new work while the host itself is short of memory,
+// whatever the requests add up to: overcommitted requests are only a
+// promise, MemAvailable and PSI are what the kernel sees.
+func (e *Edge) pressure() *api.Error {
+	if e.cfg.MinMemoryAvailableMB > 0 {
+		if m, err := hoststat.ReadMemory(); err == nil && m.Available>>20 < e.cfg.MinMemoryAvailableMB {
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+				"node %s is under memory pressure: %d MiB available, below the %d MiB reserve",
+				e.cfg.Node, m.Available>>20, e.cfg.MinMemoryAvailableMB)}
+		}
+	}
+	if e.cfg.MaxMemoryPressure > 0 {
+		if p, err := hoststat.ReadPressure("memory"); err == nil && p.Avg10 > e.cfg.MaxMemoryPressure {
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+				"node %s is under memory pressure: PSI some avg10 %.1f%% above %.1f%%",
+				e.cfg.Node, p.Avg10, e.cfg.MaxMemoryPressure)}
+		}
+	}
 	return nil
 }
 
 func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	spec := &sb.rec.Spec
-	id := sb.rec.Sandbox.ID
+	id := sb.rec.storage()
+	pooled := sb.pool != "" // pool members get a record only when claimed
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
 	defer cancel()
 	t0 := time.Now()
@@ -156,7 +194,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	stateDir := e.stateDir(id)
 	cleanup := func() {
 		e.freeStorage(id)
-		_ = os.Remove(e.recordPath(id))
+		if !pooled {
+			_ = os.Remove(e.recordPath(id))
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -180,8 +220,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	sb.rec.Binds = binds
 	sb.rec.Sandbox.Layers = names
 	sb.mu.Unlock()
-	if err := e.persist(&sb.rec); err != nil {
-		return err
+	if !pooled {
+		if err := e.persist(&sb.rec); err != nil {
+			return err
+		}
 	}
 	dirs, err := e.cfg.Images.MountLayers(id, layerIDs)
 	if err != nil {
@@ -197,7 +239,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: sandboxEnv(img.Env, spec.Env), User: spec.User,
+		Env: sandboxEnv(img.Env, spec.Env), User: spec.User, Priority: spec.Priority,
+	}
+	if sb.stateless {
+		rspec.Stateless = FnCallDirs
 	}
 	inst, err := e.cfg.Runtime.Start(ctx, rspec)
 	if err != nil {
@@ -212,6 +257,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	sb.lastActive = time.Now()
 	rec := sb.rec
 	sb.mu.Unlock()
+	if pooled {
+		e.watch(sb)
+		return nil
+	}
 	if err := e.persist(&rec); err != nil {
 		_ = inst.Agent.Close()
 		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h)

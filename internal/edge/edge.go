@@ -24,6 +24,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -86,6 +87,17 @@ type Config struct {
 	MemoryMB     int64   // memory offered (after overcommit)
 	MaxSandboxes int
 	Labels       map[string]string // node labels, matched by node_selector
+	// CPUOvercommit and MemoryOvercommit are the factors behind
+	// CPUCapacity and MemoryMB (reported in the node view).
+	CPUOvercommit    float64
+	MemoryOvercommit float64
+	// MinMemoryAvailableMB refuses new sandboxes while the host's
+	// MemAvailable is below it. 0 = 2 % of the host's memory (at least
+	// 256 MiB); negative = no check.
+	MinMemoryAvailableMB int64
+	// MaxMemoryPressure refuses new sandboxes while the host's memory PSI
+	// ("some" avg10, percent) is above it. 0 = 40; negative = no check.
+	MaxMemoryPressure float64
 
 	DefaultTTL     time.Duration // 0 = 24h
 	TombstoneFor   time.Duration // how long stopped sandboxes stay visible; 0 = 10m
@@ -105,6 +117,15 @@ type Edge struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	closing   bool
+	pools     map[string]*pool
+	fn        map[string]*fnShape
+	runCtx    context.Context
+
+	features  api.NodeFeatures
+	usageMu   sync.Mutex
+	lastUsage runtime.Usage
+	lastAt    time.Time
+	cpuRate   float64
 
 	roster     jetstream.KeyValue
 	lastRoster string
@@ -150,7 +171,18 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MaxSandboxes == 0 {
 		cfg.MaxSandboxes = 10000
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox)}
+	if cfg.MinMemoryAvailableMB == 0 {
+		cfg.MinMemoryAvailableMB = 256
+		if m, err := hoststat.ReadMemory(); err == nil && m.Total>>20/50 > cfg.MinMemoryAvailableMB {
+			cfg.MinMemoryAvailableMB = m.Total >> 20 / 50
+		}
+	}
+	if cfg.MaxMemoryPressure == 0 {
+		cfg.MaxMemoryPressure = 40
+	}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), pools: map[string]*pool{}, fn: map[string]*fnShape{}}
+	e.features = hoststat.Features()
+	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	for _, d := range []string{e.recordsDir(), e.runDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("edge: %w", err)
@@ -178,6 +210,7 @@ func (e *Edge) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
+	e.runCtx = runCtx
 	sub, err := e.cfg.Bus.Serve(runCtx, bus.EdgeSubject(e.cfg.Node), "", e.handle)
 	if err != nil {
 		cancel()
@@ -191,6 +224,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		e.wg.Add(1)
 		go e.rosterLoop(runCtx)
 	}
+	e.loadPools(runCtx)
 	e.log.Info("edge serving", "sandboxes", e.count())
 	return nil
 }

@@ -122,6 +122,41 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.layerOp(ctx, op, &req)
+	case OpPause, OpResume:
+		var req IDRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		if op == OpPause {
+			return e.pauseOne(ctx, req.ID)
+		}
+		return e.resumeOne(ctx, req.ID)
+	case OpPauseMatch:
+		var req PauseMatchingRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.pauseMatching(ctx, &req)
+	case OpPoolPut:
+		var req api.PoolRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.putPool(ctx, &req)
+	case OpPoolList:
+		return e.listPools(), nil
+	case OpPoolDelete:
+		var req PoolNameRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.deletePool(req.Name)
+	case OpFnCall:
+		var req FnCallRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.fncall(ctx, &req)
 	case OpExec:
 		var req ExecRequest
 		if err := decode(body, &req); err != nil {
@@ -153,6 +188,9 @@ func (e *Edge) list(req *ListRequest) *api.SandboxList {
 	e.mu.Unlock()
 	out := &api.SandboxList{Sandboxes: []api.Sandbox{}}
 	for _, sb := range all {
+		if sb.pooled() {
+			continue
+		}
 		v := sb.view()
 		if req.State != "" && v.State != req.State {
 			continue
@@ -182,6 +220,9 @@ func (e *Edge) lookup(id string) (*sandbox, error) {
 	e.mu.Lock()
 	sb := e.sandboxes[id]
 	e.mu.Unlock()
+	if sb != nil && sb.pooled() {
+		sb = nil // warm pool members are nobody's yet
+	}
 	if sb == nil {
 		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
 	}
@@ -198,6 +239,15 @@ func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) 
 	<-sb.ready
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	for sb.rec.Sandbox.State == api.StatePaused && !sb.stopping {
+		// Any operation on a paused sandbox resumes it first.
+		sb.mu.Unlock()
+		err := e.resume(context.Background(), sb)
+		sb.mu.Lock()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+	}
 	if sb.rec.Sandbox.State != api.StateRunning || sb.stopping || sb.inst == nil {
 		return nil, nil, nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, stateWord(sb))}
 	}

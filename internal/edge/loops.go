@@ -8,6 +8,8 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/hoststat"
+	"github.com/warrenhq/warren/internal/runtime"
 )
 
 func (e *Edge) heartbeatLoop(ctx context.Context) {
@@ -88,18 +90,35 @@ func (e *Edge) NodeStatus() api.Node {
 		Name: e.cfg.Node, State: "up", CPUCapacity: e.cfg.CPUCapacity, MemoryMB: e.cfg.MemoryMB,
 		Tiers: []string{e.cfg.Runtime.Name()}, LastHeartbeat: time.Now().UTC(), Labels: e.cfg.Labels,
 		States: map[string]int{}, Projects: map[string]api.Usage{}, Jobs: map[string]int{},
+		CPUOvercommit: e.cfg.CPUOvercommit, MemoryOvercommit: e.cfg.MemoryOvercommit,
+		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
+		Pools: []api.NodePool{}, Features: e.features,
 	}
+	e.measure(&n)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, sb := range e.sandboxes {
 		sb.mu.Lock()
-		st := sb.rec.Sandbox.State
+		st, prio, pooled := sb.rec.Sandbox.State, sb.rec.Spec.Priority, sb.pool != ""
 		spec := &sb.rec.Spec
-		n.States[st]++
-		if st == api.StateRunning || st == api.StateCreating {
-			n.Sandboxes++
+		live := st == api.StateRunning || st == api.StateCreating || st == api.StatePaused
+		if live {
+			// Pool members hold resources too, so they count as requested.
 			n.CPURequested += spec.CPU
 			n.MemRequested += spec.MemoryMB
+		}
+		if pooled {
+			sb.mu.Unlock()
+			if live {
+				n.SandboxesByState["pooled"]++
+			}
+			continue
+		}
+		n.States[st]++
+		n.SandboxesByState[st]++
+		if live {
+			n.Sandboxes++
+			n.SandboxesByPriority[prio]++
 			u := n.Projects[spec.Project]
 			u.Sandboxes++
 			u.CPU += spec.CPU
@@ -111,7 +130,50 @@ func (e *Edge) NodeStatus() api.Node {
 		}
 		sb.mu.Unlock()
 	}
+	for _, p := range e.pools {
+		v := e.poolViewLocked(p)
+		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Size: v.Size, Ready: v.Ready})
+	}
+	n.Pools = append(n.Pools, e.fnViewLocked()...)
+	sort.Slice(n.Pools, func(i, j int) bool { return n.Pools[i].Name < n.Pools[j].Name })
 	return n
+}
+
+// measure fills in what the node view measures: host memory, swap, PSI
+// and the sandboxes' CPU and memory use.
+func (e *Edge) measure(n *api.Node) {
+	if m, err := hoststat.ReadMemory(); err == nil {
+		n.MemoryAvailableMB = m.Available >> 20
+		n.SwapTotalMB = m.SwapTotal >> 20
+		n.SwapUsedMB = m.SwapUsed() >> 20
+		n.Features.Swap = m.SwapTotal > 0
+	}
+	if p, err := hoststat.ReadPressure("memory"); err == nil {
+		n.MemoryPressure = p.Avg10
+	}
+	if p, err := hoststat.ReadPressure("cpu"); err == nil {
+		n.CPUPressure = p.Avg10
+	}
+	ur, ok := e.cfg.Runtime.(runtime.UsageReporter)
+	if !ok {
+		return
+	}
+	u, err := ur.Usage()
+	if err != nil {
+		return
+	}
+	n.MemoryUsedMB = u.MemoryBytes >> 20
+	now := time.Now()
+	e.usageMu.Lock()
+	defer e.usageMu.Unlock()
+	switch {
+	case e.lastAt.IsZero() || u.CPUSeconds < e.lastUsage.CPUSeconds:
+		e.lastUsage, e.lastAt = u, now
+	case now.Sub(e.lastAt) > 500*time.Millisecond:
+		e.cpuRate = (u.CPUSeconds - e.lastUsage.CPUSeconds) / now.Sub(e.lastAt).Seconds()
+		e.lastUsage, e.lastAt = u, now
+	}
+	n.CPUUsed = e.cpuRate
 }
 
 func (e *Edge) reaperLoop(ctx context.Context) {
@@ -136,6 +198,7 @@ func (e *Edge) reap(ctx context.Context) {
 		reason string
 	}
 	var victims []victim
+	var pauses []*sandbox
 	e.mu.Lock()
 	for id, sb := range e.sandboxes {
 		sb.mu.Lock()
@@ -145,17 +208,38 @@ func (e *Edge) reap(ctx context.Context) {
 			if !sb.stoppedAt.IsZero() && now.Sub(sb.stoppedAt) > e.cfg.TombstoneFor {
 				delete(e.sandboxes, id)
 			}
-		case st != api.StateRunning || sb.stopping:
+		case (st != api.StateRunning && st != api.StatePaused) || sb.stopping:
 		case sb.rec.Sandbox.ExpiresAt != nil && now.After(*sb.rec.Sandbox.ExpiresAt):
 			victims = append(victims, victim{sb, "ttl expired"})
-		case sb.rec.Spec.IdleTimeout > 0 && sb.inflight == 0 &&
+		case st == api.StateRunning && sb.rec.Spec.IdleTimeout > 0 && sb.inflight == 0 &&
 			now.Sub(sb.lastActive) > time.Duration(sb.rec.Spec.IdleTimeout)*time.Second:
-			victims = append(victims, victim{sb, "idle timeout"})
+			if sb.rec.Spec.IdleTimeoutAction == api.IdleActionPause {
+				pauses = append(pauses, sb)
+			} else {
+				victims = append(victims, victim{sb, "idle timeout"})
+			}
 		}
 		sb.mu.Unlock()
 	}
 	e.mu.Unlock()
 	for _, v := range victims {
 		go e.stop(ctx, v.sb, api.StateStopped, v.reason)
+	}
+	for _, sb := range pauses {
+		sb.mu.Lock()
+		if sb.pausing {
+			sb.mu.Unlock()
+			continue
+		}
+		sb.pausing = true
+		sb.mu.Unlock()
+		go func(sb *sandbox) {
+			if err := e.pause(ctx, sb, "idle timeout"); err != nil {
+				e.log.Warn("idle pause", "id", sb.rec.Sandbox.ID, "err", err)
+			}
+			sb.mu.Lock()
+			sb.pausing = false
+			sb.mu.Unlock()
+		}(sb)
 	}
 }

@@ -22,8 +22,15 @@ const (
 	OpTarPut      = "tar_put"
 	OpImages      = "images"
 	OpImagePull   = "image_pull"
-	OpLayerCreate = "layer_create" // from a sandbox's changes (routed by sandbox id)
-	OpLayerUpload = "layer_upload" // a layer tar in chunks
+	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
+	OpPause       = "pause"          // IDRequest -> api.Sandbox
+	OpResume      = "resume"         // IDRequest -> api.Sandbox
+	OpPauseMatch  = "pause_matching" // PauseMatchingRequest -> api.PauseResult
+	OpPoolPut     = "pool_put"       // api.PoolRequest -> api.Pool
+	OpPoolList    = "pool_list"      // {} -> api.PoolList
+	OpPoolDelete  = "pool_delete"    // PoolNameRequest -> api.Pool
+	OpFnCall      = "fncall"         // FnCallRequest -> api.ExecResult
+	OpLayerUpload = "layer_upload"   // a layer tar in chunks
 	OpLayerList   = "layer_list"
 	OpLayerGet    = "layer_get"
 	OpLayerDelete = "layer_delete"
@@ -65,6 +72,18 @@ type CreateBatchResult struct {
 type CreateBatchItem struct {
 	Sandbox *api.Sandbox `json:"sandbox,omitempty"`
 	Error   *api.Error   `json:"error,omitempty"`
+}
+
+// PoolNameRequest names one warm pool.
+type PoolNameRequest struct {
+	Name string `json:"name"`
+}
+
+// PauseMatchingRequest pauses (or, with Resume, resumes) every sandbox of
+// the node whose labels all match.
+type PauseMatchingRequest struct {
+	Labels map[string]string `json:"labels"`
+	Resume bool              `json:"resume,omitempty"`
 }
 
 // CreateRequest asks an edge for a sandbox. ID is chosen by the caller (it

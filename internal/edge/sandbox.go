@@ -27,20 +27,36 @@ type record struct {
 	// Binds are the layers attached at mount points; their diff ids are the
 	// last len(Binds) entries of Layers.
 	Binds []agentproto.Bind `json:"binds,omitempty"`
+	// Storage names the sandbox's cgroup, state dir and writable layer when
+	// it differs from its id: a sandbox claimed from a warm pool keeps the
+	// name it was created under. Empty = Sandbox.ID.
+	Storage string `json:"storage,omitempty"`
+}
+
+// storage is the name the sandbox's host resources live under.
+func (r *record) storage() string {
+	if r.Storage != "" {
+		return r.Storage
+	}
+	return r.Sandbox.ID
 }
 
 // sandbox is the edge's live state of one sandbox.
 type sandbox struct {
+	pmu        sync.Mutex // serializes pause and resume
 	mu         sync.Mutex
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time
 	inflight   int
 	stopping   bool
+	pausing    bool // the reaper is pausing it (idle timeout)
 	detached   bool
 	stoppedAt  time.Time
 	ready      chan struct{} // closed once creation finished (either way)
 	createErr  error
+	pool       string // the warm pool holding it, until claimed ("" = a user's sandbox)
+	stateless  bool   // an FnCall worker
 }
 
 func (sb *sandbox) view() api.Sandbox {
@@ -52,11 +68,17 @@ func (sb *sandbox) view() api.Sandbox {
 	return v
 }
 
+func (sb *sandbox) pooled() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.pool != ""
+}
+
 func (sb *sandbox) live() bool {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	s := sb.rec.Sandbox.State
-	return s == api.StateRunning || s == api.StateCreating
+	return s == api.StateRunning || s == api.StateCreating || s == api.StatePaused
 }
 
 func (sb *sandbox) detach() {
@@ -150,27 +172,44 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for i := range recs {
 		rec := recs[i]
 		id := rec.Sandbox.ID
-		if rec.Handle != nil && rec.Sandbox.State == api.StateRunning {
+		store := rec.storage()
+		if rec.Handle != nil && (rec.Sandbox.State == api.StateRunning || rec.Sandbox.State == api.StatePaused) {
+			paused := rec.Sandbox.State == api.StatePaused
+			if paused {
+				// A frozen agent cannot answer the attach: thaw it, attach,
+				// and pause it again below.
+				if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
+					_ = rc.Restore(ctx, *rec.Handle, rec.Spec.MemoryMB)
+				}
+				_ = e.cfg.Runtime.Thaw(ctx, *rec.Handle)
+				rec.Sandbox.State = api.StateRunning
+				rec.Sandbox.PausedAt = nil
+			}
 			inst, err := e.cfg.Runtime.Attach(ctx, *rec.Handle)
 			if err == nil {
 				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{})}
 				close(sb.ready)
 				e.sandboxes[id] = sb
-				adopted[id] = true
+				adopted[store] = true
 				e.watch(sb)
-				e.log.Info("adopted sandbox", "id", id)
+				e.log.Info("adopted sandbox", "id", id, "paused", paused)
+				if paused {
+					if err := e.pause(ctx, sb, "paused before the restart"); err != nil {
+						e.log.Warn("pause adopted sandbox again", "id", id, "err", err)
+					}
+				}
 				continue
 			}
 			e.log.Warn("sandbox did not survive the restart", "id", id, "err", err)
 		}
-		h := runtime.Handle{ID: id, Socket: filepath.Join(e.stateDir(id), "agent.sock")}
+		h := runtime.Handle{ID: store, Socket: filepath.Join(e.stateDir(store), "agent.sock")}
 		if rec.Handle != nil {
 			h = *rec.Handle
 		}
 		if err := e.cfg.Runtime.Destroy(ctx, h); err != nil {
 			e.log.Error("destroy leftover sandbox", "id", id, "err", err)
 		}
-		e.freeStorage(id)
+		e.freeStorage(store)
 		_ = os.Remove(e.recordPath(id))
 		rec.Sandbox.State = api.StateFailed
 		rec.Sandbox.Reason = "lost while the edge was down"
@@ -249,7 +288,9 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	sb.stopping = true
 	inst := sb.inst
 	id := sb.rec.Sandbox.ID
-	h := runtime.Handle{ID: id, Socket: filepath.Join(e.stateDir(id), "agent.sock")}
+	store := sb.rec.storage()
+	pooled := sb.pool != ""
+	h := runtime.Handle{ID: store, Socket: filepath.Join(e.stateDir(store), "agent.sock")}
 	if sb.rec.Handle != nil {
 		h = *sb.rec.Handle
 	}
@@ -266,8 +307,10 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 		e.log.Error("destroy sandbox", "id", id, "err", err)
 	} else {
 		t1 := time.Now()
-		e.freeStorage(id)
-		_ = os.Remove(e.recordPath(id))
+		e.freeStorage(store)
+		if !pooled {
+			_ = os.Remove(e.recordPath(id))
+		}
 		e.log.Debug("sandbox destroyed", "id", id, "runtime", t1.Sub(t0), "storage", time.Since(t1))
 	}
 	sb.mu.Lock()

@@ -85,6 +85,17 @@ func New(fleet Fleet) *Placer {
 // Pick chooses a node for spec, skipping the nodes in exclude, and checks
 // limits (nil: none) first.
 func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool, limits []Limit) (string, error) {
+	return p.pick(spec, exclude, limits, true)
+}
+
+// PickTransient chooses a node like Pick for work that holds no resources
+// after it answers (an FnCall task runs in a worker the node already
+// counts), so it neither checks quotas nor counts the placement.
+func (p *Placer) PickTransient(spec *api.CreateSandboxRequest, exclude map[string]bool) (string, error) {
+	return p.pick(spec, exclude, nil, false)
+}
+
+func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, limits []Limit, record bool) (string, error) {
 	nodes := p.fleet.Up()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -140,6 +151,9 @@ func (p *Placer) Pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 		}
 	}
 	best := &nodes[bi]
+	if !record {
+		return best.Name, nil
+	}
 	r := p.recent[best.Name]
 	if r == nil {
 		r = &pending{since: time.Now(), projects: map[string]api.Usage{}}

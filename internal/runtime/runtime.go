@@ -35,6 +35,13 @@ type Spec struct {
 	Pids     int64   // 0 = unlimited
 	Env      map[string]string
 	User     string
+	// Stateless, when set, makes a reusable sandbox (the FnCall tier): a
+	// read-only root where only these directories (empty tmpfs) are
+	// writable; the agent's OpReset returns it to its initial state.
+	Stateless []string
+	// Priority is the QoS class (api.PriorityBestEffort or
+	// api.PriorityLatency; "" = latency, i.e. normal scheduling).
+	Priority string
 }
 
 // Handle is what the edge persists to find a sandbox again after it restarts.
@@ -70,4 +77,28 @@ type Runtime interface {
 	// Freeze and Thaw stop and restart every process of the sandbox.
 	Freeze(ctx context.Context, h Handle) error
 	Thaw(ctx context.Context, h Handle) error
+}
+
+// Reclaimer is implemented by runtimes that can push a frozen sandbox's
+// memory out (to swap) and give it back. The edge uses it to pause.
+type Reclaimer interface {
+	// Reclaim reclaims as much of the sandbox's memory as the host allows
+	// (anonymous pages to swap, page cache dropped) and keeps its memory
+	// limit low until Restore. It returns the sandbox's charged memory
+	// before and after, in bytes.
+	Reclaim(ctx context.Context, h Handle) (before, after int64, err error)
+	// Restore sets the memory limit back to memoryMB.
+	Restore(ctx context.Context, h Handle, memoryMB int64) error
+}
+
+// Usage is what a runtime measures of all its sandboxes together.
+type Usage struct {
+	CPUSeconds  float64 // cumulative CPU time of every sandbox
+	MemoryBytes int64   // memory charged to the sandboxes now
+}
+
+// UsageReporter is implemented by runtimes that can measure their
+// sandboxes as a whole (for the node view).
+type UsageReporter interface {
+	Usage() (Usage, error)
 }

@@ -91,6 +91,20 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if req.IdleTimeout < 0 || req.IdleTimeout > MaxTTL {
 		return invalid("idle_timeout must be between 0 and %d seconds", MaxTTL)
 	}
+	switch req.Priority {
+	case "":
+		req.Priority = api.PriorityBestEffort
+	case api.PriorityBestEffort, api.PriorityLatency:
+	default:
+		return invalid("priority %q is unknown (want %q or %q)", truncate(req.Priority), api.PriorityBestEffort, api.PriorityLatency)
+	}
+	switch req.IdleTimeoutAction {
+	case "":
+		req.IdleTimeoutAction = api.IdleActionStop
+	case api.IdleActionStop, api.IdleActionPause:
+	default:
+		return invalid("idle_timeout_action %q is unknown (want %q or %q)", truncate(req.IdleTimeoutAction), api.IdleActionStop, api.IdleActionPause)
+	}
 	if len(req.Env) > MaxEnv {
 		return invalid("at most %d env variables", MaxEnv)
 	}

@@ -40,8 +40,11 @@ type Options struct {
 	// CPUOvercommit and MemoryOvercommit scale the node's real capacity.
 	CPUOvercommit    float64 // default 20
 	MemoryOvercommit float64 // default 1.5
-	KeepOnShutdown   bool
-	Logger           *slog.Logger
+	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
+	MinMemoryAvailableMB int64
+	MaxMemoryPressure    float64
+	KeepOnShutdown       bool
+	Logger               *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 }
@@ -166,6 +169,7 @@ func Run(ctx context.Context, o Options) error {
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 	})
 	if err != nil {
 		return err
@@ -186,7 +190,10 @@ type EdgeOptions struct {
 	CPUOvercommit    float64
 	MemoryOvercommit float64
 	KeepOnShutdown   bool
-	Logger           *slog.Logger
+	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
+	MinMemoryAvailableMB int64
+	MaxMemoryPressure    float64
+	Logger               *slog.Logger
 }
 
 func (o *EdgeOptions) defaults() error {
@@ -286,6 +293,8 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
 		Labels:         o.Labels,
 		KeepOnShutdown: o.KeepOnShutdown,
+		CPUOvercommit:  o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 	})
 	if err != nil {
 		stop()

@@ -79,3 +79,41 @@ func (c *Client) Delete(ctx context.Context, id string) (*api.Sandbox, error) {
 	}
 	return &sb, nil
 }
+
+// Pause freezes a sandbox and pushes its memory out; any later operation
+// on it resumes it.
+func (c *Client) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/pause", retry: true}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// Resume thaws a paused sandbox.
+func (c *Client) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/resume", retry: true}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// PauseMatching pauses every sandbox whose labels all match (the
+// job-level pause of a preempted job).
+func (c *Client) PauseMatching(ctx context.Context, labels map[string]string) (*api.PauseResult, error) {
+	var res api.PauseResult
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes:pause", json: api.PauseRequest{Labels: labels}, retry: true}, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// ResumeMatching resumes every paused sandbox whose labels all match.
+func (c *Client) ResumeMatching(ctx context.Context, labels map[string]string) (*api.PauseResult, error) {
+	var res api.PauseResult
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes:resume", json: api.PauseRequest{Labels: labels}, retry: true}, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}

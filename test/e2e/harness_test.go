@@ -64,6 +64,7 @@ type server struct {
 	Token   string
 	C       *warren.Client
 	cmd     *exec.Cmd
+	args    []string // extra flags of warren serve
 	logs    *syncBuffer
 	done    chan struct{}
 }
@@ -96,13 +97,13 @@ func freePort(t *testing.T) string {
 
 // startServer starts warren serve on a fresh data dir; it is stopped (SIGTERM)
 // when the test ends.
-func startServer(t *testing.T) *server {
+func startServer(t *testing.T, args ...string) *server {
 	t.Helper()
 	dataDir, err := os.MkdirTemp("", "wtest-data-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{t: t, dataDir: dataDir, listen: freePort(t)}
+	s := &server{t: t, dataDir: dataDir, listen: freePort(t), args: args}
 	t.Cleanup(func() {
 		s.stop()
 		os.RemoveAll(dataDir)
@@ -115,7 +116,7 @@ func (s *server) start() {
 	t := s.t
 	t.Helper()
 	s.logs = &syncBuffer{}
-	s.cmd = exec.Command(bins.warren, "serve", "--data-dir", s.dataDir, "--listen", s.listen, "--agent", bins.agent, "--node", "e2e")
+	s.cmd = exec.Command(bins.warren, append([]string{"serve", "--data-dir", s.dataDir, "--listen", s.listen, "--agent", bins.agent, "--node", "e2e"}, s.args...)...)
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
 	// If this test process dies, the server gets SIGTERM and cleans up.

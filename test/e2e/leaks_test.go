@@ -60,3 +60,33 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// assertNoLeaksOf is assertNoLeaks for the one server s (other servers of
+// this process may still run): its cgroups, and so its processes, and its
+// mounts are gone.
+func assertNoLeaksOf(t *testing.T, s *server) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var leaks []string
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(s.dataDir))
+		for _, d := range dirs {
+			if st, err := os.Stat(d); err == nil && st.IsDir() {
+				leaks = append(leaks, "cgroup "+d)
+			}
+		}
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, l := range strings.Split(string(mi), "\n") {
+			if strings.Contains(l, s.dataDir) {
+				leaks = append(leaks, "mount "+l)
+			}
+		}
+		if len(leaks) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leaks after the server stopped:\n%s", strings.Join(leaks, "\n"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

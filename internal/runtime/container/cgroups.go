@@ -29,14 +29,22 @@ type limits struct {
 	cpu      float64 // cores
 	memoryMB int64
 	pids     int64
+	idle     bool // best-effort: lowest CPU weight, cpu.idle where the kernel has it
 }
+
+// CPU weights (cgroup v1 cpu.shares) of the QoS classes.
+const (
+	sharesBestEffort = 2
+	sharesLatency    = 1024
+)
 
 // cgroupDriver knows one cgroup layout of the host (v1 or v2).
 type cgroupDriver interface {
 	// create makes the cgroup path (relative to the hierarchy roots).
 	create(path string, lim limits) error
-	// start starts cmd so that it runs inside path from its first instruction.
-	start(path string, cmd *exec.Cmd) error
+	// start starts cmd so that it runs inside path from its first
+	// instruction; with idle, it is born under SCHED_IDLE.
+	start(path string, cmd *exec.Cmd, idle bool) error
 	// dirs are path's directories that exist, one per hierarchy.
 	dirs(path string) []string
 	// children lists the names of the child cgroups of parent.
@@ -46,6 +54,12 @@ type cgroupDriver interface {
 	thaw(path string) error
 	// remove deletes path (it must hold no process).
 	remove(path string) error
+	// reclaim pushes path's memory out and caps it (see Runtime.Reclaim).
+	reclaim(path string) (before, after int64, err error)
+	// setMemoryLimit sets path's memory limit in bytes.
+	setMemoryLimit(path string, b int64) error
+	// usage is path's cumulative CPU time (ns) and charged memory (bytes).
+	usage(path string) (cpuNs, mem int64, err error)
 }
 
 func newCgroupDriver() (cgroupDriver, error) {
@@ -155,9 +169,14 @@ func (d *v1Driver) hierarchy() cgroup1.InitOpts {
 
 func (d *v1Driver) create(path string, lim limits) error {
 	res := &specs.LinuxResources{}
+	shares := uint64(sharesLatency)
+	if lim.idle {
+		shares = sharesBestEffort
+	}
+	res.CPU = &specs.LinuxCPU{Shares: &shares}
 	if lim.cpu > 0 {
 		q, p := int64(lim.cpu*cfsPeriod), uint64(cfsPeriod)
-		res.CPU = &specs.LinuxCPU{Quota: &q, Period: &p}
+		res.CPU.Quota, res.CPU.Period = &q, &p
 	}
 	if lim.memoryMB > 0 {
 		b := lim.memoryMB << 20
@@ -172,7 +191,28 @@ func (d *v1Driver) create(path string, lim limits) error {
 	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, d.hierarchy()); err != nil {
 		return fmt.Errorf("container: create cgroup %s: %w", path, err)
 	}
+	if lim.idle {
+		// Group-level SCHED_IDLE (Linux 5.15+): the whole sandbox yields
+		// to non-idle siblings. Older kernels lack the file; shares and
+		// the tasks' own SCHED_IDLE still apply.
+		if m := d.mountOf("cpu"); m != "" {
+			err := os.WriteFile(filepath.Join(m, path, "cpu.idle"), []byte("1"), 0)
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("container: cpu.idle of %s: %w", path, err)
+			}
+		}
+	}
 	return nil
+}
+
+// mountOf is the mount point of controller's hierarchy, or "".
+func (d *v1Driver) mountOf(controller string) string {
+	for _, h := range d.hierarchies {
+		if h.controller == controller {
+			return h.mount
+		}
+	}
+	return ""
 }
 
 func (d *v1Driver) dirs(path string) []string {
@@ -267,7 +307,7 @@ func (d *v1Driver) remove(path string) error {
 // never used (it is the memory cgroup's owner of the whole process); a
 // thread that cannot be moved back is left locked and so destroyed when its
 // goroutine ends, instead of running edge code in a sandbox's cgroup.
-func (d *v1Driver) start(path string, cmd *exec.Cmd) error {
+func (d *v1Driver) start(path string, cmd *exec.Cmd, idle bool) error {
 	errc := make(chan error, 1)
 	var attempt func()
 	attempt = func() {
@@ -281,7 +321,7 @@ func (d *v1Driver) start(path string, cmd *exec.Cmd) error {
 			runtime.UnlockOSThread()
 			return
 		}
-		err, restored := d.startFromThread(tid, path, cmd)
+		err, restored := d.startFromThread(tid, path, cmd, idle)
 		if restored {
 			runtime.UnlockOSThread()
 		}
@@ -294,7 +334,7 @@ func (d *v1Driver) start(path string, cmd *exec.Cmd) error {
 // startFromThread moves thread tid into path, starts cmd and moves the
 // thread back. restored reports whether the thread is back in its own
 // cgroups.
-func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd) (err error, restored bool) {
+func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd, idle bool) (err error, restored bool) {
 	orig, err := threadCgroups(tid)
 	if err != nil {
 		return err, true
@@ -320,7 +360,31 @@ func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd) (err err
 			return fmt.Errorf("container: enter cgroup %s:%s: %w", h.controller, path, err), true
 		}
 	}
-	return cmd.Start(), true
+	if !idle {
+		return cmd.Start(), true
+	}
+	return startIdle(tid, cmd)
+}
+
+// startIdle starts cmd from thread tid (the calling, locked thread) under
+// SCHED_IDLE: a child inherits its parent thread's scheduling policy, so
+// the agent and everything it ever starts run as SCHED_IDLE. The thread's
+// policy is restored afterwards; restored is false when that failed (the
+// caller then discards the thread).
+func startIdle(tid int, cmd *exec.Cmd) (err error, restored bool) {
+	orig, err := unix.SchedGetAttr(tid, 0)
+	if err != nil {
+		return fmt.Errorf("container: sched_getattr: %w", err), true
+	}
+	if err := unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+		return fmt.Errorf("container: SCHED_IDLE: %w", err), true
+	}
+	err = cmd.Start()
+	orig.Size = unix.SizeofSchedAttr
+	if rerr := unix.SchedSetAttr(tid, orig, 0); rerr != nil {
+		return errors.Join(err, fmt.Errorf("container: restore scheduling policy: %w", rerr)), false
+	}
+	return err, true
 }
 
 // threadCgroups maps each v1 controller to the cgroup of thread tid.
@@ -365,7 +429,10 @@ func (d *v2Driver) create(path string, lim limits) error {
 			return fmt.Errorf("container: create cgroup %s: %w", cur, err)
 		}
 	}
-	var files [][2]string
+	files := [][2]string{{"cpu.weight", "100"}}
+	if lim.idle {
+		files = [][2]string{{"cpu.weight", "1"}, {"cpu.idle", "1"}}
+	}
 	if lim.cpu > 0 {
 		files = append(files, [2]string{"cpu.max", fmt.Sprintf("%d %d", int64(lim.cpu*cfsPeriod), cfsPeriod)})
 	}
@@ -377,14 +444,15 @@ func (d *v2Driver) create(path string, lim limits) error {
 		files = append(files, [2]string{"pids.max", strconv.FormatInt(lim.pids, 10)})
 	}
 	for _, f := range files {
-		if err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0); err != nil && !(f[0] == "memory.swap.max" && errors.Is(err, os.ErrNotExist)) {
+		optional := f[0] == "memory.swap.max" || f[0] == "cpu.idle"
+		if err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0); err != nil && !(optional && errors.Is(err, os.ErrNotExist)) {
 			return fmt.Errorf("container: set %s of %s: %w", f[0], path, err)
 		}
 	}
 	return nil
 }
 
-func (d *v2Driver) start(path string, cmd *exec.Cmd) error {
+func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool) error {
 	f, err := os.Open(filepath.Join(d.mount, path))
 	if err != nil {
 		return fmt.Errorf("container: open cgroup %s: %w", path, err)
@@ -392,7 +460,15 @@ func (d *v2Driver) start(path string, cmd *exec.Cmd) error {
 	defer f.Close()
 	cmd.SysProcAttr.UseCgroupFD = true
 	cmd.SysProcAttr.CgroupFD = int(f.Fd())
-	return cmd.Start()
+	if !idle {
+		return cmd.Start()
+	}
+	runtime.LockOSThread()
+	err, restored := startIdle(unix.Gettid(), cmd)
+	if restored {
+		runtime.UnlockOSThread()
+	}
+	return err
 }
 
 func (d *v2Driver) dirs(path string) []string {

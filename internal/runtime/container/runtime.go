@@ -15,7 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -45,6 +47,8 @@ type Runtime struct {
 	log *slog.Logger
 	cg  cgroupDriver
 
+	coreSched bool // the kernel offers core-scheduling cookies
+
 	mu       sync.Mutex
 	children map[int]chan struct{} // agents this process started, closed when reaped
 }
@@ -69,7 +73,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, children: map[int]chan struct{}{}}, nil
+	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, coreSched: hoststat.CoreScheduling(), children: map[int]chan struct{}{}}, nil
 }
 
 // Name is the tier.
@@ -141,7 +145,8 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	defer logf.Close()
 	tListen := time.Now()
 
-	if err := r.cg.create(h.Cgroup, limits{cpu: spec.CPU, memoryMB: spec.MemoryMB, pids: spec.Pids}); err != nil {
+	idle := spec.Priority == api.PriorityBestEffort
+	if err := r.cg.create(h.Cgroup, limits{cpu: spec.CPU, memoryMB: spec.MemoryMB, pids: spec.Pids, idle: idle}); err != nil {
 		return nil, err
 	}
 	tCgroup := time.Now()
@@ -160,11 +165,14 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 			Pdeathsig: 0, // sandboxes outlive the edge
 		},
 	}
-	if err := r.cg.start(h.Cgroup, cmd); err != nil {
+	if err := r.cg.start(h.Cgroup, cmd, idle); err != nil {
 		return nil, fmt.Errorf("container: start agent: %w", err)
 	}
 	tFork := time.Now()
 	h.Pid = cmd.Process.Pid
+	if spec.Priority == api.PriorityLatency {
+		r.coreCookie(h.Pid)
+	}
 	h.PidStart, err = pidStart(h.Pid)
 	r.reap(cmd)
 	if err != nil {
@@ -174,14 +182,15 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 
 	client = agentproto.NewClient(conn)
 	setup := &agentproto.SetupConfig{
-		RootDir:  spec.RootDir,
-		Lowers:   spec.Lowers,
-		Binds:    spec.Binds,
-		Upper:    spec.Upper,
-		Work:     spec.Work,
-		Hostname: spec.Hostname,
-		Env:      spec.Env,
-		User:     spec.User,
+		RootDir:   spec.RootDir,
+		Lowers:    spec.Lowers,
+		Binds:     spec.Binds,
+		Upper:     spec.Upper,
+		Work:      spec.Work,
+		Hostname:  spec.Hostname,
+		Env:       spec.Env,
+		User:      spec.User,
+		Stateless: spec.Stateless,
 	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {

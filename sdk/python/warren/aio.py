@@ -207,6 +207,18 @@ class AsyncClient:
         return await _bounded([(lambda sb=sb: sb.run(cmd, **kwargs)) for sb in sbs],
                               concurrency, return_exceptions)
 
+    async def pause_matching(self, label: Optional[str] = None,
+                             labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+        """Pause every sandbox whose labels match (``POST /v1/sandboxes:pause``)."""
+        body = _core.drop_none({"label": label, "labels": dict(labels) if labels else None})
+        return await self._json(json_req("POST", "/v1/sandboxes:pause", body))
+
+    async def resume_matching(self, label: Optional[str] = None,
+                              labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+        """Resume every paused sandbox whose labels match (``POST /v1/sandboxes:resume``)."""
+        body = _core.drop_none({"label": label, "labels": dict(labels) if labels else None})
+        return await self._json(json_req("POST", "/v1/sandboxes:resume", body))
+
     async def fncall(self, cmd: Command, *, image: Optional[str] = None,
                      timeout: Optional[Duration] = None, env: Optional[Mapping[str, str]] = None,
                      stdin: Optional[Union[str, bytes]] = None,

@@ -309,6 +309,19 @@ class Client:
             out.append(e if e is not None else f.result())
         return out
 
+    def pause_matching(self, label: Optional[str] = None,
+                       labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+        """Pause every sandbox whose labels match (``POST /v1/sandboxes:pause``), e.g.
+        ``pause_matching("job=J")``. Returns ``{"sandboxes": [...], "errors": {...}}``."""
+        body = _core.drop_none({"label": label, "labels": dict(labels) if labels else None})
+        return self._json(json_req("POST", "/v1/sandboxes:pause", body))
+
+    def resume_matching(self, label: Optional[str] = None,
+                        labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+        """Resume every paused sandbox whose labels match (``POST /v1/sandboxes:resume``)."""
+        body = _core.drop_none({"label": label, "labels": dict(labels) if labels else None})
+        return self._json(json_req("POST", "/v1/sandboxes:resume", body))
+
     # ---- later features (404 until the server offers them) -----------------------------
 
     def fncall(self, cmd: Command, *, image: Optional[str] = None,

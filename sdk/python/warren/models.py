@@ -102,6 +102,10 @@ class SandboxInfo:
     expires_at: Optional[_dt.datetime] = None
     last_active_at: Optional[_dt.datetime] = None
     reason: str = ""
+    priority: str = ""
+    idle_timeout_action: str = ""
+    paused_at: Optional[_dt.datetime] = None
+    pool: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -116,7 +120,9 @@ class SandboxInfo:
             created_at=parse_time(d.get("created_at")),
             expires_at=parse_time(d.get("expires_at")),
             last_active_at=parse_time(d.get("last_active_at")),
-            reason=_s(d, "reason"), raw=d)
+            reason=_s(d, "reason"), priority=_s(d, "priority"),
+            idle_timeout_action=_s(d, "idle_timeout_action"),
+            paused_at=parse_time(d.get("paused_at")), pool=_s(d, "pool"), raw=d)
 
 
 @dataclass
@@ -301,16 +307,40 @@ class Node:
     sandboxes: int = 0
     tiers: List[str] = field(default_factory=list)
     last_heartbeat: Optional[_dt.datetime] = None
+    cpu_used: float = 0.0
+    memory_used_mb: int = 0
+    memory_available_mb: int = 0
+    swap_total_mb: int = 0
+    swap_used_mb: int = 0
+    memory_pressure: float = 0.0
+    sandboxes_by_state: Dict[str, int] = field(default_factory=dict)
+    sandboxes_by_priority: Dict[str, int] = field(default_factory=dict)
+    pools: List[Dict[str, Any]] = field(default_factory=list)
+    features: Dict[str, bool] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Node":
         tiers = d.get("tiers")
+
+        def _m(k: str) -> Dict[str, Any]:
+            v = d.get(k)
+            return dict(v) if isinstance(v, dict) else {}
+
+        pools = d.get("pools")
         return cls(name=_s(d, "name"), state=_s(d, "state"), cpu_capacity=_f(d, "cpu_capacity"),
                    memory_mb=_i(d, "memory_mb"), cpu_requested=_f(d, "cpu_requested"),
                    memory_requested_mb=_i(d, "memory_requested_mb"), sandboxes=_i(d, "sandboxes"),
                    tiers=[str(t) for t in tiers] if isinstance(tiers, list) else [],
-                   last_heartbeat=parse_time(d.get("last_heartbeat")), raw=d)
+                   last_heartbeat=parse_time(d.get("last_heartbeat")),
+                   cpu_used=_f(d, "cpu_used"), memory_used_mb=_i(d, "memory_used_mb"),
+                   memory_available_mb=_i(d, "memory_available_mb"),
+                   swap_total_mb=_i(d, "swap_total_mb"), swap_used_mb=_i(d, "swap_used_mb"),
+                   memory_pressure=_f(d, "memory_pressure"),
+                   sandboxes_by_state=_m("sandboxes_by_state"),
+                   sandboxes_by_priority=_m("sandboxes_by_priority"),
+                   pools=[p for p in pools if isinstance(p, dict)] if isinstance(pools, list) else [],
+                   features=_m("features"), raw=d)
 
 
 @dataclass
@@ -340,12 +370,20 @@ class Pool:
     tier: str = ""
     size: int = 0
     ready: int = 0
+    creating: int = 0
+    claimed: int = 0
+    cpu: float = 0.0
+    memory_mb: int = 0
+    priority: str = ""
+    error: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Pool":
         return cls(name=_s(d, "name") or _s(d, "id"), image=_s(d, "image"), tier=_s(d, "tier"),
-                   size=_i(d, "size"), ready=_i(d, "ready"), raw=d)
+                   size=_i(d, "size"), ready=_i(d, "ready"), creating=_i(d, "creating"),
+                   claimed=_i(d, "claimed"), cpu=_f(d, "cpu"), memory_mb=_i(d, "memory_mb"),
+                   priority=_s(d, "priority"), error=_s(d, "error"), raw=d)
 
 
 @dataclass

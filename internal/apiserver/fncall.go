@@ -1,0 +1,52 @@
+package apiserver
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/placement"
+)
+
+// fncall runs one stateless task on a node placed like a sandbox of the
+// task's shape; a node that is full or down is skipped.
+func (s *Server) fncall(w http.ResponseWriter, r *http.Request) error {
+	var req api.FnCallRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	spec, aerr := edge.NormalizeFnCall(&req)
+	if aerr != nil {
+		return aerr
+	}
+	exclude := map[string]bool{}
+	var lastErr error
+	for try := 0; try < maxPlacementTries; try++ {
+		node, err := s.placer.PickTransient(&spec, exclude)
+		if err != nil {
+			if lastErr != nil {
+				return lastErr
+			}
+			if errors.Is(err, placement.ErrNoNode) {
+				return &api.Error{Code: api.CodeUnavailable, Message: "no node can run this task now"}
+			}
+			return err
+		}
+		var res api.ExecResult
+		err = s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edge.OpFnCall, &edge.FnCallRequest{Call: req}, &res, nil)
+		if err == nil {
+			writeJSON(w, http.StatusOK, &res)
+			return nil
+		}
+		var ae *api.Error
+		if errors.Is(err, bus.ErrNoResponders) || (errors.As(err, &ae) && ae.Code == api.CodeUnavailable) {
+			exclude[node] = true
+			lastErr = err
+			continue
+		}
+		return err
+	}
+	return lastErr
+}

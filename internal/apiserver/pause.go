@@ -1,0 +1,94 @@
+package apiserver
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge"
+)
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
+	return s.sandboxOp(w, r, edge.OpPause)
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
+	return s.sandboxOp(w, r, edge.OpResume)
+}
+
+func (s *Server) sandboxOp(w http.ResponseWriter, r *http.Request, op string) error {
+	id := r.PathValue("id")
+	var sb api.Sandbox
+	if err := s.callEdge(r.Context(), id, op, &edge.IDRequest{ID: id}, &sb, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &sb)
+	return nil
+}
+
+func (s *Server) pauseMatching(w http.ResponseWriter, r *http.Request) error {
+	return s.pauseMatchingOp(w, r, false)
+}
+
+func (s *Server) resumeMatching(w http.ResponseWriter, r *http.Request) error {
+	return s.pauseMatchingOp(w, r, true)
+}
+
+// pauseMatchingOp pauses (or resumes) every sandbox, on every node, whose
+// labels match: the job-level pause of a preempted job.
+func (s *Server) pauseMatchingOp(w http.ResponseWriter, r *http.Request, resume bool) error {
+	var req api.PauseRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	labels := map[string]string{}
+	for k, v := range req.Labels {
+		labels[k] = v
+	}
+	if req.Label != "" {
+		k, v, ok := strings.Cut(req.Label, "=")
+		if !ok || k == "" {
+			return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("label %q is not key=value", truncate(req.Label))}
+		}
+		labels[k] = v
+	}
+	if len(labels) == 0 {
+		return &api.Error{Code: api.CodeInvalid, Message: "label (key=value) or labels is required"}
+	}
+	ereq := &edge.PauseMatchingRequest{Labels: labels, Resume: resume}
+	out := api.PauseResult{Sandboxes: []string{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range s.cfg.Watcher.Up() {
+		wg.Add(1)
+		go func(node string) {
+			defer wg.Done()
+			var res api.PauseResult
+			err := s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edge.OpPauseMatch, ereq, &res, nil)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if out.Errors == nil {
+					out.Errors = map[string]string{}
+				}
+				out.Errors["node "+node] = err.Error()
+				return
+			}
+			out.Sandboxes = append(out.Sandboxes, res.Sandboxes...)
+			for id, msg := range res.Errors {
+				if out.Errors == nil {
+					out.Errors = map[string]string{}
+				}
+				out.Errors[id] = msg
+			}
+		}(n.Name)
+	}
+	wg.Wait()
+	sort.Strings(out.Sandboxes)
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}

@@ -1,0 +1,417 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/hoststat"
+	"github.com/warrenhq/warren/internal/hoststat/swaptest"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+// The density and elasticity figures of issue 5.
+
+func memAvailable() int64 {
+	m, err := hoststat.ReadMemory()
+	if err != nil {
+		return 0
+	}
+	return m.Available
+}
+
+// settle waits for the page cache and the kernel's accounting to settle.
+func settle() { time.Sleep(2 * time.Second) }
+
+// parallel runs fn(i) for i in [0,n) from k workers and returns the
+// per-call latencies and the first error.
+func parallel(ctx context.Context, n, k int, fn func(ctx context.Context, i int) error) ([]time.Duration, error) {
+	var next atomic.Int64
+	var mu sync.Mutex
+	var lats []time.Duration
+	var firstErr error
+	var wg sync.WaitGroup
+	for w := 0; w < k; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				t0 := time.Now()
+				err := fn(ctx, i)
+				d := time.Since(t0)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil {
+					lats = append(lats, d)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return lats, firstErr
+}
+
+func deleteAll(ctx context.Context, c *warren.Client, ids []string) {
+	_, _ = parallel(context.WithoutCancel(ctx), len(ids), 16, func(ctx context.Context, i int) error {
+		_, err := c.Delete(ctx, ids[i])
+		return err
+	})
+}
+
+// density creates idle busybox sandboxes (each with a shell session used
+// once) until admission refuses or DensityMax are live.
+func density(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	fmt.Fprintf(o.Out, "density: up to %d idle sandboxes...\n", o.DensityMax)
+	settle()
+	before := memAvailable()
+	var mu sync.Mutex
+	var ids []string
+	var refused atomic.Bool
+	var reason string
+	t0 := time.Now()
+	_, _ = parallel(ctx, o.DensityMax, 8, func(ctx context.Context, i int) error {
+		if refused.Load() {
+			return nil
+		}
+		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.01, MemoryMB: 32, Labels: map[string]string{"bench": "density"}})
+		if err != nil {
+			if refused.CompareAndSwap(false, true) {
+				mu.Lock()
+				reason = err.Error()
+				mu.Unlock()
+			}
+			return err
+		}
+		mu.Lock()
+		ids = append(ids, sb.ID)
+		mu.Unlock()
+		_, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cd /tmp", Session: "s"})
+		return err
+	})
+	took := time.Since(t0)
+	defer deleteAll(ctx, c, ids)
+	settle()
+	after := memAvailable()
+	n := len(ids)
+	if n == 0 {
+		return fmt.Errorf("no sandbox created: %s", reason)
+	}
+	var lats []time.Duration
+	for i := 0; i < 300; i++ {
+		id := ids[rand.IntN(n)]
+		t := time.Now()
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "true", Session: "s"}); err != nil {
+			return err
+		}
+		lats = append(lats, time.Since(t))
+	}
+	p := percentiles(lats)
+	note := fmt.Sprintf("busybox, cpu 0.01, 32 MiB limit, one session each; created in %.1f s", took.Seconds())
+	if reason != "" {
+		note += "; stopped by: " + reason
+	} else {
+		note += fmt.Sprintf("; stopped at --density-max %d (target ≥ 5,000)", o.DensityMax)
+	}
+	rep.add("density: live idle sandboxes", float64(n), "sandboxes", note)
+	rep.add("density: host memory per sandbox", float64(before-after)/float64(n)/(1<<20), "MiB", "MemAvailable delta / count; target ≤ 4 MiB")
+	rep.add("density: exec p99 on a random live sandbox", ms(p.p99), "ms", fmt.Sprintf("p50 %.2f ms, 300 samples", ms(p.p50)))
+	return nil
+}
+
+// burst creates BurstCount sandboxes with BurstClients clients, without and
+// with a warm pool of BurstPool.
+func burst(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	spec := api.CreateSandboxRequest{Image: "busybox", CPU: 0.01, MemoryMB: 32}
+	run := func(label string) (time.Duration, latencies, int, error) {
+		ids := make([]string, o.BurstCount)
+		var fromPool atomic.Int64
+		t0 := time.Now()
+		lats, err := parallel(ctx, o.BurstCount, o.BurstClients, func(ctx context.Context, i int) error {
+			sb, err := c.Create(ctx, spec)
+			if err != nil {
+				return err
+			}
+			ids[i] = sb.ID
+			if sb.Pool != "" {
+				fromPool.Add(1)
+			}
+			return nil
+		})
+		all := time.Since(t0)
+		var live []string
+		for _, id := range ids {
+			if id != "" {
+				live = append(live, id)
+			}
+		}
+		deleteAll(ctx, c, live)
+		return all, percentiles(lats), int(fromPool.Load()), err
+	}
+	fmt.Fprintf(o.Out, "burst: %d creates, %d clients, no pool...\n", o.BurstCount, o.BurstClients)
+	all, lat, _, err := run("no pool")
+	if err != nil {
+		return err
+	}
+	rep.add("burst without pool: all ready", all.Seconds(), "s", fmt.Sprintf("%d creates, %d clients; create p50 %.1f ms, p99 %.1f ms", o.BurstCount, o.BurstClients, ms(lat.p50), ms(lat.p99)))
+
+	fmt.Fprintf(o.Out, "burst: filling a pool of %d...\n", o.BurstPool)
+	pr := api.PoolRequest{Name: "bench-burst", Image: spec.Image, CPU: spec.CPU, MemoryMB: spec.MemoryMB, Size: o.BurstPool}
+	if _, err := c.CreatePool(ctx, pr); err != nil {
+		return err
+	}
+	defer c.DeletePool(context.WithoutCancel(ctx), pr.Name)
+	tf := time.Now()
+	for {
+		p, err := c.Pool(ctx, pr.Name)
+		if err != nil {
+			return err
+		}
+		if p.Ready >= o.BurstPool {
+			break
+		}
+		if time.Since(tf) > 10*time.Minute {
+			return fmt.Errorf("pool never filled: %+v", p)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	fill := time.Since(tf)
+	settle()
+	fmt.Fprintf(o.Out, "burst: %d creates, %d clients, pool of %d...\n", o.BurstCount, o.BurstClients, o.BurstPool)
+	all2, lat2, fromPool, err := run("pool")
+	if err != nil {
+		return err
+	}
+	rep.add("burst with pool: all ready", all2.Seconds(), "s", fmt.Sprintf("pool %d (filled in %.1f s), %d served from it; create p50 %.1f ms, p99 %.1f ms", o.BurstPool, fill.Seconds(), fromPool, ms(lat2.p50), ms(lat2.p99)))
+	// Claims alone: the pool's own latency with little contention.
+	if _, err := c.CreatePool(ctx, api.PoolRequest{Name: pr.Name, Image: pr.Image, CPU: pr.CPU, MemoryMB: pr.MemoryMB, Size: 20}); err == nil {
+		for t := time.Now(); time.Since(t) < time.Minute; time.Sleep(100 * time.Millisecond) {
+			if p, err := c.Pool(ctx, pr.Name); err == nil && p.Ready >= 20 {
+				break
+			}
+		}
+		settle()
+		var lats []time.Duration
+		var ids []string
+		for i := 0; i < 20; i++ {
+			t := time.Now()
+			sb, err := c.Create(ctx, spec)
+			if err != nil {
+				break
+			}
+			if sb.Pool != "" {
+				lats = append(lats, time.Since(t))
+			}
+			ids = append(ids, sb.ID)
+		}
+		deleteAll(ctx, c, ids)
+		p := percentiles(lats)
+		rep.add("warm-pool create p50 (sequential)", ms(p.p50), "ms", fmt.Sprintf("p99 %.1f ms over %d claims; target ≤ 5 ms", ms(p.p99), len(lats)))
+	}
+	return nil
+}
+
+// fncallFigures measures the FnCall tier.
+func fncallFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	cases := []struct {
+		name string
+		req  api.FnCallRequest
+	}{
+		{"fncall `echo`", api.FnCallRequest{Image: "busybox", Cmd: "echo hi"}},
+		{"fncall `python3 -c 'print(1)'` on debian:12", api.FnCallRequest{Image: "debian:12", Argv: []string{"python3", "-c", "print(1)"}}},
+	}
+	for _, tc := range cases {
+		// Warm up (the first call makes the workers).
+		if _, err := c.FnCall(ctx, tc.req); err != nil {
+			rep.add(tc.name, 0, "tasks/s", "not measured: "+err.Error())
+			continue
+		}
+		fmt.Fprintf(o.Out, "%s, %d clients, %v...\n", tc.name, o.Concurrency, o.Duration)
+		rate, lat, err := throughput(ctx, o, func(ctx context.Context) error {
+			r, err := c.FnCall(ctx, tc.req)
+			if err == nil && r.ExitCode != 0 {
+				err = fmt.Errorf("exit %d: %s", r.ExitCode, r.Stderr)
+			}
+			return err
+		})
+		if err != nil {
+			rep.add(tc.name, 0, "tasks/s", "failed: "+err.Error())
+			continue
+		}
+		rep.add(tc.name, rate, "tasks/s", fmt.Sprintf("%d clients; p50 %.1f ms, p99 %.1f ms; target ≥ 1,000/s, p50 ≤ 3 ms", o.Concurrency, ms(lat.p50), ms(lat.p99)))
+		var lats []time.Duration
+		for i := 0; i < 200; i++ {
+			t := time.Now()
+			if _, err := c.FnCall(ctx, tc.req); err != nil {
+				break
+			}
+			lats = append(lats, time.Since(t))
+		}
+		p := percentiles(lats)
+		rep.add(tc.name+" one client", ms(p.p50), "ms p50", fmt.Sprintf("p99 %.1f ms, sequential", ms(p.p99)))
+	}
+	return nil
+}
+
+// pauseFigures pauses PauseCount sandboxes that each hold PauseHoldMB of
+// anonymous memory (job-level pause) and measures the memory returned and
+// resume-to-first-exec.
+func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	script, err := swaptest.Script()
+	if err == nil {
+		size := o.PauseCount*o.PauseHoldMB*5/4 + 1024
+		if out, err2 := exec.Command(script, "up", fmt.Sprint(size)).CombinedOutput(); err2 != nil {
+			err = fmt.Errorf("%v: %s", err2, strings.TrimSpace(string(out)))
+		} else {
+			defer exec.Command(script, "down").Run()
+		}
+	}
+	swapNote := "swap on (scripts/swap.sh)"
+	if err != nil {
+		swapNote = "no swap (" + err.Error() + "): only page cache can be returned"
+	}
+	fmt.Fprintf(o.Out, "pause: %d sandboxes holding %d MiB each...\n", o.PauseCount, o.PauseHoldMB)
+	ids := make([]string, o.PauseCount)
+	hold := fmt.Sprintf(`x=$(head -c %d /dev/zero | tr '\0' a); echo ready >/tmp/ready; sleep 100000`, o.PauseHoldMB<<20)
+	_, err = parallel(ctx, o.PauseCount, 4, func(ctx context.Context, i int) error {
+		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: int64(o.PauseHoldMB*2 + 32), Labels: map[string]string{"job": "bench-pause"}})
+		if err != nil {
+			return err
+		}
+		ids[i] = sb.ID
+		if _, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: hold, Background: true}); err != nil {
+			return err
+		}
+		for t := time.Now(); time.Since(t) < time.Minute; time.Sleep(50 * time.Millisecond) {
+			r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cat /tmp/ready 2>/dev/null"})
+			if err != nil {
+				return err
+			}
+			if r.Stdout == "ready\n" {
+				return nil
+			}
+		}
+		return fmt.Errorf("memory holder in %s not ready", sb.ID)
+	})
+	defer func() {
+		var live []string
+		for _, id := range ids {
+			if id != "" {
+				live = append(live, id)
+			}
+		}
+		deleteAll(ctx, c, live)
+	}()
+	if err != nil {
+		return err
+	}
+	settle()
+	before := memAvailable()
+	t0 := time.Now()
+	res, err := c.PauseMatching(ctx, map[string]string{"job": "bench-pause"})
+	if err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	settle()
+	after := memAvailable()
+	rep.add("pause: host memory returned", float64(after-before)/(1<<20), "MiB",
+		fmt.Sprintf("%d sandboxes × %d MiB held, job-level pause of %d in %.1f s; %s", o.PauseCount, o.PauseHoldMB, len(res.Sandboxes), took.Seconds(), swapNote))
+	var lats []time.Duration
+	for _, id := range ids {
+		t := time.Now()
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "true"}); err != nil {
+			return err
+		}
+		lats = append(lats, time.Since(t))
+	}
+	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+	p := percentiles(lats)
+	rep.add("pause: resume-to-first-exec p50", ms(p.p50), "ms", fmt.Sprintf("p99 %.1f ms (transparent resume by exec)", ms(p.p99)))
+	return nil
+}
+
+// interference runs a fixed CPU-bound step in a latency sandbox on an idle
+// node, then with best-effort neighbours saturating every core, and
+// reports the slowdown; a best-effort prober under the same load is the
+// contrast.
+func interference(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	const step = `i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done`
+	mk := func(prio string, labels map[string]string) (string, error) {
+		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1, MemoryMB: 64, Priority: prio, Labels: labels})
+		if err != nil {
+			return "", err
+		}
+		return sb.ID, nil
+	}
+	var ids []string
+	defer func() { deleteAll(ctx, c, ids) }()
+	lat, err := mk(api.PriorityLatency, nil)
+	if err != nil {
+		return err
+	}
+	ids = append(ids, lat)
+	be, err := mk(api.PriorityBestEffort, nil)
+	if err != nil {
+		return err
+	}
+	ids = append(ids, be)
+	measure := func(id string) (time.Duration, error) {
+		var ds []time.Duration
+		for i := 0; i < 7; i++ {
+			r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: step})
+			if err != nil {
+				return 0, err
+			}
+			ds = append(ds, time.Duration(r.DurationMs*float64(time.Millisecond)))
+		}
+		return percentiles(ds).p50, nil
+	}
+	fmt.Fprintln(o.Out, "interference: idle baseline...")
+	idle, err := measure(lat)
+	if err != nil {
+		return err
+	}
+	idleBE, err := measure(be)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(o.Out, "interference: with best-effort neighbours saturating the CPU...")
+	for i := 0; i < 4; i++ {
+		id, err := mk(api.PriorityBestEffort, map[string]string{"bench": "noise"})
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "while :; do :; done & while :; do :; done", Background: true}); err != nil {
+			return err
+		}
+	}
+	time.Sleep(time.Second)
+	loaded, err := measure(lat)
+	if err != nil {
+		return err
+	}
+	loadedBE, err := measure(be)
+	if err != nil {
+		return err
+	}
+	slow := (float64(loaded)/float64(idle) - 1) * 100
+	slowBE := (float64(loadedBE)/float64(idleBE) - 1) * 100
+	rep.add("interference: latency sandbox slowdown", slow, "%", fmt.Sprintf("step %.0f ms idle, %.0f ms next to 4 best-effort sandboxes × 2 spinning processes; DSec 17.3 %%, target ≤ 10 %%", ms(idle), ms(loaded)))
+	rep.add("interference: best-effort sandbox slowdown (contrast)", slowBE, "%", fmt.Sprintf("the same step in a best-effort sandbox: %.0f ms → %.0f ms", ms(idleBE), ms(loadedBE)))
+	return nil
+}

@@ -1,0 +1,351 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/sandboxspec"
+)
+
+// The FnCall tier runs stateless tasks in pre-created containers that are
+// reset between tasks (internal/agent/reset.go): every process killed, the
+// writable directories, /dev/shm and message queues emptied, SysV IPC
+// removed, sessions and their environment forgotten. The root and /dev are
+// read-only, so those directories are all a task can write.
+
+// FnCallDirs are a stateless sandbox's writable directories.
+var FnCallDirs = []string{"/tmp", "/var/tmp", "/root", "/home", "/run", "/work"}
+
+// FnCall limits.
+const (
+	FnCallDefaultTimeout = 30 * time.Second
+	FnCallMaxTimeout     = 600 * time.Second
+	FnCallDefaultOutput  = 1 << 20
+	FnCallMaxOutput      = 16 << 20
+	FnCallMaxFiles       = 256
+	FnCallMaxFileBytes   = 768 << 10 // all files together (they travel in one bus message)
+	fnMaxWorkers         = 16        // per shape and node
+	fnMinIdle            = 2         // kept ready per shape once used
+)
+
+// FnCallRequest asks an edge to run one task.
+type FnCallRequest struct {
+	Call api.FnCallRequest `json:"call"`
+}
+
+// fnShape is a set of interchangeable workers (same image and limits).
+type fnShape struct {
+	key   string
+	spec  api.CreateSandboxRequest
+	idle  chan *sandbox
+	total int // live workers (idle, busy, starting); under Edge.mu
+}
+
+// NormalizeFnCall validates a task and fills in defaults; it returns the
+// sandbox shape its worker has.
+func NormalizeFnCall(c *api.FnCallRequest) (api.CreateSandboxRequest, *api.Error) {
+	if c.Tier != "" && c.Tier != api.TierFnCall {
+		return api.CreateSandboxRequest{}, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("tier %q: /v1/fncall runs the fncall tier", truncateName(c.Tier))}
+	}
+	if c.Image == "" {
+		c.Image = "busybox"
+	}
+	spec := api.CreateSandboxRequest{Image: c.Image, CPU: c.CPU, MemoryMB: c.MemoryMB, Priority: api.PriorityLatency}
+	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
+		return spec, aerr
+	}
+	if (c.Cmd == "") == (len(c.Argv) == 0) {
+		return spec, &api.Error{Code: api.CodeInvalid, Message: "exactly one of cmd and argv is required"}
+	}
+	if aerr := sandboxspec.CheckEnv(c.Env); aerr != nil {
+		return spec, aerr
+	}
+	if c.Timeout < 0 || c.Timeout > FnCallMaxTimeout.Seconds() || c.Timeout != c.Timeout {
+		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("timeout must be between 0 and %.0f seconds", FnCallMaxTimeout.Seconds())}
+	}
+	if c.OutputCap < 0 || c.OutputCap > FnCallMaxOutput {
+		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("output_cap must be between 0 and %d", FnCallMaxOutput)}
+	}
+	if c.Cwd == "" {
+		c.Cwd = "/work"
+	}
+	if len(c.Files) > FnCallMaxFiles {
+		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("at most %d files", FnCallMaxFiles)}
+	}
+	total := len(c.Stdin)
+	for p, b := range c.Files {
+		total += len(b)
+		if !writablePath(p) {
+			return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("file %q must be a clean absolute path under one of %s", truncateName(p), strings.Join(FnCallDirs, ", "))}
+		}
+	}
+	if total > FnCallMaxFileBytes {
+		return spec, &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("files and stdin exceed %d bytes", FnCallMaxFileBytes)}
+	}
+	return spec, nil
+}
+
+func writablePath(p string) bool {
+	if !path.IsAbs(p) || path.Clean(p) != p || strings.IndexByte(p, 0) >= 0 {
+		return false
+	}
+	for _, d := range FnCallDirs {
+		if strings.HasPrefix(p, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Edge) fncall(ctx context.Context, req *FnCallRequest) (*api.ExecResult, error) {
+	c := &req.Call
+	spec, aerr := NormalizeFnCall(c)
+	if aerr != nil {
+		return nil, aerr
+	}
+	key, _ := poolKey(&spec)
+	w, shape, err := e.fnWorker(ctx, key, &spec)
+	if err != nil {
+		return nil, err
+	}
+	res, err := e.fnRun(ctx, w, c)
+	if err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code == api.CodeInternal || ae.Code == api.CodeConflict || ae.Code == api.CodeTimeout {
+			e.log.Warn("fncall worker dropped", "id", w.rec.Sandbox.ID, "err", err)
+			e.fnDrop(shape, w) // the worker is in an unknown state
+		} else {
+			e.fnRelease(shape, w)
+		}
+		return nil, err
+	}
+	e.fnRelease(shape, w)
+	return res, nil
+}
+
+// fnWorker takes an idle worker of the shape, or starts one.
+func (e *Edge) fnWorker(ctx context.Context, key string, spec *api.CreateSandboxRequest) (*sandbox, *fnShape, error) {
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		return nil, nil, &api.Error{Code: api.CodeUnavailable, Message: "node is shutting down"}
+	}
+	sh := e.fn[key]
+	if sh == nil {
+		sh = &fnShape{key: key, spec: *spec, idle: make(chan *sandbox, fnMaxWorkers)}
+		e.fn[key] = sh
+	}
+	for {
+		select {
+		case w := <-sh.idle:
+			if w.poolReady() {
+				e.mu.Unlock()
+				return w, sh, nil
+			}
+			sh.total--
+			continue
+		default:
+		}
+		break
+	}
+	if sh.total >= fnMaxWorkers {
+		e.mu.Unlock()
+		select {
+		case w := <-sh.idle:
+			return w, sh, nil
+		case <-ctx.Done():
+			return nil, nil, &api.Error{Code: api.CodeTimeout, Message: "no fncall worker became free"}
+		}
+	}
+	sh.total++
+	e.mu.Unlock()
+	w, err := e.fnStart(ctx, sh)
+	if err != nil {
+		e.mu.Lock()
+		sh.total--
+		e.mu.Unlock()
+		return nil, nil, err
+	}
+	e.fnTopUp(sh)
+	return w, sh, nil
+}
+
+// fnTopUp starts workers in the background until fnMinIdle are idle.
+func (e *Edge) fnTopUp(sh *fnShape) {
+	e.mu.Lock()
+	need := fnMinIdle - len(sh.idle)
+	if room := fnMaxWorkers - sh.total; need > room {
+		need = room
+	}
+	if need <= 0 || e.closing {
+		e.mu.Unlock()
+		return
+	}
+	sh.total += need
+	e.mu.Unlock()
+	for i := 0; i < need; i++ {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			w, err := e.fnStart(e.runCtx, sh)
+			if err != nil {
+				e.mu.Lock()
+				sh.total--
+				e.mu.Unlock()
+				e.log.Debug("fncall worker", "err", err)
+				return
+			}
+			e.fnRelease(sh, w)
+		}()
+	}
+}
+
+// fnStart creates one worker (admitted like any sandbox).
+func (e *Edge) fnStart(ctx context.Context, sh *fnShape) (*sandbox, error) {
+	id := e.newID()
+	spec := sh.spec
+	e.mu.Lock()
+	if aerr := e.admitLocked(&spec); aerr != nil {
+		e.mu.Unlock()
+		return nil, aerr
+	}
+	now := time.Now().UTC()
+	sb := &sandbox{
+		rec: record{Spec: spec, Sandbox: api.Sandbox{
+			ID: id, State: api.StateCreating, Node: e.cfg.Node, Tier: api.TierFnCall, Image: spec.Image,
+			CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
+			Priority: spec.Priority, CreatedAt: now,
+		}},
+		lastActive: now,
+		ready:      make(chan struct{}),
+		pool:       fnPoolName(sh.spec.Image),
+		stateless:  true,
+	}
+	e.sandboxes[id] = sb
+	e.mu.Unlock()
+	err := e.start(context.WithoutCancel(ctx), sb)
+	close(sb.ready)
+	if err != nil {
+		e.mu.Lock()
+		delete(e.sandboxes, id)
+		e.mu.Unlock()
+		return nil, err
+	}
+	return sb, nil
+}
+
+func fnPoolName(image string) string { return "fncall:" + image }
+
+// fnRelease resets a worker and makes it idle again (in the background: the
+// caller has its answer already).
+func (e *Edge) fnRelease(sh *fnShape, w *sandbox) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		w.mu.Lock()
+		inst := w.inst
+		w.mu.Unlock()
+		var rr agentproto.ResetResult
+		if inst == nil {
+			e.fnDrop(sh, w)
+			return
+		}
+		if err := inst.Agent.Call(ctx, agentproto.OpReset, nil, &rr, nil); err != nil {
+			e.log.Warn("fncall worker reset failed; dropped", "id", w.rec.Sandbox.ID, "err", err)
+			e.fnDrop(sh, w)
+			return
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.closing {
+			return
+		}
+		select {
+		case sh.idle <- w:
+		default:
+			sh.total--
+			go e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
+		}
+	}()
+}
+
+// fnDrop stops a worker that cannot be reused.
+func (e *Edge) fnDrop(sh *fnShape, w *sandbox) {
+	e.mu.Lock()
+	sh.total--
+	e.mu.Unlock()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.stop(context.Background(), w, api.StateStopped, "fncall worker dropped")
+	}()
+}
+
+// fnRun writes the files and runs the command in worker w.
+func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (*api.ExecResult, error) {
+	w.mu.Lock()
+	inst := w.inst
+	w.mu.Unlock()
+	if inst == nil {
+		return nil, &api.Error{Code: api.CodeConflict, Message: "fncall worker is gone"}
+	}
+	agent := inst.Agent
+	paths := make([]string, 0, len(c.Files))
+	for p := range c.Files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		if err := agent.Call(ctx, agentproto.OpFileWrite, &agentproto.WriteRequest{Path: p, Data: c.Files[p], Mode: 0o644}, nil, nil); err != nil {
+			return nil, e.agentError(w, err)
+		}
+	}
+	timeout := FnCallDefaultTimeout
+	if c.Timeout > 0 {
+		timeout = time.Duration(c.Timeout * float64(time.Second))
+	}
+	capb := c.OutputCap
+	if capb == 0 {
+		capb = FnCallDefaultOutput
+	}
+	areq := &agentproto.ExecRequest{Cmd: c.Cmd, Argv: c.Argv, Env: c.Env, Cwd: c.Cwd, Timeout: timeout, OutputCap: capb}
+	if c.Stdin != "" {
+		areq.Stdin = []byte(c.Stdin)
+	}
+	var out, errb bytes.Buffer
+	var res agentproto.ExecResult
+	err := agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
+		if r.Stream == agentproto.StreamStderr {
+			errb.Write(r.Data)
+		} else {
+			out.Write(r.Data)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, e.agentError(w, err)
+	}
+	return &api.ExecResult{
+		ExitCode: res.ExitCode, Stdout: strings.ToValidUTF8(out.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errb.String(), "\uFFFD"),
+		Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal, DurationMs: res.Duration,
+	}, nil
+}
+
+// fnViewLocked reports the FnCall workers as pools of the node view.
+func (e *Edge) fnViewLocked() []api.NodePool {
+	var out []api.NodePool
+	for _, sh := range e.fn {
+		out = append(out, api.NodePool{Name: fnPoolName(sh.spec.Image) + fmt.Sprintf("/%gcpu/%dmb", sh.spec.CPU, sh.spec.MemoryMB), Size: sh.total, Ready: len(sh.idle)})
+	}
+	return out
+}

@@ -1,0 +1,175 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+// pause freezes a running sandbox and pushes its memory out (to swap where
+// the host has it, page cache dropped). The state turns "paused" before the
+// freeze, so an operation arriving meanwhile waits for the pause to finish
+// and then resumes the sandbox (see acquire).
+func (e *Edge) pause(ctx context.Context, sb *sandbox, why string) error {
+	sb.pmu.Lock()
+	defer sb.pmu.Unlock()
+	sb.mu.Lock()
+	id := sb.rec.Sandbox.ID
+	if sb.rec.Sandbox.State == api.StatePaused {
+		sb.mu.Unlock()
+		return nil
+	}
+	if sb.rec.Sandbox.State != api.StateRunning || sb.stopping || sb.inst == nil {
+		defer sb.mu.Unlock()
+		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, stateWord(sb))}
+	}
+	h := sb.inst.Handle
+	sb.rec.Sandbox.State = api.StatePaused
+	sb.mu.Unlock()
+
+	t0 := time.Now()
+	if err := e.cfg.Runtime.Freeze(ctx, h); err != nil {
+		sb.mu.Lock()
+		sb.rec.Sandbox.State = api.StateRunning
+		sb.mu.Unlock()
+		return fmt.Errorf("edge: freeze %s: %w", id, err)
+	}
+	var before, after int64
+	if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
+		var err error
+		if before, after, err = rc.Reclaim(ctx, h); err != nil {
+			e.log.Warn("reclaim paused sandbox", "id", id, "err", err)
+		}
+	}
+	now := time.Now().UTC()
+	sb.mu.Lock()
+	sb.rec.Sandbox.PausedAt = &now
+	rec := sb.rec
+	sb.mu.Unlock()
+	if err := e.persist(&rec); err != nil {
+		e.log.Warn("persist paused sandbox", "id", id, "err", err)
+	}
+	e.log.Info("sandbox paused", "id", id, "why", why, "memory_before", before, "memory_after", after, "took", time.Since(t0))
+	return nil
+}
+
+// resume thaws a paused sandbox after giving its memory limit back.
+func (e *Edge) resume(ctx context.Context, sb *sandbox) error {
+	sb.pmu.Lock()
+	defer sb.pmu.Unlock()
+	sb.mu.Lock()
+	id := sb.rec.Sandbox.ID
+	if sb.rec.Sandbox.State != api.StatePaused || sb.stopping || sb.inst == nil {
+		sb.mu.Unlock()
+		return nil
+	}
+	h := sb.inst.Handle
+	mem := sb.rec.Spec.MemoryMB
+	sb.mu.Unlock()
+	t0 := time.Now()
+	if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
+		if err := rc.Restore(ctx, h, mem); err != nil {
+			return fmt.Errorf("edge: restore memory of %s: %w", id, err)
+		}
+	}
+	if err := e.cfg.Runtime.Thaw(ctx, h); err != nil {
+		return fmt.Errorf("edge: thaw %s: %w", id, err)
+	}
+	sb.mu.Lock()
+	sb.rec.Sandbox.State = api.StateRunning
+	sb.rec.Sandbox.PausedAt = nil
+	sb.lastActive = time.Now()
+	rec := sb.rec
+	sb.mu.Unlock()
+	if err := e.persist(&rec); err != nil {
+		e.log.Warn("persist resumed sandbox", "id", id, "err", err)
+	}
+	e.log.Info("sandbox resumed", "id", id, "took", time.Since(t0))
+	return nil
+}
+
+// pauseOne and resumeOne answer the per-sandbox API calls.
+func (e *Edge) pauseOne(ctx context.Context, id string) (any, error) {
+	sb, err := e.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	if err := e.pause(ctx, sb, "requested"); err != nil {
+		return nil, err
+	}
+	v := sb.view()
+	return &v, nil
+}
+
+func (e *Edge) resumeOne(ctx context.Context, id string) (any, error) {
+	sb, err := e.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	sb.mu.Lock()
+	st := sb.rec.Sandbox.State
+	stopping := sb.stopping
+	sb.mu.Unlock()
+	if (st != api.StatePaused && st != api.StateRunning) || stopping {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, st)}
+	}
+	if err := e.resume(ctx, sb); err != nil {
+		return nil, err
+	}
+	v := sb.view()
+	return &v, nil
+}
+
+// pauseMatching pauses (or resumes) every sandbox of this node whose labels
+// all match, concurrently.
+func (e *Edge) pauseMatching(ctx context.Context, req *PauseMatchingRequest) (*api.PauseResult, error) {
+	if len(req.Labels) == 0 {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: "at least one label is required"}
+	}
+	want := api.StateRunning
+	if req.Resume {
+		want = api.StatePaused
+	}
+	var victims []*sandbox
+	for _, v := range e.list(&ListRequest{Labels: req.Labels, State: want}).Sandboxes {
+		if sb, err := e.lookup(v.ID); err == nil {
+			victims = append(victims, sb)
+		}
+	}
+	out := &api.PauseResult{Sandboxes: []string{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, sb := range victims {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(sb *sandbox) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var err error
+			if req.Resume {
+				err = e.resume(ctx, sb)
+			} else {
+				err = e.pause(ctx, sb, "job-level pause")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if out.Errors == nil {
+					out.Errors = map[string]string{}
+				}
+				out.Errors[sb.rec.Sandbox.ID] = err.Error()
+				return
+			}
+			out.Sandboxes = append(out.Sandboxes, sb.rec.Sandbox.ID)
+		}(sb)
+	}
+	wg.Wait()
+	return out, nil
+}

@@ -1,0 +1,173 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/warrenhq/warren/internal/hoststat"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+var (
+	_ runtime.Reclaimer     = (*Runtime)(nil)
+	_ runtime.UsageReporter = (*Runtime)(nil)
+)
+
+// pausedSlack is the headroom above the reclaimed usage that a paused
+// sandbox's memory limit keeps (page-aligned; frozen tasks do not fault).
+const pausedSlack = 1 << 20
+
+// Reclaim pushes a (frozen) sandbox's memory out: anonymous pages to swap,
+// page cache dropped; then it lowers the memory limit to what is left so
+// nothing grows back until Restore.
+func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after int64, err error) {
+	if h.Cgroup == "" {
+		h.Cgroup = r.cgroupPath(h.ID)
+	}
+	before, after, err = r.cg.reclaim(h.Cgroup)
+	if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("%w: cgroup %s", runtime.ErrGone, h.Cgroup)
+	}
+	return before, after, err
+}
+
+// Restore sets the sandbox's memory limit back to memoryMB.
+func (r *Runtime) Restore(ctx context.Context, h runtime.Handle, memoryMB int64) error {
+	if h.Cgroup == "" {
+		h.Cgroup = r.cgroupPath(h.ID)
+	}
+	err := r.cg.setMemoryLimit(h.Cgroup, memoryMB<<20)
+	if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("%w: cgroup %s", runtime.ErrGone, h.Cgroup)
+	}
+	return err
+}
+
+// Usage measures every sandbox of this runtime together (the parent cgroup).
+func (r *Runtime) Usage() (runtime.Usage, error) {
+	ns, mem, err := r.cg.usage(r.cfg.CgroupParent)
+	if errors.Is(err, os.ErrNotExist) {
+		return runtime.Usage{}, nil // no sandbox yet
+	}
+	return runtime.Usage{CPUSeconds: float64(ns) / 1e9, MemoryBytes: mem}, err
+}
+
+// MemoryUsage is the memory charged to one sandbox now, in bytes.
+func (r *Runtime) MemoryUsage(h runtime.Handle) (int64, error) {
+	if h.Cgroup == "" {
+		h.Cgroup = r.cgroupPath(h.ID)
+	}
+	_, mem, err := r.cg.usage(h.Cgroup)
+	return mem, err
+}
+
+// coreCookie gives a latency sandbox's agent its own core-scheduling
+// cookie where the kernel supports it (children inherit it).
+func (r *Runtime) coreCookie(pid int) {
+	if !r.coreSched {
+		return
+	}
+	if err := hoststat.CreateCoreCookie(pid); err != nil {
+		r.log.Warn("container: core-scheduling cookie", "pid", pid, "err", err)
+	}
+}
+
+func readInt(p string) (int64, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// ---- cgroup v1 ----
+
+func (d *v1Driver) memDir(path string) string { return filepath.Join(d.mountOf("memory"), path) }
+
+func (d *v1Driver) reclaim(path string) (before, after int64, err error) {
+	dir := d.memDir(path)
+	if before, err = readInt(filepath.Join(dir, "memory.usage_in_bytes")); err != nil {
+		return 0, 0, err
+	}
+	// Prefer swapping anonymous memory out over keeping it.
+	_ = os.WriteFile(filepath.Join(dir, "memory.swappiness"), []byte("100"), 0)
+	// force_empty reclaims every page it can (to swap, or dropped if clean
+	// page cache) and returns once no more progress is made.
+	if err := os.WriteFile(filepath.Join(dir, "memory.force_empty"), []byte("0"), 0); err != nil {
+		return before, 0, fmt.Errorf("container: force_empty %s: %w", path, err)
+	}
+	if after, err = readInt(filepath.Join(dir, "memory.usage_in_bytes")); err != nil {
+		return before, 0, err
+	}
+	limit := (after + pausedSlack + 4095) &^ 4095
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+		// Not fatal: the memory is out; only the cap did not stick.
+		return before, after, nil
+	}
+	after, _ = readInt(filepath.Join(dir, "memory.usage_in_bytes"))
+	return before, after, nil
+}
+
+func (d *v1Driver) setMemoryLimit(path string, b int64) error {
+	return os.WriteFile(filepath.Join(d.memDir(path), "memory.limit_in_bytes"), []byte(strconv.FormatInt(b, 10)), 0)
+}
+
+func (d *v1Driver) usage(path string) (cpuNs, mem int64, err error) {
+	mem, err = readInt(filepath.Join(d.memDir(path), "memory.usage_in_bytes"))
+	if err != nil {
+		return 0, 0, err
+	}
+	cpuNs, err = readInt(filepath.Join(d.mountOf("cpuacct"), path, "cpuacct.usage"))
+	return cpuNs, mem, err
+}
+
+// ---- cgroup v2 ----
+
+func (d *v2Driver) reclaim(path string) (before, after int64, err error) {
+	dir := filepath.Join(d.mount, path)
+	if before, err = readInt(filepath.Join(dir, "memory.current")); err != nil {
+		return 0, 0, err
+	}
+	// memory.reclaim stops at what it cannot reclaim (EAGAIN); that is fine.
+	_ = os.WriteFile(filepath.Join(dir, "memory.reclaim"), []byte(strconv.FormatInt(before, 10)), 0)
+	after, err = readInt(filepath.Join(dir, "memory.current"))
+	if err != nil {
+		return before, 0, err
+	}
+	_ = os.WriteFile(filepath.Join(dir, "memory.swap.max"), []byte("max"), 0)
+	_ = os.WriteFile(filepath.Join(dir, "memory.high"), []byte(strconv.FormatInt((after+pausedSlack+4095)&^4095, 10)), 0)
+	return before, after, nil
+}
+
+func (d *v2Driver) setMemoryLimit(path string, b int64) error {
+	dir := filepath.Join(d.mount, path)
+	if err := os.WriteFile(filepath.Join(dir, "memory.high"), []byte("max"), 0); err != nil {
+		return err
+	}
+	_ = os.WriteFile(filepath.Join(dir, "memory.swap.max"), []byte("0"), 0)
+	return os.WriteFile(filepath.Join(dir, "memory.max"), []byte(strconv.FormatInt(b, 10)), 0)
+}
+
+func (d *v2Driver) usage(path string) (cpuNs, mem int64, err error) {
+	dir := filepath.Join(d.mount, path)
+	mem, err = readInt(filepath.Join(dir, "memory.current"))
+	if err != nil {
+		return 0, 0, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "cpu.stat"))
+	if err != nil {
+		return 0, mem, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			us, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return us * 1000, mem, nil
+		}
+	}
+	return 0, mem, nil
+}
