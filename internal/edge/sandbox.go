@@ -168,7 +168,8 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	adopted := map[string]bool{}
+	adopted := map[string]bool{}     // by storage name
+	holders := map[string][]string{} // storage name -> the layers it holds mounted
 	for i := range recs {
 		rec := recs[i]
 		id := rec.Sandbox.ID
@@ -191,6 +192,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 				close(sb.ready)
 				e.sandboxes[id] = sb
 				adopted[store] = true
+				holders[store] = rec.Layers
 				e.watch(sb)
 				e.log.Info("adopted sandbox", "id", id, "paused", paused)
 				if paused {
@@ -243,10 +245,6 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		if !adopted[ent.Name()] {
 			_ = os.RemoveAll(filepath.Join(e.runDir(), ent.Name()))
 		}
-	}
-	holders := map[string][]string{}
-	for id := range adopted {
-		holders[id] = e.sandboxes[id].rec.Layers
 	}
 	if err := e.cfg.Images.ReconcileMounts(holders); err != nil {
 		e.log.Error("reconcile layer mounts", "err", err)
