@@ -132,8 +132,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			// burst figures give each sandbox 0.25 core and so need more
 			// than the default 20× to reach hundreds of sandboxes.
 			CPUOvercommit: BenchCPUOvercommit,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func(url, token string) { ready <- [2]string{url, token} },
+			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:         func(url, token string) { ready <- [2]string{url, token} },
 		})
 	}()
 	var url, token string
