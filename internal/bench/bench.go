@@ -24,6 +24,9 @@ import (
 	warren "github.com/warrenhq/warren/sdk/go"
 )
 
+// BenchCPUOvercommit is the private server's CPU overcommit factor.
+const BenchCPUOvercommit = 200
+
 // Options configure a run.
 type Options struct {
 	Duration    time.Duration // per throughput measurement; default 20s
@@ -141,8 +144,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	go func() {
 		done <- serve.Run(sctx, serve.Options{
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func(url, token string) { ready <- [2]string{url, token} },
+			// CPU requests are cfs quotas (hard caps): the density and
+			// burst figures give each sandbox 0.25 core and so need more
+			// than the default 20× to reach hundreds of sandboxes.
+			CPUOvercommit: BenchCPUOvercommit,
+			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:         func(url, token string) { ready <- [2]string{url, token} },
 		})
 	}()
 	var url, token string

@@ -87,7 +87,7 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 		if refused.Load() {
 			return nil
 		}
-		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.01, MemoryMB: 32, Labels: map[string]string{"bench": "density"}})
+		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.25, MemoryMB: 32, Labels: map[string]string{"bench": "density"}})
 		if err != nil {
 			if refused.CompareAndSwap(false, true) {
 				mu.Lock()
@@ -120,7 +120,7 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 		lats = append(lats, time.Since(t))
 	}
 	p := percentiles(lats)
-	note := fmt.Sprintf("busybox, cpu 0.01, 32 MiB limit, one session each; created in %.1f s", took.Seconds())
+	note := fmt.Sprintf("busybox, cpu 0.25 (CPU overcommit %d×), 32 MiB limit, one session each; created in %.1f s", BenchCPUOvercommit, took.Seconds())
 	if reason != "" {
 		note += "; stopped by: " + reason
 	} else {
@@ -135,7 +135,7 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 // burst creates BurstCount sandboxes with BurstClients clients, without and
 // with a warm pool of BurstPool.
 func burst(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
-	spec := api.CreateSandboxRequest{Image: "busybox", CPU: 0.01, MemoryMB: 32}
+	spec := api.CreateSandboxRequest{Image: "busybox", CPU: 0.25, MemoryMB: 16}
 	run := func(label string) (time.Duration, latencies, int, error) {
 		ids := make([]string, o.BurstCount)
 		var fromPool atomic.Int64
