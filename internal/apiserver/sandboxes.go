@@ -83,6 +83,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
+	if req.Resume {
+		if aerr := sandboxspec.CheckResume(&req); aerr != nil {
+			return aerr
+		}
+		return s.resumeSandbox(w, r, &req)
+	}
 	if aerr := sandboxspec.Normalize(&req); aerr != nil {
 		return aerr
 	}

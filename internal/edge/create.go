@@ -23,6 +23,9 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
 		return nil, aerr
 	}
+	if err := e.fromSnapshot(ctx, &spec); err != nil {
+		return nil, err
+	}
 	id := req.ID
 	if id == "" {
 		id = e.newID()
@@ -57,17 +60,28 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 				ID: id, State: api.StateCreating, Node: e.cfg.Node, Tier: spec.Tier, Image: spec.Image,
 				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
 				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
+				Snapshot: spec.Snapshot, Trajectory: spec.Trajectory,
 				CreatedAt: now, ExpiresAt: &expires,
 			},
 		},
 		lastActive: now,
 		ready:      make(chan struct{}),
+		traj:       newTraj(&spec),
 	}
 	e.sandboxes[id] = sb
 	e.mu.Unlock()
 
-	err := e.start(ctx, sb)
+	err := e.registerTrajectory(ctx, id, &spec)
+	if err == nil {
+		err = e.start(ctx, sb)
+	}
 	if err != nil {
+		if spec.Trajectory != "" && !spec.Resume {
+			var tr TrajectoryRecord
+			if found, _, gerr := e.trajMeta.Get(ctx, spec.Trajectory, &tr); gerr == nil && found && tr.Sandbox == id {
+				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), spec.Trajectory)
+			}
+		}
 		sb.createErr = err
 		e.mu.Lock()
 		delete(e.sandboxes, id)
@@ -123,7 +137,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	// or attached at mount points.
 	var rootIDs, bindIDs, names []string
 	var binds []agentproto.Bind
-	for _, a := range spec.Layers {
+	for i, a := range spec.Layers {
 		l, err := e.cfg.Images.ResolveLayer(ctx, a.Layer)
 		if err != nil {
 			var ae *api.Error
@@ -133,6 +147,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 			return fmt.Errorf("resolve layer %s: %w", a.Layer, err)
 		}
 		desc := fmt.Sprintf("%s@%d", l.Name, l.Version)
+		spec.Layers[i].Layer = desc // pinned: snapshots record exact versions
 		if a.Mount == "" {
 			rootIDs = append(rootIDs, l.Digest)
 		} else {

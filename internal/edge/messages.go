@@ -28,6 +28,9 @@ const (
 	OpLayerGet    = "layer_get"
 	OpLayerDelete = "layer_delete"
 	OpLayerGC     = "layer_gc"
+	OpSnapshot    = "snapshot"     // SnapshotRequest → api.Snapshot
+	OpSnapshotGet = "snapshot_get" // SnapshotGetRequest → api.Snapshot (any node)
+	OpResume      = "resume"       // ResumeRequest → api.Sandbox
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

@@ -32,6 +32,7 @@ type record struct {
 // sandbox is the edge's live state of one sandbox.
 type sandbox struct {
 	mu         sync.Mutex
+	snapMu     sync.Mutex // one snapshot at a time
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time
@@ -41,6 +42,7 @@ type sandbox struct {
 	stoppedAt  time.Time
 	ready      chan struct{} // closed once creation finished (either way)
 	createErr  error
+	traj       *traj // nil unless the sandbox records a trajectory
 }
 
 func (sb *sandbox) view() api.Sandbox {
@@ -153,7 +155,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		if rec.Handle != nil && rec.Sandbox.State == api.StateRunning {
 			inst, err := e.cfg.Runtime.Attach(ctx, *rec.Handle)
 			if err == nil {
-				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{})}
+				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
 				close(sb.ready)
 				e.sandboxes[id] = sb
 				adopted[id] = true
