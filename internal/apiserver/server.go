@@ -55,7 +55,7 @@ type Server struct {
 
 	trajMeta *bus.Records
 	tlog     *bus.TrajLog
-	mux    *http.ServeMux
+	mux      *http.ServeMux
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec

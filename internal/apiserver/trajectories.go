@@ -117,6 +117,8 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 
 // touches reports whether a file operation changed p (or something under it).
 func touches(st *api.TrajectoryStep, p string) bool {
-	under := func(x string) bool { return x != "" && (x == p || strings.HasPrefix(x, strings.TrimSuffix(p, "/")+"/")) }
+	under := func(x string) bool {
+		return x != "" && (x == p || strings.HasPrefix(x, strings.TrimSuffix(p, "/")+"/"))
+	}
 	return under(st.Path) || under(st.To)
 }

@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+func counterOp(i int) api.ExecRequest {
+	return api.ExecRequest{Cmd: fmt.Sprintf("echo x >> /counter; echo step-%d > /state/s%d; wc -l < /counter", i, i)}
+}
+
+func TestTrajectoryRecordKillResume(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-1/run", Checkpoint: "none"})
+	if sb.Trajectory != "rollout-1/run" {
+		t.Fatalf("sandbox: %+v", sb)
+	}
+	r, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"})
+	if err != nil || r.Step != 1 {
+		t.Fatalf("mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 20; i++ {
+		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Step != int64(i+1) || res.Replayed || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("step %d: %+v", i, res)
+		}
+	}
+	// A second trajectory of the same name is refused.
+	if _, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Trajectory: "rollout-1/run"}); err == nil || !strings.Contains(err.Error(), "conflict") {
+		t.Fatalf("duplicate trajectory: %v", err)
+	}
+
+	s.kill9()
+	s.start()
+
+	// The log survived.
+	steps, err := s.C.TrajectoryAll(ctx, "rollout-1/run")
+	if err != nil || len(steps) != 21 {
+		t.Fatalf("log after kill -9: %d steps, %v", len(steps), err)
+	}
+	if steps[0].Op != "mkdir" || steps[5].Op != "exec" || steps[5].Exec.Cmd != counterOp(5).Cmd || steps[5].Result.Stdout != "5\n" {
+		t.Fatalf("logged steps: %+v %+v", steps[0], steps[5])
+	}
+	page, err := s.C.Trajectory(ctx, "rollout-1/run", 3, 5)
+	if err != nil || len(page.Steps) != 5 || page.Steps[0].Step != 4 || page.Next != 8 {
+		t.Fatalf("page: %+v %v", page, err)
+	}
+
+	// Two resumers at once: one wins, the other gets 409.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range errs {
+		wg.Add(1)
+		go func(i int) { defer wg.Done(); _, errs[i] = s.C.Resume(ctx, "rollout-1/run", false) }(i)
+	}
+	wg.Wait()
+	if (errs[0] == nil) == (errs[1] == nil) {
+		t.Fatalf("concurrent resumes: %v / %v", errs[0], errs[1])
+	}
+	for _, e := range errs {
+		if e != nil && !strings.Contains(e.Error(), "conflict") {
+			t.Fatalf("losing resumer: %v", e)
+		}
+	}
+
+	// Re-issue the same 21 operations: all replayed, nothing runs.
+	if r, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed || r.Step != 1 {
+		t.Fatalf("replayed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 20; i++ {
+		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Replayed || res.Step != int64(i+1) || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("replay %d: %+v", i, res)
+		}
+	}
+	// Then 5 new ones run live.
+	for i := 21; i <= 25; i++ {
+		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Replayed || res.Step != int64(i+1) {
+			t.Fatalf("live %d: %+v", i, res)
+		}
+	}
+	got := s.sh(t, sb.ID, "wc -l < /counter; ls /state | wc -l").Stdout
+	if got != "25\n25\n" {
+		t.Fatalf("counter after resume: %q (want 25 live executions)", got)
+	}
+
+	// Divergence: a resumed client that issues something else gets 409 with both operations.
+	if _, err := s.C.Resume(ctx, "rollout-1/run", false); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo different"})
+	var we *warren.APIError
+	if !errors.As(err, &we) || we.Status != http.StatusConflict || we.Divergence == nil || we.Divergence.Step != 1 || we.Divergence.Logged.Op != "mkdir" || we.Divergence.Received.Exec.Cmd != "echo different" {
+		t.Fatalf("divergence: %v %+v", err, we)
+	}
+	// Unknown trajectories.
+	if _, err := s.C.Resume(ctx, "no-such", false); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("resume unknown: %v", err)
+	}
+	if _, err := s.C.Trajectory(ctx, "no-such", 0, 0); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("read unknown: %v", err)
+	}
+}
