@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -21,18 +22,23 @@ const (
 )
 
 func (s *Server) trajectoryRecord(ctx context.Context, name string) (*edge.TrajectoryRecord, error) {
+	rec, _, err := s.trajectoryRecordRev(ctx, name)
+	return rec, err
+}
+
+func (s *Server) trajectoryRecordRev(ctx context.Context, name string) (*edge.TrajectoryRecord, uint64, error) {
 	if !sandboxspec.ValidTrajectory(name) {
-		return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("trajectory %q is malformed", truncate(name))}
+		return nil, 0, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("trajectory %q is malformed", truncate(name))}
 	}
 	var rec edge.TrajectoryRecord
-	found, _, err := s.trajMeta.Get(ctx, name, &rec)
+	found, rev, err := s.trajMeta.Get(ctx, name, &rec)
 	if err != nil {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+		return nil, 0, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
 	if !found {
-		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("trajectory %q not found", truncate(name))}
+		return nil, 0, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("trajectory %q not found", truncate(name))}
 	}
-	return &rec, nil
+	return &rec, rev, nil
 }
 
 // resumeSandbox re-attaches a client to its trajectory's sandbox.
@@ -41,7 +47,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, req *api.
 		return &api.Error{Code: api.CodeInvalid, Message: "resume takes the sandbox of the trajectory; image, layers and snapshot must be absent"}
 	}
 	ctx := r.Context()
-	rec, err := s.trajectoryRecord(ctx, req.Trajectory)
+	rec, rev, err := s.trajectoryRecordRev(ctx, req.Trajectory)
 	if err != nil {
 		return err
 	}
@@ -50,11 +56,47 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, req *api.
 	if err != nil {
 		var ae *api.Error
 		if errors.As(err, &ae) && (ae.Code == api.CodeNotFound || (ae.Code == api.CodeConflict && !strings.Contains(ae.Message, "resumed by another"))) {
-			return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("the sandbox %s of trajectory %q is lost (%s)", rec.Sandbox, req.Trajectory, ae.Message)}
+			s.log.Info("trajectory sandbox lost; rebuilding", "trajectory", req.Trajectory, "sandbox", rec.Sandbox, "checkpoint", rec.CheckpointSnap, "reason", ae.Message)
+			return s.rebuild(w, r, rec, rev, req.Branch)
 		}
 		return err
 	}
 	writeJSON(w, http.StatusOK, &sb)
+	return nil
+}
+
+// rebuild makes a new sandbox for a trajectory whose sandbox was lost: from
+// its last checkpoint snapshot, or from its original state without one.
+// The edge then serves the logged steps up to that state from the log and
+// runs the later ones again as the client re-issues them.
+func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.TrajectoryRecord, rev uint64, branch bool) error {
+	ctx := r.Context()
+	spec := rec.Spec
+	spec.Resume, spec.Branch = true, branch
+	if rec.CheckpointSnap != "" {
+		spec.Snapshot = rec.CheckpointSnap
+	}
+	if spec.Snapshot != "" {
+		spec.Image, spec.Layers = "", nil
+	}
+	node, err := s.placer.Pick(&spec, nil)
+	if err != nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: "no node can rebuild the trajectory's sandbox now"}
+	}
+	id := edge.NewSandboxID(node)
+	next := *rec
+	next.Sandbox = id
+	if err := s.trajMeta.Update(ctx, rec.Name, &next, rev); err != nil {
+		if errors.Is(err, bus.ErrExists) {
+			return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is being resumed by another client", rec.Name)}
+		}
+		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	var sb api.Sandbox
+	if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: spec}, &sb, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, &sb)
 	return nil
 }
 

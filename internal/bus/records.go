@@ -81,6 +81,23 @@ func (r *Records) Create(ctx context.Context, key string, v any) error {
 	return nil
 }
 
+// Update stores v under key only if the record is still at revision rev
+// (ErrExists when someone changed it in between).
+func (r *Records) Update(ctx context.Context, key string, v any, rev uint64) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := r.kv.Update(ctx, recordKey(key), b, rev); err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return ErrExists
+		}
+		return fmt.Errorf("bus: update %s: %w", key, err)
+	}
+	return nil
+}
+
 // Delete removes the record under key.
 func (r *Records) Delete(ctx context.Context, key string) error {
 	if err := r.kv.Delete(ctx, recordKey(key)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {

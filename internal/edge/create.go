@@ -23,7 +23,8 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
 		return nil, aerr
 	}
-	if err := e.fromSnapshot(ctx, &spec); err != nil {
+	snap, err := e.fromSnapshot(ctx, &spec)
+	if err != nil {
 		return nil, err
 	}
 	id := req.ID
@@ -71,9 +72,20 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	e.sandboxes[id] = sb
 	e.mu.Unlock()
 
-	err := e.registerTrajectory(ctx, id, &spec)
+	err = e.registerTrajectory(ctx, id, &spec)
 	if err == nil {
 		err = e.start(ctx, sb)
+	}
+	if err == nil && spec.Trajectory != "" && spec.Resume {
+		// A rebuild of a lost trajectory sandbox: from a checkpoint
+		// snapshot, or from the original state (step 0).
+		var from int64
+		if snap != nil && snap.Trajectory == spec.Trajectory {
+			from = snap.Step
+		}
+		if err = e.rebuildTraj(ctx, sb, from); err != nil {
+			e.stop(ctx, sb, api.StateFailed, "rebuild: "+err.Error())
+		}
 	}
 	if err != nil {
 		if spec.Trajectory != "" && !spec.Resume {

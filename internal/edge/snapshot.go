@@ -97,6 +97,12 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 		ID: snapID, Name: name, Sandbox: id, Image: spec.Image,
 		Layers: append(chain, api.LayerAttachment{Layer: diff}), Diff: diff,
 		Digest: l.Digest, Size: l.Size, Entries: l.Entries, Parent: spec.Snapshot, Step: step,
+		Trajectory: func() string {
+			if step > 0 {
+				return spec.Trajectory
+			}
+			return ""
+		}(),
 		FrozenMs: float64(frozen.Microseconds()) / 1000, CreatedAt: time.Now().UTC(),
 	}
 	if err := e.snaps.Put(ctx, snapID, snap); err != nil {
@@ -123,21 +129,21 @@ func (e *Edge) getSnapshot(ctx context.Context, id string) (*api.Snapshot, error
 }
 
 // fromSnapshot fills a create request's image and layers from its snapshot.
-func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest) error {
+func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest) (*api.Snapshot, error) {
 	if spec.Snapshot == "" {
-		return nil
+		return nil, nil
 	}
 	if spec.Image != "" || len(spec.Layers) > 0 {
-		return invalidf("a sandbox restored from a snapshot takes its image and layers from it")
+		return nil, invalidf("a sandbox restored from a snapshot takes its image and layers from it")
 	}
 	snap, err := e.getSnapshot(ctx, spec.Snapshot)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(snap.Layers) > sandboxspec.MaxLayers {
-		return invalidf("snapshot %s chains %d layers (at most %d)", snap.ID, len(snap.Layers), sandboxspec.MaxLayers)
+		return nil, invalidf("snapshot %s chains %d layers (at most %d)", snap.ID, len(snap.Layers), sandboxspec.MaxLayers)
 	}
 	spec.Image = snap.Image
 	spec.Layers = append([]api.LayerAttachment(nil), snap.Layers...)
-	return nil
+	return snap, nil
 }

@@ -51,13 +51,16 @@ type StepResult struct {
 // traj is the trajectory state of one sandbox. mu serializes the
 // sandbox's state-changing operations so the log is totally ordered.
 type traj struct {
-	mu       sync.Mutex
-	name     string
-	every    int
-	loaded   bool
-	last     int64
-	replay   []api.TrajectoryStep
-	cursor   int
+	mu     sync.Mutex
+	name   string
+	every  int
+	loaded bool
+	last   int64
+	replay []api.TrajectoryStep
+	cursor int
+	// reexec: logged steps from this index on are run again (not served
+	// from the log) because the sandbox was rebuilt from an earlier state.
+	reexec   int
 	resumeAt time.Time
 }
 
@@ -147,7 +150,7 @@ func (e *Edge) resume(ctx context.Context, req *ResumeRequest) (*api.Sandbox, er
 	if err != nil {
 		return nil, err
 	}
-	t.replay, t.cursor, t.resumeAt, t.loaded = steps, 0, time.Now(), true
+	t.replay, t.cursor, t.resumeAt, t.loaded, t.reexec = steps, 0, time.Now(), true, len(steps)
 	t.last = 0
 	if n := len(steps); n > 0 {
 		t.last = steps[n-1].Step
@@ -214,6 +217,15 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, op *api.TrajectoryStep
 		}
 		t.cursor++
 		t.resumeAt = time.Now()
+		if t.cursor > t.reexec {
+			// Rebuilt sandbox: run it again; the log has it already.
+			out, err := run()
+			if err != nil {
+				return nil, err
+			}
+			setStep(out, logged.Step, false)
+			return out, nil
+		}
 		if logged.Error != nil {
 			ae := *logged.Error
 			return nil, &ae
@@ -381,4 +393,27 @@ func (e *Edge) fileRecorded(ctx context.Context, op string, req *FileRequest, w 
 				o.Step, o.Replayed = step, replayed
 			}
 		})
+}
+
+// rebuildTraj prepares a sandbox rebuilt for a lost trajectory sandbox:
+// the steps up to the state it was rebuilt from are served from the log,
+// the later ones run again as the client re-issues them.
+func (e *Edge) rebuildTraj(ctx context.Context, sb *sandbox, fromStep int64) error {
+	t := sb.traj
+	steps, err := e.readTrajectory(ctx, t.name)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.replay, t.cursor, t.resumeAt, t.loaded = steps, 0, time.Now(), true
+	t.reexec = 0
+	for t.reexec < len(steps) && steps[t.reexec].Step <= fromStep {
+		t.reexec++
+	}
+	t.last = 0
+	if n := len(steps); n > 0 {
+		t.last = steps[n-1].Step
+	}
+	return nil
 }

@@ -85,9 +85,6 @@ func checkHistory(req *api.CreateSandboxRequest) *api.Error {
 	if (req.Resume || req.Branch || req.Checkpoint != "") && req.Trajectory == "" {
 		return invalid("resume, branch and checkpoint need a trajectory")
 	}
-	if req.Resume && req.Snapshot != "" {
-		return invalid("resume and snapshot exclude each other")
-	}
 	switch {
 	case req.Checkpoint == "", req.Checkpoint == "none", req.Checkpoint == "every-step", checkRE.MatchString(req.Checkpoint):
 	default:

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 	"testing"
 
 	"github.com/warrenhq/warren/api"
@@ -118,5 +120,89 @@ func TestTrajectoryRecordKillResume(t *testing.T) {
 	}
 	if _, err := s.C.Trajectory(ctx, "no-such", 0, 0); err == nil || !strings.Contains(err.Error(), "not_found") {
 		t.Fatalf("read unknown: %v", err)
+	}
+}
+
+func TestTrajectoryRebuildFromCheckpoint(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-2", Checkpoint: "every-step"})
+	if _, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 20; i++ {
+		if _, err := s.C.Exec(ctx, sb.ID, counterOp(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps, err := s.C.TrajectoryAll(ctx, "rollout-2")
+	if err != nil || len(steps) != 21 || steps[20].Checkpoint == "" {
+		t.Fatalf("checkpoints: %d steps %v", len(steps), err)
+	}
+	pid := agentPid(t, s, sb.ID)
+	s.kill9()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil { // the sandbox is lost while warren is down
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	s.start()
+
+	nb, err := s.C.Resume(ctx, "rollout-2", false)
+	if err != nil {
+		t.Fatalf("resume of a lost sandbox: %v\n%s", err, tail(s.logs.String(), 30))
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), nb.ID) })
+	if nb.ID == sb.ID || nb.Snapshot != steps[20].Checkpoint {
+		t.Fatalf("rebuilt sandbox: %+v (checkpoint %s)", nb, steps[20].Checkpoint)
+	}
+	if r, err := s.C.Mkdir(ctx, nb.ID, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed {
+		t.Fatalf("replayed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 20; i++ {
+		res, err := s.C.Exec(ctx, nb.ID, counterOp(i))
+		if err != nil || !res.Replayed {
+			t.Fatalf("replay %d: %+v %v", i, res, err)
+		}
+	}
+	for i := 21; i <= 25; i++ {
+		if res, err := s.C.Exec(ctx, nb.ID, counterOp(i)); err != nil || res.Replayed || res.Step != int64(i+1) {
+			t.Fatalf("live %d: %+v %v", i, res, err)
+		}
+	}
+	if got := s.sh(t, nb.ID, "wc -l < /counter; ls /state | wc -l").Stdout; got != "25\n25\n" {
+		t.Fatalf("rebuilt filesystem: %q", got)
+	}
+}
+
+func TestTrajectoryRebuildWithoutCheckpointReexecutes(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-3"})
+	if _, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		s.C.Exec(ctx, sb.ID, counterOp(i))
+	}
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	nb, err := s.C.Resume(ctx, "rollout-3", false)
+	if err != nil {
+		t.Fatalf("resume: %v\n%s", err, tail(s.logs.String(), 30))
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), nb.ID) })
+	// No checkpoint: the logged steps run again on the original state.
+	if r, err := s.C.Mkdir(ctx, nb.ID, api.MkdirRequest{Path: "/state"}); err != nil || r.Replayed || r.Step != 1 {
+		t.Fatalf("re-executed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 4; i++ {
+		res, err := s.C.Exec(ctx, nb.ID, counterOp(i))
+		if err != nil || res.Replayed || res.Step != int64(i+1) || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("step %d: %+v %v", i, res, err)
+		}
+	}
+	if steps, _ := s.C.TrajectoryAll(ctx, "rollout-3"); len(steps) != 5 {
+		t.Fatalf("log has %d steps, want 5 (re-executions are not logged twice)", len(steps))
 	}
 }
