@@ -59,6 +59,9 @@ func NewRootCmd() *cobra.Command {
 		newImageCmd(g),
 		newLayerCmd(g),
 		newNodesCmd(g),
+		newSnapshotCmd(g),
+		newForkCmd(g),
+		newTrajCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),
 	)

@@ -56,6 +56,17 @@ func (c *Client) Trajectory(ctx context.Context, name string, after int64, limit
 	return &p, nil
 }
 
+// TrajectoryFiles lists the steps whose file operations changed path (or
+// something under it): provenance. Commands are not analysed.
+func (c *Client) TrajectoryFiles(ctx context.Context, name, path string) (*api.TrajectoryPage, error) {
+	q := url.Values{"path": {path}, "limit": {"5000"}}
+	var p api.TrajectoryPage
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/trajectories/" + escPath(name), query: q, retry: true}, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
 // TrajectoryAll reads every step of a trajectory, page by page.
 func (c *Client) TrajectoryAll(ctx context.Context, name string) ([]api.TrajectoryStep, error) {
 	var all []api.TrajectoryStep

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	warren "github.com/warrenhq/warren/sdk/go"
@@ -113,6 +113,18 @@ func TestTrajectoryRecordKillResume(t *testing.T) {
 	var we *warren.APIError
 	if !errors.As(err, &we) || we.Status != http.StatusConflict || we.Divergence == nil || we.Divergence.Step != 1 || we.Divergence.Logged.Op != "mkdir" || we.Divergence.Received.Exec.Cmd != "echo different" {
 		t.Fatalf("divergence: %v %+v", err, we)
+	}
+	// The CLI shows the log; --path answers provenance.
+	out, err := s.warren(t, "traj", "show", "rollout-1/run")
+	if err != nil || strings.Count(out, "\n") != 28 || !strings.Contains(out, "echo x >> /counter; echo step-25") {
+		t.Fatalf("traj show: %v\n%s", err, out)
+	}
+	out, err = s.warren(t, "traj", "show", "--path", "/state", "rollout-1/run")
+	if err != nil || strings.Count(out, "\n") != 2 || !strings.Contains(out, "mkdir") {
+		t.Fatalf("traj show --path: %v\n%s", err, out)
+	}
+	if p, err := s.C.TrajectoryFiles(ctx, "rollout-1/run", "/state"); err != nil || len(p.Steps) != 1 || p.Steps[0].Step != 1 {
+		t.Fatalf("provenance: %+v %v", p, err)
 	}
 	// Unknown trajectories.
 	if _, err := s.C.Resume(ctx, "no-such", false); err == nil || !strings.Contains(err.Error(), "not_found") {
