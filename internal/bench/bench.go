@@ -37,10 +37,17 @@ type Options struct {
 	// Default: everything.
 	Figures string
 	Layers  LayerOptions
+	History HistoryOptions
 }
 
 // FigureSets are the names Figures accepts.
-var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade"}
+var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade", "fast-forward", "snapshot", "fork"}
+
+// layerSets and historySets are what "layers" and "history" select.
+var (
+	layerSets   = []string{"create-size", "lazy", "burst", "upgrade"}
+	historySets = []string{"fast-forward", "snapshot", "fork"}
+)
 
 func (o *Options) want(f string) bool {
 	if o.Figures == "" || o.Figures == "all" {
@@ -48,7 +55,7 @@ func (o *Options) want(f string) bool {
 	}
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
-		if w == f || w == "layers" && f != "core" {
+		if w == f || w == "layers" && slices.Contains(layerSets, f) || w == "history" && slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -89,8 +96,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	o.defaults()
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
-		if w != "" && w != "all" && w != "layers" && !slices.Contains(FigureSets, w) {
-			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, %s)", w, strings.Join(FigureSets, ", "))
+		if w != "" && w != "all" && w != "layers" && w != "history" && !slices.Contains(FigureSets, w) {
+			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, history, %s)", w, strings.Join(FigureSets, ", "))
 		}
 	}
 	dataDir, err := os.MkdirTemp("", "warren-bench-")
@@ -134,6 +141,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if err := runLayers(ctx, o, c, dataDir, rep); err != nil {
 		return nil, err
+	}
+	if err := runHistory(ctx, o, c, rep); err != nil {
+		return nil, fmt.Errorf("bench history: %w", err)
 	}
 	return rep, nil
 }
