@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -83,14 +85,35 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if err := e.cfg.Runtime.Freeze(ctx, *h); err != nil {
 		return nil, fmt.Errorf("freeze %s: %w", id, err)
 	}
-	l, perr := e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, filepath.Clean(upper), lowers, "snapshot of "+id)
+	// Frozen only while the writable layer is copied (cloned where the
+	// filesystem can); packing the copy runs with the sandbox thawed. If
+	// the copy fails, pack the live directory while frozen.
+	src := filepath.Clean(upper)
+	// Beside the upper dir: the same filesystem, so the copy clones extents
+	// (btrfs, xfs) instead of copying data; it goes with the sandbox's
+	// writable layer if warren dies before removing it.
+	copyDir := filepath.Join(filepath.Dir(src), ".snapshot-"+snapID)
+	var l *api.Layer
+	var perr error
+	cerr := copyTree(ctx, src, copyDir)
+	if cerr != nil {
+		_ = os.RemoveAll(copyDir)
+		e.log.Warn("snapshot copy failed; packing while frozen", "sandbox", id, "err", cerr)
+		l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, src, lowers, "snapshot of "+id)
+	}
 	terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), *h)
 	frozen := time.Since(t0)
-	if perr != nil {
-		return nil, perr
+	if cerr == nil {
+		defer os.RemoveAll(copyDir)
+		if terr == nil {
+			l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, copyDir, lowers, "snapshot of "+id)
+		}
 	}
 	if terr != nil {
 		return nil, fmt.Errorf("thaw %s: %w", id, terr)
+	}
+	if perr != nil {
+		return nil, perr
 	}
 	diff := fmt.Sprintf("%s@%d", l.Name, l.Version)
 	snap := &api.Snapshot{
@@ -146,4 +169,15 @@ func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest)
 	spec.Image = snap.Image
 	spec.Layers = append([]api.LayerAttachment(nil), snap.Layers...)
 	return snap, nil
+}
+
+// copyTree copies dir to dst keeping everything overlayfs needs (owners,
+// modes, times, xattrs such as trusted.overlay.opaque, whiteout device
+// nodes, hard links), cloning file data where the filesystem supports it.
+func copyTree(ctx context.Context, dir, dst string) error {
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", dir, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cp: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
