@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
@@ -82,8 +83,8 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 
 	snapID := newSnapshotID()
 	t0 := time.Now()
-	if err := e.cfg.Runtime.Freeze(ctx, *h); err != nil {
-		return nil, fmt.Errorf("freeze %s: %w", id, err)
+	if err := e.freeze(ctx, *h); err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox %s could not be frozen for the snapshot: %v", id, err)}
 	}
 	// Frozen only while the writable layer is copied (cloned where the
 	// filesystem can); packing the copy runs with the sandbox thawed. If
@@ -180,4 +181,23 @@ func copyTree(ctx context.Context, dir, dst string) error {
 		return fmt.Errorf("cp: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// freeze stops every process of the sandbox, retrying a freeze that does
+// not settle (a busy sandbox on a loaded node); a failed attempt is thawed,
+// so no process stays stopped.
+func (e *Edge) freeze(ctx context.Context, h runtime.Handle) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if err = e.cfg.Runtime.Freeze(ctx, h); err == nil {
+			return nil
+		}
+		_ = e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), h)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+		}
+	}
+	return err
 }
