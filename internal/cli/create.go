@@ -22,6 +22,9 @@ func newCreateCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
+			if req.Image == "" && req.Snapshot == "" && !req.Resume {
+				return fmt.Errorf("--image is required (or --snapshot ID, or --trajectory T --resume)")
+			}
 			if req.MemoryMB, err = parseSizeMB("memory", memory); err != nil {
 				return err
 			}
