@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -237,15 +238,24 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, op *api.TrajectoryStep
 		setStep(out, logged.Step, true)
 		return out, nil
 	}
+	sb.mu.Lock()
+	running := sb.rec.Sandbox.State == api.StateRunning && !sb.stopping
+	word := stateWord(sb)
+	sb.mu.Unlock()
+	if !running {
+		// Nothing can happen in it: refuse without logging.
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", sb.rec.Sandbox.ID, word)}
+	}
 	op.Step = t.last + 1
 	op.Sandbox = sb.rec.Sandbox.ID
 	op.At = time.Now().UTC()
 	out, err := run()
 	if err != nil {
 		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code == api.CodeTimeout || ae.Code == api.CodeUnavailable || ae.Code == api.CodeInternal {
-			// Whether it happened is unknown or it did not reach the
-			// sandbox: nothing is logged.
+		if !errors.As(err, &ae) || ae.Code == api.CodeTimeout || ae.Code == api.CodeUnavailable || ae.Code == api.CodeInternal ||
+			ae.Code == api.CodeInvalid || strings.Contains(ae.Message, "stopped during the operation") {
+			// Whether it happened is unknown, or it was refused before it
+			// reached the sandbox: nothing is logged.
 			return nil, err
 		}
 		op.Error = &api.Error{Code: ae.Code, Message: ae.Message}

@@ -214,6 +214,11 @@ func TestTrajectoryRebuildWithoutCheckpointReexecutes(t *testing.T) {
 			t.Fatalf("step %d: %+v %v", i, res, err)
 		}
 	}
+	// Refused operations are not logged: a bad request, a file op the
+	// sandbox refuses is (with its error), an op on a stopped sandbox is not.
+	if _, err := s.C.Exec(ctx, nb.ID, api.ExecRequest{}); err == nil {
+		t.Fatal("empty exec accepted")
+	}
 	if steps, _ := s.C.TrajectoryAll(ctx, "rollout-3"); len(steps) != 5 {
 		t.Fatalf("log has %d steps, want 5 (re-executions are not logged twice)", len(steps))
 	}
