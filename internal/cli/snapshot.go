@@ -94,7 +94,61 @@ func newTrajCmd(g *globals) *cobra.Command {
 		},
 	}
 	show.Flags().StringVar(&path, "path", "", "only the steps that changed this path")
-	cmd.AddCommand(show)
+	diff := &cobra.Command{
+		Use:   "diff TRAJECTORY A B",
+		Short: "list the files that file operations changed after step A up to step B (commands are listed, not analysed)",
+		Args:  cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var a, b int64
+			if _, err := fmt.Sscanf(args[1], "%d", &a); err != nil || a < 0 {
+				return fmt.Errorf("step A %q is not a step number", args[1])
+			}
+			if _, err := fmt.Sscanf(args[2], "%d", &b); err != nil || b < a {
+				return fmt.Errorf("step B %q is not a step number at least A", args[2])
+			}
+			steps, err := g.client().TrajectoryAll(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			changed := map[string]string{}
+			var order []string
+			var execs []api.TrajectoryStep
+			note := func(p, what string) {
+				if _, ok := changed[p]; !ok {
+					order = append(order, p)
+				}
+				changed[p] = what
+			}
+			for _, st := range steps {
+				if st.Step <= a || st.Step > b || st.Error != nil {
+					continue
+				}
+				switch st.Op {
+				case "write", "mkdir":
+					note(st.Path, "changed")
+				case "remove":
+					note(st.Path, "removed")
+				case "rename":
+					note(st.Path, "removed")
+					note(st.To, "changed")
+				case "exec":
+					execs = append(execs, st)
+				}
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"files": changed, "commands": execs})
+			}
+			t := newTable(cmd.OutOrStdout(), "PATH", "CHANGE")
+			for _, p := range order {
+				t.row(p, changed[p])
+			}
+			for _, st := range execs {
+				t.row(fmt.Sprintf("(step %d: %s)", st.Step, describeOp(&st)), "command, not analysed")
+			}
+			return t.flush()
+		},
+	}
+	cmd.AddCommand(show, diff)
 	return cmd
 }
 

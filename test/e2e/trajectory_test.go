@@ -123,6 +123,10 @@ func TestTrajectoryRecordKillResume(t *testing.T) {
 	if err != nil || strings.Count(out, "\n") != 2 || !strings.Contains(out, "mkdir") {
 		t.Fatalf("traj show --path: %v\n%s", err, out)
 	}
+	out, err = s.warren(t, "traj", "diff", "rollout-1/run", "0", "2")
+	if err != nil || !strings.Contains(out, "/state") || !strings.Contains(out, "step 2") {
+		t.Fatalf("traj diff: %v\n%s", err, out)
+	}
 	if p, err := s.C.TrajectoryFiles(ctx, "rollout-1/run", "/state"); err != nil || len(p.Steps) != 1 || p.Steps[0].Step != 1 {
 		t.Fatalf("provenance: %+v %v", p, err)
 	}
