@@ -41,8 +41,8 @@ const (
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	Tier        string            `json:"tier,omitempty"`
-	Project     string            `json:"project,omitempty"` // default: the token's project
-	Image       string            `json:"image"`
+	Project     string            `json:"project,omitempty"`   // default: the token's project
+	Image       string            `json:"image,omitempty"`     // required unless Snapshot or Resume
 	CPU         float64           `json:"cpu,omitempty"`       // cores; default 1
 	MemoryMB    int64             `json:"memory_mb,omitempty"` // default 512
 	DiskMB      int64             `json:"disk_mb,omitempty"`   // writable layer limit; default 1024
@@ -63,6 +63,19 @@ type CreateSandboxRequest struct {
 	Priority string `json:"priority,omitempty"`
 	// IdleTimeoutAction is "stop" (default) or "pause".
 	IdleTimeoutAction string `json:"idle_timeout_action,omitempty"`
+	// Snapshot restores a snapshot as the new sandbox's filesystem; image
+	// and layers then come from the snapshot and must not be given.
+	Snapshot string `json:"snapshot,omitempty"`
+	// Trajectory names the log that records every state-changing
+	// operation. With Resume, re-attach to it instead (fast-forward).
+	Trajectory string `json:"trajectory,omitempty"`
+	Resume     bool   `json:"resume,omitempty"`
+	// Branch: on divergence during a resume, fork a new trajectory T~k
+	// instead of answering 409.
+	Branch bool `json:"branch,omitempty"`
+	// Checkpoint: "none" (default), "every-step" (snapshot after each
+	// state-changing operation) or an interval of steps ("10").
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -101,6 +114,14 @@ type Sandbox struct {
 	Priority   string     `json:"priority,omitempty"`
 	IdleAction string     `json:"idle_timeout_action,omitempty"`
 	PausedAt   *time.Time `json:"paused_at,omitempty"`
+	// Snapshot is the snapshot the sandbox was restored from.
+	Snapshot string `json:"snapshot,omitempty"`
+	// Trajectory is the log the sandbox records into; Step its last step.
+	Trajectory string `json:"trajectory,omitempty"`
+	Step       int64  `json:"step,omitempty"`
+	// Replay is how many logged steps a resuming client may still re-issue
+	// and get cached (resume answers only).
+	Replay int64 `json:"replay,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -209,6 +230,10 @@ type ExecResult struct {
 	Signal     string  `json:"signal,omitempty"`
 	DurationMs float64 `json:"duration_ms"`
 	CommandID  string  `json:"command_id,omitempty"` // set for background commands
+	// Step is the operation's step in the sandbox's trajectory; Replayed
+	// says the result came from the log and nothing ran.
+	Step     int64 `json:"step,omitempty"`
+	Replayed bool  `json:"replayed,omitempty"`
 }
 
 // ExecEvent is one line of an NDJSON exec stream. Exactly one field group is set.
@@ -245,6 +270,9 @@ type FileInfo struct {
 	Type    string    `json:"type"` // file, dir, symlink, other
 	ModTime time.Time `json:"mod_time"`
 	Target  string    `json:"target,omitempty"` // symlink target
+	// Step and Replayed: as in ExecResult (writes and mkdirs of a trajectory sandbox).
+	Step     int64 `json:"step,omitempty"`
+	Replayed bool  `json:"replayed,omitempty"`
 }
 
 // FileList is the body of GET /v1/sandboxes/{id}/files?list=1.
@@ -313,6 +341,83 @@ type GCResult struct {
 	Removed []string `json:"removed"`
 	Bytes   int64    `json:"bytes"`
 	Kept    int      `json:"kept"`
+}
+
+// CreateSnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
+type CreateSnapshotRequest struct {
+	Name string `json:"name,omitempty"`
+	Stop bool   `json:"stop,omitempty"` // stop the sandbox after the snapshot
+}
+
+// Snapshot is a sandbox's filesystem at one moment: its image, its named
+// layers and every earlier diff (Layers, bottom first; the last entry is
+// this snapshot's own diff). Process memory is not captured.
+type Snapshot struct {
+	ID         string            `json:"id"`
+	Name       string            `json:"name,omitempty"`
+	Sandbox    string            `json:"sandbox"`
+	Image      string            `json:"image"`
+	Layers     []LayerAttachment `json:"layers"`
+	Diff       string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
+	Digest     string            `json:"digest"` // diff id of that layer
+	Size       int64             `json:"size"`   // bytes of the diff (uncompressed tar)
+	Entries    int               `json:"entries"`
+	Parent     string            `json:"parent,omitempty"`     // the snapshot the sandbox was restored from
+	Step       int64             `json:"step,omitempty"`       // trajectory step it was taken after (checkpoints)
+	Trajectory string            `json:"trajectory,omitempty"` // the trajectory it checkpoints
+	FrozenMs   float64           `json:"frozen_ms"`            // how long the sandbox was frozen
+	CreatedAt  time.Time         `json:"created_at"`
+}
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
+type ForkRequest struct {
+	Count int `json:"count"`
+}
+
+// ForkResult answers a fork: the snapshot and the new sandboxes.
+type ForkResult struct {
+	Snapshot  Snapshot  `json:"snapshot"`
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// TrajectoryStep is one logged operation with its result.
+type TrajectoryStep struct {
+	Step    int64     `json:"step"`
+	Op      string    `json:"op"` // exec, write, remove, rename, mkdir
+	Sandbox string    `json:"sandbox"`
+	At      time.Time `json:"at"`
+	// The operation.
+	Exec      *ExecRequest `json:"exec,omitempty"`
+	StdinHash string       `json:"stdin_sha256,omitempty"`
+	Path      string       `json:"path,omitempty"`
+	To        string       `json:"to,omitempty"`
+	Mode      uint32       `json:"mode,omitempty"`
+	Recursive bool         `json:"recursive,omitempty"`
+	Parents   bool         `json:"parents,omitempty"`
+	Append    bool         `json:"append,omitempty"`
+	DataHash  string       `json:"data_sha256,omitempty"`
+	DataSize  int64        `json:"data_size,omitempty"`
+	// The result.
+	Result *ExecResult `json:"result,omitempty"`
+	File   *FileInfo   `json:"file,omitempty"`
+	Error  *Error      `json:"error,omitempty"`
+	// Checkpoint is the snapshot taken after this step, if any.
+	Checkpoint string `json:"checkpoint,omitempty"`
+}
+
+// TrajectoryPage is the body of GET /v1/trajectories/{name}.
+type TrajectoryPage struct {
+	Trajectory string           `json:"trajectory"`
+	Sandbox    string           `json:"sandbox"`
+	Steps      []TrajectoryStep `json:"steps"`
+	Next       int64            `json:"next,omitempty"` // the after= of the next page; 0 = no more
+}
+
+// Divergence is the detail of a 409 on resume: the step and both operations.
+type Divergence struct {
+	Step     int64          `json:"step"`
+	Logged   TrajectoryStep `json:"logged"`
+	Received TrajectoryStep `json:"received"`
 }
 
 // Node is the watcher's view of one edge.
@@ -409,8 +514,9 @@ type NodeList struct {
 
 // Error is the body of every error answer: {"error":{"code","message"}}.
 type Error struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
+	Code    string      `json:"code"`
+	Message string      `json:"message"`
+	Diverge *Divergence `json:"divergence,omitempty"` // 409 on resume
 }
 
 type ErrorBody struct {

@@ -184,9 +184,11 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	if p == "/" {
 		return &api.Error{Code: api.CodeBadRequest, Message: "cannot remove /"}
 	}
-	if err := s.callEdge(r.Context(), id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: p, Recursive: queryBool(r, "recursive")}, nil, nil); err != nil {
+	var sr edge.StepResult
+	if err := s.callEdge(r.Context(), id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: p, Recursive: queryBool(r, "recursive")}, &sr, nil); err != nil {
 		return err
 	}
+	stepHeaders(w, &sr)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -226,9 +228,11 @@ func (s *Server) rename(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.callEdge(r.Context(), id, edge.OpFileRename, &edge.FileRequest{ID: id, Path: from, To: to}, nil, nil); err != nil {
+	var sr edge.StepResult
+	if err := s.callEdge(r.Context(), id, edge.OpFileRename, &edge.FileRequest{ID: id, Path: from, To: to}, &sr, nil); err != nil {
 		return err
 	}
+	stepHeaders(w, &sr)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -272,4 +276,13 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return s.streamDownload(w, r, id, edge.OpTarGet, "application/x-tar", &edge.FileRequest{ID: id, Path: p})
+}
+
+// stepHeaders reports a recorded operation's trajectory step on answers
+// without a body (Warren-Step, Warren-Replayed).
+func stepHeaders(w http.ResponseWriter, sr *edge.StepResult) {
+	if sr.Step > 0 {
+		w.Header().Set("Warren-Step", strconv.FormatInt(sr.Step, 10))
+		w.Header().Set("Warren-Replayed", strconv.FormatBool(sr.Replayed))
+	}
 }

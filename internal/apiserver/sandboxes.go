@@ -122,6 +122,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
+	if req.Resume {
+		if aerr := sandboxspec.CheckResume(&req); aerr != nil {
+			return aerr
+		}
+		return s.resumeTrajectory(w, r, &req)
+	}
 	limits, err := s.prepareCreate(r, &req)
 	if err != nil {
 		return err

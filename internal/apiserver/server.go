@@ -52,7 +52,10 @@ type Server struct {
 	log    *slog.Logger
 	placer *placement.Placer
 	idem   jetstream.KeyValue
-	mux    *http.ServeMux
+
+	trajMeta *bus.Records
+	tlog     *bus.TrajLog
+	mux      *http.ServeMux
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -100,6 +103,10 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/tokens", handler: s.createToken, role: api.RoleViewer},
 		{pattern: "GET /v1/tokens", handler: s.listTokens, role: api.RoleViewer},
 		{pattern: "DELETE /v1/tokens/{id}", handler: s.revokeToken, role: api.RoleViewer},
+		{pattern: "POST /v1/sandboxes/{id}/snapshots", handler: s.createSnapshot},
+		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.fork},
+		{pattern: "GET /v1/snapshots/{sid}", handler: s.getSnapshot, role: api.RoleViewer},
+		{pattern: "GET /v1/trajectories/{name...}", handler: s.getTrajectory, role: api.RoleViewer},
 		{pattern: "POST /v1/images", handler: s.pullImage},
 		{pattern: "POST /v1/layers", handler: s.createLayer},
 		{pattern: "GET /v1/layers", handler: s.listLayers, role: api.RoleViewer},
@@ -146,6 +153,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			Name: "warren_api_request_seconds", Help: "API request latency by route.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route"}),
+	}
+	if s.trajMeta, err = cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
+		return nil, err
+	}
+	if s.tlog, err = cfg.Bus.TrajectoryLog(ctx); err != nil {
+		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency)
 	for _, r := range s.routes() {

@@ -49,18 +49,22 @@ type Options struct {
 	BurstCount, BurstClients, BurstPool int
 	// PauseCount sandboxes holding PauseHoldMB each are paused; defaults 100, 64.
 	PauseCount, PauseHoldMB int
+	History                 HistoryOptions
 }
 
-// FigureSets are the names Figures accepts (besides all, layers, elastic).
-var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference"}
+// FigureSets are the names Figures accepts (besides all, layers, elastic, history).
+var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork"}
 
 var layerFigures = []string{"create-size", "lazy", "burst", "upgrade"}
+
+var historySets = []string{"fast-forward", "snapshot", "fork"}
 
 func (o *Options) want(f string) bool {
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "layers" && slices.Contains(layerFigures, f) ||
-			w == "elastic" && f != "core" && !slices.Contains(layerFigures, f) {
+			w == "history" && slices.Contains(historySets, f) ||
+			w == "elastic" && f != "core" && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -122,8 +126,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	o.defaults()
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
-		if w != "" && w != "all" && w != "layers" && w != "elastic" && !slices.Contains(FigureSets, w) {
-			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, elastic, %s)", w, strings.Join(FigureSets, ", "))
+		if w != "" && w != "all" && w != "layers" && w != "elastic" && w != "history" && !slices.Contains(FigureSets, w) {
+			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, elastic, history, %s)", w, strings.Join(FigureSets, ", "))
 		}
 	}
 	dataDir, err := os.MkdirTemp("", "warren-bench-")
@@ -171,6 +175,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if err := runLayers(ctx, o, c, dataDir, rep); err != nil {
 		return nil, err
+	}
+	if err := runHistory(ctx, o, c, rep); err != nil {
+		return nil, fmt.Errorf("bench history: %w", err)
 	}
 	for _, f := range []struct {
 		name string

@@ -17,11 +17,14 @@ func newCreateCmd(g *globals) *cobra.Command {
 		envs, labels []string
 	)
 	cmd := &cobra.Command{
-		Use:   "create --image IMAGE [flags]",
+		Use:   "create (--image IMAGE | --snapshot ID | --trajectory T --resume) [flags]",
 		Short: "create a sandbox and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
+			if req.Image == "" && req.Snapshot == "" && !req.Resume {
+				return fmt.Errorf("--image is required (or --snapshot ID, or --trajectory T --resume)")
+			}
 			if req.MemoryMB, err = parseSizeMB("memory", memory); err != nil {
 				return err
 			}
@@ -56,7 +59,7 @@ func newCreateCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&req.Image, "image", "", "image name (required)")
+	f.StringVar(&req.Image, "image", "", "image name (required unless --snapshot or --resume)")
 	f.StringVar(&req.Tier, "tier", "", "isolation tier (default container)")
 	f.Float64Var(&req.CPU, "cpu", 0, "CPU cores (default 1)")
 	f.StringVar(&memory, "memory", "", "memory limit: MiB or a size like 512m, 4g (default 512m)")
@@ -68,6 +71,9 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringArrayVarP(&labels, "label", "l", nil, "label K=V (repeatable)")
 	f.StringVar(&req.User, "user", "", "default user for commands")
 	f.StringVar(&req.Hostname, "hostname", "", "hostname inside the sandbox")
-	_ = cmd.MarkFlagRequired("image")
+	f.StringVar(&req.Snapshot, "snapshot", "", "restore this snapshot (instead of --image)")
+	f.StringVar(&req.Trajectory, "trajectory", "", "record every operation in this trajectory log")
+	f.StringVar(&req.Checkpoint, "checkpoint", "", "trajectory checkpoints: none, every-step or a number of steps")
+	f.BoolVar(&req.Resume, "resume", false, "re-attach to --trajectory (fast-forward through its log)")
 	return cmd
 }

@@ -66,6 +66,9 @@ func NewRootCmd() *cobra.Command {
 		newNodesCmd(g),
 		newProjectCmd(g),
 		newTokenCmd(g),
+		newSnapshotCmd(g),
+		newForkCmd(g),
+		newTrajCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),
 	)

@@ -25,6 +25,10 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
 		return nil, aerr
 	}
+	snap, err := e.fromSnapshot(ctx, &spec)
+	if err != nil {
+		return nil, err
+	}
 	id := req.ID
 	if id == "" {
 		id = e.newID()
@@ -74,17 +78,39 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
 				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
 				Priority: spec.Priority, IdleAction: spec.IdleTimeoutAction,
+				Snapshot: spec.Snapshot, Trajectory: spec.Trajectory,
 				CreatedAt: now, ExpiresAt: &expires,
 			},
 		},
 		lastActive: now,
 		ready:      make(chan struct{}),
+		traj:       newTraj(&spec),
 	}
 	e.sandboxes[id] = sb
 	e.mu.Unlock()
 
-	err := e.start(ctx, sb)
+	err = e.registerTrajectory(ctx, id, &spec)
+	if err == nil {
+		err = e.start(ctx, sb)
+	}
+	if err == nil && spec.Trajectory != "" && spec.Resume {
+		// A rebuild of a lost trajectory sandbox: from a checkpoint
+		// snapshot, or from the original state (step 0).
+		var from int64
+		if snap != nil && snap.Trajectory == spec.Trajectory {
+			from = snap.Step
+		}
+		if err = e.rebuildTraj(ctx, sb, from); err != nil {
+			e.stop(ctx, sb, api.StateFailed, "rebuild: "+err.Error())
+		}
+	}
 	if err != nil {
+		if spec.Trajectory != "" && !spec.Resume {
+			var tr TrajectoryRecord
+			if found, _, gerr := e.trajMeta.Get(ctx, spec.Trajectory, &tr); gerr == nil && found && tr.Sandbox == id {
+				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), spec.Trajectory)
+			}
+		}
 		sb.createErr = err
 		e.mu.Lock()
 		delete(e.sandboxes, id)
@@ -162,7 +188,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	// or attached at mount points.
 	var rootIDs, bindIDs, names []string
 	var binds []agentproto.Bind
-	for _, a := range spec.Layers {
+	for i, a := range spec.Layers {
 		l, err := e.cfg.Images.ResolveLayer(ctx, a.Layer)
 		if err != nil {
 			var ae *api.Error
@@ -172,6 +198,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 			return fmt.Errorf("resolve layer %s: %w", a.Layer, err)
 		}
 		desc := fmt.Sprintf("%s@%d", l.Name, l.Version)
+		spec.Layers[i].Layer = desc // pinned: snapshots record exact versions
 		if a.Mount == "" {
 			rootIDs = append(rootIDs, l.Digest)
 		} else {

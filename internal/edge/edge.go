@@ -135,6 +135,10 @@ type Edge struct {
 	wg     sync.WaitGroup
 
 	uploads uploads // layer tarballs arriving in chunks
+
+	snaps    *bus.Records // snapshot records
+	trajMeta *bus.Records // trajectory records
+	tlog     *bus.TrajLog // trajectory logs
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
@@ -198,6 +202,16 @@ func (e *Edge) stateDir(id string) string { return filepath.Join(e.runDir(), id)
 // Start reconciles with what is on the host, then serves requests, sends
 // heartbeats and reaps expired sandboxes until Close.
 func (e *Edge) Start(ctx context.Context) error {
+	var err error
+	if e.snaps, err = e.cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
+		return err
+	}
+	if e.trajMeta, err = e.cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
+		return err
+	}
+	if e.tlog, err = e.cfg.Bus.TrajectoryLog(ctx); err != nil {
+		return err
+	}
 	if err := e.reconcile(ctx); err != nil {
 		return err
 	}

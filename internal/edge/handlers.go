@@ -157,12 +157,24 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.fncall(ctx, &req)
+	case OpSnapshot:
+		var req SnapshotRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.snapshotOp(ctx, &req)
+	case OpSnapshotGet:
+		var req SnapshotGetRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.getSnapshot(ctx, req.Snapshot)
 	case OpExec:
 		var req ExecRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		return e.exec(ctx, &req, w)
+		return e.execRecorded(ctx, &req, w)
 	case OpCommandGet, OpCommandKill:
 		var req CommandRequest
 		if err := decode(body, &req); err != nil {
@@ -174,7 +186,13 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		return e.file(ctx, op, &req, w)
+		return e.fileRecorded(ctx, op, &req, w)
+	case OpTrajResume:
+		var req ResumeRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.resumeTrajectory(ctx, &req)
 	}
 	return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("unknown edge operation %q", op)}
 }
@@ -300,7 +318,7 @@ func (e *Edge) agentError(sb *sandbox, err error) error {
 	return err
 }
 
-func (e *Edge) exec(ctx context.Context, req *ExecRequest, w *bus.Replier) (any, error) {
+func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream string, data []byte) error) (any, error) {
 	x := &req.Exec
 	if (x.Cmd == "") == (len(x.Argv) == 0) {
 		return nil, &api.Error{Code: api.CodeInvalid, Message: "exactly one of cmd and argv is required"}
@@ -335,7 +353,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, w *bus.Replier) (any,
 	}
 	var res agentproto.ExecResult
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
-		return w.Chunk(r.Stream, r.Data)
+		return chunk(r.Stream, r.Data)
 	})
 	if err != nil {
 		return nil, e.agentError(sb, err)

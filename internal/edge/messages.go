@@ -36,6 +36,9 @@ const (
 	OpLayerDelete = "layer_delete"
 	OpLayerGC     = "layer_gc"
 	OpCreateBatch = "create_batch"
+	OpSnapshot    = "snapshot"     // SnapshotRequest → api.Snapshot
+	OpSnapshotGet = "snapshot_get" // SnapshotGetRequest → api.Snapshot (any node)
+	OpTrajResume  = "traj_resume"  // ResumeRequest → api.Sandbox
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

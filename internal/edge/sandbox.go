@@ -45,6 +45,7 @@ func (r *record) storage() string {
 type sandbox struct {
 	pmu        sync.Mutex // serializes pause and resume
 	mu         sync.Mutex
+	snapMu     sync.Mutex // one snapshot at a time
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time
@@ -57,6 +58,7 @@ type sandbox struct {
 	createErr  error
 	pool       string // the warm pool holding it, until claimed ("" = a user's sandbox)
 	stateless  bool   // an FnCall worker
+	traj       *traj  // nil unless the sandbox records a trajectory
 }
 
 func (sb *sandbox) view() api.Sandbox {
@@ -188,7 +190,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			}
 			inst, err := e.cfg.Runtime.Attach(ctx, *rec.Handle)
 			if err == nil {
-				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{})}
+				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
 				close(sb.ready)
 				e.sandboxes[id] = sb
 				adopted[store] = true

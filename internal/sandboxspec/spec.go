@@ -38,7 +38,60 @@ var (
 	hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 	userRE     = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$|^[0-9]{1,10}(:[0-9]{1,10})?$`)
 	imageRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$`)
+	snapshotRE = regexp.MustCompile(`^snap-[a-z0-9]{1,40}$`)
+	trajRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/~:-]{0,199}$`)
+	checkRE    = regexp.MustCompile(`^[1-9][0-9]{0,5}$`)
 )
+
+// ValidSnapshotID reports whether id can name a snapshot.
+func ValidSnapshotID(id string) bool { return snapshotRE.MatchString(id) }
+
+// ValidTrajectory reports whether name can name a trajectory.
+func ValidTrajectory(name string) bool {
+	return trajRE.MatchString(name) && !strings.Contains(name, "..")
+}
+
+// CheckpointEvery returns how many steps lie between checkpoints (0 = none).
+func CheckpointEvery(c string) int {
+	switch c {
+	case "", "none":
+		return 0
+	case "every-step":
+		return 1
+	}
+	n := 0
+	fmt.Sscanf(c, "%d", &n)
+	return n
+}
+
+// CheckResume validates a resume request (which creates nothing).
+func CheckResume(req *api.CreateSandboxRequest) *api.Error {
+	return checkHistory(req)
+}
+
+// checkHistory validates snapshot and trajectory fields.
+func checkHistory(req *api.CreateSandboxRequest) *api.Error {
+	if req.Snapshot != "" {
+		if !snapshotRE.MatchString(req.Snapshot) {
+			return invalid("snapshot %q is malformed", truncate(req.Snapshot))
+		}
+		if req.Image != "" || len(req.Layers) > 0 {
+			return invalid("a sandbox restored from a snapshot takes its image and layers from it")
+		}
+	}
+	if req.Trajectory != "" && !ValidTrajectory(req.Trajectory) {
+		return invalid("trajectory %q is malformed (letters, digits, . _ / ~ : -, at most 200)", truncate(req.Trajectory))
+	}
+	if (req.Resume || req.Branch || req.Checkpoint != "") && req.Trajectory == "" {
+		return invalid("resume, branch and checkpoint need a trajectory")
+	}
+	switch {
+	case req.Checkpoint == "", req.Checkpoint == "none", req.Checkpoint == "every-step", checkRE.MatchString(req.Checkpoint):
+	default:
+		return invalid("checkpoint must be \"none\", \"every-step\" or a number of steps")
+	}
+	return nil
+}
 
 func invalid(format string, a ...any) *api.Error {
 	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(format, a...)}
@@ -52,10 +105,15 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if req.Tier != api.TierContainer {
 		return invalid("tier %q is not available (available: container)", req.Tier)
 	}
-	if req.Image == "" {
-		return invalid("image is required")
+	if aerr := checkHistory(req); aerr != nil {
+		return aerr
 	}
-	if !imageRE.MatchString(req.Image) || strings.Contains(req.Image, "..") {
+	switch {
+	case req.Image == "" && req.Snapshot != "":
+		// The edge fills image and layers from the snapshot.
+	case req.Image == "":
+		return invalid("image is required")
+	case !imageRE.MatchString(req.Image) || strings.Contains(req.Image, ".."):
 		return invalid("image name %q is malformed", truncate(req.Image))
 	}
 	switch {

@@ -17,6 +17,9 @@ type APIError struct {
 	Status  int
 	Code    string
 	Message string
+	// Divergence is set on a 409 from a resumed trajectory: the step and
+	// both operations.
+	Divergence *api.Divergence
 }
 
 func (e *APIError) Error() string {
@@ -41,7 +44,7 @@ func readError(resp *http.Response) *APIError {
 	e := &APIError{Status: resp.StatusCode}
 	var body api.ErrorBody
 	if err := json.Unmarshal(b, &body); err == nil && body.Error.Code != "" {
-		e.Code, e.Message = body.Error.Code, body.Error.Message
+		e.Code, e.Message, e.Divergence = body.Error.Code, body.Error.Message, body.Error.Diverge
 		return e
 	}
 	e.Code = codeForStatus(resp.StatusCode)

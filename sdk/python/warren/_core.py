@@ -157,6 +157,13 @@ def q(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
 
 
+def trajectory_path(name: str) -> str:
+    """The path of a trajectory (its slashes stay: they are part of the name)."""
+    if not name:
+        raise ValueError("warren: empty trajectory")
+    return "/v1/trajectories/" + urllib.parse.quote(name, safe="/")
+
+
 def sandbox_path(sandbox_id: str, *rest: str) -> str:
     return "/v1/sandboxes/" + q(sandbox_id) + "".join("/" + r for r in rest)
 

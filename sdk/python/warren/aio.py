@@ -232,9 +232,28 @@ class AsyncClient:
                        timeout=_core.exec_read_timeout(self._cfg, timeout))
         return ExecResult.from_json(await self._json(req))
 
-    async def trajectory(self, trajectory_id: str) -> Trajectory:
-        doc = await self._json(Req("GET", "/v1/trajectories/" + _core.q(trajectory_id)))
-        return Trajectory.from_json(doc)
+    async def trajectory(self, trajectory_id: str, path: Optional[str] = None) -> Trajectory:
+        """Every recorded step of a trajectory, page by page (see Client.trajectory)."""
+        steps: List[Dict[str, Any]] = []
+        after = 0
+        while True:
+            params = [("after", str(after))] + ([("path", path)] if path else [])
+            doc = await self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params))
+            t = Trajectory.from_json(doc)
+            steps.extend(t.steps)
+            nxt = doc.get("next") if isinstance(doc, dict) else None
+            if not nxt:
+                t.steps = steps
+                return t
+            after = int(nxt)
+
+    async def resume(self, trajectory: str, *, branch: bool = False) -> "AsyncSandbox":
+        """Re-attach to a trajectory after a restart (see Client.resume)."""
+        body: Dict[str, Any] = {"trajectory": trajectory, "resume": True}
+        if branch:
+            body["branch"] = True
+        doc = await self._json(json_req("POST", "/v1/sandboxes", body))
+        return AsyncSandbox(self, SandboxInfo.from_json(doc))
 
 
 class _Creating:

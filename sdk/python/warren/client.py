@@ -340,10 +340,34 @@ class Client:
                        timeout=_core.exec_read_timeout(self._cfg, timeout))
         return ExecResult.from_json(self._json(req))
 
-    def trajectory(self, trajectory_id: str) -> Trajectory:
-        """The recorded operations of a trajectory (``GET /v1/trajectories/{id}``)."""
-        return Trajectory.from_json(self._json(Req("GET", "/v1/trajectories/" +
-                                                   _core.q(trajectory_id))))
+    def trajectory(self, trajectory_id: str, path: Optional[str] = None) -> Trajectory:
+        """Every recorded step of a trajectory, in order (``GET /v1/trajectories/{id}``,
+        page by page). ``path`` keeps only the steps whose file operations changed
+        that path (provenance)."""
+        steps: List[Dict[str, Any]] = []
+        after = 0
+        while True:
+            params = [("after", str(after))] + ([("path", path)] if path else [])
+            doc = self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params))
+            t = Trajectory.from_json(doc)
+            steps.extend(t.steps)
+            nxt = doc.get("next") if isinstance(doc, dict) else None
+            if not nxt:
+                t.steps = steps
+                return t
+            after = int(nxt)
+
+    def resume(self, trajectory: str, *, branch: bool = False) -> "Sandbox":
+        """Re-attach to a trajectory after a restart. Re-issue the operations from
+        the beginning: while they equal the logged ones the cached results come
+        back (``replayed=True``) and nothing runs; then the sandbox continues live.
+        A lost sandbox is rebuilt from its last checkpoint. A different operation
+        raises :class:`Conflict` with ``divergence`` set."""
+        body = {"trajectory": trajectory, "resume": True}
+        if branch:
+            body["branch"] = True
+        return Sandbox(self, SandboxInfo.from_json(self._json(json_req("POST", "/v1/sandboxes",
+                                                                       body))))
 
 
 class Pools:

@@ -49,6 +49,8 @@ class WarrenError(Exception):
         self.message = message
         self.code = code
         self.status = status
+        # On a 409 from a resumed trajectory: {"step", "logged", "received"}.
+        self.divergence: Optional[Dict[str, Any]] = None
 
     def __str__(self) -> str:
         if self.code:
@@ -198,6 +200,10 @@ def error_from_body(status: int, body: bytes, reason: str = "") -> WarrenError:
         err = doc["error"]
         code = err.get("code") if isinstance(err.get("code"), str) else None
         message = str(err.get("message") or "")
+        if isinstance(err.get("divergence"), dict):
+            e = error_for(code, message, status)
+            e.divergence = err["divergence"]
+            return e
     elif isinstance(doc, dict) and isinstance(doc.get("error"), str):
         message = doc["error"]
     if not message:

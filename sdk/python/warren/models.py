@@ -151,6 +151,7 @@ class ExecResult:
     duration: float = 0.0
     command_id: str = ""
     step: Optional[int] = None
+    replayed: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -162,7 +163,8 @@ class ExecResult:
             stderr=stderr if stderr is not None else _s(d, "stderr"),
             truncated=bool(d.get("truncated")), timed_out=bool(d.get("timed_out")),
             signal=_s(d, "signal"), duration=_f(d, "duration_ms") / 1000.0,
-            command_id=_s(d, "command_id") or _s(d, "id"), step=_oi(d, "step"), raw=d)
+            command_id=_s(d, "command_id") or _s(d, "id"), step=_oi(d, "step"),
+            replayed=bool(d.get("replayed")), raw=d)
 
     @property
     def ok(self) -> bool:
@@ -345,20 +347,29 @@ class Node:
 
 @dataclass
 class Snapshot:
-    """A snapshot of a sandbox's filesystem state (``POST .../snapshots``)."""
+    """A snapshot of a sandbox's filesystem (``POST .../snapshots``): only the
+    filesystem, not process memory. Restore with ``client.create(snapshot=id)``."""
 
     id: str
     name: str = ""
     sandbox_id: str = ""
     size: int = 0
     created_at: Optional[_dt.datetime] = None
+    image: str = ""
+    layers: List[Any] = field(default_factory=list)
+    diff: str = ""
+    parent: str = ""
+    step: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Snapshot":
+        layers = d.get("layers")
         return cls(id=_s(d, "id"), name=_s(d, "name"),
                    sandbox_id=_s(d, "sandbox_id") or _s(d, "sandbox"), size=_i(d, "size"),
-                   created_at=parse_time(d.get("created_at")), raw=d)
+                   created_at=parse_time(d.get("created_at")), image=_s(d, "image"),
+                   layers=list(layers) if isinstance(layers, list) else [], diff=_s(d, "diff"),
+                   parent=_s(d, "parent"), step=_oi(d, "step"), raw=d)
 
 
 @dataclass
@@ -394,7 +405,11 @@ class Trajectory:
     steps: List[Dict[str, Any]] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
+    sandbox_id: str = ""
+
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Trajectory":
         steps = d.get("steps", d.get("events"))
-        return cls(id=_s(d, "id"), steps=list(steps) if isinstance(steps, list) else [], raw=d)
+        return cls(id=_s(d, "trajectory") or _s(d, "id"),
+                   steps=list(steps) if isinstance(steps, list) else [], raw=d,
+                   sandbox_id=_s(d, "sandbox"))

@@ -1,0 +1,166 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/sandboxspec"
+)
+
+// Paging of GET /v1/trajectories/{name}.
+const (
+	defaultTrajPage = 500
+	maxTrajPage     = 5000
+)
+
+func (s *Server) trajectoryRecord(ctx context.Context, name string) (*edge.TrajectoryRecord, error) {
+	rec, _, err := s.trajectoryRecordRev(ctx, name)
+	return rec, err
+}
+
+func (s *Server) trajectoryRecordRev(ctx context.Context, name string) (*edge.TrajectoryRecord, uint64, error) {
+	if !sandboxspec.ValidTrajectory(name) {
+		return nil, 0, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("trajectory %q is malformed", truncate(name))}
+	}
+	var rec edge.TrajectoryRecord
+	found, rev, err := s.trajMeta.Get(ctx, name, &rec)
+	if err != nil {
+		return nil, 0, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	if !found {
+		return nil, 0, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("trajectory %q not found", truncate(name))}
+	}
+	return &rec, rev, nil
+}
+
+// resumeSandbox re-attaches a client to its trajectory's sandbox.
+func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *api.CreateSandboxRequest) error {
+	if req.Image != "" || len(req.Layers) > 0 || req.Snapshot != "" {
+		return &api.Error{Code: api.CodeInvalid, Message: "resume takes the sandbox of the trajectory; image, layers and snapshot must be absent"}
+	}
+	ctx := r.Context()
+	rec, rev, err := s.trajectoryRecordRev(ctx, req.Trajectory)
+	if err != nil {
+		return err
+	}
+	var sb api.Sandbox
+	err = s.callEdge(ctx, rec.Sandbox, edge.OpTrajResume, &edge.ResumeRequest{ID: rec.Sandbox, Trajectory: req.Trajectory, Branch: req.Branch}, &sb, nil)
+	if err != nil {
+		var ae *api.Error
+		if errors.As(err, &ae) && (ae.Code == api.CodeNotFound || (ae.Code == api.CodeConflict && !strings.Contains(ae.Message, "resumed by another"))) {
+			s.log.Info("trajectory sandbox lost; rebuilding", "trajectory", req.Trajectory, "sandbox", rec.Sandbox, "checkpoint", rec.CheckpointSnap, "reason", ae.Message)
+			return s.rebuild(w, r, rec, rev, req.Branch)
+		}
+		return err
+	}
+	writeJSON(w, http.StatusOK, &sb)
+	return nil
+}
+
+// rebuild makes a new sandbox for a trajectory whose sandbox was lost: from
+// its last checkpoint snapshot, or from its original state without one.
+// The edge then serves the logged steps up to that state from the log and
+// runs the later ones again as the client re-issues them.
+func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.TrajectoryRecord, rev uint64, branch bool) error {
+	ctx := r.Context()
+	spec := rec.Spec
+	spec.Resume, spec.Branch = true, branch
+	if rec.CheckpointSnap != "" {
+		spec.Snapshot = rec.CheckpointSnap
+	}
+	if spec.Snapshot != "" {
+		spec.Image, spec.Layers = "", nil
+	}
+	node, err := s.placer.Pick(&spec, nil, nil)
+	if err != nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: "no node can rebuild the trajectory's sandbox now"}
+	}
+	id := edge.NewSandboxID(node)
+	next := *rec
+	next.Sandbox = id
+	if err := s.trajMeta.Update(ctx, rec.Name, &next, rev); err != nil {
+		if errors.Is(err, bus.ErrExists) {
+			return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is being resumed by another client", rec.Name)}
+		}
+		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	var sb api.Sandbox
+	if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: spec}, &sb, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, &sb)
+	return nil
+}
+
+func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	ctx := r.Context()
+	rec, err := s.trajectoryRecord(ctx, name)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	after, limit := int64(0), defaultTrajPage
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return &api.Error{Code: api.CodeBadRequest, Message: "after must be a step number"}
+		}
+		after = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxTrajPage {
+			return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("limit must be between 1 and %d", maxTrajPage)}
+		}
+		limit = n
+	}
+	path := q.Get("path")
+	page := api.TrajectoryPage{Trajectory: name, Sandbox: rec.Sandbox, Steps: []api.TrajectoryStep{}}
+	// Steps are numbered from 1, so step after+1 is about entry after (a
+	// failed append can leave a gap; read a little earlier).
+	skip := max(int(after)-64, 0)
+	want := limit + 1 + int(after) - skip
+	if path != "" {
+		want = 0
+	}
+	raw, err := s.tlog.Read(ctx, name, skip, want)
+	if err != nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	for _, b := range raw {
+		var st api.TrajectoryStep
+		if err := json.Unmarshal(b, &st); err != nil {
+			return fmt.Errorf("trajectory %s: corrupt entry: %w", name, err)
+		}
+		if st.Step <= after {
+			continue
+		}
+		if path != "" && !touches(&st, path) {
+			continue
+		}
+		if len(page.Steps) == limit {
+			page.Next = page.Steps[limit-1].Step
+			break
+		}
+		page.Steps = append(page.Steps, st)
+	}
+	writeJSON(w, http.StatusOK, &page)
+	return nil
+}
+
+// touches reports whether a file operation changed p (or something under it).
+func touches(st *api.TrajectoryStep, p string) bool {
+	under := func(x string) bool {
+		return x != "" && (x == p || strings.HasPrefix(x, strings.TrimSuffix(p, "/")+"/"))
+	}
+	return under(st.Path) || under(st.To)
+}

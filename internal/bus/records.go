@@ -1,0 +1,199 @@
+package bus
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Buckets and streams of snapshots and trajectories.
+const (
+	BucketSnapshots    = "warren-snapshots"
+	BucketTrajectories = "warren-trajectories"
+	streamTrajectories = "warren-trajectories"
+	subjectTrajPrefix  = "warren.traj."
+)
+
+// Records is a JetStream KV bucket of JSON records. Keys are arbitrary
+// strings (encoded, so any name is a valid key).
+type Records struct {
+	kv jetstream.KeyValue
+}
+
+// Records opens (creating when missing) a bucket of JSON records.
+func (c *Conn) Records(ctx context.Context, bucket string) (*Records, error) {
+	kv, err := c.KeyValue(ctx, bucket, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Records{kv: kv}, nil
+}
+
+func recordKey(k string) string { return "k" + hex.EncodeToString([]byte(k)) }
+
+// Get decodes the record under key into v; found is false when none exists.
+func (r *Records) Get(ctx context.Context, key string, v any) (found bool, rev uint64, err error) {
+	e, err := r.kv.Get(ctx, recordKey(key))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("bus: get %s: %w", key, err)
+	}
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return false, 0, fmt.Errorf("bus: decode %s: %w", key, err)
+	}
+	return true, e.Revision(), nil
+}
+
+// Put stores v under key.
+func (r *Records) Put(ctx context.Context, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := r.kv.Put(ctx, recordKey(key), b); err != nil {
+		return fmt.Errorf("bus: put %s: %w", key, err)
+	}
+	return nil
+}
+
+// ErrExists means Create found a record already there.
+var ErrExists = errors.New("bus: record exists")
+
+// Create stores v under key only if no record exists (ErrExists otherwise).
+func (r *Records) Create(ctx context.Context, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := r.kv.Create(ctx, recordKey(key), b); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return ErrExists
+		}
+		return fmt.Errorf("bus: create %s: %w", key, err)
+	}
+	return nil
+}
+
+// Update stores v under key only if the record is still at revision rev
+// (ErrExists when someone changed it in between).
+func (r *Records) Update(ctx context.Context, key string, v any, rev uint64) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := r.kv.Update(ctx, recordKey(key), b, rev); err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return ErrExists
+		}
+		return fmt.Errorf("bus: update %s: %w", key, err)
+	}
+	return nil
+}
+
+// Delete removes the record under key.
+func (r *Records) Delete(ctx context.Context, key string) error {
+	if err := r.kv.Delete(ctx, recordKey(key)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("bus: delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// TrajLog is the JetStream stream holding every trajectory's ordered log
+// (file storage: it survives a kill -9 of the process; replicated in a
+// cluster). Each trajectory is one subject; entries are JSON.
+type TrajLog struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+}
+
+// TrajectoryLog opens (creating when missing) the trajectory stream.
+func (c *Conn) TrajectoryLog(ctx context.Context) (*TrajLog, error) {
+	st, err := c.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              streamTrajectories,
+		Subjects:          []string{subjectTrajPrefix + ">"},
+		Storage:           jetstream.FileStorage,
+		MaxMsgSize:        MaxPayload,
+		Duplicates:        2 * time.Minute,
+		MaxMsgsPerSubject: -1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bus: trajectory stream: %w", err)
+	}
+	return &TrajLog{js: c.js, stream: st}, nil
+}
+
+func trajSubject(traj string) string { return subjectTrajPrefix + hex.EncodeToString([]byte(traj)) }
+
+// Append adds entry number step to traj's log and waits until it is stored.
+// Re-appending the same step (a retry) is ignored by the stream.
+func (l *TrajLog) Append(ctx context.Context, traj string, step int64, entry []byte) error {
+	_, err := l.js.Publish(ctx, trajSubject(traj), entry, jetstream.WithMsgID(fmt.Sprintf("%s#%d", hex.EncodeToString([]byte(traj)), step)))
+	if err != nil {
+		return fmt.Errorf("bus: append to trajectory: %w", err)
+	}
+	return nil
+}
+
+// Last returns the last entry of traj's log, or nil when it is empty.
+func (l *TrajLog) Last(ctx context.Context, traj string) ([]byte, error) {
+	m, err := l.stream.GetLastMsgForSubject(ctx, trajSubject(traj))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bus: read trajectory: %w", err)
+	}
+	return m.Data, nil
+}
+
+// Read returns up to limit entries of traj's log (0 = all) after skipping
+// the first skip, in order.
+func (l *TrajLog) Read(ctx context.Context, traj string, skip, limit int) ([][]byte, error) {
+	cons, err := l.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{trajSubject(traj)},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bus: read trajectory: %w", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bus: read trajectory: %w", err)
+	}
+	pending := int(info.NumPending)
+	var out [][]byte
+	seen := 0
+	for pending > 0 {
+		batch, err := cons.Fetch(min(pending, 1000), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("bus: read trajectory: %w", err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			pending--
+			if md, err := m.Metadata(); err == nil {
+				pending = int(md.NumPending)
+			}
+			if seen >= skip && (limit == 0 || len(out) < limit) {
+				out = append(out, m.Data())
+			}
+			seen++
+		}
+		if err := batch.Error(); err != nil && got == 0 {
+			return nil, fmt.Errorf("bus: read trajectory: %w", err)
+		}
+		if got == 0 || (limit > 0 && len(out) >= limit) {
+			break
+		}
+	}
+	return out, nil
+}

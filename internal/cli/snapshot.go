@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/api"
+)
+
+func newSnapshotCmd(g *globals) *cobra.Command {
+	var req api.CreateSnapshotRequest
+	cmd := &cobra.Command{
+		Use:   "snapshot SANDBOX",
+		Short: "snapshot a sandbox's filesystem and print the snapshot id (restore: create --snapshot ID)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			snap, err := g.client().Snapshot(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), snap)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), snap.ID)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&req.Name, "name", "", "a name for the snapshot")
+	cmd.Flags().BoolVar(&req.Stop, "stop", false, "stop the sandbox after the snapshot")
+	return cmd
+}
+
+func newForkCmd(g *globals) *cobra.Command {
+	var count int
+	cmd := &cobra.Command{
+		Use:   "fork SANDBOX",
+		Short: "make N sandboxes from the sandbox's current filesystem and print their ids",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := g.client().Fork(cmd.Context(), args[0], count)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), res)
+			}
+			for _, sb := range res.Sandboxes {
+				if _, err := fmt.Fprintln(cmd.OutOrStdout(), sb.ID); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "how many sandboxes")
+	return cmd
+}
+
+func newTrajCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "traj", Short: "trajectory logs"}
+	var path string
+	show := &cobra.Command{
+		Use:   "show TRAJECTORY",
+		Short: "print every step of a trajectory",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			steps, err := g.client().TrajectoryAll(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if path != "" {
+				var keep []api.TrajectoryStep
+				for _, st := range steps {
+					if st.Path == path || st.To == path || strings.HasPrefix(st.Path, strings.TrimSuffix(path, "/")+"/") {
+						keep = append(keep, st)
+					}
+				}
+				steps = keep
+			}
+			if g.json {
+				if steps == nil {
+					steps = []api.TrajectoryStep{}
+				}
+				return printJSON(cmd.OutOrStdout(), steps)
+			}
+			t := newTable(cmd.OutOrStdout(), "STEP", "AT", "OP", "OPERATION", "RESULT")
+			for _, st := range steps {
+				t.row(fmt.Sprint(st.Step), st.At.Format(time.RFC3339), st.Op, describeOp(&st), describeResult(&st))
+			}
+			return t.flush()
+		},
+	}
+	show.Flags().StringVar(&path, "path", "", "only the steps that changed this path")
+	diff := &cobra.Command{
+		Use:   "diff TRAJECTORY A B",
+		Short: "list the files that file operations changed after step A up to step B (commands are listed, not analysed)",
+		Args:  cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var a, b int64
+			if _, err := fmt.Sscanf(args[1], "%d", &a); err != nil || a < 0 {
+				return fmt.Errorf("step A %q is not a step number", args[1])
+			}
+			if _, err := fmt.Sscanf(args[2], "%d", &b); err != nil || b < a {
+				return fmt.Errorf("step B %q is not a step number at least A", args[2])
+			}
+			steps, err := g.client().TrajectoryAll(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			changed := map[string]string{}
+			var order []string
+			var execs []api.TrajectoryStep
+			note := func(p, what string) {
+				if _, ok := changed[p]; !ok {
+					order = append(order, p)
+				}
+				changed[p] = what
+			}
+			for _, st := range steps {
+				if st.Step <= a || st.Step > b || st.Error != nil {
+					continue
+				}
+				switch st.Op {
+				case "write", "mkdir":
+					note(st.Path, "changed")
+				case "remove":
+					note(st.Path, "removed")
+				case "rename":
+					note(st.Path, "removed")
+					note(st.To, "changed")
+				case "exec":
+					execs = append(execs, st)
+				}
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"files": changed, "commands": execs})
+			}
+			t := newTable(cmd.OutOrStdout(), "PATH", "CHANGE")
+			for _, p := range order {
+				t.row(p, changed[p])
+			}
+			for _, st := range execs {
+				t.row(fmt.Sprintf("(step %d: %s)", st.Step, describeOp(&st)), "command, not analysed")
+			}
+			return t.flush()
+		},
+	}
+	cmd.AddCommand(show, diff)
+	return cmd
+}
+
+func describeOp(st *api.TrajectoryStep) string {
+	switch {
+	case st.Exec != nil && st.Exec.Cmd != "":
+		return clip(st.Exec.Cmd, 60)
+	case st.Exec != nil:
+		return clip(strings.Join(st.Exec.Argv, " "), 60)
+	case st.Op == "rename":
+		return st.Path + " -> " + st.To
+	case st.Op == "write":
+		return fmt.Sprintf("%s (%d bytes)", st.Path, st.DataSize)
+	}
+	return st.Path
+}
+
+func describeResult(st *api.TrajectoryStep) string {
+	switch {
+	case st.Error != nil:
+		return st.Error.Code
+	case st.Result != nil:
+		return fmt.Sprintf("exit %d, %.1f ms", st.Result.ExitCode, st.Result.DurationMs)
+	}
+	return "ok"
+}
+
+func clip(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

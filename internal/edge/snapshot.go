@@ -1,0 +1,203 @@
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/sandboxspec"
+)
+
+// SnapshotRequest is the body of OpSnapshot (and OpFork's snapshot step).
+type SnapshotRequest struct {
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	Stop bool   `json:"stop,omitempty"`
+}
+
+// SnapshotGetRequest names a snapshot (OpSnapshotGet).
+type SnapshotGetRequest struct {
+	Snapshot string `json:"snapshot"`
+}
+
+func newSnapshotID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return "snap-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// SnapshotLayerName is the named layer that holds a snapshot's diff.
+func SnapshotLayerName(id string) string { return "snap/" + id }
+
+// snapshotOp answers OpSnapshot.
+func (e *Edge) snapshotOp(ctx context.Context, req *SnapshotRequest) (*api.Snapshot, error) {
+	if len(req.Name) > 128 {
+		return nil, invalidf("snapshot name is longer than 128 bytes")
+	}
+	sb, _, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := e.snapshot(ctx, sb, req.Name, 0)
+	release()
+	if err != nil {
+		return nil, err
+	}
+	if req.Stop {
+		e.stop(ctx, sb, api.StateStopped, "stopped after snapshot "+snap.ID)
+	}
+	return snap, nil
+}
+
+// snapshot freezes the sandbox, packs its writable layer into a new
+// content-addressed layer, thaws it and records the chain. The caller holds
+// the sandbox (acquire).
+func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int64) (*api.Snapshot, error) {
+	sb.snapMu.Lock()
+	defer sb.snapMu.Unlock()
+	sb.mu.Lock()
+	id := sb.rec.Sandbox.ID
+	upper := sb.rec.Upper
+	ids := append([]string(nil), sb.rec.Layers[:len(sb.rec.Layers)-len(sb.rec.Binds)]...)
+	spec := sb.rec.Spec
+	chain := append([]api.LayerAttachment(nil), spec.Layers...)
+	h := sb.rec.Handle
+	sb.mu.Unlock()
+	if upper == "" || h == nil {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to snapshot", id)}
+	}
+	holder := id + "/snapshot"
+	lowers, err := e.cfg.Images.MountLayers(holder, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer e.cfg.Images.ReleaseLayers(holder)
+
+	snapID := newSnapshotID()
+	t0 := time.Now()
+	if err := e.freeze(ctx, *h); err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox %s could not be frozen for the snapshot: %v", id, err)}
+	}
+	// Frozen only while the writable layer is copied (cloned where the
+	// filesystem can); packing the copy runs with the sandbox thawed. If
+	// the copy fails, pack the live directory while frozen.
+	src := filepath.Clean(upper)
+	// Beside the upper dir: the same filesystem, so the copy clones extents
+	// (btrfs, xfs) instead of copying data; it goes with the sandbox's
+	// writable layer if warren dies before removing it.
+	copyDir := filepath.Join(filepath.Dir(src), ".snapshot-"+snapID)
+	var l *api.Layer
+	var perr error
+	cerr := copyTree(ctx, src, copyDir)
+	if cerr != nil {
+		_ = os.RemoveAll(copyDir)
+		e.log.Warn("snapshot copy failed; packing while frozen", "sandbox", id, "err", cerr)
+		l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, src, lowers, "snapshot of "+id)
+	}
+	terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), *h)
+	frozen := time.Since(t0)
+	if cerr == nil {
+		defer os.RemoveAll(copyDir)
+		if terr == nil {
+			l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, copyDir, lowers, "snapshot of "+id)
+		}
+	}
+	if terr != nil {
+		return nil, fmt.Errorf("thaw %s: %w", id, terr)
+	}
+	if perr != nil {
+		return nil, perr
+	}
+	diff := fmt.Sprintf("%s@%d", l.Name, l.Version)
+	snap := &api.Snapshot{
+		ID: snapID, Name: name, Sandbox: id, Image: spec.Image,
+		Layers: append(chain, api.LayerAttachment{Layer: diff}), Diff: diff,
+		Digest: l.Digest, Size: l.Size, Entries: l.Entries, Parent: spec.Snapshot, Step: step,
+		Trajectory: func() string {
+			if step > 0 {
+				return spec.Trajectory
+			}
+			return ""
+		}(),
+		FrozenMs: float64(frozen.Microseconds()) / 1000, CreatedAt: time.Now().UTC(),
+	}
+	if err := e.snaps.Put(ctx, snapID, snap); err != nil {
+		return nil, err
+	}
+	e.log.Debug("snapshot", "sandbox", id, "snapshot", snapID, "frozen", frozen, "bytes", l.Size)
+	return snap, nil
+}
+
+// getSnapshot reads a snapshot record (404 when unknown).
+func (e *Edge) getSnapshot(ctx context.Context, id string) (*api.Snapshot, error) {
+	if !sandboxspec.ValidSnapshotID(id) {
+		return nil, invalidf("snapshot %q is malformed", id)
+	}
+	var snap api.Snapshot
+	found, _, err := e.snaps.Get(ctx, id, &snap)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("snapshot %s not found", id)}
+	}
+	return &snap, nil
+}
+
+// fromSnapshot fills a create request's image and layers from its snapshot.
+func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest) (*api.Snapshot, error) {
+	if spec.Snapshot == "" {
+		return nil, nil
+	}
+	if spec.Image != "" || len(spec.Layers) > 0 {
+		return nil, invalidf("a sandbox restored from a snapshot takes its image and layers from it")
+	}
+	snap, err := e.getSnapshot(ctx, spec.Snapshot)
+	if err != nil {
+		return nil, err
+	}
+	if len(snap.Layers) > sandboxspec.MaxLayers {
+		return nil, invalidf("snapshot %s chains %d layers (at most %d)", snap.ID, len(snap.Layers), sandboxspec.MaxLayers)
+	}
+	spec.Image = snap.Image
+	spec.Layers = append([]api.LayerAttachment(nil), snap.Layers...)
+	return snap, nil
+}
+
+// copyTree copies dir to dst keeping everything overlayfs needs (owners,
+// modes, times, xattrs such as trusted.overlay.opaque, whiteout device
+// nodes, hard links), cloning file data where the filesystem supports it.
+func copyTree(ctx context.Context, dir, dst string) error {
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", dir, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cp: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// freeze stops every process of the sandbox, retrying a freeze that does
+// not settle (a busy sandbox on a loaded node); a failed attempt is thawed,
+// so no process stays stopped.
+func (e *Edge) freeze(ctx context.Context, h runtime.Handle) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if err = e.cfg.Runtime.Freeze(ctx, h); err == nil {
+			return nil
+		}
+		_ = e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), h)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+		}
+	}
+	return err
+}

@@ -1,0 +1,429 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/sandboxspec"
+)
+
+// MaxLoggedOutput bounds the stdout and stderr kept per step in the log.
+const MaxLoggedOutput = 1 << 20
+
+// resumeLease is how long a resuming client that stopped re-issuing
+// operations keeps other resumers out.
+const resumeLease = 30 * time.Second
+
+// TrajectoryRecord is a trajectory's entry in the KV bucket: where it
+// lives and its last checkpoint.
+type TrajectoryRecord struct {
+	Name           string                   `json:"name"`
+	Sandbox        string                   `json:"sandbox"`
+	Spec           api.CreateSandboxRequest `json:"spec"`
+	CheckpointSnap string                   `json:"checkpoint_snapshot,omitempty"`
+	CheckpointStep int64                    `json:"checkpoint_step,omitempty"`
+	CreatedAt      time.Time                `json:"created_at"`
+}
+
+// ResumeRequest is the body of OpTrajResume.
+type ResumeRequest struct {
+	ID         string `json:"id"`
+	Trajectory string `json:"trajectory"`
+	Branch     bool   `json:"branch,omitempty"`
+}
+
+// StepResult answers a recorded operation that has no other answer.
+type StepResult struct {
+	Step     int64 `json:"step,omitempty"`
+	Replayed bool  `json:"replayed,omitempty"`
+}
+
+// traj is the trajectory state of one sandbox. mu serializes the
+// sandbox's state-changing operations so the log is totally ordered.
+type traj struct {
+	mu     sync.Mutex
+	name   string
+	every  int
+	loaded bool
+	last   int64
+	replay []api.TrajectoryStep
+	cursor int
+	// reexec: logged steps from this index on are run again (not served
+	// from the log) because the sandbox was rebuilt from an earlier state.
+	reexec   int
+	resumeAt time.Time
+}
+
+func newTraj(spec *api.CreateSandboxRequest) *traj {
+	if spec.Trajectory == "" {
+		return nil
+	}
+	return &traj{name: spec.Trajectory, every: sandboxspec.CheckpointEvery(spec.Checkpoint)}
+}
+
+func (e *Edge) loadTraj(ctx context.Context, t *traj) error {
+	if t.loaded {
+		return nil
+	}
+	b, err := e.tlog.Last(ctx, t.name)
+	if err != nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	if b != nil {
+		var st api.TrajectoryStep
+		if err := json.Unmarshal(b, &st); err != nil {
+			return fmt.Errorf("trajectory %s: corrupt entry: %w", t.name, err)
+		}
+		t.last = st.Step
+	}
+	t.loaded = true
+	return nil
+}
+
+// readTrajectory returns every step of a log.
+func (e *Edge) readTrajectory(ctx context.Context, name string) ([]api.TrajectoryStep, error) {
+	raw, err := e.tlog.Read(ctx, name, 0, 0)
+	if err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	out := make([]api.TrajectoryStep, 0, len(raw))
+	for _, b := range raw {
+		var st api.TrajectoryStep
+		if err := json.Unmarshal(b, &st); err != nil {
+			return nil, fmt.Errorf("trajectory %s: corrupt entry: %w", name, err)
+		}
+		if n := len(out); n > 0 && st.Step <= out[n-1].Step {
+			continue // a duplicate of a retried append
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// registerTrajectory claims the trajectory name for a new sandbox.
+func (e *Edge) registerTrajectory(ctx context.Context, id string, spec *api.CreateSandboxRequest) error {
+	if spec.Trajectory == "" || spec.Resume {
+		return nil
+	}
+	rec := TrajectoryRecord{Name: spec.Trajectory, Sandbox: id, Spec: *spec, CreatedAt: time.Now().UTC()}
+	err := e.trajMeta.Create(ctx, spec.Trajectory, &rec)
+	if errors.Is(err, bus.ErrExists) {
+		var old TrajectoryRecord
+		if found, _, gerr := e.trajMeta.Get(ctx, spec.Trajectory, &old); gerr == nil && found && old.Sandbox == id {
+			return nil // a retried create
+		}
+		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q exists; re-attach with resume: true", spec.Trajectory)}
+	}
+	return err
+}
+
+// resumeTrajectory starts fast-forwarding a trajectory on its live sandbox.
+func (e *Edge) resumeTrajectory(ctx context.Context, req *ResumeRequest) (*api.Sandbox, error) {
+	sb, _, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	t := sb.traj
+	if t == nil || t.name != req.Trajectory {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s does not record trajectory %q", req.ID, req.Trajectory)}
+	}
+	if req.Branch {
+		return nil, invalidf("branch is not supported yet")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cursor < len(t.replay) && time.Since(t.resumeAt) < resumeLease {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is being resumed by another client (at step %d of %d)", t.name, t.cursor, len(t.replay))}
+	}
+	steps, err := e.readTrajectory(ctx, t.name)
+	if err != nil {
+		return nil, err
+	}
+	t.replay, t.cursor, t.resumeAt, t.loaded, t.reexec = steps, 0, time.Now(), true, len(steps)
+	t.last = 0
+	if n := len(steps); n > 0 {
+		t.last = steps[n-1].Step
+	}
+	v := sb.view()
+	v.Step, v.Replay = t.last, int64(len(steps))
+	return &v, nil
+}
+
+func digest(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// sameOp reports whether a re-issued operation equals the logged one.
+func sameOp(a, b *api.TrajectoryStep) bool {
+	if a.Op != b.Op || a.Path != b.Path || a.To != b.To || a.Mode != b.Mode || a.Recursive != b.Recursive ||
+		a.Parents != b.Parents || a.Append != b.Append || a.DataHash != b.DataHash || a.StdinHash != b.StdinHash {
+		return false
+	}
+	if (a.Exec == nil) != (b.Exec == nil) {
+		return false
+	}
+	if a.Exec == nil {
+		return true
+	}
+	x, y := *a.Exec, *b.Exec
+	x.Timeout, y.Timeout, x.OutputCap, y.OutputCap = 0, 0, 0, 0
+	if len(x.Env) == 0 {
+		x.Env = nil
+	}
+	if len(y.Env) == 0 {
+		y.Env = nil
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+// opOnly strips the results from a step (for the divergence answer).
+func opOnly(s api.TrajectoryStep) api.TrajectoryStep {
+	s.Result, s.File, s.Error, s.Checkpoint = nil, nil, nil, ""
+	return s
+}
+
+// recorded runs one state-changing operation of a trajectory sandbox:
+// replayed from the log while a resuming client re-issues logged
+// operations, otherwise run live and appended to the log in order.
+// run returns the answer and the logged result; replay turns a logged step
+// back into an answer.
+func (e *Edge) recorded(ctx context.Context, sb *sandbox, op *api.TrajectoryStep,
+	run func() (any, error), record func(st *api.TrajectoryStep, out any), replay func(st *api.TrajectoryStep) (any, error),
+	setStep func(out any, step int64, replayed bool)) (any, error) {
+	t := sb.traj
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := e.loadTraj(ctx, t); err != nil {
+		return nil, err
+	}
+	if t.cursor < len(t.replay) {
+		logged := &t.replay[t.cursor]
+		if !sameOp(logged, op) {
+			return nil, &api.Error{Code: api.CodeConflict,
+				Message: fmt.Sprintf("operation diverges from trajectory %q at step %d", t.name, logged.Step),
+				Diverge: &api.Divergence{Step: logged.Step, Logged: opOnly(*logged), Received: *op}}
+		}
+		t.cursor++
+		t.resumeAt = time.Now()
+		if t.cursor > t.reexec {
+			// Rebuilt sandbox: run it again; the log has it already.
+			out, err := run()
+			if err != nil {
+				return nil, err
+			}
+			setStep(out, logged.Step, false)
+			return out, nil
+		}
+		if logged.Error != nil {
+			ae := *logged.Error
+			return nil, &ae
+		}
+		out, err := replay(logged)
+		if err != nil {
+			return nil, err
+		}
+		setStep(out, logged.Step, true)
+		return out, nil
+	}
+	sb.mu.Lock()
+	running := sb.rec.Sandbox.State == api.StateRunning && !sb.stopping
+	word := stateWord(sb)
+	sb.mu.Unlock()
+	if !running {
+		// Nothing can happen in it: refuse without logging.
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", sb.rec.Sandbox.ID, word)}
+	}
+	op.Step = t.last + 1
+	op.Sandbox = sb.rec.Sandbox.ID
+	op.At = time.Now().UTC()
+	out, err := run()
+	if err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code == api.CodeTimeout || ae.Code == api.CodeUnavailable || ae.Code == api.CodeInternal ||
+			ae.Code == api.CodeInvalid || strings.Contains(ae.Message, "stopped during the operation") {
+			// Whether it happened is unknown, or it was refused before it
+			// reached the sandbox: nothing is logged.
+			return nil, err
+		}
+		op.Error = &api.Error{Code: ae.Code, Message: ae.Message}
+	} else {
+		record(op, out)
+	}
+	if t.every > 0 && op.Step%int64(t.every) == 0 && op.Error == nil {
+		if snap, serr := e.snapshot(ctx, sb, "checkpoint", op.Step); serr != nil {
+			e.log.Warn("checkpoint snapshot", "sandbox", op.Sandbox, "step", op.Step, "err", serr)
+		} else {
+			op.Checkpoint = snap.ID
+		}
+	}
+	b, merr := json.Marshal(op)
+	if merr != nil {
+		return nil, merr
+	}
+	if aerr := e.tlog.Append(ctx, t.name, op.Step, b); aerr != nil {
+		// The operation ran but is not in the log: say so, and do not
+		// hand out this step again.
+		t.last = op.Step
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("the operation ran but the trajectory log could not record step %d: %v", op.Step, aerr)}
+	}
+	t.last = op.Step
+	if op.Checkpoint != "" {
+		var rec TrajectoryRecord
+		if found, _, gerr := e.trajMeta.Get(ctx, t.name, &rec); gerr == nil && found {
+			rec.CheckpointSnap, rec.CheckpointStep = op.Checkpoint, op.Step
+			if perr := e.trajMeta.Put(ctx, t.name, &rec); perr != nil {
+				e.log.Warn("record checkpoint", "trajectory", t.name, "err", perr)
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	setStep(out, op.Step, false)
+	return out, nil
+}
+
+// execRecorded is exec for every sandbox: recorded when it has a trajectory.
+func (e *Edge) execRecorded(ctx context.Context, req *ExecRequest, w *bus.Replier) (any, error) {
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	if sb.traj == nil {
+		return e.exec(ctx, req, w.Chunk)
+	}
+	x := req.Exec
+	op := &api.TrajectoryStep{Op: "exec", Exec: &x}
+	if x.Stdin != "" {
+		op.StdinHash = digest([]byte(x.Stdin))
+		op.Exec.Stdin = ""
+	}
+	var stdout, stderr bytes.Buffer
+	capture := func(stream string, data []byte) error {
+		buf := &stdout
+		if stream == "stderr" {
+			buf = &stderr
+		}
+		if n := MaxLoggedOutput - buf.Len(); n > 0 {
+			buf.Write(data[:min(n, len(data))])
+		}
+		return w.Chunk(stream, data)
+	}
+	return e.recorded(ctx, sb, op,
+		func() (any, error) { return e.exec(ctx, req, capture) },
+		func(st *api.TrajectoryStep, out any) {
+			r := *out.(*api.ExecResult)
+			r.Stdout, r.Stderr = stdout.String(), stderr.String()
+			r.Truncated = r.Truncated || stdout.Len() >= MaxLoggedOutput || stderr.Len() >= MaxLoggedOutput
+			st.Result = &r
+		},
+		func(st *api.TrajectoryStep) (any, error) {
+			r := *st.Result
+			if r.Stdout != "" {
+				if err := w.Chunk("stdout", []byte(r.Stdout)); err != nil {
+					return nil, err
+				}
+			}
+			if r.Stderr != "" {
+				if err := w.Chunk("stderr", []byte(r.Stderr)); err != nil {
+					return nil, err
+				}
+			}
+			r.Stdout, r.Stderr = "", ""
+			return &r, nil
+		},
+		func(out any, step int64, replayed bool) {
+			r := out.(*api.ExecResult)
+			r.Step, r.Replayed = step, replayed
+		})
+}
+
+// fileOps maps the recorded file operations to their log names.
+var fileOps = map[string]string{OpFileWrite: "write", OpFileRemove: "remove", OpFileRename: "rename", OpFileMkdir: "mkdir"}
+
+// fileRecorded is file for every sandbox: state-changing operations of a
+// trajectory sandbox are recorded.
+func (e *Edge) fileRecorded(ctx context.Context, op string, req *FileRequest, w *bus.Replier) (any, error) {
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	name, changes := fileOps[op]
+	if sb.traj == nil || (!changes && op != OpTarPut) {
+		return e.file(ctx, op, req, w)
+	}
+	if op == OpTarPut {
+		return nil, &api.Error{Code: api.CodeConflict, Message: "archive uploads are not recorded in a trajectory; upload files one by one"}
+	}
+	st := &api.TrajectoryStep{Op: name, Path: req.Path, To: req.To, Mode: req.Mode, Recursive: req.Recursive, Parents: req.Parents, Append: req.Append}
+	if op == OpFileWrite {
+		st.DataHash, st.DataSize = digest(req.Data), int64(len(req.Data))
+	}
+	return e.recorded(ctx, sb, st,
+		func() (any, error) {
+			out, err := e.file(ctx, op, req, w)
+			if err == nil && out == nil {
+				out = &StepResult{}
+			}
+			return out, err
+		},
+		func(st *api.TrajectoryStep, out any) {
+			if fi, ok := out.(*api.FileInfo); ok {
+				c := *fi
+				st.File = &c
+			}
+		},
+		func(st *api.TrajectoryStep) (any, error) {
+			if st.File != nil {
+				c := *st.File
+				return &c, nil
+			}
+			return &StepResult{}, nil
+		},
+		func(out any, step int64, replayed bool) {
+			switch o := out.(type) {
+			case *api.FileInfo:
+				o.Step, o.Replayed = step, replayed
+			case *StepResult:
+				o.Step, o.Replayed = step, replayed
+			}
+		})
+}
+
+// rebuildTraj prepares a sandbox rebuilt for a lost trajectory sandbox:
+// the steps up to the state it was rebuilt from are served from the log,
+// the later ones run again as the client re-issues them.
+func (e *Edge) rebuildTraj(ctx context.Context, sb *sandbox, fromStep int64) error {
+	t := sb.traj
+	steps, err := e.readTrajectory(ctx, t.name)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.replay, t.cursor, t.resumeAt, t.loaded = steps, 0, time.Now(), true
+	t.reexec = 0
+	for t.reexec < len(steps) && steps[t.reexec].Step <= fromStep {
+		t.reexec++
+	}
+	t.last = 0
+	if n := len(steps); n > 0 {
+		t.last = steps[n-1].Step
+	}
+	return nil
+}

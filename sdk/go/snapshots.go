@@ -1,0 +1,100 @@
+package warren
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Snapshot packs the sandbox's filesystem (only the filesystem: no process
+// memory) into a snapshot that Create{Snapshot: id} restores.
+func (c *Client) Snapshot(ctx context.Context, id string, req api.CreateSnapshotRequest) (*api.Snapshot, error) {
+	var snap api.Snapshot
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/snapshots", json: req}, &snap); err != nil {
+		return nil, err
+	}
+	return &snap, nil
+}
+
+// GetSnapshot returns one snapshot record.
+func (c *Client) GetSnapshot(ctx context.Context, snapID string) (*api.Snapshot, error) {
+	var snap api.Snapshot
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/snapshots/" + esc(snapID), retry: true}, &snap); err != nil {
+		return nil, err
+	}
+	return &snap, nil
+}
+
+// Fork makes count new sandboxes from one snapshot of the sandbox's current
+// filesystem; the source keeps running.
+func (c *Client) Fork(ctx context.Context, id string, count int) (*api.ForkResult, error) {
+	var out api.ForkResult
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/fork", json: api.ForkRequest{Count: count}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Trajectory returns one page of a trajectory's log: up to limit steps
+// (0 = the server's default) after step after.
+func (c *Client) Trajectory(ctx context.Context, name string, after int64, limit int) (*api.TrajectoryPage, error) {
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var p api.TrajectoryPage
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/trajectories/" + escPath(name), query: q, retry: true}, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// TrajectoryFiles lists the steps whose file operations changed path (or
+// something under it): provenance. Commands are not analysed.
+func (c *Client) TrajectoryFiles(ctx context.Context, name, path string) (*api.TrajectoryPage, error) {
+	q := url.Values{"path": {path}, "limit": {"5000"}}
+	var p api.TrajectoryPage
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/trajectories/" + escPath(name), query: q, retry: true}, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// TrajectoryAll reads every step of a trajectory, page by page.
+func (c *Client) TrajectoryAll(ctx context.Context, name string) ([]api.TrajectoryStep, error) {
+	var all []api.TrajectoryStep
+	var after int64
+	for {
+		p, err := c.Trajectory(ctx, name, after, 0)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, p.Steps...)
+		if p.Next == 0 {
+			return all, nil
+		}
+		after = p.Next
+	}
+}
+
+// ResumeTrajectory re-attaches to a trajectory: re-issued operations that equal the
+// logged ones come back cached (Replayed) until the end of the log.
+func (c *Client) ResumeTrajectory(ctx context.Context, trajectory string, branch bool) (*api.Sandbox, error) {
+	return c.CreateWithKey(ctx, api.CreateSandboxRequest{Trajectory: trajectory, Resume: true, Branch: branch}, "")
+}
+
+// escPath escapes each segment of a slash-separated name.
+func escPath(name string) string {
+	parts := strings.Split(name, "/")
+	for i, p := range parts {
+		parts[i] = url.PathEscape(p)
+	}
+	return strings.Join(parts, "/")
+}

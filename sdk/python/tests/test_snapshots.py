@@ -1,0 +1,80 @@
+"""Snapshots, fork and trajectories against a real ``warren serve``."""
+import unittest
+import uuid
+
+try:
+    from . import _support
+except ImportError:
+    import _support
+
+import warren
+
+SRV = None  # type: _support.WarrenServer
+C = None  # type: warren.Client
+
+
+def setUpModule():
+    global SRV, C
+    SRV = _support.acquire_server()
+    C = warren.Client(SRV.url, token=SRV.token, timeout=60)
+
+
+def tearDownModule():
+    try:
+        C.close()
+    finally:
+        _support.release_server()
+
+
+class SnapshotTest(unittest.TestCase):
+    def test_snapshot_restore_fork(self):
+        with C.create("busybox") as sb:
+            sb.run("mkdir -p /work && echo one > /work/a", check=True)
+            snap = sb.snapshot(name="py")
+            self.assertTrue(snap.id.startswith("snap-"))
+            self.assertEqual(snap.image, "busybox")
+            self.assertEqual(len(snap.layers), 1)
+            with C.create(snapshot=snap.id) as r:
+                self.assertEqual(r.run("cat /work/a").stdout, "one\n")
+            kids = sb.fork(2)
+            try:
+                self.assertEqual(len(kids), 2)
+                for k in kids:
+                    self.assertEqual(k.run("cat /work/a").stdout, "one\n")
+            finally:
+                for k in kids:
+                    k.stop()
+        with self.assertRaises(warren.NotFound):
+            C.create(snapshot="snap-nosuch")
+
+
+class TrajectoryTest(unittest.TestCase):
+    def test_record_resume_diverge(self):
+        name = "py/" + uuid.uuid4().hex[:8]
+        with C.create("busybox", trajectory=name) as sb:
+            for i in range(3):
+                r = sb.run("echo x >> /counter; wc -l < /counter")
+                self.assertEqual(r.step, i + 1)
+                self.assertFalse(r.replayed)
+            t = C.trajectory(name)
+            self.assertEqual(t.id, name)
+            self.assertEqual([s["step"] for s in t.steps], [1, 2, 3])
+            again = C.resume(name)
+            self.assertEqual(again.id, sb.id)
+            for i in range(3):
+                r = again.run("echo x >> /counter; wc -l < /counter")
+                self.assertTrue(r.replayed)
+                self.assertEqual(r.stdout.strip(), str(i + 1))
+            r = again.run("echo x >> /counter; wc -l < /counter")
+            self.assertFalse(r.replayed)
+            self.assertEqual(r.stdout.strip(), "4")
+            C.resume(name)
+            with self.assertRaises(warren.Conflict) as cm:
+                again.run("echo other")
+            self.assertEqual(cm.exception.divergence["step"], 1)
+        with self.assertRaises(warren.NotFound):
+            C.resume("py/nosuch-" + uuid.uuid4().hex[:6])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,229 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+func counterOp(i int) api.ExecRequest {
+	return api.ExecRequest{Cmd: fmt.Sprintf("echo x >> /counter; echo step-%d > /state/s%d; wc -l < /counter", i, i)}
+}
+
+func TestTrajectoryRecordKillResume(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-1/run", Checkpoint: "none"})
+	if sb.Trajectory != "rollout-1/run" {
+		t.Fatalf("sandbox: %+v", sb)
+	}
+	r, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"})
+	if err != nil || r.Step != 1 {
+		t.Fatalf("mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 20; i++ {
+		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Step != int64(i+1) || res.Replayed || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("step %d: %+v", i, res)
+		}
+	}
+	// A second trajectory of the same name is refused.
+	if _, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Trajectory: "rollout-1/run"}); err == nil || !strings.Contains(err.Error(), "conflict") {
+		t.Fatalf("duplicate trajectory: %v", err)
+	}
+
+	s.kill9()
+	s.start()
+
+	// The log survived.
+	steps, err := s.C.TrajectoryAll(ctx, "rollout-1/run")
+	if err != nil || len(steps) != 21 {
+		t.Fatalf("log after kill -9: %d steps, %v", len(steps), err)
+	}
+	if steps[0].Op != "mkdir" || steps[5].Op != "exec" || steps[5].Exec.Cmd != counterOp(5).Cmd || steps[5].Result.Stdout != "5\n" {
+		t.Fatalf("logged steps: %+v %+v", steps[0], steps[5])
+	}
+	page, err := s.C.Trajectory(ctx, "rollout-1/run", 3, 5)
+	if err != nil || len(page.Steps) != 5 || page.Steps[0].Step != 4 || page.Next != 8 {
+		t.Fatalf("page: %+v %v", page, err)
+	}
+
+	// Two resumers at once: one wins, the other gets 409.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range errs {
+		wg.Add(1)
+		go func(i int) { defer wg.Done(); _, errs[i] = s.C.ResumeTrajectory(ctx, "rollout-1/run", false) }(i)
+	}
+	wg.Wait()
+	if (errs[0] == nil) == (errs[1] == nil) {
+		t.Fatalf("concurrent resumes: %v / %v", errs[0], errs[1])
+	}
+	for _, e := range errs {
+		if e != nil && !strings.Contains(e.Error(), "conflict") {
+			t.Fatalf("losing resumer: %v", e)
+		}
+	}
+
+	// Re-issue the same 21 operations: all replayed, nothing runs.
+	if r, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed || r.Step != 1 {
+		t.Fatalf("replayed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 20; i++ {
+		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Replayed || res.Step != int64(i+1) || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("replay %d: %+v", i, res)
+		}
+	}
+	// Then 5 new ones run live.
+	for i := 21; i <= 25; i++ {
+		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Replayed || res.Step != int64(i+1) {
+			t.Fatalf("live %d: %+v", i, res)
+		}
+	}
+	got := s.sh(t, sb.ID, "wc -l < /counter; ls /state | wc -l").Stdout
+	if got != "25\n25\n" {
+		t.Fatalf("counter after resume: %q (want 25 live executions)", got)
+	}
+
+	// Divergence: a resumed client that issues something else gets 409 with both operations.
+	if _, err := s.C.ResumeTrajectory(ctx, "rollout-1/run", false); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo different"})
+	var we *warren.APIError
+	if !errors.As(err, &we) || we.Status != http.StatusConflict || we.Divergence == nil || we.Divergence.Step != 1 || we.Divergence.Logged.Op != "mkdir" || we.Divergence.Received.Exec.Cmd != "echo different" {
+		t.Fatalf("divergence: %v %+v", err, we)
+	}
+	// The CLI shows the log; --path answers provenance.
+	out, err := s.warren(t, "traj", "show", "rollout-1/run")
+	if err != nil || strings.Count(out, "\n") != 28 || !strings.Contains(out, "echo x >> /counter; echo step-25") {
+		t.Fatalf("traj show: %v\n%s", err, out)
+	}
+	out, err = s.warren(t, "traj", "show", "--path", "/state", "rollout-1/run")
+	if err != nil || strings.Count(out, "\n") != 2 || !strings.Contains(out, "mkdir") {
+		t.Fatalf("traj show --path: %v\n%s", err, out)
+	}
+	out, err = s.warren(t, "traj", "diff", "rollout-1/run", "0", "2")
+	if err != nil || !strings.Contains(out, "/state") || !strings.Contains(out, "step 2") {
+		t.Fatalf("traj diff: %v\n%s", err, out)
+	}
+	if p, err := s.C.TrajectoryFiles(ctx, "rollout-1/run", "/state"); err != nil || len(p.Steps) != 1 || p.Steps[0].Step != 1 {
+		t.Fatalf("provenance: %+v %v", p, err)
+	}
+	// Unknown trajectories.
+	if _, err := s.C.ResumeTrajectory(ctx, "no-such", false); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("resume unknown: %v", err)
+	}
+	if _, err := s.C.Trajectory(ctx, "no-such", 0, 0); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("read unknown: %v", err)
+	}
+}
+
+func TestTrajectoryRebuildFromCheckpoint(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-2", Checkpoint: "every-step"})
+	if _, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 20; i++ {
+		if _, err := s.C.Exec(ctx, sb.ID, counterOp(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps, err := s.C.TrajectoryAll(ctx, "rollout-2")
+	if err != nil || len(steps) != 21 || steps[20].Checkpoint == "" {
+		t.Fatalf("checkpoints: %d steps %v", len(steps), err)
+	}
+	pid := agentPid(t, s, sb.ID)
+	s.kill9()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil { // the sandbox is lost while warren is down
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	s.start()
+
+	nb, err := s.C.ResumeTrajectory(ctx, "rollout-2", false)
+	if err != nil {
+		t.Fatalf("resume of a lost sandbox: %v\n%s", err, tail(s.logs.String(), 30))
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), nb.ID) })
+	if nb.ID == sb.ID || nb.Snapshot != steps[20].Checkpoint {
+		t.Fatalf("rebuilt sandbox: %+v (checkpoint %s)", nb, steps[20].Checkpoint)
+	}
+	if r, err := s.C.Mkdir(ctx, nb.ID, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed {
+		t.Fatalf("replayed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 20; i++ {
+		res, err := s.C.Exec(ctx, nb.ID, counterOp(i))
+		if err != nil || !res.Replayed {
+			t.Fatalf("replay %d: %+v %v", i, res, err)
+		}
+	}
+	for i := 21; i <= 25; i++ {
+		if res, err := s.C.Exec(ctx, nb.ID, counterOp(i)); err != nil || res.Replayed || res.Step != int64(i+1) {
+			t.Fatalf("live %d: %+v %v", i, res, err)
+		}
+	}
+	if got := s.sh(t, nb.ID, "wc -l < /counter; ls /state | wc -l").Stdout; got != "25\n25\n" {
+		t.Fatalf("rebuilt filesystem: %q", got)
+	}
+}
+
+func TestTrajectoryRebuildWithoutCheckpointReexecutes(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-3"})
+	if _, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		s.C.Exec(ctx, sb.ID, counterOp(i))
+	}
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	nb, err := s.C.ResumeTrajectory(ctx, "rollout-3", false)
+	if err != nil {
+		t.Fatalf("resume: %v\n%s", err, tail(s.logs.String(), 30))
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), nb.ID) })
+	// No checkpoint: the logged steps run again on the original state.
+	if r, err := s.C.Mkdir(ctx, nb.ID, api.MkdirRequest{Path: "/state"}); err != nil || r.Replayed || r.Step != 1 {
+		t.Fatalf("re-executed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= 4; i++ {
+		res, err := s.C.Exec(ctx, nb.ID, counterOp(i))
+		if err != nil || res.Replayed || res.Step != int64(i+1) || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("step %d: %+v %v", i, res, err)
+		}
+	}
+	// Refused operations are not logged: a bad request, a file op the
+	// sandbox refuses is (with its error), an op on a stopped sandbox is not.
+	if _, err := s.C.Exec(ctx, nb.ID, api.ExecRequest{}); err == nil {
+		t.Fatal("empty exec accepted")
+	}
+	if steps, _ := s.C.TrajectoryAll(ctx, "rollout-3"); len(steps) != 5 {
+		t.Fatalf("log has %d steps, want 5 (re-executions are not logged twice)", len(steps))
+	}
+}
