@@ -115,14 +115,30 @@ type TrajLog struct {
 }
 
 // TrajectoryLog opens (creating when missing) the trajectory stream.
+// An existing stream is opened as it is (no update: in a cluster an update
+// needs every replica's peer, and a restarting edge must come up while a
+// NATS server is down).
 func (c *Conn) TrajectoryLog(ctx context.Context) (*TrajLog, error) {
-	st, err := c.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	cfg := jetstream.StreamConfig{
 		Name:              streamTrajectories,
 		Subjects:          []string{subjectTrajPrefix + ">"},
 		Storage:           jetstream.FileStorage,
 		MaxMsgSize:        MaxPayload,
 		Duplicates:        2 * time.Minute,
 		MaxMsgsPerSubject: -1,
+		Replicas:          c.replicas(),
+	}
+	var st jetstream.Stream
+	err := retryStartup(ctx, func(ctx context.Context) error {
+		var err error
+		if st, err = c.js.Stream(ctx, streamTrajectories); err == nil {
+			return nil
+		}
+		st, err = c.js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			st, err = c.js.Stream(ctx, streamTrajectories)
+		}
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bus: trajectory stream: %w", err)
