@@ -235,18 +235,42 @@ func (m *IAM) Bootstrap(ctx context.Context, dataDir string) (string, error) {
 			return fileTok, nil
 		}
 	}
-	if _, err := m.kv.Create(ctx, bootstrapKey, []byte(m.now().UTC().Format(time.RFC3339))); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return "", nil
+	// The first apiserver of a cluster wins the bootstrap key. A freshly
+	// formed JetStream cluster may not answer at first, and an answer may be
+	// lost after the key was written: retry, and recognise our own write by
+	// a nonce.
+	var nb [12]byte
+	_, _ = rand.Read(nb[:])
+	nonce := m.now().UTC().Format(time.RFC3339) + " " + hex.EncodeToString(nb[:])
+	won := false
+	err := retryTransient(ctx, func(ctx context.Context) error {
+		_, err := m.kv.Create(ctx, bootstrapKey, []byte(nonce))
+		if err == nil {
+			won = true
+			return nil
 		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+		e, gerr := m.kv.Get(ctx, bootstrapKey)
+		if gerr != nil {
+			return gerr
+		}
+		won = string(e.Value()) == nonce
+		return nil
+	})
+	if err != nil {
 		return "", fmt.Errorf("iam: bootstrap: %w", err)
+	}
+	if !won {
+		return "", nil
 	}
 	tok := fileTok
 	if !validTokenShape(tok) {
 		tok = NewToken()
 	}
 	rec := &tokenRecord{Principal: "admin", Project: "", Role: api.RoleAdmin, CreatedAt: m.now().UTC(), CreatedBy: "bootstrap"}
-	if err := m.putToken(ctx, tok, rec); err != nil {
+	if err := retryTransient(ctx, func(ctx context.Context) error { return m.putToken(ctx, tok, rec) }); err != nil {
 		return "", err
 	}
 	if tok != fileTok {
@@ -674,4 +698,23 @@ func (m *IAM) RevokeToken(ctx context.Context, caller *Principal, id string) err
 	delete(m.tokens, hash)
 	m.mu.Unlock()
 	return nil
+}
+
+// retryTransient retries fn for up to a minute while JetStream does not
+// answer (a cluster still electing its leaders).
+func retryTransient(ctx context.Context, fn func(context.Context) error) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := fn(cctx)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
