@@ -257,10 +257,17 @@ func (d *v1Driver) load(path string) (cgroup1.Cgroup, error) {
 
 // freezeTimeout bounds how long freeze waits for FROZEN: tasks in
 // uninterruptible sleep can keep a cgroup FREEZING for a long time (and
-// containerd's Freeze would wait for ever).
-const freezeTimeout = 200 * time.Millisecond
+// containerd's Freeze would wait for ever). A pause of a sandbox with much
+// memory on a loaded node takes well over 200 ms; destroy, which kills the
+// tasks anyway, waits only killFreezeTimeout.
+const (
+	freezeTimeout     = 10 * time.Second
+	killFreezeTimeout = 200 * time.Millisecond
+)
 
-func (d *v1Driver) freeze(path string) error {
+func (d *v1Driver) freeze(path string) error { return d.freezeWithin(path, freezeTimeout) }
+
+func (d *v1Driver) freezeWithin(path string, freezeTimeout time.Duration) error {
 	state := filepath.Join(d.root, "freezer", path, "freezer.state")
 	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
 		return err

@@ -301,7 +301,13 @@ func (r *Runtime) killCgroup(ctx context.Context, cgPath string, dirs []string) 
 			// Freeze so nothing forks between listing and killing. Thaw
 			// whatever the freeze returned: a freeze that timed out may
 			// still have frozen the tasks, and frozen tasks never die.
-			_ = r.cg.freeze(cgPath)
+			if q, ok := r.cg.(interface {
+				freezeWithin(string, time.Duration) error
+			}); ok {
+				_ = q.freezeWithin(cgPath, killFreezeTimeout)
+			} else {
+				_ = r.cg.freeze(cgPath)
+			}
 			for _, pid := range procsOf(dirs) {
 				syscall.Kill(pid, syscall.SIGKILL)
 			}
