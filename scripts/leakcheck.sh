@@ -5,6 +5,7 @@ leaks=0
 if grep -E 'warren|wtest' /proc/self/mountinfo; then echo "LEAK: mounts"; leaks=1; fi
 for c in /sys/fs/cgroup/*/warren* /sys/fs/cgroup/*/*/warren*; do
   [ -e "$c" ] || continue
+  echo "LEAK: cgroup $c"; leaks=1
   if find "$c" -mindepth 1 -type d | grep -q .; then echo "LEAK: cgroups under $c"; find "$c" -mindepth 1 -type d | head; leaks=1; fi
 done
 if ip netns list 2>/dev/null | grep -q warren; then echo "LEAK: netns"; leaks=1; fi

@@ -50,7 +50,7 @@ type cgroupDriver interface {
 	// children lists the names of the child cgroups of parent.
 	children(parent string) ([]string, error)
 	// freeze and thaw every process of path.
-	freeze(path string) error
+	freeze(path string, within time.Duration) error
 	thaw(path string) error
 	// remove deletes path (it must hold no process).
 	remove(path string) error
@@ -265,14 +265,12 @@ const (
 	killFreezeTimeout = 200 * time.Millisecond
 )
 
-func (d *v1Driver) freeze(path string) error { return d.freezeWithin(path, freezeTimeout) }
-
-func (d *v1Driver) freezeWithin(path string, freezeTimeout time.Duration) error {
+func (d *v1Driver) freeze(path string, within time.Duration) error {
 	state := filepath.Join(d.root, "freezer", path, "freezer.state")
 	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(freezeTimeout)
+	deadline := time.Now().Add(within)
 	for {
 		b, err := os.ReadFile(state)
 		if err != nil {
@@ -282,7 +280,7 @@ func (d *v1Driver) freezeWithin(path string, freezeTimeout time.Duration) error 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("container: cgroup %s still %s after %v", path, strings.TrimSpace(string(b)), freezeTimeout)
+			return fmt.Errorf("container: cgroup %s still %s after %v", path, strings.TrimSpace(string(b)), within)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -503,13 +501,13 @@ func (d *v2Driver) children(parent string) ([]string, error) {
 	return names, nil
 }
 
-func (d *v2Driver) setFreeze(path, v string) error {
+func (d *v2Driver) setFreeze(path, v string, within time.Duration) error {
 	p := filepath.Join(d.mount, path, "cgroup.freeze")
 	if err := os.WriteFile(p, []byte(v), 0); err != nil {
 		return err
 	}
 	want := "frozen " + v
-	for i := 0; i < 1000; i++ {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); {
 		b, err := os.ReadFile(filepath.Join(d.mount, path, "cgroup.events"))
 		if err != nil {
 			return err
@@ -522,8 +520,10 @@ func (d *v2Driver) setFreeze(path, v string) error {
 	return fmt.Errorf("container: cgroup %s: freeze=%s did not settle", path, v)
 }
 
-func (d *v2Driver) freeze(path string) error { return d.setFreeze(path, "1") }
-func (d *v2Driver) thaw(path string) error   { return d.setFreeze(path, "0") }
+func (d *v2Driver) freeze(path string, within time.Duration) error {
+	return d.setFreeze(path, "1", within)
+}
+func (d *v2Driver) thaw(path string) error { return d.setFreeze(path, "0", freezeTimeout) }
 
 func (d *v2Driver) remove(path string) error {
 	err := os.Remove(filepath.Join(d.mount, path))

@@ -301,13 +301,7 @@ func (r *Runtime) killCgroup(ctx context.Context, cgPath string, dirs []string) 
 			// Freeze so nothing forks between listing and killing. Thaw
 			// whatever the freeze returned: a freeze that timed out may
 			// still have frozen the tasks, and frozen tasks never die.
-			if q, ok := r.cg.(interface {
-				freezeWithin(string, time.Duration) error
-			}); ok {
-				_ = q.freezeWithin(cgPath, killFreezeTimeout)
-			} else {
-				_ = r.cg.freeze(cgPath)
-			}
+			_ = r.cg.freeze(cgPath, killFreezeTimeout)
 			for _, pid := range procsOf(dirs) {
 				syscall.Kill(pid, syscall.SIGKILL)
 			}
@@ -366,7 +360,7 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 
 // Freeze stops every process of the sandbox.
 func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
-	return r.freezeThaw(h, r.cg.freeze)
+	return r.freezeThaw(h, func(p string) error { return r.cg.freeze(p, freezeTimeout) })
 }
 
 // Thaw restarts every process of the sandbox.
@@ -386,11 +380,19 @@ func (r *Runtime) freezeThaw(h runtime.Handle, fn func(string) error) error {
 }
 
 // Close removes the parent cgroup when no sandbox remains under it (a
-// node shutting down with its sandboxes kept leaves it in place).
+// node shutting down with its sandboxes kept leaves it in place), and its
+// ancestors ("warren" above a per-data-dir parent) once nothing else of
+// another instance is in them.
 func (r *Runtime) Close() error {
 	names, err := r.cg.children(r.cfg.CgroupParent)
 	if err != nil || len(names) > 0 {
 		return err
 	}
-	return r.cg.remove(r.cfg.CgroupParent)
+	if err := r.cg.remove(r.cfg.CgroupParent); err != nil {
+		return err
+	}
+	for p := path.Dir(r.cfg.CgroupParent); p != "." && p != "/"; p = path.Dir(p) {
+		removeDirs(r.cg.dirs(p)) // fails (and keeps it) while another instance uses it
+	}
+	return nil
 }
