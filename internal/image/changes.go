@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
 	"path/filepath"
 
@@ -51,41 +50,15 @@ func writeChanges(tw *tar.Writer, root string, lowers []string) error {
 		if err := unix.Lstat(p, &st); err != nil {
 			return fmt.Errorf("pack: %w", &pathErr{p, err})
 		}
-		hdr := &tar.Header{
-			Name: rel, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
-			ModTime: timeOf(st.Mtim), Format: tar.FormatPAX, Typeflag: tar.TypeReg,
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			hdr.Typeflag = tar.TypeDir
-			hdr.Name += "/"
-		case unix.S_IFLNK:
-			hdr.Typeflag = tar.TypeSymlink
-			if hdr.Linkname, err = os.Readlink(p); err != nil {
-				return err
-			}
-		case unix.S_IFCHR, unix.S_IFBLK:
-			if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+		if t := st.Mode & unix.S_IFMT; t == unix.S_IFCHR || t == unix.S_IFBLK {
+			if t == unix.S_IFCHR && st.Rdev == 0 {
 				return tw.WriteHeader(&tar.Header{Name: path.Join(path.Dir(rel), whiteoutPrefix+path.Base(rel)),
 					Typeflag: tar.TypeReg, Mode: 0o600, ModTime: timeOf(st.Mtim), Format: tar.FormatPAX})
 			}
 			return fmt.Errorf("pack: /%s is a device node; device nodes cannot be part of a layer (remove it first)", rel)
-		case unix.S_IFIFO:
-			hdr.Typeflag = tar.TypeFifo
-		case unix.S_IFSOCK:
-			return nil
-		case unix.S_IFREG:
-			if st.Nlink > 1 {
-				k := inodeKey{st.Dev, st.Ino}
-				if first, ok := links[k]; ok {
-					hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
-					break
-				}
-				links[k] = hdr.Name
-			}
-			hdr.Size = st.Size
 		}
-		if err := addXattrs(hdr, p); err != nil {
+		hdr, err := fileHeader(p, rel, &st, links)
+		if err != nil || hdr == nil {
 			return err
 		}
 		privileged(hdr, rel, lowers)

@@ -46,52 +46,23 @@ func writeTree(tw *tar.Writer, root string) error {
 		if err := unix.Lstat(p, &st); err != nil {
 			return fmt.Errorf("rootfs: %w", &pathErr{p, err})
 		}
-		hdr := &tar.Header{
-			Name:     filepath.ToSlash(rel),
-			Mode:     int64(st.Mode & 0o7777),
-			Uid:      int(st.Uid),
-			Gid:      int(st.Gid),
-			ModTime:  timeOf(st.Mtim),
-			Format:   tar.FormatPAX,
-			Typeflag: tar.TypeReg,
+		name := filepath.ToSlash(rel)
+		if rel == "." {
+			name = "."
+		}
+		hdr, err := fileHeader(p, name, &st, links)
+		if err != nil || hdr == nil {
+			return err
 		}
 		if rel == "." {
 			hdr.Name = "./"
 		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			hdr.Typeflag = tar.TypeDir
-			if rel != "." {
-				hdr.Name += "/"
-			}
-		case unix.S_IFLNK:
-			hdr.Typeflag = tar.TypeSymlink
-			if hdr.Linkname, err = os.Readlink(p); err != nil {
-				return err
-			}
-		case unix.S_IFCHR, unix.S_IFBLK:
+		if t := st.Mode & unix.S_IFMT; t == unix.S_IFCHR || t == unix.S_IFBLK {
 			hdr.Typeflag = tar.TypeChar
-			if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			if t == unix.S_IFBLK {
 				hdr.Typeflag = tar.TypeBlock
 			}
 			hdr.Devmajor, hdr.Devminor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
-		case unix.S_IFIFO:
-			hdr.Typeflag = tar.TypeFifo
-		case unix.S_IFSOCK:
-			return nil
-		case unix.S_IFREG:
-			if st.Nlink > 1 {
-				k := inodeKey{st.Dev, st.Ino}
-				if first, ok := links[k]; ok {
-					hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
-					break
-				}
-				links[k] = hdr.Name
-			}
-			hdr.Size = st.Size
-		}
-		if err := addXattrs(hdr, p); err != nil {
-			return err
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
@@ -101,6 +72,49 @@ func writeTree(tw *tar.Writer, root string) error {
 		}
 		return nil
 	})
+}
+
+// fileHeader describes the file at p (already lstat'ed into st) as a tar
+// entry named name: directories, symlinks, fifos, regular files (a second
+// name of an inode in links becomes a hard link) and xattrs. Sockets give
+// nil (they are not archived); device nodes come back as regular-file
+// headers for the caller to decide on.
+func fileHeader(p, name string, st *unix.Stat_t, links map[inodeKey]string) (*tar.Header, error) {
+	hdr := &tar.Header{
+		Name: name, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
+		ModTime: timeOf(st.Mtim), Format: tar.FormatPAX, Typeflag: tar.TypeReg,
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		hdr.Typeflag = tar.TypeDir
+		if name != "." {
+			hdr.Name += "/"
+		}
+	case unix.S_IFLNK:
+		hdr.Typeflag = tar.TypeSymlink
+		var err error
+		if hdr.Linkname, err = os.Readlink(p); err != nil {
+			return nil, err
+		}
+	case unix.S_IFIFO:
+		hdr.Typeflag = tar.TypeFifo
+	case unix.S_IFSOCK:
+		return nil, nil
+	case unix.S_IFREG:
+		if st.Nlink > 1 {
+			k := inodeKey{st.Dev, st.Ino}
+			if first, ok := links[k]; ok {
+				hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
+				break
+			}
+			links[k] = hdr.Name
+		}
+		hdr.Size = st.Size
+	}
+	if err := addXattrs(hdr, p); err != nil {
+		return nil, err
+	}
+	return hdr, nil
 }
 
 func copyFile(w io.Writer, p string, size int64) error {
