@@ -122,29 +122,22 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	case req.CPU < 0.01 || req.CPU > MaxCPU || req.CPU != req.CPU:
 		return invalid("cpu must be between 0.01 and %d cores", MaxCPU)
 	}
-	switch {
-	case req.MemoryMB == 0:
-		req.MemoryMB = DefaultMemoryMB
-	case req.MemoryMB < 16 || req.MemoryMB > MaxMemoryMB:
-		return invalid("memory_mb must be between 16 and %d", MaxMemoryMB)
-	}
-	switch {
-	case req.DiskMB == 0:
-		req.DiskMB = DefaultDiskMB
-	case req.DiskMB < 1 || req.DiskMB > MaxDiskMB:
-		return invalid("disk_mb must be between 1 and %d", MaxDiskMB)
-	}
-	switch {
-	case req.Pids == 0:
-		req.Pids = DefaultPids
-	case req.Pids < 8 || req.Pids > MaxPids:
-		return invalid("pids must be between 8 and %d", MaxPids)
-	}
-	switch {
-	case req.TTL == 0:
-		req.TTL = DefaultTTL
-	case req.TTL < 1 || req.TTL > MaxTTL:
-		return invalid("ttl must be between 1 and %d seconds", MaxTTL)
+	for _, f := range []struct {
+		v             *int64
+		name, unit    string
+		def, min, max int64
+	}{
+		{&req.MemoryMB, "memory_mb", "", DefaultMemoryMB, 16, MaxMemoryMB},
+		{&req.DiskMB, "disk_mb", "", DefaultDiskMB, 1, MaxDiskMB},
+		{&req.Pids, "pids", "", DefaultPids, 8, MaxPids},
+		{&req.TTL, "ttl", " seconds", DefaultTTL, 1, MaxTTL},
+	} {
+		switch {
+		case *f.v == 0:
+			*f.v = f.def
+		case *f.v < f.min || *f.v > f.max:
+			return invalid("%s must be between %d and %d%s", f.name, f.min, f.max, f.unit)
+		}
 	}
 	if req.IdleTimeout < 0 || req.IdleTimeout > MaxTTL {
 		return invalid("idle_timeout must be between 0 and %d seconds", MaxTTL)
