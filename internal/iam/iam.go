@@ -80,18 +80,9 @@ func rank(role string) int {
 	return 0
 }
 
-// tokenRecord is stored under token.<sha256 hex>.
-type tokenRecord struct {
-	ID        string     `json:"id"`
-	Principal string     `json:"principal"`
-	Project   string     `json:"project"`
-	Role      string     `json:"role"`
-	CreatedAt time.Time  `json:"created_at"`
-	CreatedBy string     `json:"created_by,omitempty"`
-	ExpiresAt *time.Time `json:"expires_at,omitempty"`
-	// Admin marks tokens of the first version (one admin principal).
-	Admin bool `json:"admin,omitempty"`
-}
+// tokenRecord is stored under token.<sha256 hex>: the wire form of a token
+// without its secret (Secret stays empty, so it is never stored).
+type tokenRecord = api.Token
 
 // IAM is the in-memory mirror of the bucket plus the operations on it.
 type IAM struct {
@@ -169,9 +160,6 @@ func (m *IAM) apply(e jetstream.KeyValueEntry) {
 		t := new(tokenRecord)
 		if json.Unmarshal(e.Value(), t) != nil {
 			return
-		}
-		if t.Admin && t.Role == "" {
-			t.Role, t.Principal = api.RoleAdmin, "admin"
 		}
 		if t.ID == "" {
 			t.ID = "tok_" + h[:16]
@@ -643,14 +631,9 @@ func (m *IAM) CreateToken(ctx context.Context, caller *Principal, req *api.Creat
 	if err := m.putToken(ctx, tok, rec); err != nil {
 		return nil, unavailable(err)
 	}
-	t := rec.view()
+	t := *rec
 	t.Secret = tok
 	return &t, nil
-}
-
-func (r *tokenRecord) view() api.Token {
-	return api.Token{ID: r.ID, Principal: r.Principal, Project: r.Project, Role: r.Role, CreatedAt: r.CreatedAt,
-		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt}
 }
 
 func printable(s string) bool {
@@ -669,7 +652,7 @@ func (m *IAM) Tokens(caller *Principal) []api.Token {
 	out := []api.Token{}
 	for _, t := range m.tokens {
 		if t.ID == caller.TokenID || (caller.Can(api.RoleAdmin) && caller.InScope(t.Project)) {
-			out = append(out, t.view())
+			out = append(out, *t)
 		}
 	}
 	m.mu.RUnlock()
