@@ -292,11 +292,7 @@ func (e *Edge) count() int {
 }
 
 // newID returns sb-<node>-<random>; the random part has no '-'.
-func (e *Edge) newID() string {
-	var b [10]byte
-	_, _ = rand.Read(b[:])
-	return "sb-" + e.cfg.Node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
-}
+func (e *Edge) newID() string { return NewSandboxID(e.cfg.Node) }
 
 // NodeOf extracts the node name from a sandbox id, or "" if id is malformed.
 func NodeOf(id string) string {
@@ -323,6 +319,7 @@ func NodeOf(id string) string {
 // NewSandboxID makes a fresh id for node (used by the apiserver, which
 // chooses ids so that creates are idempotent).
 func NewSandboxID(node string) string {
-	e := &Edge{cfg: Config{Node: node}}
-	return e.newID()
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return "sb-" + node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }

@@ -409,8 +409,6 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 }
 
 func totalMemoryMB() int64 {
-	var si struct{}
-	_ = si
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0
