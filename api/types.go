@@ -245,7 +245,10 @@ type ExecEvent struct {
 	TimedOut   bool     `json:"timed_out,omitempty"`
 	Signal     string   `json:"signal,omitempty"`
 	DurationMs *float64 `json:"duration_ms,omitempty"`
-	Error      *Error   `json:"error,omitempty"`
+	// Step and Replayed (on the final line): as in ExecResult.
+	Step     int64  `json:"step,omitempty"`
+	Replayed bool   `json:"replayed,omitempty"`
+	Error    *Error `json:"error,omitempty"`
 }
 
 // Command is the state of a background command.

@@ -82,7 +82,22 @@ func TestTrajectoryRecordKillResume(t *testing.T) {
 		t.Fatalf("replayed mkdir: %+v %v", r, err)
 	}
 	for i := 1; i <= 20; i++ {
-		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		var res *api.ExecResult
+		var err error
+		var streamed strings.Builder
+		if i%5 == 0 {
+			res, err = s.C.ExecStreamFunc(ctx, sb.ID, counterOp(i), func(ev api.ExecEvent) error {
+				if ev.Stdout != nil {
+					streamed.WriteString(*ev.Stdout)
+				}
+				return nil
+			})
+			if err == nil {
+				res.Stdout = streamed.String()
+			}
+		} else {
+			res, err = s.C.Exec(ctx, sb.ID, counterOp(i))
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,9 +105,16 @@ func TestTrajectoryRecordKillResume(t *testing.T) {
 			t.Fatalf("replay %d: %+v", i, res)
 		}
 	}
-	// Then 5 new ones run live.
+	// Then 5 new ones run live (the first two streamed as NDJSON: the last
+	// line carries the step too).
 	for i := 21; i <= 25; i++ {
-		res, err := s.C.Exec(ctx, sb.ID, counterOp(i))
+		var res *api.ExecResult
+		var err error
+		if i < 23 {
+			res, err = s.C.ExecStreamFunc(ctx, sb.ID, counterOp(i), func(api.ExecEvent) error { return nil })
+		} else {
+			res, err = s.C.Exec(ctx, sb.ID, counterOp(i))
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
