@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -155,14 +156,15 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, sb)
+	writeRawJSON(w, http.StatusCreated, sb)
 	return nil
 }
 
 // place picks a node and creates the sandbox there; a node that refuses
 // (full, shutting down) is skipped and another tried, at most
-// maxPlacementTries times, then 503.
-func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limits []placement.Limit, key string) (*api.Sandbox, error) {
+// maxPlacementTries times, then 503. The answer is the edge's JSON sandbox,
+// passed through without decoding and encoding it again.
+func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limits []placement.Limit, key string) (json.RawMessage, error) {
 	exclude := map[string]bool{}
 	var lastErr error
 	for try := 0; try < maxPlacementTries; try++ {
@@ -199,10 +201,13 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 				}
 			}
 		}
-		var sb api.Sandbox
+		var sb json.RawMessage
 		err = s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: *req}, &sb, nil)
+		if err == nil && len(sb) > 0 {
+			return sb, nil
+		}
 		if err == nil {
-			return &sb, nil
+			err = &api.Error{Code: api.CodeInternal, Message: "node " + node + " answered the create with nothing"}
 		}
 		s.placer.Release(node, req, limits)
 		if key != "" {

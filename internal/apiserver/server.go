@@ -314,6 +314,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
+// writeRawJSON answers with JSON already encoded (an edge's answer).
+func writeRawJSON(w http.ResponseWriter, status int, b json.RawMessage) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
 // decodeJSON reads a bounded JSON body into v, refusing unknown fields and
 // trailing data.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {

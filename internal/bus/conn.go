@@ -369,21 +369,27 @@ func (c *Conn) handle(ctx context.Context, m *nats.Msg, h Handler) {
 		op = m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	}
 	ctx = context.WithValue(ctx, inHeadersKey{}, m.Header)
-	stop := make(chan struct{})
-	go func() {
-		t := time.NewTicker(keepaliveEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				w.send(kindPing, nil)
-			}
+	// A timer, not a goroutine, proves a slow handler alive: most answer
+	// long before the first ping is due.
+	var pingMu sync.Mutex
+	stopped := false
+	var ping *time.Timer
+	pingMu.Lock()
+	ping = time.AfterFunc(keepaliveEvery, func() {
+		pingMu.Lock()
+		defer pingMu.Unlock()
+		if stopped {
+			return
 		}
-	}()
+		w.send(kindPing, nil)
+		ping.Reset(keepaliveEvery)
+	})
+	pingMu.Unlock()
 	out, err := safeCall(ctx, h, op, m.Data, w)
-	close(stop)
+	pingMu.Lock()
+	stopped = true
+	ping.Stop()
+	pingMu.Unlock()
 	if err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -47,6 +48,15 @@ func logger(verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
+// tuneGC lets the garbage collector run less often in the control-plane
+// processes (their live heap is tens of MiB; at GOGC=100 collection took
+// ~9% of an apiserver's CPU under create load). GOGC in the environment wins.
+func tuneGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
+}
+
 func newAPIServerCmd() *cobra.Command {
 	var o serve.APIOptions
 	var verbose bool
@@ -56,6 +66,7 @@ func newAPIServerCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			natsFromEnv(&o.NATS)
+			tuneGC()
 			o.Logger = logger(verbose)
 			out := cmd.OutOrStdout()
 			o.Ready = func(url, token string) {

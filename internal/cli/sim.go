@@ -30,6 +30,7 @@ process. The defaults are a short run; the full scale is
   warren sim --nodes 160 --hold 400000 --burst 32768 --duration 10s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneGC()
 			var buf bytes.Buffer
 			cfg.Out = io.MultiWriter(cmd.OutOrStdout(), &buf)
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -75,6 +76,7 @@ func newSimEdgesCmd() *cobra.Command {
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			natsFromEnv(&cfg.NATS)
+			tuneGC()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return sim.RunEdges(ctx, cfg)

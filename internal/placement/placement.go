@@ -102,52 +102,43 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 	if err := p.checkQuotaLocked(spec, limits); err != nil {
 		return "", err
 	}
-	// Filter without copying nodes: candidate indices and their loads live
-	// in scratch slices reused under the lock.
-	p.cands, p.withImage = p.cands[:0], p.withImage[:0]
-	if cap(p.loads) < len(nodes) {
-		p.loads = make([]float64, len(nodes))
-	}
-	p.loads = p.loads[:len(nodes)]
-	for i := range nodes {
-		n := &nodes[i]
-		cpu, mem := n.CPURequested, n.MemRequested
-		if r := p.recent[n.Name]; r != nil {
-			if n.LastHeartbeat.After(r.since) {
-				p.expireLocked(n.Name, r)
-			} else {
-				cpu += r.cpu
-				mem += r.mem
+	var bi int
+	if i, ok := p.sampleLocked(nodes, spec, exclude); ok {
+		bi = i
+	} else {
+		// Filter without copying nodes: candidate indices and their loads
+		// live in scratch slices reused under the lock.
+		p.cands, p.withImage = p.cands[:0], p.withImage[:0]
+		if cap(p.loads) < len(nodes) {
+			p.loads = make([]float64, len(nodes))
+		}
+		p.loads = p.loads[:len(nodes)]
+		for i := range nodes {
+			n := &nodes[i]
+			load, ok := p.fitsLocked(n, spec, exclude)
+			if !ok {
+				continue
 			}
+			p.loads[i] = load
+			// Nodes holding the image are preferred.
+			if holds(n, spec.Image) {
+				p.withImage = append(p.withImage, i)
+			}
+			p.cands = append(p.cands, i)
 		}
-		if exclude[n.Name] || !offers(n, spec.Tier) || !selects(n, spec.NodeSelector) {
-			continue
+		if len(p.cands) == 0 {
+			return "", ErrNoNode
 		}
-		if n.CPUCapacity > 0 && cpu+spec.CPU > n.CPUCapacity {
-			continue
+		pool := p.cands
+		if len(p.withImage) > 0 {
+			pool = p.withImage
 		}
-		if n.MemoryMB > 0 && mem+spec.MemoryMB > n.MemoryMB {
-			continue
-		}
-		p.loads[i] = loadOf(cpu, n.CPUCapacity, mem, n.MemoryMB)
-		// Nodes holding the image are preferred.
-		if holds(n, spec.Image) {
-			p.withImage = append(p.withImage, i)
-		}
-		p.cands = append(p.cands, i)
-	}
-	if len(p.cands) == 0 {
-		return "", ErrNoNode
-	}
-	pool := p.cands
-	if len(p.withImage) > 0 {
-		pool = p.withImage
-	}
-	bi := pool[rand.IntN(len(pool))]
-	for i := 1; i < K && len(pool) > 1; i++ {
-		c := pool[rand.IntN(len(pool))]
-		if p.loads[c] < p.loads[bi] {
-			bi = c
+		bi = pool[rand.IntN(len(pool))]
+		for i := 1; i < K && len(pool) > 1; i++ {
+			c := pool[rand.IntN(len(pool))]
+			if p.loads[c] < p.loads[bi] {
+				bi = c
+			}
 		}
 	}
 	best := &nodes[bi]
@@ -168,6 +159,61 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 		p.projects[l.Project] = plus(p.projects[l.Project], add, 1)
 	}
 	return best.Name, nil
+}
+
+// sampleTries bounds the random draws of the fast path of a pick.
+const sampleTries = 8
+
+// sampleLocked is the common case of a pick without a scan of the fleet:
+// draw random nodes until K distinct ones fit and hold the image, and take
+// the least loaded. It gives up (ok false) when the draws find fewer, and
+// the caller scans every node (few fit, or few hold the image).
+func (p *Placer) sampleLocked(nodes []api.Node, spec *api.CreateSandboxRequest, exclude map[string]bool) (int, bool) {
+	if len(nodes) < 2*K {
+		return 0, false
+	}
+	best, found := -1, 0
+	var bestLoad float64
+	for try := 0; try < sampleTries && found < K; try++ {
+		i := rand.IntN(len(nodes))
+		if i == best {
+			continue
+		}
+		n := &nodes[i]
+		load, ok := p.fitsLocked(n, spec, exclude)
+		if !ok || !holds(n, spec.Image) {
+			continue
+		}
+		found++
+		if best < 0 || load < bestLoad {
+			best, bestLoad = i, load
+		}
+	}
+	return best, found >= K
+}
+
+// fitsLocked reports whether n can take spec, counting this replica's
+// placements its last heartbeat does not show yet, and its load if so.
+func (p *Placer) fitsLocked(n *api.Node, spec *api.CreateSandboxRequest, exclude map[string]bool) (float64, bool) {
+	cpu, mem := n.CPURequested, n.MemRequested
+	if r := p.recent[n.Name]; r != nil {
+		if n.LastHeartbeat.After(r.since) {
+			p.expireLocked(n.Name, r)
+		} else {
+			cpu += r.cpu
+			mem += r.mem
+		}
+	}
+	if exclude[n.Name] || !offers(n, spec.Tier) || !selects(n, spec.NodeSelector) {
+		return 0, false
+	}
+	if n.CPUCapacity > 0 && cpu+spec.CPU > n.CPUCapacity {
+		return 0, false
+	}
+	if n.MemoryMB > 0 && mem+spec.MemoryMB > n.MemoryMB {
+		return 0, false
+	}
+	return loadOf(cpu, n.CPUCapacity, mem, n.MemoryMB), true
 }
 
 // Release forgets a placement that did not happen (the edge refused it).

@@ -112,3 +112,54 @@ func BenchmarkPick160(b *testing.B) {
 		}
 	}
 }
+
+// TestSampledPickOnLargeFleet checks the sampling fast path keeps the
+// rules of the full scan: only fitting nodes that hold the image, spread
+// by load, and a fleet filling up falls back to the scan.
+func TestSampledPickOnLargeFleet(t *testing.T) {
+	var nodes []api.Node
+	for i := 0; i < 60; i++ {
+		n := node(string(rune('A'+i/26))+string(rune('a'+i%26)), nil)
+		if i%3 != 0 {
+			n.Images = []string{"py"} // 40 hold the image
+		}
+		if i%5 == 0 {
+			n.CPURequested = 9.5 // 12 cannot take 1 core
+		}
+		nodes = append(nodes, n)
+	}
+	p := New(&fleet{nodes: nodes})
+	byName := map[string]*api.Node{}
+	for i := range nodes {
+		byName[nodes[i].Name] = &nodes[i]
+	}
+	counts := map[string]int{}
+	for i := 0; i < 200; i++ {
+		name, err := p.Pick(spec(), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := byName[name]
+		if !holds(n, "py") || n.CPURequested > 9 {
+			t.Fatalf("pick %d went to %s (images %v, cpu %.1f)", i, name, n.Images, n.CPURequested)
+		}
+		counts[name]++
+	}
+	// 32 nodes fit and hold the image; power of two choices spreads 200
+	// picks so that none takes far more than its share.
+	for name, c := range counts {
+		if c > 15 {
+			t.Fatalf("node %s took %d of 200 picks: %v", name, c, counts)
+		}
+	}
+	// Fill every image holder (32 × 10 cores): the 16 others that fit
+	// still get work through the scan, then nothing is left.
+	for i := 0; i < 32*10-200+16*10; i++ {
+		if _, err := p.Pick(spec(), nil, nil); err != nil {
+			t.Fatalf("after %d more: %v", i, err)
+		}
+	}
+	if _, err := p.Pick(spec(), nil, nil); !errors.Is(err, ErrNoNode) {
+		t.Fatalf("full fleet: %v", err)
+	}
+}

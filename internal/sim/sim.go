@@ -271,6 +271,7 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintf(out, "| single creates, %d clients | %d | %.1f | %.0f | %.2f | %.2f | %d |\n", cfg.Clients, n1.Load(), el.Seconds(),
 		float64(n1.Load())/el.Seconds(), ms(p50), ms(p99), e1.Load())
 	phaseUse["single"] = diff(snap(), u0, el)
+	singleEl := el
 
 	// Phase 2: batch creates.
 	u0 = snap()
@@ -363,6 +364,18 @@ func Run(ctx context.Context, cfg Config) error {
 		perSB := fmt.Sprintf("%.0f", (end[i].rss-empty[i].rss)*1024*1024/float64(max(1, live)))
 		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n", p.name, phaseUse["single"][i].cpu, phaseUse["batch"][i].cpu,
 			phaseUse["burst"][i].cpu, empty[i].rss, held[i].rss, end[i].rss, perSB)
+	}
+	// CPU per create is steadier than creations/s on a shared machine: it
+	// does not depend on what else runs.
+	if n := float64(n1.Load()); n > 0 {
+		var sum float64
+		per := make([]string, len(all))
+		for i, p := range all {
+			c := phaseUse["single"][i].cpu * singleEl.Seconds() / n * 1e6
+			sum += c
+			per[i] = fmt.Sprintf("%s %.0f", p.name, c)
+		}
+		fmt.Fprintf(out, "\nSingle creates: %.0f µs of CPU per create over all processes (%s).\n", sum, strings.Join(per, ", "))
 	}
 	fmt.Fprintf(out, "\n(The simulated edges are one process holding every fake sandbox; the load generator is this process.)\n")
 	return nil
