@@ -234,6 +234,11 @@ type ExecResult struct {
 	// says the result came from the log and nothing ran.
 	Step     int64 `json:"step,omitempty"`
 	Replayed bool  `json:"replayed,omitempty"`
+	// Sandbox and Trajectory are set when this operation branched a resumed
+	// trajectory (branch: true): it ran on this new sandbox, recording
+	// this new trajectory. Continue there.
+	Sandbox    string `json:"sandbox,omitempty"`
+	Trajectory string `json:"trajectory,omitempty"`
 }
 
 // ExecEvent is one line of an NDJSON exec stream. Exactly one field group is set.
@@ -245,10 +250,12 @@ type ExecEvent struct {
 	TimedOut   bool     `json:"timed_out,omitempty"`
 	Signal     string   `json:"signal,omitempty"`
 	DurationMs *float64 `json:"duration_ms,omitempty"`
-	// Step and Replayed (on the final line): as in ExecResult.
-	Step     int64  `json:"step,omitempty"`
-	Replayed bool   `json:"replayed,omitempty"`
-	Error    *Error `json:"error,omitempty"`
+	// Step, Replayed, Sandbox, Trajectory (on the final line): as in ExecResult.
+	Step       int64  `json:"step,omitempty"`
+	Replayed   bool   `json:"replayed,omitempty"`
+	Sandbox    string `json:"sandbox,omitempty"`
+	Trajectory string `json:"trajectory,omitempty"`
+	Error      *Error `json:"error,omitempty"`
 }
 
 // Command is the state of a background command.
@@ -273,9 +280,12 @@ type FileInfo struct {
 	Type    string    `json:"type"` // file, dir, symlink, other
 	ModTime time.Time `json:"mod_time"`
 	Target  string    `json:"target,omitempty"` // symlink target
-	// Step and Replayed: as in ExecResult (writes and mkdirs of a trajectory sandbox).
-	Step     int64 `json:"step,omitempty"`
-	Replayed bool  `json:"replayed,omitempty"`
+	// Step, Replayed, Sandbox, Trajectory: as in ExecResult (writes and
+	// mkdirs of a trajectory sandbox).
+	Step       int64  `json:"step,omitempty"`
+	Replayed   bool   `json:"replayed,omitempty"`
+	Sandbox    string `json:"sandbox,omitempty"`
+	Trajectory string `json:"trajectory,omitempty"`
 }
 
 // FileList is the body of GET /v1/sandboxes/{id}/files?list=1.

@@ -120,7 +120,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.E
 	}
 	code, dur := res.ExitCode, res.DurationMs
 	_ = enc.Encode(&api.ExecEvent{ExitCode: &code, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal, DurationMs: &dur,
-		Step: res.Step, Replayed: res.Replayed})
+		Step: res.Step, Replayed: res.Replayed, Sandbox: res.Sandbox, Trajectory: res.Trajectory})
 	if flusher != nil {
 		flusher.Flush()
 	}

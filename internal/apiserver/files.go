@@ -279,10 +279,15 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) error {
 }
 
 // stepHeaders reports a recorded operation's trajectory step on answers
-// without a body (Warren-Step, Warren-Replayed).
+// without a body (Warren-Step, Warren-Replayed; Warren-Sandbox and
+// Warren-Trajectory when it branched).
 func stepHeaders(w http.ResponseWriter, sr *edge.StepResult) {
 	if sr.Step > 0 {
 		w.Header().Set("Warren-Step", strconv.FormatInt(sr.Step, 10))
 		w.Header().Set("Warren-Replayed", strconv.FormatBool(sr.Replayed))
+	}
+	if sr.Sandbox != "" {
+		w.Header().Set("Warren-Sandbox", sr.Sandbox)
+		w.Header().Set("Warren-Trajectory", sr.Trajectory)
 	}
 }

@@ -73,8 +73,9 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 	ctx := r.Context()
 	spec := rec.Spec
 	spec.Resume, spec.Branch = true, branch
+	var from int64
 	if rec.CheckpointSnap != "" {
-		spec.Snapshot = rec.CheckpointSnap
+		spec.Snapshot, from = rec.CheckpointSnap, rec.CheckpointStep
 	}
 	if spec.Snapshot != "" {
 		spec.Image, spec.Layers = "", nil
@@ -93,7 +94,7 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
 	var sb api.Sandbox
-	if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: spec}, &sb, nil); err != nil {
+	if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: spec, FromStep: from}, &sb, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &sb)

@@ -158,6 +158,38 @@ func (l *TrajLog) Append(ctx context.Context, traj string, step int64, entry []b
 	return nil
 }
 
+// AppendAll adds entries, in order, to the (new, empty) log of traj and
+// waits until all are stored. They are not deduplicated.
+func (l *TrajLog) AppendAll(ctx context.Context, traj string, entries [][]byte) error {
+	subj := trajSubject(traj)
+	futs := make([]jetstream.PubAckFuture, 0, len(entries))
+	for _, b := range entries {
+		f, err := l.js.PublishAsync(subj, b)
+		if err != nil {
+			return fmt.Errorf("bus: append to trajectory: %w", err)
+		}
+		futs = append(futs, f)
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("bus: append to trajectory: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Purge removes traj's log.
+func (l *TrajLog) Purge(ctx context.Context, traj string) error {
+	if err := l.stream.Purge(ctx, jetstream.WithPurgeSubject(trajSubject(traj))); err != nil {
+		return fmt.Errorf("bus: purge trajectory: %w", err)
+	}
+	return nil
+}
+
 // Last returns the last entry of traj's log, or nil when it is empty.
 func (l *TrajLog) Last(ctx context.Context, traj string) ([]byte, error) {
 	m, err := l.stream.GetLastMsgForSubject(ctx, trajSubject(traj))

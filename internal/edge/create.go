@@ -96,11 +96,11 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	if err == nil && spec.Trajectory != "" && spec.Resume {
 		// A rebuild of a lost trajectory sandbox: from a checkpoint
 		// snapshot, or from the original state (step 0).
-		var from int64
+		from := req.FromStep
 		if snap != nil && snap.Trajectory == spec.Trajectory {
 			from = snap.Step
 		}
-		if err = e.rebuildTraj(ctx, sb, from); err != nil {
+		if err = e.rebuildTraj(ctx, sb, from, spec.Branch); err != nil {
 			e.stop(ctx, sb, api.StateFailed, "rebuild: "+err.Error())
 		}
 	}

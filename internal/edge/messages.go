@@ -95,6 +95,10 @@ type PauseMatchingRequest struct {
 type CreateRequest struct {
 	ID   string                   `json:"id"`
 	Spec api.CreateSandboxRequest `json:"spec"`
+	// FromStep: a trajectory rebuilt (resume) from a snapshot of another
+	// trajectory's log (a branch from its parent's checkpoint) starts
+	// after this step.
+	FromStep int64 `json:"from_step,omitempty"`
 }
 
 // IDRequest names one sandbox.

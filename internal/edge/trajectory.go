@@ -33,7 +33,10 @@ type TrajectoryRecord struct {
 	Spec           api.CreateSandboxRequest `json:"spec"`
 	CheckpointSnap string                   `json:"checkpoint_snapshot,omitempty"`
 	CheckpointStep int64                    `json:"checkpoint_step,omitempty"`
-	CreatedAt      time.Time                `json:"created_at"`
+	// Parent, ParentStep: a branch shares its parent's log up to ParentStep.
+	Parent     string    `json:"parent,omitempty"`
+	ParentStep int64     `json:"parent_step,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
 }
 
 // ResumeRequest is the body of OpTrajResume.
@@ -45,8 +48,10 @@ type ResumeRequest struct {
 
 // StepResult answers a recorded operation that has no other answer.
 type StepResult struct {
-	Step     int64 `json:"step,omitempty"`
-	Replayed bool  `json:"replayed,omitempty"`
+	Step       int64  `json:"step,omitempty"`
+	Replayed   bool   `json:"replayed,omitempty"`
+	Sandbox    string `json:"sandbox,omitempty"`    // set when the operation branched
+	Trajectory string `json:"trajectory,omitempty"` // the branch's trajectory
 }
 
 // traj is the trajectory state of one sandbox. mu serializes the
@@ -63,6 +68,87 @@ type traj struct {
 	// from the log) because the sandbox was rebuilt from an earlier state.
 	reexec   int
 	resumeAt time.Time
+	// branch: the resuming client asked branch: true. redo holds the
+	// operations it re-issued since the last checkpoint it passed
+	// (branchSnap, taken after step branchStep), to rebuild that state on
+	// a branch.
+	branch     bool
+	redo       []func(ctx context.Context, id string) error
+	redoBytes  int
+	redoOver   bool
+	branchSnap string
+	branchStep int64
+}
+
+// maxRedoBytes bounds the operations (their data and stdin) kept to build
+// a branch: beyond it a divergence cannot branch (take checkpoints).
+const maxRedoBytes = 256 << 20
+
+// startReplay arms a trajectory for a client fast-forwarding through steps.
+func (t *traj) startReplay(steps []api.TrajectoryStep, reexec int, branch bool) {
+	t.replay, t.cursor, t.resumeAt, t.loaded, t.reexec = steps, 0, time.Now(), true, reexec
+	t.branch, t.redo, t.redoBytes, t.redoOver, t.branchSnap, t.branchStep = branch, nil, 0, false, "", 0
+	t.last = 0
+	if n := len(steps); n > 0 {
+		t.last = steps[n-1].Step
+	}
+}
+
+// passed notes that the client re-issued the logged step st (op redoes
+// it on another sandbox), for a later branch.
+func (t *traj) passed(st *api.TrajectoryStep, ro *recOp) {
+	if !t.branch {
+		return
+	}
+	if st.Checkpoint != "" {
+		t.redo, t.redoBytes, t.redoOver, t.branchSnap, t.branchStep = nil, 0, false, st.Checkpoint, st.Step
+		return
+	}
+	if t.redoOver {
+		return
+	}
+	if t.redoBytes += ro.size; t.redoBytes > maxRedoBytes {
+		t.redo, t.redoOver = nil, true
+		return
+	}
+	t.redo = append(t.redo, ro.redo)
+}
+
+// recOp is one state-changing operation of a trajectory sandbox.
+type recOp struct {
+	step *api.TrajectoryStep
+	// run runs it on the sandbox it addresses, streaming to the client;
+	// record puts its result into the step; replay turns a logged step
+	// back into an answer.
+	run    func() (any, error)
+	record func(st *api.TrajectoryStep, out any)
+	replay func(st *api.TrajectoryStep) (any, error)
+	// redo runs it again on sandbox id without answering anyone; retarget
+	// makes run address sandbox id; size is what redo holds in memory.
+	redo     func(ctx context.Context, id string) error
+	retarget func(id string)
+	size     int
+}
+
+// mark sets the trajectory fields of an answer.
+func mark(out any, step int64, replayed bool, sandbox, trajectory string) {
+	switch o := out.(type) {
+	case *api.ExecResult:
+		o.Step, o.Replayed = step, replayed
+		if sandbox != "" {
+			o.Sandbox, o.Trajectory = sandbox, trajectory
+		}
+	case *api.FileInfo:
+		o.Step, o.Replayed = step, replayed
+		if sandbox != "" {
+			o.Sandbox, o.Trajectory = sandbox, trajectory
+		}
+	case *StepResult:
+		o.Step, o.Replayed = step, replayed
+		if sandbox != "" {
+			o.Sandbox, o.Trajectory = sandbox, trajectory
+		}
+	}
 }
 
 func newTraj(spec *api.CreateSandboxRequest) *traj {
@@ -139,9 +225,6 @@ func (e *Edge) resumeTrajectory(ctx context.Context, req *ResumeRequest) (*api.S
 	if t == nil || t.name != req.Trajectory {
 		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s does not record trajectory %q", req.ID, req.Trajectory)}
 	}
-	if req.Branch {
-		return nil, invalidf("branch is not supported yet")
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cursor < len(t.replay) && time.Since(t.resumeAt) < resumeLease {
@@ -151,11 +234,13 @@ func (e *Edge) resumeTrajectory(ctx context.Context, req *ResumeRequest) (*api.S
 	if err != nil {
 		return nil, err
 	}
-	t.replay, t.cursor, t.resumeAt, t.loaded, t.reexec = steps, 0, time.Now(), true, len(steps)
-	t.last = 0
-	if n := len(steps); n > 0 {
-		t.last = steps[n-1].Step
+	// A rebuilt sandbox that has not re-run every logged step yet keeps
+	// re-running from where it stopped.
+	reexec := len(steps)
+	if t.reexec < len(t.replay) && len(t.replay) == len(steps) {
+		reexec = t.reexec
 	}
+	t.startReplay(steps, reexec, req.Branch)
 	v := sb.view()
 	v.Step, v.Replay = t.last, int64(len(steps))
 	return &v, nil
@@ -198,11 +283,8 @@ func opOnly(s api.TrajectoryStep) api.TrajectoryStep {
 // recorded runs one state-changing operation of a trajectory sandbox:
 // replayed from the log while a resuming client re-issues logged
 // operations, otherwise run live and appended to the log in order.
-// run returns the answer and the logged result; replay turns a logged step
-// back into an answer.
-func (e *Edge) recorded(ctx context.Context, sb *sandbox, op *api.TrajectoryStep,
-	run func() (any, error), record func(st *api.TrajectoryStep, out any), replay func(st *api.TrajectoryStep) (any, error),
-	setStep func(out any, step int64, replayed bool)) (any, error) {
+func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error) {
+	op := ro.step
 	t := sb.traj
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -212,30 +294,40 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, op *api.TrajectoryStep
 	if t.cursor < len(t.replay) {
 		logged := &t.replay[t.cursor]
 		if !sameOp(logged, op) {
+			if t.branch {
+				return e.branchAt(ctx, sb, ro)
+			}
 			return nil, &api.Error{Code: api.CodeConflict,
 				Message: fmt.Sprintf("operation diverges from trajectory %q at step %d", t.name, logged.Step),
 				Diverge: &api.Divergence{Step: logged.Step, Logged: opOnly(*logged), Received: *op}}
 		}
-		t.cursor++
 		t.resumeAt = time.Now()
-		if t.cursor > t.reexec {
+		if t.cursor >= t.reexec {
 			// Rebuilt sandbox: run it again; the log has it already.
-			out, err := run()
+			out, err := ro.run()
+			if err != nil && unknownOutcome(err) {
+				return nil, err // perhaps not done: the client may retry it
+			}
+			t.cursor++
+			t.reexec = t.cursor
+			t.passed(logged, ro)
 			if err != nil {
 				return nil, err
 			}
-			setStep(out, logged.Step, false)
+			mark(out, logged.Step, false, "", "")
 			return out, nil
 		}
+		t.cursor++
+		t.passed(logged, ro)
 		if logged.Error != nil {
 			ae := *logged.Error
 			return nil, &ae
 		}
-		out, err := replay(logged)
+		out, err := ro.replay(logged)
 		if err != nil {
 			return nil, err
 		}
-		setStep(out, logged.Step, true)
+		mark(out, logged.Step, true, "", "")
 		return out, nil
 	}
 	sb.mu.Lock()
@@ -249,18 +341,17 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, op *api.TrajectoryStep
 	op.Step = t.last + 1
 	op.Sandbox = sb.rec.Sandbox.ID
 	op.At = time.Now().UTC()
-	out, err := run()
+	out, err := ro.run()
 	if err != nil {
 		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code == api.CodeTimeout || ae.Code == api.CodeUnavailable || ae.Code == api.CodeInternal ||
-			ae.Code == api.CodeInvalid || strings.Contains(ae.Message, "stopped during the operation") {
+		if unknownOutcome(err) || !errors.As(err, &ae) || ae.Code == api.CodeInvalid {
 			// Whether it happened is unknown, or it was refused before it
 			// reached the sandbox: nothing is logged.
 			return nil, err
 		}
 		op.Error = &api.Error{Code: ae.Code, Message: ae.Message}
 	} else {
-		record(op, out)
+		ro.record(op, out)
 	}
 	if t.every > 0 && op.Step%int64(t.every) == 0 && op.Error == nil {
 		if snap, serr := e.snapshot(ctx, sb, "checkpoint", op.Step); serr != nil {
@@ -292,7 +383,127 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, op *api.TrajectoryStep
 	if err != nil {
 		return nil, err
 	}
-	setStep(out, op.Step, false)
+	mark(out, op.Step, false, "", "")
+	return out, nil
+}
+
+// unknownOutcome reports whether an operation that failed with err may or
+// may not have happened.
+func unknownOutcome(err error) bool {
+	var ae *api.Error
+	return !errors.As(err, &ae) || ae.Code == api.CodeTimeout || ae.Code == api.CodeUnavailable || ae.Code == api.CodeInternal ||
+		strings.Contains(ae.Message, "stopped during the operation")
+}
+
+// maxBranches bounds the names tried for a branch (T~k, T~k.2, …).
+const maxBranches = 100
+
+// branchAt forks a new trajectory where a resuming client that asked
+// branch: true diverged (t.mu held): it shares the log up to the last
+// matching step and continues on a new sandbox holding the state after
+// that step (the last checkpoint the client passed, then the operations
+// re-issued since, run again). The diverging operation runs there. The
+// original trajectory and its sandbox are left as they were.
+func (e *Edge) branchAt(ctx context.Context, sb *sandbox, ro *recOp) (any, error) {
+	t := sb.traj
+	k := t.replay[t.cursor].Step
+	if t.redoOver {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf(
+			"cannot branch trajectory %q at step %d: more than %d MiB of operations since its last checkpoint (record it with checkpoints)", t.name, k, maxRedoBytes>>20)}
+	}
+	var rec TrajectoryRecord
+	found, _, err := e.trajMeta.Get(ctx, t.name, &rec)
+	if err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	if !found {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("trajectory %q not found", t.name)}
+	}
+	sb.mu.Lock()
+	spec := sb.rec.Spec
+	sb.mu.Unlock()
+	base := rec.Spec
+	spec.Image, spec.Layers, spec.Snapshot = base.Image, base.Layers, base.Snapshot
+	if t.branchSnap != "" {
+		spec.Image, spec.Layers, spec.Snapshot = "", nil, t.branchSnap
+	}
+	spec.Resume, spec.Branch = false, false
+	base.Resume, base.Branch = false, false
+
+	id := e.newID()
+	var name string
+	for i := 1; ; i++ {
+		name = fmt.Sprintf("%s~%d", t.name, k)
+		if i > 1 {
+			name += fmt.Sprintf(".%d", i)
+		}
+		if !sandboxspec.ValidTrajectory(name) {
+			return nil, invalidf("cannot branch trajectory %q: the name %q is too long", t.name, name)
+		}
+		spec.Trajectory, base.Trajectory = name, name
+		nrec := TrajectoryRecord{Name: name, Sandbox: id, Spec: base, CheckpointSnap: t.branchSnap, CheckpointStep: t.branchStep,
+			Parent: t.name, ParentStep: k - 1, CreatedAt: time.Now().UTC()}
+		err := e.trajMeta.Create(ctx, name, &nrec)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, bus.ErrExists) || i == maxBranches {
+			return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("cannot branch trajectory %q: %v", t.name, err)}
+		}
+	}
+	undo := func(why error) error {
+		dctx := context.WithoutCancel(ctx)
+		_ = e.tlog.Purge(dctx, name)
+		_ = e.trajMeta.Delete(dctx, name)
+		return why
+	}
+	// The shared part of the log.
+	shared := make([][]byte, t.cursor)
+	for i := range shared {
+		if shared[i], err = json.Marshal(&t.replay[i]); err != nil {
+			return nil, undo(err)
+		}
+	}
+	if err := e.tlog.AppendAll(ctx, name, shared); err != nil {
+		return nil, undo(&api.Error{Code: api.CodeUnavailable, Message: err.Error()})
+	}
+	if _, err := e.create(ctx, &CreateRequest{ID: id, Spec: spec}); err != nil {
+		return nil, undo(err)
+	}
+	nsb, err := e.lookup(id)
+	if err == nil {
+		for _, redo := range t.redo {
+			if err = redo(ctx, id); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		if nsb != nil {
+			e.stop(context.WithoutCancel(ctx), nsb, api.StateFailed, "branch: "+err.Error())
+		}
+		return nil, undo(fmt.Errorf("branch %q: rebuilding the state after step %d: %w", name, k-1, err))
+	}
+	e.log.Info("trajectory branched", "trajectory", t.name, "branch", name, "step", k, "sandbox", id, "checkpoint", t.branchSnap, "rerun", len(t.redo))
+	// The original goes on as it was: live, or (a rebuilt sandbox that has
+	// not re-run every step) waiting for a new resume.
+	if t.reexec >= len(t.replay) {
+		t.replay, t.reexec = nil, 0
+	}
+	t.cursor, t.resumeAt, t.branch, t.redo, t.redoBytes = 0, time.Time{}, false, nil, 0
+	ro.retarget(id)
+	out, err := e.recorded(ctx, nsb, ro)
+	if err != nil {
+		why := fmt.Sprintf("trajectory branched to %q on sandbox %s, but its first operation failed: ", name, id)
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			c := *ae
+			c.Message = why + c.Message
+			return nil, &c
+		}
+		return nil, fmt.Errorf("%s%w", why, err)
+	}
+	mark(out, ro.step.Step, false, id, name)
 	return out, nil
 }
 
@@ -323,15 +534,16 @@ func (e *Edge) execRecorded(ctx context.Context, req *ExecRequest, w *bus.Replie
 		}
 		return w.Chunk(stream, data)
 	}
-	return e.recorded(ctx, sb, op,
-		func() (any, error) { return e.exec(ctx, req, capture) },
-		func(st *api.TrajectoryStep, out any) {
+	return e.recorded(ctx, sb, &recOp{
+		step: op,
+		run:  func() (any, error) { return e.exec(ctx, req, capture) },
+		record: func(st *api.TrajectoryStep, out any) {
 			r := *out.(*api.ExecResult)
 			r.Stdout, r.Stderr = stdout.String(), stderr.String()
 			r.Truncated = r.Truncated || stdout.Len() >= MaxLoggedOutput || stderr.Len() >= MaxLoggedOutput
 			st.Result = &r
 		},
-		func(st *api.TrajectoryStep) (any, error) {
+		replay: func(st *api.TrajectoryStep) (any, error) {
 			r := *st.Result
 			if r.Stdout != "" {
 				if err := w.Chunk("stdout", []byte(r.Stdout)); err != nil {
@@ -346,10 +558,16 @@ func (e *Edge) execRecorded(ctx context.Context, req *ExecRequest, w *bus.Replie
 			r.Stdout, r.Stderr = "", ""
 			return &r, nil
 		},
-		func(out any, step int64, replayed bool) {
-			r := out.(*api.ExecResult)
-			r.Step, r.Replayed = step, replayed
-		})
+		redo: func(ctx context.Context, id string) error {
+			_, err := e.exec(ctx, &ExecRequest{ID: id, Exec: req.Exec}, func(string, []byte) error { return nil })
+			if err != nil && !unknownOutcome(err) {
+				return nil // refused the first time too: the log has what happened
+			}
+			return err
+		},
+		retarget: func(id string) { req.ID = id },
+		size:     len(req.Exec.Stdin) + len(req.Exec.Cmd) + 256,
+	})
 }
 
 // fileOps maps the recorded file operations to their log names.
@@ -374,41 +592,47 @@ func (e *Edge) fileRecorded(ctx context.Context, op string, req *FileRequest, w 
 	if op == OpFileWrite {
 		st.DataHash, st.DataSize = digest(req.Data), int64(len(req.Data))
 	}
-	return e.recorded(ctx, sb, st,
-		func() (any, error) {
+	return e.recorded(ctx, sb, &recOp{
+		step: st,
+		run: func() (any, error) {
 			out, err := e.file(ctx, op, req, w)
 			if err == nil && out == nil {
 				out = &StepResult{}
 			}
 			return out, err
 		},
-		func(st *api.TrajectoryStep, out any) {
+		record: func(st *api.TrajectoryStep, out any) {
 			if fi, ok := out.(*api.FileInfo); ok {
 				c := *fi
+				c.Step, c.Replayed, c.Sandbox, c.Trajectory = 0, false, "", ""
 				st.File = &c
 			}
 		},
-		func(st *api.TrajectoryStep) (any, error) {
+		replay: func(st *api.TrajectoryStep) (any, error) {
 			if st.File != nil {
 				c := *st.File
 				return &c, nil
 			}
 			return &StepResult{}, nil
 		},
-		func(out any, step int64, replayed bool) {
-			switch o := out.(type) {
-			case *api.FileInfo:
-				o.Step, o.Replayed = step, replayed
-			case *StepResult:
-				o.Step, o.Replayed = step, replayed
+		redo: func(ctx context.Context, id string) error {
+			c := *req
+			c.ID = id
+			_, err := e.file(ctx, op, &c, nil)
+			if err != nil && !unknownOutcome(err) {
+				return nil // it failed the first time too, or differs: the log has what happened
 			}
-		})
+			return err
+		},
+		retarget: func(id string) { req.ID = id },
+		size:     len(req.Data) + 256,
+	})
 }
 
 // rebuildTraj prepares a sandbox rebuilt for a lost trajectory sandbox:
 // the steps up to the state it was rebuilt from are served from the log,
 // the later ones run again as the client re-issues them.
-func (e *Edge) rebuildTraj(ctx context.Context, sb *sandbox, fromStep int64) error {
+func (e *Edge) rebuildTraj(ctx context.Context, sb *sandbox, fromStep int64, branch bool) error {
 	t := sb.traj
 	steps, err := e.readTrajectory(ctx, t.name)
 	if err != nil {
@@ -416,14 +640,10 @@ func (e *Edge) rebuildTraj(ctx context.Context, sb *sandbox, fromStep int64) err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.replay, t.cursor, t.resumeAt, t.loaded = steps, 0, time.Now(), true
-	t.reexec = 0
-	for t.reexec < len(steps) && steps[t.reexec].Step <= fromStep {
-		t.reexec++
+	reexec := 0
+	for reexec < len(steps) && steps[reexec].Step <= fromStep {
+		reexec++
 	}
-	t.last = 0
-	if n := len(steps); n > 0 {
-		t.last = steps[n-1].Step
-	}
+	t.startReplay(steps, reexec, branch)
 	return nil
 }

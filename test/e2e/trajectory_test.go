@@ -249,3 +249,102 @@ func TestTrajectoryRebuildWithoutCheckpointReexecutes(t *testing.T) {
 		t.Fatalf("log has %d steps, want 5 (re-executions are not logged twice)", len(steps))
 	}
 }
+
+func TestTrajectoryBranchOnDivergence(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "br", Checkpoint: "2"})
+	if _, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 5; i++ { // steps 2..6; checkpoints after steps 2, 4, 6
+		if _, err := s.C.Exec(ctx, sb.ID, counterOp(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := api.ExecRequest{Cmd: "echo other > /state/b; wc -l < /counter; ls /state | tr '\\n' ' '"}
+	// branch runs the diverging operation on a new sandbox holding the state
+	// after the last matching step (checkpoint 4, then step 5 run again).
+	branchAt := func(name string) *api.ExecResult {
+		t.Helper()
+		if _, err := s.C.ResumeTrajectory(ctx, "br", true); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed {
+			t.Fatalf("replayed mkdir: %+v %v", r, err)
+		}
+		for i := 1; i <= 4; i++ {
+			if res, err := s.C.Exec(ctx, sb.ID, counterOp(i)); err != nil || !res.Replayed {
+				t.Fatalf("replay %d: %+v %v", i, res, err)
+			}
+		}
+		res, err := s.C.ExecStreamFunc(ctx, sb.ID, other, func(api.ExecEvent) error { return nil })
+		if err != nil {
+			t.Fatalf("branch: %v\n%s", err, tail(s.logs.String(), 20))
+		}
+		t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), res.Sandbox) })
+		if res.Trajectory != name || res.Sandbox == "" || res.Sandbox == sb.ID || res.Step != 6 || res.Replayed {
+			t.Fatalf("branch answer: %+v", res)
+		}
+		return res
+	}
+	res := branchAt("br~6")
+	if got := s.sh(t, res.Sandbox, "wc -l < /counter; ls /state | tr '\\n' ' '").Stdout; got != "4\nb s1 s2 s3 s4 " {
+		t.Fatalf("branch filesystem: %q", got)
+	}
+	// The branch shares the log up to step 5, then has its own steps 6 and
+	// 7 (the look at its files above).
+	steps, err := s.C.TrajectoryAll(ctx, "br~6")
+	if err != nil || len(steps) != 7 || steps[4].Exec.Cmd != counterOp(4).Cmd || steps[5].Exec.Cmd != other.Cmd || steps[5].Sandbox != res.Sandbox {
+		for _, st := range steps {
+			t.Logf("%d %s %s", st.Step, st.Op, st.Sandbox)
+		}
+		t.Fatalf("branch log: %d steps %v", len(steps), err)
+	}
+	// It goes on live.
+	if r, err := s.C.Exec(ctx, res.Sandbox, counterOp(9)); err != nil || r.Step != 8 || r.Replayed || r.Sandbox != "" {
+		t.Fatalf("branch step 8: %+v %v", r, err)
+	}
+	// The original is untouched and goes on live too.
+	if got := s.sh(t, sb.ID, "wc -l < /counter; ls /state | tr '\\n' ' '").Stdout; got != "5\ns1 s2 s3 s4 s5 " {
+		t.Fatalf("original filesystem: %q", got)
+	}
+	if orig, err := s.C.TrajectoryAll(ctx, "br"); err != nil || len(orig) != 7 {
+		t.Fatalf("original log: %d %v", len(orig), err)
+	}
+	if r, err := s.C.Exec(ctx, sb.ID, counterOp(6)); err != nil || r.Step != 8 || r.Replayed {
+		t.Fatalf("original step 8: %+v %v", r, err)
+	}
+	// A second branch at the same step gets its own name.
+	branchAt("br~6.2")
+
+	// Without checkpoints the branch starts from the original state and
+	// runs every matching step again (a file write with its data too).
+	nb := s.create(t, api.CreateSandboxRequest{Trajectory: "nb"})
+	ops := []func() error{
+		func() error { _, err := s.C.WriteFileBytes(ctx, nb.ID, "/a", []byte("1\n"), 0o644); return err },
+		func() error { _, err := s.C.Exec(ctx, nb.ID, api.ExecRequest{Cmd: "echo 2 >> /a"}); return err },
+		func() error { _, err := s.C.Exec(ctx, nb.ID, api.ExecRequest{Cmd: "echo 3 >> /a"}); return err },
+	}
+	for _, op := range ops {
+		if err := op(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.C.ResumeTrajectory(ctx, "nb", true); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops[:2] {
+		if err := op(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := s.C.Exec(ctx, nb.ID, api.ExecRequest{Cmd: "echo X >> /a; cat /a"})
+	if err != nil || r.Trajectory != "nb~3" || r.Stdout != "1\n2\nX\n" {
+		t.Fatalf("branch without checkpoints: %+v %v", r, err)
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), r.Sandbox) })
+	if got := s.sh(t, nb.ID, "cat /a").Stdout; got != "1\n2\n3\n" {
+		t.Fatalf("original: %q", got)
+	}
+}

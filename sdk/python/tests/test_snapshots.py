@@ -75,6 +75,24 @@ class TrajectoryTest(unittest.TestCase):
         with self.assertRaises(warren.NotFound):
             C.resume("py/nosuch-" + uuid.uuid4().hex[:6])
 
+    def test_branch_follows_new_sandbox(self):
+        name = "py/" + uuid.uuid4().hex[:8]
+        with C.create("busybox", trajectory=name) as sb:
+            for i in range(2):
+                sb.run("echo x >> /counter")
+            again = C.resume(name, branch=True)
+            again.run("echo x >> /counter")
+            r = again.run("echo y >> /counter; cat /counter")
+            self.assertEqual(r.trajectory, name + "~2")
+            self.assertEqual(r.stdout, "x\ny\n")
+            try:
+                self.assertNotEqual(again.id, sb.id)
+                self.assertEqual(again.id, r.sandbox)
+                self.assertEqual(again.run("wc -l < /counter").stdout.strip(), "2")
+                self.assertEqual(sb.run("wc -l < /counter").stdout.strip(), "2")
+            finally:
+                again.stop()
+
 
 if __name__ == "__main__":
     unittest.main()

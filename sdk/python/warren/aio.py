@@ -421,6 +421,8 @@ class AsyncSandbox:
                 _core.exec_req(self.id, body, False, read_timeout)))
         else:
             res = await self._run_stream(body, read_timeout, on_stdout, on_stderr)
+        if res.sandbox and res.sandbox != self.id:
+            self.info = (await self.client.get(res.sandbox)).info  # a branch: continue there
         return res.check() if check else res
 
     async def _run_stream(self, body: Dict[str, Any], read_timeout: float,

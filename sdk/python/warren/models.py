@@ -140,6 +140,11 @@ class ExecResult:
         command_id: set for background commands.
         step: the trajectory step that recorded this command, when the server
             records trajectories (``None`` otherwise).
+        replayed: the result came from the trajectory log; nothing ran.
+        sandbox, trajectory: set when this command branched a trajectory
+            resumed with ``branch=True``: it ran on this new sandbox, which
+            records this new trajectory (the :class:`Sandbox` that ran it
+            switches to it).
     """
 
     exit_code: int = 0
@@ -152,6 +157,8 @@ class ExecResult:
     command_id: str = ""
     step: Optional[int] = None
     replayed: bool = False
+    sandbox: str = ""
+    trajectory: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -164,7 +171,8 @@ class ExecResult:
             truncated=bool(d.get("truncated")), timed_out=bool(d.get("timed_out")),
             signal=_s(d, "signal"), duration=_f(d, "duration_ms") / 1000.0,
             command_id=_s(d, "command_id") or _s(d, "id"), step=_oi(d, "step"),
-            replayed=bool(d.get("replayed")), raw=d)
+            replayed=bool(d.get("replayed")), sandbox=_s(d, "sandbox"),
+            trajectory=_s(d, "trajectory"), raw=d)
 
     @property
     def ok(self) -> bool:
