@@ -328,13 +328,35 @@ func (r *running) feedStdin(data []byte) {
 
 // finish waits for the command, its output and (for shell commands) its
 // state report, updates the session and returns the result.
+//
+// A shell command is over when its exit trap has reported the status: the
+// answer does not wait for the shell process to end and be reaped (the
+// reaper still collects it). When no report comes (the shell was killed, or
+// the command replaced the trap) the status is the reaped one.
 func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	var stateCh chan []byte
 	if r.state != nil {
 		stateCh = make(chan []byte, 1)
 		go readState(r.state, stateCh)
 	}
-	ei := <-r.exit
+	var (
+		ws       unix.WaitStatus
+		endedAt  time.Time
+		st       shellState
+		reported bool
+	)
+	select {
+	case ei := <-r.exit:
+		ws, endedAt = ei.status, ei.at
+	case b := <-stateCh:
+		stateCh = nil
+		if st, reported = parseState(b); reported {
+			endedAt = time.Now()
+			break
+		}
+		ei := <-r.exit
+		ws, endedAt = ei.status, ei.at
+	}
 	r.mu.Lock()
 	r.exited = true
 	timedOut := r.timedOut
@@ -346,9 +368,10 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	if a.pool != nil {
 		defer a.pool.refillSoon()
 	}
-	res := &agentproto.ExecResult{Duration: float64(ei.at.Sub(r.start).Microseconds()) / 1000}
-	ws := ei.status
+	res := &agentproto.ExecResult{Duration: float64(endedAt.Sub(r.start).Microseconds()) / 1000}
 	switch {
+	case reported:
+		res.ExitCode = st.status
 	case ws.Exited():
 		res.ExitCode = ws.ExitStatus()
 	case ws.Signaled():
@@ -383,23 +406,23 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	}
 	r.stdin.Close() // unblocks a stdin writer the command never read
 
-	if stateCh != nil {
-		var st []byte
-		if !timedOut && ws.Exited() {
+	if r.state != nil {
+		if stateCh != nil && !timedOut && ws.Exited() {
 			select {
-			case st = <-stateCh:
+			case b := <-stateCh:
+				st, reported = parseState(b)
 			case <-time.After(stateWait):
 			}
 		}
 		r.state.Close()
-		if cwd, env, ok := parseState(st); ok {
-			p.sess.update(cwd, env, p.injected, p.prior)
+		if reported {
+			p.sess.update(st.cwd, st.env, p.injected, p.prior)
 		}
 	}
 	return res
 }
 
-// readState reads the shell's "$PWD\0exports\0" report.
+// readState reads the shell's state report (see stateTrap).
 func readState(f *os.File, out chan<- []byte) {
 	var buf bytes.Buffer
 	b := make([]byte, 32<<10)
@@ -408,7 +431,7 @@ func readState(f *os.File, out chan<- []byte) {
 		n, err := f.Read(b)
 		buf.Write(b[:n])
 		nuls += bytes.Count(b[:n], []byte{0})
-		if nuls >= 2 {
+		if nuls >= stateFields {
 			out <- buf.Bytes()
 			return
 		}

@@ -111,12 +111,14 @@ func FuzzParseExports(f *testing.F) {
 }
 
 func TestParseState(t *testing.T) {
-	cwd, env, ok := parseState([]byte("/a b\x00export X='1\n2'\nexport Y=\x00"))
-	if !ok || cwd != "/a b" || env["X"] != "1\n2" || env["Y"] != "" || len(env) != 2 {
-		t.Fatalf("%v %q %q", ok, cwd, env)
+	st, ok := parseState([]byte("3\x00/a b\x00export X='1\n2'\nexport Y=\x00"))
+	if !ok || st.status != 3 || st.cwd != "/a b" || st.env["X"] != "1\n2" || st.env["Y"] != "" || len(st.env) != 2 {
+		t.Fatalf("%v %+v", ok, st)
 	}
-	if _, _, ok := parseState([]byte("/a\x00export X=1")); ok {
-		t.Fatal("truncated state accepted")
+	for _, bad := range []string{"0\x00/a\x00export X=1", "x\x00/\x00\x00", "300\x00/\x00\x00", "-1\x00/\x00\x00"} {
+		if _, ok := parseState([]byte(bad)); ok {
+			t.Fatalf("bad state %q accepted", bad)
+		}
 	}
 }
 

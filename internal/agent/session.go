@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"maps"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -77,8 +78,14 @@ func (s *session) update(pwd string, exported, injected, prior map[string]string
 	s.mu.Unlock()
 }
 
-// stateTrap makes the shell write "$PWD\0<export -p>\0" to fd 4 on exit.
-const stateTrap = `trap '{ printf "%s\0" "$PWD"; export -p; printf "\0"; } >&4 2>/dev/null' EXIT` + "\n"
+// stateTrap makes the shell, on exit, close its stdout and stderr and then
+// write "<exit status>\0$PWD\0<export -p>\0" to fd 4. The command's result
+// is then known before the shell process has ended and been reaped: the
+// agent answers as soon as the report and the end of the output arrive.
+const stateTrap = `trap '__warren_rc=$?; exec >&- 2>&-; { printf "%s\0%s\0" "$__warren_rc" "$PWD"; export -p; printf "\0"; } >&4 2>/dev/null' EXIT` + "\n"
+
+// stateFields is the number of NUL-terminated fields of a state report.
+const stateFields = 3
 
 // buildScript returns the script a shell spawned with spawnEnv in spawnDir
 // runs to execute cmd with env in cwd, or ok=false when env cannot be
@@ -112,16 +119,27 @@ func buildScript(spawnEnv map[string]string, spawnDir string, env map[string]str
 	return b.String(), true
 }
 
-// parseState splits the trap's output into cwd and exported variables.
-func parseState(b []byte) (cwd string, env map[string]string, ok bool) {
-	i := bytes.IndexByte(b, 0)
-	if i < 0 {
-		return "", nil, false
+// shellState is what the exit trap reported.
+type shellState struct {
+	status int
+	cwd    string
+	env    map[string]string
+}
+
+// parseState splits the trap's output into exit status, cwd and exported
+// variables.
+func parseState(b []byte) (shellState, bool) {
+	var f [stateFields]string
+	for i := range f {
+		j := bytes.IndexByte(b, 0)
+		if j < 0 {
+			return shellState{}, false
+		}
+		f[i], b = string(b[:j]), b[j+1:]
 	}
-	rest := b[i+1:]
-	j := bytes.IndexByte(rest, 0)
-	if j < 0 {
-		return "", nil, false
+	rc, err := strconv.Atoi(f[0])
+	if err != nil || rc < 0 || rc > 255 {
+		return shellState{}, false
 	}
-	return string(b[:i]), parseExports(string(rest[:j])), true
+	return shellState{status: rc, cwd: f[1], env: parseExports(f[2])}, true
 }

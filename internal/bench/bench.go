@@ -53,7 +53,9 @@ type Options struct {
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork"}
+
+var coreFigures = []string{"exec", "create"}
 
 var layerFigures = []string{"create-size", "lazy", "burst", "upgrade"}
 
@@ -62,9 +64,9 @@ var historySets = []string{"fast-forward", "snapshot", "fork"}
 func (o *Options) want(f string) bool {
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
-		if w == f || w == "all" || w == "layers" && slices.Contains(layerFigures, f) ||
+		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -168,7 +170,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 	c := warren.New(url, token)
 	rep := &Report{Started: time.Now().UTC()}
-	if o.want("core") {
+	if o.want("exec") || o.want("create") {
 		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
 			return nil, err
 		}
@@ -204,13 +206,18 @@ func runCore(ctx context.Context, o Options, c *warren.Client, dataDir string, r
 
 // core is the exec round trip and create throughput against the peers.
 func core(ctx context.Context, o Options, c *warren.Client, rep *Report, rootfs string) error {
-	fmt.Fprintf(o.Out, "exec round trip (%d samples)...\n", o.ExecSamples)
-	p50, p99, err := execRoundTrip(ctx, c, o.ExecSamples)
-	if err != nil {
-		return err
+	if o.want("exec") {
+		fmt.Fprintf(o.Out, "exec round trip (%d samples)...\n", o.ExecSamples)
+		p50, p99, err := execRoundTrip(ctx, c, o.ExecSamples)
+		if err != nil {
+			return err
+		}
+		rep.add("exec round trip `true` p50", ms(p50), "ms", "target ≤ 1 ms")
+		rep.add("exec round trip `true` p99", ms(p99), "ms", "target ≤ 5 ms")
 	}
-	rep.add("exec round trip `true` p50", ms(p50), "ms", "target ≤ 1 ms")
-	rep.add("exec round trip `true` p99", ms(p99), "ms", "target ≤ 5 ms")
+	if !o.want("create") {
+		return nil
+	}
 
 	fmt.Fprintf(o.Out, "warren create→exec→stop, %d clients, %v...\n", o.Concurrency, o.Duration)
 	wRate, wLat, err := throughput(ctx, o, func(ctx context.Context) error { return warrenCycle(ctx, c) })
