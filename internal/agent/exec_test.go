@@ -32,6 +32,13 @@ func TestExecBasics(t *testing.T) {
 	if r.ExitCode != 137 || r.Signal != "SIGKILL" {
 		t.Fatalf("cmd signal: %+v", r.ExecResult)
 	}
+	// Without the exit trap's report the status is the reaped one.
+	for cmd, want := range map[string]int{"trap - EXIT; exit 5": 5, "exec sh -c 'exit 6'": 6, "trap 'echo bye' EXIT; exit 9": 9} {
+		r = a.mustExec(agentproto.ExecRequest{Cmd: cmd})
+		if r.ExitCode != want {
+			t.Fatalf("%s: %+v", cmd, r.ExecResult)
+		}
+	}
 	r = a.mustExec(agentproto.ExecRequest{Cmd: "if then"})
 	if r.ExitCode != 2 || !strings.Contains(r.stderr.String(), "then") {
 		t.Fatalf("syntax error: %+v %q", r.ExecResult, r.stderr.String())
