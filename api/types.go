@@ -426,6 +426,37 @@ type TrajectoryPage struct {
 	Next       int64            `json:"next,omitempty"` // the after= of the next page; 0 = no more
 }
 
+// ReplayRequest is the body of POST /v1/trajectories:replay.
+type ReplayRequest struct {
+	Trajectory string `json:"trajectory"`
+	// Keep leaves the replay's sandbox running (to inspect it); by default
+	// it is removed when the replay ends.
+	Keep bool `json:"keep,omitempty"`
+}
+
+// TrajectoryReplay reports a re-execution of a trajectory's log in a fresh
+// sandbox from its original state: every step whose outcome differs.
+type TrajectoryReplay struct {
+	Trajectory    string           `json:"trajectory"`
+	Sandbox       string           `json:"sandbox"` // where it ran (removed unless keep)
+	Steps         int              `json:"steps"`   // steps re-executed
+	Deterministic bool             `json:"deterministic"`
+	Differences   []StepDifference `json:"differences"`
+	DurationMs    float64          `json:"duration_ms"`
+}
+
+// StepDifference is one step whose re-execution differs from the log.
+type StepDifference struct {
+	Step int64  `json:"step"`
+	Op   string `json:"op"`
+	// Fields that differ: exit_code, stdout, stderr, timed_out, signal,
+	// file (size, mode, type or link target), error (one failed, or with
+	// another code; not_found when the operation's input was not kept).
+	Fields []string       `json:"fields"`
+	Logged TrajectoryStep `json:"logged"` // the logged step with its result
+	Got    TrajectoryStep `json:"got"`    // the same operation with the re-execution's result
+}
+
 // Divergence is the detail of a 409 on resume: the step and both operations.
 type Divergence struct {
 	Step     int64          `json:"step"`

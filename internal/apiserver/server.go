@@ -107,6 +107,7 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.fork},
 		{pattern: "GET /v1/snapshots/{sid}", handler: s.getSnapshot, role: api.RoleViewer},
 		{pattern: "GET /v1/trajectories/{name...}", handler: s.getTrajectory, role: api.RoleViewer},
+		{pattern: "POST /v1/trajectories:replay", handler: s.replayTrajectory},
 		{pattern: "POST /v1/images", handler: s.pullImage},
 		{pattern: "POST /v1/layers", handler: s.createLayer},
 		{pattern: "GET /v1/layers", handler: s.listLayers, role: api.RoleViewer},

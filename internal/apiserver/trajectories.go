@@ -101,6 +101,34 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 	return nil
 }
 
+// replayTrajectory re-executes a trajectory's log in a fresh sandbox from
+// its original state (on a node the placer picks) and reports the steps
+// whose outcome differs.
+func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error {
+	var req api.ReplayRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	ctx := r.Context()
+	rec, err := s.trajectoryRecord(ctx, req.Trajectory)
+	if err != nil {
+		return err
+	}
+	spec := rec.Spec
+	spec.Trajectory, spec.Resume, spec.Branch, spec.Checkpoint = "", false, false, ""
+	node, err := s.placer.Pick(&spec, nil, nil)
+	if err != nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: "no node can run the replay now"}
+	}
+	id := edge.NewSandboxID(node)
+	var out api.TrajectoryReplay
+	if err := s.callEdge(ctx, id, edge.OpTrajReplay, &edge.ReplayRequest{ID: id, Trajectory: rec.Name, Spec: spec, Keep: req.Keep}, &out, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}
+
 func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	ctx := r.Context()

@@ -66,6 +66,9 @@ func (r *Records) Put(ctx context.Context, key string, v any) error {
 // ErrExists means Create found a record already there.
 var ErrExists = errors.New("bus: record exists")
 
+// ErrNotFound: no object under that key.
+var ErrNotFound = errors.New("bus: not found")
+
 // Create stores v under key only if no record exists (ErrExists otherwise).
 func (r *Records) Create(ctx context.Context, key string, v any) error {
 	b, err := json.Marshal(v)
@@ -244,4 +247,56 @@ func (l *TrajLog) Read(ctx context.Context, traj string, skip, limit int) ([][]b
 		}
 	}
 	return out, nil
+}
+
+// bucketTrajInputs holds the inputs of logged operations (file data,
+// stdin) by SHA-256, so a log can be re-executed.
+const bucketTrajInputs = "warren-traj-inputs"
+
+// Inputs is a content-addressed JetStream object store (file storage).
+type Inputs struct{ os jetstream.ObjectStore }
+
+// TrajectoryInputs opens (creating when missing) the store of logged
+// operations' inputs.
+func (c *Conn) TrajectoryInputs(ctx context.Context) (*Inputs, error) {
+	cfg := jetstream.ObjectStoreConfig{Bucket: bucketTrajInputs, Storage: jetstream.FileStorage, Replicas: c.replicas()}
+	var os jetstream.ObjectStore
+	err := retryStartup(ctx, func(ctx context.Context) error {
+		var err error
+		if os, err = c.js.ObjectStore(ctx, bucketTrajInputs); err == nil {
+			return nil
+		}
+		os, err = c.js.CreateObjectStore(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			os, err = c.js.ObjectStore(ctx, bucketTrajInputs)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bus: object store %s: %w", bucketTrajInputs, err)
+	}
+	return &Inputs{os: os}, nil
+}
+
+// Put stores data under its SHA-256 (hex) key unless it is there already.
+func (in *Inputs) Put(ctx context.Context, key string, data []byte) error {
+	if _, err := in.os.GetInfo(ctx, key); err == nil {
+		return nil
+	}
+	if _, err := in.os.PutBytes(ctx, key, data); err != nil {
+		return fmt.Errorf("bus: store input: %w", err)
+	}
+	return nil
+}
+
+// Get returns the data stored under key, or ErrNotFound.
+func (in *Inputs) Get(ctx context.Context, key string) ([]byte, error) {
+	b, err := in.os.GetBytes(ctx, key)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bus: read input: %w", err)
+	}
+	return b, nil
 }

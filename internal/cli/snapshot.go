@@ -148,8 +148,67 @@ func newTrajCmd(g *globals) *cobra.Command {
 			return t.flush()
 		},
 	}
-	cmd.AddCommand(show, diff)
+	var keep bool
+	replay := &cobra.Command{
+		Use:   "replay TRAJECTORY",
+		Short: "re-execute a trajectory's log in a fresh sandbox and list the steps whose outcome differs (exit status 1 if any)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rep, err := g.client().ReplayTrajectory(cmd.Context(), args[0], keep)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
+					return err
+				}
+			} else {
+				t := newTable(cmd.OutOrStdout(), "STEP", "OP", "OPERATION", "DIFFERS", "LOGGED", "NOW")
+				for _, d := range rep.Differences {
+					t.row(fmt.Sprint(d.Step), d.Op, describeOp(&d.Logged), strings.Join(d.Fields, ","), describeOutcome(&d.Logged, d.Fields), describeOutcome(&d.Got, d.Fields))
+				}
+				if err := t.flush(); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d of %d steps differ (%.0f ms, sandbox %s%s)\n", len(rep.Differences), rep.Steps, rep.DurationMs, rep.Sandbox, map[bool]string{true: ", kept"}[keep])
+			}
+			if !rep.Deterministic {
+				return &exitError{code: 1}
+			}
+			return nil
+		},
+	}
+	replay.Flags().BoolVar(&keep, "keep", false, "leave the replay's sandbox running")
+	cmd.AddCommand(show, diff, replay)
 	return cmd
+}
+
+// describeOutcome shows the parts of a step's outcome named in fields.
+func describeOutcome(st *api.TrajectoryStep, fields []string) string {
+	if st.Error != nil {
+		return st.Error.Code
+	}
+	var parts []string
+	for _, f := range fields {
+		switch {
+		case st.Result != nil && f == "exit_code":
+			parts = append(parts, fmt.Sprintf("exit %d", st.Result.ExitCode))
+		case st.Result != nil && f == "stdout":
+			parts = append(parts, fmt.Sprintf("stdout %q", clip(st.Result.Stdout, 30)))
+		case st.Result != nil && f == "stderr":
+			parts = append(parts, fmt.Sprintf("stderr %q", clip(st.Result.Stderr, 30)))
+		case st.Result != nil && f == "signal":
+			parts = append(parts, "signal "+st.Result.Signal)
+		case st.Result != nil && f == "timed_out":
+			parts = append(parts, fmt.Sprintf("timed out %v", st.Result.TimedOut))
+		case st.File != nil && f == "file":
+			parts = append(parts, fmt.Sprintf("%s %d bytes mode %o", st.File.Type, st.File.Size, st.File.Mode))
+		}
+	}
+	if len(parts) == 0 {
+		return "ok"
+	}
+	return strings.Join(parts, "; ")
 }
 
 func describeOp(st *api.TrajectoryStep) string {

@@ -139,6 +139,7 @@ type Edge struct {
 	snaps    *bus.Records // snapshot records
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
+	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
@@ -210,6 +211,9 @@ func (e *Edge) Start(ctx context.Context) error {
 		return err
 	}
 	if e.tlog, err = e.cfg.Bus.TrajectoryLog(ctx); err != nil {
+		return err
+	}
+	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
 		return err
 	}
 	if err := e.reconcile(ctx); err != nil {

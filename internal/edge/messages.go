@@ -39,6 +39,7 @@ const (
 	OpSnapshot    = "snapshot"     // SnapshotRequest → api.Snapshot
 	OpSnapshotGet = "snapshot_get" // SnapshotGetRequest → api.Snapshot (any node)
 	OpTrajResume  = "traj_resume"  // ResumeRequest → api.Sandbox
+	OpTrajReplay  = "traj_replay"  // ReplayRequest → api.TrajectoryReplay
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

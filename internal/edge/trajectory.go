@@ -128,6 +128,8 @@ type recOp struct {
 	redo     func(ctx context.Context, id string) error
 	retarget func(id string)
 	size     int
+	// input is the operation's data or stdin (kept by digest for replay).
+	input []byte
 }
 
 // mark sets the trajectory fields of an answer.
@@ -360,6 +362,13 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 			op.Checkpoint = snap.ID
 		}
 	}
+	if len(ro.input) > 0 {
+		// What re-execution (replay) needs besides the log: a step whose
+		// input is missing is reported as not replayable.
+		if perr := e.inputs.Put(ctx, digest(ro.input), ro.input); perr != nil {
+			e.log.Warn("store a logged operation's input", "trajectory", t.name, "step", op.Step, "err", perr)
+		}
+	}
 	b, merr := json.Marshal(op)
 	if merr != nil {
 		return nil, merr
@@ -567,6 +576,7 @@ func (e *Edge) execRecorded(ctx context.Context, req *ExecRequest, w *bus.Replie
 		},
 		retarget: func(id string) { req.ID = id },
 		size:     len(req.Exec.Stdin) + len(req.Exec.Cmd) + 256,
+		input:    []byte(req.Exec.Stdin),
 	})
 }
 
@@ -626,6 +636,7 @@ func (e *Edge) fileRecorded(ctx context.Context, op string, req *FileRequest, w 
 		},
 		retarget: func(id string) { req.ID = id },
 		size:     len(req.Data) + 256,
+		input:    req.Data,
 	})
 }
 

@@ -90,6 +90,17 @@ func (c *Client) ResumeTrajectory(ctx context.Context, trajectory string, branch
 	return c.CreateWithKey(ctx, api.CreateSandboxRequest{Trajectory: trajectory, Resume: true, Branch: branch}, "")
 }
 
+// ReplayTrajectory re-executes a trajectory's log in a fresh sandbox from its
+// original state and reports every step whose outcome differs from the log
+// (a determinism check). keep leaves the replay's sandbox running.
+func (c *Client) ReplayTrajectory(ctx context.Context, trajectory string, keep bool) (*api.TrajectoryReplay, error) {
+	var out api.TrajectoryReplay
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/trajectories:replay", json: api.ReplayRequest{Trajectory: trajectory, Keep: keep}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // escPath escapes each segment of a slash-separated name.
 func escPath(name string) string {
 	parts := strings.Split(name, "/")

@@ -348,3 +348,55 @@ func TestTrajectoryBranchOnDivergence(t *testing.T) {
 		t.Fatalf("original: %q", got)
 	}
 }
+
+func TestTrajectoryReplayDeterminism(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rp"})
+	if _, err := s.C.WriteFileBytes(ctx, sb.ID, "/a", []byte("hello\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []api.ExecRequest{
+		{Cmd: "cat /a; echo x >> /a"},
+		{Cmd: "date +%N; cat /proc/sys/kernel/random/uuid"}, // nondeterministic: step 3
+		{Cmd: "wc -c; cat /a", Stdin: "abc"},
+	} {
+		if _, err := s.C.Exec(ctx, sb.ID, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/d"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.C.Remove(ctx, sb.ID, "/nope", false); err == nil {
+		t.Fatal("removing a missing file succeeded")
+	}
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "ls -l /a | cut -c1-10; ls /d; exit 3"}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := s.C.ReplayTrajectory(ctx, "rp", false)
+	if err != nil {
+		t.Fatalf("replay: %v\n%s", err, tail(s.logs.String(), 20))
+	}
+	if rep.Steps != 7 || rep.Deterministic || len(rep.Differences) != 1 {
+		t.Fatalf("replay report: %+v", rep)
+	}
+	d := rep.Differences[0]
+	if d.Step != 3 || d.Op != "exec" || strings.Join(d.Fields, ",") != "stdout" || d.Got.Result == nil || d.Got.Result.Stdout == d.Logged.Result.Stdout {
+		t.Fatalf("difference: %+v", d)
+	}
+	// The replay's sandbox is gone; the trajectory's own is untouched.
+	if got, err := s.C.Get(ctx, rep.Sandbox); err == nil && got.State == api.StateRunning {
+		t.Fatalf("replay sandbox still running: %+v", got)
+	}
+	if steps, _ := s.C.TrajectoryAll(ctx, "rp"); len(steps) != 7 {
+		t.Fatalf("the replay changed the log: %d steps", len(steps))
+	}
+	out, err := s.warren(t, "traj", "replay", "rp")
+	if err == nil || !strings.Contains(out, "1 of 7 steps differ") || !strings.Contains(out, "date +%N") {
+		t.Fatalf("warren traj replay: %v\n%s", err, out)
+	}
+	if _, err := s.C.ReplayTrajectory(ctx, "no-such", false); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("replay of an unknown trajectory: %v", err)
+	}
+}

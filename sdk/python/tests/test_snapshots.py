@@ -75,6 +75,17 @@ class TrajectoryTest(unittest.TestCase):
         with self.assertRaises(warren.NotFound):
             C.resume("py/nosuch-" + uuid.uuid4().hex[:6])
 
+    def test_replay_reports_nondeterministic_steps(self):
+        name = "py/" + uuid.uuid4().hex[:8]
+        with C.create("busybox", trajectory=name) as sb:
+            sb.files.write("/a", b"one\n")
+            sb.run("cat /a")
+            sb.run("cat /proc/sys/kernel/random/uuid")
+        rep = C.replay_trajectory(name)
+        self.assertEqual(rep.steps, 3)
+        self.assertFalse(rep.deterministic)
+        self.assertEqual([(d["step"], d["fields"]) for d in rep.differences], [(3, ["stdout"])])
+
     def test_branch_follows_new_sandbox(self):
         name = "py/" + uuid.uuid4().hex[:8]
         with C.create("busybox", trajectory=name) as sb:

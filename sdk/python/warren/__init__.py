@@ -28,7 +28,7 @@ from .errors import (BadRequest, CommandFailed, Conflict, ConnectionFailed, Forb
                      QuotaExceeded, SandboxFailed, ServerError, Timeout, TooLarge, Unauthorized,
                      Unavailable, WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
-                     Snapshot, Trajectory)
+                     ReplayReport, Snapshot, Trajectory)
 
 __all__ = [
     "__version__",
@@ -38,7 +38,7 @@ __all__ = [
     "AsyncPools",
     # data
     "SandboxInfo", "ExecResult", "CommandStatus", "FileInfo", "Image", "Layer", "Node", "Snapshot",
-    "Pool", "Trajectory",
+    "Pool", "Trajectory", "ReplayReport",
     # errors
     "WarrenError", "BadRequest", "TooLarge", "Unauthorized", "Forbidden", "NotFound",
     "Conflict", "QuotaExceeded", "Timeout", "SandboxFailed", "ServerError", "Unavailable",

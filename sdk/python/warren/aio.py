@@ -16,7 +16,7 @@ from ._http_async import AsyncTransport
 from ._tar import PathLike, pack_dir, unpack
 from .errors import Conflict, NotFound, SandboxFailed, Timeout, WarrenError
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
-                     Snapshot, Trajectory)
+                     ReplayReport, Snapshot, Trajectory)
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncFiles", "AsyncBackgroundCommand",
            "AsyncPools"]
@@ -246,6 +246,16 @@ class AsyncClient:
                 t.steps = steps
                 return t
             after = int(nxt)
+
+    async def replay_trajectory(self, trajectory: str, *, keep: bool = False,
+                                timeout: Optional[Duration] = 3600) -> ReplayReport:
+        """Re-execute a trajectory's log and report the steps that differ (see
+        Client.replay_trajectory)."""
+        body: Dict[str, Any] = {"trajectory": trajectory}
+        if keep:
+            body["keep"] = True
+        return ReplayReport.from_json(await self._json(json_req(
+            "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 
     async def resume(self, trajectory: str, *, branch: bool = False) -> "AsyncSandbox":
         """Re-attach to a trajectory after a restart (see Client.resume)."""

@@ -15,7 +15,7 @@ from ._http_sync import SyncTransport
 from ._tar import PathLike, pack_dir, unpack
 from .errors import Conflict, NotFound, SandboxFailed, Timeout, WarrenError
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
-                     Snapshot, Trajectory)
+                     ReplayReport, Snapshot, Trajectory)
 
 try:  # Python 3.8+: typing.Literal
     from typing import Literal
@@ -356,6 +356,17 @@ class Client:
                 t.steps = steps
                 return t
             after = int(nxt)
+
+    def replay_trajectory(self, trajectory: str, *, keep: bool = False,
+                          timeout: Optional[Duration] = 3600) -> ReplayReport:
+        """Re-execute a trajectory's log in a fresh sandbox from its original state
+        and report every step whose outcome differs (a determinism check;
+        ``POST /v1/trajectories:replay``). ``keep`` leaves that sandbox running."""
+        body: Dict[str, Any] = {"trajectory": trajectory}
+        if keep:
+            body["keep"] = True
+        return ReplayReport.from_json(self._json(json_req(
+            "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 
     def resume(self, trajectory: str, *, branch: bool = False) -> "Sandbox":
         """Re-attach to a trajectory after a restart. Re-issue the operations from

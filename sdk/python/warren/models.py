@@ -421,3 +421,34 @@ class Trajectory:
         return cls(id=_s(d, "trajectory") or _s(d, "id"),
                    steps=list(steps) if isinstance(steps, list) else [], raw=d,
                    sandbox_id=_s(d, "sandbox"))
+
+
+@dataclass
+class ReplayReport:
+    """The answer of a trajectory replay (``POST /v1/trajectories:replay``): the
+    log re-executed in a fresh sandbox from the original state.
+
+    Attributes:
+        steps: how many steps ran again.
+        deterministic: no step's outcome differs from the log.
+        differences: one dict per differing step: ``step``, ``op``, ``fields``
+            (exit_code, stdout, stderr, timed_out, signal, file, error),
+            ``logged`` and ``got`` (the step with the logged / new result).
+        sandbox_id: where it ran (removed afterwards unless ``keep``).
+    """
+
+    trajectory: str
+    steps: int = 0
+    deterministic: bool = True
+    differences: List[Dict[str, Any]] = field(default_factory=list)
+    sandbox_id: str = ""
+    duration: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ReplayReport":
+        diffs = d.get("differences")
+        return cls(trajectory=_s(d, "trajectory"), steps=_i(d, "steps", 0),
+                   deterministic=bool(d.get("deterministic")),
+                   differences=[x for x in diffs if isinstance(x, dict)] if isinstance(diffs, list) else [],
+                   sandbox_id=_s(d, "sandbox"), duration=_f(d, "duration_ms") / 1000.0, raw=d)
