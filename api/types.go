@@ -194,6 +194,13 @@ type PauseRequest struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
+// ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume.
+type ResumeRequest struct {
+	// Prefetch reads the sandbox's swapped-out memory back ahead of use
+	// (default true); false leaves it to page faults.
+	Prefetch *bool `json:"prefetch,omitempty"`
+}
+
 // PauseResult lists the sandboxes paused (or resumed) and those that failed.
 type PauseResult struct {
 	Sandboxes []string          `json:"sandboxes"`

@@ -194,7 +194,7 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 		// session's first command gets; scripts adjust the difference.
 		plan, err := a.plan(&agentproto.ExecRequest{Cmd: "true"})
 		if err == nil {
-			a.pool = newWarmPool(a, warmShells, a.shell, plan.env, plan.cwd, a.defUser)
+			a.pool = newWarmPool(a, warmShells, a.shell, plan.env, plan.cwd, a.defUser, len(cfg.Stateless) > 0)
 		}
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)

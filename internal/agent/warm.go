@@ -16,6 +16,12 @@ type warmPool struct {
 	dir   string
 	cred  *credential
 
+	// perTask: a stateless (FnCall) sandbox is reset after every task, and
+	// the reset kills every shell, idle or not. Its pool holds the one
+	// shell the next task uses and refills only after a reset, never
+	// during a task, so no shell is spawned only to be killed.
+	perTask bool
+
 	mu      sync.Mutex
 	gen     int  // bumped by a reset: shells of an older generation are discarded
 	stopped bool // no refills during a reset
@@ -25,11 +31,14 @@ type warmPool struct {
 	timer   *time.Timer
 }
 
-func newWarmPool(a *Agent, size int, shell string, env map[string]string, dir string, cred *credential) *warmPool {
+func newWarmPool(a *Agent, size int, shell string, env map[string]string, dir string, cred *credential, perTask bool) *warmPool {
 	// The pool fills on first use, not at setup: a sandbox that is created,
 	// runs one command and stops (or sits idle) never pays for shells it
 	// does not use.
-	return &warmPool{a: a, size: size, shell: shell, env: env, dir: dir, cred: cred}
+	if perTask {
+		size = 1
+	}
+	return &warmPool{a: a, size: size, shell: shell, env: env, dir: dir, cred: cred, perTask: perTask}
 }
 
 // get returns a live idle shell for cred, or nil.
@@ -39,7 +48,9 @@ func (p *warmPool) get(cred *credential) *shellProc {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.idle) <= 1 {
+	if p.perTask {
+		p.stopped = true // until the reset's refill
+	} else if len(p.idle) <= 1 {
 		// Refill at once only when running dry; otherwise refillSoon
 		// after the command, off its critical path.
 		defer p.refillLocked()
@@ -108,6 +119,9 @@ const refillDelay = time.Millisecond
 
 // refillSoon tops the pool up once no command has ended for refillDelay.
 func (p *warmPool) refillSoon() {
+	if p.perTask {
+		return // the reset refills
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.timer == nil {

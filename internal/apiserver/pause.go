@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -17,7 +18,24 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
-	return s.sandboxOp(w, r, edge.OpResume)
+	var req api.ResumeRequest
+	if r.ContentLength != 0 {
+		if err := decodeJSON(w, r, &req); err != nil {
+			var ae *api.Error
+			// An empty chunked body is no options.
+			if !errors.As(err, &ae) || ae.Message != "request body is empty" {
+				return err
+			}
+		}
+	}
+	id := r.PathValue("id")
+	var sb api.Sandbox
+	ereq := &edge.ResumeSandboxRequest{ID: id, NoPrefetch: req.Prefetch != nil && !*req.Prefetch}
+	if err := s.callEdge(r.Context(), id, edge.OpResume, ereq, &sb, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &sb)
+	return nil
 }
 
 func (s *Server) sandboxOp(w http.ResponseWriter, r *http.Request, op string) error {

@@ -24,8 +24,17 @@ import (
 	warren "github.com/warrenhq/warren/sdk/go"
 )
 
-// BenchCPUOvercommit is the private server's CPU overcommit factor.
-const BenchCPUOvercommit = 200
+// BenchCPUOvercommit and BenchMemoryOvercommit are the private server's
+// overcommit factors. CPU requests are cfs quotas (hard caps), so idle
+// sandboxes that each may burst to a quarter core need a high factor to
+// be packed by the thousand; memory requests are limits, and 4× lets
+// 5,000 sandboxes of the 16 MiB minimum be admitted on a 24 GiB node. The
+// measured guards (MemAvailable reserve, memory PSI) stay as they are:
+// they, not the requests, are what stops an overcommitted node.
+const (
+	BenchCPUOvercommit    = 1000
+	BenchMemoryOvercommit = 4
+)
 
 // Options configure a run.
 type Options struct {
@@ -150,12 +159,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	go func() {
 		done <- serve.Run(sctx, serve.Options{
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
-			// CPU requests are cfs quotas (hard caps): the density and
-			// burst figures give each sandbox 0.25 core and so need more
-			// than the default 20× to reach hundreds of sandboxes.
-			CPUOvercommit: BenchCPUOvercommit,
-			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:         func(url, token string) { ready <- [2]string{url, token} },
+			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:  func(url, token string) { ready <- [2]string{url, token} },
 		})
 	}()
 	var url, token string

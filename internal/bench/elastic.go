@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"os/exec"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -72,12 +74,52 @@ func deleteAll(ctx context.Context, c *warren.Client, ids []string) {
 	})
 }
 
+// densityMemoryMB is what each density sandbox requests: the minimum, as an
+// idle agent sandbox that mostly waits for its model would ask.
+const densityMemoryMB = 16
+
+// selfRSS is this process's resident memory (the bench runs its private
+// warren serve in-process, so this is the edge's own memory plus the
+// client's).
+func selfRSS() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	var size, rss int64
+	fmt.Sscan(string(b), &size, &rss)
+	return rss * int64(os.Getpagesize())
+}
+
+// pidMaxFile is the host's pid limit; every thread of every sandbox takes a pid.
+const pidMaxFile = "/proc/sys/kernel/pid_max"
+
+// raisePidMax lifts kernel.pid_max to at least want (systemd's default on
+// 64-bit hosts is 4,194,304; the kernel's own is 32,768, which a few
+// thousand sandboxes of several threads each exhaust) and returns the
+// value it found and a function that puts it back.
+func raisePidMax(want int64) (int64, func()) {
+	b, err := os.ReadFile(pidMaxFile)
+	if err != nil {
+		return 0, func() {}
+	}
+	var old int64
+	fmt.Sscan(string(b), &old)
+	if old >= want || os.WriteFile(pidMaxFile, []byte(fmt.Sprint(want)), 0o644) != nil {
+		return old, func() {}
+	}
+	return old, func() { _ = os.WriteFile(pidMaxFile, []byte(fmt.Sprint(old)), 0o644) }
+}
+
 // density creates idle busybox sandboxes (each with a shell session used
 // once) until admission refuses or DensityMax are live.
 func density(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
 	fmt.Fprintf(o.Out, "density: up to %d idle sandboxes...\n", o.DensityMax)
+	oldPidMax, restore := raisePidMax(4 << 20)
+	defer restore()
+	runtime.GC()
 	settle()
-	before := memAvailable()
+	before, rssBefore := memAvailable(), selfRSS()
 	var mu sync.Mutex
 	var ids []string
 	var refused atomic.Bool
@@ -87,7 +129,7 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 		if refused.Load() {
 			return nil
 		}
-		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.25, MemoryMB: 32, Labels: map[string]string{"bench": "density"}})
+		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.25, MemoryMB: densityMemoryMB, Labels: map[string]string{"bench": "density"}})
 		if err != nil {
 			if refused.CompareAndSwap(false, true) {
 				mu.Lock()
@@ -98,14 +140,36 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 		}
 		mu.Lock()
 		ids = append(ids, sb.ID)
+		if len(ids)%500 == 0 {
+			fmt.Fprintf(o.Out, "density: %d live, %.0f MiB available\n", len(ids), float64(memAvailable())/(1<<20))
+		}
 		mu.Unlock()
-		_, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cd /tmp", Session: "s"})
+		if _, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cd /tmp", Session: "s"}); err != nil && refused.CompareAndSwap(false, true) {
+			mu.Lock()
+			reason = "session: " + err.Error()
+			mu.Unlock()
+		}
 		return err
 	})
 	took := time.Since(t0)
-	defer deleteAll(ctx, c, ids)
+	defer func() {
+		fmt.Fprintf(o.Out, "density: deleting %d...\n", len(ids))
+		deleteAll(ctx, c, ids)
+		if left, err := c.List(context.WithoutCancel(ctx), warren.ListOptions{Labels: map[string]string{"bench": "density"}}); err == nil {
+			live := 0
+			for _, sb := range left {
+				if sb.State != api.StateStopped && sb.State != api.StateFailed {
+					live++
+				}
+			}
+			if live > 0 {
+				rep.add("density: cleanup", float64(live), "sandboxes", "still live after deleting")
+			}
+		}
+	}()
+	runtime.GC()
 	settle()
-	after := memAvailable()
+	after, rssAfter := memAvailable(), selfRSS()
 	n := len(ids)
 	if n == 0 {
 		return fmt.Errorf("no sandbox created: %s", reason)
@@ -120,14 +184,16 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 		lats = append(lats, time.Since(t))
 	}
 	p := percentiles(lats)
-	note := fmt.Sprintf("busybox, cpu 0.25 (CPU overcommit %d×), 32 MiB limit, one session each; created in %.1f s", BenchCPUOvercommit, took.Seconds())
+	note := fmt.Sprintf("busybox, cpu 0.25, %d MiB limit (bench server overcommit CPU %d×, memory %d×), one session each; kernel.pid_max %d raised to %d for the run; created in %.1f s",
+		densityMemoryMB, BenchCPUOvercommit, BenchMemoryOvercommit, oldPidMax, 4<<20, took.Seconds())
 	if reason != "" {
 		note += "; stopped by: " + reason
 	} else {
 		note += fmt.Sprintf("; stopped at --density-max %d (target ≥ 5,000)", o.DensityMax)
 	}
 	rep.add("density: live idle sandboxes", float64(n), "sandboxes", note)
-	rep.add("density: host memory per sandbox", float64(before-after)/float64(n)/(1<<20), "MiB", "MemAvailable delta / count; target ≤ 4 MiB")
+	rep.add("density: host memory per sandbox", float64(before-after)/float64(n)/(1<<20), "MiB", "MemAvailable delta / count (kernel, agents, shells and warren itself); target ≤ 4 MiB")
+	rep.add("density: warren's own memory per sandbox", float64(rssAfter-rssBefore)/float64(n)/(1<<10), "KiB", "RSS growth of the bench process (in-process warren serve: apiserver, NATS, edge) / count; part of the figure above")
 	rep.add("density: exec p99 on a random live sandbox", ms(p.p99), "ms", fmt.Sprintf("p50 %.2f ms, 300 samples", ms(p.p50)))
 	return nil
 }

@@ -147,7 +147,7 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 	return e.pressure()
 }
 
-// pressure refuses new work while the host itself is short of memory,
+// pressure refuses new work while the host itself is short of memory or pids,
 // whatever the requests add up to: overcommitted requests are only a
 // promise, MemAvailable and PSI are what the kernel sees.
 func (e *Edge) pressure() *api.Error {
@@ -156,6 +156,13 @@ func (e *Edge) pressure() *api.Error {
 			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
 				"node %s is under memory pressure: %d MiB available, below the %d MiB reserve",
 				e.cfg.Node, m.Available>>20, e.cfg.MinMemoryAvailableMB)}
+		}
+	}
+	if e.cfg.MinFreeTasks > 0 {
+		if t, err := hoststat.ReadTasks(); err == nil && t.Limit-t.Used < e.cfg.MinFreeTasks {
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+				"node %s is out of pids: %d of %d tasks in use (kernel.pid_max / threads-max), fewer than %d left",
+				e.cfg.Node, t.Used, t.Limit, e.cfg.MinFreeTasks)}
 		}
 	}
 	if e.cfg.MaxMemoryPressure > 0 {

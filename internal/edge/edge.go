@@ -98,6 +98,11 @@ type Config struct {
 	// MaxMemoryPressure refuses new sandboxes while the host's memory PSI
 	// ("some" avg10, percent) is above it. 0 = 40; negative = no check.
 	MaxMemoryPressure float64
+	// MinFreeTasks refuses new sandboxes while fewer than this many pids
+	// (threads) are left under kernel.pid_max / threads-max: every thread
+	// of every sandbox takes one, and a host out of pids cannot even start
+	// a thread in warren itself. 0 = 2,048; negative = no check.
+	MinFreeTasks int64
 
 	DefaultTTL     time.Duration // 0 = 24h
 	TombstoneFor   time.Duration // how long stopped sandboxes stay visible; 0 = 10m
@@ -184,6 +189,9 @@ func New(cfg Config) (*Edge, error) {
 	}
 	if cfg.MaxMemoryPressure == 0 {
 		cfg.MaxMemoryPressure = 40
+	}
+	if cfg.MinFreeTasks == 0 {
+		cfg.MinFreeTasks = 2048
 	}
 	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), pools: map[string]*pool{}, fn: map[string]*fnShape{}}
 	e.features = hoststat.Features()

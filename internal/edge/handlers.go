@@ -123,14 +123,14 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		}
 		return e.layerOp(ctx, op, &req)
 	case OpPause, OpResume:
-		var req IDRequest
+		var req ResumeSandboxRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
 		if op == OpPause {
 			return e.pauseOne(ctx, req.ID)
 		}
-		return e.resumeOne(ctx, req.ID)
+		return e.resumeOne(ctx, req.ID, !req.NoPrefetch)
 	case OpPauseMatch:
 		var req PauseMatchingRequest
 		if err := decode(body, &req); err != nil {
@@ -266,7 +266,7 @@ func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) 
 	for sb.rec.Sandbox.State == api.StatePaused && !sb.stopping {
 		// Any operation on a paused sandbox resumes it first.
 		sb.mu.Unlock()
-		err := e.resume(context.Background(), sb)
+		err := e.resume(context.Background(), sb, true)
 		sb.mu.Lock()
 		if err != nil {
 			return nil, nil, nil, err

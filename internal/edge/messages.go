@@ -24,7 +24,7 @@ const (
 	OpImagePull   = "image_pull"
 	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
 	OpPause       = "pause"          // IDRequest -> api.Sandbox
-	OpResume      = "resume"         // IDRequest -> api.Sandbox
+	OpResume      = "resume"         // ResumeSandboxRequest -> api.Sandbox
 	OpPauseMatch  = "pause_matching" // PauseMatchingRequest -> api.PauseResult
 	OpPoolPut     = "pool_put"       // api.PoolRequest -> api.Pool
 	OpPoolList    = "pool_list"      // {} -> api.PoolList
@@ -105,6 +105,12 @@ type CreateRequest struct {
 // IDRequest names one sandbox.
 type IDRequest struct {
 	ID string `json:"id"`
+}
+
+// ResumeSandboxRequest names a sandbox to resume.
+type ResumeSandboxRequest struct {
+	ID         string `json:"id"`
+	NoPrefetch bool   `json:"no_prefetch,omitempty"` // leave swapped memory to page faults
 }
 
 // ListRequest filters the sandboxes of a node.

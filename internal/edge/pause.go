@@ -57,8 +57,10 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, why string) error {
 	return nil
 }
 
-// resume thaws a paused sandbox after giving its memory limit back.
-func (e *Edge) resume(ctx context.Context, sb *sandbox) error {
+// resume thaws a paused sandbox after giving its memory limit back and,
+// with prefetch, after asking the kernel to read its swapped-out memory
+// back (the reads run while the sandbox thaws and serves its first call).
+func (e *Edge) resume(ctx context.Context, sb *sandbox, prefetch bool) error {
 	sb.pmu.Lock()
 	defer sb.pmu.Unlock()
 	sb.mu.Lock()
@@ -71,9 +73,16 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox) error {
 	mem := sb.rec.Spec.MemoryMB
 	sb.mu.Unlock()
 	t0 := time.Now()
+	var prefetched int64
 	if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
 		if err := rc.Restore(ctx, h, mem); err != nil {
 			return fmt.Errorf("edge: restore memory of %s: %w", id, err)
+		}
+		if prefetch {
+			var err error
+			if prefetched, err = rc.Prefetch(ctx, h); err != nil {
+				e.log.Warn("prefetch resumed sandbox", "id", id, "err", err)
+			}
 		}
 	}
 	if err := e.cfg.Runtime.Thaw(ctx, h); err != nil {
@@ -88,7 +97,7 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox) error {
 	if err := e.persist(&rec); err != nil {
 		e.log.Warn("persist resumed sandbox", "id", id, "err", err)
 	}
-	e.log.Info("sandbox resumed", "id", id, "took", time.Since(t0))
+	e.log.Info("sandbox resumed", "id", id, "prefetched", prefetched, "took", time.Since(t0))
 	return nil
 }
 
@@ -106,7 +115,7 @@ func (e *Edge) pauseOne(ctx context.Context, id string) (any, error) {
 	return &v, nil
 }
 
-func (e *Edge) resumeOne(ctx context.Context, id string) (any, error) {
+func (e *Edge) resumeOne(ctx context.Context, id string, prefetch bool) (any, error) {
 	sb, err := e.lookup(id)
 	if err != nil {
 		return nil, err
@@ -119,7 +128,7 @@ func (e *Edge) resumeOne(ctx context.Context, id string) (any, error) {
 	if (st != api.StatePaused && st != api.StateRunning) || stopping {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, st)}
 	}
-	if err := e.resume(ctx, sb); err != nil {
+	if err := e.resume(ctx, sb, prefetch); err != nil {
 		return nil, err
 	}
 	v := sb.view()
@@ -154,7 +163,7 @@ func (e *Edge) pauseMatching(ctx context.Context, req *PauseMatchingRequest) (*a
 			defer func() { <-sem }()
 			var err error
 			if req.Resume {
-				err = e.resume(ctx, sb)
+				err = e.resume(ctx, sb, true)
 			} else {
 				err = e.pause(ctx, sb, "job-level pause")
 			}

@@ -26,6 +26,51 @@ type Memory struct {
 	SwapFree  int64
 }
 
+// Tasks is how many tasks (threads) the host runs against the smaller of
+// its two limits, kernel.pid_max and kernel.threads-max: every thread takes
+// a pid, and a sandbox is several (its agent's threads and its shells).
+type Tasks struct {
+	Used, Limit int64
+}
+
+// ReadTasks reads the task count from /proc/loadavg and the limits from
+// /proc/sys/kernel.
+func ReadTasks() (Tasks, error) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return Tasks{}, err
+	}
+	t, err := parseLoadavgTasks(b)
+	if err != nil {
+		return Tasks{}, err
+	}
+	for _, f := range []string{"/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"} {
+		if b, err := os.ReadFile(f); err == nil {
+			if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && n > 0 && (t.Limit == 0 || n < t.Limit) {
+				t.Limit = n
+			}
+		}
+	}
+	if t.Limit == 0 {
+		return Tasks{}, errors.New("hoststat: no pid or thread limit readable")
+	}
+	return t, nil
+}
+
+// parseLoadavgTasks reads the total of the "running/total" field.
+func parseLoadavgTasks(b []byte) (Tasks, error) {
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return Tasks{}, errors.New("hoststat: short /proc/loadavg")
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	n, err := strconv.ParseInt(total, 10, 64)
+	if !ok || err != nil {
+		return Tasks{}, errors.New("hoststat: bad task field in /proc/loadavg")
+	}
+	return Tasks{Used: n}, nil
+}
+
 // SwapUsed is swap in use, in bytes.
 func (m Memory) SwapUsed() int64 { return m.SwapTotal - m.SwapFree }
 

@@ -19,6 +19,22 @@ func TestParsePressure(t *testing.T) {
 	}
 }
 
+func TestParseLoadavgTasks(t *testing.T) {
+	tk, err := parseLoadavgTasks([]byte("0.61 0.60 1.29 3/25181 12345\n"))
+	if err != nil || tk.Used != 25181 {
+		t.Fatalf("parsed %+v, %v", tk, err)
+	}
+	for _, bad := range []string{"", "0.1 0.2 0.3", "0.1 0.2 0.3 12 1", "0.1 0.2 0.3 1/x 1"} {
+		if _, err := parseLoadavgTasks([]byte(bad)); err == nil {
+			t.Fatalf("%q parsed", bad)
+		}
+	}
+	tk, err = ReadTasks()
+	if err != nil || tk.Used <= 0 || tk.Limit < tk.Used {
+		t.Fatalf("implausible tasks %+v, %v", tk, err)
+	}
+}
+
 func TestReadHost(t *testing.T) {
 	m, err := ReadMemory()
 	if err != nil {

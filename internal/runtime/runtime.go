@@ -89,6 +89,9 @@ type Reclaimer interface {
 	Reclaim(ctx context.Context, h Handle) (before, after int64, err error)
 	// Restore sets the memory limit back to memoryMB.
 	Restore(ctx context.Context, h Handle, memoryMB int64) error
+	// Prefetch starts reading the sandbox's swapped-out memory back ahead
+	// of use (after Restore) and returns the bytes it asked for.
+	Prefetch(ctx context.Context, h Handle) (int64, error)
 }
 
 // Usage is what a runtime measures of all its sandboxes together.

@@ -90,10 +90,20 @@ func (c *Client) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
 	return &sb, nil
 }
 
-// Resume thaws a paused sandbox.
+// Resume thaws a paused sandbox and prefetches its swapped-out memory.
 func (c *Client) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
 	var sb api.Sandbox
 	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/resume", retry: true}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// ResumeWith resumes a paused sandbox with options (prefetch false leaves
+// its swapped-out memory to page faults).
+func (c *Client) ResumeWith(ctx context.Context, id string, opts api.ResumeRequest) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/resume", json: opts, retry: true}, &sb); err != nil {
 		return nil, err
 	}
 	return &sb, nil

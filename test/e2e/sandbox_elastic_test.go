@@ -180,6 +180,25 @@ func TestPauseResume(t *testing.T) {
 	if r, err := s.C.Resume(ctx, sb.ID); err != nil || r.State != api.StateRunning {
 		t.Fatalf("resume: %+v %v", r, err)
 	}
+	// The resume prefetched: the holder's memory is charged again before
+	// anything touched it.
+	back := int64(0)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && back < before-16<<20; time.Sleep(20 * time.Millisecond) {
+		back, _ = strconv.ParseInt(s.cgroupFile(t, "memory", sb.ID, "memory.usage_in_bytes"), 10, 64)
+	}
+	if back < before-16<<20 {
+		t.Errorf("after a prefetching resume the sandbox holds %d MiB of %d", back>>20, before>>20)
+	}
+	// Without prefetch; a bad body is a 400.
+	if _, err := s.C.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := s.rawRequest(t, "POST", "/v1/sandboxes/"+sb.ID+"/resume", "", []byte(`{"prefetch":"no"}`), nil); code != 400 {
+		t.Errorf("resume with a bad body: %d %s", code, body)
+	}
+	if r, err := s.C.ResumeWith(ctx, sb.ID, api.ResumeRequest{Prefetch: new(bool)}); err != nil || r.State != api.StateRunning {
+		t.Fatalf("resume without prefetch: %+v %v", r, err)
+	}
 	if _, err := s.C.Pause(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -97,6 +97,32 @@ func TestPriorityClasses(t *testing.T) {
 	}
 }
 
+func TestAnonRanges(t *testing.T) {
+	maps := `00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/dbus-daemon
+00e03000-00e24000 rw-p 00000000 00:00 0                                  [heap]
+7f1c00000000-7f1c00021000 rw-p 00000000 00:00 0
+7f1c00021000-7f1c04000000 ---p 00000000 00:00 0
+7f1c1000a000-7f1c1000b000 rw-s 00000000 00:05 12345                      /dev/zero (deleted)
+7f1c2000a000-7f1c2000b000 rw-p 00001000 08:02 17 /lib/libc.so
+7ffd4a1f3000-7ffd4a214000 rw-p 00000000 00:00 0                          [stack]
+7ffd4a2f9000-7ffd4a2fd000 r--p 00000000 00:00 0                          [vvar]
+7ffd4a2fd000-7ffd4a2ff000 r-xp 00000000 00:00 0                          [vdso]
+7f1c30000000-7f1c30001000 rw-p 00000000 00:00 0                          [anon:go]
+garbage line
+zz-yy rw-p 00000000 00:00 0
+`
+	got := anonRanges([]byte(maps))
+	want := []remoteIovec{{0xe03000, 0x21000}, {0x7f1c00000000, 0x21000}, {0x7f1c00021000, 0x7f1c04000000 - 0x7f1c00021000}, {0x7ffd4a1f3000, 0x21000}, {0x7f1c30000000, 0x1000}}
+	if len(got) != len(want) {
+		t.Fatalf("got %d ranges %x, want %x", len(got), got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("range %d = %x, want %x", i, got[i], want[i])
+		}
+	}
+}
+
 func TestReclaimToSwap(t *testing.T) {
 	f := newFixture(t)
 	swaptest.Ensure(t, 1024)
@@ -131,6 +157,25 @@ func TestReclaimToSwap(t *testing.T) {
 	}
 	if err := f.rt.Restore(ctx, inst.Handle, spec.MemoryMB); err != nil {
 		t.Fatal(err)
+	}
+	// Prefetch asks for the holder's swapped-out memory back before the
+	// sandbox runs again, and the pages come back without a fault.
+	n, err := f.rt.Prefetch(ctx, inst.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 48<<20 {
+		t.Errorf("prefetch advised %d bytes, want the holder's ~48 MiB at least", n)
+	}
+	back := int64(0)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if back, err = f.rt.MemoryUsage(inst.Handle); err == nil && back >= after+40<<20 {
+			break
+		}
+	}
+	t.Logf("prefetch: advised %d MiB; usage %d MiB while still frozen", n>>20, back>>20)
+	if back < after+40<<20 {
+		t.Errorf("after prefetch the frozen sandbox holds %d bytes (reclaimed to %d): swapped memory not read back", back, after)
 	}
 	if err := f.rt.Thaw(ctx, inst.Handle); err != nil {
 		t.Fatal(err)

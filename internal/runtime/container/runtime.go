@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"log/slog"
 	"net"
 	"os"
@@ -204,20 +205,61 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 }
 
 // reap waits for an agent this process started, so it never stays a zombie.
+// It parks on a pidfd in the runtime's poller rather than in a blocking
+// wait: os.Process.Wait would hold one OS thread per live sandbox, and
+// thousands of idle sandboxes would then exhaust the host's thread and pid
+// limits (a Go process dies when it cannot make a thread). The pidfd is
+// the only descriptor kept per agent: os.Process's own is released.
 func (r *Runtime) reap(cmd *exec.Cmd) {
 	done := make(chan struct{})
 	pid := cmd.Process.Pid
 	r.mu.Lock()
 	r.children[pid] = done
 	r.mu.Unlock()
+	// The agent cannot have been reaped yet, so its pid is still its own.
+	pidfd, perr := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if perr == nil {
+		_ = cmd.Process.Release()
+	}
 	go func() {
-		err := cmd.Wait()
+		var status any
+		if perr == nil {
+			waitExit(pidfd)
+			var ws unix.WaitStatus
+			_, err := unix.Wait4(pid, &ws, 0, nil)
+			for err == unix.EINTR {
+				_, err = unix.Wait4(pid, &ws, 0, nil)
+			}
+			status = ws
+			if err != nil {
+				status = err
+			}
+		} else {
+			status = cmd.Wait()
+		}
 		r.mu.Lock()
 		delete(r.children, pid)
 		r.mu.Unlock()
 		close(done)
-		r.log.Debug("container: agent exited", "pid", pid, "status", err)
+		r.log.Debug("container: agent exited", "pid", pid, "status", status)
 	}()
+}
+
+// waitExit blocks the calling goroutine (not a thread) until the process
+// behind pidfd has exited, and closes pidfd.
+func waitExit(pidfd int) {
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Read(func(fd uintptr) bool {
+		// A pidfd polls readable once its process has exited.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n > 0
+	})
 }
 
 // Attach reconnects to a running sandbox's agent.

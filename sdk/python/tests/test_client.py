@@ -430,6 +430,8 @@ class LaterFeaturesTest(unittest.TestCase):
         if self.check(sb.pause) is not None:
             self.check(sb.resume)
             self.assertEqual(sb.run("echo back").stdout, "back\n")
+            sb.pause()
+            self.assertEqual(sb.resume(prefetch=False).state, "running")
         r = self.check(lambda: C.fncall("echo fn", image=_support.IMAGE))
         if r is not None:
             self.assertEqual(r.stdout, "fn\n")

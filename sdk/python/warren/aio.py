@@ -389,8 +389,9 @@ class AsyncSandbox:
     async def pause(self) -> "AsyncSandbox":
         return self._set(await self.client._json(json_req("POST", self._path("pause"))))
 
-    async def resume(self) -> "AsyncSandbox":
-        return self._set(await self.client._json(json_req("POST", self._path("resume"))))
+    async def resume(self, *, prefetch: bool = True) -> "AsyncSandbox":
+        body = None if prefetch else {"prefetch": False}
+        return self._set(await self.client._json(json_req("POST", self._path("resume"), body)))
 
     async def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         body = _core.drop_none({"name": name})

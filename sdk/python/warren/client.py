@@ -498,9 +498,11 @@ class Sandbox:
         """Freeze the sandbox's processes (``POST .../pause``)."""
         return self._set(self.client._json(json_req("POST", self._path("pause"))))
 
-    def resume(self) -> "Sandbox":
-        """Thaw a paused sandbox (``POST .../resume``)."""
-        return self._set(self.client._json(json_req("POST", self._path("resume"))))
+    def resume(self, *, prefetch: bool = True) -> "Sandbox":
+        """Thaw a paused sandbox (``POST .../resume``) and read its swapped-out
+        memory back ahead of use; ``prefetch=False`` leaves that to page faults."""
+        body = None if prefetch else {"prefetch": False}
+        return self._set(self.client._json(json_req("POST", self._path("resume"), body)))
 
     def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         """Snapshot the sandbox's filesystem (``POST .../snapshots``)."""
