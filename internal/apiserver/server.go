@@ -355,7 +355,8 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// listEvents answers GET /v1/events?after=SEQ&limit=N&wait=SECONDS.
+// listEvents answers GET /v1/events?after=SEQ&limit=N&wait=SECONDS, and
+// with follow=1 streams them (followEvents).
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	var after uint64
@@ -373,6 +374,20 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 			return &api.Error{Code: api.CodeInvalid, Message: "limit must be between 1 and 10000"}
 		}
 		limit = n
+	}
+	follow := false
+	switch q.Get("follow") {
+	case "", "0", "false":
+	case "1", "true":
+		follow = true
+	default:
+		return &api.Error{Code: api.CodeInvalid, Message: "follow must be 1 or 0"}
+	}
+	if follow {
+		if q.Get("limit") == "" {
+			limit = 0 // until the client goes away
+		}
+		return s.followEvents(w, r, after, limit)
 	}
 	wait := 100 * time.Millisecond
 	if v := q.Get("wait"); v != "" {
@@ -403,6 +418,65 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, &out)
 	return nil
+}
+
+// eventKeepalive is how often a followed stream with nothing to say sends
+// an empty line, so that proxies and clients see the connection alive.
+var eventKeepalive = 15 * time.Second
+
+// followEvents streams the events after seq after as NDJSON, one event per
+// line as it is appended to the stream, until the client goes away (or
+// after limit visible events, when limit > 0). Empty lines are keepalives.
+// A client resumes from the seq of the last event it saw.
+func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, after uint64, limit int) error {
+	evs := s.cfg.Watcher.Events()
+	if evs == nil {
+		return &api.Error{Code: api.CodeUnavailable, Message: "no event stream"}
+	}
+	fl, _ := w.(http.Flusher)
+	h := w.Header()
+	h.Set("Content-Type", "application/x-ndjson")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if fl != nil {
+		fl.Flush()
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	sent := 0
+	errDone := errors.New("limit reached")
+	err := evs.Follow(ctx, after, eventKeepalive, func() error {
+		if _, err := w.Write([]byte("\n")); err != nil {
+			return err
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return nil
+	}, func(ev api.Event) error {
+		if !s.visibleEvent(r, &ev) {
+			return nil
+		}
+		b, err := json.Marshal(&ev)
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(append(b, '\n')); err != nil {
+			return err
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		if sent++; limit > 0 && sent >= limit {
+			return errDone
+		}
+		return nil
+	})
+	if err == nil || errors.Is(err, errDone) || r.Context().Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // visibleEvent reports whether the caller may see ev: node events are

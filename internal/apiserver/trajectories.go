@@ -55,7 +55,16 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 	err = s.callEdge(ctx, rec.Sandbox, edge.OpTrajResume, &edge.ResumeRequest{ID: rec.Sandbox, Trajectory: req.Trajectory, Branch: req.Branch}, &sb, nil)
 	if err != nil {
 		var ae *api.Error
-		if errors.As(err, &ae) && (ae.Code == api.CodeNotFound || (ae.Code == api.CodeConflict && !strings.Contains(ae.Message, "resumed by another"))) {
+		var le *lostError
+		switch {
+		case errors.As(err, &le):
+			// Its node died (kill -9, power loss): rebuild on another.
+			s.log.Info("trajectory sandbox lost with its node; rebuilding", "trajectory", req.Trajectory, "sandbox", rec.Sandbox, "node", le.node, "checkpoint", rec.CheckpointSnap)
+			return s.rebuild(w, r, rec, rev, req.Branch)
+		case errors.As(err, &ae) && ae.Code == api.CodeUnavailable && s.nodeDown(rec.Sandbox):
+			s.log.Info("trajectory sandbox's node is down; rebuilding", "trajectory", req.Trajectory, "sandbox", rec.Sandbox, "checkpoint", rec.CheckpointSnap)
+			return s.rebuild(w, r, rec, rev, req.Branch)
+		case errors.As(err, &ae) && (ae.Code == api.CodeNotFound || (ae.Code == api.CodeConflict && !strings.Contains(ae.Message, "resumed by another"))):
 			s.log.Info("trajectory sandbox lost; rebuilding", "trajectory", req.Trajectory, "sandbox", rec.Sandbox, "checkpoint", rec.CheckpointSnap, "reason", ae.Message)
 			return s.rebuild(w, r, rec, rev, req.Branch)
 		}
@@ -63,6 +72,17 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 	}
 	writeJSON(w, http.StatusOK, &sb)
 	return nil
+}
+
+// nodeDown reports whether the node of sandbox id is known and marked
+// down by the watcher (missed its heartbeats), not merely slow to answer.
+func (s *Server) nodeDown(id string) bool {
+	node := edge.NodeOf(id)
+	if node == "" {
+		return false
+	}
+	known, up := s.cfg.Watcher.Known(node)
+	return known && !up
 }
 
 // rebuild makes a new sandbox for a trajectory whose sandbox was lost: from

@@ -101,3 +101,60 @@ func (e *Events) Read(ctx context.Context, after uint64, limit int, wait time.Du
 		}
 	}
 }
+
+// Follow delivers every event after seq after, in order, to fn as it is
+// appended, until ctx ends or fn fails. idle, when set, is called every
+// idleEvery (a stream keeps its connection alive with it).
+// It reads through an ordered consumer: nothing durable is created.
+func (e *Events) Follow(ctx context.Context, after uint64, idleEvery time.Duration, idle func() error, fn func(api.Event) error) error {
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: time.Minute}
+	if after > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
+	}
+	cons, err := e.stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("bus: follow events: %w", err)
+	}
+	msgs := make(chan jetstream.Msg, 256)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("bus: follow events: %w", err)
+	}
+	defer cc.Stop()
+	if idleEvery <= 0 {
+		idleEvery = time.Hour
+	}
+	t := time.NewTimer(idleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if idle != nil {
+				if err := idle(); err != nil {
+					return err
+				}
+			}
+			t.Reset(idleEvery)
+		case m := <-msgs:
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			var ev api.Event
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				continue
+			}
+			ev.Seq = md.Sequence.Stream
+			if err := fn(ev); err != nil {
+				return err
+			}
+		}
+	}
+}

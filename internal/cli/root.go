@@ -64,6 +64,7 @@ func NewRootCmd() *cobra.Command {
 		newImageCmd(g),
 		newLayerCmd(g),
 		newNodesCmd(g),
+		newEventsCmd(g),
 		newProjectCmd(g),
 		newTokenCmd(g),
 		newSnapshotCmd(g),

@@ -220,6 +220,28 @@ func TestClusterFaults(t *testing.T) {
 		}
 	}()
 
+	// A trajectory that checkpoints every step; its node is the one to die.
+	traj, err := c.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64,
+		Trajectory: "cluster/rollout", Checkpoint: "every-step"})
+	if err != nil {
+		t.Fatalf("create trajectory sandbox: %v", err)
+	}
+	victim := traj.Node
+	if _, err := c.C.Mkdir(ctx, traj.ID, api.MkdirRequest{Path: "/state"}); err != nil {
+		t.Fatal(err)
+	}
+	const trajSteps = 5
+	for i := 1; i <= trajSteps; i++ {
+		if res, err := c.C.Exec(ctx, traj.ID, counterOp(i)); err != nil || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("trajectory step %d: %+v %v", i, res, err)
+		}
+	}
+	steps, err := c.C.TrajectoryAll(ctx, "cluster/rollout")
+	if err != nil || len(steps) != trajSteps+1 || steps[trajSteps].Checkpoint == "" {
+		t.Fatalf("trajectory log: %d steps (last %+v), %v", len(steps), steps[len(steps)-1], err)
+	}
+	checkpoint := steps[trajSteps].Checkpoint
+
 	// Creates spread over the nodes; every sandbox answers.
 	byNode := map[string][]string{}
 	for i := 0; i < 9; i++ {
@@ -232,49 +254,94 @@ func TestClusterFaults(t *testing.T) {
 	if len(byNode) < 2 {
 		t.Fatalf("9 sandboxes all went to %v", byNode)
 	}
-	// The node with the most sandboxes dies.
-	victim := ""
-	for n, ids := range byNode {
-		if victim == "" || len(ids) > len(byNode[victim]) {
-			victim = n
+	if len(byNode[victim]) == 0 { // the node to die holds some of them too
+		sb, err := c.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64,
+			NodeSelector: map[string]string{"zone": victim}})
+		if err != nil {
+			t.Fatalf("create on %s: %v", victim, err)
 		}
+		byNode[victim] = append(byNode[victim], sb.ID)
 	}
+	nVictim := len(byNode[victim])
 	for _, ids := range byNode {
 		r, err := c.C.Exec(ctx, ids[0], api.ExecRequest{Cmd: "echo ok"})
 		if err != nil || r.Stdout != "ok\n" {
 			t.Fatalf("exec: %v %+v", err, r)
 		}
 	}
+	// Follow the event stream from now on (GET /v1/events?follow=1).
+	start, err := c.C.Events(ctx, 0, 10000, 0)
+	if err != nil {
+		t.Fatalf("events: %v", err)
+	}
+	followCtx, stopFollow := context.WithTimeout(ctx, 60*time.Second)
+	defer stopFollow()
+	streamed := make(chan api.Event, 1000)
+	go func() {
+		defer close(streamed)
+		_ = c.C.FollowEvents(followCtx, start.Next, func(ev api.Event) error {
+			streamed <- ev
+			return nil
+		})
+	}()
 	time.Sleep(time.Second) // the node's roster names sandboxes within 500ms
 	c.edges[victim].kill9()
 	killedAt := time.Now()
 
-	// Its sandboxes are reported lost on the event stream.
-	want := map[string]bool{}
+	// Its sandboxes (and the trajectory's) are reported lost on the event
+	// stream, streamed as they happen.
+	want := map[string]bool{traj.ID: true}
 	for _, id := range byNode[victim] {
 		want[id] = true
 	}
-	var after uint64
 	sawDown := false
 	for len(want) > 0 || !sawDown {
-		if time.Since(killedAt) > 30*time.Second {
-			t.Fatalf("after 30s: node.down seen %v, still not reported lost: %v", sawDown, want)
+		ev, ok := <-streamed
+		if !ok {
+			t.Fatalf("after %v: node.down seen %v, still not reported lost: %v", time.Since(killedAt), sawDown, want)
 		}
-		evs, err := c.C.Events(ctx, after, 1000, time.Second)
-		if err != nil {
-			t.Fatalf("events: %v", err)
+		if ev.Seq <= start.Next {
+			t.Fatalf("streamed event %d at or before the start %d", ev.Seq, start.Next)
 		}
-		after = evs.Next
-		for _, ev := range evs.Events {
-			switch {
-			case ev.Type == api.EventNodeDown && ev.Node == victim:
-				sawDown = true
-			case ev.Type == api.EventSandboxLost && ev.Node == victim:
-				delete(want, ev.Sandbox)
-			}
+		switch {
+		case ev.Type == api.EventNodeDown && ev.Node == victim:
+			sawDown = true
+		case ev.Type == api.EventSandboxLost && ev.Node == victim:
+			delete(want, ev.Sandbox)
 		}
 	}
-	t.Logf("node down and %d sandboxes lost reported %v after kill -9", len(byNode[victim]), time.Since(killedAt).Round(time.Millisecond))
+	stopFollow()
+	t.Logf("node down and %d sandboxes lost streamed %v after kill -9", nVictim+1, time.Since(killedAt).Round(time.Millisecond))
+
+	// The trajectory resumes on another node from its last checkpoint (in
+	// the shared --store): the logged steps are fast-forwarded, not run.
+	nb, err := c.C.ResumeTrajectory(ctx, "cluster/rollout", false)
+	if err != nil {
+		t.Fatalf("resume of the trajectory whose node died: %v", err)
+	}
+	if nb.Node == victim || nb.ID == traj.ID || nb.Snapshot != checkpoint {
+		t.Fatalf("rebuilt trajectory sandbox: %+v (dead node %s, checkpoint %s)", nb, victim, checkpoint)
+	}
+	if r, err := c.C.Mkdir(ctx, nb.ID, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed {
+		t.Fatalf("replayed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= trajSteps; i++ {
+		res, err := c.C.Exec(ctx, nb.ID, counterOp(i))
+		if err != nil || !res.Replayed || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("replay %d on %s: %+v %v", i, nb.Node, res, err)
+		}
+	}
+	for i := trajSteps + 1; i <= trajSteps+2; i++ {
+		if res, err := c.C.Exec(ctx, nb.ID, counterOp(i)); err != nil || res.Replayed || res.Step != int64(i+1) {
+			t.Fatalf("live step %d on %s: %+v %v", i, nb.Node, res, err)
+		}
+	}
+	if r, err := c.C.Exec(ctx, nb.ID, api.ExecRequest{Cmd: "wc -l < /counter; ls /state | wc -l"}); err != nil || r.Stdout != fmt.Sprintf("%d\n%d\n", trajSteps+2, trajSteps+2) {
+		t.Fatalf("rebuilt filesystem on %s: %+v %v (want each step run once)", nb.Node, r, err)
+	}
+	if _, err := c.C.Delete(ctx, nb.ID); err != nil {
+		t.Fatal(err)
+	}
 	sb, err := c.C.Get(ctx, byNode[victim][0])
 	if err != nil || sb.State != api.StateLost {
 		t.Fatalf("get of a lost sandbox: %v %+v", err, sb)

@@ -122,6 +122,9 @@ func TestAuthAndBadInput(t *testing.T) {
 		{"exec missing", "POST", "/v1/sandboxes/sb-e2e-zzzz/exec", "", `{"cmd":"true"}`, nil, 404},
 		{"bad state filter", "GET", "/v1/sandboxes?state=sleepy", "", "", nil, 422},
 		{"no route", "GET", "/v2/nothing", "", "", nil, 404},
+		{"bad follow", "GET", "/v1/events?follow=yes", "", "", nil, 422},
+		{"bad follow after", "GET", "/v1/events?follow=1&after=-1", "", "", nil, 422},
+		{"follow no token", "GET", "/v1/events?follow=1", "-", "", nil, 401},
 	}
 	for _, c := range cases {
 		code, body := s.rawRequest(t, c.method, c.path, c.token, []byte(c.body), c.hdr)

@@ -200,3 +200,52 @@ class AsyncTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class AsyncProjectsTokensBatchEvents(unittest.TestCase):
+    """The async client's project, token, batch and event helpers, against the
+    real server (the mirror of test_client.TestProjectsTokensBatch)."""
+
+    def test_projects_tokens_batch_events(self):
+        async def main():
+            name = "pya" + uuid.uuid4().hex[:8]
+            async with client() as c:
+                p = await c.create_project(name, quota={"sandboxes": 2})
+                self.assertEqual(p["id"], name)
+                self.assertEqual((await c.project(name))["id"], name)
+                with self.assertRaises(warren.WarrenError) as cm:
+                    await c.create_project("sub", parent=name, quota={"sandboxes": 3})
+                self.assertEqual(cm.exception.status, 403)
+                sub = await c.create_project("sub", parent=name, quota={"sandboxes": 1})
+                self.assertEqual(sub["id"], name + ".sub")
+                upd = await c.update_project(sub["id"], {"sandboxes": 2})
+                self.assertEqual(upd["quota"]["sandboxes"], 2)
+                await c.delete_project(sub["id"])
+                with self.assertRaises(warren.NotFound):
+                    await c.project(sub["id"])
+                tok = await c.create_token("pya-agent", project=name, role="member",
+                                           expires_in=3600)
+                self.assertTrue(tok["token"].startswith("wrn_"))
+                listed = await c.tokens()
+                self.assertIn(tok["id"], [t["id"] for t in listed])
+                self.assertTrue(all("token" not in t for t in listed))
+                async with warren.AsyncClient(SRV.url, token=tok["token"],
+                                              max_retries=0) as member:
+                    res = await member.create_batch(2, image=_support.IMAGE, cpu=0.1,
+                                                    memory_mb=32, labels=LABELS)
+                    self.assertEqual(res["created"], 2)
+                    with self.assertRaises(warren.WarrenError) as cm:
+                        await member.create(image=_support.IMAGE, cpu=0.1, memory_mb=32,
+                                            labels=LABELS)
+                    self.assertEqual(cm.exception.status, 403)
+                    self.assertEqual({s.id for s in await member.list()}, set(res["ids"]))
+                    for sid in res["ids"]:
+                        await member.sandbox(sid).stop()
+                    await c.revoke_token(tok["id"])
+                    with self.assertRaises(warren.WarrenError) as cm:
+                        await member.list()
+                    self.assertEqual(cm.exception.status, 401)
+                self.assertIn("events", await c.events(limit=10, wait=0.1))
+                self.assertEqual([x["id"] for x in await c.projects() if x["id"] == name],
+                                 [name])
+        self.run_async(main())

@@ -61,6 +61,20 @@ def flaky_create(fail_with, failures=2):
     return route
 
 
+def event_stream_route(h, seen, idx):
+    """Follow answers for the event tests: the first stream breaks after two
+    events, the reconnect (after=2) repeats event 2, then a keepalive, 3, 4."""
+    assert seen.path == "/v1/events" and ("follow", "1") in seen.query
+    assert seen.headers["accept"] == "application/x-ndjson"
+    ev = lambda n: json.dumps({"seq": n, "type": "node.down", "node": "n%d" % n}).encode() + b"\n"
+    if idx == 0:
+        h.send_chunked(200, "application/x-ndjson", [ev(1), ev(2)[:10], ev(2)[10:]])
+    elif idx == 1:
+        h.send_error_json(503, "unavailable", "apiserver restarting", {"Retry-After": "0"})
+    else:
+        h.send_chunked(200, "application/x-ndjson", [ev(2), b"\n", ev(3) + ev(4)], delay=0.01)
+
+
 class SyncTransportTest(FakeCase):
     def test_retries_503_with_same_idempotency_key(self):
         srv = self.serve(flaky_create(503))
@@ -209,6 +223,17 @@ class SyncTransportTest(FakeCase):
             with self.assertRaises(warren.NotFound) as cm:
                 c.get("sb-x").snapshot()
         self.assertEqual(cm.exception.message, "404 page not found")
+
+    def test_follow_events_resumes(self):
+        srv = self.serve(event_stream_route)
+        with fast(srv.url) as c:
+            got = list(c.follow_events(limit=3))
+        self.assertEqual([e["seq"] for e in got], [1, 2, 3])
+        self.assertNotIn("after", dict(srv.seen[0].query))
+        self.assertEqual(dict(srv.seen[-1].query).get("after"), "2")
+        with fast(srv.url) as c:  # without reconnect the first stream's end ends it
+            srv.seen.clear()
+            self.assertEqual(len(list(c.follow_events(after=0, reconnect=False))), 2)
 
     def test_ndjson_stream_callbacks(self):
         events = [{"stdout": "a"}, {"stderr": "E1"}, {"stdout": "b\n"}, {"stderr": "E2"},
@@ -453,6 +478,16 @@ class AsyncTransportTest(FakeCase):
             self.run_async(main())
         self.assertEqual(cm.exception.message, "quota: 10")
         self.assertEqual(len(srv.seen), 3)
+
+    def test_follow_events_async_resumes(self):
+        srv = self.serve(event_stream_route)
+
+        async def main():
+            async with afast(srv.url) as c:
+                return [e async for e in c.follow_events(after=0, limit=4)]
+        got = self.run_async(main())
+        self.assertEqual([e["seq"] for e in got], [1, 2, 3, 4])
+        self.assertEqual(dict(srv.seen[-1].query).get("after"), "2")
 
     def test_ndjson_async_callbacks(self):
         def route(h, seen, idx):

@@ -365,3 +365,99 @@ def layers_req(name: Optional[str]) -> Req:
 
 def pull_req(ref: str, name: Optional[str]) -> Req:
     return json_req("POST", "/v1/images", drop_none({"ref": ref, "name": name}), timeout=3600.0)
+
+
+# ---- events, projects, tokens (shared by the sync and async clients) -------------------
+
+#: How long a followed event stream may be silent before the client reconnects;
+#: the server sends a keepalive line every 15 s.
+EVENTS_READ_TIMEOUT = 45.0
+
+
+def events_req(after: int, limit: Optional[int], wait: Optional[float]) -> Req:
+    params: List[Tuple[str, str]] = []
+    if after:
+        params.append(("after", str(int(after))))
+    if limit:
+        params.append(("limit", str(int(limit))))
+    if wait:
+        params.append(("wait", str(float(wait))))
+    return Req("GET", "/v1/events", params=params,
+               timeout=(float(wait) + 30.0) if wait else None)
+
+
+def follow_req(after: int) -> Req:
+    params = [("follow", "1")]
+    if after:
+        params.append(("after", str(int(after))))
+    return Req("GET", "/v1/events", params=params, accept=NDJSON, timeout=EVENTS_READ_TIMEOUT)
+
+
+class EventFollower:
+    """The state of a followed event stream: the last sequence number seen
+    (a reconnect resumes after it, so no event is delivered twice) and how
+    many events were delivered. ``feed(line)`` returns an event or None."""
+
+    def __init__(self, after: int, limit: Optional[int]) -> None:
+        self.after = int(after or 0)
+        self.limit = int(limit) if limit else 0
+        self.count = 0
+        self.delay = 0.2
+
+    @property
+    def done(self) -> bool:
+        return self.limit > 0 and self.count >= self.limit
+
+    def feed(self, line: bytes) -> Optional[Dict[str, Any]]:
+        line = line.strip()
+        if not line:
+            return None  # keepalive
+        ev = decode_json(line)
+        seq = int(ev.get("seq") or 0)
+        if seq and seq <= self.after:
+            return None
+        self.after = max(self.after, seq)
+        self.count += 1
+        self.delay = 0.2
+        return ev
+
+    def backoff(self) -> float:
+        """Seconds to wait before the next reconnect (doubling, at most 5)."""
+        d = self.delay
+        self.delay = min(self.delay * 2, 5.0)
+        return d * (0.5 + random.random() / 2)
+
+
+def project_path(project_id: str) -> str:
+    return "/v1/projects/" + urllib.parse.quote(project_id, safe="")
+
+
+def token_path(token_id: str) -> str:
+    return "/v1/tokens/" + urllib.parse.quote(token_id, safe="")
+
+
+def project_body(name: str, parent: Optional[str],
+                 quota: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"name": name, "quota": dict(quota or {})}
+    if parent:
+        body["parent"] = parent
+    return body
+
+
+def token_body(principal: str, project: Optional[str], role: Optional[str],
+               expires_in: Optional[Duration]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"principal": principal}
+    if project:
+        body["project"] = project
+    if role:
+        body["role"] = role
+    if expires_in is not None:
+        body["expires_in"] = whole_seconds(expires_in)
+    return body
+
+
+def batch_body(count: int, ids_only: bool, spec: Dict[str, Any]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"count": int(count), "spec": spec}
+    if ids_only:
+        body["ids_only"] = True
+    return body

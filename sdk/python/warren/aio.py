@@ -7,14 +7,15 @@ import asyncio
 import inspect
 import ssl
 import time
-from typing import (Any, Awaitable, Callable, Dict, Generator, Iterable, List, Mapping, Optional,
-                    Sequence, TypeVar, Union)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Iterable, List,
+                    Mapping, Optional, Sequence, TypeVar, Union)
 
 from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
 from ._http_async import AsyncTransport
 from ._tar import PathLike, pack_dir, unpack
-from .errors import Conflict, NotFound, SandboxFailed, Timeout, WarrenError
+from .errors import (ConnectionFailed, Conflict, NotFound, SandboxFailed, Timeout, Unavailable,
+                     WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
                      ReplayReport, Snapshot, Trajectory)
 
@@ -139,6 +140,82 @@ class AsyncClient:
 
     async def pull_image(self, ref: str, name: Optional[str] = None) -> Image:
         return Image.from_json(await self._json(_core.pull_req(ref, name)))
+
+    # ---- cluster: events, projects, tokens ----------------------------------------------
+
+    async def events(self, after: int = 0, limit: Optional[int] = None,
+                     wait: Optional[float] = None) -> Dict[str, Any]:
+        """Cluster events after sequence ``after`` (``{"events": [...], "next": n}``);
+        pass ``next`` as the following call's ``after``."""
+        return await self._json(_core.events_req(after, limit, wait))
+
+    async def follow_events(self, after: int = 0, *, limit: Optional[int] = None,
+                            reconnect: bool = True) -> AsyncIterator[Dict[str, Any]]:
+        """Yield cluster events as they happen; see :meth:`warren.Client.follow_events`.
+        Use as ``async for ev in client.follow_events(): ...``."""
+        f = _core.EventFollower(after, limit)
+        while not f.done:
+            s = None
+            try:
+                s = await self._t.open(_core.follow_req(f.after))
+                async for line in s.lines():
+                    ev = f.feed(line)
+                    if ev is not None:
+                        yield ev
+                        if f.done:
+                            return
+            except (ConnectionFailed, Timeout, Unavailable):
+                if not reconnect:
+                    raise
+            else:
+                if not reconnect:
+                    return
+            finally:
+                if s is not None:
+                    await s.aclose()
+            await asyncio.sleep(f.backoff())
+
+    async def create_project(self, name: str, *, parent: Optional[str] = None,
+                             quota: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """Create a subproject (default under the token's project); see
+        :meth:`warren.Client.create_project`."""
+        return await self._json(json_req("POST", "/v1/projects",
+                                         _core.project_body(name, parent, quota)))
+
+    async def projects(self) -> List[Dict[str, Any]]:
+        """Projects this token reaches, with their usage."""
+        return list((await self._json(Req("GET", "/v1/projects"))).get("projects") or [])
+
+    async def project(self, project_id: str) -> Dict[str, Any]:
+        return await self._json(Req("GET", _core.project_path(project_id)))
+
+    async def update_project(self, project_id: str, quota: Mapping[str, Any]) -> Dict[str, Any]:
+        """Set a project's quota (needs the admin role in a project above it)."""
+        return await self._json(json_req("PATCH", _core.project_path(project_id),
+                                         {"quota": dict(quota)}))
+
+    async def delete_project(self, project_id: str) -> None:
+        await self._t.request(Req("DELETE", _core.project_path(project_id)))
+
+    async def create_token(self, principal: str, *, project: Optional[str] = None,
+                           role: Optional[str] = None,
+                           expires_in: Optional[Duration] = None) -> Dict[str, Any]:
+        """Issue a token; its secret (``["token"]``) is shown only in this answer."""
+        return await self._json(json_req("POST", "/v1/tokens",
+                                         _core.token_body(principal, project, role, expires_in)))
+
+    async def tokens(self) -> List[Dict[str, Any]]:
+        """Tokens this token manages (never their secrets)."""
+        return list((await self._json(Req("GET", "/v1/tokens"))).get("tokens") or [])
+
+    async def revoke_token(self, token_id: str) -> None:
+        await self._t.request(Req("DELETE", _core.token_path(token_id)))
+
+    async def create_batch(self, count: int, *, ids_only: bool = False,
+                           **spec: Any) -> Dict[str, Any]:
+        """Create ``count`` sandboxes of one spec in one call (``POST /v1/sandboxes:batch``)."""
+        return await self._json(json_req("POST", "/v1/sandboxes:batch",
+                                         _core.batch_body(count, ids_only, spec)))
 
     def create(self, image: Optional[str] = None, *, tier: Optional[str] = None,
                layers: Optional[Sequence[Any]] = None, cpu: Optional[Number] = None,

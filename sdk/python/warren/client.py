@@ -3,17 +3,17 @@ files and background commands. Thread safe: one client may be shared by many
 threads (connections are pooled and reused)."""
 
 import concurrent.futures
-from urllib.parse import quote
 import ssl
 import time
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union,
-                    overload)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
+                    Union, overload)
 
 from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
 from ._http_sync import SyncTransport
 from ._tar import PathLike, pack_dir, unpack
-from .errors import Conflict, NotFound, SandboxFailed, Timeout, WarrenError
+from .errors import (ConnectionFailed, Conflict, NotFound, SandboxFailed, Timeout, Unavailable,
+                     WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
                      ReplayReport, Snapshot, Trajectory)
 
@@ -155,66 +155,72 @@ class Client:
                wait: Optional[float] = None) -> Dict[str, Any]:
         """Cluster events after sequence ``after`` (``{"events": [...], "next": n}``);
         pass ``next`` as the following call's ``after``."""
-        params: Dict[str, Any] = {}
-        if after:
-            params["after"] = int(after)
-        if limit:
-            params["limit"] = int(limit)
-        if wait:
-            params["wait"] = float(wait)
-        return self.request("GET", "/v1/events", params=params)
+        return self._json(_core.events_req(after, limit, wait))
+
+    def follow_events(self, after: int = 0, *, limit: Optional[int] = None,
+                      reconnect: bool = True) -> Iterator[Dict[str, Any]]:
+        """Yield cluster events as they happen (``GET /v1/events?follow=1``), oldest
+        first, starting after sequence ``after``; stops after ``limit`` events when
+        given, otherwise runs until the caller stops iterating. A broken connection
+        or a restarted apiserver is resumed after the last event yielded (with
+        ``reconnect``, the default), so each event is seen once and in order."""
+        f = _core.EventFollower(after, limit)
+        while not f.done:
+            try:
+                with self._t.open(_core.follow_req(f.after)) as s:
+                    for line in s.lines():
+                        ev = f.feed(line)
+                        if ev is not None:
+                            yield ev
+                            if f.done:
+                                return
+            except (ConnectionFailed, Timeout, Unavailable):
+                if not reconnect:
+                    raise
+            else:
+                if not reconnect:
+                    return
+            time.sleep(f.backoff())
 
     def create_project(self, name: str, *, parent: Optional[str] = None,
                        quota: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """Create a subproject (default under the token's project). ``quota`` may set
         ``sandboxes``, ``cpu`` and ``memory_mb``; it can never exceed the parent's."""
-        body: Dict[str, Any] = {"name": name, "quota": dict(quota or {})}
-        if parent:
-            body["parent"] = parent
-        return self.request("POST", "/v1/projects", json=body)
+        return self._json(json_req("POST", "/v1/projects", _core.project_body(name, parent, quota)))
 
     def projects(self) -> List[Dict[str, Any]]:
         """Projects this token reaches, with their usage."""
-        return list(self.request("GET", "/v1/projects").get("projects") or [])
+        return list(self._json(Req("GET", "/v1/projects")).get("projects") or [])
 
     def project(self, project_id: str) -> Dict[str, Any]:
-        return self.request("GET", "/v1/projects/" + quote(project_id, safe=""))
+        return self._json(Req("GET", _core.project_path(project_id)))
 
     def update_project(self, project_id: str, quota: Mapping[str, Any]) -> Dict[str, Any]:
         """Set a project's quota (needs the admin role in a project above it)."""
-        return self.request("PATCH", "/v1/projects/" + quote(project_id, safe=""),
-                            json={"quota": dict(quota)})
+        return self._json(json_req("PATCH", _core.project_path(project_id), {"quota": dict(quota)}))
 
     def delete_project(self, project_id: str) -> None:
-        self.request("DELETE", "/v1/projects/" + quote(project_id, safe=""))
+        self._t.request(Req("DELETE", _core.project_path(project_id)))
 
     def create_token(self, principal: str, *, project: Optional[str] = None,
                      role: Optional[str] = None,
                      expires_in: Optional[Duration] = None) -> Dict[str, Any]:
         """Issue a token; its secret (``["token"]``) is shown only in this answer."""
-        body: Dict[str, Any] = {"principal": principal}
-        if project:
-            body["project"] = project
-        if role:
-            body["role"] = role
-        if expires_in is not None:
-            body["expires_in"] = _core.whole_seconds(expires_in)
-        return self.request("POST", "/v1/tokens", json=body)
+        return self._json(json_req("POST", "/v1/tokens",
+                                   _core.token_body(principal, project, role, expires_in)))
 
     def tokens(self) -> List[Dict[str, Any]]:
         """Tokens this token manages (never their secrets)."""
-        return list(self.request("GET", "/v1/tokens").get("tokens") or [])
+        return list(self._json(Req("GET", "/v1/tokens")).get("tokens") or [])
 
     def revoke_token(self, token_id: str) -> None:
-        self.request("DELETE", "/v1/tokens/" + quote(token_id, safe=""))
+        self._t.request(Req("DELETE", _core.token_path(token_id)))
 
     def create_batch(self, count: int, *, ids_only: bool = False, **spec: Any) -> Dict[str, Any]:
         """Create ``count`` sandboxes of one spec in one call (``POST /v1/sandboxes:batch``).
         Returns ``{"created", "ids", "sandboxes", "failed", "errors"}``."""
-        body = {"count": int(count), "spec": spec}
-        if ids_only:
-            body["ids_only"] = True
-        return self.request("POST", "/v1/sandboxes:batch", json=body)
+        return self._json(json_req("POST", "/v1/sandboxes:batch",
+                                   _core.batch_body(count, ids_only, spec)))
 
     # ---- sandboxes ---------------------------------------------------------------------
 
