@@ -137,6 +137,22 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		reply(w, 200, api.ImageList{Images: []api.Image{{Name: "busybox", Digest: "sha256:0123456789abcdef0123", Layers: []string{"l1"}, Size: 4 << 20}}})
 	case r.Method == "GET" && r.URL.Path == "/v1/nodes":
 		reply(w, 200, api.NodeList{Nodes: []api.Node{{Name: "n1", State: "up", CPUCapacity: 2, CPURequested: 0.5, MemoryMB: 24576, MemRequested: 1024, Sandboxes: 3, Tiers: []string{"container"}, LastHeartbeat: time.Now()}}})
+	case r.Method == "GET" && r.URL.Path == "/v1/events":
+		evs := []api.Event{
+			{Seq: 1, Type: api.EventNodeDown, Node: "n2", Message: "node n2 missed its heartbeats"},
+			{Seq: 2, Type: api.EventSandboxLost, Node: "n2", Sandbox: "sb-n2-aaaa", Message: "its node n2 is down"},
+			{Seq: 3, Type: api.EventNodeUp, Node: "n2", Message: "node n2 is back"},
+		}
+		after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+		if r.URL.Query().Get("follow") != "1" {
+			reply(w, 200, api.EventList{Events: evs[after:], Next: 3})
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for _, ev := range evs[after:] {
+			b, _ := json.Marshal(ev)
+			w.Write(append(append(b, '\n'), '\n')) // each followed by a keepalive line
+		}
 	default:
 		replyErr(w, 404, api.CodeNotFound, "no route "+r.Method+" "+r.URL.Path)
 	}
@@ -343,6 +359,22 @@ func TestImagesNodesVersion(t *testing.T) {
 	var nl api.NodeList
 	if code != 0 || json.Unmarshal([]byte(out), &nl) != nil || nl.Nodes[0].Sandboxes != 3 {
 		t.Fatalf("nodes json %q", out)
+	}
+	code, out, _ = f.run(t, "", "events")
+	if code != 0 || strings.Count(out, "\n") != 3 || !strings.Contains(out, "sandbox.lost\tsb-n2-aaaa") {
+		t.Fatalf("events %d:\n%s", code, out)
+	}
+	code, out, _ = f.run(t, "", "events", "-f", "--after", "1", "--limit", "2")
+	if code != 0 || !strings.HasPrefix(out, "2\t") || !strings.Contains(out, "\n3\t") || strings.Count(out, "\n") != 2 {
+		t.Fatalf("events -f %d:\n%s", code, out)
+	}
+	if q := f.last("GET", "/v1/events").Query; q["follow"][0] != "1" || q["after"][0] != "1" {
+		t.Fatalf("events -f asked %v", q)
+	}
+	code, out, _ = f.run(t, "", "--json", "events", "-f", "--limit", "1")
+	var ev api.Event
+	if code != 0 || json.Unmarshal([]byte(out), &ev) != nil || ev.Seq != 1 || ev.Type != api.EventNodeDown {
+		t.Fatalf("events -f --json %d: %q", code, out)
 	}
 	code, out, _ = f.run(t, "", "version")
 	if code != 0 || !strings.HasPrefix(out, "warren "+Version) {

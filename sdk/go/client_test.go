@@ -487,3 +487,54 @@ func TestContextCancelStopsRetries(t *testing.T) {
 		t.Fatalf("err %v after %v", err, time.Since(start))
 	}
 }
+
+// TestFollowEventsResumes: a broken stream and a 503 are resumed after the
+// last event seen; each event reaches fn once and in order; a 401 ends it.
+func TestFollowEventsResumes(t *testing.T) {
+	var calls atomic.Int32
+	var afters []string
+	var mu sync.Mutex
+	c, _ := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/events" || r.URL.Query().Get("follow") != "1" || r.Header.Get("Accept") != "application/x-ndjson" {
+			writeErr(w, 400, api.CodeBadRequest, "unexpected "+r.URL.String())
+			return
+		}
+		mu.Lock()
+		afters = append(afters, r.URL.Query().Get("after"))
+		mu.Unlock()
+		line := func(seq int) string {
+			return fmt.Sprintf(`{"seq":%d,"type":"node.down","node":"n%d","time":"2026-01-01T00:00:00Z"}`+"\n", seq, seq)
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		switch calls.Add(1) {
+		case 1:
+			io.WriteString(w, line(1)+"\n"+line(2)) // then the connection ends
+		case 2:
+			writeErr(w, 503, api.CodeUnavailable, "restarting")
+		default:
+			io.WriteString(w, line(2)+line(3)+line(4))
+		}
+	})
+	var got []uint64
+	stop := errors.New("stop")
+	err := c.FollowEvents(context.Background(), 0, func(ev api.Event) error {
+		got = append(got, ev.Seq)
+		if ev.Seq == 3 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || fmt.Sprint(got) != "[1 2 3]" {
+		t.Fatalf("got %v, err %v", got, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if afters[0] != "" || afters[len(afters)-1] != "2" {
+		t.Fatalf("after params %q", afters)
+	}
+
+	bad := New(c.URL(), "wrong", WithRetry(2, time.Millisecond, time.Millisecond))
+	if err := bad.FollowEvents(context.Background(), 0, func(api.Event) error { return nil }); CodeOf(err) != api.CodeUnauthorized {
+		t.Fatalf("bad token: %v", err)
+	}
+}

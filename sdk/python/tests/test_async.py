@@ -206,6 +206,8 @@ class AsyncProjectsTokensBatchEvents(unittest.TestCase):
     """The async client's project, token, batch and event helpers, against the
     real server (the mirror of test_client.TestProjectsTokensBatch)."""
 
+    run_async = AsyncTest.run_async
+
     def test_projects_tokens_batch_events(self):
         async def main():
             name = "pya" + uuid.uuid4().hex[:8]
