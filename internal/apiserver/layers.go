@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // MaxLayerUpload bounds one uploaded layer tarball.
@@ -177,6 +178,15 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 	name, v, err := layerRef(r.PathValue("ref"))
 	if err != nil {
 		return err
+	}
+	if sid, ok := strings.CutPrefix(name, "snap/"); ok && sandboxspec.ValidSnapshotID(sid) {
+		// A snapshot's layer goes with the snapshot, under the same rules.
+		l, err := s.removeSnapshot(r.Context(), sid)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, &api.LayerList{Layers: l})
+		return nil
 	}
 	var l api.LayerList
 	if err := s.callAnyNode(r.Context(), edge.OpLayerDelete, &edge.LayerRequest{Name: name, Version: v}, &l); err != nil {

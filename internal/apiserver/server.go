@@ -54,6 +54,7 @@ type Server struct {
 	idem   jetstream.KeyValue
 
 	trajMeta *bus.Records
+	snaps    *bus.Records
 	tlog     *bus.TrajLog
 	mux      *http.ServeMux
 
@@ -106,6 +107,7 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/snapshots", handler: s.createSnapshot},
 		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.fork},
 		{pattern: "GET /v1/snapshots/{sid}", handler: s.getSnapshot, role: api.RoleViewer},
+		{pattern: "DELETE /v1/snapshots/{sid}", handler: s.deleteSnapshot},
 		{pattern: "GET /v1/trajectories/{name...}", handler: s.getTrajectory, role: api.RoleViewer},
 		{pattern: "POST /v1/trajectories:replay", handler: s.replayTrajectory},
 		{pattern: "POST /v1/images", handler: s.pullImage},
@@ -159,6 +161,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if s.tlog, err = cfg.Bus.TrajectoryLog(ctx); err != nil {
+		return nil, err
+	}
+	if s.snaps, err = cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
 		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency)

@@ -2,12 +2,17 @@ package apiserver
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // MaxFork bounds how many sandboxes one fork creates.
@@ -36,6 +41,136 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, &snap)
 	return nil
+}
+
+// deleteSnapshot removes a snapshot and its layer, unless something still
+// needs it (409 saying what).
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.removeSnapshot(r.Context(), r.PathValue("sid")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// errInUse stops a scan at the first user of a snapshot.
+type errInUse struct{ why string }
+
+func (e *errInUse) Error() string { return e.why }
+
+// removeSnapshot deletes snapshot sid's layer and record. A snapshot is in
+// use while a sandbox that is not stopped was restored from it, a later
+// snapshot chains on it, or a trajectory needs it (its original state or
+// its latest checkpoint, which a rebuild starts from).
+func (s *Server) removeSnapshot(ctx context.Context, sid string) ([]api.Layer, error) {
+	if !sandboxspec.ValidSnapshotID(sid) {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("snapshot %q is malformed", truncate(sid))}
+	}
+	var snap api.Snapshot
+	found, _, err := s.snaps.Get(ctx, sid, &snap)
+	if err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	if !found {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("snapshot %s not found", sid)}
+	}
+	layer := edge.SnapshotLayerName(sid)
+	usesLayer := func(ref string) bool { return ref == layer || strings.HasPrefix(ref, layer+"@") }
+	inUse := func(format string, a ...any) error {
+		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("snapshot %s is in use: ", sid) + fmt.Sprintf(format, a...)}
+	}
+	check := func(err error) error {
+		var iu *errInUse
+		if errors.As(err, &iu) {
+			return inUse("%s", iu.why)
+		}
+		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	// Later snapshots in its chain.
+	err = s.snaps.Each(ctx, func(key string, raw []byte) error {
+		var o api.Snapshot
+		if key == sid || json.Unmarshal(raw, &o) != nil {
+			return nil
+		}
+		for _, l := range o.Layers {
+			if usesLayer(l.Layer) {
+				return &errInUse{fmt.Sprintf("snapshot %s chains on it (delete that first)", o.ID)}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, check(err)
+	}
+	// Trajectories.
+	err = s.trajMeta.Each(ctx, func(key string, raw []byte) error {
+		var rec edge.TrajectoryRecord
+		if json.Unmarshal(raw, &rec) != nil {
+			return nil
+		}
+		switch sid {
+		case rec.CheckpointSnap:
+			return &errInUse{fmt.Sprintf("it is the latest checkpoint of trajectory %q", rec.Name)}
+		case rec.Spec.Snapshot:
+			return &errInUse{fmt.Sprintf("trajectory %q starts from it", rec.Name)}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, check(err)
+	}
+	// Sandboxes on every node (whatever the caller may see).
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var users []string
+	var firstErr error
+	for _, n := range s.cfg.Watcher.Up() {
+		wg.Add(1)
+		go func(node string) {
+			defer wg.Done()
+			var l api.SandboxList
+			err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edge.OpList, &edge.ListRequest{}, &l, nil)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				firstErr = err
+				return
+			}
+			for _, sb := range l.Sandboxes {
+				if sb.State == api.StateStopped || sb.State == api.StateFailed {
+					continue
+				}
+				uses := sb.Snapshot == sid
+				for _, ref := range sb.Layers {
+					uses = uses || usesLayer(ref)
+				}
+				if uses {
+					users = append(users, sb.ID)
+				}
+			}
+		}(n.Name)
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: "cannot tell whether a sandbox uses the snapshot: " + firstErr.Error()}
+	}
+	if len(users) > 0 {
+		return nil, inUse("sandbox %s was restored from it%s", users[0], map[bool]string{true: fmt.Sprintf(" (and %d more)", len(users)-1)}[len(users) > 1])
+	}
+	var l api.LayerList
+	if err := s.callAnyNode(ctx, edge.OpLayerDelete, &edge.LayerRequest{Name: layer}, &l); err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
+			return nil, err
+		}
+	}
+	if err := s.snaps.Delete(ctx, sid); err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	if l.Layers == nil {
+		l.Layers = []api.Layer{}
+	}
+	return l.Layers, nil
 }
 
 // fork snapshots the source once and restores the snapshot N times on the

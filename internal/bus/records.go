@@ -101,6 +101,35 @@ func (r *Records) Update(ctx context.Context, key string, v any, rev uint64) err
 	return nil
 }
 
+// Each calls fn with every record's key and JSON, in no particular order.
+func (r *Records) Each(ctx context.Context, fn func(key string, raw []byte) error) error {
+	w, err := r.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("bus: list records: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if e == nil {
+				return nil // the initial values are all delivered
+			}
+			k, err := hex.DecodeString(e.Key()[1:])
+			if err != nil {
+				continue
+			}
+			if err := fn(string(k), e.Value()); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 // Delete removes the record under key.
 func (r *Records) Delete(ctx context.Context, key string) error {
 	if err := r.kv.Delete(ctx, recordKey(key)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {

@@ -29,6 +29,14 @@ func (c *Client) GetSnapshot(ctx context.Context, snapID string) (*api.Snapshot,
 	return &snap, nil
 }
 
+// DeleteSnapshot removes a snapshot and its layer. A snapshot still in use
+// (a live sandbox restored from it, a later snapshot chained on it, a
+// trajectory's start or latest checkpoint) is a 409 conflict.
+func (c *Client) DeleteSnapshot(ctx context.Context, snapID string) error {
+	_, err := c.doJSON(ctx, &request{method: http.MethodDelete, path: "/v1/snapshots/" + esc(snapID)}, nil)
+	return err
+}
+
 // Fork makes count new sandboxes from one snapshot of the sandbox's current
 // filesystem; the source keeps running.
 func (c *Client) Fork(ctx context.Context, id string, count int) (*api.ForkResult, error) {

@@ -104,6 +104,69 @@ func TestSnapshotRestoreChainFork(t *testing.T) {
 	}
 }
 
+func TestSnapshotDeleteInUse(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	src := s.create(t, api.CreateSandboxRequest{})
+	s.sh(t, src.ID, "echo a > /a")
+	a, err := s.C.Snapshot(ctx, src.ID, api.CreateSnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := restore(t, s, a.ID)
+	s.sh(t, r.ID, "echo b > /b")
+	b, err := s.C.Snapshot(ctx, r.ID, api.CreateSnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conflict := func(id, want string) {
+		t.Helper()
+		err := s.C.DeleteSnapshot(ctx, id)
+		if err == nil || !strings.Contains(err.Error(), "conflict") || !strings.Contains(err.Error(), want) {
+			t.Fatalf("delete %s in use: %v (want %q)", id, err, want)
+		}
+	}
+	conflict(a.ID, b.ID+" chains on it")
+	if err := s.C.DeleteSnapshot(ctx, b.ID); err != nil {
+		t.Fatalf("delete unused snapshot: %v", err)
+	}
+	if _, err := s.C.GetSnapshot(ctx, b.ID); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("deleted snapshot: %v", err)
+	}
+	if _, err := s.C.Layer(ctx, "snap/"+b.ID); err == nil {
+		t.Fatal("the deleted snapshot's layer is still there")
+	}
+	conflict(a.ID, "sandbox "+r.ID+" was restored from it")
+	// Through the layer API: the same rules.
+	if _, err := s.C.DeleteLayer(ctx, "snap/"+a.ID); err == nil || !strings.Contains(err.Error(), "conflict") {
+		t.Fatalf("delete of an in-use snapshot layer: %v", err)
+	}
+	if _, err := s.C.Delete(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.C.DeleteSnapshot(ctx, a.ID); err != nil {
+		t.Fatalf("delete after its sandbox stopped: %v", err)
+	}
+	if err := s.C.DeleteSnapshot(ctx, a.ID); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("second delete: %v", err)
+	}
+	// A trajectory's latest checkpoint stays; an older one may go.
+	tr := s.create(t, api.CreateSandboxRequest{Trajectory: "gc", Checkpoint: "every-step"})
+	s.C.Exec(ctx, tr.ID, api.ExecRequest{Cmd: "echo 1 > /x"})
+	s.C.Exec(ctx, tr.ID, api.ExecRequest{Cmd: "echo 2 > /x"})
+	steps, err := s.C.TrajectoryAll(ctx, "gc")
+	if err != nil || len(steps) != 2 || steps[1].Checkpoint == "" {
+		t.Fatalf("checkpoints: %+v %v", steps, err)
+	}
+	conflict(steps[1].Checkpoint, `latest checkpoint of trajectory "gc"`)
+	if err := s.C.DeleteSnapshot(ctx, steps[0].Checkpoint); err != nil {
+		t.Fatalf("delete an older checkpoint: %v", err)
+	}
+	if err := s.C.DeleteSnapshot(ctx, "bad id"); err == nil || !strings.Contains(err.Error(), "invalid") {
+		t.Fatalf("malformed id: %v", err)
+	}
+}
+
 func restore(t *testing.T, s *server, snapID string) *api.Sandbox {
 	t.Helper()
 	sb, err := s.C.Create(context.Background(), api.CreateSandboxRequest{Snapshot: snapID})

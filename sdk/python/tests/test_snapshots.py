@@ -47,6 +47,16 @@ class SnapshotTest(unittest.TestCase):
         with self.assertRaises(warren.NotFound):
             C.create(snapshot="snap-nosuch")
 
+    def test_delete_snapshot(self):
+        with C.create("busybox") as sb:
+            snap = sb.snapshot()
+            with C.create(snapshot=snap.id):
+                with self.assertRaises(warren.Conflict):
+                    C.delete_snapshot(snap.id)
+        C.delete_snapshot(snap.id)
+        with self.assertRaises(warren.NotFound):
+            C.delete_snapshot(snap.id)
+
 
 class TrajectoryTest(unittest.TestCase):
     def test_record_resume_diverge(self):

@@ -135,6 +135,10 @@ class AsyncClient:
         doc = await self._json(Req("DELETE", _core.layer_path(ref)))
         return [Layer.from_json(d) for d in _core.items_from(doc, "layers")]
 
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot and its layer (see Client.delete_snapshot)."""
+        await self._json(Req("DELETE", "/v1/snapshots/" + _core.q(snapshot_id)))
+
     async def gc_layers(self) -> Dict[str, Any]:
         return await self._json(Req("POST", "/v1/layers:gc"))
 

@@ -142,6 +142,12 @@ class Client:
         return [Layer.from_json(d) for d in
                 _core.items_from(self._json(Req("DELETE", _core.layer_path(ref))), "layers")]
 
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot and its layer. One still in use (a live sandbox
+        restored from it, a later snapshot chained on it, a trajectory's start
+        or latest checkpoint) raises :class:`Conflict`."""
+        self._json(Req("DELETE", "/v1/snapshots/" + _core.q(snapshot_id)))
+
     def gc_layers(self) -> Dict[str, Any]:
         """Remove layers no image, named layer or sandbox uses."""
         return self._json(Req("POST", "/v1/layers:gc"))
