@@ -17,7 +17,8 @@
 //  4. sets the hostname and brings up loopback in the (empty) net namespace;
 //  5. drops capabilities to Docker's default set on every thread, clears the
 //     ambient set, sets no_new_privs and marks the process non-dumpable;
-//  6. installs the seccomp filter (profile.go) on every thread (TSYNC).
+//  6. installs the seccomp filter (profile.go) on every thread (TSYNC, which
+//     also gives every thread the caller's no_new_privs).
 //
 // Every mount that could hold a device node the sandbox creates itself (the
 // root overlay, /dev, /dev/shm) is nodev, so CAP_MKNOD cannot open host disks.
@@ -28,9 +29,7 @@ package confine
 
 import (
 	"errors"
-	"fmt"
 	"runtime"
-	"syscall"
 	"time"
 
 	"github.com/warrenhq/warren/internal/agentproto"
@@ -48,9 +47,6 @@ func Enter(cfg *agentproto.SetupConfig) error {
 	}
 	if cfg.RootDir == "" || len(cfg.Lowers) == 0 {
 		return errors.New("confine: RootDir and at least one lower layer are required")
-	}
-	if err := checkAllThreads(); err != nil {
-		return err
 	}
 	// Mount and namespace operations act on the calling thread's fs state
 	// (cwd, root). Go threads share it (CLONE_FS), but keep the whole
@@ -82,18 +78,3 @@ func Enter(cfg *agentproto.SetupConfig) error {
 // Trace, when set, is told how long each step of Enter took (for tests and
 // benchmarks).
 var Trace func(step string, took time.Duration)
-
-// checkAllThreads fails early, before anything changes, when the binary was
-// built with cgo (AllThreadsSyscall then answers ENOTSUP).
-func checkAllThreads() error {
-	_, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, prGetKeepCaps, 0, 0)
-	if e == syscall.ENOTSUP {
-		return errors.New("confine: AllThreadsSyscall unsupported: build the agent with CGO_ENABLED=0")
-	}
-	if e != 0 {
-		return fmt.Errorf("confine: probe AllThreadsSyscall: %w", e)
-	}
-	return nil
-}
-
-const prGetKeepCaps = 7 // PR_GET_KEEPCAPS: harmless probe
