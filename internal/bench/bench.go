@@ -58,7 +58,13 @@ type Options struct {
 	BurstCount, BurstClients, BurstPool int
 	// PauseCount sandboxes holding PauseHoldMB each are paused; defaults 100, 64.
 	PauseCount, PauseHoldMB int
-	History                 HistoryOptions
+	// DebianTar is a root filesystem tarball of scripts/build-debian-image.sh,
+	// imported as debian:12 into the private server for the fncall python3
+	// figure (skipped when empty or missing).
+	DebianTar string
+
+	cgroupParent string // the private server's sandboxes' cgroup (set by Run)
+	History      HistoryOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
@@ -146,6 +152,18 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dataDir)
+	if o.want("fncall") && o.DebianTar != "" {
+		if _, err := os.Stat(o.DebianTar); err == nil {
+			fmt.Fprintf(o.Out, "importing %s as debian:12...\n", o.DebianTar)
+			store, err := image.Open(filepath.Join(dataDir, "images"))
+			if err != nil {
+				return nil, err
+			}
+			if _, err := store.Import(ctx, o.DebianTar, "debian:12"); err != nil {
+				return nil, fmt.Errorf("bench: import %s: %w", o.DebianTar, err)
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -176,6 +194,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 	c := warren.New(url, token)
 	rep := &Report{Started: time.Now().UTC()}
+	o.cgroupParent = serve.CgroupParent(dataDir)
 	if o.want("exec") || o.want("create") {
 		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
 			return nil, err

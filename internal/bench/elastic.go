@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/hoststat/swaptest"
@@ -289,6 +291,33 @@ func burst(ctx context.Context, o Options, c *warren.Client, rep *Report) error 
 	return nil
 }
 
+// selfCPU is the CPU time this process used so far.
+func selfCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// sandboxCPU is the CPU time every sandbox under the cgroup parent used so
+// far (cgroup v1 cpuacct; 0 where unreadable).
+func sandboxCPU(parent string) time.Duration {
+	for _, p := range []string{"/sys/fs/cgroup/cpuacct/" + parent + "/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/" + parent + "/cpuacct.usage"} {
+		if b, err := os.ReadFile(p); err == nil {
+			var ns int64
+			fmt.Sscan(string(b), &ns)
+			return time.Duration(ns)
+		}
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/" + parent + "/cpu.stat"); err == nil {
+		var us int64
+		fmt.Sscanf(string(b), "usage_usec %d", &us)
+		return time.Duration(us) * time.Microsecond
+	}
+	return 0
+}
+
 // fncallFigures measures the FnCall tier.
 func fncallFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
 	cases := []struct {
@@ -305,18 +334,24 @@ func fncallFigures(ctx context.Context, o Options, c *warren.Client, rep *Report
 			continue
 		}
 		fmt.Fprintf(o.Out, "%s, %d clients, %v...\n", tc.name, o.Concurrency, o.Duration)
+		var tasks atomic.Int64
+		self0, sb0 := selfCPU(), sandboxCPU(o.cgroupParent)
 		rate, lat, err := throughput(ctx, o, func(ctx context.Context) error {
 			r, err := c.FnCall(ctx, tc.req)
 			if err == nil && r.ExitCode != 0 {
 				err = fmt.Errorf("exit %d: %s", r.ExitCode, r.Stderr)
 			}
+			tasks.Add(1)
 			return err
 		})
+		self1, sb1 := selfCPU(), sandboxCPU(o.cgroupParent)
 		if err != nil {
 			rep.add(tc.name, 0, "tasks/s", "failed: "+err.Error())
 			continue
 		}
-		rep.add(tc.name, rate, "tasks/s", fmt.Sprintf("%d clients; p50 %.1f ms, p99 %.1f ms; target ≥ 1,000/s, p50 ≤ 3 ms", o.Concurrency, ms(lat.p50), ms(lat.p99)))
+		n := float64(max(tasks.Load(), 1))
+		rep.add(tc.name, rate, "tasks/s", fmt.Sprintf("%d clients; p50 %.1f ms, p99 %.1f ms; CPU per task %.2f ms in the bench process (client, HTTP, apiserver, NATS, edge) + %.2f ms in the sandboxes (agent, shell, task, reset); target ≥ 1,000/s, p50 ≤ 3 ms",
+			o.Concurrency, ms(lat.p50), ms(lat.p99), ms(self1-self0)/n, ms(sb1-sb0)/n))
 		var lats []time.Duration
 		for i := 0; i < 200; i++ {
 			t := time.Now()

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -51,6 +52,11 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.BurstPool, "burst-pool", 200, "pool-burst: warm pool size of the second run")
 	f.IntVar(&o.PauseCount, "pause-count", 100, "pause: sandboxes paused")
 	f.IntVar(&o.PauseHoldMB, "pause-hold-mb", 64, "pause: anonymous memory each holds")
+	debianTar := os.Getenv("WARREN_DEBIAN_TAR")
+	if debianTar == "" {
+		debianTar = filepath.Join(DefaultDataDir, "cache", "debian-12.tar") // where `make run` builds it
+	}
+	f.StringVar(&o.DebianTar, "debian-tar", debianTar, "fncall: debian:12 root filesystem tarball (scripts/build-debian-image.sh) to import for the python3 figure")
 	f.StringVar(&out, "out", "", "append the results to this Markdown file (docs/BENCHMARKS.md)")
 	f.StringVar(&o.Figures, "figures", "core", "what to measure, comma-separated: core, layers, elastic, history, all, or any of "+strings.Join(bench.FigureSets, ", "))
 	f.IntVar(&o.History.Steps, "ff-steps", 1000, "fast-forward: cached steps re-issued")
