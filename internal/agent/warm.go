@@ -27,6 +27,7 @@ type warmPool struct {
 	stopped bool // no refills during a reset
 	idle    []*shellProc
 	filling bool
+	filled  *sync.Cond // on mu: a refill added a shell or stopped
 	failed  time.Time
 	timer   *time.Timer
 }
@@ -38,7 +39,9 @@ func newWarmPool(a *Agent, size int, shell string, env map[string]string, dir st
 	if perTask {
 		size = 1
 	}
-	return &warmPool{a: a, size: size, shell: shell, env: env, dir: dir, cred: cred, perTask: perTask}
+	p := &warmPool{a: a, size: size, shell: shell, env: env, dir: dir, cred: cred, perTask: perTask}
+	p.filled = sync.NewCond(&p.mu)
+	return p
 }
 
 // get returns a live idle shell for cred, or nil.
@@ -49,6 +52,11 @@ func (p *warmPool) get(cred *credential) *shellProc {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.perTask {
+		// The reset's refill may still be starting the shell: wait for it
+		// rather than start a second one that would only be killed.
+		for len(p.idle) == 0 && p.filling && !p.stopped {
+			p.filled.Wait()
+		}
 		p.stopped = true // until the reset's refill
 	} else if len(p.idle) <= 1 {
 		// Refill at once only when running dry; otherwise refillSoon
@@ -78,6 +86,7 @@ func (p *warmPool) refillLocked() {
 			p.mu.Lock()
 			if p.stopped || len(p.idle) >= p.size {
 				p.filling = false
+				p.filled.Broadcast()
 				p.mu.Unlock()
 				return
 			}
@@ -96,10 +105,12 @@ func (p *warmPool) refillLocked() {
 				p.a.log.Warn("agent: warm shell", "err", err)
 				p.failed = time.Now()
 				p.filling = false
+				p.filled.Broadcast()
 				p.mu.Unlock()
 				return
 			}
 			p.idle = append(p.idle, sp)
+			p.filled.Broadcast()
 			p.mu.Unlock()
 		}
 	}()
@@ -147,6 +158,7 @@ func (p *warmPool) invalidate() {
 	}
 	p.idle = nil
 	p.failed = time.Time{}
+	p.filled.Broadcast()
 }
 
 // refill starts topping the pool up now.
