@@ -32,7 +32,7 @@ const (
 	FnCallMaxOutput      = 16 << 20
 	FnCallMaxFiles       = 256
 	FnCallMaxFileBytes   = 768 << 10 // all files together (they travel in one bus message)
-	fnMaxWorkers         = 16        // per shape and node
+	fnMaxWorkers         = 32        // per shape and node: more than the clients of a burst, so resets stay off the critical path
 	fnMinIdle            = 2         // kept ready per shape once used
 )
 
