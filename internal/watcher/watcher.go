@@ -24,6 +24,9 @@ import (
 // DownAfter is how long a silent node stays "up".
 const DownAfter = 5 * time.Second
 
+// upFresh is how long Up reuses its list although heartbeats arrived.
+const upFresh = 20 * time.Millisecond
+
 // Watcher tracks node heartbeats.
 type Watcher struct {
 	conn   *bus.Conn
@@ -48,7 +51,9 @@ type Watcher struct {
 	upCache []api.Node
 	upAt    time.Time
 	upGen   uint64 // w.gen when upCache was built
+	upJoin  uint64 // w.joins when upCache was built
 	gen     uint64 // bumped by every heartbeat (under mu)
+	joins   uint64 // bumped when a node appears or comes back (under mu)
 }
 
 type lostSandbox struct{ node, project string }
@@ -181,6 +186,9 @@ func (w *Watcher) Observe(n api.Node) {
 	}
 	w.nodes[n.Name] = e
 	w.gen++
+	if old == nil || old.down || w.now().Sub(old.received) > DownAfter {
+		w.joins++
+	}
 	w.mu.Unlock()
 	if up != nil && w.events != nil {
 		go w.publish(api.Event{Time: time.Now().UTC(), Type: api.EventNodeUp, Node: n.Name,
@@ -325,15 +333,20 @@ func (w *Watcher) Nodes() []api.Node {
 	return out
 }
 
-// Up lists the nodes that are up. The slice is shared (rebuilt at most
-// once per heartbeat or every 100ms): callers must not modify it.
+// Up lists the nodes that are up. The slice is shared: callers must not
+// modify it. It is rebuilt when a heartbeat arrived, but at most every
+// upFresh (a fleet of 160 nodes heartbeats 160 times a second; placement
+// counts its own placements until a heartbeat shows them, so a view some
+// milliseconds old only delays forgetting them), and every 100ms anyway; a
+// node that joins or comes back is seen at once.
 func (w *Watcher) Up() []api.Node {
 	w.mu.RLock()
-	gen := w.gen
+	gen, joins := w.gen, w.joins
 	w.mu.RUnlock()
 	w.upMu.Lock()
 	defer w.upMu.Unlock()
-	if w.upCache != nil && w.upGen == gen && w.now().Sub(w.upAt) < 100*time.Millisecond {
+	if age := w.now().Sub(w.upAt); w.upCache != nil && w.upJoin == joins &&
+		(age < upFresh || (w.upGen == gen && age < 100*time.Millisecond)) {
 		return w.upCache
 	}
 	all := w.Nodes()
@@ -343,7 +356,7 @@ func (w *Watcher) Up() []api.Node {
 			up = append(up, n)
 		}
 	}
-	w.upCache, w.upAt, w.upGen = up, w.now(), gen
+	w.upCache, w.upAt, w.upGen, w.upJoin = up, w.now(), gen, joins
 	return up
 }
 
