@@ -59,6 +59,7 @@ process. The defaults are a short run; the full scale is
 	f.IntVar(&cfg.APIServers, "apiservers", 2, "apiserver processes")
 	f.IntVar(&cfg.Nodes, "nodes", 160, "simulated nodes")
 	f.IntVar(&cfg.Clients, "clients", 64, "concurrent clients in the single-create phase (an eighth of them in the batch phase)")
+	f.BoolVar(&cfg.SDKClients, "sdk-clients", false, "single-create clients use the Go SDK (net/http, JSON both ways) instead of a lean HTTP/1.1 client")
 	f.DurationVar(&cfg.Duration, "duration", 3*time.Second, "length of each sustained phase")
 	f.IntVar(&cfg.BatchSize, "batch", 256, "sandboxes per call in the batch phase")
 	f.IntVar(&cfg.Hold, "hold", 40000, "live sandboxes to hold (full scale: 400000)")

@@ -28,6 +28,7 @@ type Config struct {
 	APIServers  int           // apiserver processes
 	Nodes       int           // simulated nodes
 	Clients     int           // concurrent clients creating one sandbox per call
+	SDKClients  bool          // those clients use the Go SDK (default: a lean HTTP/1.1 client)
 	Duration    time.Duration // of each sustained phase
 	BatchSize   int           // sandboxes per call in the sustained batch phase
 	Hold        int           // live sandboxes to reach (filled by batch creates)
@@ -240,6 +241,7 @@ func Run(ctx context.Context, cfg Config) error {
 	u0 := snap()
 	empty := u0
 	var n1, e1 atomic.Int64
+	var firstErr atomic.Value
 	lat := make([][]time.Duration, cfg.Clients)
 	t0 := time.Now()
 	var wg sync.WaitGroup
@@ -247,12 +249,22 @@ func Run(ctx context.Context, cfg Config) error {
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
-			cl := clients[c%len(clients)]
-			for time.Since(t0) < cfg.Duration {
-				s := time.Now()
-				_, err := cl.CreateWithKey(ctx, spec, "")
+			create := func() error { _, err := clients[c%len(clients)].CreateWithKey(ctx, spec, ""); return err }
+			if !cfg.SDKClients {
+				rc, err := newRawClient(urls[c%len(urls)], token, spec)
 				if err != nil {
 					e1.Add(1)
+					return
+				}
+				defer rc.close()
+				create = rc.create
+			}
+			for time.Since(t0) < cfg.Duration {
+				s := time.Now()
+				if err := create(); err != nil {
+					if e1.Add(1) == 1 {
+						firstErr.Store(err.Error())
+					}
 					continue
 				}
 				lat[c] = append(lat[c], time.Since(s))
@@ -268,8 +280,15 @@ func Run(ctx context.Context, cfg Config) error {
 		alll = append(alll, l...)
 	}
 	p50, p99 := pct(alll, 50), pct(alll, 99)
-	fmt.Fprintf(out, "| single creates, %d clients | %d | %.1f | %.0f | %.2f | %.2f | %d |\n", cfg.Clients, n1.Load(), el.Seconds(),
+	kind := "lean HTTP/1.1"
+	if cfg.SDKClients {
+		kind = "Go SDK"
+	}
+	fmt.Fprintf(out, "| single creates, %d clients (%s) | %d | %.1f | %.0f | %.2f | %.2f | %d |\n", cfg.Clients, kind, n1.Load(), el.Seconds(),
 		float64(n1.Load())/el.Seconds(), ms(p50), ms(p99), e1.Load())
+	if v := firstErr.Load(); v != nil {
+		fmt.Fprintf(os.Stderr, "warren sim: first single-create error: %s\n", v)
+	}
 	phaseUse["single"] = diff(snap(), u0, el)
 	singleEl := el
 
