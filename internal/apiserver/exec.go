@@ -30,6 +30,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if req.Timeout < 0 || req.OutputCap < 0 {
 		return &api.Error{Code: api.CodeInvalid, Message: "timeout and output_cap must not be negative"}
 	}
+	if res, ok, err := s.fastForwardExec(r.Context(), id, &req); err != nil {
+		return err
+	} else if ok {
+		return s.answerReplayed(w, r, res)
+	}
 	ereq := &edge.ExecRequest{ID: id, Exec: req}
 	if wantsStream(r) && !req.Background {
 		return s.execStream(w, r, ereq)
@@ -54,6 +59,28 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, status, &res)
 	return nil
+}
+
+// answerReplayed answers an exec from a delegated fast-forward, as JSON or
+// as an NDJSON stream.
+func (s *Server) answerReplayed(w http.ResponseWriter, r *http.Request, res *api.ExecResult) error {
+	if !wantsStream(r) {
+		writeJSON(w, http.StatusOK, res)
+		return nil
+	}
+	w.Header().Set("Content-Type", ndjson)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	if res.Stdout != "" {
+		_ = enc.Encode(&api.ExecEvent{Stdout: &res.Stdout})
+	}
+	if res.Stderr != "" {
+		_ = enc.Encode(&api.ExecEvent{Stderr: &res.Stderr})
+	}
+	code, dur := res.ExitCode, res.DurationMs
+	return enc.Encode(&api.ExecEvent{ExitCode: &code, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
+		DurationMs: &dur, Step: res.Step, Replayed: true})
 }
 
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.ExecRequest) error {

@@ -47,6 +47,18 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 	if err != nil {
 		return err
 	}
+	switch op {
+	case edge.OpExec, edge.OpFileWrite, edge.OpFileRemove, edge.OpFileMkdir, edge.OpFileRename, edge.OpTarPut:
+		// A recorded operation: the edge must know how far a fast-forward
+		// served here got first.
+		if err := s.endFastForward(ctx, id); err != nil {
+			return err
+		}
+	case edge.OpDelete:
+		if sess := s.ff.get(id); sess != nil {
+			s.ff.drop(sess)
+		}
+	}
 	h := map[string]string{bus.HeaderSandbox: id}
 	p, _ := ctx.Value(principalKey{}).(*iam.Principal)
 	if p == nil || p.Project != "" {

@@ -55,6 +55,7 @@ type Server struct {
 
 	trajMeta *bus.Records
 	snaps    *bus.Records
+	ff       *ffSessions
 	tlog     *bus.TrajLog
 	mux      *http.ServeMux
 
@@ -157,6 +158,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route"}),
 	}
+	s.ff = newFFSessions()
 	if s.trajMeta, err = cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
 		return nil, err
 	}

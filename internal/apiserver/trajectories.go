@@ -51,8 +51,17 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 	if err != nil {
 		return err
 	}
+	// A fast-forward this replica serves for the sandbox goes back to the
+	// edge first: it decides whether a new resume may start.
+	if err := s.endFastForward(ctx, rec.Sandbox); err != nil {
+		s.log.Warn("hand a fast-forward back", "sandbox", rec.Sandbox, "err", err)
+	}
 	var sb api.Sandbox
-	err = s.callEdge(ctx, rec.Sandbox, edge.OpTrajResume, &edge.ResumeRequest{ID: rec.Sandbox, Trajectory: req.Trajectory, Branch: req.Branch}, &sb, nil)
+	delegate := ""
+	if !req.Branch && s.cfg.Watcher.APIServers() <= 1 {
+		delegate = s.ff.id // serve the fast-forward here (see fastforward.go)
+	}
+	err = s.callEdge(ctx, rec.Sandbox, edge.OpTrajResume, &edge.ResumeRequest{ID: rec.Sandbox, Trajectory: req.Trajectory, Branch: req.Branch, Delegate: delegate}, &sb, nil)
 	if err != nil {
 		var ae *api.Error
 		var le *lostError
@@ -69,6 +78,17 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 			return s.rebuild(w, r, rec, rev, req.Branch)
 		}
 		return err
+	}
+	// The edge reset the trajectory's replay: a fast-forward held here
+	// before is over.
+	if old := s.ff.get(rec.Sandbox); old != nil {
+		old.mu.Lock()
+		old.done = true
+		old.mu.Unlock()
+		s.ff.drop(old)
+	}
+	if delegate != "" && sb.Replay > 0 {
+		s.startFastForward(ctx, rec.Sandbox, sb.Project, req.Trajectory, sb.Replay)
 	}
 	writeJSON(w, http.StatusOK, &sb)
 	return nil

@@ -193,6 +193,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.resumeTrajectory(ctx, &req)
+	case OpTrajAdvance:
+		var req AdvanceRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.advanceTrajectory(&req)
 	case OpTrajReplay:
 		var req ReplayRequest
 		if err := decode(body, &req); err != nil {

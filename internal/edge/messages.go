@@ -40,6 +40,7 @@ const (
 	OpSnapshotGet = "snapshot_get" // SnapshotGetRequest → api.Snapshot (any node)
 	OpTrajResume  = "traj_resume"  // ResumeRequest → api.Sandbox
 	OpTrajReplay  = "traj_replay"  // ReplayRequest → api.TrajectoryReplay
+	OpTrajAdvance = "traj_advance" // AdvanceRequest → StepResult
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
+	"github.com/warrenhq/warren/internal/scratch"
 )
 
 // SnapshotRequest is the body of OpSnapshot (and OpFork's snapshot step).
@@ -82,21 +84,51 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	defer e.cfg.Images.ReleaseLayers(holder)
 
 	snapID := newSnapshotID()
+	start := time.Now()
+	cl, canClone := e.cfg.Writable.(cloner)
+	if canClone && filepath.Base(filepath.Clean(upper)) == "upper" {
+		// Write the sandbox's pending data out before freezing it: the
+		// clone then has little to flush while it is frozen.
+		if err := cl.Flush(id); err != nil {
+			e.log.Warn("flush before snapshot", "sandbox", id, "err", err)
+		}
+	}
 	t0 := time.Now()
 	if err := e.freeze(ctx, *h); err != nil {
 		return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox %s could not be frozen for the snapshot: %v", id, err)}
 	}
-	// Frozen only while the writable layer is copied (cloned where the
-	// filesystem can); packing the copy runs with the sandbox thawed. If
-	// the copy fails, pack the live directory while frozen.
+	// Frozen only while the writable layer is copied: a copy-on-write
+	// snapshot of the sandbox's writable directory where its filesystem
+	// can (btrfs: one ioctl), else a copy (cloning extents where it can);
+	// packing the copy runs with the sandbox thawed. If the copy fails,
+	// pack the live directory while frozen.
 	src := filepath.Clean(upper)
-	// Beside the upper dir: the same filesystem, so the copy clones extents
-	// (btrfs, xfs) instead of copying data; it goes with the sandbox's
-	// writable layer if warren dies before removing it.
-	copyDir := filepath.Join(filepath.Dir(src), ".snapshot-"+snapID)
 	var l *api.Layer
 	var perr error
-	cerr := copyTree(ctx, src, copyDir)
+	copyDir, cerr := "", error(nil)
+	if canClone && filepath.Base(src) == "upper" {
+		var dir string
+		var release func() error
+		if dir, release, cerr = cl.Clone(id); cerr == nil {
+			copyDir = filepath.Join(dir, "upper")
+			defer func() {
+				if err := release(); err != nil {
+					e.log.Warn("remove the snapshot's clone", "sandbox", id, "err", err)
+				}
+			}()
+		} else if !errors.Is(cerr, scratch.ErrNoClone) {
+			e.log.Warn("snapshot clone failed; copying", "sandbox", id, "err", cerr)
+		}
+	}
+	if copyDir == "" {
+		// Beside the upper dir: the same filesystem, so the copy clones
+		// extents (xfs) instead of copying data; it goes with the
+		// sandbox's writable layer if warren dies before removing it.
+		copyDir = filepath.Join(filepath.Dir(src), ".snapshot-"+snapID)
+		if cerr = copyTree(ctx, src, copyDir); cerr == nil {
+			defer os.RemoveAll(copyDir)
+		}
+	}
 	if cerr != nil {
 		_ = os.RemoveAll(copyDir)
 		e.log.Warn("snapshot copy failed; packing while frozen", "sandbox", id, "err", cerr)
@@ -104,10 +136,10 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	}
 	terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), *h)
 	frozen := time.Since(t0)
+	t1 := time.Now()
 	if cerr == nil {
-		defer os.RemoveAll(copyDir)
 		if terr == nil {
-			l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, copyDir, lowers, "snapshot of "+id)
+			l, perr = e.cfg.Images.CreateLayerFromPrivateChanges(ctx, SnapshotLayerName(snapID), 1, copyDir, lowers, "snapshot of "+id)
 		}
 	}
 	if terr != nil {
@@ -132,7 +164,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if err := e.snaps.Put(ctx, snapID, snap); err != nil {
 		return nil, err
 	}
-	e.log.Debug("snapshot", "sandbox", id, "snapshot", snapID, "frozen", frozen, "bytes", l.Size)
+	e.log.Debug("snapshot", "sandbox", id, "snapshot", snapID, "flush", t0.Sub(start), "frozen", frozen, "pack", time.Since(t1), "bytes", l.Size)
 	return snap, nil
 }
 
@@ -170,6 +202,13 @@ func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest)
 	spec.Image = snap.Image
 	spec.Layers = append([]api.LayerAttachment(nil), snap.Layers...)
 	return snap, nil
+}
+
+// cloner is writable-layer storage that can make a copy-on-write clone of
+// a sandbox's writable directory (scratch on btrfs).
+type cloner interface {
+	Clone(id string) (dir string, release func() error, err error)
+	Flush(id string) error
 }
 
 // copyTree copies dir to dst keeping everything overlayfs needs (owners,

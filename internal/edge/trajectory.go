@@ -44,6 +44,19 @@ type ResumeRequest struct {
 	ID         string `json:"id"`
 	Trajectory string `json:"trajectory"`
 	Branch     bool   `json:"branch,omitempty"`
+	// Delegate: the API server replica that serves the fast-forward from
+	// its own copy of the log; the edge's cursor stays put until it
+	// reports how far the client got (OpTrajAdvance). Only when every
+	// logged step is replayed (no re-execution, no branch).
+	Delegate string `json:"delegate,omitempty"`
+}
+
+// AdvanceRequest (OpTrajAdvance) ends a delegated fast-forward: the client
+// re-issued the first Cursor logged steps through the delegate.
+type AdvanceRequest struct {
+	ID       string `json:"id"`
+	Delegate string `json:"delegate"`
+	Cursor   int    `json:"cursor"`
 }
 
 // StepResult answers a recorded operation that has no other answer.
@@ -68,6 +81,9 @@ type traj struct {
 	// from the log) because the sandbox was rebuilt from an earlier state.
 	reexec   int
 	resumeAt time.Time
+	// delegate: the API server replica fast-forwarding the client (see
+	// ResumeRequest.Delegate), or "".
+	delegate string
 	// branch: the resuming client asked branch: true. redo holds the
 	// operations it re-issued since the last checkpoint it passed
 	// (branchSnap, taken after step branchStep), to rebuild that state on
@@ -86,7 +102,7 @@ const maxRedoBytes = 256 << 20
 
 // startReplay arms a trajectory for a client fast-forwarding through steps.
 func (t *traj) startReplay(steps []api.TrajectoryStep, reexec int, branch bool) {
-	t.replay, t.cursor, t.resumeAt, t.loaded, t.reexec = steps, 0, time.Now(), true, reexec
+	t.replay, t.cursor, t.resumeAt, t.loaded, t.reexec, t.delegate = steps, 0, time.Now(), true, reexec, ""
 	t.branch, t.redo, t.redoBytes, t.redoOver, t.branchSnap, t.branchStep = branch, nil, 0, false, "", 0
 	t.last = 0
 	if n := len(steps); n > 0 {
@@ -243,10 +259,43 @@ func (e *Edge) resumeTrajectory(ctx context.Context, req *ResumeRequest) (*api.S
 		reexec = t.reexec
 	}
 	t.startReplay(steps, reexec, req.Branch)
+	if req.Delegate != "" && !req.Branch && reexec == len(steps) && len(steps) > 0 {
+		t.delegate = req.Delegate
+	}
 	v := sb.view()
 	v.Step, v.Replay = t.last, int64(len(steps))
 	return &v, nil
 }
+
+// advanceTrajectory ends a delegated fast-forward at the delegate's cursor.
+func (e *Edge) advanceTrajectory(req *AdvanceRequest) (*StepResult, error) {
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	t := sb.traj
+	if t == nil {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s records no trajectory", req.ID)}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.delegate == "" || t.delegate != req.Delegate {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q was resumed by another client", t.name)}
+	}
+	if req.Cursor < t.cursor || req.Cursor > len(t.replay) {
+		return nil, invalidf("cursor %d is outside the log (%d steps)", req.Cursor, len(t.replay))
+	}
+	t.cursor, t.delegate, t.resumeAt = req.Cursor, "", time.Now()
+	if t.cursor == len(t.replay) {
+		t.replay, t.cursor, t.reexec = nil, 0, 0
+	}
+	return &StepResult{}, nil
+}
+
+// SameOp reports whether a re-issued operation equals the logged one
+// (timeouts and output caps are not compared).
+func SameOp(a, b *api.TrajectoryStep) bool { return sameOp(a, b) }
 
 func digest(b []byte) string {
 	h := sha256.Sum256(b)
@@ -292,6 +341,10 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	defer t.mu.Unlock()
 	if err := e.loadTraj(ctx, t); err != nil {
 		return nil, err
+	}
+	if t.delegate != "" {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf(
+			"trajectory %q is being fast-forwarded through another API server replica; resume again", t.name)}
 	}
 	if t.cursor < len(t.replay) {
 		logged := &t.replay[t.cursor]

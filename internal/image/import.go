@@ -27,6 +27,9 @@ const maxLayers = 128
 type layerSource struct {
 	diffID string // "sha256:<hex>", or "" when unknown (rootfs imports)
 	open   func() (io.ReadCloser, error)
+	// direct: a directory already in the form of the unpacked layer, to
+	// build the EROFS image from (open gives its tar, for the diff id).
+	direct string
 }
 
 type layerMeta struct {
@@ -171,6 +174,9 @@ func (s *LocalStore) storeLayer(ctx context.Context, src layerSource) (h string,
 				return "", 0, false, ctx.Err()
 			}
 		}
+	}
+	if src.direct != "" {
+		return s.convertDirect(ctx, src)
 	}
 	return s.convertLayer(ctx, src)
 }

@@ -3,8 +3,11 @@ package image
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -191,5 +194,105 @@ func TestFullDiskMidImport(t *testing.T) {
 	os.WriteFile(filepath.Join(small, "f"), []byte("fits"), 0o644)
 	if _, err := s.CreateLayerFromDir(context.Background(), "ws/small", 0, small); err != nil {
 		t.Fatalf("store unusable after a full disk: %v", err)
+	}
+}
+
+// TestPrivateChangesEqualTarPath packs the same upper dir both ways: the
+// direct path (normalise in place, EROFS straight from it) must give the
+// same diff id and the same tree as tar → unpack → EROFS.
+func TestPrivateChangesEqualTarPath(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	lower := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(lower, "passwd"), []byte("x"), 0o755))
+	must(unix.Chmod(filepath.Join(lower, "passwd"), 0o4755))
+	mkUpper := func() string {
+		upper := t.TempDir()
+		must(unix.Setxattr(upper, "trusted.overlay.impure", []byte("y"), 0))
+		must(os.WriteFile(filepath.Join(upper, "passwd"), []byte("y"), 0o755))
+		must(unix.Chmod(filepath.Join(upper, "passwd"), 0o4755))
+		must(os.WriteFile(filepath.Join(upper, "minted"), []byte("z"), 0o755))
+		must(unix.Chmod(filepath.Join(upper, "minted"), 0o6755))
+		must(unix.Mknod(filepath.Join(upper, "deleted"), unix.S_IFCHR, 0))
+		must(unix.Mknod(filepath.Join(upper, "sock"), unix.S_IFSOCK|0o600, 0))
+		must(unix.Mkfifo(filepath.Join(upper, "fifo"), 0o640))
+		must(os.Mkdir(filepath.Join(upper, "opq"), 0o750))
+		must(unix.Setxattr(filepath.Join(upper, "opq"), "trusted.overlay.opaque", []byte("y"), 0))
+		must(os.Mkdir(filepath.Join(upper, "bin"), 0o755))
+		must(unix.Setxattr(filepath.Join(upper, "bin"), "trusted.overlay.origin", []byte("\x00\xfb"), 0))
+		must(os.WriteFile(filepath.Join(upper, "opq/in"), []byte("data"), 0o644))
+		must(unix.Setxattr(filepath.Join(upper, "opq/in"), "user.note", []byte("kept"), 0))
+		must(os.Link(filepath.Join(upper, "opq/in"), filepath.Join(upper, "bin/link")))
+		must(os.Symlink("../opq/in", filepath.Join(upper, "bin/sym")))
+		must(os.Lchown(filepath.Join(upper, "bin/sym"), 7, 8))
+		fixed := unix.NsecToTimespec(1_700_000_000_123_456_789)
+		must(filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
+			must(err)
+			return unix.UtimesNanoAt(unix.AT_FDCWD, p, []unix.Timespec{fixed, fixed}, unix.AT_SYMLINK_NOFOLLOW)
+		}))
+		return upper
+	}
+	s := newStore(t)
+	a, err := s.CreateLayerFromChanges(ctx, "ws/a", 0, mkUpper(), []string{lower}, "tar")
+	must(err)
+	b, err := s.CreateLayerFromPrivateChanges(ctx, "ws/b", 0, mkUpper(), []string{lower}, "direct")
+	must(err)
+	if a.Digest != b.Digest || a.Entries != b.Entries || a.Size != b.Size {
+		t.Fatalf("diff ids differ: %+v / %+v", a, b)
+	}
+	// The same digest: the store keeps one blob (the first). Compare the
+	// direct image with the tar path's by packing into a second store.
+	s2 := newStore(t)
+	b2, err := s2.CreateLayerFromPrivateChanges(ctx, "ws/b", 0, mkUpper(), []string{lower}, "direct")
+	must(err)
+	tree := func(s *LocalStore, digest string) string {
+		m, _ := NewMounter(filepath.Join(t.TempDir(), "mnt"), s)
+		t.Cleanup(func() { m.Close() })
+		dirs, err := m.Acquire("t", []string{digest})
+		must(err)
+		var out strings.Builder
+		must(filepath.WalkDir(dirs[0], func(p string, d fs.DirEntry, err error) error {
+			must(err)
+			if p == dirs[0] {
+				return nil
+			}
+			st := lstat(t, p)
+			rel, _ := filepath.Rel(dirs[0], p)
+			fmt.Fprintf(&out, "%s %o %d:%d n%d r%d s%d", rel, st.Mode, st.Uid, st.Gid, st.Nlink, st.Rdev, st.Size)
+			if st.Mode&unix.S_IFMT != unix.S_IFCHR { // a whiteout's time does not matter
+				fmt.Fprintf(&out, " m%d.%d", st.Mtim.Sec, st.Mtim.Nsec)
+			}
+			if st.Mode&unix.S_IFMT == unix.S_IFREG {
+				b, _ := os.ReadFile(p)
+				fmt.Fprintf(&out, " %q", b)
+			}
+			for _, x := range []string{"user.note", "trusted.overlay.opaque", "trusted.overlay.origin"} {
+				if v, err := getXattr(p, x); err == nil {
+					fmt.Fprintf(&out, " %s=%q", x, v)
+				}
+			}
+			out.WriteString("\n")
+			return nil
+		}))
+		return out.String()
+	}
+	want, got := tree(s, a.Digest), tree(s2, b2.Digest)
+	if want != got {
+		t.Fatalf("trees differ:\ntar path:\n%s\ndirect:\n%s", want, got)
+	}
+	if !strings.Contains(got, `opq trusted.overlay.opaque="y"`) && !strings.Contains(got, `trusted.overlay.opaque="y"`) {
+		t.Fatalf("opaque lost:\n%s", got)
+	}
+	// A device node goes the long way, which refuses it.
+	up := mkUpper()
+	must(unix.Mknod(filepath.Join(up, "disk"), unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))))
+	if _, err := s.CreateLayerFromPrivateChanges(ctx, "ws/c", 0, up, []string{lower}, "direct"); !errors.Is(err, ErrBadContent) {
+		t.Fatalf("device node: %v", err)
 	}
 }

@@ -1,7 +1,9 @@
 package scratch
 
 import (
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +21,7 @@ const (
 	btrfsIocSnapDestroy    = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
 	btrfsIocTreeSearch     = 0xd0009411 // _IOWR(0x94, 17, struct btrfs_ioctl_search_args)
 	btrfsIocSubvolCreateV2 = 0x50009418 // _IOW(0x94, 24, struct btrfs_ioctl_vol_args_v2)
+	btrfsIocSnapCreateV2   = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
 	btrfsIocFsInfo         = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
 	btrfsIocQuotaCtl       = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
 	btrfsIocQgroupCreate   = 0x4010942a // _IOW(0x94, 42, struct btrfs_ioctl_qgroup_create_args)
@@ -346,4 +349,92 @@ func (s *Scratch) btrfsTreeUsage(sv uint64) (int64, error) {
 func isSubvol(dir string) bool {
 	var st unix.Stat_t
 	return unix.Lstat(filepath.Clean(dir), &st) == nil && st.Ino == btrfsFirstFreeObjectid
+}
+
+// clonePrefix names the read-only snapshots Clone makes (never a valid id).
+const clonePrefix = ".clone-"
+
+// ErrNoClone: the scratch filesystem cannot clone a sandbox directory.
+var ErrNoClone = errors.New("scratch: cloning needs btrfs")
+
+// Clone makes a copy-on-write copy of sandbox directory id (one btrfs
+// snapshot ioctl: no data is copied) for the caller to read or change, and
+// returns its path and the function that removes it. Other filesystems
+// answer ErrNoClone.
+func (s *Scratch) Clone(id string) (string, func() error, error) {
+	if err := validID(id); err != nil {
+		return "", nil, err
+	}
+	s.mu.Lock()
+	ok := s.fstype == "btrfs" && !s.closed && s.rootfd >= 0
+	s.mu.Unlock()
+	if !ok {
+		return "", nil, ErrNoClone
+	}
+	src, err := unix.Openat(s.rootfd, id, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("scratch: clone %s: %w", id, err)
+	}
+	defer unix.Close(src)
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	name := clonePrefix + id + "-" + hex.EncodeToString(rnd[:])
+	if len(name) > 255 {
+		return "", nil, ErrNoClone
+	}
+	v2 := btrfsVolArgsV2{fd: int64(src)}
+	copy(v2.name[:], name)
+	if err := btrfsIoctl(s.rootfd, btrfsIocSnapCreateV2, unsafe.Pointer(&v2)); err != nil {
+		if errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
+			return "", nil, ErrNoClone
+		}
+		return "", nil, fmt.Errorf("scratch: clone %s: BTRFS_IOC_SNAP_CREATE_V2: %w", id, err)
+	}
+	release := func() error {
+		var v btrfsVolArgs
+		copy(v.name[:], name)
+		if err := btrfsIoctl(s.rootfd, btrfsIocSnapDestroy, unsafe.Pointer(&v)); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("scratch: remove clone %s: BTRFS_IOC_SNAP_DESTROY: %w", name, err)
+		}
+		return nil
+	}
+	return filepath.Join(s.dir, name), release, nil
+}
+
+// sweepClones removes clones left by a process that died before removing
+// them.
+func (s *Scratch) sweepClones() int {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), clonePrefix) {
+			continue
+		}
+		var v btrfsVolArgs
+		copy(v.name[:], e.Name())
+		if btrfsIoctl(s.rootfd, btrfsIocSnapDestroy, unsafe.Pointer(&v)) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Flush writes sandbox directory id's pending data out (syncfs), so that a
+// Clone right after has little left to flush while the sandbox is frozen.
+func (s *Scratch) Flush(id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	fd, err := unix.Open(filepath.Join(s.dir, id), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("scratch: flush %s: %w", id, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("scratch: flush %s: %w", id, err)
+	}
+	return nil
 }

@@ -281,3 +281,54 @@ func BenchmarkUsage(b *testing.B) {
 		}
 	}
 }
+
+func TestBtrfsClone(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "scratch")
+	s := openBtrfs(t, dir)
+	d, err := s.Alloc("src", 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "f"), []byte("one"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, release, err := s.Clone("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Later changes on either side stay on that side.
+	if err := os.WriteFile(filepath.Join(d, "f"), []byte("two"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c, "g"), []byte("clone"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(c, "f")); string(b) != "one" {
+		t.Fatalf("clone sees %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(d, "g")); err == nil {
+		t.Fatal("a write to the clone reached the source")
+	}
+	if ids, _ := s.List(); len(ids) != 1 || ids[0] != "src" {
+		t.Fatalf("List shows the clone: %v", ids)
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(c); err == nil {
+		t.Fatal("clone left after release")
+	}
+	// A clone left by a dead process goes at the next Open.
+	if _, _, err := s.Clone("src"); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.sweepClones(); n != 1 {
+		t.Fatalf("swept %d clones, want 1", n)
+	}
+	if _, _, err := s.Clone("../x"); err == nil {
+		t.Fatal("bad id accepted")
+	}
+	if err := s.Free("src"); err != nil {
+		t.Fatal(err)
+	}
+}

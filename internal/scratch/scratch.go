@@ -132,6 +132,9 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 			if d, err := btrfsQgroupsDir(fd); err == nil {
 				s.qgroupsDir = d
 			}
+			if n := s.sweepClones(); n > 0 {
+				slog.Info("scratch: removed clones left by an earlier run", "dir", dir, "count", n)
+			}
 			if n, err := s.btrfsSweepQgroups(); err != nil {
 				slog.Warn("scratch: sweeping stale btrfs qgroups", "dir", dir, "err", err)
 			} else if n > 0 {

@@ -157,6 +157,15 @@ func (r imageResolver) CreateLayerFromChanges(ctx context.Context, name string, 
 	return &a, nil
 }
 
+func (r imageResolver) CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, source string) (*api.Layer, error) {
+	l, err := r.store.CreateLayerFromPrivateChanges(ctx, name, version, dir, lowers, source)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	a := l.API()
+	return &a, nil
+}
+
 func (r imageResolver) GC(ctx context.Context) (*api.GCResult, error) {
 	res, err := r.store.GC(ctx)
 	if err != nil {

@@ -400,3 +400,87 @@ func TestTrajectoryReplayDeterminism(t *testing.T) {
 		t.Fatalf("replay of an unknown trajectory: %v", err)
 	}
 }
+
+// TestTrajectoryFastForwardMixed fast-forwards through execs (answered by
+// the API server from its copy of the log) and file operations (answered by
+// the edge), streamed and not, then diverges after a few replayed steps.
+func TestTrajectoryFastForwardMixed(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "ffm"})
+	ops := []func() (int64, bool, string, error){
+		func() (int64, bool, string, error) {
+			r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo one >> /log; cat /log"})
+			if err != nil {
+				return 0, false, "", err
+			}
+			return r.Step, r.Replayed, r.Stdout, nil
+		},
+		func() (int64, bool, string, error) {
+			var out strings.Builder
+			r, err := s.C.ExecStreamFunc(ctx, sb.ID, api.ExecRequest{Cmd: "echo two >> /log; cat /log", Stdin: "in"}, func(ev api.ExecEvent) error {
+				if ev.Stdout != nil {
+					out.WriteString(*ev.Stdout)
+				}
+				return nil
+			})
+			if err != nil {
+				return 0, false, "", err
+			}
+			return r.Step, r.Replayed, out.String(), nil
+		},
+		func() (int64, bool, string, error) {
+			r, err := s.C.WriteFileBytes(ctx, sb.ID, "/f", []byte("x"), 0o644)
+			if err != nil {
+				return 0, false, "", err
+			}
+			return r.Step, r.Replayed, "", nil
+		},
+		func() (int64, bool, string, error) {
+			r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo three >> /log; cat /log /f"})
+			if err != nil {
+				return 0, false, "", err
+			}
+			return r.Step, r.Replayed, r.Stdout, nil
+		},
+	}
+	var outs []string
+	for i, op := range ops {
+		step, replayed, out, err := op()
+		if err != nil || step != int64(i+1) || replayed {
+			t.Fatalf("live %d: %d %v %v", i, step, replayed, err)
+		}
+		outs = append(outs, out)
+	}
+	if _, err := s.C.ResumeTrajectory(ctx, "ffm", false); err != nil {
+		t.Fatal(err)
+	}
+	for i, op := range ops {
+		step, replayed, out, err := op()
+		if err != nil || step != int64(i+1) || !replayed || out != outs[i] {
+			t.Fatalf("replay %d: %d %v %q %v", i, step, replayed, out, err)
+		}
+	}
+	r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "wc -l < /log"})
+	if err != nil || r.Replayed || r.Step != 5 || r.Stdout != "3\n" {
+		t.Fatalf("live after the fast-forward: %+v %v", r, err)
+	}
+	// Diverge after two replayed execs.
+	if _, err := s.C.ResumeTrajectory(ctx, "ffm", false); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops[:2] {
+		if _, replayed, _, err := op(); err != nil || !replayed {
+			t.Fatalf("replay: %v %v", replayed, err)
+		}
+	}
+	_, err = s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo other"})
+	var we *warren.APIError
+	if !errors.As(err, &we) || we.Status != http.StatusConflict || we.Divergence == nil || we.Divergence.Step != 3 || we.Divergence.Logged.Op != "write" {
+		t.Fatalf("divergence: %v %+v", err, we)
+	}
+	// The log holds each operation once.
+	if steps, _ := s.C.TrajectoryAll(ctx, "ffm"); len(steps) != 5 {
+		t.Fatalf("log: %d steps", len(steps))
+	}
+}
