@@ -151,6 +151,30 @@ class AsyncTest(unittest.TestCase):
                         await sb.run("false", check=True)
         self.run_async(main())
 
+    def test_trajectory_branch_replay_snapshot_delete(self):
+        name = "pya/" + uuid.uuid4().hex[:8]
+
+        async def main():
+            async with client() as c:
+                async with c.create(image=_support.IMAGE, labels=LABELS, trajectory=name) as sb:
+                    await sb.run("echo x >> /counter")
+                    await sb.run("cat /proc/sys/kernel/random/uuid")
+                    again = await c.resume(name, branch=True)
+                    r = await again.run("echo x >> /counter")
+                    self.assertTrue(r.replayed)
+                    r = await again.run("echo y >> /counter; cat /counter")
+                    self.assertEqual((r.trajectory, r.stdout), (name + "~2", "x\ny\n"))
+                    self.assertEqual(again.id, r.sandbox)
+                    await again.stop()
+                    snap = await sb.snapshot()
+                rep = await c.replay_trajectory(name)
+                self.assertEqual((rep.steps, rep.deterministic), (2, False))
+                self.assertEqual([d["step"] for d in rep.differences], [2])
+                await c.delete_snapshot(snap.id)
+                with self.assertRaises(warren.NotFound):
+                    await c.delete_snapshot(snap.id)
+        self.run_async(main())
+
     def test_idempotent_create(self):
         labels = dict(LABELS, case="idem")
         key = "atest-" + uuid.uuid4().hex
