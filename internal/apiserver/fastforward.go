@@ -144,10 +144,54 @@ func (s *Server) endLocked(ctx context.Context, sess *ffSession) error {
 // fastForwardExec answers a re-issued exec from the delegated log: ok is
 // false when it must go to the edge (after the fast-forward was handed
 // back).
-func (s *Server) fastForwardExec(ctx context.Context, sandbox string, x *api.ExecRequest) (res *api.ExecResult, ok bool, err error) {
-	sess := s.ff.get(sandbox)
-	if sess == nil || x.Background {
+func (s *Server) fastForwardExec(ctx context.Context, sandbox string, x *api.ExecRequest) (*api.ExecResult, bool, error) {
+	if x.Background {
 		return nil, false, s.endFastForward(ctx, sandbox)
+	}
+	c := *x
+	op := &api.TrajectoryStep{Op: "exec", Exec: &c}
+	if c.Stdin != "" {
+		op.StdinHash, op.Exec.Stdin = digest([]byte(c.Stdin)), ""
+	}
+	logged, ok, err := s.fastForward(ctx, sandbox, op)
+	if !ok || err != nil {
+		return nil, ok, err
+	}
+	if logged.Result == nil {
+		return nil, false, &api.Error{Code: api.CodeInternal, Message: "logged exec without a result"}
+	}
+	r := *logged.Result
+	r.Step, r.Replayed = logged.Step, true
+	return &r, true, nil
+}
+
+// fastForwardFile answers a re-issued file operation (write, mkdir: with
+// the logged file info; remove, rename: with the step only).
+func (s *Server) fastForwardFile(ctx context.Context, sandbox string, op *api.TrajectoryStep) (*api.FileInfo, bool, error) {
+	logged, ok, err := s.fastForward(ctx, sandbox, op)
+	if !ok || err != nil {
+		return nil, ok, err
+	}
+	fi := api.FileInfo{}
+	if logged.File != nil {
+		fi = *logged.File
+	}
+	fi.Step, fi.Replayed = logged.Step, true
+	return &fi, true, nil
+}
+
+func digest(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// fastForward matches op against the next logged step of a delegated
+// fast-forward: ok with the logged step (or its logged error), or not ok
+// once the fast-forward was handed back to the edge.
+func (s *Server) fastForward(ctx context.Context, sandbox string, op *api.TrajectoryStep) (*api.TrajectoryStep, bool, error) {
+	sess := s.ff.get(sandbox)
+	if sess == nil {
+		return nil, false, nil
 	}
 	if p, _ := ctx.Value(principalKey{}).(*iam.Principal); p == nil || !p.InScope(sess.project) {
 		return nil, false, nil // the edge answers (not found)
@@ -160,13 +204,7 @@ func (s *Server) fastForwardExec(ctx context.Context, sandbox string, x *api.Exe
 	sess.lastUsed = time.Now()
 	if sess.cursor < len(sess.steps) {
 		logged := &sess.steps[sess.cursor]
-		c := *x
-		op := &api.TrajectoryStep{Op: "exec", Exec: &c}
-		if c.Stdin != "" {
-			h := sha256.Sum256([]byte(c.Stdin))
-			op.StdinHash, op.Exec.Stdin = hex.EncodeToString(h[:]), ""
-		}
-		if edge.SameOp(logged, op) && (logged.Result != nil || logged.Error != nil) {
+		if edge.SameOp(logged, op) && (logged.Op != "exec" || logged.Result != nil || logged.Error != nil) {
 			sess.cursor++
 			if sess.cursor == len(sess.steps) {
 				// The end of the log: the edge takes over (and another
@@ -179,9 +217,7 @@ func (s *Server) fastForwardExec(ctx context.Context, sandbox string, x *api.Exe
 				e := *logged.Error
 				return nil, true, &e
 			}
-			r := *logged.Result
-			r.Step, r.Replayed = logged.Step, true
-			return &r, true, nil
+			return logged, true, nil
 		}
 	}
 	return nil, false, s.endLocked(ctx, sess)

@@ -66,6 +66,13 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	var info api.FileInfo
 	if n < singleWrite {
 		// Small files: one atomic write.
+		if fi, ok, err := s.fastForwardFile(r.Context(), id, &api.TrajectoryStep{Op: "write", Path: p, Mode: mode,
+			DataHash: digest(buf[:n]), DataSize: int64(n)}); err != nil {
+			return err
+		} else if ok {
+			writeJSON(w, http.StatusOK, fi)
+			return nil
+		}
 		err := s.callEdge(r.Context(), id, edge.OpFileWrite, &edge.FileRequest{ID: id, Path: p, Mode: mode, Data: buf[:n]}, &info, nil)
 		if err != nil {
 			return err
@@ -184,8 +191,16 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	if p == "/" {
 		return &api.Error{Code: api.CodeBadRequest, Message: "cannot remove /"}
 	}
+	recursive := queryBool(r, "recursive")
+	if fi, ok, err := s.fastForwardFile(r.Context(), id, &api.TrajectoryStep{Op: "remove", Path: p, Recursive: recursive}); err != nil {
+		return err
+	} else if ok {
+		stepHeaders(w, &edge.StepResult{Step: fi.Step, Replayed: true})
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	var sr edge.StepResult
-	if err := s.callEdge(r.Context(), id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: p, Recursive: queryBool(r, "recursive")}, &sr, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: p, Recursive: recursive}, &sr, nil); err != nil {
 		return err
 	}
 	stepHeaders(w, &sr)
@@ -205,6 +220,12 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.Mode > 0o7777 {
 		return &api.Error{Code: api.CodeInvalid, Message: "mode must be a permission (at most 07777)"}
+	}
+	if fi, ok, err := s.fastForwardFile(r.Context(), id, &api.TrajectoryStep{Op: "mkdir", Path: p, Mode: req.Mode, Parents: req.Parents}); err != nil {
+		return err
+	} else if ok {
+		writeJSON(w, http.StatusOK, fi)
+		return nil
 	}
 	var fi api.FileInfo
 	if err := s.callEdge(r.Context(), id, edge.OpFileMkdir, &edge.FileRequest{ID: id, Path: p, Mode: req.Mode, Parents: req.Parents}, &fi, nil); err != nil {
@@ -227,6 +248,13 @@ func (s *Server) rename(w http.ResponseWriter, r *http.Request) error {
 	to, err := CheckPath(req.To)
 	if err != nil {
 		return err
+	}
+	if fi, ok, err := s.fastForwardFile(r.Context(), id, &api.TrajectoryStep{Op: "rename", Path: from, To: to}); err != nil {
+		return err
+	} else if ok {
+		stepHeaders(w, &edge.StepResult{Step: fi.Step, Replayed: true})
+		w.WriteHeader(http.StatusNoContent)
+		return nil
 	}
 	var sr edge.StepResult
 	if err := s.callEdge(r.Context(), id, edge.OpFileRename, &edge.FileRequest{ID: id, Path: from, To: to}, &sr, nil); err != nil {

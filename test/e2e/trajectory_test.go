@@ -437,7 +437,22 @@ func TestTrajectoryFastForwardMixed(t *testing.T) {
 			return r.Step, r.Replayed, "", nil
 		},
 		func() (int64, bool, string, error) {
-			r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo three >> /log; cat /log /f"})
+			r, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/d"})
+			if err != nil {
+				return 0, false, "", err
+			}
+			return r.Step, r.Replayed, "", nil
+		},
+		func() (int64, bool, string, error) {
+			// Logged with its error; replayed with the same error.
+			err := s.C.Remove(ctx, sb.ID, "/nope", false)
+			if err == nil || !strings.Contains(err.Error(), "not_found") {
+				return 0, false, "", fmt.Errorf("remove of a missing file: %v", err)
+			}
+			return 5, true, "", nil
+		},
+		func() (int64, bool, string, error) {
+			r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo three >> /log; cat /log /f; ls -d /d"})
 			if err != nil {
 				return 0, false, "", err
 			}
@@ -447,7 +462,7 @@ func TestTrajectoryFastForwardMixed(t *testing.T) {
 	var outs []string
 	for i, op := range ops {
 		step, replayed, out, err := op()
-		if err != nil || step != int64(i+1) || replayed {
+		if err != nil || step != int64(i+1) || (replayed && i != 4) {
 			t.Fatalf("live %d: %d %v %v", i, step, replayed, err)
 		}
 		outs = append(outs, out)
@@ -462,7 +477,7 @@ func TestTrajectoryFastForwardMixed(t *testing.T) {
 		}
 	}
 	r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "wc -l < /log"})
-	if err != nil || r.Replayed || r.Step != 5 || r.Stdout != "3\n" {
+	if err != nil || r.Replayed || r.Step != 7 || r.Stdout != "3\n" {
 		t.Fatalf("live after the fast-forward: %+v %v", r, err)
 	}
 	// Diverge after two replayed execs.
@@ -480,7 +495,7 @@ func TestTrajectoryFastForwardMixed(t *testing.T) {
 		t.Fatalf("divergence: %v %+v", err, we)
 	}
 	// The log holds each operation once.
-	if steps, _ := s.C.TrajectoryAll(ctx, "ffm"); len(steps) != 5 {
+	if steps, _ := s.C.TrajectoryAll(ctx, "ffm"); len(steps) != 7 {
 		t.Fatalf("log: %d steps", len(steps))
 	}
 }
