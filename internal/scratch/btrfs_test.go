@@ -328,6 +328,10 @@ func TestBtrfsClone(t *testing.T) {
 	if _, _, err := s.Clone("../x"); err == nil {
 		t.Fatal("bad id accepted")
 	}
+	// The source keeps its disk limit (8 MiB) after being cloned.
+	if err := os.WriteFile(filepath.Join(d, "big"), make([]byte, 16<<20), 0o644); err == nil {
+		t.Fatal("16 MiB written past the 8 MiB limit after a clone")
+	}
 	if err := s.Free("src"); err != nil {
 		t.Fatal(err)
 	}
