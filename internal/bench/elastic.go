@@ -459,7 +459,7 @@ func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report)
 			return err
 		}
 		if strings.TrimSpace(r.Stdout) != fmt.Sprint(o.PauseHoldMB<<20) {
-			return fmt.Errorf("touch step in %s: %q %q", id, r.Stdout, r.Stderr)
+			return fmt.Errorf("touch step in %s: exit %d, signal %q, %q %q", id, r.ExitCode, r.Signal, r.Stdout, r.Stderr)
 		}
 		res2[k].touch = append(res2[k].touch, time.Since(t))
 	}

@@ -79,14 +79,28 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, prefetch bool) error {
 			return fmt.Errorf("edge: restore memory of %s: %w", id, err)
 		}
 		if prefetch {
+			// The agent first, before the thaw: it serves the first call.
 			var err error
-			if prefetched, err = rc.Prefetch(ctx, h); err != nil {
-				e.log.Warn("prefetch resumed sandbox", "id", id, "err", err)
+			if prefetched, err = rc.Prefetch(ctx, h, false); err != nil {
+				e.log.Warn("prefetch resumed sandbox's agent", "id", id, "err", err)
 			}
 		}
 	}
 	if err := e.cfg.Runtime.Thaw(ctx, h); err != nil {
 		return fmt.Errorf("edge: thaw %s: %w", id, err)
+	}
+	if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok && prefetch {
+		// The rest while the sandbox already runs: queuing the reads of a
+		// big working set takes tens of milliseconds.
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			if n, err := rc.Prefetch(context.WithoutCancel(ctx), h, true); err != nil {
+				e.log.Warn("prefetch resumed sandbox", "id", id, "err", err)
+			} else {
+				e.log.Debug("sandbox prefetched", "id", id, "bytes", n)
+			}
+		}()
 	}
 	sb.mu.Lock()
 	sb.rec.Sandbox.State = api.StateRunning

@@ -90,8 +90,9 @@ type Reclaimer interface {
 	// Restore sets the memory limit back to memoryMB.
 	Restore(ctx context.Context, h Handle, memoryMB int64) error
 	// Prefetch starts reading the sandbox's swapped-out memory back ahead
-	// of use (after Restore) and returns the bytes it asked for.
-	Prefetch(ctx context.Context, h Handle) (int64, error)
+	// of use (after Restore) and returns the bytes it asked for: the
+	// agent's alone (rest false), or every other process's (rest true).
+	Prefetch(ctx context.Context, h Handle, rest bool) (int64, error)
 }
 
 // Usage is what a runtime measures of all its sandboxes together.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -177,18 +178,22 @@ func (d *v2Driver) usage(path string) (cpuNs, mem int64, err error) {
 
 // Prefetch starts reading a resumed sandbox's swapped-out anonymous memory
 // back ahead of use: process_madvise(MADV_WILLNEED) over every private
-// anonymous mapping of every process of the sandbox, which on an anonymous
-// range is swap readahead of the pages it holds in swap. It returns once
-// the reads are queued (not done) with the bytes advised. Call it after
-// Restore raised the memory limit: pages read back are charged to the
-// sandbox again.
-func (r *Runtime) Prefetch(ctx context.Context, h runtime.Handle) (int64, error) {
+// anonymous mapping of the agent (rest false) or of every other process of
+// the sandbox (rest true), which on an anonymous range is swap readahead
+// of the pages it holds in swap. It returns once the reads are queued (not
+// done) with the bytes advised. Call it after Restore raised the memory
+// limit: pages read back are charged to the sandbox again.
+func (r *Runtime) Prefetch(ctx context.Context, h runtime.Handle, rest bool) (int64, error) {
 	if h.Cgroup == "" {
 		h.Cgroup = r.cgroupPath(h.ID)
 	}
+	pids := []int{h.Pid}
+	if rest {
+		pids = slices.DeleteFunc(procsOf(r.cg.dirs(h.Cgroup)), func(p int) bool { return p == h.Pid })
+	}
 	var total int64
 	var firstErr error
-	for _, pid := range procsOf(r.cg.dirs(h.Cgroup)) {
+	for _, pid := range pids {
 		if ctx.Err() != nil {
 			return total, ctx.Err()
 		}

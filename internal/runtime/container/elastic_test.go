@@ -160,9 +160,16 @@ func TestReclaimToSwap(t *testing.T) {
 	}
 	// Prefetch asks for the holder's swapped-out memory back before the
 	// sandbox runs again, and the pages come back without a fault.
-	n, err := f.rt.Prefetch(ctx, inst.Handle)
+	na, err := f.rt.Prefetch(ctx, inst.Handle, false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	n, err := f.rt.Prefetch(ctx, inst.Handle, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if na <= 0 {
+		t.Errorf("prefetch of the agent advised %d bytes", na)
 	}
 	if n < 48<<20 {
 		t.Errorf("prefetch advised %d bytes, want the holder's ~48 MiB at least", n)
