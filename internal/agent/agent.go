@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"sync"
@@ -71,6 +72,7 @@ type Agent struct {
 	defUser *credential // nil: run as the agent's own user
 	pool    *warmPool
 	dotOK   bool // /proc/self/fd usable: scripts are fed through a pipe
+	live    liveShells
 
 	sessions *sessions
 	procs    *procTable
@@ -189,6 +191,14 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	_, err = os.Stat("/proc/self/fd")
 	a.dotOK = err == nil
 	a.setup = true
+	if len(cfg.Stateless) == 0 {
+		// Live shells' per-command FIFOs: in the sandbox's private /dev
+		// tmpfs, or (unconfined: tests) in a directory any user can reach.
+		a.live.dir = "/dev/.warren"
+		if cfg.Unconfined {
+			a.live.dir = UnconfinedFIFODir(os.Getpid())
+		}
+	}
 	if a.dotOK {
 		// Warm shells start with the environment and directory a default
 		// session's first command gets; scripts adjust the difference.
@@ -199,6 +209,12 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
 	return &agentproto.SetupResult{Pid: pid}, nil
+}
+
+// UnconfinedFIFODir is where an unconfined agent (tests) makes the FIFOs of
+// its live shells.
+func UnconfinedFIFODir(pid int) string {
+	return filepath.Join(os.TempDir(), "warren-fifo-"+strconv.Itoa(pid))
 }
 
 // warmShells is how many idle shells of the default user are kept ready.

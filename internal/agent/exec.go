@@ -33,8 +33,16 @@ type running struct {
 	exit  <-chan exitInfo
 	start time.Time
 	outs  []*outStream
-	stdin *os.File
-	state *os.File // nil for argv commands
+	stdin *os.File // nil in a live shell
+	state *os.File // a fresh shell's state report; nil for argv commands
+
+	// A command in a live shell (see liveshell.go).
+	live       *liveShell
+	sess       *session
+	reports    <-chan []byte // the live shell's state reports
+	keep       []int         // our writers of its output FIFOs
+	fifos      []string
+	startTicks uint64
 
 	mu       sync.Mutex
 	exited   bool
@@ -184,6 +192,16 @@ func (a *Agent) start(p *execPlan, limit int64, emit func(string, []byte)) (*run
 }
 
 func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
+	if ls := a.takeLive(p); ls != nil {
+		r, err := a.startLiveCommand(p, ls, limit, emit)
+		if err == nil {
+			return r, nil
+		}
+		a.putLive(p.sess, ls) // the shell is fine; this command takes a fresh one
+		if err != errLiveUnfit {
+			a.log.Warn("agent: live shell command", "err", err)
+		}
+	}
 	var sp *shellProc
 	var script string
 	if a.pool != nil {
@@ -299,6 +317,10 @@ func (r *running) armTimeout(d time.Duration) {
 		defer r.mu.Unlock()
 		if !r.exited {
 			r.timedOut = true
+			if r.live != nil {
+				killSince(r.pid, r.startTicks)
+				return
+			}
 			_ = unix.Kill(-r.pid, unix.SIGKILL)
 		}
 	})
@@ -308,7 +330,7 @@ func (r *running) armTimeout(d time.Duration) {
 func (r *running) kill(sig unix.Signal) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.exited {
+	if !r.exited && r.live == nil {
 		_ = unix.Kill(-r.pid, sig)
 	}
 }
@@ -316,6 +338,9 @@ func (r *running) kill(sig unix.Signal) {
 // feedStdin writes data to the command's stdin and closes it; with no data
 // stdin is at EOF at once.
 func (r *running) feedStdin(data []byte) {
+	if r.stdin == nil {
+		return
+	}
 	if len(data) == 0 {
 		r.stdin.Close()
 		return
@@ -334,23 +359,25 @@ func (r *running) feedStdin(data []byte) {
 // reaper still collects it). When no report comes (the shell was killed, or
 // the command replaced the trap) the status is the reaped one.
 func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
-	var stateCh chan []byte
+	reports := r.reports
 	if r.state != nil {
-		stateCh = make(chan []byte, 1)
-		go readState(r.state, stateCh)
+		ch := make(chan []byte, 1)
+		go readState(r.state, ch)
+		reports = ch
 	}
 	var (
 		ws       unix.WaitStatus
 		endedAt  time.Time
 		st       shellState
 		reported bool
+		exiting  bool // the live shell's exit trap reported
 	)
 	select {
 	case ei := <-r.exit:
 		ws, endedAt = ei.status, ei.at
-	case b := <-stateCh:
-		stateCh = nil
-		if st, reported = parseState(b); reported {
+	case b := <-reports:
+		reports = nil
+		if st, exiting, reported = parseReport(b); reported {
 			endedAt = time.Now()
 			break
 		}
@@ -364,6 +391,13 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 		r.timer.Stop()
 	}
 	r.mu.Unlock()
+	// The live shell has opened (or will never open) the output FIFOs: our
+	// own writers go, so the streams end when the command's processes
+	// close theirs.
+	closeAll(r.keep...)
+	for _, f := range r.fifos {
+		_ = os.Remove(f)
+	}
 
 	if a.pool != nil {
 		defer a.pool.refillSoon()
@@ -404,20 +438,25 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 			res.Truncated = true
 		}
 	}
-	r.stdin.Close() // unblocks a stdin writer the command never read
+	if r.stdin != nil {
+		r.stdin.Close() // unblocks a stdin writer the command never read
+	}
 
 	if r.state != nil {
-		if stateCh != nil && !timedOut && ws.Exited() {
+		if reports != nil && !timedOut && ws.Exited() {
 			select {
-			case b := <-stateCh:
-				st, reported = parseState(b)
+			case b := <-reports:
+				st, _, reported = parseReport(b)
 			case <-time.After(stateWait):
 			}
 		}
 		r.state.Close()
-		if reported {
-			p.sess.update(st.cwd, st.env, p.injected, p.prior)
-		}
+	}
+	if reported {
+		p.sess.update(st.cwd, st.env, p.injected, p.prior)
+	}
+	if r.live != nil {
+		a.endLive(r, st, reported, exiting)
 	}
 	return res
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/warrenhq/warren/internal/agent"
 	"net"
 	"os"
 	"os/exec"
@@ -94,6 +95,7 @@ func startAgent(t testing.TB, cfg agentproto.SetupConfig, prepare ...func(root s
 		}
 		killTree(a.cmd.Process.Pid)
 		a.cmd.Wait()
+		os.RemoveAll(agent.UnconfinedFIFODir(a.cmd.Process.Pid))
 		if b, _ := os.ReadFile(a.log); bytes.Contains(b, []byte("DATA RACE")) {
 			t.Errorf("the agent reported a data race")
 		}

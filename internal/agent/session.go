@@ -19,6 +19,9 @@ type session struct {
 	mu  sync.Mutex
 	env map[string]string // nil until the first command updates it
 	cwd string
+
+	live     *liveShell // idle live shell (see liveshell.go)
+	liveBusy bool       // its live shell is running a command
 }
 
 func newSessions() *sessions { return &sessions{m: make(map[string]*session)} }
@@ -93,30 +96,41 @@ const stateFields = 3
 func buildScript(spawnEnv map[string]string, spawnDir string, env map[string]string, cwd, cmd string) (string, bool) {
 	var b strings.Builder
 	b.Grow(len(cmd) + 256)
-	for k := range spawnEnv {
-		if _, ok := env[k]; !ok {
-			if !validName(k) {
-				return "", false
-			}
-			b.WriteString("unset " + k + "\n")
-		}
-	}
-	for k, v := range env {
-		if old, ok := spawnEnv[k]; ok && old == v {
-			continue
-		}
-		if !validName(k) {
-			return "", false
-		}
-		b.WriteString("export " + k + "=" + shellQuote(v) + "\n")
-	}
-	if cwd != spawnDir {
-		b.WriteString("cd -- " + shellQuote(cwd) + " || exit 1\n")
+	if !writeEnvDiff(&b, spawnEnv, spawnDir, env, cwd) {
+		return "", false
 	}
 	b.WriteString(stateTrap)
 	b.WriteString("__warren_cmd=" + shellQuote(cmd) + "\n")
 	b.WriteString(`eval "$__warren_cmd" 3<&- 4>&-` + "\n")
 	return b.String(), true
+}
+
+// writeEnvDiff writes the commands that take a shell whose exported
+// variables are have and whose directory is haveDir to env and cwd, or
+// returns false when env cannot be expressed in shell syntax. Variables the
+// shell maintains itself (notPersisted) are left alone.
+func writeEnvDiff(b *strings.Builder, have map[string]string, haveDir string, env map[string]string, cwd string) bool {
+	for k := range have {
+		if _, ok := env[k]; !ok && !notPersisted[k] {
+			if !validName(k) {
+				return false
+			}
+			b.WriteString("\\unset " + k + "\n")
+		}
+	}
+	for k, v := range env {
+		if old, ok := have[k]; ok && old == v {
+			continue
+		}
+		if !validName(k) {
+			return false
+		}
+		b.WriteString("\\export " + k + "=" + shellQuote(v) + "\n")
+	}
+	if cwd != haveDir {
+		b.WriteString("\\cd -- " + shellQuote(cwd) + " || exit 1\n")
+	}
+	return true
 }
 
 // shellState is what the exit trap reported.

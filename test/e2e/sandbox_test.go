@@ -191,6 +191,13 @@ func TestSessions(t *testing.T) {
 	if got := run("", "pwd"); got != "/work/repo\n" {
 		t.Fatalf("default session changed by another: %q", got)
 	}
+	// A session's commands run in one live shell, like a terminal: plain
+	// variables and functions persist, and the shell's pid stays. Only the
+	// running command's two output FIFOs exist (with . and ..).
+	pid := run("", "plain=1; greet() { echo \"hi $1\"; }; echo $$")
+	if got := run("", "echo $$ $plain; greet x; ls -a /dev/.warren | wc -l"); got != pid[:len(pid)-1]+" 1\nhi x\n4\n" {
+		t.Fatalf("live shell: %q (pid %q)", got, pid)
+	}
 	// Concurrent commands in several sessions.
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)

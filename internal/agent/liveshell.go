@@ -1,0 +1,389 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// A live shell is a session's long-lived shell. It runs a loop that reads
+// one script after another from fd 3 and, after each, reports the command's
+// status, $PWD and exported variables on fd 4, so a command costs no
+// process start or exit: only the shell's parse and run of it (tens of µs
+// for a builtin, where starting a shell costs ~0.8 ms of CPU here). Like a
+// terminal, everything the shell holds persists between the session's
+// commands: exported and plain variables, functions, options.
+//
+// Each command gets its own stdout and stderr: two FIFOs the agent creates
+// and the script redirects to, so a daemon a command leaves behind keeps
+// only that command's (drained, then ignored) streams, as with a fresh
+// shell. Commands with stdin, another user, a background or trusted
+// command, or a very long script use a fresh shell instead.
+
+// liveLoop is the shell program of a live shell. A script is framed by a
+// line holding a fresh end marker before and after it; EOF on fd 3 ends the
+// shell quietly. The exit trap reports a command that ends the shell (exit,
+// set -e) with its status prefixed by "E".
+const liveLoop = `trap '__warren_rc=$?; { printf "E%s\0%s\0" "$__warren_rc" "$PWD"; export -p; printf "\0"; } >&4 2>/dev/null' EXIT
+while IFS= read -r __warren_end <&3; do
+__warren_s=
+while IFS= read -r __warren_l <&3; do
+case $__warren_l in "$__warren_end") break ;; esac
+__warren_s="$__warren_s$__warren_l
+"
+done
+eval "$__warren_s"
+done
+trap - EXIT
+`
+
+// liveUnshadow removes functions that would replace the regular builtins
+// the scripts use (printf, cd, read); the backslashes in the scripts keep
+// aliases out. (Special builtins such as eval and export come before
+// functions anyway.)
+const liveUnshadow = `\unset -f printf cd read 2>/dev/null` + "\n"
+
+// liveReport ends every script: the status of the command, then the state.
+const liveReport = `__warren_rc=$?` + "\n" + liveUnshadow +
+	`{ \printf '%s\0%s\0' "$__warren_rc" "$PWD"; \export -p; \printf '\0'; } >&4 2>/dev/null` + "\n"
+
+const (
+	// maxLiveShells bounds the live shells of one agent (one per session).
+	maxLiveShells = 8
+	// maxLiveScript is the longest command a live shell takes: it reads
+	// its scripts a byte at a time.
+	maxLiveScript = 8 << 10
+)
+
+// liveShell is one running live shell.
+type liveShell struct {
+	pid     int
+	exit    <-chan exitInfo
+	cred    *credential
+	script  int         // write end of the shell's fd 3 (blocking)
+	reports chan []byte // its state reports, in order
+	env     map[string]string
+	dir     string
+}
+
+// liveReportExit marks a report from the exit trap.
+const liveReportExit = 'E'
+
+// liveShells counts the agent's live shells.
+type liveShells struct {
+	n   atomic.Int32
+	dir string // where per-command FIFOs are made ("": no live shells)
+	seq atomic.Uint64
+}
+
+// startLive spawns a live shell with env in dir.
+func (a *Agent) startLive(env map[string]string, dir string, cred *credential) (*liveShell, error) {
+	if a.live.n.Add(1) > maxLiveShells {
+		a.live.n.Add(-1)
+		return nil, nil
+	}
+	var fds []int
+	fail := func(err error) (*liveShell, error) {
+		closeAll(fds...)
+		a.live.n.Add(-1)
+		return nil, err
+	}
+	scR, scW, err := pipe()
+	if err != nil {
+		return fail(err)
+	}
+	fds = append(fds, scR, scW)
+	stR, stW, err := pipe()
+	if err != nil {
+		return fail(err)
+	}
+	fds = append(fds, stR, stW)
+	null, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fail(err)
+	}
+	fds = append(fds, null)
+	argv := []string{a.shell, "-c", liveLoop}
+	if filepath.Base(a.shell) == "busybox" {
+		argv[0] = "sh"
+	}
+	pid, exit, err := a.forkExec(a.shell, argv, env, dir, cred,
+		[]uintptr{uintptr(null), uintptr(null), uintptr(null), uintptr(scR), uintptr(stW)})
+	if err != nil {
+		return fail(err)
+	}
+	closeAll(scR, stW, null)
+	ls := &liveShell{pid: pid, exit: exit, cred: cred, script: scW, reports: make(chan []byte, 1), env: env, dir: dir}
+	go readReports(pollFile(stR, "state"), ls.reports)
+	return ls, nil
+}
+
+// readReports splits a live shell's fd 4 into reports until EOF.
+func readReports(f *os.File, out chan<- []byte) {
+	defer close(out)
+	defer f.Close()
+	var buf []byte
+	b := make([]byte, 32<<10)
+	for {
+		n, err := f.Read(b)
+		buf = append(buf, b[:n]...)
+		for {
+			end, nuls := 0, 0
+			for i, c := range buf {
+				if c == 0 {
+					if nuls++; nuls == stateFields {
+						end = i + 1
+						break
+					}
+				}
+			}
+			if end == 0 {
+				break
+			}
+			out <- bytes.Clone(buf[:end])
+			buf = buf[end:]
+		}
+		if err != nil || len(buf) > 64<<20 {
+			return
+		}
+	}
+}
+
+// close ends an idle live shell: EOF on its script pipe ends its loop.
+func (ls *liveShell) close(a *Agent) {
+	if ls.script >= 0 {
+		unix.Close(ls.script)
+		ls.script = -1
+		a.live.n.Add(-1)
+	}
+}
+
+// alive reports whether the shell has not exited.
+func (ls *liveShell) alive() bool {
+	select {
+	case <-ls.exit:
+		return false
+	default:
+		return true
+	}
+}
+
+// takeLive returns the session's idle live shell for the plan, starting one
+// when the session has none, or nil when the command must use a fresh
+// shell.
+func (a *Agent) takeLive(p *execPlan) *liveShell {
+	if a.live.dir == "" || p.req.Background || p.req.Trusted || len(p.req.Stdin) > 0 ||
+		len(p.req.Cmd) > maxLiveScript || a.cfg.Stateless != nil || p.cred.key() != a.defUser.key() {
+		return nil
+	}
+	s := p.sess
+	s.mu.Lock()
+	if s.liveBusy {
+		s.mu.Unlock()
+		return nil
+	}
+	ls := s.live
+	s.live, s.liveBusy = nil, true
+	s.mu.Unlock()
+	if ls != nil && !ls.alive() {
+		ls.close(a)
+		ls = nil
+	}
+	if ls == nil {
+		var err error
+		if ls, err = a.startLive(p.env, p.cwd, p.cred); err != nil || ls == nil {
+			if err != nil {
+				a.log.Warn("agent: live shell", "err", err)
+			}
+			a.putLive(s, nil)
+			return nil
+		}
+	}
+	return ls
+}
+
+// putLive gives the session its live shell back (nil: it has none now).
+func (a *Agent) putLive(s *session, ls *liveShell) {
+	s.mu.Lock()
+	old := s.live
+	s.live, s.liveBusy = ls, false
+	s.mu.Unlock()
+	if old != nil && old != ls {
+		old.close(a)
+	}
+}
+
+// fifoDir prepares the directory for per-command FIFOs.
+func (a *Agent) fifoDir() (string, error) {
+	if err := os.MkdirAll(a.live.dir, 0o711); err != nil {
+		return "", err
+	}
+	return a.live.dir, nil
+}
+
+// startLiveCommand runs the planned command in ls.
+func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit func(string, []byte)) (*running, error) {
+	var b strings.Builder
+	b.WriteString(liveUnshadow)
+	if !writeEnvDiff(&b, ls.env, ls.dir, p.env, p.cwd) {
+		return nil, errLiveUnfit
+	}
+	dir, err := a.fifoDir()
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("%s/%d.%d", dir, os.Getpid(), a.live.seq.Add(1))
+	var (
+		paths []string
+		reads []*os.File
+		keep  []int
+	)
+	fail := func(err error) (*running, error) {
+		for _, f := range reads {
+			f.Close()
+		}
+		closeAll(keep...)
+		for _, p := range paths {
+			_ = os.Remove(p)
+		}
+		return nil, err
+	}
+	for _, suffix := range []string{".out", ".err"} {
+		path := name + suffix
+		if err := unix.Mkfifo(path, 0o600); err != nil {
+			return fail(err)
+		}
+		paths = append(paths, path)
+		if ls.cred != nil {
+			if err := os.Lchown(path, int(ls.cred.uid), int(ls.cred.gid)); err != nil {
+				return fail(err)
+			}
+		}
+		r, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		reads = append(reads, pollFile(r, suffix[1:]))
+		// Our own writer keeps the FIFO from reading as ended before the
+		// shell has opened it; it is closed once the command reported.
+		w, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		keep = append(keep, w)
+	}
+	b.WriteString("__warren_cmd=" + shellQuote(p.req.Cmd) + "\n")
+	b.WriteString(`\eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-\n")
+	b.WriteString(liveReport)
+	marker := fmt.Sprintf("__warren_end_%d_%d", os.Getpid(), a.live.seq.Add(1))
+	framed := marker + "\n" + b.String() + marker + "\n"
+
+	r := &running{pid: ls.pid, exit: ls.exit, start: time.Now(), reports: ls.reports,
+		live: ls, sess: p.sess, keep: keep, fifos: paths, startTicks: bootTicks()}
+	r.armTimeout(p.req.Timeout)
+	r.outs = []*outStream{
+		newOutStream(agentproto.StreamStdout, reads[0], limit, emit),
+		newOutStream(agentproto.StreamStderr, reads[1], limit, emit),
+	}
+	if err := writeAll(ls.script, []byte(framed)); err != nil {
+		// The shell is gone: finish sees its exit.
+		a.log.Debug("agent: live shell write", "err", err)
+	}
+	return r, nil
+}
+
+// errLiveUnfit says a command cannot run in the live shell.
+var errLiveUnfit = errf(agentproto.ErrInvalid, "exec: not for a live shell")
+
+// endLive settles the live shell after its command: back to the session when
+// the command reported normally, otherwise ended.
+func (a *Agent) endLive(r *running, st shellState, reported, exiting bool) {
+	ls := r.live
+	if reported && !exiting && !r.timedOut && ls.alive() {
+		ls.env, ls.dir = st.env, st.cwd
+		a.putLive(r.sess, ls)
+		return
+	}
+	ls.close(a)
+	if ls.alive() {
+		// Only the shell: daemons of earlier commands share its group.
+		_ = unix.Kill(ls.pid, unix.SIGKILL)
+	}
+	a.putLive(r.sess, nil)
+}
+
+// bootTicks is now in the clock ticks of /proc/<pid>/stat's start time.
+func bootTicks() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano()) / (1e9 / clockTicks)
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times (100 on Linux).
+const clockTicks = 100
+
+// killSince kills the processes of process group pgid that started at or
+// after tick since, and the group leader (the live shell): a timed-out
+// command and everything it started die, while daemons that earlier
+// commands of the session left in the same group live on. A daemon started
+// in the very tick (10 ms) the command began is killed too.
+func killSince(pgid int, since uint64) {
+	_ = unix.Kill(pgid, unix.SIGKILL)
+	for round := 0; round < 3; round++ {
+		ents, err := os.ReadDir("/proc")
+		if err != nil {
+			return
+		}
+		killed := 0
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			i := bytes.LastIndexByte(b, ')')
+			if i < 0 {
+				continue
+			}
+			f := strings.Fields(string(b[i+1:]))
+			// Fields after the command: state ppid pgrp ... starttime is
+			// field 22 of the line, index 19 here.
+			if len(f) < 20 {
+				continue
+			}
+			pg, _ := strconv.Atoi(f[2])
+			start, _ := strconv.ParseUint(f[19], 10, 64)
+			if pg == pgid && start >= since {
+				_ = unix.Kill(pid, unix.SIGKILL)
+				killed++
+			}
+		}
+		if killed == 0 {
+			return
+		}
+	}
+}
+
+// parseReport reads a state report; exiting says the exit trap sent it (the
+// shell is ending).
+func parseReport(b []byte) (st shellState, exiting, ok bool) {
+	if len(b) > 0 && b[0] == liveReportExit {
+		b, exiting = b[1:], true
+	}
+	st, ok = parseState(b)
+	return st, exiting, ok
+}
