@@ -10,8 +10,8 @@ const (
 	StateRunning  = "running"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
-	// StateLost is reported for a sandbox whose node stopped heartbeating:
-	// nothing can reach it until the node comes back and reconciles.
+	// StateLost is reported for a sandbox whose node stopped heartbeating.
+	// It never comes back: its node destroys it when it returns.
 	StateLost   = "lost"
 	StatePaused = "paused" // frozen, memory pushed to swap; any operation resumes it
 )
@@ -539,7 +539,7 @@ type Usage struct {
 type Event struct {
 	Seq     uint64    `json:"seq"`
 	Time    time.Time `json:"time"`
-	Type    string    `json:"type"` // node.down, node.up, sandbox.lost
+	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed
 	Node    string    `json:"node,omitempty"`
 	Sandbox string    `json:"sandbox,omitempty"`
 	Project string    `json:"project,omitempty"`
@@ -557,6 +557,9 @@ const (
 	EventNodeDown    = "node.down"
 	EventNodeUp      = "node.up"
 	EventSandboxLost = "sandbox.lost"
+	// EventSandboxDestroyed: a node that comes back destroyed a sandbox
+	// reported lost while it was unheard.
+	EventSandboxDestroyed = "sandbox.destroyed"
 )
 
 type NodeList struct {

@@ -69,27 +69,27 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 	}
 	err = s.cfg.Bus.Call(bus.WithHeaders(ctx, h), bus.EdgeSubject(node), op, req, out, onChunk)
 	if errors.Is(err, bus.ErrNoResponders) {
-		known, _ := s.cfg.Watcher.Known(node)
-		if !known {
-			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found (no node %s)", id, node)}
-		}
-		if project, lost := s.cfg.Watcher.Lost(id); lost {
+		if project, lost := s.cfg.Watcher.Lost(ctx, id, node); lost {
 			if !p.InScope(project) {
 				return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
 			}
-			return &lostError{id: id, node: node}
+			return &lostError{id: id, node: node, project: project}
+		}
+		if known, _ := s.cfg.Watcher.Known(node); !known {
+			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found (no node %s)", id, node)}
 		}
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s of sandbox %s is not available", node, id)}
 	}
 	return err
 }
 
-// lostError is a sandbox whose node went down; get answers it as state
-// "lost", every other operation as 503.
-type lostError struct{ id, node string }
+// lostError is a sandbox reported lost with its node (it never comes
+// back: its node destroys it when it returns); get answers it as state
+// "lost", every other operation as 409, as its node does once back.
+type lostError struct{ id, node, project string }
 
 func (e *lostError) Error() string {
-	return fmt.Sprintf("sandbox %s is lost: its node %s is down", e.id, e.node)
+	return fmt.Sprintf("sandbox %s is lost: its node %s went down", e.id, e.node)
 }
 
 func idempotencyKey(r *http.Request) (string, error) {
@@ -244,8 +244,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 		if !errors.As(err, &le) {
 			return err
 		}
-		project, _ := s.cfg.Watcher.Lost(id)
-		sb = api.Sandbox{ID: id, Node: le.node, Project: project, State: api.StateLost, Reason: "node " + le.node + " is down"}
+		sb = api.Sandbox{ID: id, Node: le.node, Project: le.project, State: api.StateLost, Reason: edge.LostReason(le.node)}
 	}
 	writeJSON(w, http.StatusOK, &sb)
 	return nil

@@ -283,7 +283,7 @@ func (s *Server) toAPIError(err error) *api.Error {
 	case errors.As(err, &ae):
 		return ae
 	case errors.As(err, new(*lostError)):
-		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
 	case errors.Is(err, bus.ErrNoResponders):
 		return &api.Error{Code: api.CodeUnavailable, Message: "the sandbox's node is not available"}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -138,6 +138,14 @@ type Edge struct {
 	roster     jetstream.KeyValue
 	lastRoster string
 
+	// Sandboxes of this node the control plane reported lost (see lost.go):
+	// id -> project, under mu.
+	lost        map[string]string
+	lostKV      *bus.Lost
+	events      *bus.Events
+	reconciled  chan struct{} // closed once reconcile is done
+	pendingLost [][2]string   // destroyed by reconcile: sandbox.destroyed to publish
+
 	subs   []*nats.Subscription
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -196,7 +204,7 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), pools: map[string]*pool{}, fn: map[string]*fnShape{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, fn: map[string]*fnShape{}}
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	for _, d := range []string{e.recordsDir(), e.runDir()} {
@@ -227,19 +235,41 @@ func (e *Edge) Start(ctx context.Context) error {
 	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
 		return err
 	}
-	if err := e.reconcile(ctx); err != nil {
+	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {
 		return err
 	}
-	if e.cfg.RosterEvery > 0 {
-		kv, err := e.cfg.Bus.KeyValue(ctx, bus.BucketRoster, 0)
-		if err != nil {
-			return err
-		}
-		e.roster = kv
+	if e.events, err = e.cfg.Bus.OpenEvents(ctx); err != nil {
+		return err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	e.runCtx = runCtx
+	if err := e.watchLost(runCtx); err != nil {
+		cancel()
+		return err
+	}
+	err = e.reconcile(ctx)
+	close(e.reconciled)
+	if err != nil {
+		cancel()
+		return err
+	}
+	if pending := e.pendingLost; len(pending) > 0 {
+		e.pendingLost = nil
+		go func() {
+			for _, p := range pending {
+				e.lostDestroyed(p[0], p[1])
+			}
+		}()
+	}
+	if e.cfg.RosterEvery > 0 {
+		kv, err := e.cfg.Bus.KeyValue(ctx, bus.BucketRoster, 0)
+		if err != nil {
+			cancel()
+			return err
+		}
+		e.roster = kv
+	}
 	sub, err := e.cfg.Bus.Serve(runCtx, bus.EdgeSubject(e.cfg.Node), "", e.handle)
 	if err != nil {
 		cancel()

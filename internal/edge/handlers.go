@@ -249,6 +249,9 @@ func (e *Edge) list(req *ListRequest) *api.SandboxList {
 func (e *Edge) lookup(id string) (*sandbox, error) {
 	e.mu.Lock()
 	sb := e.sandboxes[id]
+	if sb == nil {
+		sb = e.lostTombstone(id)
+	}
 	e.mu.Unlock()
 	if sb != nil && sb.pooled() {
 		sb = nil // warm pool members are nobody's yet

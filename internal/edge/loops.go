@@ -61,7 +61,7 @@ func (e *Edge) writeRoster(ctx context.Context) {
 	e.mu.Lock()
 	ids := make([]string, 0, len(e.sandboxes))
 	for id, sb := range e.sandboxes {
-		if sb.live() {
+		if sb.live() && !sb.pooled() { // warm pool members are nobody's: not reported lost
 			ids = append(ids, id+" "+sb.rec.Spec.Project)
 		}
 	}

@@ -176,6 +176,10 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		rec := recs[i]
 		id := rec.Sandbox.ID
 		store := rec.storage()
+		if _, lost := e.lost[id]; lost {
+			e.sandboxes[id] = e.reconcileLost(ctx, rec)
+			continue
+		}
 		if rec.Handle != nil && (rec.Sandbox.State == api.StateRunning || rec.Sandbox.State == api.StatePaused) {
 			paused := rec.Sandbox.State == api.StatePaused
 			if paused {

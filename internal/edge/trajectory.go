@@ -434,10 +434,12 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	}
 	t.last = op.Step
 	if op.Checkpoint != "" {
+		// Only while the record still names this sandbox, and only over
+		// the revision read (a resume may rebuild it elsewhere meanwhile).
 		var rec TrajectoryRecord
-		if found, _, gerr := e.trajMeta.Get(ctx, t.name, &rec); gerr == nil && found {
+		if found, rev, gerr := e.trajMeta.Get(ctx, t.name, &rec); gerr == nil && found && rec.Sandbox == op.Sandbox {
 			rec.CheckpointSnap, rec.CheckpointStep = op.Checkpoint, op.Step
-			if perr := e.trajMeta.Put(ctx, t.name, &rec); perr != nil {
+			if perr := e.trajMeta.Update(ctx, t.name, &rec, rev); perr != nil {
 				e.log.Warn("record checkpoint", "trajectory", t.name, "err", perr)
 			}
 		}

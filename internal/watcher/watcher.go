@@ -1,8 +1,9 @@
 // Package watcher keeps the fleet view: which nodes are up, how loaded they
 // are, and what each project holds. It is rebuilt from edge heartbeats, so
 // it holds no durable state. When a node misses its heartbeats the watcher
-// marks it down, reports its sandboxes lost on the event stream and stops
-// offering it; when it heartbeats again it is up (the edge reconciles).
+// marks it down, records its sandboxes lost (bus.BucketLost), reports them
+// on the event stream and stops offering it; when it heartbeats again it is
+// up. The node destroys what was recorded lost instead of adopting it.
 package watcher
 
 import (
@@ -31,6 +32,7 @@ const upFresh = 20 * time.Millisecond
 type Watcher struct {
 	conn   *bus.Conn
 	events *bus.Events
+	lostKV *bus.Lost
 	log    *slog.Logger
 
 	mu    sync.RWMutex
@@ -99,6 +101,9 @@ func Start(ctx context.Context, cfg Config) (*Watcher, error) {
 		return nil, err
 	}
 	w.events = ev
+	if w.lostKV, err = cfg.Bus.OpenLost(ctx); err != nil {
+		return nil, err
+	}
 	sub, err := cfg.Bus.Subscribe(bus.SubjectHeartbeat, w.observe)
 	if err != nil {
 		return nil, err
@@ -248,41 +253,52 @@ func (w *Watcher) check() {
 
 func (w *Watcher) nodeDown(n api.Node) {
 	w.log.Warn("node is down", "node", n.Name, "last_heartbeat", n.LastHeartbeat)
-	var lost []lostSandbox
-	var ids []string
+	lost := map[string]string{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	var roster []byte
 	if kv, err := w.conn.KeyValue(ctx, bus.BucketRoster, 0); err == nil {
 		if e, err := kv.Get(ctx, n.Name); err == nil {
-			for _, line := range strings.Split(string(e.Value()), "\n") {
-				id, project, _ := strings.Cut(line, " ")
-				if id == "" {
-					continue
-				}
-				ids = append(ids, id)
-				lost = append(lost, lostSandbox{node: n.Name, project: project})
-			}
+			roster = e.Value()
+			bus.ParseRoster(roster, lost)
+		}
+	}
+	epoch := n.LastHeartbeat.UnixNano() / int64(time.Second)
+	w.mu.Lock()
+	e := w.nodes[n.Name]
+	back := e == nil || !e.down
+	w.mu.Unlock()
+	if back {
+		return // it came back meanwhile
+	}
+	msg := fmt.Sprintf("node %s missed its heartbeats; %d sandboxes lost", n.Name, len(lost))
+	if len(lost) > 0 && w.lostKV != nil {
+		// Recorded before it is reported: a sandbox reported lost never
+		// comes back to life (its node destroys it when it returns).
+		if err := w.lostKV.Record(ctx, n.Name, epoch, roster); err != nil {
+			w.log.Error("cannot record lost sandboxes; they stay unavailable until their node returns", "node", n.Name, "err", err)
+			msg = fmt.Sprintf("node %s missed its heartbeats; its %d sandboxes are unavailable", n.Name, len(lost))
+			lost = nil
 		}
 	}
 	w.mu.Lock()
-	if e := w.nodes[n.Name]; e == nil || !e.down {
-		w.mu.Unlock()
-		return // it came back meanwhile
-	}
-	for i, id := range ids {
-		w.lost[id] = lost[i]
+	for id, project := range lost {
+		w.lost[id] = lostSandbox{node: n.Name, project: project}
 	}
 	w.mu.Unlock()
 	if w.events == nil {
 		return
 	}
-	epoch := n.LastHeartbeat.UnixNano() / int64(time.Second)
 	now := time.Now().UTC()
-	w.publish(api.Event{Time: now, Type: api.EventNodeDown, Node: n.Name,
-		Message: fmt.Sprintf("node %s missed its heartbeats; %d sandboxes lost", n.Name, len(ids))},
+	w.publish(api.Event{Time: now, Type: api.EventNodeDown, Node: n.Name, Message: msg},
 		fmt.Sprintf("down-%s-%d", n.Name, epoch))
-	for i, id := range ids {
-		w.publish(api.Event{Time: now, Type: api.EventSandboxLost, Node: n.Name, Sandbox: id, Project: lost[i].project,
+	ids := make([]string, 0, len(lost))
+	for id := range lost {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		w.publish(api.Event{Time: now, Type: api.EventSandboxLost, Node: n.Name, Sandbox: id, Project: lost[id],
 			Message: "its node " + n.Name + " is down"}, fmt.Sprintf("lost-%s-%d", id, epoch))
 	}
 }
@@ -290,12 +306,25 @@ func (w *Watcher) nodeDown(n api.Node) {
 // Events is the event stream (nil without a bus).
 func (w *Watcher) Events() *bus.Events { return w.events }
 
-// Lost reports whether sandbox id was on a node that went down, and its project.
-func (w *Watcher) Lost(id string) (project string, ok bool) {
+// Lost reports whether sandbox id was reported lost with its node, and its
+// project: from memory while this watcher saw the node down, else from the
+// lost-sandbox bucket (a watcher started after the node went down; only on
+// the rare path of a sandbox whose node does not answer).
+func (w *Watcher) Lost(ctx context.Context, id, node string) (project string, ok bool) {
 	w.mu.RLock()
-	defer w.mu.RUnlock()
 	l, ok := w.lost[id]
-	return l.project, ok
+	w.mu.RUnlock()
+	if ok || w.lostKV == nil || node == "" {
+		return l.project, ok
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	all, err := w.lostKV.Of(cctx, node)
+	if err != nil {
+		return "", false
+	}
+	project, ok = all[id]
+	return project, ok
 }
 
 // ProjectUsage is what the live sandboxes of project and its descendants

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/serve"
 	warren "github.com/warrenhq/warren/sdk/go"
 )
 
@@ -153,7 +154,9 @@ func startCluster(t *testing.T, edges ...string) *cluster {
 		for _, name := range edges {
 			if p := c.edges[name]; !p.running() {
 				p.start()
-				time.Sleep(3 * time.Second)
+				for i := 0; i < 600 && p.running() && !strings.Contains(p.logs.String(), "edge is serving"); i++ {
+					time.Sleep(100 * time.Millisecond)
+				}
 			}
 		}
 	})
@@ -285,6 +288,15 @@ func TestClusterFaults(t *testing.T) {
 		})
 	}()
 	time.Sleep(time.Second) // the node's roster names sandboxes within 500ms
+	victimDir := filepath.Join(c.dir, "edge-"+victim)
+	tracesBefore := map[string]sandboxTraces{}
+	for _, id := range append([]string{traj.ID}, byNode[victim]...) {
+		tr := traces(victimDir, id)
+		if len(tr.cgroups) == 0 || len(tr.pids) == 0 {
+			t.Fatalf("sandbox %s on %s: no cgroup or process found (%+v): the trace check sees nothing", id, victim, tr)
+		}
+		tracesBefore[id] = tr
+	}
 	c.edges[victim].kill9()
 	killedAt := time.Now()
 
@@ -336,18 +348,16 @@ func TestClusterFaults(t *testing.T) {
 			t.Fatalf("live step %d on %s: %+v %v", i, nb.Node, res, err)
 		}
 	}
-	if r, err := c.C.Exec(ctx, nb.ID, api.ExecRequest{Cmd: "wc -l < /counter; ls /state | wc -l"}); err != nil || r.Stdout != fmt.Sprintf("%d\n%d\n", trajSteps+2, trajSteps+2) {
+	check := api.ExecRequest{Cmd: "wc -l < /counter; ls /state | wc -l"}
+	if r, err := c.C.Exec(ctx, nb.ID, check); err != nil || r.Stdout != fmt.Sprintf("%d\n%d\n", trajSteps+2, trajSteps+2) {
 		t.Fatalf("rebuilt filesystem on %s: %+v %v (want each step run once)", nb.Node, r, err)
-	}
-	if _, err := c.C.Delete(ctx, nb.ID); err != nil {
-		t.Fatal(err)
 	}
 	sb, err := c.C.Get(ctx, byNode[victim][0])
 	if err != nil || sb.State != api.StateLost {
 		t.Fatalf("get of a lost sandbox: %v %+v", err, sb)
 	}
-	if _, err := c.C.Exec(ctx, byNode[victim][0], api.ExecRequest{Cmd: "true"}); !warren.IsUnavailable(err) {
-		t.Fatalf("exec in a lost sandbox: %v, want 503", err)
+	if _, err := c.C.Exec(ctx, byNode[victim][0], api.ExecRequest{Cmd: "true"}); !warren.IsConflict(err) {
+		t.Fatalf("exec in a lost sandbox: %v, want 409", err)
 	}
 	// The others are unaffected and creates continue, never on the dead node.
 	for n, ids := range byNode {
@@ -405,13 +415,111 @@ func TestClusterFaults(t *testing.T) {
 		}
 	}
 
-	// The dead edge comes back, adopts its sandboxes and is up again.
+	// The dead edge comes back. What was reported lost does not come back
+	// to life: the node destroys it (processes, cgroups, mounts, storage)
+	// before it serves, says so on the event stream, and answers it as
+	// lost; the trajectory goes on on the sandbox it was rebuilt on.
 	c.startEdge(victim)
 	c.waitNodes(3)
-	deadline := time.Now().Add(20 * time.Second)
+	lostIDs := append([]string{traj.ID}, byNode[victim]...)
+	destroyed := map[string]bool{}
+	for _, id := range lostIDs {
+		destroyed[id] = true
+	}
+	after := start.Next
+	deadline := time.Now().Add(30 * time.Second)
+	for len(destroyed) > 0 {
+		evs, err := c.C.Events(ctx, after, 1000, time.Second)
+		if err == nil {
+			for _, ev := range evs.Events {
+				if ev.Type == api.EventSandboxDestroyed && ev.Node == victim {
+					delete(destroyed, ev.Sandbox)
+				}
+			}
+			after = evs.Next
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no sandbox.destroyed event for %v (%v)", destroyed, err)
+		}
+	}
+	for _, id := range lostIDs {
+		if tr := traces(victimDir, id); len(tr.cgroups)+len(tr.mounts) > 0 || alive(tracesBefore[id].pids, id) {
+			t.Fatalf("lost sandbox %s still on %s after it came back: %+v (before: %+v)", id, victim, tr, tracesBefore[id])
+		}
+		if _, err := os.Stat(filepath.Join(victimDir, "edge", "run", id)); !os.IsNotExist(err) {
+			t.Fatalf("lost sandbox %s: state dir left (%v)", id, err)
+		}
+		sb, err := c.C.Get(ctx, id)
+		if err != nil || sb.State != api.StateLost {
+			t.Fatalf("get of a lost sandbox after its node came back: %v %+v", err, sb)
+		}
+		if _, err := c.C.Exec(ctx, id, api.ExecRequest{Cmd: "true"}); !warren.IsConflict(err) {
+			t.Fatalf("exec in a lost sandbox after its node came back: %v, want 409", err)
+		}
+	}
+	rb, err := c.C.ResumeTrajectory(ctx, "cluster/rollout", false)
+	if err != nil || rb.ID != nb.ID {
+		t.Fatalf("resume after the old node came back: %+v %v (want the rebuilt %s)", rb, err, nb.ID)
+	}
+	if r, err := c.C.Mkdir(ctx, nb.ID, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed {
+		t.Fatalf("replayed mkdir: %+v %v", r, err)
+	}
+	for i := 1; i <= trajSteps+2; i++ {
+		if res, err := c.C.Exec(ctx, nb.ID, counterOp(i)); err != nil || !res.Replayed || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("replay %d on %s: %+v %v", i, nb.Node, res, err)
+		}
+	}
+	if r, err := c.C.Exec(ctx, nb.ID, check); err != nil || !r.Replayed {
+		t.Fatalf("replayed check: %+v %v", r, err)
+	}
+	if res, err := c.C.Exec(ctx, nb.ID, counterOp(trajSteps+3)); err != nil || res.Replayed || res.Step != int64(trajSteps+5) ||
+		strings.TrimSpace(res.Stdout) != fmt.Sprint(trajSteps+3) {
+		t.Fatalf("live step after the old node came back: %+v %v", res, err)
+	}
+	if tr, err := c.C.Trajectory(ctx, "cluster/rollout", 0, 0); err != nil || tr.Sandbox != nb.ID {
+		t.Fatalf("trajectory record: %+v %v (want sandbox %s)", tr, err, nb.ID)
+	}
+	if _, err := c.C.Delete(ctx, nb.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// A sandbox that was never reported lost is adopted: the edge dies and
+	// comes back before it is marked down.
+	kept, err := c.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64,
+		NodeSelector: map[string]string{"zone": victim}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // in the roster
+	c.edges[victim].kill9()
+	c.startEdge(victim)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
-		sb, err := c.C.Get(ctx, byNode[victim][0])
+		sb, err := c.C.Get(ctx, kept.ID)
 		if err == nil && sb.State == api.StateRunning {
+			if r, err := c.C.Exec(ctx, kept.ID, api.ExecRequest{Cmd: "echo ok"}); err != nil || r.Stdout != "ok\n" {
+				t.Fatalf("exec in the adopted sandbox: %+v %v", r, err)
+			}
+			break
+		}
+		if err == nil && sb.State == api.StateLost {
+			// Restarting took longer than the heartbeat timeout: then it
+			// must have been reported lost, and is destroyed.
+			down := false
+			for after := start.Next; !down; {
+				evs, err := c.C.Events(ctx, after, 1000, 0)
+				if err != nil || len(evs.Events) == 0 {
+					break
+				}
+				for _, ev := range evs.Events {
+					down = down || (ev.Type == api.EventSandboxLost && ev.Sandbox == kept.ID)
+				}
+				after = evs.Next
+			}
+			if !down {
+				t.Fatalf("sandbox %s answers lost but was never reported lost", kept.ID)
+			}
+			t.Logf("the edge took longer than %v to restart: %s was reported lost, not adopted", 5*time.Second, kept.ID)
 			break
 		}
 		if time.Now().After(deadline) {
@@ -419,4 +527,38 @@ func TestClusterFaults(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// sandboxTraces is what a sandbox holds on its host.
+type sandboxTraces struct{ cgroups, pids, mounts []string }
+
+// traces finds sandbox id's cgroups (of the edge with dataDir), the
+// processes in them, and the mounts naming it.
+func traces(dataDir, id string) sandboxTraces {
+	var tr sandboxTraces
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir) + "/" + id)
+	for _, d := range dirs {
+		tr.cgroups = append(tr.cgroups, d)
+		if b, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil {
+			tr.pids = append(tr.pids, strings.Fields(string(b))...)
+		}
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(mi), "\n") {
+		if strings.Contains(l, id) {
+			tr.mounts = append(tr.mounts, l)
+		}
+	}
+	return tr
+}
+
+// alive reports whether any of pids still runs in a cgroup of sandbox id
+// (a reused pid elsewhere does not count).
+func alive(pids []string, id string) bool {
+	for _, p := range pids {
+		if b, err := os.ReadFile("/proc/" + p + "/cgroup"); err == nil && strings.Contains(string(b), "/"+id) {
+			return true
+		}
+	}
+	return false
 }
