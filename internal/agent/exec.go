@@ -43,6 +43,7 @@ type running struct {
 	keep       []int         // our writers of its output FIFOs
 	fifos      []string
 	startTicks uint64
+	sawExit    bool // finish received the shell's exit
 
 	mu       sync.Mutex
 	exited   bool
@@ -374,7 +375,7 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	)
 	select {
 	case ei := <-r.exit:
-		ws, endedAt = ei.status, ei.at
+		ws, endedAt, r.sawExit = ei.status, ei.at, true
 	case b := <-reports:
 		reports = nil
 		if st, exiting, reported = parseReport(b); reported {
@@ -382,7 +383,16 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 			break
 		}
 		ei := <-r.exit
-		ws, endedAt = ei.status, ei.at
+		ws, endedAt, r.sawExit = ei.status, ei.at, true
+	}
+	if !reported && reports != nil && ws.Exited() {
+		// The shell ended normally: its report was written before, and
+		// may just not have been read yet.
+		select {
+		case b := <-reports:
+			st, exiting, reported = parseReport(b)
+		case <-time.After(stateWait):
+		}
 	}
 	r.mu.Lock()
 	r.exited = true
@@ -443,13 +453,6 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 	}
 
 	if r.state != nil {
-		if reports != nil && !timedOut && ws.Exited() {
-			select {
-			case b := <-reports:
-				st, _, reported = parseReport(b)
-			case <-time.After(stateWait):
-			}
-		}
 		r.state.Close()
 	}
 	if reported {

@@ -73,6 +73,7 @@ type liveShell struct {
 	reports chan []byte // its state reports, in order
 	env     map[string]string
 	dir     string
+	dead    bool // its exit was received (its pid may be reused)
 }
 
 // liveReportExit marks a report from the exit trap.
@@ -167,10 +168,15 @@ func (ls *liveShell) close(a *Agent) {
 	}
 }
 
-// alive reports whether the shell has not exited.
+// alive reports whether the shell has not exited. Only the holder of the
+// shell (the session's idle slot, or the command running in it) calls it.
 func (ls *liveShell) alive() bool {
+	if ls.dead {
+		return false
+	}
 	select {
 	case <-ls.exit:
+		ls.dead = true
 		return false
 	default:
 		return true
@@ -314,7 +320,7 @@ func (a *Agent) endLive(r *running, st shellState, reported, exiting bool) {
 		return
 	}
 	ls.close(a)
-	if ls.alive() {
+	if !r.sawExit && ls.alive() {
 		// Only the shell: daemons of earlier commands share its group.
 		_ = unix.Kill(ls.pid, unix.SIGKILL)
 	}
