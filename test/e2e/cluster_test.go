@@ -520,12 +520,59 @@ func TestClusterFaults(t *testing.T) {
 				t.Fatalf("sandbox %s answers lost but was never reported lost", kept.ID)
 			}
 			t.Logf("the edge took longer than %v to restart: %s was reported lost, not adopted", 5*time.Second, kept.ID)
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("sandbox of the restarted node: %v %+v", err, sb)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+
+	// A partition: the edge lives on but is unheard (stopped) until it is
+	// marked down and its sandbox reported lost; when it is heard again it
+	// destroys the sandbox at once, without a restart.
+	keptTraces := traces(victimDir, kept.ID)
+	p := c.edges[victim].cmd.Process
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = p.Signal(syscall.SIGCONT)
+		}
+	}()
+	waitEvent := func(typ, id string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			for after := start.Next; ; {
+				evs, err := c.C.Events(ctx, after, 1000, 0)
+				if err != nil || len(evs.Events) == 0 {
+					break
+				}
+				for _, ev := range evs.Events {
+					if ev.Type == typ && ev.Sandbox == id {
+						return
+					}
+				}
+				after = evs.Next
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s event for %s", typ, id)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	waitEvent(api.EventSandboxLost, kept.ID)
+	_ = p.Signal(syscall.SIGCONT)
+	stopped = false
+	waitEvent(api.EventSandboxDestroyed, kept.ID)
+	if tr := traces(victimDir, kept.ID); len(tr.cgroups)+len(tr.mounts) > 0 || alive(keptTraces.pids, kept.ID) {
+		t.Fatalf("lost sandbox %s still on %s after the partition: %+v", kept.ID, victim, tr)
+	}
+	if sb, err := c.C.Get(ctx, kept.ID); err != nil || sb.State != api.StateLost {
+		t.Fatalf("get of a sandbox lost in a partition: %v %+v", err, sb)
 	}
 }
 
