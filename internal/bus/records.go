@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -237,6 +238,25 @@ func (l *TrajLog) Last(ctx context.Context, traj string) ([]byte, error) {
 // Read returns up to limit entries of traj's log (0 = all) after skipping
 // the first skip, in order.
 func (l *TrajLog) Read(ctx context.Context, traj string, skip, limit int) ([][]byte, error) {
+	// A clustered stream answers "no responders" for a moment while its
+	// leader moves or a new consumer is being placed (busy nodes, a NATS
+	// server that just died): try again briefly.
+	wait := 50 * time.Millisecond
+	for i := 0; ; i++ {
+		out, err := l.read(ctx, traj, skip, limit)
+		if err == nil || !errors.Is(err, nats.ErrNoResponders) || i == 5 || ctx.Err() != nil {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+func (l *TrajLog) read(ctx context.Context, traj string, skip, limit int) ([][]byte, error) {
 	cons, err := l.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{trajSubject(traj)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
@@ -244,9 +264,13 @@ func (l *TrajLog) Read(ctx context.Context, traj string, skip, limit int) ([][]b
 	if err != nil {
 		return nil, fmt.Errorf("bus: read trajectory: %w", err)
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("bus: read trajectory: %w", err)
+	// The create answer says how many are pending (asking again could reach
+	// the new consumer before it is placed).
+	info := cons.CachedInfo()
+	if info == nil {
+		if info, err = cons.Info(ctx); err != nil {
+			return nil, fmt.Errorf("bus: read trajectory: %w", err)
+		}
 	}
 	pending := int(info.NumPending)
 	var out [][]byte
