@@ -44,6 +44,7 @@ type running struct {
 	fifos      []string
 	startTicks uint64
 	sawExit    bool // finish received the shell's exit
+	pooled     bool // a fresh shell: the warm pool is topped up after it
 
 	mu       sync.Mutex
 	exited   bool
@@ -229,7 +230,7 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 		}
 		script = s
 	}
-	r := &running{pid: sp.pid, exit: sp.exit, start: time.Now(), stdin: sp.stdin, state: sp.state}
+	r := &running{pid: sp.pid, exit: sp.exit, start: time.Now(), stdin: sp.stdin, state: sp.state, pooled: a.pool != nil}
 	r.armTimeout(p.req.Timeout)
 	if sp.script >= 0 {
 		_ = writeAll(sp.script, []byte(script))
@@ -409,7 +410,9 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 		_ = os.Remove(f)
 	}
 
-	if a.pool != nil {
+	if r.pooled {
+		// Only commands that take fresh shells keep the pool warm: argv
+		// commands and live shells never use it.
 		defer a.pool.refillSoon()
 	}
 	res := &agentproto.ExecResult{Duration: float64(endedAt.Sub(r.start).Microseconds()) / 1000}
