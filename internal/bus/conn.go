@@ -176,6 +176,15 @@ func (c *Conn) Close() {
 	c.nc.Close()
 }
 
+// opPing is answered by Serve itself: it proves the serving process alive.
+const opPing = "_ping"
+
+// Ping asks whoever serves prefix whether it is alive: nil when it answers
+// within ctx; ErrNoResponders when nothing serves it (its process is gone).
+func (c *Conn) Ping(ctx context.Context, prefix string) error {
+	return c.CallRaw(ctx, prefix, opPing, nil, nil, nil)
+}
+
 // EdgeSubject is the subject prefix an edge named node serves.
 func EdgeSubject(node string) string { return subjectEdgePrefix + node }
 
@@ -367,6 +376,10 @@ func (c *Conn) handle(ctx context.Context, m *nats.Msg, h Handler) {
 	op := m.Header.Get(hdrOp)
 	if op == "" {
 		op = m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	}
+	if op == opPing {
+		w.send(kindDone, nil) // alive (the handler is not involved)
+		return
 	}
 	ctx = context.WithValue(ctx, inHeadersKey{}, m.Header)
 	// A timer, not a goroutine, proves a slow handler alive: most answer

@@ -65,7 +65,13 @@ type entry struct {
 	received time.Time
 	down     bool // reported down (events published)
 	counted  bool // its Projects are in w.projects
+	probing  bool // silent: being asked whether it is alive
 }
+
+// probeTimeout bounds the question to a silent node before it is marked
+// down. A process that is gone answers "no responders" at once; one that
+// is stopped or cut off does not answer.
+const probeTimeout = time.Second
 
 // Config wires a watcher.
 type Config struct {
@@ -73,6 +79,8 @@ type Config struct {
 	Logger *slog.Logger
 	// CheckEvery is how often silent nodes are looked for; 0 = 500ms.
 	CheckEvery time.Duration
+	// Now is the clock (nil = time.Now; tests move it).
+	Now func() time.Time
 }
 
 // New starts listening to heartbeats on conn.
@@ -88,9 +96,12 @@ func Start(ctx context.Context, cfg Config) (*Watcher, error) {
 	if cfg.CheckEvery == 0 {
 		cfg.CheckEvery = 500 * time.Millisecond
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	w := &Watcher{
 		conn: cfg.Bus, log: cfg.Logger.With("part", "watcher"), nodes: make(map[string]*entry),
-		projects: make(map[string]api.Usage), lost: make(map[string]lostSandbox), now: time.Now,
+		projects: make(map[string]api.Usage), lost: make(map[string]lostSandbox), now: cfg.Now,
 		apiservers: make(map[string]time.Time), stop: make(chan struct{}),
 	}
 	if cfg.Bus == nil {
@@ -225,19 +236,17 @@ func (w *Watcher) checkLoop(every time.Duration) {
 }
 
 // check marks silent nodes down, drops their usage and reports their
-// sandboxes lost.
+// sandboxes lost. A silent node is asked first: one that answers is only
+// slow to heartbeat (a loaded host) and stays up, for being marked down
+// gets its sandboxes destroyed.
 func (w *Watcher) check() {
 	now := w.now()
-	var down []api.Node
+	var silent []string
 	w.mu.Lock()
-	for _, e := range w.nodes {
-		if !e.down && now.Sub(e.received) > DownAfter {
-			e.down = true
-			if e.counted {
-				w.addUsage(e.node.Projects, -1)
-				e.counted = false
-			}
-			down = append(down, e.node)
+	for name, e := range w.nodes {
+		if !e.down && !e.probing && now.Sub(e.received) > DownAfter {
+			e.probing = true
+			silent = append(silent, name)
 		}
 	}
 	for id, t := range w.apiservers {
@@ -246,9 +255,48 @@ func (w *Watcher) check() {
 		}
 	}
 	w.mu.Unlock()
-	for _, n := range down {
-		w.nodeDown(n)
+	for _, name := range silent {
+		w.wg.Add(1)
+		go func(name string) {
+			defer w.wg.Done()
+			w.probe(name)
+		}(name)
 	}
+}
+
+// probe asks a silent node whether it is alive and marks it down if not.
+func (w *Watcher) probe(name string) {
+	alive := false
+	if w.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		alive = w.conn.Ping(ctx, bus.EdgeSubject(name)) == nil
+		cancel()
+	}
+	now := w.now()
+	w.mu.Lock()
+	e := w.nodes[name]
+	if e == nil || e.down || !e.probing || now.Sub(e.received) <= DownAfter {
+		if e != nil {
+			e.probing = false
+		}
+		w.mu.Unlock()
+		return // it heartbeated meanwhile
+	}
+	e.probing = false
+	if alive {
+		e.received = now // as good as a heartbeat
+		w.mu.Unlock()
+		w.log.Info("node missed its heartbeats but answers; kept up", "node", name, "last_heartbeat", e.node.LastHeartbeat)
+		return
+	}
+	e.down = true
+	if e.counted {
+		w.addUsage(e.node.Projects, -1)
+		e.counted = false
+	}
+	n := e.node
+	w.mu.Unlock()
+	w.nodeDown(n)
 }
 
 func (w *Watcher) nodeDown(n api.Node) {
