@@ -273,6 +273,12 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		return nil, err
 	}
 	closers = append(closers, closeWritable)
+	closeRunDir, err := openRunDir(o.DataDir, o.KeepOnShutdown, log)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir)})
 	if err != nil {
 		stop()
