@@ -55,33 +55,34 @@ func runHistory(ctx context.Context, o Options, c *warren.Client, rep *Report) e
 			return err
 		}
 		resume := time.Since(t0)
-		t0 = time.Now()
-		for i := 0; i < h.Steps; i++ {
-			r, err := c.Exec(ctx, sb.ID, op(i))
-			if err != nil {
-				return err
+		// replayAll re-issues every logged step, each of which must come
+		// back replayed.
+		replayAll := func(what string) (time.Duration, error) {
+			t0 := time.Now()
+			for i := 0; i < h.Steps; i++ {
+				r, err := c.Exec(ctx, sb.ID, op(i))
+				if err != nil {
+					return 0, err
+				}
+				if !r.Replayed {
+					return 0, fmt.Errorf("%s: step %d was not replayed", what, i+1)
+				}
 			}
-			if !r.Replayed {
-				return fmt.Errorf("fast-forward: step %d was not replayed", i+1)
-			}
+			return time.Since(t0), nil
 		}
-		ff := time.Since(t0)
+		ff, err := replayAll("fast-forward")
+		if err != nil {
+			return err
+		}
 		// Peer in the same run: the same fast-forward served by the edge
 		// (a resume with branch: true is not delegated to the API server).
 		if _, err := c.ResumeTrajectory(ctx, name, true); err != nil {
 			return err
 		}
-		t0 = time.Now()
-		for i := 0; i < h.Steps; i++ {
-			r, err := c.Exec(ctx, sb.ID, op(i))
-			if err != nil {
-				return err
-			}
-			if !r.Replayed {
-				return fmt.Errorf("fast-forward (edge): step %d was not replayed", i+1)
-			}
+		viaEdge, err := replayAll("fast-forward (edge)")
+		if err != nil {
+			return err
 		}
-		viaEdge := time.Since(t0)
 		rep.add(fmt.Sprintf("fast-forward through %d cached steps (one client, sequential HTTP calls)", h.Steps), ms(ff), "ms",
 			fmt.Sprintf("target ≤ 100 ms; resume (reading the log) %.1f ms; recording them live took %.0f ms; the same served by the edge (branch: true) %.0f ms: ratio %.2f×",
 				ms(resume), ms(live), ms(viaEdge), ms(ff)/ms(viaEdge)))
