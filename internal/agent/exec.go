@@ -40,6 +40,7 @@ type running struct {
 	live       *liveShell
 	sess       *session
 	reports    <-chan []byte // the live shell's state reports
+	token      string        // marks this command's report
 	keep       []int         // our writers of its output FIFOs
 	fifos      []string
 	startTicks uint64
@@ -374,25 +375,46 @@ func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
 		reported bool
 		exiting  bool // the live shell's exit trap reported
 	)
-	select {
-	case ei := <-r.exit:
-		ws, endedAt, r.sawExit = ei.status, ei.at, true
-	case b := <-reports:
-		reports = nil
-		if st, exiting, reported = parseReport(b); reported {
-			endedAt = time.Now()
-			break
+awaitEnd:
+	for {
+		select {
+		case ei := <-r.exit:
+			ws, endedAt, r.sawExit = ei.status, ei.at, true
+			break awaitEnd
+		case b, open := <-reports:
+			if !open {
+				reports = nil // only the exit is left to wait for
+				continue
+			}
+			var stale bool
+			if st, exiting, reported, stale = r.parseReport(b); stale {
+				continue
+			}
+			if reported {
+				endedAt = time.Now()
+				break awaitEnd
+			}
+			reports = nil
 		}
-		ei := <-r.exit
-		ws, endedAt, r.sawExit = ei.status, ei.at, true
 	}
 	if !reported && reports != nil && ws.Exited() {
 		// The shell ended normally: its report was written before, and
 		// may just not have been read yet.
-		select {
-		case b := <-reports:
-			st, exiting, reported = parseReport(b)
-		case <-time.After(stateWait):
+		deadline := time.After(stateWait)
+	late:
+		for {
+			select {
+			case b, open := <-reports:
+				var stale bool
+				if !open {
+					break late
+				}
+				if st, exiting, reported, stale = r.parseReport(b); !stale {
+					break late
+				}
+			case <-deadline:
+				break late
+			}
 		}
 	}
 	r.mu.Lock()

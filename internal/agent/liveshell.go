@@ -2,6 +2,8 @@ package agent
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -31,10 +33,12 @@ import (
 
 // liveLoop is the shell program of a live shell. A script is framed by a
 // line holding a fresh end marker before and after it; EOF on fd 3 ends the
-// shell quietly. The exit trap reports a command that ends the shell (exit,
+// shell quietly; lines that are not a marker where one is due (text a process
+// of the sandbox wrote into the pipe) are skipped. The exit trap reports a command that ends the shell (exit,
 // set -e) with its status prefixed by "E".
 const liveLoop = `trap '__warren_rc=$?; { printf "E%s\0%s\0" "$__warren_rc" "$PWD"; export -p; printf "\0"; } >&4 2>/dev/null' EXIT
 while IFS= read -r __warren_end <&3; do
+case $__warren_end in __warren_end_*) ;; *) continue ;; esac
 __warren_s=
 while IFS= read -r __warren_l <&3; do
 case $__warren_l in "$__warren_end") break ;; esac
@@ -52,9 +56,13 @@ trap - EXIT
 // functions anyway.)
 const liveUnshadow = `\unset -f printf cd read 2>/dev/null` + "\n"
 
-// liveReport ends every script: the status of the command, then the state.
-const liveReport = `__warren_rc=$?` + "\n" + liveUnshadow +
-	`{ \printf '%s\0%s\0' "$__warren_rc" "$PWD"; \export -p; \printf '\0'; } >&4 2>/dev/null` + "\n"
+// liveReport ends every script: the command's token and status, then the
+// state. The token tells this command's report from any other a process of
+// the sandbox might write into the shell's report pipe.
+func liveReport(token string) string {
+	return `__warren_rc=$?` + "\n" + liveUnshadow +
+		`{ \printf '%s:%s\0%s\0' ` + token + ` "$__warren_rc" "$PWD"; \export -p; \printf '\0'; } >&4 2>/dev/null` + "\n"
+}
 
 const (
 	// maxLiveShells bounds the live shells of one agent (one per session).
@@ -73,7 +81,8 @@ type liveShell struct {
 	reports chan []byte // its state reports, in order
 	env     map[string]string
 	dir     string
-	dead    bool // its exit was received (its pid may be reused)
+	dead    bool          // its exit was received (its pid may be reused)
+	done    chan struct{} // closed when the shell is let go
 }
 
 // liveReportExit marks a report from the exit trap.
@@ -123,13 +132,15 @@ func (a *Agent) startLive(env map[string]string, dir string, cred *credential) (
 		return fail(err)
 	}
 	closeAll(scR, stW, null)
-	ls := &liveShell{pid: pid, exit: exit, cred: cred, script: scW, reports: make(chan []byte, 1), env: env, dir: dir}
-	go readReports(pollFile(stR, "state"), ls.reports)
+	ls := &liveShell{pid: pid, exit: exit, cred: cred, script: scW, reports: make(chan []byte, 1), env: env, dir: dir,
+		done: make(chan struct{})}
+	go readReports(pollFile(stR, "state"), ls.reports, ls.done)
 	return ls, nil
 }
 
-// readReports splits a live shell's fd 4 into reports until EOF.
-func readReports(f *os.File, out chan<- []byte) {
+// readReports splits a live shell's fd 4 into reports until EOF, or until
+// the shell is let go (done).
+func readReports(f *os.File, out chan<- []byte, done <-chan struct{}) {
 	defer close(out)
 	defer f.Close()
 	var buf []byte
@@ -150,7 +161,11 @@ func readReports(f *os.File, out chan<- []byte) {
 			if end == 0 {
 				break
 			}
-			out <- bytes.Clone(buf[:end])
+			select {
+			case out <- bytes.Clone(buf[:end]):
+			case <-done:
+				return
+			}
 			buf = buf[end:]
 		}
 		if err != nil || len(buf) > 64<<20 {
@@ -164,6 +179,7 @@ func (ls *liveShell) close(a *Agent) {
 	if ls.script >= 0 {
 		unix.Close(ls.script)
 		ls.script = -1
+		close(ls.done)
 		a.live.n.Add(-1)
 	}
 }
@@ -289,11 +305,13 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 	}
 	b.WriteString("__warren_cmd=" + shellQuote(p.req.Cmd) + "\n")
 	b.WriteString(`\eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-\n")
-	b.WriteString(liveReport)
-	marker := fmt.Sprintf("__warren_end_%d_%d", os.Getpid(), a.live.seq.Add(1))
-	framed := marker + "\n" + b.String() + marker + "\n"
+	token := "c" + randomHex()
+	b.WriteString(liveReport(token))
+	marker := "__warren_end_" + randomHex()
+	// The leading newline ends any partial line written into the pipe.
+	framed := "\n" + marker + "\n" + b.String() + marker + "\n"
 
-	r := &running{pid: ls.pid, exit: ls.exit, start: time.Now(), reports: ls.reports,
+	r := &running{pid: ls.pid, exit: ls.exit, start: time.Now(), reports: ls.reports, token: token,
 		live: ls, sess: p.sess, keep: keep, fifos: paths, startTicks: bootTicks()}
 	r.armTimeout(p.req.Timeout)
 	r.outs = []*outStream{
@@ -392,4 +410,28 @@ func parseReport(b []byte) (st shellState, exiting, ok bool) {
 	}
 	st, ok = parseState(b)
 	return st, exiting, ok
+}
+
+// parseReport reads a report for this command. stale says it belongs to no
+// command of ours (a live shell's report without this command's token,
+// which only a process of the sandbox could have written): it is ignored.
+func (r *running) parseReport(b []byte) (st shellState, exiting, ok, stale bool) {
+	if r.live != nil && (len(b) == 0 || b[0] != liveReportExit) {
+		rest, found := bytes.CutPrefix(b, []byte(r.token+":"))
+		if !found {
+			return shellState{}, false, false, true
+		}
+		b = rest
+	}
+	st, exiting, ok = parseReport(b)
+	return st, exiting, ok, false
+}
+
+// randomHex is 16 unpredictable hex digits: a live shell's script markers and
+// report tokens must not be guessable by the sandbox's processes, which can
+// write into the shell's pipes through /proc/<pid>/fd.
+func randomHex() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

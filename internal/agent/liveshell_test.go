@@ -121,3 +121,20 @@ func TestLiveShellConcurrent(t *testing.T) {
 		t.Fatal(e)
 	}
 }
+
+// TestLiveShellForgedReports: reports a process of the sandbox writes into
+// the live shell's report pipe (reachable as /proc/$$/fd/N) are ignored.
+func TestLiveShellForgedReports(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{})
+	forge := `for f in /proc/$$/fd/*; do printf 'c1:0\0/forged\0export F=1\n\0' >"$f" 2>/dev/null; printf '0\0/forged\0\0' >"$f" 2>/dev/null; done; `
+	r := a.mustExec(agentproto.ExecRequest{Cmd: forge + `(sleep 0.2; ` + forge + `) >/dev/null 2>&1 & cd /tmp; false`})
+	if r.ExitCode != 1 {
+		t.Fatalf("forged status taken: %+v", r.ExecResult)
+	}
+	time.Sleep(300 * time.Millisecond) // the daemon forges while the shell is idle
+	for i := 0; i < 3; i++ {
+		if out := a.sh(`pwd; echo "${F-unset}"; exit 0`); out != "/tmp\nunset\n" {
+			t.Fatalf("after forged reports: %q", out)
+		}
+	}
+}
