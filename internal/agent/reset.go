@@ -2,11 +2,14 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -30,29 +33,33 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 	if a.pool != nil {
 		a.pool.invalidate()
 	}
-	// 1. Every process but ourselves. kill(-1) from PID 1 signals every
-	// process of the pid namespace except PID 1; repeat until none is
-	// left, so a fork racing the signal is caught by the next round.
+	// 1. Every process but ourselves.
 	deadline := time.Now().Add(resetWait)
-	for {
-		pids := otherPids()
-		if len(pids) == 0 {
-			break
+	if os.Getpid() == 1 {
+		killed, err := killAllAsInit(ctx, deadline)
+		if err != nil {
+			return nil, errf(agentproto.ErrInternal, "reset: %v", err)
 		}
-		if res.Killed == 0 {
-			res.Killed = len(pids)
+		if killed {
+			res.Killed = 1
 		}
-		if os.Getpid() == 1 {
-			_ = unix.Kill(-1, unix.SIGKILL)
-		} else {
+	} else {
+		for {
+			pids := otherPids()
+			if len(pids) == 0 {
+				break
+			}
+			if res.Killed == 0 {
+				res.Killed = len(pids)
+			}
 			for _, p := range pids {
 				_ = unix.Kill(p, unix.SIGKILL)
 			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return nil, errf(agentproto.ErrInternal, "reset: processes survive: %v", pids)
+			}
+			time.Sleep(200 * time.Microsecond)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, errf(agentproto.ErrInternal, "reset: processes survive: %v", pids)
-		}
-		time.Sleep(200 * time.Microsecond)
 	}
 	if a.pool != nil {
 		a.pool.invalidate() // shells spawned while we were killing
@@ -72,6 +79,34 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 		a.pool.refill()
 	}
 	return res, nil
+}
+
+// killAllAsInit kills every other process of the agent's pid namespace,
+// whose init it is, and waits until none is left. kill(-1) from PID 1
+// signals every process of the namespace but PID 1; each one that dies is,
+// or its orphans become, a child of init, so once the agent has no child
+// at all (alive or zombie: waitid says ECHILD) the namespace holds only
+// the agent. Repeating the kill catches a fork that raced it. killed says
+// whether anything was there.
+func killAllAsInit(ctx context.Context, deadline time.Time) (killed bool, err error) {
+	for {
+		if unix.Kill(-1, unix.SIGKILL) == nil {
+			killed = true
+		}
+		var info unix.Siginfo
+		// WNOWAIT: only look; the reaper collects the statuses.
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		switch {
+		case err == unix.ECHILD:
+			return killed, nil
+		case err != nil && err != unix.EINTR:
+			return killed, fmt.Errorf("waitid: %w", err)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return killed, fmt.Errorf("processes survive: %v", otherPids())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }
 
 // otherPids lists the live processes of the pid namespace other than the
@@ -129,9 +164,14 @@ func makeRemovable(p string) error {
 }
 
 // removeSysVIPC removes every SysV shared memory segment, message queue and
-// semaphore set listed in /proc/sysvipc.
+// semaphore set listed in /proc/sysvipc. The kernel's counts (SHM_INFO,
+// MSG_INFO, SEM_INFO) are asked first: when nothing exists, as after most
+// tasks, no file is read.
 func removeSysVIPC() {
 	for _, kind := range []string{"shm", "msg", "sem"} {
+		if n, err := sysvCount(kind); err == nil && n == 0 {
+			continue
+		}
 		b, err := os.ReadFile("/proc/sysvipc/" + kind)
 		if err != nil {
 			continue
@@ -156,6 +196,41 @@ func removeSysVIPC() {
 			}
 		}
 	}
+}
+
+// SHM_INFO, MSG_INFO and SEM_INFO (linux/shm.h, msg.h, sem.h).
+const (
+	shmInfo = 14
+	msgInfo = 12
+	semInfo = 19
+)
+
+// sysvCount is how many SysV IPC objects of kind exist in the namespace:
+// struct shm_info's used_ids, struct msginfo's msgpool (the number of
+// queues, for MSG_INFO) and struct seminfo's semusz (the number of sets,
+// for SEM_INFO), all int fields of a buffer large enough for each struct.
+func sysvCount(kind string) (int32, error) {
+	var buf [64]int32
+	p := uintptr(unsafe.Pointer(&buf[0]))
+	var errno syscall.Errno
+	switch kind {
+	case "shm":
+		_, _, errno = unix.Syscall(unix.SYS_SHMCTL, 0, shmInfo, p)
+		return buf[0], errnoErr(errno)
+	case "msg":
+		_, _, errno = unix.Syscall(unix.SYS_MSGCTL, 0, msgInfo, p)
+		return buf[0], errnoErr(errno)
+	default:
+		_, _, errno = unix.Syscall6(unix.SYS_SEMCTL, 0, 0, semInfo, p, 0, 0)
+		return buf[7], errnoErr(errno)
+	}
+}
+
+func errnoErr(e syscall.Errno) error {
+	if e != 0 {
+		return e
+	}
+	return nil
 }
 
 func (s *sessions) clear() {
