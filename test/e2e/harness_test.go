@@ -47,6 +47,12 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	// A run of a subset (-run) may skip TestZZSharedServerStopsClean: stop
+	// the shared server here, or it would die on its closed log pipe when
+	// this process exits, halfway through stopping its sandboxes.
+	for _, stop := range sharedStops {
+		stop()
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
