@@ -80,7 +80,15 @@ func (l *Lost) Of(ctx context.Context, node string) (map[string]string, error) {
 // every stored record (initial true) before it returns, then with each
 // record written later, from a goroutine, until ctx ends.
 func (l *Lost) Watch(ctx context.Context, node string, fn func(lost map[string]string, initial bool)) error {
-	w, err := l.kv.Watch(ctx, node+".*", jetstream.IgnoreDeletes())
+	// Starting the watch can fail for a while when a NATS server of the
+	// cluster just died (its streams elect new leaders): retry, as the
+	// other start-up requests do.
+	var w jetstream.KeyWatcher
+	err := retryStartup(ctx, func(context.Context) error {
+		var err error
+		w, err = l.kv.Watch(ctx, node+".*", jetstream.IgnoreDeletes())
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("bus: watch lost sandboxes of %s: %w", node, err)
 	}
