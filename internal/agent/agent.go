@@ -211,10 +211,15 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	return &agentproto.SetupResult{Pid: pid}, nil
 }
 
-// UnconfinedFIFODir is where an unconfined agent (tests) makes the FIFOs of
-// its live shells.
+// UnconfinedFIFODir is where an unconfined agent (tests) makes the FIFOs and
+// scripts of its live shells: on the host's /dev/shm (a tmpfs, like the
+// sandbox's /dev), else in the temporary directory.
 func UnconfinedFIFODir(pid int) string {
-	return filepath.Join(os.TempDir(), "warren-fifo-"+strconv.Itoa(pid))
+	base := "/dev/shm"
+	if st, err := os.Stat(base); err != nil || !st.IsDir() {
+		base = os.TempDir()
+	}
+	return filepath.Join(base, "warren-fifo-"+strconv.Itoa(pid))
 }
 
 // warmShells is how many idle shells of the default user are kept ready.

@@ -17,9 +17,9 @@ import (
 	"github.com/warrenhq/warren/internal/agentproto"
 )
 
-// A live shell is a session's long-lived shell. It runs a loop that reads
-// one script after another from fd 3 and, after each, reports the command's
-// status, $PWD and exported variables on fd 4, so a command costs no
+// A live shell is a session's long-lived shell. It runs a loop that sources
+// one script file after another, named on fd 3; each script reports the
+// command's status, $PWD and exported variables on fd 4, so a command costs no
 // process start or exit: only the shell's parse and run of it (tens of µs
 // for a builtin, where starting a shell costs ~0.8 ms of CPU here). Like a
 // terminal, everything the shell holds persists between the session's
@@ -28,33 +28,39 @@ import (
 // Each command gets its own stdout and stderr: two FIFOs the agent creates
 // and the script redirects to, so a daemon a command leaves behind keeps
 // only that command's (drained, then ignored) streams, as with a fresh
-// shell. Commands with stdin, another user, a background or trusted
-// command, or a very long script use a fresh shell instead.
+// shell. Commands with stdin, another user, and background or trusted
+// commands use a fresh shell instead.
 
-// liveLoop is the shell program of a live shell. A script is framed by a
-// line holding a fresh end marker before and after it; EOF on fd 3 ends the
-// shell quietly; lines that are not a marker where one is due (text a process
-// of the sandbox wrote into the pipe) are skipped. The exit trap reports a command that ends the shell (exit,
-// set -e) with its status prefixed by "E".
-const liveLoop = `trap '__warren_rc=$?; { printf "E%s\0%s\0" "$__warren_rc" "$PWD"; export -p; printf "\0"; } >&4 2>/dev/null' EXIT
-while IFS= read -r __warren_end <&3; do
-case $__warren_end in __warren_end_*) ;; *) continue ;; esac
-__warren_s=
-while IFS= read -r __warren_l <&3; do
-case $__warren_l in "$__warren_end") break ;; esac
-__warren_s="$__warren_s$__warren_l
-"
-done
-eval "$__warren_s"
+// liveLoop is the shell program of a live shell in dir. Each command comes
+// as a script file in dir, named by a line on fd 3, which the shell sources
+// (a file is read in blocks; the pipe is read a byte at a time); lines that
+// name no such file (text a process of the sandbox wrote into the pipe) are
+// skipped, and `command .` keeps a missing file from ending the shell. A
+// script that did not get to its own report (a syntax error in the command
+// aborts the sourced file) is reported by the loop, with the status of the
+// `.`, under the token in the script's name. EOF
+// on fd 3 ends the shell quietly. The exit trap reports a command that ends
+// the shell (exit, set -e) with its status prefixed by "E".
+func liveLoop(dir string) string {
+	return `trap '__warren_rc=$?; { printf "E%s\0%s\0" "$__warren_rc" "$PWD"; export -p; printf "\0"; } >&4 2>/dev/null' EXIT
+while IFS= read -r __warren_f <&3; do
+case $__warren_f in ` + shellQuote(dir) + `/*.sh) ;; *) continue ;; esac
+command . "$__warren_f"
+__warren_rc=$?
+case $__warren_done in 1) continue ;; esac
+\unset -f printf cd read command 2>/dev/null
+__warren_t=${__warren_f##*/}
+{ \printf '%s:%s\0%s\0' "${__warren_t%.sh}" "$__warren_rc" "$PWD"; \export -p; \printf '\0'; } >&4 2>/dev/null
 done
 trap - EXIT
 `
+}
 
 // liveUnshadow removes functions that would replace the regular builtins
-// the scripts use (printf, cd, read); the backslashes in the scripts keep
-// aliases out. (Special builtins such as eval and export come before
-// functions anyway.)
-const liveUnshadow = `\unset -f printf cd read 2>/dev/null` + "\n"
+// the scripts and the loop use; the backslashes in the scripts keep aliases
+// out. (Special builtins such as eval and export come before functions
+// anyway.)
+const liveUnshadow = `\unset -f printf cd read command __warren_body 2>/dev/null` + "\n"
 
 // liveReport ends every script: the command's token and status, then the
 // state. The token tells this command's report from any other a process of
@@ -67,9 +73,6 @@ func liveReport(token string) string {
 const (
 	// maxLiveShells bounds the live shells of one agent (one per session).
 	maxLiveShells = 8
-	// maxLiveScript is the longest command a live shell takes: it reads
-	// its scripts a byte at a time.
-	maxLiveScript = 8 << 10
 )
 
 // liveShell is one running live shell.
@@ -91,7 +94,7 @@ const liveReportExit = 'E'
 // liveShells counts the agent's live shells.
 type liveShells struct {
 	n   atomic.Int32
-	dir string // where per-command FIFOs are made ("": no live shells)
+	dir string // where per-command FIFOs and scripts are made ("": no live shells)
 	seq atomic.Uint64
 }
 
@@ -122,7 +125,7 @@ func (a *Agent) startLive(env map[string]string, dir string, cred *credential) (
 		return fail(err)
 	}
 	fds = append(fds, null)
-	argv := []string{a.shell, "-c", liveLoop}
+	argv := []string{a.shell, "-c", liveLoop(a.live.dir)}
 	if filepath.Base(a.shell) == "busybox" {
 		argv[0] = "sh"
 	}
@@ -204,7 +207,7 @@ func (ls *liveShell) alive() bool {
 // shell.
 func (a *Agent) takeLive(p *execPlan) *liveShell {
 	if a.live.dir == "" || p.req.Background || p.req.Trusted || len(p.req.Stdin) > 0 ||
-		len(p.req.Cmd) > maxLiveScript || a.cfg.Stateless != nil || p.cred.key() != a.defUser.key() {
+		a.cfg.Stateless != nil || p.cred.key() != a.defUser.key() {
 		return nil
 	}
 	s := p.sess
@@ -255,6 +258,7 @@ func (a *Agent) fifoDir() (string, error) {
 // startLiveCommand runs the planned command in ls.
 func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit func(string, []byte)) (*running, error) {
 	var b strings.Builder
+	b.WriteString("__warren_done=\n")
 	b.WriteString(liveUnshadow)
 	if !writeEnvDiff(&b, ls.env, ls.dir, p.env, p.cwd) {
 		return nil, errLiveUnfit
@@ -303,13 +307,19 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 		}
 		keep = append(keep, w)
 	}
+	// The command runs in a function, so a `return` in it ends the
+	// function, not the sourced file before its report.
 	b.WriteString("__warren_cmd=" + shellQuote(p.req.Cmd) + "\n")
-	b.WriteString(`\eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-\n")
+	b.WriteString(`__warren_body() { \eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-; }\n")
+	b.WriteString("__warren_body\n")
 	token := "c" + randomHex()
 	b.WriteString(liveReport(token))
-	marker := "__warren_end_" + randomHex()
-	// The leading newline ends any partial line written into the pipe.
-	framed := "\n" + marker + "\n" + b.String() + marker + "\n"
+	b.WriteString("__warren_done=1\n")
+	script := dir + "/" + token + ".sh"
+	paths = append(paths, script)
+	if err := writeScriptFile(script, b.String(), ls.cred); err != nil {
+		return fail(err)
+	}
 
 	r := &running{pid: ls.pid, exit: ls.exit, start: time.Now(), reports: ls.reports, token: token,
 		live: ls, sess: p.sess, keep: keep, fifos: paths, startTicks: bootTicks()}
@@ -318,11 +328,31 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 		newOutStream(agentproto.StreamStdout, reads[0], limit, emit),
 		newOutStream(agentproto.StreamStderr, reads[1], limit, emit),
 	}
-	if err := writeAll(ls.script, []byte(framed)); err != nil {
+	// The leading newline ends any partial line written into the pipe.
+	if err := writeAll(ls.script, []byte("\n"+script+"\n")); err != nil {
 		// The shell is gone: finish sees its exit.
 		a.log.Debug("agent: live shell write", "err", err)
 	}
 	return r, nil
+}
+
+// writeScriptFile writes a live shell's script, readable by its user only.
+func writeScriptFile(path, script string, cred *credential) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if cred != nil {
+		if err := f.Chown(int(cred.uid), int(cred.gid)); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	_, err = f.WriteString(script)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // errLiveUnfit says a command cannot run in the live shell.
@@ -427,7 +457,7 @@ func (r *running) parseReport(b []byte) (st shellState, exiting, ok, stale bool)
 	return st, exiting, ok, false
 }
 
-// randomHex is 16 unpredictable hex digits: a live shell's script markers and
+// randomHex is 16 unpredictable hex digits: a live shell's script names and
 // report tokens must not be guessable by the sandbox's processes, which can
 // write into the shell's pipes through /proc/<pid>/fd.
 func randomHex() string {

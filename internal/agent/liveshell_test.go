@@ -49,6 +49,8 @@ func TestLiveShellRobust(t *testing.T) {
 		code int
 	}{
 		{"exit 5", 5},
+		{"echo partial; if then", 2},
+		{"return 3", 3},
 		{"set -e; false; echo not here", 1},
 		{"break", 0},
 		{"printf() { :; }; cd() { :; }; read() { :; }; alias printf=false; true", 0},

@@ -193,9 +193,9 @@ func TestSessions(t *testing.T) {
 	}
 	// A session's commands run in one live shell, like a terminal: plain
 	// variables and functions persist, and the shell's pid stays. Only the
-	// running command's two output FIFOs exist (with . and ..).
+	// running command's two output FIFOs and its script exist (with . and ..).
 	pid := run("", "plain=1; greet() { echo \"hi $1\"; }; echo $$")
-	if got := run("", "echo $$ $plain; greet x; ls -a /dev/.warren | wc -l"); got != pid[:len(pid)-1]+" 1\nhi x\n4\n" {
+	if got := run("", "echo $$ $plain; greet x; ls -a /dev/.warren | wc -l"); got != pid[:len(pid)-1]+" 1\nhi x\n5\n" {
 		t.Fatalf("live shell: %q (pid %q)", got, pid)
 	}
 	// Concurrent commands in several sessions.
