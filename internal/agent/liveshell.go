@@ -28,8 +28,8 @@ import (
 // Each command gets its own stdout and stderr: two FIFOs the agent creates
 // and the script redirects to, so a daemon a command leaves behind keeps
 // only that command's (drained, then ignored) streams, as with a fresh
-// shell. Commands with stdin, another user, and background or trusted
-// commands use a fresh shell instead.
+// shell. Commands with stdin, another user, background or trusted commands,
+// and commands over 16 KiB use a fresh shell instead.
 
 // liveLoop is the shell program of a live shell in dir. Each command comes
 // as a script file in dir, named by a line on fd 3, which the shell sources
@@ -73,6 +73,9 @@ func liveReport(token string) string {
 const (
 	// maxLiveShells bounds the live shells of one agent (one per session).
 	maxLiveShells = 8
+	// maxLiveCmd is the longest command a live shell runs: its script file
+	// lives in the sandbox's /dev, a 64 KiB tmpfs.
+	maxLiveCmd = 16 << 10
 )
 
 // liveShell is one running live shell.
@@ -207,7 +210,7 @@ func (ls *liveShell) alive() bool {
 // shell.
 func (a *Agent) takeLive(p *execPlan) *liveShell {
 	if a.live.dir == "" || p.req.Background || p.req.Trusted || len(p.req.Stdin) > 0 ||
-		a.cfg.Stateless != nil || p.cred.key() != a.defUser.key() {
+		len(p.req.Cmd) > maxLiveCmd || a.cfg.Stateless != nil || p.cred.key() != a.defUser.key() {
 		return nil
 	}
 	s := p.sess
