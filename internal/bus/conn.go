@@ -452,26 +452,39 @@ func (c *Conn) Subscribe(subject string, fn func(data []byte)) (*nats.Subscripti
 // that is still electing its leaders answers late: it retries for a minute.
 func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (jetstream.KeyValue, error) {
 	cfg := jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage, Replicas: c.replicas()}
-	var kv jetstream.KeyValue
-	err := retryStartup(ctx, func(ctx context.Context) error {
-		var err error
-		if kv, err = c.js.KeyValue(ctx, bucket); err == nil {
-			return nil
-		}
-		kv, err = c.js.CreateKeyValue(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = c.js.KeyValue(ctx, bucket)
-		}
-		return err
-	})
+	kv, err := openOrCreate(ctx,
+		func(ctx context.Context) (jetstream.KeyValue, error) { return c.js.KeyValue(ctx, bucket) },
+		func(ctx context.Context) (jetstream.KeyValue, error) { return c.js.CreateKeyValue(ctx, cfg) },
+		jetstream.ErrBucketExists)
 	if err != nil {
 		return nil, fmt.Errorf("bus: kv %s: %w", bucket, err)
 	}
 	return kv, nil
 }
 
-// retryStartup calls fn until it succeeds, ctx ends or a minute passes.
-func retryStartup(ctx context.Context, fn func(context.Context) error) error {
+// openOrCreate returns what open finds, else what create makes (a create
+// that lost the race to another process opens the winner's), retrying as
+// at start-up.
+func openOrCreate[T any](ctx context.Context, open, create func(context.Context) (T, error), exists error) (T, error) {
+	var v T
+	err := RetryStartup(ctx, func(ctx context.Context) error {
+		var err error
+		if v, err = open(ctx); err == nil {
+			return nil
+		}
+		v, err = create(ctx)
+		if errors.Is(err, exists) {
+			v, err = open(ctx)
+		}
+		return err
+	})
+	return v, err
+}
+
+// RetryStartup calls fn until it succeeds, ctx ends or a minute passes: a
+// JetStream cluster that is still electing its leaders (at start, or after
+// a server died) answers late for a while.
+func RetryStartup(ctx context.Context, fn func(context.Context) error) error {
 	deadline := time.Now().Add(time.Minute)
 	wait := 100 * time.Millisecond
 	for {

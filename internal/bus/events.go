@@ -30,18 +30,10 @@ func (c *Conn) OpenEvents(ctx context.Context) (*Events, error) {
 		Name: StreamEvents, Subjects: []string{SubjectEvents + ".>"}, Storage: jetstream.FileStorage,
 		Replicas: c.replicas(), MaxAge: EventsMaxAge, Duplicates: 10 * time.Minute, MaxMsgs: 10_000_000,
 	}
-	var st jetstream.Stream
-	err := retryStartup(ctx, func(ctx context.Context) error {
-		var err error
-		if st, err = c.js.Stream(ctx, StreamEvents); err == nil {
-			return nil
-		}
-		st, err = c.js.CreateStream(ctx, cfg)
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			st, err = c.js.Stream(ctx, StreamEvents)
-		}
-		return err
-	})
+	st, err := openOrCreate(ctx,
+		func(ctx context.Context) (jetstream.Stream, error) { return c.js.Stream(ctx, StreamEvents) },
+		func(ctx context.Context) (jetstream.Stream, error) { return c.js.CreateStream(ctx, cfg) },
+		jetstream.ErrStreamNameAlreadyInUse)
 	if err != nil {
 		return nil, fmt.Errorf("bus: stream %s: %w", StreamEvents, err)
 	}

@@ -84,7 +84,7 @@ func (l *Lost) Watch(ctx context.Context, node string, fn func(lost map[string]s
 	// cluster just died (its streams elect new leaders): retry, as the
 	// other start-up requests do.
 	var w jetstream.KeyWatcher
-	err := retryStartup(ctx, func(context.Context) error {
+	err := RetryStartup(ctx, func(context.Context) error {
 		var err error
 		w, err = l.kv.Watch(ctx, node+".*", jetstream.IgnoreDeletes())
 		return err

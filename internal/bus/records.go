@@ -161,18 +161,10 @@ func (c *Conn) TrajectoryLog(ctx context.Context) (*TrajLog, error) {
 		MaxMsgsPerSubject: -1,
 		Replicas:          c.replicas(),
 	}
-	var st jetstream.Stream
-	err := retryStartup(ctx, func(ctx context.Context) error {
-		var err error
-		if st, err = c.js.Stream(ctx, streamTrajectories); err == nil {
-			return nil
-		}
-		st, err = c.js.CreateStream(ctx, cfg)
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			st, err = c.js.Stream(ctx, streamTrajectories)
-		}
-		return err
-	})
+	st, err := openOrCreate(ctx,
+		func(ctx context.Context) (jetstream.Stream, error) { return c.js.Stream(ctx, streamTrajectories) },
+		func(ctx context.Context) (jetstream.Stream, error) { return c.js.CreateStream(ctx, cfg) },
+		jetstream.ErrStreamNameAlreadyInUse)
 	if err != nil {
 		return nil, fmt.Errorf("bus: trajectory stream: %w", err)
 	}
@@ -313,18 +305,12 @@ type Inputs struct{ os jetstream.ObjectStore }
 // operations' inputs.
 func (c *Conn) TrajectoryInputs(ctx context.Context) (*Inputs, error) {
 	cfg := jetstream.ObjectStoreConfig{Bucket: bucketTrajInputs, Storage: jetstream.FileStorage, Replicas: c.replicas()}
-	var os jetstream.ObjectStore
-	err := retryStartup(ctx, func(ctx context.Context) error {
-		var err error
-		if os, err = c.js.ObjectStore(ctx, bucketTrajInputs); err == nil {
-			return nil
-		}
-		os, err = c.js.CreateObjectStore(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			os, err = c.js.ObjectStore(ctx, bucketTrajInputs)
-		}
-		return err
-	})
+	os, err := openOrCreate(ctx,
+		func(ctx context.Context) (jetstream.ObjectStore, error) {
+			return c.js.ObjectStore(ctx, bucketTrajInputs)
+		},
+		func(ctx context.Context) (jetstream.ObjectStore, error) { return c.js.CreateObjectStore(ctx, cfg) },
+		jetstream.ErrBucketExists)
 	if err != nil {
 		return nil, fmt.Errorf("bus: object store %s: %w", bucketTrajInputs, err)
 	}

@@ -231,7 +231,7 @@ func (m *IAM) Bootstrap(ctx context.Context, dataDir string) (string, error) {
 	_, _ = rand.Read(nb[:])
 	nonce := m.now().UTC().Format(time.RFC3339) + " " + hex.EncodeToString(nb[:])
 	won := false
-	err := retryTransient(ctx, func(ctx context.Context) error {
+	err := bus.RetryStartup(ctx, func(ctx context.Context) error {
 		_, err := m.kv.Create(ctx, bootstrapKey, []byte(nonce))
 		if err == nil {
 			won = true
@@ -258,7 +258,7 @@ func (m *IAM) Bootstrap(ctx context.Context, dataDir string) (string, error) {
 		tok = NewToken()
 	}
 	rec := &tokenRecord{Principal: "admin", Project: "", Role: api.RoleAdmin, CreatedAt: m.now().UTC(), CreatedBy: "bootstrap"}
-	if err := retryTransient(ctx, func(ctx context.Context) error { return m.putToken(ctx, tok, rec) }); err != nil {
+	if err := bus.RetryStartup(ctx, func(ctx context.Context) error { return m.putToken(ctx, tok, rec) }); err != nil {
 		return "", err
 	}
 	if tok != fileTok {
@@ -681,23 +681,4 @@ func (m *IAM) RevokeToken(ctx context.Context, caller *Principal, id string) err
 	delete(m.tokens, hash)
 	m.mu.Unlock()
 	return nil
-}
-
-// retryTransient retries fn for up to a minute while JetStream does not
-// answer (a cluster still electing its leaders).
-func retryTransient(ctx context.Context, fn func(context.Context) error) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := fn(cctx)
-		cancel()
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
 }
