@@ -58,6 +58,8 @@ type cgroupDriver interface {
 	reclaim(path string) (before, after int64, err error)
 	// setMemoryLimit sets path's memory limit in bytes.
 	setMemoryLimit(path string, b int64) error
+	// setCPULimit caps path at cores (a CFS quota per 100 ms period).
+	setCPULimit(path string, cores float64) error
 	// usage is path's cumulative CPU time (ns) and charged memory (bytes).
 	usage(path string) (cpuNs, mem int64, err error)
 }

@@ -121,6 +121,14 @@ func (d *v1Driver) setMemoryLimit(path string, b int64) error {
 	return os.WriteFile(filepath.Join(d.memDir(path), "memory.limit_in_bytes"), []byte(strconv.FormatInt(b, 10)), 0)
 }
 
+func (d *v1Driver) setCPULimit(path string, cores float64) error {
+	dir := filepath.Join(d.mountOf("cpu"), path)
+	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(cfsPeriod)), 0); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(int64(cores*cfsPeriod), 10)), 0)
+}
+
 func (d *v1Driver) usage(path string) (cpuNs, mem int64, err error) {
 	mem, err = readInt(filepath.Join(d.memDir(path), "memory.usage_in_bytes"))
 	if err != nil {
@@ -146,6 +154,10 @@ func (d *v2Driver) reclaim(path string) (before, after int64, err error) {
 	_ = os.WriteFile(filepath.Join(dir, "memory.swap.max"), []byte("max"), 0)
 	_ = os.WriteFile(filepath.Join(dir, "memory.high"), []byte(strconv.FormatInt((after+pausedSlack+4095)&^4095, 10)), 0)
 	return before, after, nil
+}
+
+func (d *v2Driver) setCPULimit(path string, cores float64) error {
+	return os.WriteFile(filepath.Join(d.mount, path, "cpu.max"), []byte(fmt.Sprintf("%d %d", int64(cores*cfsPeriod), cfsPeriod)), 0)
 }
 
 func (d *v2Driver) setMemoryLimit(path string, b int64) error {

@@ -147,7 +147,11 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	tListen := time.Now()
 
 	idle := spec.Priority == api.PriorityBestEffort
-	if err := r.cg.create(h.Cgroup, limits{cpu: spec.CPU, memoryMB: spec.MemoryMB, pids: spec.Pids, idle: idle}); err != nil {
+	// The CPU quota is set once the agent is set up: its start and
+	// confinement (a few ms of CPU, ours, not the sandbox's) would
+	// otherwise use up a small quota's first period and hold the first
+	// command back until the next one (up to 100 ms).
+	if err := r.cg.create(h.Cgroup, limits{memoryMB: spec.MemoryMB, pids: spec.Pids, idle: idle}); err != nil {
 		return nil, err
 	}
 	tCgroup := time.Now()
@@ -196,6 +200,11 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
 		return nil, fmt.Errorf("container: agent setup: %w", err)
+	}
+	if spec.CPU > 0 {
+		if err := r.cg.setCPULimit(h.Cgroup, spec.CPU); err != nil {
+			return nil, fmt.Errorf("container: cpu limit: %w", err)
+		}
 	}
 	tSetup := time.Now()
 	r.log.Debug("container: started", "id", spec.ID, "pid", h.Pid,
