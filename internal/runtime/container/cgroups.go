@@ -24,9 +24,10 @@ const cfsPeriod = 100000
 // v1Controllers are the cgroup v1 controllers a sandbox gets.
 var v1Controllers = []string{"cpu", "cpuacct", "memory", "pids", "freezer"}
 
-// limits are a sandbox's resource limits; zero means unlimited.
+// limits are the resource limits a sandbox's cgroup is created with; zero
+// means unlimited. The CPU quota comes later (setCPULimit), once the agent
+// is set up.
 type limits struct {
-	cpu      float64 // cores
 	memoryMB int64
 	pids     int64
 	idle     bool // best-effort: lowest CPU weight, cpu.idle where the kernel has it
@@ -176,10 +177,6 @@ func (d *v1Driver) create(path string, lim limits) error {
 		shares = sharesBestEffort
 	}
 	res.CPU = &specs.LinuxCPU{Shares: &shares}
-	if lim.cpu > 0 {
-		q, p := int64(lim.cpu*cfsPeriod), uint64(cfsPeriod)
-		res.CPU.Quota, res.CPU.Period = &q, &p
-	}
 	if lim.memoryMB > 0 {
 		b := lim.memoryMB << 20
 		res.Memory = &specs.LinuxMemory{Limit: &b}
@@ -439,9 +436,6 @@ func (d *v2Driver) create(path string, lim limits) error {
 	files := [][2]string{{"cpu.weight", "100"}}
 	if lim.idle {
 		files = [][2]string{{"cpu.weight", "1"}, {"cpu.idle", "1"}}
-	}
-	if lim.cpu > 0 {
-		files = append(files, [2]string{"cpu.max", fmt.Sprintf("%d %d", int64(lim.cpu*cfsPeriod), cfsPeriod)})
 	}
 	if lim.memoryMB > 0 {
 		files = append(files, [2]string{"memory.max", strconv.FormatInt(lim.memoryMB<<20, 10)},
