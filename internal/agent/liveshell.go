@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -98,7 +97,6 @@ const liveReportExit = 'E'
 type liveShells struct {
 	n   atomic.Int32
 	dir string // where per-command FIFOs and scripts are made ("": no live shells)
-	seq atomic.Uint64
 }
 
 // startLive spawns a live shell with env in dir.
@@ -270,7 +268,9 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 	if err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("%s/%d.%d", dir, os.Getpid(), a.live.seq.Add(1))
+	// One random token names the command's files and marks its report.
+	token := "c" + randomHex()
+	name := dir + "/" + token
 	var (
 		paths []string
 		reads []*os.File
@@ -315,10 +315,9 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 	b.WriteString("__warren_cmd=" + shellQuote(p.req.Cmd) + "\n")
 	b.WriteString(`__warren_body() { \eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-; }\n")
 	b.WriteString("__warren_body\n")
-	token := "c" + randomHex()
 	b.WriteString(liveReport(token))
 	b.WriteString("__warren_done=1\n")
-	script := dir + "/" + token + ".sh"
+	script := name + ".sh"
 	paths = append(paths, script)
 	if err := writeScriptFile(script, b.String(), ls.cred); err != nil {
 		return fail(err)
