@@ -73,6 +73,10 @@ type Agent struct {
 	pool    *warmPool
 	dotOK   bool // /proc/self/fd usable: scripts are fed through a pipe
 	live    liveShells
+	// zyg is a stateless sandbox's zygote (zygote.go), under mu; zygEnv
+	// is the environment it starts with.
+	zyg    zygoteSlot
+	zygEnv map[string]string
 
 	sessions *sessions
 	procs    *procTable
@@ -191,13 +195,12 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	_, err = os.Stat("/proc/self/fd")
 	a.dotOK = err == nil
 	a.setup = true
-	if len(cfg.Stateless) == 0 {
-		// Live shells' per-command FIFOs: in the sandbox's private /dev
-		// tmpfs, or (unconfined: tests) in a directory any user can reach.
-		a.live.dir = "/dev/.warren"
-		if cfg.Unconfined {
-			a.live.dir = UnconfinedFIFODir(os.Getpid())
-		}
+	// Live shells' and the zygote's per-command FIFOs: in the sandbox's
+	// private /dev tmpfs (a tmpfs of their own in a stateless sandbox), or
+	// (unconfined: tests) in a directory any user can reach.
+	a.live.dir = confine.FIFODir
+	if cfg.Unconfined {
+		a.live.dir = UnconfinedFIFODir(os.Getpid())
 	}
 	if a.dotOK {
 		// Warm shells start with the environment and directory a default
@@ -205,6 +208,7 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 		plan, err := a.plan(&agentproto.ExecRequest{Cmd: "true"})
 		if err == nil {
 			a.pool = newWarmPool(a, warmShells, a.shell, plan.env, plan.cwd, a.defUser, len(cfg.Stateless) > 0)
+			a.zygEnv = plan.env
 		}
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)

@@ -195,6 +195,16 @@ func (a *Agent) start(p *execPlan, limit int64, emit func(string, []byte)) (*run
 }
 
 func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
+	if ls := a.takeZygote(p); ls != nil {
+		r, err := a.startLiveCommand(p, ls, limit, emit)
+		if err == nil {
+			return r, nil
+		}
+		a.putZygote(ls) // the zygote is fine; this command takes a fresh shell
+		if err != errLiveUnfit {
+			a.log.Warn("agent: zygote command", "err", err)
+		}
+	}
 	if ls := a.takeLive(p); ls != nil {
 		r, err := a.startLiveCommand(p, ls, limit, emit)
 		if err == nil {
@@ -480,7 +490,7 @@ awaitEnd:
 	if r.state != nil {
 		r.state.Close()
 	}
-	if reported {
+	if reported && (r.live == nil || !r.live.fork) {
 		p.sess.update(st.cwd, st.env, p.injected, p.prior)
 	}
 	if r.live != nil {

@@ -88,6 +88,11 @@ type liveShell struct {
 	dir     string
 	dead    bool          // its exit was received (its pid may be reused)
 	done    chan struct{} // closed when the shell is let go
+
+	// fork: a zygote (zygote.go), which runs each command in a subshell and
+	// keeps nothing of it; attrs are its attributes when it started.
+	fork  bool
+	attrs procAttrs
 }
 
 // liveReportExit marks a report from the exit trap.
@@ -99,8 +104,8 @@ type liveShells struct {
 	dir string // where per-command FIFOs and scripts are made ("": no live shells)
 }
 
-// startLive spawns a live shell with env in dir.
-func (a *Agent) startLive(env map[string]string, dir string, cred *credential) (*liveShell, error) {
+// startLive spawns a live shell with env in dir, or with fork a zygote.
+func (a *Agent) startLive(env map[string]string, dir string, cred *credential, fork bool) (*liveShell, error) {
 	if a.live.n.Add(1) > maxLiveShells {
 		a.live.n.Add(-1)
 		return nil, nil
@@ -127,17 +132,28 @@ func (a *Agent) startLive(env map[string]string, dir string, cred *credential) (
 	}
 	fds = append(fds, null)
 	argv := []string{a.shell, "-c", liveLoop(a.live.dir)}
+	if fork {
+		argv[2] = forkLoop(a.live.dir)
+	}
 	if filepath.Base(a.shell) == "busybox" {
 		argv[0] = "sh"
 	}
-	pid, exit, err := a.forkExec(a.shell, argv, env, dir, cred,
-		[]uintptr{uintptr(null), uintptr(null), uintptr(null), uintptr(scR), uintptr(stW)})
+	files := []uintptr{uintptr(null), uintptr(null), uintptr(null), uintptr(scR), uintptr(stW)}
+	var (
+		pid  int
+		exit <-chan exitInfo
+	)
+	if fork {
+		pid, exit, err = a.forkExecSealed(a.shell, argv, env, dir, files)
+	} else {
+		pid, exit, err = a.forkExec(a.shell, argv, env, dir, cred, files)
+	}
 	if err != nil {
 		return fail(err)
 	}
 	closeAll(scR, stW, null)
 	ls := &liveShell{pid: pid, exit: exit, cred: cred, script: scW, reports: make(chan []byte, 1), env: env, dir: dir,
-		done: make(chan struct{})}
+		done: make(chan struct{}), fork: fork}
 	go readReports(pollFile(stR, "state"), ls.reports, ls.done)
 	return ls, nil
 }
@@ -226,7 +242,7 @@ func (a *Agent) takeLive(p *execPlan) *liveShell {
 	}
 	if ls == nil {
 		var err error
-		if ls, err = a.startLive(p.env, p.cwd, p.cred); err != nil || ls == nil {
+		if ls, err = a.startLive(p.env, p.cwd, p.cred, false); err != nil || ls == nil {
 			if err != nil {
 				a.log.Warn("agent: live shell", "err", err)
 			}
@@ -259,8 +275,10 @@ func (a *Agent) fifoDir() (string, error) {
 // startLiveCommand runs the planned command in ls.
 func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit func(string, []byte)) (*running, error) {
 	var b strings.Builder
-	b.WriteString("__warren_done=\n")
-	b.WriteString(liveUnshadow)
+	if !ls.fork {
+		b.WriteString("__warren_done=\n")
+		b.WriteString(liveUnshadow)
+	}
 	if !writeEnvDiff(&b, ls.env, ls.dir, p.env, p.cwd) {
 		return nil, errLiveUnfit
 	}
@@ -310,13 +328,20 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 		}
 		keep = append(keep, w)
 	}
-	// The command runs in a function, so a `return` in it ends the
-	// function, not the sourced file before its report.
 	b.WriteString("__warren_cmd=" + shellQuote(p.req.Cmd) + "\n")
-	b.WriteString(`__warren_body() { \eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-; }\n")
-	b.WriteString("__warren_body\n")
-	b.WriteString(liveReport(token))
-	b.WriteString("__warren_done=1\n")
+	if ls.fork {
+		// A subshell of the zygote, which reports when it ends; an exit
+		// trap of the command writes to the command's streams too.
+		b.WriteString(`exec </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + "\n")
+		b.WriteString(`eval "$__warren_cmd"` + "\n")
+	} else {
+		// The command runs in a function, so a `return` in it ends the
+		// function, not the sourced file before its report.
+		b.WriteString(`__warren_body() { \eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-; }\n")
+		b.WriteString("__warren_body\n")
+		b.WriteString(liveReport(token))
+		b.WriteString("__warren_done=1\n")
+	}
 	script := name + ".sh"
 	paths = append(paths, script)
 	if err := writeScriptFile(script, b.String(), ls.cred); err != nil {
@@ -330,8 +355,13 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 		newOutStream(agentproto.StreamStdout, reads[0], limit, emit),
 		newOutStream(agentproto.StreamStderr, reads[1], limit, emit),
 	}
-	// The leading newline ends any partial line written into the pipe.
-	if err := writeAll(ls.script, []byte("\n"+script+"\n")); err != nil {
+	// The leading newline ends any partial line written into the pipe. A
+	// zygote's pipe is the agent's alone, and it is given the token only.
+	line := "\n" + script + "\n"
+	if ls.fork {
+		line = token + "\n"
+	}
+	if err := writeAll(ls.script, []byte(line)); err != nil {
 		// The shell is gone: finish sees its exit.
 		a.log.Debug("agent: live shell write", "err", err)
 	}
@@ -364,6 +394,15 @@ var errLiveUnfit = errf(agentproto.ErrInvalid, "exec: not for a live shell")
 // the command reported normally, otherwise ended.
 func (a *Agent) endLive(r *running, st shellState, reported, exiting bool) {
 	ls := r.live
+	if ls.fork {
+		if reported && !r.timedOut && ls.alive() {
+			a.putZygote(ls)
+			return
+		}
+		a.dropZygote(ls)
+		a.putZygote(nil)
+		return
+	}
 	if reported && !exiting && !r.timedOut && ls.alive() {
 		ls.env, ls.dir = st.env, st.cwd
 		a.putLive(r.sess, ls)

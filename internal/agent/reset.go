@@ -33,9 +33,17 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 	if a.pool != nil {
 		a.pool.invalidate()
 	}
-	// 1. Every process but ourselves.
+	// 1. Every process but ourselves (and the idle zygote, checked after).
 	deadline := time.Now().Add(resetWait)
-	if os.Getpid() == 1 {
+	zygote := a.idleZygote()
+	if zygote > 0 {
+		killed, err := killAllBut(ctx, deadline, zygote)
+		if err != nil {
+			return nil, errf(agentproto.ErrInternal, "reset: %v", err)
+		}
+		res.Killed = killed
+		a.checkZygoteAfterReset()
+	} else if os.Getpid() == 1 {
 		killed, err := killAllAsInit(ctx, deadline)
 		if err != nil {
 			return nil, errf(agentproto.ErrInternal, "reset: %v", err)
@@ -68,17 +76,58 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 	a.sessions.clear()
 	a.procs.clear()
 	a.tars.clear()
-	// 3. Files: the stateless dirs and the message queues.
-	for _, d := range append(append([]string{}, dirs...), "/dev/shm", confine.MqueueDir) {
+	// 3. Files: the stateless dirs, the message queues and what the
+	// commands' FIFO directory holds.
+	for _, d := range append(append([]string{}, dirs...), "/dev/shm", confine.MqueueDir, a.live.dir) {
 		res.Removed += emptyDir(d)
 	}
 	// 4. SysV IPC objects of the sandbox's IPC namespace.
 	removeSysVIPC()
-	// 5. Warm shells again (the old ones were killed above).
-	if a.pool != nil {
+	// 5. The zygote, or else warm shells, again (the old ones were killed
+	// above).
+	if a.zygoteUsable() {
+		a.mu.Lock()
+		start := a.zyg.ls == nil && !a.zyg.busy && !a.zyg.off
+		a.mu.Unlock()
+		if start {
+			ls, err := a.startZygote()
+			if err != nil {
+				a.log.Warn("agent: zygote", "err", err)
+			}
+			if ls != nil {
+				a.putZygote(ls)
+			}
+		}
+	}
+	if a.pool != nil && a.idleZygote() == 0 {
 		a.pool.refill()
 	}
 	return res, nil
+}
+
+// killAllBut kills every process of the agent's pid namespace but the
+// agent and keep, and waits until none is left (zombies aside: the reaper
+// collects them). Each round kills what /proc lists, so a process forked
+// during a round dies in the next. It reports how many were killed.
+func killAllBut(ctx context.Context, deadline time.Time, keep int) (int, error) {
+	killed := 0
+	for {
+		n := 0
+		for _, p := range otherPids() {
+			if p != keep {
+				_ = unix.Kill(p, unix.SIGKILL)
+				n++
+			}
+		}
+		if n == 0 {
+			return killed, nil
+		}
+		killed += n
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return killed, fmt.Errorf("processes survive: %v", otherPids())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }
 
 // killAllAsInit kills every other process of the agent's pid namespace,

@@ -12,10 +12,15 @@ import (
 // visible (and so can be emptied between tasks).
 const MqueueDir = "/dev/mqueue"
 
+// FIFODir is where the agent makes the per-command FIFOs and scripts of
+// its long-lived shells: in the sandbox's /dev tmpfs, or in a stateless
+// sandbox (whose /dev is read-only) on a small tmpfs of its own.
+const FIFODir = "/dev/.warren"
+
 // setupStateless turns the freshly pivoted root into a reusable one: each
 // of dirs becomes an empty tmpfs, then the root and /dev are remounted
-// read-only, so that those tmpfs mounts, /dev/shm and the message queues
-// are the only places a task can leave anything.
+// read-only, so that those tmpfs mounts, /dev/shm, the message queues and
+// FIFODir are the only places a task can leave anything.
 func setupStateless(dirs []string) error {
 	for _, d := range dirs {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
@@ -39,6 +44,12 @@ func setupStateless(dirs []string) error {
 		return fmt.Errorf("confine: %s: %w", MqueueDir, err)
 	}
 	if err := mountAt("mqueue", MqueueDir, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	if err := os.Mkdir(FIFODir, 0o711); err != nil {
+		return fmt.Errorf("confine: %s: %w", FIFODir, err)
+	}
+	if err := mountAt("tmpfs", FIFODir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=711,size=1m,nr_inodes=256"); err != nil {
 		return err
 	}
 	if err := unix.Mount("", "/dev", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {

@@ -119,11 +119,16 @@ type execOut struct {
 
 func run(t testing.TB, c *agentproto.Client, argv ...string) execOut {
 	t.Helper()
+	return runReq(t, c, &agentproto.ExecRequest{Argv: argv})
+}
+
+func runReq(t testing.TB, c *agentproto.Client, req *agentproto.ExecRequest) execOut {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
 	var o execOut
-	err := c.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Argv: argv}, &o.res, func(r *agentproto.Response) error {
+	err := c.Call(ctx, agentproto.OpExec, req, &o.res, func(r *agentproto.Response) error {
 		if r.Stream == agentproto.StreamStderr {
 			errb.Write(r.Data)
 		} else {
@@ -132,7 +137,7 @@ func run(t testing.TB, c *agentproto.Client, argv ...string) execOut {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("exec %v: %v", argv, err)
+		t.Fatalf("exec %+v: %v", req, err)
 	}
 	o.stdout, o.stderr = out.String(), errb.String()
 	return o

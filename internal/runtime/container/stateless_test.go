@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -83,5 +85,122 @@ func TestStatelessResetConcurrent(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestStatelessZygote: shell commands of a stateless sandbox run in
+// subshells of one zygote shell, which survives resets. No task may reach
+// into it or leave anything in it for the next task.
+func TestStatelessZygote(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "zygote")
+	spec.Stateless = []string{"/tmp", "/work"}
+	inst := f.start(t, spec)
+	reset := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+		defer cancel()
+		var rr agentproto.ResetResult
+		if err := inst.Agent.Call(ctx, agentproto.OpReset, nil, &rr, nil); err != nil {
+			t.Fatalf("reset: %v", err)
+		}
+	}
+	sh := func(cmd string) execOut {
+		t.Helper()
+		return runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: cmd, Cwd: "/work"})
+	}
+	// $$ is the zygote's pid in its subshells.
+	zygote := func() string {
+		t.Helper()
+		o := sh("echo $$")
+		if o.res.ExitCode != 0 || o.stdout == "" {
+			t.Fatalf("echo $$: %+v", o)
+		}
+		return o.stdout
+	}
+	first := zygote()
+	reset()
+	if again := zygote(); again != first {
+		t.Fatalf("the zygote was not kept over a reset: %s then %s", first, again)
+	}
+	reset()
+
+	// Shell state dies with the subshell.
+	o := sh("export LEAK=1; cd /tmp; umask 077; f() { echo leak; }; alias ls=false; set -e; trap 'echo trap' EXIT; echo ok")
+	if o.stdout != "ok\ntrap\n" || o.res.ExitCode != 0 {
+		t.Fatalf("state task: %+v", o)
+	}
+	o = sh(`echo "[$LEAK] $(pwd) $(umask)"; type f >/dev/null 2>&1 && echo f; false; echo after`)
+	if o.stdout != "[] /work 0022\nafter\n" {
+		t.Fatalf("state leaked into the next command: %q", o.stdout)
+	}
+	// Exit codes, syntax errors, exit and return.
+	for cmd, want := range map[string]int{"exit 3": 3, "return 4": 4, "(exit 5)": 5, "if then": 2, "false": 1} {
+		if o := sh(cmd); o.res.ExitCode != want {
+			t.Errorf("%q: exit %d, want %d (%+v)", cmd, o.res.ExitCode, want, o)
+		}
+	}
+	if z := zygote(); z != first {
+		t.Fatalf("commands replaced the zygote: %s then %s", first, z)
+	}
+
+	// Not dumpable: its memory, descriptors and environment are closed to
+	// the tasks (same uid, no CAP_SYS_PTRACE).
+	for _, p := range []string{"environ", "mem", "fd/3"} {
+		if o := sh("cat /proc/$$/" + p + " >/dev/null"); o.res.ExitCode == 0 {
+			t.Errorf("a task read the zygote's /proc/<pid>/%s", p)
+		}
+	}
+	if o := sh("echo x >/proc/$$/fd/4"); o.res.ExitCode == 0 {
+		t.Error("a task wrote into the zygote's report pipe")
+	}
+
+	// What a task, or a daemon it left, changes in the zygote gets it
+	// replaced at the reset; a stopped zygote is continued.
+	const later = "z=$$; (sleep 0.05; %s) >/dev/null 2>&1 &"
+	for _, c := range []struct {
+		cmd  string
+		same bool
+	}{
+		{"renice -n 7 -p $$", false},
+		{"taskset -p 1 $$", false},
+		{"ionice -c 3 -p $$", false},
+		{"echo 500 >/proc/$$/oom_score_adj", false},
+		{"kill -9 $$", false},
+		{fmt.Sprintf(later, "renice -n 5 -p $z"), false},
+		{fmt.Sprintf(later, "kill -STOP $z"), true},
+		{fmt.Sprintf(later, "kill -TERM $z"), false},
+	} {
+		t.Run(c.cmd, func(t *testing.T) {
+			before := zygote()
+			reset()
+			sh(c.cmd)
+			time.Sleep(200 * time.Millisecond) // the daemon's turn
+			reset()
+			after := zygote()
+			if c.same != (after == before) {
+				t.Fatalf("zygote %s then %s after %q", before, after, c.cmd)
+			}
+			o := sh("cat /proc/self/stat; cat /proc/self/oom_score_adj; taskset -p $$; ionice -p $$")
+			if o.res.ExitCode != 0 {
+				t.Fatalf("%+v", o)
+			}
+			if strings.Contains(o.stdout, "idle") || strings.Contains(o.stdout, "500") || strings.Contains(o.stdout, "mask: 1\n") && runtime.NumCPU() > 1 {
+				t.Fatalf("the change reached the next task: %s", o.stdout)
+			}
+			if f := strings.Fields(o.stdout[strings.LastIndexByte(o.stdout[:strings.IndexByte(o.stdout, '\n')], ')')+1:]); len(f) < 17 || f[16] != "0" {
+				t.Fatalf("nice reached the next task: %s", o.stdout)
+			}
+		})
+	}
+	// A timed-out task ends with its zygote; the next one gets a new one.
+	before := zygote()
+	o = runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: "sleep 10", Timeout: 300 * time.Millisecond})
+	if !o.res.TimedOut {
+		t.Fatalf("sleep 10 with a 300 ms timeout: %+v", o)
+	}
+	reset()
+	if after := zygote(); after == before {
+		t.Fatal("the zygote of a timed-out task was kept")
 	}
 }
