@@ -77,6 +77,10 @@ type Agent struct {
 	// is the environment it starts with.
 	zyg    zygoteSlot
 	zygEnv map[string]string
+	// resetDone is closed when the last reset requested by an exec's
+	// ResetAfter is over; resetErr is its (sticky) failure. Under mu.
+	resetDone chan struct{}
+	resetErr  error
 
 	sessions *sessions
 	procs    *procTable
@@ -210,6 +214,9 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 			a.pool = newWarmPool(a, warmShells, a.shell, plan.env, plan.cwd, a.defUser, len(cfg.Stateless) > 0)
 			a.zygEnv = plan.env
 		}
+	}
+	if len(cfg.Stateless) > 0 {
+		goruntime.GOMAXPROCS(1)
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
 	return &agentproto.SetupResult{Pid: pid}, nil

@@ -39,6 +39,8 @@ func (c *conn) send(r *agentproto.Response) error {
 type call struct {
 	id   uint64
 	conn *conn
+	// after runs once the answer is sent (an exec's ResetAfter).
+	after func()
 }
 
 // chunk sends one chunk frame of stream.
@@ -112,9 +114,12 @@ func (a *Agent) serve(ctx context.Context, cl *call, req *agentproto.Request) {
 	v, err := a.dispatch(ctx, cl, req)
 	if err != nil {
 		cl.fail(err)
-		return
+	} else {
+		cl.done(v)
 	}
-	cl.done(v)
+	if cl.after != nil {
+		cl.after()
+	}
 }
 
 func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request) (any, error) {
@@ -131,6 +136,9 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 	if !a.isSetup() {
 		return nil, errf(agentproto.ErrInvalid, "%s: agent is not set up", req.Op)
 	}
+	if err := a.waitReset(ctx); err != nil {
+		return nil, err
+	}
 	switch req.Op {
 	case agentproto.OpReset:
 		return a.reset(ctx)
@@ -138,6 +146,12 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 		var r agentproto.ExecRequest
 		if err := decode(req, &r); err != nil {
 			return nil, err
+		}
+		if r.ResetAfter {
+			if len(a.cfg.Stateless) == 0 {
+				return nil, errf(agentproto.ErrInvalid, "exec: reset_after needs a stateless sandbox")
+			}
+			cl.after = a.beginReset(ctx)
 		}
 		return a.exec(ctx, cl, &r)
 	case agentproto.OpProcGet:

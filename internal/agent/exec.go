@@ -179,11 +179,61 @@ func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest)
 		return &agentproto.ExecResult{CommandID: bg.id}, nil
 	}
 	emit := func(stream string, b []byte) { _ = cl.chunk(stream, b) }
+	var col *collector
+	if req.Collect {
+		col = &collector{cl: cl}
+		emit = col.emit
+	}
 	r, err := a.start(p, p.limit, emit)
 	if err != nil {
 		return nil, err
 	}
-	return a.finish(p, r), nil
+	res := a.finish(p, r)
+	if col != nil {
+		col.into(res)
+	}
+	return res, nil
+}
+
+// collector keeps an exec's output for its result (Collect), until there is
+// more than CollectMax: then what it has and the rest go in chunks.
+type collector struct {
+	cl        *call
+	mu        sync.Mutex
+	out, err  []byte
+	streaming bool
+}
+
+func (c *collector) emit(stream string, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.streaming && len(c.out)+len(c.err)+len(b) <= agentproto.CollectMax {
+		if stream == agentproto.StreamStderr {
+			c.err = append(c.err, b...)
+		} else {
+			c.out = append(c.out, b...)
+		}
+		return
+	}
+	if !c.streaming {
+		c.streaming = true
+		if len(c.out) > 0 {
+			_ = c.cl.chunk(agentproto.StreamStdout, c.out)
+		}
+		if len(c.err) > 0 {
+			_ = c.cl.chunk(agentproto.StreamStderr, c.err)
+		}
+		c.out, c.err = nil, nil
+	}
+	_ = c.cl.chunk(stream, b)
+}
+
+// into puts the kept output in the result (finish has detached the
+// streams: nothing is emitted any more).
+func (c *collector) into(res *agentproto.ExecResult) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	res.Stdout, res.Stderr = c.out, c.err
 }
 
 // start launches the planned command; output goes to emit.

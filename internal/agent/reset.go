@@ -130,6 +130,47 @@ func killAllBut(ctx context.Context, deadline time.Time, keep int) (int, error) 
 	}
 }
 
+// beginReset marks a reset pending, so that requests arriving from now on
+// wait for it (the edge sends the next one as soon as it has the answer),
+// and returns the function that runs it.
+func (a *Agent) beginReset(ctx context.Context) func() {
+	done := make(chan struct{})
+	a.mu.Lock()
+	a.resetDone = done
+	a.mu.Unlock()
+	return func() {
+		_, err := a.reset(ctx)
+		a.mu.Lock()
+		if err != nil && a.resetErr == nil {
+			a.resetErr = err
+			a.log.Error("agent: reset after exec failed", "err", err)
+		}
+		a.mu.Unlock()
+		close(done)
+	}
+}
+
+// waitReset waits for a pending reset; after a failed one the sandbox
+// serves nothing more.
+func (a *Agent) waitReset(ctx context.Context) error {
+	a.mu.Lock()
+	done := a.resetDone
+	a.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return errf(agentproto.ErrUnusable, "the connection ended during a reset")
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.resetErr != nil {
+		return errf(agentproto.ErrUnusable, "a reset failed: %v", a.resetErr)
+	}
+	return nil
+}
+
 // killAllAsInit kills every other process of the agent's pid namespace,
 // whose init it is, and waits until none is left. kill(-1) from PID 1
 // signals every process of the namespace but PID 1; each one that dies is,

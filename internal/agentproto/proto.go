@@ -68,6 +68,9 @@ const (
 	ErrTooLarge   = "too_large"
 	ErrNoSpace    = "no_space"
 	ErrInternal   = "internal"
+	// ErrUnusable: a stateless sandbox's reset failed; it serves nothing
+	// more (the request was not carried out).
+	ErrUnusable = "unusable"
 )
 
 // Request is one call from the edge.

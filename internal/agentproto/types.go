@@ -69,7 +69,18 @@ type ExecRequest struct {
 	// Trusted runs the command with the first protected bind's bin/sh and
 	// the protected binds' bin directories first on PATH.
 	Trusted bool `json:"trusted,omitempty"`
+	// Collect returns the output in the result (Stdout, Stderr) rather
+	// than in chunk frames, as long as both together stay within
+	// CollectMax bytes; past that it goes on in chunks.
+	Collect bool `json:"collect,omitempty"`
+	// ResetAfter (stateless sandboxes only) resets the sandbox after the
+	// answer, whatever it is: the agent serves the next request once the
+	// reset is done (or answers ErrUnusable if it failed).
+	ResetAfter bool `json:"reset_after,omitempty"`
 }
+
+// CollectMax bounds the output an exec with Collect returns in its result.
+const CollectMax = 512 << 10
 
 // ExecResult ends an exec.
 type ExecResult struct {
@@ -79,6 +90,10 @@ type ExecResult struct {
 	Signal    string  `json:"signal,omitempty"`
 	Duration  float64 `json:"duration_ms"`
 	CommandID string  `json:"command_id,omitempty"`
+	// Stdout and Stderr: the output of an exec with Collect (what was not
+	// sent in chunks).
+	Stdout []byte `json:"stdout,omitempty"`
+	Stderr []byte `json:"stderr,omitempty"`
 }
 
 // ProcRequest addresses a background command.

@@ -112,23 +112,31 @@ func (e *Edge) fncall(ctx context.Context, req *FnCallRequest) (*api.ExecResult,
 		return nil, aerr
 	}
 	key, _ := poolKey(&spec)
-	w, shape, err := e.fnWorker(ctx, key, &spec)
-	if err != nil {
-		return nil, err
-	}
-	res, err := e.fnRun(ctx, w, c)
-	if err != nil {
+	for attempt := 0; ; attempt++ {
+		w, shape, err := e.fnWorker(ctx, key, &spec)
+		if err != nil {
+			return nil, err
+		}
+		res, ran, err := e.fnRun(ctx, w, c)
+		if err == nil {
+			e.fnRelease(shape, w, ran)
+			return res, nil
+		}
 		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code == api.CodeInternal || ae.Code == api.CodeConflict || ae.Code == api.CodeTimeout {
+		if errors.As(err, &ae) && ae.Code == api.CodeUnavailable && attempt < 2 {
+			// The worker's last reset failed; the task did not start.
+			e.log.Warn("fncall worker unusable; dropped", "id", w.rec.Sandbox.ID, "err", err)
+			e.fnDrop(shape, w)
+			continue
+		}
+		if !errors.As(err, &ae) || ae.Code == api.CodeInternal || ae.Code == api.CodeConflict || ae.Code == api.CodeTimeout || ae.Code == api.CodeUnavailable {
 			e.log.Warn("fncall worker dropped", "id", w.rec.Sandbox.ID, "err", err)
 			e.fnDrop(shape, w) // the worker is in an unknown state
 		} else {
-			e.fnRelease(shape, w)
+			e.fnRelease(shape, w, ran)
 		}
 		return nil, err
 	}
-	e.fnRelease(shape, w)
-	return res, nil
 }
 
 // fnWorker takes an idle worker of the shape, or starts one.
@@ -203,7 +211,7 @@ func (e *Edge) fnTopUp(sh *fnShape) {
 				e.log.Debug("fncall worker", "err", err)
 				return
 			}
-			e.fnRelease(sh, w)
+			e.fnRelease(sh, w, false)
 		}()
 	}
 }
@@ -244,9 +252,25 @@ func (e *Edge) fnStart(ctx context.Context, sh *fnShape) (*sandbox, error) {
 
 func fnPoolName(image string) string { return "fncall:" + image }
 
-// fnRelease resets a worker and makes it idle again (in the background: the
-// caller has its answer already).
-func (e *Edge) fnRelease(sh *fnShape, w *sandbox) {
+// fnRelease makes a worker idle again. reset says the agent resets it
+// itself (the task's exec asked for it; the agent holds the next request
+// until it is done); otherwise it is reset here first, in the background
+// (the caller has its answer already).
+func (e *Edge) fnRelease(sh *fnShape, w *sandbox, reset bool) {
+	if reset {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.closing {
+			return
+		}
+		select {
+		case sh.idle <- w:
+		default:
+			sh.total--
+			go e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
+		}
+		return
+	}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -291,13 +315,14 @@ func (e *Edge) fnDrop(sh *fnShape, w *sandbox) {
 	}()
 }
 
-// fnRun writes the files and runs the command in worker w.
-func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (*api.ExecResult, error) {
+// fnRun writes the files and runs the command in worker w. ran says the
+// exec was sent, with ResetAfter: the agent resets the worker itself.
+func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (res *api.ExecResult, ran bool, err error) {
 	w.mu.Lock()
 	inst := w.inst
 	w.mu.Unlock()
 	if inst == nil {
-		return nil, &api.Error{Code: api.CodeConflict, Message: "fncall worker is gone"}
+		return nil, false, &api.Error{Code: api.CodeConflict, Message: "fncall worker is gone"}
 	}
 	agent := inst.Agent
 	paths := make([]string, 0, len(c.Files))
@@ -307,7 +332,7 @@ func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (*ap
 	sort.Strings(paths)
 	for _, p := range paths {
 		if err := agent.Call(ctx, agentproto.OpFileWrite, &agentproto.WriteRequest{Path: p, Data: c.Files[p], Mode: 0o644}, nil, nil); err != nil {
-			return nil, e.agentError(w, err)
+			return nil, false, e.fnAgentError(w, err)
 		}
 	}
 	timeout := FnCallDefaultTimeout
@@ -318,13 +343,14 @@ func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (*ap
 	if capb == 0 {
 		capb = FnCallDefaultOutput
 	}
-	areq := &agentproto.ExecRequest{Cmd: c.Cmd, Argv: c.Argv, Env: c.Env, Cwd: c.Cwd, Timeout: timeout, OutputCap: capb}
+	areq := &agentproto.ExecRequest{Cmd: c.Cmd, Argv: c.Argv, Env: c.Env, Cwd: c.Cwd, Timeout: timeout, OutputCap: capb,
+		Collect: true, ResetAfter: true}
 	if c.Stdin != "" {
 		areq.Stdin = []byte(c.Stdin)
 	}
 	var out, errb bytes.Buffer
-	var res agentproto.ExecResult
-	err := agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
+	var ares agentproto.ExecResult
+	err = agent.Call(ctx, agentproto.OpExec, areq, &ares, func(r *agentproto.Response) error {
 		if r.Stream == agentproto.StreamStderr {
 			errb.Write(r.Data)
 		} else {
@@ -333,12 +359,26 @@ func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (*ap
 		return nil
 	})
 	if err != nil {
-		return nil, e.agentError(w, err)
+		err = e.fnAgentError(w, err)
+		var ae *api.Error
+		return nil, !errors.As(err, &ae) || ae.Code != api.CodeUnavailable, err
 	}
+	out.Write(ares.Stdout)
+	errb.Write(ares.Stderr)
 	return &api.ExecResult{
-		ExitCode: res.ExitCode, Stdout: strings.ToValidUTF8(out.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errb.String(), "\uFFFD"),
-		Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal, DurationMs: res.Duration,
-	}, nil
+		ExitCode: ares.ExitCode, Stdout: strings.ToValidUTF8(out.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errb.String(), "\uFFFD"),
+		Truncated: ares.Truncated, TimedOut: ares.TimedOut, Signal: ares.Signal, DurationMs: ares.Duration,
+	}, true, nil
+}
+
+// fnAgentError is agentError, with a failed reset as 503: the worker
+// carried nothing out and is dropped, and the task goes to another one.
+func (e *Edge) fnAgentError(w *sandbox, err error) error {
+	var ae *agentproto.Error
+	if errors.As(err, &ae) && ae.Code == agentproto.ErrUnusable {
+		return &api.Error{Code: api.CodeUnavailable, Message: ae.Message}
+	}
+	return e.agentError(w, err)
 }
 
 // fnViewLocked reports the FnCall workers as pools of the node view.

@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -202,5 +203,49 @@ func TestStatelessZygote(t *testing.T) {
 	reset()
 	if after := zygote(); after == before {
 		t.Fatal("the zygote of a timed-out task was kept")
+	}
+}
+
+// TestStatelessExecResetAfter: an exec with ResetAfter answers first and
+// resets after; the next request waits for the reset. Collect returns the
+// output in the result, or in chunks past CollectMax.
+func TestStatelessExecResetAfter(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "resetafter")
+	spec.Stateless = []string{"/tmp", "/work"}
+	inst := f.start(t, spec)
+	call := func(cmd string) (agentproto.ExecResult, int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var res agentproto.ExecResult
+		chunked := 0
+		err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: cmd, Collect: true, ResetAfter: true}, &res,
+			func(r *agentproto.Response) error { chunked += len(r.Data); return nil })
+		if err != nil {
+			t.Fatalf("%q: %v", cmd, err)
+		}
+		return res, chunked
+	}
+	for i := 0; i < 20; i++ {
+		res, chunked := call("ls -A /tmp; ps -o args | grep -c '[s]leep 100'; echo x >/tmp/f; sleep 100 & echo err >&2")
+		if string(res.Stdout) != "0\n" || string(res.Stderr) != "err\n" || chunked != 0 {
+			t.Fatalf("task %d: stdout %q stderr %q, %d bytes in chunks", i, res.Stdout, res.Stderr, chunked)
+		}
+	}
+	res, chunked := call(fmt.Sprintf("head -c %d /dev/zero", agentproto.CollectMax+1000))
+	if got := len(res.Stdout) + chunked; got != agentproto.CollectMax+1000 || chunked == 0 {
+		t.Fatalf("large output: %d bytes in the result and %d in chunks", len(res.Stdout), chunked)
+	}
+	// Not for a sandbox that is not stateless.
+	spec2 := f.spec(t, "notstateless")
+	inst2 := f.start(t, spec2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var r2 agentproto.ExecResult
+	err := inst2.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "true", ResetAfter: true}, &r2, nil)
+	var pe *agentproto.Error
+	if !errors.As(err, &pe) || pe.Code != agentproto.ErrInvalid {
+		t.Fatalf("reset_after on a sandbox that is not stateless: %v", err)
 	}
 }
