@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"syscall"
@@ -215,8 +216,12 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 			a.zygEnv = plan.env
 		}
 	}
-	if len(cfg.Stateless) > 0 {
+	if len(cfg.Stateless) > 0 && !cfg.Unconfined {
+		// An FnCall worker serves one task at a time, many per second, and
+		// there are few of them: one P (no fork on a task's path: the
+		// zygote forks) and a lazier GC trade a little memory for CPU.
 		goruntime.GOMAXPROCS(1)
+		debug.SetGCPercent(400)
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
 	return &agentproto.SetupResult{Pid: pid}, nil

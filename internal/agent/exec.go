@@ -42,6 +42,7 @@ type running struct {
 	reports    <-chan []byte // the live shell's state reports
 	token      string        // marks this command's report
 	keep       []int         // our writers of its output FIFOs
+	fifoDir    int           // the live shells' FIFO directory (fifos are in it)
 	fifos      []string
 	startTicks uint64
 	sawExit    bool // finish received the shell's exit
@@ -63,6 +64,7 @@ type execPlan struct {
 	injected map[string]string
 	cwd      string
 	limit    int64
+	collect  bool // the output goes into the result (req.Collect)
 }
 
 func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
@@ -85,7 +87,7 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 		}
 		req, tkPath = tr, path
 	}
-	p := &execPlan{req: req, limit: req.OutputCap, injected: make(map[string]string)}
+	p := &execPlan{req: req, limit: req.OutputCap, injected: make(map[string]string), collect: req.Collect && !req.Background}
 	if p.limit <= 0 {
 		p.limit = defaultOutputCap
 	}
@@ -300,8 +302,8 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 	}
 	r.feedStdin(p.req.Stdin)
 	r.outs = []*outStream{
-		newOutStream(agentproto.StreamStdout, sp.stdout, limit, emit),
-		newOutStream(agentproto.StreamStderr, sp.stderr, limit, emit),
+		newOutStream(agentproto.StreamStdout, sp.stdout, limit, emit, p.collect),
+		newOutStream(agentproto.StreamStderr, sp.stderr, limit, emit, p.collect),
 	}
 	return r, nil
 }
@@ -346,8 +348,8 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 	r.armTimeout(p.req.Timeout)
 	r.feedStdin(p.req.Stdin)
 	r.outs = []*outStream{
-		newOutStream(agentproto.StreamStdout, stdout, limit, emit),
-		newOutStream(agentproto.StreamStderr, stderr, limit, emit),
+		newOutStream(agentproto.StreamStdout, stdout, limit, emit, p.collect),
+		newOutStream(agentproto.StreamStderr, stderr, limit, emit, p.collect),
 	}
 	return r, nil
 }
@@ -489,7 +491,7 @@ awaitEnd:
 	// close theirs.
 	closeAll(r.keep...)
 	for _, f := range r.fifos {
-		_ = os.Remove(f)
+		_ = unix.Unlinkat(r.fifoDir, f, 0)
 	}
 
 	if r.pooled {

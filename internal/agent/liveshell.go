@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -102,6 +103,9 @@ const liveReportExit = 'E'
 type liveShells struct {
 	n   atomic.Int32
 	dir string // where per-command FIFOs and scripts are made ("": no live shells)
+
+	mu  sync.Mutex
+	dfd int // dir, opened O_PATH once made (0: not yet)
 }
 
 // startLive spawns a live shell with env in dir, or with fork a zygote.
@@ -264,12 +268,37 @@ func (a *Agent) putLive(s *session, ls *liveShell) {
 	}
 }
 
-// fifoDir prepares the directory for per-command FIFOs.
-func (a *Agent) fifoDir() (string, error) {
-	if err := os.MkdirAll(a.live.dir, 0o711); err != nil {
-		return "", err
+// fifoDir makes the directory for per-command FIFOs and scripts and
+// returns a descriptor of it: the files are made and removed relative to
+// it, without walking the path from the root each time.
+func (a *Agent) fifoDir() (int, error) {
+	l := &a.live
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dfd > 0 {
+		return l.dfd, nil
 	}
-	return a.live.dir, nil
+	if err := os.MkdirAll(l.dir, 0o711); err != nil {
+		return -1, err
+	}
+	fd, err := unix.Open(l.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	l.dfd = fd
+	return fd, nil
+}
+
+// remakeFIFODir forgets the descriptor old of a directory that is gone and
+// makes the directory again. The old descriptor stays open: commands
+// started before may still remove their files through it.
+func (a *Agent) remakeFIFODir(old int) (int, error) {
+	a.live.mu.Lock()
+	if a.live.dfd == old {
+		a.live.dfd = 0
+	}
+	a.live.mu.Unlock()
+	return a.fifoDir()
 }
 
 // startLiveCommand runs the planned command in ls.
@@ -282,15 +311,15 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 	if !writeEnvDiff(&b, ls.env, ls.dir, p.env, p.cwd) {
 		return nil, errLiveUnfit
 	}
-	dir, err := a.fifoDir()
+	dfd, err := a.fifoDir()
 	if err != nil {
 		return nil, err
 	}
 	// One random token names the command's files and marks its report.
 	token := "c" + randomHex()
-	name := dir + "/" + token
 	var (
-		paths []string
+		names []string // made in dfd
+		paths []string // the same, as the shell sees them
 		reads []*os.File
 		keep  []int
 	)
@@ -299,30 +328,38 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 			f.Close()
 		}
 		closeAll(keep...)
-		for _, p := range paths {
-			_ = os.Remove(p)
+		for _, n := range names {
+			_ = unix.Unlinkat(dfd, n, 0)
 		}
 		return nil, err
 	}
 	for _, suffix := range []string{".out", ".err"} {
-		path := name + suffix
-		if err := unix.Mkfifo(path, 0o600); err != nil {
+		name := token + suffix
+		err := unix.Mkfifoat(dfd, name, 0o600)
+		if err == unix.ENOENT && len(names) == 0 {
+			// A process of the sandbox removed the directory: make it again.
+			if dfd, err = a.remakeFIFODir(dfd); err == nil {
+				err = unix.Mkfifoat(dfd, name, 0o600)
+			}
+		}
+		if err != nil {
 			return fail(err)
 		}
-		paths = append(paths, path)
+		names = append(names, name)
+		paths = append(paths, a.live.dir+"/"+name)
 		if ls.cred != nil {
-			if err := os.Lchown(path, int(ls.cred.uid), int(ls.cred.gid)); err != nil {
+			if err := unix.Fchownat(dfd, name, int(ls.cred.uid), int(ls.cred.gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
 				return fail(err)
 			}
 		}
-		r, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		r, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 		if err != nil {
 			return fail(err)
 		}
 		reads = append(reads, pollFile(r, suffix[1:]))
 		// Our own writer keeps the FIFO from reading as ended before the
 		// shell has opened it; it is closed once the command reported.
-		w, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		w, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 		if err != nil {
 			return fail(err)
 		}
@@ -342,22 +379,22 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 		b.WriteString(liveReport(token))
 		b.WriteString("__warren_done=1\n")
 	}
-	script := name + ".sh"
-	paths = append(paths, script)
-	if err := writeScriptFile(script, b.String(), ls.cred); err != nil {
+	script := token + ".sh"
+	names = append(names, script)
+	if err := writeScriptFile(dfd, script, b.String(), ls.cred); err != nil {
 		return fail(err)
 	}
 
 	r := &running{pid: ls.pid, exit: ls.exit, start: time.Now(), reports: ls.reports, token: token,
-		live: ls, sess: p.sess, keep: keep, fifos: paths, startTicks: bootTicks()}
+		live: ls, sess: p.sess, keep: keep, fifoDir: dfd, fifos: names, startTicks: bootTicks()}
 	r.armTimeout(p.req.Timeout)
 	r.outs = []*outStream{
-		newOutStream(agentproto.StreamStdout, reads[0], limit, emit),
-		newOutStream(agentproto.StreamStderr, reads[1], limit, emit),
+		newOutStream(agentproto.StreamStdout, reads[0], limit, emit, p.collect),
+		newOutStream(agentproto.StreamStderr, reads[1], limit, emit, p.collect),
 	}
 	// The leading newline ends any partial line written into the pipe. A
 	// zygote's pipe is the agent's alone, and it is given the token only.
-	line := "\n" + script + "\n"
+	line := "\n" + a.live.dir + "/" + script + "\n"
 	if ls.fork {
 		line = token + "\n"
 	}
@@ -368,12 +405,14 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 	return r, nil
 }
 
-// writeScriptFile writes a live shell's script, readable by its user only.
-func writeScriptFile(path, script string, cred *credential) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+// writeScriptFile writes a live shell's script in dfd, readable by its
+// user only.
+func writeScriptFile(dfd int, name, script string, cred *credential) error {
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
+	f := os.NewFile(uintptr(fd), name)
 	if cred != nil {
 		if err := f.Chown(int(cred.uid), int(cred.gid)); err != nil {
 			f.Close()

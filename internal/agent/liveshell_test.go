@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenhq/warren/internal/agent"
 	"github.com/warrenhq/warren/internal/agentproto"
 )
 
@@ -138,5 +139,18 @@ func TestLiveShellForgedReports(t *testing.T) {
 		if out := a.sh(`pwd; echo "${F-unset}"; exit 0`); out != "/tmp\nunset\n" {
 			t.Fatalf("after forged reports: %q", out)
 		}
+	}
+}
+
+// TestLiveShellFIFODirRemoved: a command that removes the directory of the
+// FIFOs does not break the session: the next command makes it again and
+// runs in the same live shell.
+func TestLiveShellFIFODirRemoved(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{})
+	pid := a.sh(`x=kept; echo $$`)
+	dir := agent.UnconfinedFIFODir(a.cmd.Process.Pid)
+	a.sh(`rm -rf ` + dir)
+	if out := a.sh(`echo $$ $x`); out != strings.TrimSpace(pid)+" kept\n" {
+		t.Fatalf("after the directory was removed: %q (live shell %s)", out, pid)
 	}
 }

@@ -15,7 +15,16 @@ import (
 // coalesce is how long a pump waits for more output after a short read.
 const coalesce = 300 * time.Microsecond
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, agentproto.ChunkSize); return &b }}
+// A stream reads into a small buffer until a read fills it, then into a
+// chunk-sized one: most commands print little, and a 256 KiB buffer per
+// stream per command (zeroed again after each GC empties the pool) would
+// cost more than the command.
+const smallBuf = 16 << 10
+
+var (
+	smallBufPool = sync.Pool{New: func() any { b := make([]byte, smallBuf); return &b }}
+	bufPool      = sync.Pool{New: func() any { b := make([]byte, agentproto.ChunkSize); return &b }}
+)
 
 // outStream drains one output pipe until EOF. Up to limit bytes go to emit;
 // the rest is read and dropped (truncated). After detach nothing more is
@@ -25,6 +34,9 @@ type outStream struct {
 	f     *os.File
 	limit int64
 	emit  func(stream string, b []byte)
+	// batch: no waiting for more after a short read (output that is
+	// collected into the result, not sent in chunks as it comes).
+	batch bool
 
 	holding atomic.Bool // read data not yet delivered
 
@@ -35,8 +47,8 @@ type outStream struct {
 	done      chan struct{}
 }
 
-func newOutStream(name string, f *os.File, limit int64, emit func(string, []byte)) *outStream {
-	o := &outStream{name: name, f: f, limit: limit, emit: emit, done: make(chan struct{})}
+func newOutStream(name string, f *os.File, limit int64, emit func(string, []byte), batch bool) *outStream {
+	o := &outStream{name: name, f: f, limit: limit, emit: emit, batch: batch, done: make(chan struct{})}
 	go o.run()
 	return o
 }
@@ -44,15 +56,23 @@ func newOutStream(name string, f *os.File, limit int64, emit func(string, []byte
 func (o *outStream) run() {
 	defer close(o.done)
 	defer o.f.Close()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	pool := &smallBufPool
+	bp := pool.Get().(*[]byte)
+	defer func() { pool.Put(bp) }()
 	buf := *bp
 	for {
 		n, err := o.f.Read(buf)
 		if n > 0 {
 			o.holding.Store(true)
 		}
-		if err == nil && n < len(buf) {
+		if n == len(buf) && pool == &smallBufPool {
+			// Plenty of output: keep what was read, go on in a big buffer.
+			big := bufPool.Get().(*[]byte)
+			n = copy(*big, buf[:n])
+			pool.Put(bp)
+			pool, bp, buf = &bufPool, big, *big
+		}
+		if err == nil && n < len(buf) && !o.batch {
 			// Coalesce small writes for a short while.
 			_ = o.f.SetReadDeadline(time.Now().Add(coalesce))
 			for n < len(buf) {
