@@ -29,44 +29,31 @@ func (a *Agent) reset(ctx context.Context) (any, error) {
 	if len(dirs) == 0 {
 		return nil, errf(agentproto.ErrInvalid, "reset: the sandbox is not stateless")
 	}
+	if os.Getpid() != 1 {
+		// Killing "every other process" outside a pid namespace of our
+		// own would reach the host's.
+		return nil, errf(agentproto.ErrInvalid, "reset: the agent is not the init of a pid namespace")
+	}
 	res := &agentproto.ResetResult{}
 	if a.pool != nil {
 		a.pool.invalidate()
 	}
 	// 1. Every process but ourselves (and the idle zygote, checked after).
 	deadline := time.Now().Add(resetWait)
-	zygote := a.idleZygote()
-	if zygote > 0 {
+	if zygote := a.idleZygote(); zygote > 0 {
 		killed, err := killAllBut(ctx, deadline, zygote)
 		if err != nil {
 			return nil, errf(agentproto.ErrInternal, "reset: %v", err)
 		}
 		res.Killed = killed
 		a.checkZygoteAfterReset()
-	} else if os.Getpid() == 1 {
+	} else {
 		killed, err := killAllAsInit(ctx, deadline)
 		if err != nil {
 			return nil, errf(agentproto.ErrInternal, "reset: %v", err)
 		}
 		if killed {
 			res.Killed = 1
-		}
-	} else {
-		for {
-			pids := otherPids()
-			if len(pids) == 0 {
-				break
-			}
-			if res.Killed == 0 {
-				res.Killed = len(pids)
-			}
-			for _, p := range pids {
-				_ = unix.Kill(p, unix.SIGKILL)
-			}
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return nil, errf(agentproto.ErrInternal, "reset: processes survive: %v", pids)
-			}
-			time.Sleep(200 * time.Microsecond)
 		}
 	}
 	if a.pool != nil {
