@@ -82,6 +82,9 @@ done
 mkdir -p /tmp/locked/deep && echo x > /tmp/locked/deep/f && chmod 000 /tmp/locked/deep /tmp/locked
 export LEAK=yes
 echo 'export LEAK=yes' >> /root/.profile
+f() { echo leaked function; }
+umask 077
+renice -n 19 -p $$ >/dev/null 2>&1
 echo "wrote $n dirs"
 `
 	r := fn(t, s, attack)
@@ -99,10 +102,12 @@ find / -xdev -name '.pwned' 2>/dev/null
 ls -A /tmp /var/tmp /root /home /run /work /dev/shm /dev/mqueue
 ps -o pid,args | grep -v -e 'ps -o' -e grep -e '^ *PID' | grep -c sleep
 echo "LEAK=$LEAK"
+type f >/dev/null 2>&1 && echo "f defined"
+echo "umask $(umask) nice $(awk '{print $19}' /proc/self/stat)"
 `
 	for i := 0; i < 8; i++ {
 		r := fn(t, s, check)
-		want := "/dev/mqueue:\n\n/dev/shm:\n\n/home:\n\n/root:\n\n/run:\n\n/tmp:\n\n/var/tmp:\n\n/work:\n0\nLEAK=\n"
+		want := "/dev/mqueue:\n\n/dev/shm:\n\n/home:\n\n/root:\n\n/run:\n\n/tmp:\n\n/var/tmp:\n\n/work:\n0\nLEAK=\numask 0022 nice 0\n"
 		if r.Stdout != want {
 			t.Fatalf("check %d saw traces of the earlier task:\n%s\nstderr: %s", i, r.Stdout, r.Stderr)
 		}
