@@ -12,7 +12,8 @@
 //     (pivot_root(".", ".") and a lazy unmount of the old root, so no
 //     directory is left behind and nothing of the host stays reachable);
 //  3. mounts a fresh /proc, a read-only /sys, a small nodev tmpfs /dev holding
-//     only the six nodes (bind mounts of the host nodes), devpts, /dev/shm and
+//     only the six nodes (read-only bind mounts of the host nodes: a chmod or
+//     chown of one would change the host's), devpts, /dev/shm and
 //     the usual symlinks, then masks the dangerous parts of /proc and /sys;
 //  4. sets the hostname and brings up loopback in the (empty) net namespace;
 //  5. drops capabilities to Docker's default set on every thread, clears the

@@ -124,6 +124,24 @@ func TestEnterConfinesSandbox(t *testing.T) {
 		},
 		HostMarker: marker,
 	}
+	full, err := os.Stat("/dev/full")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		// A sandbox that could change its device nodes changed the host's.
+		now, err := os.Stat("/dev/full")
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, st0 := now.Sys().(*syscall.Stat_t), full.Sys().(*syscall.Stat_t)
+		if now.Mode() != full.Mode() || st.Uid != st0.Uid || st.Gid != st0.Gid || !now.ModTime().Equal(full.ModTime()) {
+			os.Chmod("/dev/full", full.Mode().Perm())
+			os.Chown("/dev/full", int(st0.Uid), int(st0.Gid))
+			os.Chtimes("/dev/full", full.ModTime(), full.ModTime())
+			t.Errorf("the sandbox changed the host's /dev/full: %v %d:%d %v", now.Mode(), st.Uid, st.Gid, now.ModTime())
+		}
+	}()
 	results, stderr, err := runChild(t, &in)
 	if err != nil {
 		t.Fatalf("child: %v\nstderr:\n%s", err, stderr)
@@ -131,7 +149,7 @@ func TestEnterConfinesSandbox(t *testing.T) {
 
 	want := []string{
 		"exec", "mount-syscall", "mount-command", "kcore", "kpagecgroup", "proc-sys-readonly",
-		"dev-entries", "dev-null-works", "shm", "ioctl-ficlone", "ioctl-ficlonerange",
+		"dev-entries", "dev-nodes-readonly", "dev-null-works", "shm", "ioctl-ficlone", "ioctl-ficlonerange",
 		"ioctl-dedupe-sign-extended", "ioctl-high-bits", "ioctl-swapext", "ioctl-move-ext",
 		"ioctl-tiocsti", "ioctl-benign", "bpf", "perf_event_open", "userfaultfd", "keyctl",
 		"add_key", "unshare-newns", "unshare-newuser", "unshare-nothing", "setns",

@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"time"
 )
 
 // runProbes checks the confinement from inside the sandbox (as its root).
@@ -59,6 +60,24 @@ func runProbes(in *childInput) []probeResult {
 		want := []string{"fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"}
 		if !slices.Equal(names, want) {
 			return fmt.Errorf("/dev holds %v, want %v", names, want)
+		}
+		return nil
+	}())
+	add("dev-nodes-readonly", func() error {
+		// The nodes are bind mounts of the host's: a change to one would be
+		// a change to the host's (the test restores /dev/full if so).
+		if err := os.Chmod("/dev/full", 0o600); err == nil {
+			return errors.New("chmod /dev/full succeeded")
+		}
+		if err := os.Chown("/dev/full", 1, 1); err == nil {
+			return errors.New("chown /dev/full succeeded")
+		}
+		old := time.Unix(1, 0)
+		if err := os.Chtimes("/dev/full", old, old); err == nil {
+			return errors.New("utimes /dev/full succeeded")
+		}
+		if err := os.WriteFile("/dev/null", []byte("x"), 0); err != nil {
+			return fmt.Errorf("write /dev/null: %w", err)
 		}
 		return nil
 	}())

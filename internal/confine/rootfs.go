@@ -50,6 +50,13 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 			return fmt.Errorf("confine: clone /dev/%s: %w", n, err)
 		}
 		nodes[n] = fd
+		// Read-only: the node is the host's inode, so a chmod, chown or
+		// utimes through a writable bind would change the host's /dev/null.
+		// (A device on a read-only mount can still be opened for writing.)
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			return fmt.Errorf("confine: make /dev/%s read-only: %w", n, err)
+		}
 	}
 	binds, err := cloneBinds(cfg.Binds)
 	if err != nil {
