@@ -223,6 +223,11 @@ func (e *Edge) stateDir(id string) string { return filepath.Join(e.runDir(), id)
 // heartbeats and reaps expired sandboxes until Close.
 func (e *Edge) Start(ctx context.Context) error {
 	var err error
+	if changed, err := hoststat.RaiseSharedLimits("/proc/sys"); err != nil {
+		e.log.Warn("edge: per-user limits that sandboxes share with the host's root stay low", "err", err)
+	} else if len(changed) > 0 {
+		e.log.Info("edge: raised per-user limits that sandboxes share with the host's root", "sysctls", changed)
+	}
 	if e.snaps, err = e.cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
 		return err
 	}

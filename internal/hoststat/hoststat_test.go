@@ -2,6 +2,8 @@ package hoststat
 
 import (
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -63,4 +65,39 @@ func FuzzParse(f *testing.F) {
 		_ = parseMeminfo(b)
 		_ = parsePressure(b)
 	})
+}
+
+func TestRaiseSharedLimits(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, v string) {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("fs/inotify/max_user_instances", "128\n")
+	write("fs/inotify/max_user_watches", "99999999\n") // higher already: kept
+	changed, err := RaiseSharedLimits(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changed) != 1 || !strings.HasPrefix(changed[0], "fs.inotify.max_user_instances: 128 → ") {
+		t.Fatalf("changed %v", changed)
+	}
+	for name, want := range map[string]string{"fs/inotify/max_user_instances": "1048576", "fs/inotify/max_user_watches": "99999999\n"} {
+		if b, _ := os.ReadFile(filepath.Join(dir, name)); string(b) != want {
+			t.Errorf("%s = %q, want %q", name, b, want)
+		}
+	}
+	// A missing sysctl (kernel without inotify) is skipped; a bad one is an error.
+	if changed, err := RaiseSharedLimits(t.TempDir()); err != nil || len(changed) != 0 {
+		t.Errorf("empty dir: %v %v", changed, err)
+	}
+	write("fs/inotify/max_user_instances", "x")
+	if _, err := RaiseSharedLimits(dir); err == nil {
+		t.Error("a malformed value was accepted")
+	}
 }

@@ -4,10 +4,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/serve"
 )
 
@@ -88,5 +90,23 @@ func assertNoLeaksOf(t *testing.T, s *server) {
 			t.Fatalf("leaks after the server stopped:\n%s", strings.Join(leaks, "\n"))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestSharedLimitsRaised: the edge raised the inotify limits that every
+// sandbox shares with the host's root (docs/operations.md).
+func TestSharedLimitsRaised(t *testing.T) {
+	sharedServer(t)
+	for name, want := range hoststat.SharedLimits {
+		b, err := os.ReadFile("/proc/sys/" + name)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err != nil || n < want {
+			t.Errorf("%s is %q, want at least %d", name, b, want)
+		}
 	}
 }
