@@ -86,7 +86,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		ready:      make(chan struct{}),
 		traj:       newTraj(&spec),
 	}
-	e.sandboxes[id] = sb
+	e.putLocked(id, sb)
 	e.mu.Unlock()
 
 	err = e.registerTrajectory(ctx, id, &spec)
@@ -113,7 +113,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		}
 		sb.createErr = err
 		e.mu.Lock()
-		delete(e.sandboxes, id)
+		e.dropLocked(id)
 		e.mu.Unlock()
 		close(sb.ready)
 		return nil, err
@@ -128,7 +128,7 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 	var cpu float64
 	var mem int64
 	n := 0
-	for _, sb := range e.sandboxes {
+	for sb := range e.live {
 		if !sb.live() {
 			continue
 		}

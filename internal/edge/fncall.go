@@ -237,13 +237,13 @@ func (e *Edge) fnStart(ctx context.Context, sh *fnShape) (*sandbox, error) {
 		pool:       fnPoolName(sh.spec.Image),
 		stateless:  true,
 	}
-	e.sandboxes[id] = sb
+	e.putLocked(id, sb)
 	e.mu.Unlock()
 	err := e.start(context.WithoutCancel(ctx), sb)
 	close(sb.ready)
 	if err != nil {
 		e.mu.Lock()
-		delete(e.sandboxes, id)
+		e.dropLocked(id)
 		e.mu.Unlock()
 		return nil, err
 	}

@@ -205,6 +205,7 @@ func (e *Edge) reap(ctx context.Context) {
 		st := sb.rec.Sandbox.State
 		switch {
 		case st == api.StateStopped || st == api.StateFailed:
+			delete(e.live, sb)
 			if !sb.stoppedAt.IsZero() && now.Sub(sb.stoppedAt) > e.cfg.TombstoneFor {
 				delete(e.sandboxes, id)
 			}

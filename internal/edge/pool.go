@@ -326,14 +326,14 @@ func (e *Edge) addPoolMember(ctx context.Context, p *pool) error {
 		ready:      make(chan struct{}),
 		pool:       p.name,
 	}
-	e.sandboxes[id] = sb
+	e.putLocked(id, sb)
 	e.mu.Unlock()
 	err := e.start(ctx, sb)
 	close(sb.ready)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
-		delete(e.sandboxes, id)
+		e.dropLocked(id)
 		return err
 	}
 	if e.pools[p.name] != p || e.closing || len(p.ready) >= p.size {
@@ -386,8 +386,8 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 		sb.lastActive = now
 		sb.pool = ""
 		sb.mu.Unlock()
-		delete(e.sandboxes, store)
-		e.sandboxes[id] = sb
+		e.dropLocked(store)
+		e.putLocked(id, sb)
 		p.claimed++
 		p.poke()
 		return sb

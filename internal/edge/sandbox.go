@@ -230,7 +230,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		id := rec.Sandbox.ID
 		store := rec.storage()
 		if _, lost := e.lost[id]; lost {
-			e.sandboxes[id] = e.reconcileLost(ctx, rec)
+			e.put(id, e.reconcileLost(ctx, rec))
 			continue
 		}
 		if rec.Handle != nil && (rec.Sandbox.State == api.StateRunning || rec.Sandbox.State == api.StatePaused) {
@@ -249,7 +249,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			if err == nil {
 				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
 				close(sb.ready)
-				e.sandboxes[id] = sb
+				e.put(id, sb)
 				adopted[store] = true
 				holders[store] = rec.Layers
 				e.watch(sb)
@@ -276,7 +276,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		rec.Sandbox.Reason = "lost while the edge was down"
 		sb := &sandbox{rec: rec, stoppedAt: time.Now(), ready: make(chan struct{})}
 		close(sb.ready)
-		e.sandboxes[id] = sb
+		e.put(id, sb)
 	}
 	left, err := e.cfg.Runtime.Leftovers(ctx)
 	if err != nil {

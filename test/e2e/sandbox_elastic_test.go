@@ -108,11 +108,22 @@ func TestAdmissionRefusesUnderMeasuredPressure(t *testing.T) {
 	}
 	// Capacity × overcommit: 2 cores × 0.5 = 1 core; a second 1-core sandbox does not fit.
 	s2 := startServer(t, "--cpu-overcommit", "0.5", "--min-memory-available-mb", "-1")
-	s2.create(t, api.CreateSandboxRequest{CPU: 1})
+	first := s2.create(t, api.CreateSandboxRequest{CPU: 1})
 	once2 := warren.New(s2.URL, s2.Token, warren.WithRetry(1, time.Millisecond, time.Millisecond))
 	_, err = once2.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1})
 	if !errors.As(err, &ae) || ae.Code != api.CodeUnavailable {
 		t.Fatalf("create beyond capacity: %v", err)
+	}
+	// A stopped sandbox (kept as a tombstone) no longer counts.
+	if _, err := s2.C.Delete(ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := once2.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1})
+	if err != nil {
+		t.Fatalf("create after the first was deleted: %v", err)
+	}
+	if _, err := s2.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
 	}
 }
 
