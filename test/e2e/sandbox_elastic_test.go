@@ -114,11 +114,17 @@ func TestAdmissionRefusesUnderMeasuredPressure(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Code != api.CodeUnavailable {
 		t.Fatalf("create beyond capacity: %v", err)
 	}
-	// A stopped sandbox (kept as a tombstone) no longer counts.
+	// A stopped sandbox (kept as a tombstone) no longer counts, on the node
+	// at once and in placement from the node's next heartbeat.
 	if _, err := s2.C.Delete(ctx, first.ID); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := once2.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1})
+	var sb *api.Sandbox
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if sb, err = once2.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1}); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("create after the first was deleted: %v", err)
 	}
