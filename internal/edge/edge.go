@@ -129,11 +129,11 @@ type Edge struct {
 	// create, while sandboxes also keeps stopped ones for TombstoneFor (at
 	// 100 creates/s, 60,000 of them). putLocked and dropLocked keep it up
 	// to date; the reaper drops those that have stopped since.
-	live map[*sandbox]struct{}
-	closing   bool
-	pools     map[string]*pool
-	fn        map[string]*fnShape
-	runCtx    context.Context
+	live    map[*sandbox]struct{}
+	closing bool
+	pools   map[string]*pool
+	fn      map[string]*fnShape
+	runCtx  context.Context
 
 	features  api.NodeFeatures
 	usageMu   sync.Mutex
