@@ -46,6 +46,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -120,6 +121,9 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 				s.fstype = m.fstype
 			}
 		}
+	}
+	if err := seal(dir); err != nil {
+		return nil, err
 	}
 	if s.limited {
 		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -249,6 +253,38 @@ func imageFS(img string) (string, error) {
 	return "", nil
 }
 
+// mountFlags: a sandbox's root, with CAP_FSETID, CAP_CHOWN and CAP_MKNOD,
+// writes setuid-root programs and device nodes into its writable layer.
+// Inside the sandbox its overlay is nodev and no_new_privs ignores setuid
+// bits, but on the host they sit in this filesystem.
+const mountFlags = unix.MS_NOATIME | unix.MS_NOSUID | unix.MS_NODEV
+
+// seal keeps the host's other users out of the writable layers (mode 0700
+// on the root of what is mounted at dir, or on dir) and, when dir is a
+// mount point, makes it nosuid and nodev (a bind remount of the mount
+// point's flags, for a filesystem mounted before, by an earlier warren or
+// by the operator).
+func seal(dir string) error {
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("scratch: %w", err)
+	}
+	m, err := findMount(dir)
+	if err != nil {
+		return fmt.Errorf("scratch: %w", err)
+	}
+	if m == nil || m.hasOpt("nosuid") && m.hasOpt("nodev") {
+		return nil
+	}
+	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND | mountFlags)
+	if m.hasOpt("ro") {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", dir, "", flags, ""); err != nil {
+		return fmt.Errorf("scratch: make %s nosuid,nodev: %w", dir, err)
+	}
+	return nil
+}
+
 func mountLoop(img, dir, fstype, opts string) (string, error) {
 	f, err := os.OpenFile(img, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -263,7 +299,7 @@ func mountLoop(img, dir, fstype, opts string) (string, error) {
 	// user; with autoclear the device detaches on unmount (or right here,
 	// if the mount failed).
 	defer loop.Close()
-	if err := unix.Mount(dev, dir, fstype, unix.MS_NOATIME, opts); err != nil {
+	if err := unix.Mount(dev, dir, fstype, mountFlags, opts); err != nil {
 		return "", fmt.Errorf("mount %s (%s, %s) on %s: %w", dev, fstype, opts, dir, err)
 	}
 	return dev, nil
@@ -323,7 +359,10 @@ func attachLoop(f *os.File) (*os.File, string, error) {
 
 type mountInfo struct {
 	source, fstype, superOpts string
+	mountOpts                 string // per mount point: rw, nosuid, nodev, ...
 }
+
+func (m *mountInfo) hasOpt(o string) bool { return slices.Contains(strings.Split(m.mountOpts, ","), o) }
 
 func (m *mountInfo) prjquota() bool {
 	for _, o := range strings.Split(m.superOpts, ",") {
@@ -351,10 +390,10 @@ func findMount(dir string) (*mountInfo, error) {
 			continue
 		}
 		a, b := strings.Fields(pre), strings.Fields(post)
-		if len(a) < 5 || len(b) < 3 || unescapeMount(a[4]) != dir {
+		if len(a) < 6 || len(b) < 3 || unescapeMount(a[4]) != dir {
 			continue
 		}
-		found = &mountInfo{source: b[1], fstype: b[0], superOpts: b[2]}
+		found = &mountInfo{source: b[1], fstype: b[0], superOpts: b[2], mountOpts: a[5]}
 	}
 	return found, sc.Err()
 }

@@ -315,3 +315,56 @@ func TestLoopAutoclear(t *testing.T) {
 		t.Fatalf("loop device left: %s", l)
 	}
 }
+
+// TestScratchSealed: the writable layers are out of reach of the host's
+// other users (0700), and their filesystem is nosuid and nodev, also when
+// it was mounted before without those flags.
+func TestScratchSealed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "scratch")
+	s := openLimited(t, dir)
+	defer s.Close()
+	check := func(when string) {
+		t.Helper()
+		st, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %s is %v", when, dir, st.Mode().Perm())
+		}
+		m, err := findMount(dir)
+		if err != nil || m == nil {
+			t.Fatalf("%s: not mounted: %v", when, err)
+		}
+		if !m.hasOpt("nosuid") || !m.hasOpt("nodev") {
+			t.Errorf("%s: mount options %s", when, m.mountOpts)
+		}
+	}
+	check("new")
+	// As if an older warren had mounted it: suid and dev allowed, 0711.
+	if err := syscall.Mount("", dir, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_NOATIME, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(context.Background(), dir, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unixCloseOnly(s2)
+	check("reused")
+
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := os.MkdirAll(plain+".img", 0o755); err != nil { // forces the fallback
+		t.Fatal(err)
+	}
+	s3, err := Open(context.Background(), plain, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s3.Close()
+	if st, err := os.Stat(plain); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("plain directory: %v %v", st.Mode(), err)
+	}
+}

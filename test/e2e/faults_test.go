@@ -85,4 +85,10 @@ func TestExecAsUser(t *testing.T) {
 	if r := s.sh(t, sb.ID, "id -u"); r.Stdout != "0\n" {
 		t.Fatalf("default user: %q", r.Stdout)
 	}
+	// The writable layer lies in a directory only the host's root may enter:
+	// a user of the sandbox still writes and reads through the overlay.
+	r, err = s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo mine > /tmp/u && cat /tmp/u && ls -ln /tmp/u", User: "65534"})
+	if err != nil || !strings.HasPrefix(r.Stdout, "mine\n") || !strings.Contains(r.Stdout, " 65534 ") {
+		t.Fatalf("write as nobody: %+v %v", r, err)
+	}
 }
