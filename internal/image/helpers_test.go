@@ -103,6 +103,10 @@ func newStore(t testing.TB) *LocalStore {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Private images and snapshots: only root may enter the store.
+	if st, err := os.Stat(s.Dir()); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("store directory: %v %v", st.Mode(), err)
+	}
 	return s
 }
 

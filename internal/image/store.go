@@ -121,6 +121,11 @@ func Open(dir string) (*LocalStore, error) {
 			return nil, fmt.Errorf("image: open store: %w", err)
 		}
 	}
+	// Only the host's root reads the store: it holds private images and
+	// snapshots of sandboxes' writable layers (their users' files).
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("image: open store: %w", err)
+	}
 	s := &LocalStore{dir: dir, BusyboxPath: "/bin/busybox"}
 	s.cleanTmp()
 	if err := s.migrate(context.Background()); err != nil {
