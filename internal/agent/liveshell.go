@@ -485,17 +485,9 @@ func killSince(pgid int, since uint64) {
 			if err != nil || pid == os.Getpid() {
 				continue
 			}
-			b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-			if err != nil {
-				continue
-			}
-			i := bytes.LastIndexByte(b, ')')
-			if i < 0 {
-				continue
-			}
-			f := strings.Fields(string(b[i+1:]))
-			// Fields after the command: state ppid pgrp ... starttime is
-			// field 22 of the line, index 19 here.
+			// state ppid pgrp ... starttime is field 22 of the line,
+			// index 19 here.
+			f := statFields(e.Name())
 			if len(f) < 20 {
 				continue
 			}

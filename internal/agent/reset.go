@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -200,17 +201,29 @@ func otherPids() []int {
 		if err != nil || pid == self {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
+		f := statFields(e.Name())
 		// A zombie is gone already (the reaper collects it).
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+		if len(f) == 0 || f[0] == "Z" {
 			continue
 		}
 		out = append(out, pid)
 	}
 	return out
+}
+
+// statFields reads /proc/<pid>/stat and returns its fields after the
+// command name (which may hold spaces and parentheses): f[0] is the state,
+// field 3 of the line, and f[i] is field i+3. nil when it cannot be read.
+func statFields(pid string) []string {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 // emptyDir removes everything inside d (not d itself) and reports how many

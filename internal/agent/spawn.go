@@ -15,12 +15,22 @@ const closedFD = ^uintptr(0)
 // forkExec starts one process in its own process group, registered with the
 // reaper. files are the child's descriptors 0..n (closedFD = closed).
 func (a *Agent) forkExec(path string, argv []string, env map[string]string, dir string, cred *credential, files []uintptr) (int, <-chan exitInfo, error) {
+	return a.spawnFork(forkFunc(path, argv, env, dir, cred, files))
+}
+
+// forkFunc is the fork and exec of one process in its own process group.
+func forkFunc(path string, argv []string, env map[string]string, dir string, cred *credential, files []uintptr) func() (int, error) {
 	sys := &syscall.SysProcAttr{Setpgid: true}
 	if cred != nil {
 		sys.Credential = &syscall.Credential{Uid: cred.uid, Gid: cred.gid, Groups: cred.groups}
 	}
 	attr := &syscall.ProcAttr{Dir: dir, Env: envList(env), Files: files, Sys: sys}
-	fork := func() (int, error) { return syscall.ForkExec(path, argv, attr) }
+	return func() (int, error) { return syscall.ForkExec(path, argv, attr) }
+}
+
+// spawnFork runs fork (on the spawner thread when confined) and registers
+// the child with the reaper.
+func (a *Agent) spawnFork(fork func() (int, error)) (int, <-chan exitInfo, error) {
 	if a.spawner != nil {
 		return a.reaper.spawn(func() (int, error) { return a.spawner.run(fork) })
 	}

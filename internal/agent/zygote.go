@@ -1,14 +1,12 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -217,15 +215,7 @@ func readProcAttrs(pid int) (procAttrs, bool) {
 // zygoteIntact says whether pid is alive, not stopped, has no fatal signal
 // pending, and still has the attributes base.
 func zygoteIntact(pid int, base procAttrs) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	f := strings.Fields(string(b[i+1:]))
+	f := statFields(strconv.Itoa(pid))
 	// f[0] is the state (field 3 of the line), f[28] the pending signals
 	// (field 31): a fatal signal shows there as SIGKILL as soon as it is sent.
 	if len(f) < 29 || !strings.Contains("RS", f[0]) {
@@ -246,21 +236,16 @@ func zygoteIntact(pid int, base procAttrs) bool {
 // the exec sets the fsuid back to the euid, 0. fs.suid_dumpable must be 0,
 // its default; startZygote checks the result.
 func (a *Agent) forkExecSealed(path string, argv []string, env map[string]string, dir string, files []uintptr) (int, <-chan exitInfo, error) {
-	attr := &syscall.ProcAttr{Dir: dir, Env: envList(env), Files: files, Sys: &syscall.SysProcAttr{Setpgid: true}}
-	fork := func() (int, error) {
-		const nobody = 65534
-		old, _, _ := unix.RawSyscall(unix.SYS_SETFSUID, nobody, 0, 0)
-		pid, err := syscall.ForkExec(path, argv, attr)
-		unix.RawSyscall(unix.SYS_SETFSUID, old, 0, 0)
-		return pid, err
-	}
-	if a.spawner != nil {
-		return a.reaper.spawn(func() (int, error) { return a.spawner.run(fork) })
-	}
-	return a.reaper.spawn(func() (int, error) {
-		// setfsuid is per thread: fork from the thread that changed it.
+	fork := forkFunc(path, argv, env, dir, nil, files)
+	return a.spawnFork(func() (int, error) {
+		// setfsuid is per thread: fork from the thread that changed it
+		// (the spawner's thread is locked already; this nests).
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		return fork()
+		const nobody = 65534
+		old, _, _ := unix.RawSyscall(unix.SYS_SETFSUID, nobody, 0, 0)
+		pid, err := fork()
+		unix.RawSyscall(unix.SYS_SETFSUID, old, 0, 0)
+		return pid, err
 	})
 }

@@ -258,17 +258,7 @@ func fnPoolName(image string) string { return "fncall:" + image }
 // (the caller has its answer already).
 func (e *Edge) fnRelease(sh *fnShape, w *sandbox, reset bool) {
 	if reset {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if e.closing {
-			return
-		}
-		select {
-		case sh.idle <- w:
-		default:
-			sh.total--
-			go e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
-		}
+		e.fnIdle(sh, w)
 		return
 	}
 	e.wg.Add(1)
@@ -289,18 +279,24 @@ func (e *Edge) fnRelease(sh *fnShape, w *sandbox, reset bool) {
 			e.fnDrop(sh, w)
 			return
 		}
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if e.closing {
-			return
-		}
-		select {
-		case sh.idle <- w:
-		default:
-			sh.total--
-			go e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
-		}
+		e.fnIdle(sh, w)
 	}()
+}
+
+// fnIdle puts a reset (or resetting) worker in its shape's idle queue, or
+// stops it when the queue is full.
+func (e *Edge) fnIdle(sh *fnShape, w *sandbox) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return
+	}
+	select {
+	case sh.idle <- w:
+	default:
+		sh.total--
+		go e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
+	}
 }
 
 // fnDrop stops a worker that cannot be reused.
