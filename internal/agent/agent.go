@@ -83,6 +83,15 @@ type Agent struct {
 	resetDone chan struct{}
 	resetErr  error
 
+	// Recycling (recycle.go), under mu: wiped from OpWipe to OpReroot;
+	// inflight counts the requests running, idle is closed when it drops
+	// to 0 during a wipe; baseline is the agent's attributes after setup.
+	wiped      bool
+	inflight   int
+	idle       chan struct{}
+	baseline   procAttrs
+	baselineOK bool
+
 	sessions *sessions
 	procs    *procTable
 	tars     *tarPuts
@@ -222,6 +231,9 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 		// zygote forks) and a lazier GC trade a little memory for CPU.
 		goruntime.GOMAXPROCS(1)
 		debug.SetGCPercent(400)
+	}
+	if !cfg.Unconfined {
+		a.recordBaseline()
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
 	return &agentproto.SetupResult{Pid: pid}, nil

@@ -136,6 +136,20 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 	if !a.isSetup() {
 		return nil, errf(agentproto.ErrInvalid, "%s: agent is not set up", req.Op)
 	}
+	switch req.Op {
+	case agentproto.OpWipe:
+		return a.wipe(ctx)
+	case agentproto.OpReroot:
+		var r agentproto.RerootRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.reroot(&r)
+	}
+	if err := a.enterRequest(req.Op); err != nil {
+		return nil, err
+	}
+	defer a.leaveRequest()
 	if err := a.waitReset(ctx); err != nil {
 		return nil, err
 	}

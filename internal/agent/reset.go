@@ -330,6 +330,24 @@ func errnoErr(e syscall.Errno) error {
 	return nil
 }
 
+// closeAll forgets every session and ends their idle live shells (whose
+// processes a wipe has killed already).
+func (s *sessions) closeAll(a *Agent) {
+	s.mu.Lock()
+	m := s.m
+	s.m = make(map[string]*session)
+	s.mu.Unlock()
+	for _, ss := range m {
+		ss.mu.Lock()
+		ls := ss.live
+		ss.live = nil
+		ss.mu.Unlock()
+		if ls != nil {
+			ls.close(a)
+		}
+	}
+}
+
 func (s *sessions) clear() {
 	s.mu.Lock()
 	s.m = make(map[string]*session)

@@ -168,3 +168,14 @@ func (p *warmPool) refill() {
 	p.stopped = false
 	p.refillLocked()
 }
+
+// quiesce invalidates the pool for good and waits until no refill is
+// starting a shell (a wipe must not race a fork).
+func (p *warmPool) quiesce() {
+	p.invalidate()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.filling {
+		p.filled.Wait()
+	}
+}

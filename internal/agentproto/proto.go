@@ -40,6 +40,19 @@ const (
 	// message queues emptied, SysV IPC objects removed, sessions,
 	// background commands and their environment forgotten. -> ResetResult
 	OpReset = "reset"
+	// OpWipe readies a sandbox's container for reuse by another sandbox:
+	// every process but the agent killed, SysV IPC objects removed,
+	// sessions, background commands and their environment forgotten, and
+	// the agent's own scheduling and limits checked against what they were
+	// after setup (a process of the sandbox may change them; they would
+	// pass to the next sandbox's processes). It answers ErrUnusable when
+	// the container must not be reused. Until OpReroot the agent serves
+	// nothing else. -> nothing
+	OpWipe = "wipe"
+	// OpReroot switches the agent to the fresh root the edge has pivoted
+	// the sandbox into, and to the new sandbox's environment and user.
+	// RerootRequest -> nothing
+	OpReroot = "reroot"
 )
 
 // Response kinds.

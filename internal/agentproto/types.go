@@ -175,6 +175,17 @@ type FileList struct {
 	Files []FileInfo `json:"files"`
 }
 
+// RerootRequest is OpReroot's.
+type RerootRequest struct {
+	// RootDev and RootIno identify the new root: the agent checks that
+	// its root is that directory before it serves again.
+	RootDev uint64 `json:"root_dev"`
+	RootIno uint64 `json:"root_ino"`
+	// Env and User are the new sandbox's, as in SetupConfig.
+	Env  map[string]string `json:"env,omitempty"`
+	User string            `json:"user,omitempty"`
+}
+
 // ResetResult answers OpReset.
 type ResetResult struct {
 	Killed  int `json:"killed"`  // processes killed

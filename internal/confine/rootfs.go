@@ -34,30 +34,12 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 		return err
 	}
 	// Detached copies of the host's device nodes, taken before the host
-	// root goes away. Closing an unattached one unmounts it.
-	nodes := make(map[string]int, len(devNodes))
-	defer func() {
-		for _, fd := range nodes {
-			unix.Close(fd)
-		}
-	}()
-	for _, n := range devNodes {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, "/dev/"+n, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-		if err != nil {
-			if n == "tty" && err == unix.ENOENT {
-				continue
-			}
-			return fmt.Errorf("confine: clone /dev/%s: %w", n, err)
-		}
-		nodes[n] = fd
-		// Read-only: the node is the host's inode, so a chmod, chown or
-		// utimes through a writable bind would change the host's /dev/null.
-		// (A device on a read-only mount can still be opened for writing.)
-		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}
-		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
-			return fmt.Errorf("confine: make /dev/%s read-only: %w", n, err)
-		}
+	// root goes away.
+	nodes, err := cloneDevNodes()
+	if err != nil {
+		return err
 	}
+	defer closeDevNodes(nodes)
 	binds, err := cloneBinds(cfg.Binds)
 	if err != nil {
 		return err
@@ -89,10 +71,8 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 }
 
 func mountOverlay(cfg *agentproto.SetupConfig) error {
-	for _, p := range append([]string{cfg.RootDir, cfg.Upper, cfg.Work}, cfg.Lowers...) {
-		if strings.ContainsAny(p, ",:") {
-			return fmt.Errorf("confine: overlay path %q contains ',' or ':'", p)
-		}
+	if err := checkOverlayPaths(append([]string{cfg.RootDir, cfg.Upper, cfg.Work}, cfg.Lowers...)); err != nil {
+		return err
 	}
 	opts := "lowerdir=" + strings.Join(cfg.Lowers, ":")
 	if cfg.Upper != "" {
@@ -102,6 +82,38 @@ func mountOverlay(cfg *agentproto.SetupConfig) error {
 		return fmt.Errorf("confine: mount overlay at %s: %w", cfg.RootDir, err)
 	}
 	return nil
+}
+
+// cloneDevNodes takes detached, read-only copies of the host's device
+// nodes (devNodes) for mountDev. Closing an unattached one unmounts it.
+func cloneDevNodes() (map[string]int, error) {
+	nodes := make(map[string]int, len(devNodes))
+	for _, n := range devNodes {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, "/dev/"+n, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			if n == "tty" && err == unix.ENOENT {
+				continue
+			}
+			closeDevNodes(nodes)
+			return nil, fmt.Errorf("confine: clone /dev/%s: %w", n, err)
+		}
+		nodes[n] = fd
+		// Read-only: the node is the host's inode, so a chmod, chown or
+		// utimes through a writable bind would change the host's /dev/null.
+		// (A device on a read-only mount can still be opened for writing.)
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			closeDevNodes(nodes)
+			return nil, fmt.Errorf("confine: make /dev/%s read-only: %w", n, err)
+		}
+	}
+	return nodes, nil
+}
+
+func closeDevNodes(nodes map[string]int) {
+	for _, fd := range nodes {
+		unix.Close(fd)
+	}
 }
 
 // pivot makes root the root of this mount namespace and detaches the old

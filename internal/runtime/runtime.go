@@ -95,6 +95,22 @@ type Reclaimer interface {
 	Prefetch(ctx context.Context, h Handle, rest bool) (int64, error)
 }
 
+// ErrNotReusable means a sandbox's container cannot be recycled (something
+// of it could outlive it); destroy it instead.
+var ErrNotReusable = errors.New("runtime: sandbox cannot be reused")
+
+// Recycler is implemented by runtimes that can reuse the container of a
+// deleted sandbox for a new sandbox of the same shape (limits, hostname,
+// priority), which saves most of what a start costs.
+type Recycler interface {
+	// Recycle ends everything of the sandbox behind inst (its processes,
+	// IPC objects, sessions, file system) and gives it a fresh root of
+	// spec's Lowers, Upper and Work, with spec's Env and User. On an error
+	// wrapping ErrNotReusable the sandbox is still whole but must be
+	// destroyed; on any error it must be destroyed.
+	Recycle(ctx context.Context, inst *Instance, spec *Spec) error
+}
+
 // Usage is what a runtime measures of all its sandboxes together.
 type Usage struct {
 	CPUSeconds  float64 // cumulative CPU time of every sandbox

@@ -21,20 +21,24 @@ import (
 // The tests run the real warren-agent (cmd/warren-agent, built once with
 // CGO_ENABLED=0), or the binary named by WARREN_TEST_AGENT.
 
-var agentBin string
+var (
+	agentBin string
+	buildDir string // binaries the tests build, removed at the end
+)
 
 func TestMain(m *testing.M) {
 	code := func() int {
-		if p := os.Getenv("WARREN_TEST_AGENT"); p != "" {
-			agentBin = p
-			return m.Run()
-		}
 		dir, err := os.MkdirTemp("", "container-test-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		defer os.RemoveAll(dir)
+		buildDir = dir
+		if p := os.Getenv("WARREN_TEST_AGENT"); p != "" {
+			agentBin = p
+			return m.Run()
+		}
 		agentBin = filepath.Join(dir, "warren-agent")
 		if err := confinetest.GoStatic("../../..", "build", "-o", agentBin, "./cmd/warren-agent"); err != nil {
 			fmt.Fprintln(os.Stderr, err)

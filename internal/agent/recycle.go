@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// Recycling: the edge reuses the container of a deleted sandbox for a new
+// one of the same shape, which saves the namespaces, cgroups and agent
+// start-up that make most of a sandbox's creation. The agent's part is
+// OpWipe (nothing of the old sandbox may run or be remembered) and
+// OpReroot (serve the new root the edge has pivoted the sandbox into).
+// Between the two the agent serves nothing but those and ping.
+
+// inflightWait bounds how long a wipe waits for requests that were already
+// running (their commands are killed, so they end at once).
+const inflightWait = 5 * time.Second
+
+// enterRequest admits a request unless a wipe has begun; leaveRequest
+// ends it.
+func (a *Agent) enterRequest(op string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.wiped {
+		return errf(agentproto.ErrUnusable, "%s: the sandbox is being recycled", op)
+	}
+	a.inflight++
+	return nil
+}
+
+func (a *Agent) leaveRequest() {
+	a.mu.Lock()
+	a.inflight--
+	if a.inflight == 0 && a.idle != nil {
+		close(a.idle)
+		a.idle = nil
+	}
+	a.mu.Unlock()
+}
+
+// recordBaseline notes the agent's own scheduling attributes and limits
+// once it is set up, before any process of the sandbox runs.
+func (a *Agent) recordBaseline() {
+	at, ok := readProcAttrs(os.Getpid())
+	a.baseline, a.baselineOK = at, ok
+}
+
+// attrsIntact says whether every thread of the agent still has the
+// attributes it had after setup. A process of the sandbox runs as the
+// agent's uid and may lower the agent's limits, raise its nice value or
+// oom_score_adj, or pin it to one CPU; every later child of the agent
+// would inherit that.
+func (a *Agent) attrsIntact() bool {
+	if !a.baselineOK {
+		return false
+	}
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil || len(ents) == 0 {
+		return false
+	}
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			return false
+		}
+		at, ok := readProcAttrs(tid)
+		if !ok && !threadGone(tid) {
+			return false
+		}
+		if ok && at != a.baseline {
+			return false
+		}
+	}
+	return true
+}
+
+// threadGone says whether thread tid of the agent has exited.
+func threadGone(tid int) bool {
+	_, err := os.Stat("/proc/self/task/" + strconv.Itoa(tid))
+	return os.IsNotExist(err)
+}
+
+// wipe is OpWipe.
+func (a *Agent) wipe(ctx context.Context) (any, error) {
+	a.mu.Lock()
+	stateless := len(a.cfg.Stateless) > 0
+	unconfined := a.cfg.Unconfined
+	a.mu.Unlock()
+	switch {
+	case stateless:
+		return nil, errf(agentproto.ErrInvalid, "wipe: a stateless sandbox is reset, not recycled")
+	case unconfined || os.Getpid() != 1:
+		// Killing "every other process" outside a pid namespace of our
+		// own would reach the host's.
+		return nil, errf(agentproto.ErrInvalid, "wipe: the agent is not the init of a pid namespace")
+	}
+	unusable := func(format string, args ...any) (any, error) {
+		a.log.Warn("agent: not reusable", "why", errf(agentproto.ErrUnusable, format, args...))
+		return nil, errf(agentproto.ErrUnusable, format, args...)
+	}
+	a.mu.Lock()
+	if a.wiped {
+		a.mu.Unlock()
+		return nil, errf(agentproto.ErrInvalid, "wipe: already wiped")
+	}
+	a.wiped = true
+	var idle chan struct{}
+	if a.inflight > 0 {
+		idle = make(chan struct{})
+		a.idle = idle
+	}
+	pool := a.pool
+	a.mu.Unlock()
+	if pool != nil {
+		pool.quiesce()
+	}
+	deadline := time.Now().Add(resetWait)
+	if _, err := killAllAsInit(ctx, deadline); err != nil {
+		return unusable("wipe: %v", err)
+	}
+	// Requests that were running end now that their processes are dead.
+	if idle != nil {
+		select {
+		case <-idle:
+		case <-time.After(inflightWait):
+			return unusable("wipe: requests still running")
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	// Again: a request may have started a process after the first round.
+	if _, err := killAllAsInit(ctx, deadline); err != nil {
+		return unusable("wipe: %v", err)
+	}
+	a.sessions.closeAll(a)
+	a.procs.clear()
+	a.tars.clear()
+	removeSysVIPC()
+	for _, kind := range []string{"shm", "msg", "sem"} {
+		if n, err := sysvCount(kind); err != nil || n > 0 {
+			return unusable("wipe: SysV %s objects left (%d, %v)", kind, n, err)
+		}
+	}
+	if !a.attrsIntact() {
+		return unusable("wipe: the agent's scheduling attributes or limits were changed")
+	}
+	if n := a.live.n.Load(); n != 0 {
+		return unusable("wipe: %d live shells left", n)
+	}
+	return nil, nil
+}
+
+// reroot is OpReroot.
+func (a *Agent) reroot(req *agentproto.RerootRequest) (any, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.wiped {
+		return nil, errf(agentproto.ErrInvalid, "reroot: the sandbox was not wiped")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/", &st); err != nil || st.Dev != req.RootDev || st.Ino != req.RootIno {
+		return nil, errf(agentproto.ErrUnusable, "reroot: / is not the new root (%d:%d, %v)", st.Dev, st.Ino, err)
+	}
+	root, err := openRoot("/")
+	if err != nil {
+		return nil, errf(agentproto.ErrUnusable, "reroot: %v", err)
+	}
+	var cred *credential
+	if req.User != "" {
+		if cred, err = resolveUser(root, req.User); err != nil {
+			unix.Close(root.fd)
+			return nil, err
+		}
+	}
+	unix.Close(a.root.fd)
+	a.root = root
+	a.cfg.Env, a.cfg.User = req.Env, req.User
+	a.baseEnv = map[string]string{"PATH": defaultPath}
+	for k, v := range req.Env {
+		a.baseEnv[k] = v
+	}
+	a.defUser = cred
+	// The FIFO directory was on the old /dev.
+	a.live.mu.Lock()
+	if a.live.dfd > 0 {
+		unix.Close(a.live.dfd)
+		a.live.dfd = 0
+	}
+	a.live.mu.Unlock()
+	if a.pool != nil {
+		if plan, err := a.plan(&agentproto.ExecRequest{Cmd: "true"}); err == nil {
+			a.pool = newWarmPool(a, warmShells, a.shell, plan.env, plan.cwd, a.defUser, false)
+		} else {
+			a.pool = nil
+		}
+	}
+	a.wiped = false
+	return nil, nil
+}

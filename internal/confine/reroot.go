@@ -1,0 +1,262 @@
+package confine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// RerootConfig is the new root of a reused sandbox.
+type RerootConfig struct {
+	Lowers      []string // read-only layer directories, top-most first
+	Upper, Work string   // the new, empty writable layer
+	ShmMB       int64    // size of /dev/shm; 0 = DefaultShmMB
+}
+
+// RootID identifies a root directory (its device and inode), so that the
+// agent can check that its root is the one the edge mounted.
+type RootID struct {
+	Dev uint64 `json:"dev"`
+	Ino uint64 `json:"ino"`
+}
+
+// Reroot gives the running sandbox whose init (the agent) pidfd refers to
+// a fresh root file system: it is how the container of a deleted sandbox is
+// reused for a new one. It runs in the edge, as host root, never in the
+// agent, which keeps no privilege to mount anything. Every process of the
+// sandbox but the agent must be gone (the agent's wipe).
+//
+// In order it:
+//
+//  1. mounts the new overlay (nodev), detached, in the edge's own mount
+//     namespace, where the layer directories are;
+//  2. takes the read-only copies of the host's device nodes, as Enter does;
+//  3. on an OS thread of its own that enters the sandbox's mount and IPC
+//     namespaces: removes every POSIX message queue of the IPC namespace
+//     (they outlive their processes and are not visible in the sandbox's
+//     file system), stacks the new root on the old one, moves /proc and
+//     /sys (the sandbox's own, bound to its pid and net namespaces, with
+//     their masks and read-only parts) onto it, pivots into it (which also
+//     moves the agent's root and working directory, the only process
+//     left), detaches the old root with everything still on it (the old
+//     /dev, /dev/shm, devpts) and mounts a fresh /dev;
+//  4. throws that thread away: it ends with its goroutine, never to run
+//     another goroutine in the sandbox's namespaces.
+//
+// It returns the identity of the new root. A failure leaves the sandbox
+// unusable: destroy it.
+func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
+	var id RootID
+	if len(cfg.Lowers) == 0 || cfg.Upper == "" || cfg.Work == "" {
+		return id, errors.New("confine: reroot: lowers, upper and work are required")
+	}
+	if err := checkOverlayPaths(append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...)); err != nil {
+		return id, err
+	}
+	mfd, err := fsmountOverlay(cfg)
+	if err != nil {
+		return id, err
+	}
+	defer unix.Close(mfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(mfd, &st); err != nil {
+		return id, fmt.Errorf("confine: reroot: stat new root: %w", err)
+	}
+	id = RootID{Dev: st.Dev, Ino: st.Ino}
+	nodes, err := cloneDevNodes()
+	if err != nil {
+		return id, err
+	}
+	defer closeDevNodes(nodes)
+	shm := cfg.ShmMB
+	if shm <= 0 {
+		shm = DefaultShmMB
+	}
+	return id, onThrowawayThread(func() error { return rerootThread(pidfd, mfd, nodes, shm) })
+}
+
+// onThrowawayThread runs fn on an OS thread that ends with it: fn may
+// change the thread's root, working directory and namespaces, and Go ends
+// a thread whose goroutine exits while locked to it. Never the main
+// thread, which Go keeps (wedged) instead, and whose namespaces are what
+// /proc/self shows for the whole process.
+func onThrowawayThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked
+		if unix.Gettid() != unix.Getpid() {
+			errc <- fn()
+			return
+		}
+		// The main thread: hold it, locked and blocked, while another
+		// thread (never this one, then) does the work.
+		defer runtime.UnlockOSThread()
+		inner := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked
+			if unix.Gettid() == unix.Getpid() {
+				inner <- errors.New("confine: no thread but the main one")
+				return
+			}
+			inner <- fn()
+		}()
+		errc <- <-inner
+	}()
+	return <-errc
+}
+
+// checkOverlayPaths refuses the characters that separate overlay options
+// and lower directories.
+func checkOverlayPaths(paths []string) error {
+	for _, p := range paths {
+		if strings.ContainsAny(p, ",:") {
+			return fmt.Errorf("confine: overlay path %q contains ',' or ':'", p)
+		}
+	}
+	return nil
+}
+
+// fsmountOverlay mounts the overlay of cfg, detached (no mount point), and
+// returns the mount's descriptor.
+func fsmountOverlay(cfg *RerootConfig) (int, error) {
+	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("confine: fsopen overlay: %w", err)
+	}
+	defer unix.Close(fsfd)
+	for _, kv := range [][2]string{
+		{"lowerdir", strings.Join(cfg.Lowers, ":")},
+		{"upperdir", cfg.Upper},
+		{"workdir", cfg.Work},
+	} {
+		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+			return -1, fmt.Errorf("confine: overlay %s=%s: %w", kv[0], kv[1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fmt.Errorf("confine: create overlay: %w", err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return -1, fmt.Errorf("confine: fsmount overlay: %w", err)
+	}
+	return mfd, nil
+}
+
+// rerootThread is step 3 of Reroot, on a locked thread that is thrown away.
+func rerootThread(pidfd, mfd int, nodes map[string]int, shmMB int64) error {
+	// setns into a mount namespace needs an fs_struct of the thread's own.
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("confine: reroot: unshare fs: %w", err)
+	}
+	if err := unix.Setns(pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWIPC); err != nil {
+		return fmt.Errorf("confine: reroot: enter the sandbox's namespaces: %w", err)
+	}
+	if err := removeMessageQueues(); err != nil {
+		return err
+	}
+	// The sandbox's /proc and /sys, opened before the new root covers them.
+	var moved []int
+	defer func() {
+		for _, fd := range moved {
+			unix.Close(fd)
+		}
+	}()
+	for _, m := range []struct {
+		path  string
+		magic int64
+	}{{"/proc", unix.PROC_SUPER_MAGIC}, {"/sys", unix.SYSFS_MAGIC}} {
+		fd, err := unix.Open(m.path, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("confine: reroot: open %s: %w", m.path, err)
+		}
+		moved = append(moved, fd)
+		var sfs unix.Statfs_t
+		if err := unix.Fstatfs(fd, &sfs); err != nil || sfs.Type != m.magic {
+			return fmt.Errorf("confine: reroot: %s is not the sandbox's (type %#x, %v)", m.path, sfs.Type, err)
+		}
+	}
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, "/", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("confine: reroot: attach the new root: %w", err)
+	}
+	for i, name := range []string{"proc", "sys"} {
+		dfd, err := mountPointIn(mfd, name)
+		if err != nil {
+			return err
+		}
+		err = unix.MoveMount(moved[i], "", dfd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+		unix.Close(dfd)
+		if err != nil {
+			return fmt.Errorf("confine: reroot: move /%s: %w", name, err)
+		}
+	}
+	if err := unix.Fchdir(mfd); err != nil {
+		return fmt.Errorf("confine: reroot: chdir new root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("confine: reroot: pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("confine: reroot: detach the old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("confine: reroot: chdir /: %w", err)
+	}
+	return mountDev(nodes, shmMB)
+}
+
+// mountPointIn opens directory name of the root behind rootfd as a mount
+// point, making it when the image lacks it. A symlink or a file there (an
+// image may hold anything) is refused rather than followed.
+func mountPointIn(rootfd int, name string) (int, error) {
+	const flags = unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat(rootfd, name, flags, 0)
+	if errors.Is(err, unix.ENOENT) {
+		if err := unix.Mkdirat(rootfd, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+			return -1, fmt.Errorf("confine: reroot: mkdir /%s: %w", name, err)
+		}
+		fd, err = unix.Openat(rootfd, name, flags, 0)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("confine: reroot: /%s of the new root: %w", name, err)
+	}
+	return fd, nil
+}
+
+// removeMessageQueues unlinks every POSIX message queue of the calling
+// thread's IPC namespace, through a detached mqueue mount of it.
+func removeMessageQueues() error {
+	fsfd, err := unix.Fsopen("mqueue", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("confine: reroot: fsopen mqueue: %w", err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return fmt.Errorf("confine: reroot: create mqueue: %w", err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOEXEC|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return fmt.Errorf("confine: reroot: fsmount mqueue: %w", err)
+	}
+	defer unix.Close(mfd)
+	dfd, err := unix.Openat(mfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("confine: reroot: open mqueue: %w", err)
+	}
+	d := os.NewFile(uintptr(dfd), "mqueue")
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("confine: reroot: list message queues: %w", err)
+	}
+	for _, n := range names {
+		if err := unix.Unlinkat(mfd, n, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("confine: reroot: remove message queue %s: %w", n, err)
+		}
+	}
+	return nil
+}
