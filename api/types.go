@@ -508,6 +508,20 @@ type Node struct {
 	SandboxesByPriority map[string]int `json:"sandboxes_by_priority"`
 	Pools               []NodePool     `json:"pools"`
 	Features            NodeFeatures   `json:"features"`
+	// Recycling counts the containers of deleted sandboxes reused for new
+	// ones (docs/architecture.md, "Recycled containers").
+	Recycling NodeRecycling `json:"recycling"`
+}
+
+// NodeRecycling is a node's recycled containers: Waiting now for a
+// create of their shape; since the node started, Kept (wiped and kept at a
+// delete), Reused (given to a new sandbox) and Refused (destroyed at a
+// delete because something of the sandbox could outlive it).
+type NodeRecycling struct {
+	Waiting int   `json:"waiting"`
+	Kept    int64 `json:"kept"`
+	Reused  int64 `json:"reused"`
+	Refused int64 `json:"refused"`
 }
 
 // NodePool is one warm pool's state on a node.

@@ -180,7 +180,8 @@ func (a *Agent) reroot(req *agentproto.RerootRequest) (any, error) {
 	}
 	unix.Close(a.root.fd)
 	a.root = root
-	a.cfg.Env, a.cfg.User = req.Env, req.User
+	// The old root's binds went with it; a recycled sandbox has none.
+	a.cfg.Env, a.cfg.User, a.cfg.Binds = req.Env, req.User, nil
 	a.baseEnv = map[string]string{"PATH": defaultPath}
 	for k, v := range req.Env {
 		a.baseEnv[k] = v

@@ -178,8 +178,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		done <- serve.Run(sctx, serve.Options{
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
 			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func(url, token string) { ready <- [2]string{url, token} },
+			Recycle: serve.DefaultRecycle,
+			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:   func(url, token string) { ready <- [2]string{url, token} },
 		})
 	}()
 	var url, token string

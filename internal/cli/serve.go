@@ -60,6 +60,7 @@ func newServeCmd() *cobra.Command {
 	f.Int64Var(&o.MinMemoryAvailableMB, "min-memory-available-mb", 0, "refuse new sandboxes while the host's MemAvailable is below this (0 = 2% of memory, at least 256; -1 = off)")
 	f.Float64Var(&o.MaxMemoryPressure, "max-memory-pressure", 0, "refuse new sandboxes while memory PSI some avg10 (percent) is above this (0 = 40; -1 = off)")
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
+	f.IntVar(&o.Recycle, "recycle", serve.DefaultRecycle, "containers of deleted sandboxes kept per shape, wiped, for reuse by new sandboxes (0 = none: a new container for every sandbox)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd
 }

@@ -225,15 +225,26 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	layerIDs = append(layerIDs, img.Layers...)
 	layerIDs = append(layerIDs, bindIDs...)
 
-	stateDir := e.stateDir(id)
+	// A recycled container of this shape (recycle.go) when one waits: it
+	// keeps its own name (store); the writable layer is named id.
+	store := id
+	var box *wipedBox
+	if len(binds) == 0 && !sb.stateless && e.recycler() != nil {
+		if box = e.takeWiped(recycleKey(spec)); box != nil {
+			store = box.store
+		}
+	}
 	cleanup := func() {
-		e.freeStorage(id)
+		e.freeStorage(store, id)
 		if !pooled {
-			_ = os.Remove(e.recordPath(id))
+			_ = os.Remove(e.recordPath(sb.rec.Sandbox.ID))
 		}
 	}
 	defer func() {
 		if err != nil {
+			if box != nil {
+				e.discardBox(box)
+			}
 			cleanup()
 		}
 	}()
@@ -241,14 +252,17 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if err != nil {
 		return fmt.Errorf("writable layer: %w", err)
 	}
-	upper, work, root := filepath.Join(wdir, "upper"), filepath.Join(wdir, "work"), filepath.Join(stateDir, "root")
-	for _, d := range []string{upper, work, root} {
+	upper, work := filepath.Join(wdir, "upper"), filepath.Join(wdir, "work")
+	for _, d := range []string{upper, work} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("prepare %s: %w", d, err)
 		}
 	}
 	tAlloc := time.Now()
 	sb.mu.Lock()
+	if box != nil {
+		sb.rec.Storage, sb.rec.Layer = box.store, id
+	}
 	sb.rec.Layers = layerIDs
 	sb.rec.Upper = upper
 	sb.rec.Binds = binds
@@ -269,8 +283,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		binds[i].Source = dirs[nRoot+i]
 	}
 	tPersist := time.Now()
+	stateDir := e.stateDir(id)
 	rspec := &runtime.Spec{
-		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: root,
+		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: filepath.Join(stateDir, "root"),
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
 		Env: sandboxEnv(img.Env, spec.Env), User: spec.User, Priority: spec.Priority,
@@ -278,10 +293,33 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
-	inst, err := e.cfg.Runtime.Start(ctx, rspec)
-	if err != nil {
-		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})
-		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
+	var inst *runtime.Instance
+	if box != nil {
+		if rerr := e.recycler().Reroot(ctx, box.inst, rspec); rerr != nil {
+			e.log.Warn("recycled container failed; starting a new one", "id", sb.rec.Sandbox.ID, "container", box.store, "err", rerr)
+			e.discardBox(box)
+			box, store = nil, id
+			sb.mu.Lock()
+			sb.rec.Storage, sb.rec.Layer = "", ""
+			sb.mu.Unlock()
+		} else {
+			inst = box.inst
+			e.freeLayer(box.oldLayer) // its root was let go
+			box = nil
+			e.mu.Lock()
+			e.recycling.Reused++
+			e.mu.Unlock()
+		}
+	}
+	if inst == nil {
+		if err := os.MkdirAll(rspec.RootDir, 0o755); err != nil {
+			return fmt.Errorf("prepare %s: %w", rspec.RootDir, err)
+		}
+		inst, err = e.cfg.Runtime.Start(ctx, rspec)
+		if err != nil {
+			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
+		}
 	}
 	sb.mu.Lock()
 	sb.inst = inst

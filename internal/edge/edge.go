@@ -115,6 +115,12 @@ type Config struct {
 	// RosterEvery is how often, at most, the node writes the ids of its live
 	// sandboxes to the roster bucket (when they changed). 0 = 500ms; <0 = never.
 	RosterEvery time.Duration
+	// Recycle is how many wiped containers of one shape are kept for
+	// reuse (recycle.go); 0 = none: every sandbox gets a new container.
+	Recycle int
+	// RecycleIdle is how long a wiped container waits for a create; 0 =
+	// DefaultRecycleIdle.
+	RecycleIdle time.Duration
 }
 
 // Edge manages the sandboxes of one node.
@@ -132,8 +138,11 @@ type Edge struct {
 	live    map[*sandbox]struct{}
 	closing bool
 	pools   map[string]*pool
-	fn      map[string]*fnShape
-	runCtx  context.Context
+	wiped   map[string][]*wipedBox // recycled containers by shape (recycle.go)
+	// recycling counts kept, reused and refused containers (Waiting unused).
+	recycling api.NodeRecycling
+	fn        map[string]*fnShape
+	runCtx    context.Context
 
 	features  api.NodeFeatures
 	usageMu   sync.Mutex
@@ -183,6 +192,9 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.DefaultTTL == 0 {
 		cfg.DefaultTTL = 24 * time.Hour
 	}
+	if cfg.RecycleIdle == 0 {
+		cfg.RecycleIdle = DefaultRecycleIdle
+	}
 	if cfg.TombstoneFor == 0 {
 		cfg.TombstoneFor = 10 * time.Minute
 	}
@@ -210,7 +222,7 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, fn: map[string]*fnShape{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, wiped: map[string][]*wipedBox{}, fn: map[string]*fnShape{}}
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	for _, d := range []string{e.recordsDir(), e.runDir()} {
@@ -332,6 +344,7 @@ func (e *Edge) Close(ctx context.Context) error {
 		}(sb)
 	}
 	wg.Wait()
+	e.expireWiped(0)
 	return nil
 }
 

@@ -97,6 +97,7 @@ func (e *Edge) NodeStatus() api.Node {
 	e.measure(&n)
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	n.Recycling = e.recyclingLocked()
 	for _, sb := range e.sandboxes {
 		sb.mu.Lock()
 		st, prio, pooled := sb.rec.Sandbox.State, sb.rec.Spec.Priority, sb.pool != ""
@@ -223,6 +224,7 @@ func (e *Edge) reap(ctx context.Context) {
 		sb.mu.Unlock()
 	}
 	e.mu.Unlock()
+	e.expireWiped(e.cfg.RecycleIdle)
 	for _, v := range victims {
 		go e.stop(ctx, v.sb, api.StateStopped, v.reason)
 	}

@@ -80,7 +80,7 @@ func (e *Edge) reconcileLost(ctx context.Context, rec record) *sandbox {
 	if err := e.cfg.Runtime.Destroy(ctx, h); err != nil {
 		e.log.Error("destroy lost sandbox", "id", id, "err", err)
 	}
-	e.freeStorage(store)
+	e.freeStorage(store, rec.layer())
 	_ = os.Remove(e.recordPath(id))
 	rec.Sandbox.State, rec.Sandbox.Reason = api.StateLost, LostReason(e.cfg.Node)
 	sb := &sandbox{rec: rec, stoppedAt: time.Now(), stopping: true, ready: make(chan struct{})}

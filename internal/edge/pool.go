@@ -370,10 +370,12 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 			sb.mu.Unlock()
 			continue
 		}
-		store := sb.rec.Sandbox.ID
+		internal := sb.rec.Sandbox.ID
 		now := time.Now().UTC()
 		expires := now.Add(time.Duration(spec.TTL) * time.Second)
-		sb.rec.Storage = store
+		if sb.rec.Storage == "" { // else a recycled container's name
+			sb.rec.Storage = internal
+		}
 		sb.rec.Spec = *spec
 		sb.rec.Sandbox.ID = id
 		sb.rec.Sandbox.Labels = copyMap(spec.Labels)
@@ -386,7 +388,7 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 		sb.lastActive = now
 		sb.pool = ""
 		sb.mu.Unlock()
-		e.dropLocked(store)
+		e.dropLocked(internal)
 		e.putLocked(id, sb)
 		p.claimed++
 		p.poke()

@@ -33,6 +33,11 @@ type record struct {
 	// it differs from its id: a sandbox claimed from a warm pool keeps the
 	// name it was created under. Empty = Sandbox.ID.
 	Storage string `json:"storage,omitempty"`
+	// Layer names the sandbox's writable layer (and the holder of its
+	// mounted layers) when it differs from Storage: a sandbox in a
+	// recycled container has a new writable layer in an old container.
+	// Empty = storage().
+	Layer string `json:"layer,omitempty"`
 }
 
 // storage is the name the sandbox's host resources live under.
@@ -41,6 +46,14 @@ func (r *record) storage() string {
 		return r.Storage
 	}
 	return r.Sandbox.ID
+}
+
+// layer is the name of the sandbox's writable layer.
+func (r *record) layer() string {
+	if r.Layer != "" {
+		return r.Layer
+	}
+	return r.storage()
 }
 
 // sandbox is the edge's live state of one sandbox.
@@ -58,9 +71,10 @@ type sandbox struct {
 	stoppedAt  time.Time
 	ready      chan struct{} // closed once creation finished (either way)
 	createErr  error
-	pool       string // the warm pool holding it, until claimed ("" = a user's sandbox)
-	stateless  bool   // an FnCall worker
-	traj       *traj  // nil unless the sandbox records a trajectory
+	pool       string        // the warm pool holding it, until claimed ("" = a user's sandbox)
+	stopWatch  chan struct{} // closed to end watch (its container was recycled)
+	stateless  bool          // an FnCall worker
+	traj       *traj         // nil unless the sandbox records a trajectory
 }
 
 func (sb *sandbox) view() api.Sandbox {
@@ -251,7 +265,8 @@ func (e *Edge) reconcile(ctx context.Context) error {
 				close(sb.ready)
 				e.put(id, sb)
 				adopted[store] = true
-				holders[store] = rec.Layers
+				adopted[rec.layer()] = true
+				holders[rec.layer()] = rec.Layers
 				e.watch(sb)
 				e.log.Info("adopted sandbox", "id", id, "paused", paused)
 				if paused {
@@ -270,7 +285,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		if err := e.cfg.Runtime.Destroy(ctx, h); err != nil {
 			e.log.Error("destroy leftover sandbox", "id", id, "err", err)
 		}
-		e.freeStorage(store)
+		e.freeStorage(store, rec.layer())
 		_ = os.Remove(e.recordPath(id))
 		rec.Sandbox.State = api.StateFailed
 		rec.Sandbox.Reason = "lost while the edge was down"
@@ -311,19 +326,35 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	return nil
 }
 
-func (e *Edge) freeStorage(id string) {
-	if err := e.cfg.Writable.Free(id); err != nil {
-		e.log.Warn("free writable layer", "id", id, "err", err)
+// freeStorage frees a sandbox's host resources but its runtime's: the
+// state dir of its container (store), its writable layer and the layers
+// it holds mounted (layer).
+func (e *Edge) freeStorage(store, layer string) {
+	e.freeLayer(layer)
+	_ = os.RemoveAll(e.stateDir(store))
+}
+
+// freeLayer frees a writable layer and the mounted layers its name holds.
+func (e *Edge) freeLayer(layer string) {
+	if err := e.cfg.Writable.Free(layer); err != nil {
+		e.log.Warn("free writable layer", "id", layer, "err", err)
 	}
-	_ = os.RemoveAll(e.stateDir(id))
-	e.cfg.Images.ReleaseLayers(id)
+	e.cfg.Images.ReleaseLayers(layer)
 }
 
 // watch marks the sandbox failed when its agent channel closes unexpectedly.
 func (e *Edge) watch(sb *sandbox) {
 	inst := sb.inst
+	stop := make(chan struct{})
+	sb.mu.Lock()
+	sb.stopWatch = stop
+	sb.mu.Unlock()
 	go func() {
-		<-inst.Agent.Done()
+		select {
+		case <-inst.Agent.Done():
+		case <-stop:
+			return
+		}
 		sb.mu.Lock()
 		expected := sb.stopping || sb.detached
 		sb.mu.Unlock()
@@ -332,6 +363,16 @@ func (e *Edge) watch(sb *sandbox) {
 			e.stop(context.Background(), sb, api.StateFailed, "sandbox agent exited")
 		}
 	}()
+}
+
+// unwatch ends watch: the agent channel now serves another sandbox.
+func (sb *sandbox) unwatch() {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.stopWatch != nil {
+		close(sb.stopWatch)
+		sb.stopWatch = nil
+	}
 }
 
 // stop ends a sandbox and frees everything it holds; it keeps a tombstone so
@@ -347,12 +388,28 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	id := sb.rec.Sandbox.ID
 	store := sb.rec.storage()
 	pooled := sb.pool != ""
+	layer := sb.rec.layer()
 	h := runtime.Handle{ID: store, Socket: filepath.Join(e.stateDir(store), "agent.sock")}
 	if sb.rec.Handle != nil {
 		h = *sb.rec.Handle
 	}
+	recycle := e.recyclableLocked(sb, state)
 	sb.mu.Unlock()
 
+	if recycle && e.keepContainer(ctx, sb, inst) {
+		// The container waits for another sandbox (recycle.go), with this
+		// one's root until then.
+		if !pooled {
+			_ = os.Remove(e.recordPath(id))
+		}
+		sb.mu.Lock()
+		sb.rec.Sandbox.State = state
+		sb.rec.Sandbox.Reason = reason
+		sb.stoppedAt = time.Now()
+		sb.mu.Unlock()
+		e.log.Info("sandbox stopped", "id", id, "state", state, "reason", reason, "container", "kept")
+		return
+	}
 	if inst != nil {
 		_ = inst.Agent.Close()
 	}
@@ -364,7 +421,7 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 		e.log.Error("destroy sandbox", "id", id, "err", err)
 	} else {
 		t1 := time.Now()
-		e.freeStorage(store)
+		e.freeStorage(store, layer)
 		if !pooled {
 			_ = os.Remove(e.recordPath(id))
 		}

@@ -67,6 +67,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	defer sb.snapMu.Unlock()
 	sb.mu.Lock()
 	id := sb.rec.Sandbox.ID
+	layer := sb.rec.layer()
 	upper := sb.rec.Upper
 	ids := append([]string(nil), sb.rec.Layers[:len(sb.rec.Layers)-len(sb.rec.Binds)]...)
 	spec := sb.rec.Spec
@@ -89,7 +90,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if canClone && filepath.Base(filepath.Clean(upper)) == "upper" {
 		// Write the sandbox's pending data out before freezing it: the
 		// clone then has little to flush while it is frozen.
-		if err := cl.Flush(id); err != nil {
+		if err := cl.Flush(layer); err != nil {
 			e.log.Warn("flush before snapshot", "sandbox", id, "err", err)
 		}
 	}
@@ -109,7 +110,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if canClone && filepath.Base(src) == "upper" {
 		var dir string
 		var release func() error
-		if dir, release, cerr = cl.Clone(id); cerr == nil {
+		if dir, release, cerr = cl.Clone(layer); cerr == nil {
 			copyDir = filepath.Join(dir, "upper")
 			defer func() {
 				if err := release(); err != nil {

@@ -103,12 +103,15 @@ var ErrNotReusable = errors.New("runtime: sandbox cannot be reused")
 // deleted sandbox for a new sandbox of the same shape (limits, hostname,
 // priority), which saves most of what a start costs.
 type Recycler interface {
-	// Recycle ends everything of the sandbox behind inst (its processes,
-	// IPC objects, sessions, file system) and gives it a fresh root of
-	// spec's Lowers, Upper and Work, with spec's Env and User. On an error
-	// wrapping ErrNotReusable the sandbox is still whole but must be
-	// destroyed; on any error it must be destroyed.
-	Recycle(ctx context.Context, inst *Instance, spec *Spec) error
+	// Wipe ends everything of the sandbox behind inst that could reach
+	// its next user: its processes, IPC objects, sessions. It fails,
+	// wrapping ErrNotReusable, when something would outlive it anyway;
+	// the sandbox must then be destroyed (so on any error).
+	Wipe(ctx context.Context, inst *Instance) error
+	// Reroot gives a wiped sandbox a fresh root of spec's Lowers, Upper
+	// and Work, with spec's Env and User, and frees its old root. On an
+	// error the sandbox must be destroyed.
+	Reroot(ctx context.Context, inst *Instance, spec *Spec) error
 }
 
 // Usage is what a runtime measures of all its sandboxes together.

@@ -27,6 +27,9 @@ import (
 	"github.com/warrenhq/warren/internal/watcher"
 )
 
+// DefaultRecycle is the default of Options.Recycle (--recycle).
+const DefaultRecycle = 32
+
 // Options configure `warren serve`.
 type Options struct {
 	DataDir string // default /var/lib/warren
@@ -44,7 +47,10 @@ type Options struct {
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
 	KeepOnShutdown       bool
-	Logger               *slog.Logger
+	// Recycle is how many wiped containers of one shape the node keeps
+	// for reuse (edge.Config.Recycle); 0 = none.
+	Recycle int
+	Logger  *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 }
@@ -170,6 +176,7 @@ func Run(ctx context.Context, o Options) error {
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
+		Recycle: o.Recycle,
 	})
 	if err != nil {
 		return err
@@ -193,6 +200,7 @@ type EdgeOptions struct {
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
+	Recycle              int // see Options.Recycle
 	Logger               *slog.Logger
 }
 
@@ -298,8 +306,8 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
 		Labels:         o.Labels,
-		KeepOnShutdown: o.KeepOnShutdown,
-		CPUOvercommit:  o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
+		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle,
+		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 	})
 	if err != nil {

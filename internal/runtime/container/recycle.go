@@ -1,12 +1,12 @@
 package container
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -15,20 +15,31 @@ import (
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
-// Recycle reuses the container of a deleted sandbox: the agent wipes it
-// (every other process killed, SysV IPC removed, its sessions forgotten,
-// its own attributes checked), the network namespace must hold no socket
-// (a TIME_WAIT connection would show in the next sandbox's /proc/net/tcp
-// and keep its port), then confine.Reroot pivots the sandbox into a fresh
-// overlay (and removes its POSIX message queues) and the agent switches to
-// it. Namespaces, cgroups and the agent stay: that is the saving.
-func (r *Runtime) Recycle(ctx context.Context, inst *runtime.Instance, spec *runtime.Spec) error {
-	h := inst.Handle
-	if len(spec.Binds) > 0 || len(spec.Stateless) > 0 {
-		return fmt.Errorf("%w: binds and stateless sandboxes are not recycled", runtime.ErrNotReusable)
-	}
+// Wipe and Reroot reuse the container of a deleted sandbox. Wipe: the
+// agent kills every other process, removes SysV IPC objects, forgets its
+// sessions and checks its own attributes; the network namespace must hold
+// no socket (a TIME_WAIT connection would show in the next sandbox's
+// /proc/net/tcp and keep its port). Reroot: confine.Reroot pivots the
+// sandbox into a fresh overlay (and removes its POSIX message queues), and
+// the agent switches to it. Namespaces, cgroups and the agent stay: that
+// is the saving.
+
+// Wipe implements runtime.Recycler.
+func (r *Runtime) Wipe(ctx context.Context, inst *runtime.Instance) error {
 	if err := inst.Agent.Call(ctx, agentproto.OpWipe, nil, nil, nil); err != nil {
 		return fmt.Errorf("%w: wipe: %v", runtime.ErrNotReusable, err)
+	}
+	if err := quietNetwork(inst.Handle.Pid); err != nil {
+		return fmt.Errorf("%w: %v", runtime.ErrNotReusable, err)
+	}
+	return nil
+}
+
+// Reroot implements runtime.Recycler.
+func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runtime.Spec) error {
+	h := inst.Handle
+	if len(spec.Binds) > 0 || len(spec.Stateless) > 0 {
+		return errors.New("container: reroot: binds and stateless sandboxes are not recycled")
 	}
 	// The pidfd pins the agent: setns through it cannot reach another
 	// process that reused the pid.
@@ -39,9 +50,6 @@ func (r *Runtime) Recycle(ctx context.Context, inst *runtime.Instance, spec *run
 	defer unix.Close(pidfd)
 	if !sameProcess(h.Pid, h.PidStart) {
 		return fmt.Errorf("%w: agent pid %d", runtime.ErrGone, h.Pid)
-	}
-	if err := quietNetwork(h.Pid); err != nil {
-		return fmt.Errorf("%w: %v", runtime.ErrNotReusable, err)
 	}
 	id, err := confine.Reroot(pidfd, &confine.RerootConfig{Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work})
 	if err != nil {
@@ -54,35 +62,44 @@ func (r *Runtime) Recycle(ctx context.Context, inst *runtime.Instance, spec *run
 	return nil
 }
 
-// quietNetwork fails when the network namespace of pid holds any TCP
-// socket (all of the sandbox's processes are dead, so these are
-// connections in TIME_WAIT or closing).
+// quietNetwork fails when the network namespace of pid holds any socket:
+// all of the sandbox's processes are dead, so these would be connections
+// in TIME_WAIT or closing. It reads the namespace's own counters
+// (/proc/<pid>/net/sockstat and sockstat6: "inuse" and "tw" per protocol):
+// /proc/<pid>/net/tcp walks the whole host's connection hash (262,144
+// buckets here) on every read.
 func quietNetwork(pid int) error {
-	for _, f := range []string{"tcp", "tcp6"} {
-		n, err := countLines("/proc/" + strconv.Itoa(pid) + "/net/" + f)
+	for _, f := range []string{"sockstat", "sockstat6"} {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/net/" + f)
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) && f == "tcp6" {
+			if errors.Is(err, os.ErrNotExist) && f == "sockstat6" {
 				continue // no IPv6
 			}
 			return err
 		}
-		if n > 1 {
-			return fmt.Errorf("%d %s sockets left in the network namespace", n-1, f)
+		if busy := busySockets(string(b)); busy != "" {
+			return fmt.Errorf("sockets left in the network namespace (%s)", busy)
 		}
 	}
 	return nil
 }
 
-func countLines(p string) (int, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return 0, err
+// busySockets names the protocols of a sockstat file whose "inuse" or
+// "tw" (TIME_WAIT) count is not 0; "" when none. The "sockets: used" line
+// counts the whole host's.
+func busySockets(sockstat string) string {
+	var busy []string
+	for _, line := range strings.Split(sockstat, "\n") {
+		proto, rest, ok := strings.Cut(line, ":")
+		if !ok || proto == "sockets" {
+			continue
+		}
+		f := strings.Fields(rest)
+		for i := 0; i+1 < len(f); i += 2 {
+			if (f[i] == "inuse" || f[i] == "tw") && f[i+1] != "0" {
+				busy = append(busy, proto+" "+f[i]+" "+f[i+1])
+			}
+		}
 	}
-	defer f.Close()
-	n := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		n++
-	}
-	return n, sc.Err()
+	return strings.Join(busy, ", ")
 }

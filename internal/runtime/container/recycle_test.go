@@ -48,12 +48,20 @@ func (f *fixture) recycleSpec(t *testing.T, spec *runtime.Spec, name string) *ru
 	return &next
 }
 
+// recycle wipes the sandbox and reroots it into next.
+func (f *fixture) recycle(ctx context.Context, inst *runtime.Instance, next *runtime.Spec) error {
+	if err := f.rt.Wipe(ctx, inst); err != nil {
+		return err
+	}
+	return f.rt.Reroot(ctx, inst, next)
+}
+
 func sh(t *testing.T, c *agentproto.Client, script string) execOut {
 	t.Helper()
 	return runReq(t, c, &agentproto.ExecRequest{Cmd: script})
 }
 
-// TestRecycle: a recycled container keeps nothing of its previous sandbox
+// Testrecycle: a recycled container keeps nothing of its previous sandbox
 // (files, processes, sessions, IPC objects, /dev/shm) and works as a
 // fresh one, several times over.
 func TestRecycle(t *testing.T) {
@@ -89,16 +97,25 @@ ipc make`)
 
 		next := f.recycleSpec(t, spec, "recycle-"+string(rune('0'+round)))
 		next.Env = map[string]string{"ROUND": string(rune('0' + round))}
-		if err := f.rt.Recycle(ctx, inst, next); err != nil {
+		// Another image: a layer of its own on top of the base.
+		top := filepath.Join(f.base, "top-"+string(rune('0'+round)))
+		if err := os.MkdirAll(top, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(top, "marker"), []byte{byte('0' + round)}, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		next.Lowers = []string{top, spec.Lowers[len(spec.Lowers)-1]}
+		if err := f.recycle(ctx, inst, next); err != nil {
 			log, _ := os.ReadFile(filepath.Join(spec.StateDir, LogName))
-			t.Fatalf("round %d: Recycle: %v\nagent log:\n%s", round, err, log)
+			t.Fatalf("round %d: recycle: %v\nagent log:\n%s", round, err, log)
 		}
 		o = sh(t, inst.Agent, `ls -A /root /tmp /dev/shm; echo "pwd=$PWD left=$LEFT first=$FIRST round=$ROUND"
 type f >/dev/null 2>&1 && echo f defined
 ps -o args | grep -c '[s]leep 1000'
 ipc count
-hostname`)
-		want := "/dev/shm:\n\n/root:\n\n/tmp:\n" + "pwd=" + strings.TrimSpace(freshPwd) + " left= first= round=" + string(rune('0'+round)) + "\n0\nshm=0 msg=0 sem=0 mq=0\nbox-recycle\n"
+hostname; cat /marker; echo`)
+		want := "/dev/shm:\n\n/root:\n\n/tmp:\n" + "pwd=" + strings.TrimSpace(freshPwd) + " left= first= round=" + string(rune('0'+round)) + "\n0\nshm=0 msg=0 sem=0 mq=0\nbox-recycle\n" + string(rune('0'+round)) + "\n"
 		if o.stdout != want || o.res.ExitCode != 0 {
 			t.Fatalf("round %d: after recycling:\n%s\nwant:\n%s\n(stderr %q)", round, o.stdout, want, o.stderr)
 		}
@@ -144,9 +161,9 @@ func TestRecycleRefused(t *testing.T) {
 			if o := sh(t, inst.Agent, tc.script); o.res.ExitCode != 0 {
 				t.Fatalf("%s: %+v", tc.script, o)
 			}
-			err := f.rt.Recycle(ctx, inst, f.recycleSpec(t, spec, "refused-"+tc.name))
+			err := f.recycle(ctx, inst, f.recycleSpec(t, spec, "refused-"+tc.name))
 			if !errors.Is(err, runtime.ErrNotReusable) || !strings.Contains(err.Error(), tc.why) {
-				t.Fatalf("Recycle after %q: %v, want ErrNotReusable (%s)", tc.script, err, tc.why)
+				t.Fatalf("recycle after %q: %v, want ErrNotReusable (%s)", tc.script, err, tc.why)
 			}
 		})
 	}
@@ -172,8 +189,8 @@ func TestRecycleBusy(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	t0 := time.Now()
-	if err := f.rt.Recycle(ctx, inst, f.recycleSpec(t, spec, "busy-next")); err != nil {
-		t.Fatalf("Recycle: %v", err)
+	if err := f.recycle(ctx, inst, f.recycleSpec(t, spec, "busy-next")); err != nil {
+		t.Fatalf("recycle: %v", err)
 	}
 	wg.Wait()
 	if d := time.Since(t0); d > 10*time.Second {
@@ -181,5 +198,18 @@ func TestRecycleBusy(t *testing.T) {
 	}
 	if o := sh(t, inst.Agent, "ps -o args | grep -c '[s]leep 30'"); o.stdout != "0\n" {
 		t.Errorf("sleeps survive: %+v", o)
+	}
+}
+
+func TestBusySockets(t *testing.T) {
+	const quiet = "sockets: used 8\nTCP: inuse 0 orphan 3 tw 0 alloc 1 mem 160\nUDP: inuse 0 mem 0\nRAW: inuse 0\nFRAG: inuse 0 memory 0\n"
+	if b := busySockets(quiet); b != "" {
+		t.Errorf("quiet: %q", b)
+	}
+	if b := busySockets(strings.Replace(quiet, "tw 0", "tw 2", 1)); b != "TCP tw 2" {
+		t.Errorf("time-wait: %q", b)
+	}
+	if b := busySockets("TCP6: inuse 1\nUDP6: inuse 4\n"); b != "TCP6 inuse 1, UDP6 inuse 4" {
+		t.Errorf("v6: %q", b)
 	}
 }
