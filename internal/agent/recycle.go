@@ -60,6 +60,10 @@ func (a *Agent) attrsIntact() bool {
 	if !a.baselineOK {
 		return false
 	}
+	pid := os.Getpid()
+	if at, ok := readProcAttrs(pid); !ok || at != a.baseline {
+		return false
+	}
 	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil || len(ents) == 0 {
 		return false
@@ -69,11 +73,14 @@ func (a *Agent) attrsIntact() bool {
 		if err != nil {
 			return false
 		}
-		at, ok := readProcAttrs(tid)
+		if tid == pid {
+			continue
+		}
+		at, ok := readThreadAttrs(tid)
 		if !ok && !threadGone(tid) {
 			return false
 		}
-		if ok && at != a.baseline {
+		if ok && at != a.baseline.thread {
 			return false
 		}
 	}

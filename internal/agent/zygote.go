@@ -172,30 +172,44 @@ func (a *Agent) checkZygoteAfterReset() {
 // procAttrs is what a process of the same uid may change in another
 // without privileges, as far as it outlives the changer.
 type procAttrs struct {
-	sched     unix.SchedAttr // policy, nice, real-time priority, utilisation clamps
-	affinity  unix.CPUSet
-	ioprio    uintptr
-	limits    string // /proc/<pid>/limits
+	thread    threadAttrs // of the process's main thread
+	limits    string      // /proc/<pid>/limits
 	oomAdj    string
 	autogroup string // "" without CONFIG_SCHED_AUTOGROUP
 }
 
-func readProcAttrs(pid int) (procAttrs, bool) {
-	var at procAttrs
-	s, err := unix.SchedGetAttr(pid, 0)
+// threadAttrs are the attributes of procAttrs that each thread has.
+type threadAttrs struct {
+	sched    unix.SchedAttr // policy, nice, real-time priority, utilisation clamps
+	affinity unix.CPUSet
+	ioprio   uintptr
+}
+
+func readThreadAttrs(tid int) (threadAttrs, bool) {
+	var at threadAttrs
+	s, err := unix.SchedGetAttr(tid, 0)
 	if err != nil {
 		return at, false
 	}
 	at.sched = *s
-	if unix.SchedGetaffinity(pid, &at.affinity) != nil {
+	if unix.SchedGetaffinity(tid, &at.affinity) != nil {
 		return at, false
 	}
-	const ioprioWhoProcess = 1
-	prio, _, errno := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, uintptr(pid), 0)
+	const ioprioWhoProcess = 1 // a thread, despite the name
+	prio, _, errno := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, uintptr(tid), 0)
 	if errno != 0 {
 		return at, false
 	}
 	at.ioprio = prio
+	return at, true
+}
+
+func readProcAttrs(pid int) (procAttrs, bool) {
+	var at procAttrs
+	var ok bool
+	if at.thread, ok = readThreadAttrs(pid); !ok {
+		return at, false
+	}
 	dir := "/proc/" + strconv.Itoa(pid) + "/"
 	b, err := os.ReadFile(dir + "limits")
 	if err != nil {

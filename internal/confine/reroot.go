@@ -137,6 +137,14 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 			return -1, fmt.Errorf("confine: overlay %s=%s: %w", kv[0], kv[1], err)
 		}
 	}
+	// volatile: no sync of the upper layer's filesystem, which on btrfs
+	// is a transaction commit, when the overlay goes (or a process calls
+	// sync or fsync): a sandbox's files do not outlive the host anyway,
+	// and its writable layer is deleted right after. The same upper and
+	// work directories are never mounted again.
+	if err := unix.FsconfigSetFlag(fsfd, "volatile"); err != nil {
+		return -1, fmt.Errorf("confine: overlay volatile: %w", err)
+	}
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return -1, fmt.Errorf("confine: create overlay: %w", err)
 	}

@@ -76,7 +76,8 @@ func mountOverlay(cfg *agentproto.SetupConfig) error {
 	}
 	opts := "lowerdir=" + strings.Join(cfg.Lowers, ":")
 	if cfg.Upper != "" {
-		opts += ",upperdir=" + cfg.Upper + ",workdir=" + cfg.Work
+		// volatile: see fsmountOverlay.
+		opts += ",upperdir=" + cfg.Upper + ",workdir=" + cfg.Work + ",volatile"
 	}
 	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("confine: mount overlay at %s: %w", cfg.RootDir, err)

@@ -147,10 +147,25 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 	return e.pressure()
 }
 
+// pressureFor is how long a reading of the host's pressure is reused:
+// reading /proc/meminfo, loadavg, two sysctls and PSI on every create cost
+// more than the rest of admission, and they do not move in 100 ms.
+const pressureFor = 100 * time.Millisecond
+
 // pressure refuses new work while the host itself is short of memory or pids,
 // whatever the requests add up to: overcommitted requests are only a
-// promise, MemAvailable and PSI are what the kernel sees.
+// promise, MemAvailable and PSI are what the kernel sees. Called with e.mu
+// held; the answer is reused for pressureFor.
 func (e *Edge) pressure() *api.Error {
+	now := time.Now()
+	if !e.pressureAt.IsZero() && now.Sub(e.pressureAt) < pressureFor {
+		return e.pressureErr
+	}
+	e.pressureAt, e.pressureErr = now, e.readPressure()
+	return e.pressureErr
+}
+
+func (e *Edge) readPressure() *api.Error {
 	if e.cfg.MinMemoryAvailableMB > 0 {
 		if m, err := hoststat.ReadMemory(); err == nil && m.Available>>20 < e.cfg.MinMemoryAvailableMB {
 			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
@@ -268,11 +283,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	sb.rec.Binds = binds
 	sb.rec.Sandbox.Layers = names
 	sb.mu.Unlock()
-	if !pooled {
-		if err := e.persist(&sb.rec); err != nil {
-			return err
-		}
-	}
+	// The record is written once the sandbox runs. Until then a crash
+	// leaves only unrecorded storage, which reconcile frees at the next
+	// start like any leftover.
 	dirs, err := e.cfg.Images.MountLayers(id, layerIDs)
 	if err != nil {
 		return fmt.Errorf("mount layers: %w", err)

@@ -139,6 +139,10 @@ type Edge struct {
 	closing bool
 	pools   map[string]*pool
 	wiped   map[string][]*wipedBox // recycled containers by shape (recycle.go)
+	// pressureAt and pressureErr: the last reading of the host's pressure
+	// (admission), under mu.
+	pressureAt  time.Time
+	pressureErr *api.Error
 	// recycling counts kept, reused and refused containers (Waiting unused).
 	recycling api.NodeRecycling
 	fn        map[string]*fnShape

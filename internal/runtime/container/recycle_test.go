@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -211,5 +212,32 @@ func TestBusySockets(t *testing.T) {
 	}
 	if b := busySockets("TCP6: inuse 1\nUDP6: inuse 4\n"); b != "TCP6 inuse 1, UDP6 inuse 4" {
 		t.Errorf("v6: %q", b)
+	}
+}
+
+// BenchmarkRecycle: one wipe and reroot of a sandbox that ran one command.
+func BenchmarkRecycle(b *testing.B) {
+	f := newFixture(b)
+	spec := f.spec(b, "bench-recycle")
+	inst := f.start(b, spec)
+	ctx := context.Background()
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		run(b, inst.Agent, "true")
+		dir := filepath.Join(f.base, fmt.Sprintf("bench-%d", i))
+		next := *spec
+		next.Upper, next.Work = filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+		for _, d := range []string{next.Upper, next.Work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		if err := f.rt.Wipe(ctx, inst); err != nil {
+			b.Fatal(err)
+		}
+		if err := f.rt.Reroot(ctx, inst, &next); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
