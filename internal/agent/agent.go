@@ -83,10 +83,11 @@ type Agent struct {
 	resetDone chan struct{}
 	resetErr  error
 
-	// Recycling (recycle.go), under mu: wiped from OpWipe to OpReroot;
+	// Recycling (recycle.go), under mu: wiped from OpWipe to OpResume;
 	// inflight counts the requests running, idle is closed when it drops
 	// to 0 during a wipe; baseline is the agent's attributes after setup.
 	wiped      bool
+	rerooted   bool // since the wipe
 	inflight   int
 	idle       chan struct{}
 	baseline   procAttrs

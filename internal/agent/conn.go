@@ -145,6 +145,12 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 			return nil, err
 		}
 		return a.reroot(&r)
+	case agentproto.OpResume:
+		var r agentproto.ResumeRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		return a.resume(&r)
 	}
 	if err := a.enterRequest(req.Op); err != nil {
 		return nil, err

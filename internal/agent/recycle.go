@@ -15,8 +15,9 @@ import (
 // one of the same shape, which saves the namespaces, cgroups and agent
 // start-up that make most of a sandbox's creation. The agent's part is
 // OpWipe (nothing of the old sandbox may run or be remembered) and
-// OpReroot (serve the new root the edge has pivoted the sandbox into).
-// Between the two the agent serves nothing but those and ping.
+// OpReroot (move to the new root the edge has pivoted the sandbox into),
+// then OpResume (serve as the new sandbox's agent). Until then the agent
+// serves nothing but those and ping.
 
 // inflightWait bounds how long a wipe waits for requests that were already
 // running (their commands are killed, so they end at once).
@@ -163,7 +164,8 @@ func (a *Agent) wipe(ctx context.Context) (any, error) {
 	return nil, nil
 }
 
-// reroot is OpReroot.
+// reroot is OpReroot: the agent moves its root to the one the edge
+// pivoted the sandbox into and stays closed until OpResume.
 func (a *Agent) reroot(req *agentproto.RerootRequest) (any, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -178,22 +180,12 @@ func (a *Agent) reroot(req *agentproto.RerootRequest) (any, error) {
 	if err != nil {
 		return nil, errf(agentproto.ErrUnusable, "reroot: %v", err)
 	}
-	var cred *credential
-	if req.User != "" {
-		if cred, err = resolveUser(root, req.User); err != nil {
-			unix.Close(root.fd)
-			return nil, err
-		}
-	}
+	// Closing the last descriptor of the old root lets it go.
 	unix.Close(a.root.fd)
 	a.root = root
+	a.rerooted = true
 	// The old root's binds went with it; a recycled sandbox has none.
-	a.cfg.Env, a.cfg.User, a.cfg.Binds = req.Env, req.User, nil
-	a.baseEnv = map[string]string{"PATH": defaultPath}
-	for k, v := range req.Env {
-		a.baseEnv[k] = v
-	}
-	a.defUser = cred
+	a.cfg.Binds = nil
 	// The FIFO directory was on the old /dev.
 	a.live.mu.Lock()
 	if a.live.dfd > 0 {
@@ -201,6 +193,36 @@ func (a *Agent) reroot(req *agentproto.RerootRequest) (any, error) {
 		a.live.dfd = 0
 	}
 	a.live.mu.Unlock()
+	return nil, nil
+}
+
+// resume is OpResume: a rerooted agent serves again, as the new
+// sandbox's, with its environment and default user.
+func (a *Agent) resume(req *agentproto.ResumeRequest) (any, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.wiped || !a.rerooted {
+		return nil, errf(agentproto.ErrInvalid, "resume: the sandbox was not wiped and rerooted")
+	}
+	// Still the root of the reroot.
+	var st, rst unix.Stat_t
+	if err := unix.Stat("/", &st); err != nil || unix.Fstat(a.root.fd, &rst) != nil || st.Dev != rst.Dev || st.Ino != rst.Ino {
+		return nil, errf(agentproto.ErrUnusable, "resume: / is not the root of the reroot")
+	}
+	var cred *credential
+	if req.User != "" {
+		c, err := resolveUser(a.root, req.User)
+		if err != nil {
+			return nil, err
+		}
+		cred = c
+	}
+	a.cfg.Env, a.cfg.User = req.Env, req.User
+	a.baseEnv = map[string]string{"PATH": defaultPath}
+	for k, v := range req.Env {
+		a.baseEnv[k] = v
+	}
+	a.defUser = cred
 	if a.pool != nil {
 		if plan, err := a.plan(&agentproto.ExecRequest{Cmd: "true"}); err == nil {
 			a.pool = newWarmPool(a, warmShells, a.shell, plan.env, plan.cwd, a.defUser, false)
@@ -208,6 +230,6 @@ func (a *Agent) reroot(req *agentproto.RerootRequest) (any, error) {
 			a.pool = nil
 		}
 	}
-	a.wiped = false
+	a.wiped, a.rerooted = false, false
 	return nil, nil
 }

@@ -46,13 +46,17 @@ const (
 	// the agent's own scheduling and limits checked against what they were
 	// after setup (a process of the sandbox may change them; they would
 	// pass to the next sandbox's processes). It answers ErrUnusable when
-	// the container must not be reused. Until OpReroot the agent serves
+	// the container must not be reused. Until OpResume the agent serves
 	// nothing else. -> nothing
 	OpWipe = "wipe"
-	// OpReroot switches the agent to the fresh root the edge has pivoted
-	// the sandbox into, and to the new sandbox's environment and user.
-	// RerootRequest -> nothing
+	// OpReroot moves a wiped agent to the fresh root the edge has pivoted
+	// the sandbox into (and lets the old root go). The agent still serves
+	// nothing else. RerootRequest -> nothing
 	OpReroot = "reroot"
+	// OpResume makes a wiped and rerooted agent serve again, as the agent
+	// of a new sandbox with its environment and default user.
+	// ResumeRequest -> nothing
+	OpResume = "resume"
 )
 
 // Response kinds.

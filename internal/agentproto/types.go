@@ -181,7 +181,11 @@ type RerootRequest struct {
 	// its root is that directory before it serves again.
 	RootDev uint64 `json:"root_dev"`
 	RootIno uint64 `json:"root_ino"`
-	// Env and User are the new sandbox's, as in SetupConfig.
+}
+
+// ResumeRequest is OpResume's: the new sandbox's environment and default
+// user, as in SetupConfig.
+type ResumeRequest struct {
 	Env  map[string]string `json:"env,omitempty"`
 	User string            `json:"user,omitempty"`
 }

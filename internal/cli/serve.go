@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/serve"
 )
@@ -61,6 +62,7 @@ func newServeCmd() *cobra.Command {
 	f.Float64Var(&o.MaxMemoryPressure, "max-memory-pressure", 0, "refuse new sandboxes while memory PSI some avg10 (percent) is above this (0 = 40; -1 = off)")
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
 	f.IntVar(&o.Recycle, "recycle", serve.DefaultRecycle, "containers of deleted sandboxes kept per shape, wiped, for reuse by new sandboxes (0 = none: a new container for every sandbox)")
+	f.DurationVar(&o.RecycleIdle, "recycle-idle", edge.DefaultRecycleIdle, "how long a recycled container waits for a sandbox of its shape before it is destroyed")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd
 }

@@ -193,7 +193,6 @@ func (e *Edge) readPressure() *api.Error {
 func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	spec := &sb.rec.Spec
 	id := sb.rec.storage()
-	pooled := sb.pool != "" // pool members get a record only when claimed
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
 	defer cancel()
 	t0 := time.Now()
@@ -240,27 +239,39 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	layerIDs = append(layerIDs, img.Layers...)
 	layerIDs = append(layerIDs, bindIDs...)
 
-	// A recycled container of this shape (recycle.go) when one waits: it
-	// keeps its own name (store); the writable layer is named id.
-	store := id
+	// A recycled container of this shape (recycle.go) when one waits. Its
+	// fresh root serves as it is when it has the same layers and disk
+	// limit; else it is rerooted again, into a root made here.
+	env := sandboxEnv(img.Env, spec.Env)
 	var box *wipedBox
 	if len(binds) == 0 && !sb.stateless && e.recycler() != nil {
-		if box = e.takeWiped(recycleKey(spec)); box != nil {
-			store = box.store
-		}
+		box = e.takeWiped(recycleKey(spec), rootKey(layerIDs, spec.DiskMB))
 	}
-	cleanup := func() {
-		e.freeStorage(store, id)
-		if !pooled {
-			_ = os.Remove(e.recordPath(sb.rec.Sandbox.ID))
+	if box != nil && box.root == rootKey(layerIDs, spec.DiskMB) {
+		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: spec.User}); inst != nil {
+			sb.mu.Lock()
+			sb.rec.Storage, sb.rec.Layer = box.store, box.layer
+			sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = layerIDs, box.upper, nil
+			sb.rec.Sandbox.Layers = names
+			sb.mu.Unlock()
+			if err := e.started(ctx, sb, inst, t0); err != nil {
+				e.freeStorage(box.store, box.layer)
+				return err
+			}
+			return nil
 		}
+		box = nil
+	}
+	store := id // the container's name; the writable layer's is id
+	if box != nil {
+		store = box.store
 	}
 	defer func() {
 		if err != nil {
 			if box != nil {
 				e.discardBox(box)
 			}
-			cleanup()
+			e.freeStorage(store, id)
 		}
 	}()
 	wdir, err := e.cfg.Writable.Alloc(id, spec.DiskMB<<20)
@@ -273,11 +284,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 			return fmt.Errorf("prepare %s: %w", d, err)
 		}
 	}
-	tAlloc := time.Now()
 	sb.mu.Lock()
-	if box != nil {
-		sb.rec.Storage, sb.rec.Layer = box.store, id
-	}
 	sb.rec.Layers = layerIDs
 	sb.rec.Upper = upper
 	sb.rec.Binds = binds
@@ -295,34 +302,34 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	for i := range binds {
 		binds[i].Source = dirs[nRoot+i]
 	}
-	tPersist := time.Now()
 	stateDir := e.stateDir(id)
 	rspec := &runtime.Spec{
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: filepath.Join(stateDir, "root"),
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: sandboxEnv(img.Env, spec.Env), User: spec.User, Priority: spec.Priority,
+		Env: env, User: spec.User, Priority: spec.Priority,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
 	var inst *runtime.Instance
 	if box != nil {
-		if rerr := e.recycler().Reroot(ctx, box.inst, rspec); rerr != nil {
+		rerr := e.recycler().Reroot(ctx, box.inst, rspec)
+		if rerr == nil {
+			e.freeLayer(box.layer) // the root it had was let go
+			inst = e.resumeBox(ctx, box, rspec)
+		} else {
 			e.log.Warn("recycled container failed; starting a new one", "id", sb.rec.Sandbox.ID, "container", box.store, "err", rerr)
 			e.discardBox(box)
-			box, store = nil, id
+		}
+		if inst != nil {
 			sb.mu.Lock()
-			sb.rec.Storage, sb.rec.Layer = "", ""
+			sb.rec.Storage, sb.rec.Layer = box.store, id
 			sb.mu.Unlock()
 		} else {
-			inst = box.inst
-			e.freeLayer(box.oldLayer) // its root was let go
-			box = nil
-			e.mu.Lock()
-			e.recycling.Reused++
-			e.mu.Unlock()
+			store = id
 		}
+		box = nil
 	}
 	if inst == nil {
 		if err := os.MkdirAll(rspec.RootDir, 0o755); err != nil {
@@ -334,6 +341,13 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
 		}
 	}
+	return e.started(ctx, sb, inst, t0)
+}
+
+// started makes sb running in inst, records it and watches its agent. On
+// an error the caller frees the storage; started destroys the container.
+func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance, t0 time.Time) error {
+	pooled := sb.pool != "" // pool members get a record only when claimed
 	sb.mu.Lock()
 	sb.inst = inst
 	h := inst.Handle
@@ -342,18 +356,15 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	sb.lastActive = time.Now()
 	rec := sb.rec
 	sb.mu.Unlock()
-	if pooled {
-		e.watch(sb)
-		return nil
-	}
-	if err := e.persist(&rec); err != nil {
-		_ = inst.Agent.Close()
-		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h)
-		return err
+	if !pooled {
+		if err := e.persist(&rec); err != nil {
+			_ = inst.Agent.Close()
+			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h)
+			return err
+		}
 	}
 	e.watch(sb)
-	e.log.Debug("sandbox started", "id", id, "alloc", tAlloc.Sub(t0), "persist+mount", tPersist.Sub(tAlloc),
-		"runtime", time.Since(tPersist), "total", time.Since(t0))
+	e.log.Debug("sandbox started", "id", rec.Sandbox.ID, "container", rec.storage(), "took", time.Since(t0))
 	return nil
 }
 

@@ -4,40 +4,55 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
-// Recycled containers (docs/architecture.md, "Recycled containers"). A
-// deleted sandbox's container (its namespaces, cgroups and agent) is wiped
-// at once, while the delete is answered: every process killed, IPC objects
-// removed, sessions forgotten. It then waits, up to RecycleIdle, for a
-// create of the same shape (project, CPU, memory, pids, priority,
-// hostname), which gets it with a fresh root of its own image and layers
-// (runtime.Recycler's Reroot); only then is the old root, with the old
-// writable layer, let go. A container that could pass anything on is not
-// kept: one with sockets left in its network namespace, or whose agent's
-// scheduling or limits were changed from inside, or that was paused,
-// busy, stateless or failed. Wiped containers have no record: after a
-// crash, reconcile destroys them like any leftover.
+// Recycled containers (docs/architecture.md, "Recycled containers"). When
+// a sandbox is deleted, its container (namespaces, cgroups, agent) is
+// wiped while the delete is answered: every process killed, IPC objects
+// removed, sessions forgotten. It is then rerooted into a fresh root of the
+// same layers, with a new writable layer, and the old root and writable
+// layer are freed at once. It waits, up to RecycleIdle, for a create of the
+// same shape (project, CPU, memory, pids, priority, hostname), which
+// resumes it with its own environment and user; a create with other
+// layers or another disk limit reroots it once more. A container that
+// could pass anything on is not kept: one with sockets left in its network
+// namespace, or whose agent's scheduling or limits were changed from
+// inside, or that was paused, busy, stateless or failed. Wiped containers
+// have no record: after a crash, reconcile destroys them like any
+// leftover.
 
 // DefaultRecycleIdle is how long a wiped container waits for a create.
 const DefaultRecycleIdle = 30 * time.Second
 
-// wipedBox is a wiped container waiting for a create of its shape.
+// wipedBox is a wiped, rerooted container waiting for a create of its
+// shape.
 type wipedBox struct {
-	key      string
-	inst     *runtime.Instance
-	store    string // the container's name: cgroup, state dir
-	oldLayer string // the writable layer (and layer mounts) of its last sandbox, freed on reroot
-	since    time.Time
+	key   string // recycleKey
+	root  string // rootKey of its fresh root
+	inst  *runtime.Instance
+	store string // the container's name: cgroup, state dir
+	layer string // the fresh root's writable layer (and layer-mount holder)
+	upper string
+	since time.Time
 }
 
 // recycleKey is the shape a container fixes for every sandbox it holds.
 func recycleKey(s *api.CreateSandboxRequest) string {
 	return fmt.Sprintf("%s|%s|%g|%d|%d|%s|%s", s.Project, s.Tier, s.CPU, s.MemoryMB, s.Pids, s.Priority, s.Hostname)
+}
+
+// rootKey names a root: its layers (diff ids, top-most first) and the
+// limit of its writable layer.
+func rootKey(layers []string, diskMB int64) string {
+	return strings.Join(layers, ",") + "|" + strconv.FormatInt(diskMB, 10)
 }
 
 func (e *Edge) recycler() runtime.Recycler {
@@ -63,13 +78,16 @@ func (e *Edge) roomFor(key string) bool {
 	return !e.closing && len(e.wiped[key]) < e.cfg.Recycle
 }
 
-// keepContainer wipes the stopping sandbox's container and shelves it for
-// reuse. False when it cannot be kept: the caller destroys it.
+// keepContainer wipes the stopping sandbox's container, gives it a fresh
+// root of the same layers, frees the old one and shelves the container for
+// reuse. False when it cannot be kept: the caller destroys it and frees its
+// storage.
 func (e *Edge) keepContainer(ctx context.Context, sb *sandbox, inst *runtime.Instance) bool {
 	sb.mu.Lock()
-	box := &wipedBox{key: recycleKey(&sb.rec.Spec), inst: inst, store: sb.rec.storage(), oldLayer: sb.rec.layer()}
+	key, store, oldLayer := recycleKey(&sb.rec.Spec), sb.rec.storage(), sb.rec.layer()
+	layers, diskMB := append([]string(nil), sb.rec.Layers...), sb.rec.Spec.DiskMB
 	sb.mu.Unlock()
-	if !e.roomFor(box.key) {
+	if !e.roomFor(key) {
 		return false
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -86,35 +104,89 @@ func (e *Edge) keepContainer(ctx context.Context, sb *sandbox, inst *runtime.Ins
 		return false
 	}
 	sb.unwatch()
+	box := &wipedBox{key: key, root: rootKey(layers, diskMB), inst: inst, store: store, layer: e.newID()}
+	if err := e.rerootBox(wctx, box, layers, diskMB); err != nil {
+		e.log.Warn("reroot for recycling", "id", sb.rec.Sandbox.ID, "err", err)
+		return false
+	}
+	e.freeLayer(oldLayer)
 	box.since = time.Now()
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.closing {
-		// Close may have destroyed the shelf already.
+		// Close may have emptied the shelf already.
 		e.mu.Unlock()
 		e.discardBox(box)
-		e.mu.Lock()
 		return true
 	}
-	e.wiped[box.key] = append(e.wiped[box.key], box)
+	e.wiped[key] = append(e.wiped[key], box)
 	e.recycling.Kept++
+	e.mu.Unlock()
 	return true
 }
 
-// takeWiped hands out the wiped container of shape key kept the longest,
-// or nil.
-func (e *Edge) takeWiped(key string) *wipedBox {
+// rerootBox gives box's container a fresh root of layers, with a new
+// writable layer named box.layer (freed again on an error).
+func (e *Edge) rerootBox(ctx context.Context, box *wipedBox, layers []string, diskMB int64) (err error) {
+	defer func() {
+		if err != nil {
+			e.freeLayer(box.layer)
+		}
+	}()
+	wdir, err := e.cfg.Writable.Alloc(box.layer, diskMB<<20)
+	if err != nil {
+		return fmt.Errorf("writable layer: %w", err)
+	}
+	box.upper = filepath.Join(wdir, "upper")
+	work := filepath.Join(wdir, "work")
+	for _, d := range []string{box.upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("prepare %s: %w", d, err)
+		}
+	}
+	lowers, err := e.cfg.Images.MountLayers(box.layer, layers)
+	if err != nil {
+		return fmt.Errorf("mount layers: %w", err)
+	}
+	return e.recycler().Reroot(ctx, box.inst, &runtime.Spec{Lowers: lowers, Upper: box.upper, Work: work})
+}
+
+// resumeBox makes a shelved container serve a new sandbox with spec's
+// environment and user, or destroys it (nil).
+func (e *Edge) resumeBox(ctx context.Context, box *wipedBox, spec *runtime.Spec) *runtime.Instance {
+	if err := e.recycler().Resume(ctx, box.inst, spec); err != nil {
+		e.log.Warn("recycled container failed; starting a new one", "container", box.store, "err", err)
+		e.discardBox(box)
+		return nil
+	}
+	e.mu.Lock()
+	e.recycling.Reused++
+	e.mu.Unlock()
+	return box.inst
+}
+
+// takeWiped hands out a wiped container of shape key, one whose root is
+// root when there is one, else the one kept the longest; nil when none
+// waits.
+func (e *Edge) takeWiped(key, root string) *wipedBox {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	boxes := e.wiped[key]
 	if len(boxes) == 0 {
 		return nil
 	}
-	box := boxes[0]
-	if len(boxes) == 1 {
+	i := 0
+	for j, b := range boxes {
+		if b.root == root {
+			i = j
+			break
+		}
+	}
+	box := boxes[i]
+	boxes = append(boxes[:i], boxes[i+1:]...)
+	if len(boxes) == 0 {
 		delete(e.wiped, key)
 	} else {
-		e.wiped[key] = boxes[1:]
+		e.wiped[key] = boxes
 	}
 	return box
 }
@@ -129,7 +201,7 @@ func (e *Edge) discardBox(box *wipedBox) {
 		e.log.Error("destroy recycled container", "store", box.store, "err", err)
 		return
 	}
-	e.freeStorage(box.store, box.oldLayer)
+	e.freeStorage(box.store, box.layer)
 }
 
 // expireWiped destroys the wiped containers that waited longer than

@@ -101,7 +101,8 @@ var ErrNotReusable = errors.New("runtime: sandbox cannot be reused")
 
 // Recycler is implemented by runtimes that can reuse the container of a
 // deleted sandbox for a new sandbox of the same shape (limits, hostname,
-// priority), which saves most of what a start costs.
+// priority), which saves most of what a start costs. A recycled sandbox
+// is wiped, rerooted (once or more) and resumed, in that order.
 type Recycler interface {
 	// Wipe ends everything of the sandbox behind inst that could reach
 	// its next user: its processes, IPC objects, sessions. It fails,
@@ -109,9 +110,12 @@ type Recycler interface {
 	// the sandbox must then be destroyed (so on any error).
 	Wipe(ctx context.Context, inst *Instance) error
 	// Reroot gives a wiped sandbox a fresh root of spec's Lowers, Upper
-	// and Work, with spec's Env and User, and frees its old root. On an
-	// error the sandbox must be destroyed.
+	// and Work and lets its old root go (so the caller may free it). On
+	// an error the sandbox must be destroyed.
 	Reroot(ctx context.Context, inst *Instance, spec *Spec) error
+	// Resume makes a rerooted sandbox serve again, with spec's Env and
+	// User. On an error the sandbox must be destroyed.
+	Resume(ctx context.Context, inst *Instance, spec *Spec) error
 }
 
 // Usage is what a runtime measures of all its sandboxes together.

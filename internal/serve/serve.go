@@ -48,9 +48,11 @@ type Options struct {
 	MaxMemoryPressure    float64
 	KeepOnShutdown       bool
 	// Recycle is how many wiped containers of one shape the node keeps
-	// for reuse (edge.Config.Recycle); 0 = none.
-	Recycle int
-	Logger  *slog.Logger
+	// for reuse (edge.Config.Recycle); 0 = none. RecycleIdle is how long
+	// one waits (0 = edge.DefaultRecycleIdle).
+	Recycle     int
+	RecycleIdle time.Duration
+	Logger      *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 }
@@ -176,7 +178,7 @@ func Run(ctx context.Context, o Options) error {
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
-		Recycle: o.Recycle,
+		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 	})
 	if err != nil {
 		return err
@@ -200,7 +202,8 @@ type EdgeOptions struct {
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
-	Recycle              int // see Options.Recycle
+	Recycle              int           // see Options.Recycle
+	RecycleIdle          time.Duration // see Options.RecycleIdle
 	Logger               *slog.Logger
 }
 
@@ -306,7 +309,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
 		Labels:         o.Labels,
-		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle,
+		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 	})

@@ -54,7 +54,9 @@ func loopDevices(t *testing.T) int {
 // mount of each layer; the mounts go with the last sandbox, and a kill -9
 // of the server leaks none of them.
 func TestLayerMountsShared(t *testing.T) {
-	s := startServer(t)
+	// Recycled containers hold their fresh roots' layers until they
+	// expire, after a second here.
+	s := startServer(t, "--recycle-idle", "1s")
 	ctx := context.Background()
 	loops := loopDevices(t)
 	var ids []string
@@ -106,8 +108,12 @@ func TestLayerMountsShared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if m := layerMounts(t, s); len(m) != 0 {
-		t.Fatalf("mounts after the last sandbox: %v", m)
+	deadline := time.Now().Add(10 * time.Second)
+	for m := layerMounts(t, s); len(m) != 0; m = layerMounts(t, s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("mounts after the last sandbox and its recycled container: %v", m)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	s.stop()
 	assertNoLeaks(t, s)

@@ -427,27 +427,7 @@ func TestContainment(t *testing.T) {
 	s := sharedServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{})
-	probe, err := os.ReadFile(bins.probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.C.WriteFileBytes(ctx, sb.ID, "/probe", probe, 0o755); err != nil {
-		t.Fatalf("upload probe: %v", err)
-	}
-	r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"/probe", s.dataDir}, Timeout: 60})
-	if err != nil {
-		t.Fatalf("probe: %v", err)
-	}
-	t.Logf("probe output:\n%s%s", r.Stdout, r.Stderr)
-	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
-	if len(lines) < 35 {
-		t.Fatalf("probe ran only %d checks", len(lines))
-	}
-	for _, l := range lines {
-		if !strings.Contains(l, ": blocked") {
-			t.Errorf("containment check failed: %s", l)
-		}
-	}
+	probe := s.checkContainment(t, sb.ID)
 	// Overwriting /bin/sh affects only this sandbox.
 	s.sh(t, sb.ID, "rm -f /bin/sh.bak; cp /bin/busybox /bin/busybox.bak; echo owned > /etc/motd")
 	other := s.create(t, api.CreateSandboxRequest{})
@@ -459,7 +439,7 @@ func TestContainment(t *testing.T) {
 	if _, err := s.C.WriteFileBytes(ctx, lim.ID, "/probe", probe, 0o755); err != nil {
 		t.Fatalf("upload probe: %v", err)
 	}
-	r, err = s.C.Exec(ctx, lim.ID, api.ExecRequest{Argv: []string{"/probe", "alloc", "200"}, Timeout: 60})
+	r, err := s.C.Exec(ctx, lim.ID, api.ExecRequest{Argv: []string{"/probe", "alloc", "200"}, Timeout: 60})
 	if err != nil {
 		t.Fatalf("oom exec: %v", err)
 	}
@@ -475,6 +455,36 @@ func TestContainment(t *testing.T) {
 	if !strings.Contains(r.Stdout+r.Stderr, "can't fork") && !strings.Contains(r.Stdout+r.Stderr, "Resource temporarily unavailable") {
 		t.Errorf("pids limit not enforced: %+v", r)
 	}
+}
+
+// checkContainment uploads the probe to /probe in sandbox id, runs it and
+// fails the test for every escape or abuse it was allowed. It returns the
+// probe binary.
+func (s *server) checkContainment(t *testing.T, id string) []byte {
+	t.Helper()
+	ctx := context.Background()
+	probe, err := os.ReadFile(bins.probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.WriteFileBytes(ctx, id, "/probe", probe, 0o755); err != nil {
+		t.Fatalf("upload probe: %v", err)
+	}
+	r, err := s.C.Exec(ctx, id, api.ExecRequest{Argv: []string{"/probe", s.dataDir}, Timeout: 60})
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	t.Logf("probe output:\n%s%s", r.Stdout, r.Stderr)
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) < 35 {
+		t.Fatalf("probe ran only %d checks", len(lines))
+	}
+	for _, l := range lines {
+		if !strings.Contains(l, ": blocked") {
+			t.Errorf("containment check failed: %s", l)
+		}
+	}
+	return probe
 }
 
 func TestExpiry(t *testing.T) {

@@ -21,7 +21,8 @@ import (
 // no socket (a TIME_WAIT connection would show in the next sandbox's
 // /proc/net/tcp and keep its port). Reroot: confine.Reroot pivots the
 // sandbox into a fresh overlay (and removes its POSIX message queues), and
-// the agent switches to it. Namespaces, cgroups and the agent stay: that
+// the agent moves to it. Resume: the agent serves again, with the new
+// sandbox's environment and user. Namespaces, cgroups and the agent stay: that
 // is the saving.
 
 // Wipe implements runtime.Recycler.
@@ -55,9 +56,18 @@ func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runt
 	if err != nil {
 		return err
 	}
-	req := &agentproto.RerootRequest{RootDev: id.Dev, RootIno: id.Ino, Env: spec.Env, User: spec.User}
+	req := &agentproto.RerootRequest{RootDev: id.Dev, RootIno: id.Ino}
 	if err := inst.Agent.Call(ctx, agentproto.OpReroot, req, nil, nil); err != nil {
 		return fmt.Errorf("container: reroot agent: %w", err)
+	}
+	return nil
+}
+
+// Resume implements runtime.Recycler.
+func (r *Runtime) Resume(ctx context.Context, inst *runtime.Instance, spec *runtime.Spec) error {
+	req := &agentproto.ResumeRequest{Env: spec.Env, User: spec.User}
+	if err := inst.Agent.Call(ctx, agentproto.OpResume, req, nil, nil); err != nil {
+		return fmt.Errorf("container: resume agent: %w", err)
 	}
 	return nil
 }

@@ -54,7 +54,10 @@ func (f *fixture) recycle(ctx context.Context, inst *runtime.Instance, next *run
 	if err := f.rt.Wipe(ctx, inst); err != nil {
 		return err
 	}
-	return f.rt.Reroot(ctx, inst, next)
+	if err := f.rt.Reroot(ctx, inst, next); err != nil {
+		return err
+	}
+	return f.rt.Resume(ctx, inst, next)
 }
 
 func sh(t *testing.T, c *agentproto.Client, script string) execOut {
@@ -107,7 +110,28 @@ ipc make`)
 			t.Fatal(err)
 		}
 		next.Lowers = []string{top, spec.Lowers[len(spec.Lowers)-1]}
-		if err := f.recycle(ctx, inst, next); err != nil {
+		if round == 2 {
+			// Rerooted twice (the first root did not suit the create),
+			// and closed to requests until resumed.
+			if err := f.rt.Wipe(ctx, inst); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.rt.Reroot(ctx, inst, f.recycleSpec(t, spec, "recycle-2-unused")); err != nil {
+				t.Fatal(err)
+			}
+			var res agentproto.ExecResult
+			err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Argv: []string{"true"}}, &res, nil)
+			if err == nil || !strings.Contains(err.Error(), "recycled") {
+				t.Fatalf("exec between wipe and resume: %v", err)
+			}
+			err = f.rt.Reroot(ctx, inst, next)
+			if err == nil {
+				err = f.rt.Resume(ctx, inst, next)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else if err := f.recycle(ctx, inst, next); err != nil {
 			log, _ := os.ReadFile(filepath.Join(spec.StateDir, LogName))
 			t.Fatalf("round %d: recycle: %v\nagent log:\n%s", round, err, log)
 		}
@@ -237,6 +261,9 @@ func BenchmarkRecycle(b *testing.B) {
 			b.Fatal(err)
 		}
 		if err := f.rt.Reroot(ctx, inst, &next); err != nil {
+			b.Fatal(err)
+		}
+		if err := f.rt.Resume(ctx, inst, &next); err != nil {
 			b.Fatal(err)
 		}
 	}
