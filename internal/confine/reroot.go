@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -32,20 +31,16 @@ type RootID struct {
 //
 // In order it:
 //
-//  1. mounts the new overlay (nodev), detached, in the edge's own mount
-//     namespace, where the layer directories are;
+//  1. mounts the new overlay (nodev, volatile), detached, in the edge's
+//     own mount namespace, where the layer directories are;
 //  2. takes the read-only copies of the host's device nodes, as Enter does;
-//  3. on an OS thread of its own that enters the sandbox's mount and IPC
-//     namespaces: removes every POSIX message queue of the IPC namespace
-//     (they outlive their processes and are not visible in the sandbox's
-//     file system), stacks the new root on the old one, moves /proc and
-//     /sys (the sandbox's own, bound to its pid and net namespaces, with
-//     their masks and read-only parts) onto it, pivots into it (which also
-//     moves the agent's root and working directory, the only process
-//     left), detaches the old root with everything still on it (the old
-//     /dev, /dev/shm, devpts) and mounts a fresh /dev;
-//  4. throws that thread away: it ends with its goroutine, never to run
-//     another goroutine in the sandbox's namespaces.
+//  3. on a namespace thread (nsthread.go) in the sandbox's mount
+//     namespace: stacks the new root on the old one, moves /proc and /sys
+//     (the sandbox's own, bound to its pid and net namespaces, with their
+//     masks and read-only parts) onto it, pivots into it (which also moves
+//     the agent's root and working directory, the only process left),
+//     detaches the old root with everything still on it (the old /dev,
+//     /dev/shm, devpts) and mounts a fresh /dev.
 //
 // It returns the identity of the new root. A failure leaves the sandbox
 // unusable: destroy it.
@@ -76,37 +71,7 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 	if shm <= 0 {
 		shm = DefaultShmMB
 	}
-	return id, onThrowawayThread(func() error { return rerootThread(pidfd, mfd, nodes, shm) })
-}
-
-// onThrowawayThread runs fn on an OS thread that ends with it: fn may
-// change the thread's root, working directory and namespaces, and Go ends
-// a thread whose goroutine exits while locked to it. Never the main
-// thread, which Go keeps (wedged) instead, and whose namespaces are what
-// /proc/self shows for the whole process.
-func onThrowawayThread(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked
-		if unix.Gettid() != unix.Getpid() {
-			errc <- fn()
-			return
-		}
-		// The main thread: hold it, locked and blocked, while another
-		// thread (never this one, then) does the work.
-		defer runtime.UnlockOSThread()
-		inner := make(chan error, 1)
-		go func() {
-			runtime.LockOSThread() // never unlocked
-			if unix.Gettid() == unix.Getpid() {
-				inner <- errors.New("confine: no thread but the main one")
-				return
-			}
-			inner <- fn()
-		}()
-		errc <- <-inner
-	}()
-	return <-errc
+	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, shm) })
 }
 
 // checkOverlayPaths refuses the characters that separate overlay options
@@ -155,18 +120,9 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 	return mfd, nil
 }
 
-// rerootThread is step 3 of Reroot, on a locked thread that is thrown away.
-func rerootThread(pidfd, mfd int, nodes map[string]int, shmMB int64) error {
-	// setns into a mount namespace needs an fs_struct of the thread's own.
-	if err := unix.Unshare(unix.CLONE_FS); err != nil {
-		return fmt.Errorf("confine: reroot: unshare fs: %w", err)
-	}
-	if err := unix.Setns(pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWIPC); err != nil {
-		return fmt.Errorf("confine: reroot: enter the sandbox's namespaces: %w", err)
-	}
-	if err := removeMessageQueues(); err != nil {
-		return err
-	}
+// rerootThread is step 3 of Reroot, on a thread in the sandbox's mount
+// namespace.
+func rerootThread(mfd int, nodes map[string]int, shmMB int64) error {
 	// The sandbox's /proc and /sys, opened before the new root covers them.
 	var moved []int
 	defer func() {
@@ -235,35 +191,46 @@ func mountPointIn(rootfd int, name string) (int, error) {
 	return fd, nil
 }
 
-// removeMessageQueues unlinks every POSIX message queue of the calling
-// thread's IPC namespace, through a detached mqueue mount of it.
-func removeMessageQueues() error {
-	fsfd, err := unix.Fsopen("mqueue", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("confine: reroot: fsopen mqueue: %w", err)
-	}
-	defer unix.Close(fsfd)
-	if err := unix.FsconfigCreate(fsfd); err != nil {
-		return fmt.Errorf("confine: reroot: create mqueue: %w", err)
-	}
-	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOEXEC|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
-	if err != nil {
-		return fmt.Errorf("confine: reroot: fsmount mqueue: %w", err)
-	}
-	defer unix.Close(mfd)
+// OpenMessageQueues returns a detached mount of the POSIX message queue
+// filesystem of the IPC namespace of the process behind pidfd: queues
+// outlive their processes, and a sandbox's own file system does not show
+// them. EmptyMessageQueues removes them through it, from any thread.
+func OpenMessageQueues(pidfd int) (int, error) {
+	mfd := -1
+	err := inNamespaces(pidfd, unix.CLONE_NEWIPC, func() error {
+		fsfd, err := unix.Fsopen("mqueue", unix.FSOPEN_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("confine: fsopen mqueue: %w", err)
+		}
+		defer unix.Close(fsfd)
+		if err := unix.FsconfigCreate(fsfd); err != nil {
+			return fmt.Errorf("confine: create mqueue: %w", err)
+		}
+		mfd, err = unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOEXEC|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+		if err != nil {
+			return fmt.Errorf("confine: fsmount mqueue: %w", err)
+		}
+		return nil
+	})
+	return mfd, err
+}
+
+// EmptyMessageQueues unlinks every message queue of the mqueue mount mfd
+// (from OpenMessageQueues).
+func EmptyMessageQueues(mfd int) error {
 	dfd, err := unix.Openat(mfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("confine: reroot: open mqueue: %w", err)
+		return fmt.Errorf("confine: open mqueue: %w", err)
 	}
 	d := os.NewFile(uintptr(dfd), "mqueue")
 	defer d.Close()
 	names, err := d.Readdirnames(-1)
 	if err != nil {
-		return fmt.Errorf("confine: reroot: list message queues: %w", err)
+		return fmt.Errorf("confine: list message queues: %w", err)
 	}
 	for _, n := range names {
 		if err := unix.Unlinkat(mfd, n, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("confine: reroot: remove message queue %s: %w", n, err)
+			return fmt.Errorf("confine: remove message queue %s: %w", n, err)
 		}
 	}
 	return nil

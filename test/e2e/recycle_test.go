@@ -98,8 +98,12 @@ ps -o args | grep -c '[s]leep 1000'
 	}
 	// Unclaimed, it is destroyed after --recycle-idle, with its root.
 	s.recycling(t, func(r api.NodeRecycling) bool { return r.Waiting == 0 })
-	if m := layerMounts(t, s); len(m) != 0 {
-		t.Errorf("layer mounts after the recycled container expired: %v", m)
+	deadline := time.Now().Add(10 * time.Second)
+	for m := layerMounts(t, s); len(m) != 0; m = layerMounts(t, s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("layer mounts after the recycled container expired: %v", m)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	s.stop()
 	assertNoLeaks(t, s)

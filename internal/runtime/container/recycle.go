@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -25,15 +26,112 @@ import (
 // sandbox's environment and user. Namespaces, cgroups and the agent stay: that
 // is the saving.
 
+// recycleFDs are descriptors of one container's kernel objects that Wipe
+// keeps from one sandbox to the next (opening them cost more than using
+// them): its network namespace's sockstat files and a detached mount of its
+// IPC namespace's message queues. Destroy closes them.
+type recycleFDs struct {
+	sockstat []*os.File
+	mqueue   int
+}
+
+func (f *recycleFDs) close() {
+	for _, s := range f.sockstat {
+		s.Close()
+	}
+	if f.mqueue >= 0 {
+		unix.Close(f.mqueue)
+	}
+}
+
+// fdsFor returns the recycling descriptors of the container whose agent
+// is behind h and pidfd, opening them the first time.
+func (r *Runtime) fdsFor(h runtime.Handle, pidfd int) (*recycleFDs, error) {
+	r.mu.Lock()
+	f := r.recycle[h.Pid]
+	r.mu.Unlock()
+	if f != nil {
+		return f, nil
+	}
+	f = &recycleFDs{mqueue: -1}
+	for _, name := range []string{"sockstat", "sockstat6"} {
+		s, err := os.Open("/proc/" + strconv.Itoa(h.Pid) + "/net/" + name)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) && name == "sockstat6" {
+				continue // no IPv6
+			}
+			f.close()
+			return nil, err
+		}
+		f.sockstat = append(f.sockstat, s)
+	}
+	mq, err := confine.OpenMessageQueues(pidfd)
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	f.mqueue = mq
+	// The descriptors must be the agent's: opened while it is alive.
+	if !sameProcess(h.Pid, h.PidStart) {
+		f.close()
+		return nil, fmt.Errorf("%w: agent pid %d", runtime.ErrGone, h.Pid)
+	}
+	r.mu.Lock()
+	if old := r.recycle[h.Pid]; old != nil {
+		f.close()
+		f = old
+	} else {
+		r.recycle[h.Pid] = f
+	}
+	r.mu.Unlock()
+	return f, nil
+}
+
+// dropFDs closes the recycling descriptors of the container of agent pid.
+func (r *Runtime) dropFDs(pid int) {
+	r.mu.Lock()
+	f := r.recycle[pid]
+	delete(r.recycle, pid)
+	r.mu.Unlock()
+	if f != nil {
+		f.close()
+	}
+}
+
 // Wipe implements runtime.Recycler.
 func (r *Runtime) Wipe(ctx context.Context, inst *runtime.Instance) error {
+	h := inst.Handle
 	if err := inst.Agent.Call(ctx, agentproto.OpWipe, nil, nil, nil); err != nil {
 		return fmt.Errorf("%w: wipe: %v", runtime.ErrNotReusable, err)
 	}
-	if err := quietNetwork(inst.Handle.Pid); err != nil {
+	pidfd, err := agentPidfd(h)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pidfd)
+	fds, err := r.fdsFor(h, pidfd)
+	if err != nil {
+		return err
+	}
+	if err := quietNetwork(fds.sockstat); err != nil {
 		return fmt.Errorf("%w: %v", runtime.ErrNotReusable, err)
 	}
-	return nil
+	return confine.EmptyMessageQueues(fds.mqueue)
+}
+
+// agentPidfd opens a pidfd of the agent behind h, checking that the pid is
+// still the agent's. The pidfd pins the process: setns through it cannot
+// reach another that reused the pid.
+func agentPidfd(h runtime.Handle) (int, error) {
+	pidfd, err := unix.PidfdOpen(h.Pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("%w: pidfd: %v", runtime.ErrGone, err)
+	}
+	if !sameProcess(h.Pid, h.PidStart) {
+		unix.Close(pidfd)
+		return -1, fmt.Errorf("%w: agent pid %d", runtime.ErrGone, h.Pid)
+	}
+	return pidfd, nil
 }
 
 // Reroot implements runtime.Recycler.
@@ -42,16 +140,11 @@ func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runt
 	if len(spec.Binds) > 0 || len(spec.Stateless) > 0 {
 		return errors.New("container: reroot: binds and stateless sandboxes are not recycled")
 	}
-	// The pidfd pins the agent: setns through it cannot reach another
-	// process that reused the pid.
-	pidfd, err := unix.PidfdOpen(h.Pid, 0)
+	pidfd, err := agentPidfd(h)
 	if err != nil {
-		return fmt.Errorf("%w: pidfd: %v", runtime.ErrGone, err)
+		return err
 	}
 	defer unix.Close(pidfd)
-	if !sameProcess(h.Pid, h.PidStart) {
-		return fmt.Errorf("%w: agent pid %d", runtime.ErrGone, h.Pid)
-	}
 	id, err := confine.Reroot(pidfd, &confine.RerootConfig{Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work})
 	if err != nil {
 		return err
@@ -72,22 +165,21 @@ func (r *Runtime) Resume(ctx context.Context, inst *runtime.Instance, spec *runt
 	return nil
 }
 
-// quietNetwork fails when the network namespace of pid holds any socket:
-// all of the sandbox's processes are dead, so these would be connections
-// in TIME_WAIT or closing. It reads the namespace's own counters
-// (/proc/<pid>/net/sockstat and sockstat6: "inuse" and "tw" per protocol):
-// /proc/<pid>/net/tcp walks the whole host's connection hash (262,144
-// buckets here) on every read.
-func quietNetwork(pid int) error {
-	for _, f := range []string{"sockstat", "sockstat6"} {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/net/" + f)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) && f == "sockstat6" {
-				continue // no IPv6
-			}
+// quietNetwork fails when the network namespace of the sockstat files
+// holds any socket: all of the sandbox's processes are dead, so these would
+// be connections in TIME_WAIT or closing. It reads the namespace's own
+// counters (/proc/<pid>/net/sockstat and sockstat6, "inuse" and "tw" per
+// protocol, read again from the start each time): /proc/<pid>/net/tcp
+// walks the whole host's connection hash (262,144 buckets here) on every
+// read.
+func quietNetwork(sockstat []*os.File) error {
+	buf := make([]byte, 4096)
+	for _, f := range sockstat {
+		n, err := f.ReadAt(buf, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
-		if busy := busySockets(string(b)); busy != "" {
+		if busy := busySockets(string(buf[:n])); busy != "" {
 			return fmt.Errorf("sockets left in the network namespace (%s)", busy)
 		}
 	}

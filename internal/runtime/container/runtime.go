@@ -52,6 +52,7 @@ type Runtime struct {
 
 	mu       sync.Mutex
 	children map[int]chan struct{} // agents this process started, closed when reaped
+	recycle  map[int]*recycleFDs   // by agent pid (recycle.go)
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -74,7 +75,8 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, coreSched: hoststat.CoreScheduling(), children: map[int]chan struct{}{}}, nil
+	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, coreSched: hoststat.CoreScheduling(),
+		children: map[int]chan struct{}{}, recycle: map[int]*recycleFDs{}}, nil
 }
 
 // Name is the tier.
@@ -301,6 +303,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if h.Cgroup == "" {
 		return errors.New("container: destroy: handle names no cgroup")
 	}
+	r.dropFDs(h.Pid)
 	// Killing PID 1 of the pid namespace kills the whole namespace.
 	if h.Pid > 0 && sameProcess(h.Pid, h.PidStart) {
 		syscall.Kill(h.Pid, syscall.SIGKILL)
