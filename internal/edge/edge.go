@@ -139,6 +139,11 @@ type Edge struct {
 	closing bool
 	pools   map[string]*pool
 	wiped   map[string][]*wipedBox // recycled containers by shape (recycle.go)
+	// spareRecords are record files kept for reuse (dropRecord).
+	spareMu      sync.Mutex
+	spareRecords []string
+	spareSeq     int
+
 	// pressureAt and pressureErr: the last reading of the host's pressure
 	// (admission), under mu.
 	pressureAt  time.Time

@@ -3,7 +3,6 @@ package edge
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -81,7 +80,7 @@ func (e *Edge) reconcileLost(ctx context.Context, rec record) *sandbox {
 		e.log.Error("destroy lost sandbox", "id", id, "err", err)
 	}
 	e.freeStorage(store, rec.layer())
-	_ = os.Remove(e.recordPath(id))
+	e.dropRecord(id)
 	rec.Sandbox.State, rec.Sandbox.Reason = api.StateLost, LostReason(e.cfg.Node)
 	sb := &sandbox{rec: rec, stoppedAt: time.Now(), stopping: true, ready: make(chan struct{})}
 	close(sb.ready)
