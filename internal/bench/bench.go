@@ -246,11 +246,19 @@ func core(ctx context.Context, o Options, c *warren.Client, rep *Report, rootfs 
 	}
 
 	fmt.Fprintf(o.Out, "warren create→exec→stop, %d clients, %v...\n", o.Concurrency, o.Duration)
-	wRate, wLat, err := throughput(ctx, o, func(ctx context.Context) error { return warrenCycle(ctx, c) })
+	before := nodeRecycling(ctx, c)
+	var cycles atomic.Int64
+	wRate, wLat, err := throughput(ctx, o, func(ctx context.Context) error {
+		cycles.Add(1)
+		return warrenCycle(ctx, c)
+	})
 	if err != nil {
 		return err
 	}
-	rep.add("warren create→exec→stop", wRate, "sandboxes/s", fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", ms(wLat.p50), ms(wLat.p99)))
+	time.Sleep(1500 * time.Millisecond) // the node view comes with the next heartbeat
+	after := nodeRecycling(ctx, c)
+	rep.add("warren create→exec→stop", wRate, "sandboxes/s", fmt.Sprintf("p50 %.1f ms, p99 %.1f ms; %d of %d in a recycled container",
+		ms(wLat.p50), ms(wLat.p99), after.Reused-before.Reused, cycles.Load()))
 
 	peers := []struct {
 		name string
@@ -279,6 +287,15 @@ func core(ctx context.Context, o Options, c *warren.Client, rep *Report, rootfs 
 		}
 	}
 	return nil
+}
+
+// nodeRecycling is the (one) node's recycling figures; zero when unknown.
+func nodeRecycling(ctx context.Context, c *warren.Client) api.NodeRecycling {
+	nodes, err := c.Nodes(ctx)
+	if err != nil || len(nodes) != 1 {
+		return api.NodeRecycling{}
+	}
+	return nodes[0].Recycling
 }
 
 func (r *Report) add(name string, v float64, unit, note string) {
