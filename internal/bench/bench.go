@@ -40,7 +40,10 @@ const (
 type Options struct {
 	Duration    time.Duration // per throughput measurement; default 20s
 	Concurrency int           // clients; default 16
-	ExecSamples int           // exec round trips; default 2000
+	// Recycle is the private server's --recycle (negative: 0, no
+	// recycling); 0 = serve.DefaultRecycle.
+	Recycle     int
+	ExecSamples int // exec round trips; default 2000
 	AgentPath   string
 	Out         io.Writer // progress
 	// Figures selects what to measure (comma-separated): core (exec round
@@ -178,7 +181,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		done <- serve.Run(sctx, serve.Options{
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
 			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
-			Recycle: serve.DefaultRecycle,
+			Recycle: recycleOption(o.Recycle),
 			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready:   func(url, token string) { ready <- [2]string{url, token} },
 		})
@@ -287,6 +290,16 @@ func core(ctx context.Context, o Options, c *warren.Client, rep *Report, rootfs 
 		}
 	}
 	return nil
+}
+
+func recycleOption(n int) int {
+	switch {
+	case n < 0:
+		return 0
+	case n == 0:
+		return serve.DefaultRecycle
+	}
+	return n
 }
 
 // nodeRecycling is the (one) node's recycling figures; zero when unknown.
