@@ -161,14 +161,8 @@ func rerootThread(mfd int, nodes map[string]int, shmMB int64) error {
 	if err := unix.Fchdir(mfd); err != nil {
 		return fmt.Errorf("confine: reroot: chdir new root: %w", err)
 	}
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("confine: reroot: pivot_root: %w", err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("confine: reroot: detach the old root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return fmt.Errorf("confine: reroot: chdir /: %w", err)
+	if err := pivotHere(); err != nil {
+		return err
 	}
 	return mountDev(nodes, shmMB)
 }

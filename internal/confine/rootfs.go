@@ -118,12 +118,19 @@ func closeDevNodes(nodes map[string]int) {
 }
 
 // pivot makes root the root of this mount namespace and detaches the old
-// one. pivot_root(".", ".") stacks the old root on top of the new one, so
-// no directory for it is needed inside the sandbox.
+// one.
 func pivot(root string) error {
 	if err := unix.Chdir(root); err != nil {
 		return fmt.Errorf("confine: chdir %s: %w", root, err)
 	}
+	return pivotHere()
+}
+
+// pivotHere makes the working directory (a mount) the root of this mount
+// namespace and detaches the old one. pivot_root(".", ".") stacks the old
+// root on top of the new one, so no directory for it is needed inside the
+// sandbox.
+func pivotHere() error {
 	if err := unix.PivotRoot(".", "."); err != nil {
 		return fmt.Errorf("confine: pivot_root: %w", err)
 	}

@@ -53,6 +53,18 @@ func loopDevices(t *testing.T) int {
 // TestLayerMountsShared: every sandbox of an image uses the one file-backed
 // mount of each layer; the mounts go with the last sandbox, and a kill -9
 // of the server leaks none of them.
+// waitNoLayerMounts waits (10 s at most) until no layer is mounted.
+func waitNoLayerMounts(t *testing.T, s *server, when string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for m := layerMounts(t, s); len(m) != 0; m = layerMounts(t, s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("layer mounts %s: %v", when, m)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func TestLayerMountsShared(t *testing.T) {
 	// Recycled containers hold their fresh roots' layers until they
 	// expire, after a second here.
@@ -108,13 +120,7 @@ func TestLayerMountsShared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for m := layerMounts(t, s); len(m) != 0; m = layerMounts(t, s) {
-		if time.Now().After(deadline) {
-			t.Fatalf("mounts after the last sandbox and its recycled container: %v", m)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitNoLayerMounts(t, s, "after the last sandbox and its recycled container")
 	s.stop()
 	assertNoLeaks(t, s)
 }

@@ -98,13 +98,7 @@ ps -o args | grep -c '[s]leep 1000'
 	}
 	// Unclaimed, it is destroyed after --recycle-idle, with its root.
 	s.recycling(t, func(r api.NodeRecycling) bool { return r.Waiting == 0 })
-	deadline := time.Now().Add(10 * time.Second)
-	for m := layerMounts(t, s); len(m) != 0; m = layerMounts(t, s) {
-		if time.Now().After(deadline) {
-			t.Fatalf("layer mounts after the recycled container expired: %v", m)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitNoLayerMounts(t, s, "after the recycled container expired")
 	s.stop()
 	assertNoLeaks(t, s)
 }
