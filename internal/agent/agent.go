@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -112,17 +113,29 @@ func New(log *slog.Logger) *Agent {
 	// the default in children on exec, ignored ones would not.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	go func() {
-		for s := range sigs {
-			log.Info("agent: ignoring signal", "signal", s)
-		}
-	}()
+	go logIgnoredSignals(log, sigs, time.Minute)
 	return &Agent{
 		log:      log,
 		reaper:   startReaper(),
 		sessions: newSessions(),
 		procs:    newProcTable(),
 		tars:     newTarPuts(),
+	}
+}
+
+// logIgnoredSignals logs the signals the agent ignores: the first one,
+// then at most one line per interval with how many came. A process of the
+// sandbox may send them as fast as it can, and the agent's log lives on
+// the host (a tmpfs shared by every sandbox of the node).
+func logIgnoredSignals(log *slog.Logger, sigs <-chan os.Signal, interval time.Duration) {
+	var last time.Time
+	n := 0
+	for s := range sigs {
+		n++
+		if now := time.Now(); now.Sub(last) >= interval {
+			log.Info("agent: ignoring signals", "last", s, "count", n)
+			last, n = now, 0
+		}
 	}
 }
 

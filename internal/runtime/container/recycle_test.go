@@ -268,3 +268,23 @@ func BenchmarkRecycle(b *testing.B) {
 		}
 	}
 }
+
+// TestAgentLogBounded: signals a sandbox sends its agent as fast as it can
+// do not grow the agent's log on the host.
+func TestAgentLogBounded(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "siglog")
+	inst := f.start(t, spec)
+	o := sh(t, inst.Agent, `i=0; while [ $i -lt 20000 ]; do kill -TERM 1; kill -HUP 1; i=$((i+1)); done; echo sent`)
+	if o.stdout != "sent\n" {
+		t.Fatalf("%+v", o)
+	}
+	time.Sleep(100 * time.Millisecond)
+	fi, err := os.Stat(filepath.Join(spec.StateDir, LogName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 4096 {
+		t.Fatalf("agent log is %d bytes after 40,000 signals", fi.Size())
+	}
+}
