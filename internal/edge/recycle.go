@@ -112,8 +112,9 @@ func (e *Edge) keepContainer(ctx context.Context, sb *sandbox, inst *runtime.Ins
 	e.freeLayer(oldLayer)
 	box.since = time.Now()
 	e.mu.Lock()
-	if e.closing {
-		// Close may have emptied the shelf already.
+	if e.closing || len(e.wiped[key]) >= e.cfg.Recycle {
+		// Close may have emptied the shelf already, or other deletes
+		// filled it meanwhile.
 		e.mu.Unlock()
 		e.discardBox(box)
 		return true

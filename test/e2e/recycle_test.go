@@ -140,3 +140,37 @@ func TestRecycleOff(t *testing.T) {
 		t.Errorf("recycling with --recycle 0: %+v", got)
 	}
 }
+
+// TestRecycledAdoptedAfterRestart: a sandbox in a recycled container
+// survives a kill -9 of warren like any other (its record names the
+// container and its own writable layer), and a waiting container is
+// removed as a leftover.
+func TestRecycledAdoptedAfterRestart(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	a := s.create(t, api.CreateSandboxRequest{})
+	if _, err := s.C.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Waiting == 1 })
+	b := s.create(t, api.CreateSandboxRequest{})
+	c := s.create(t, api.CreateSandboxRequest{})
+	if _, err := s.C.Delete(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Reused == 1 && r.Waiting == 1 })
+	s.sh(t, b.ID, "echo kept > /root/kept")
+	s.kill9()
+	s.start()
+	if r := s.sh(t, b.ID, "cat /root/kept"); r.Stdout != "kept\n" {
+		t.Fatalf("recycled sandbox after the restart: %+v", r)
+	}
+	if got := s.recycling(t, func(api.NodeRecycling) bool { return true }); got.Waiting != 0 {
+		t.Errorf("a waiting container survived the restart: %+v", got)
+	}
+	if _, err := s.C.Delete(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}
