@@ -448,6 +448,9 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 			e.dropRecord(id)
 		}
 		sb.mu.Lock()
+		// The agent and the container serve another sandbox from now on:
+		// nothing may reach them through this one.
+		sb.inst, sb.rec.Handle = nil, nil
 		sb.rec.Sandbox.State = state
 		sb.rec.Sandbox.Reason = reason
 		sb.stoppedAt = time.Now()

@@ -66,6 +66,14 @@ echo ok`)
 	second.Env = map[string]string{"SECOND": "2"}
 	b := s.create(t, second)
 	s.recycling(t, func(r api.NodeRecycling) bool { return r.Reused == 1 && r.Waiting == 0 })
+	// The deleted sandbox's id reaches nothing of its container's new
+	// sandbox.
+	if r, err := s.C.Exec(ctx, a.ID, api.ExecRequest{Cmd: "echo reached > /tmp/reached"}); err == nil {
+		t.Fatalf("exec on the deleted sandbox: %+v", r)
+	}
+	if _, err := s.C.WriteFileBytes(ctx, a.ID, "/tmp/reached", []byte("x"), 0o644); err == nil {
+		t.Fatal("file write on the deleted sandbox succeeded")
+	}
 	if _, err := s.C.WriteFileBytes(ctx, b.ID, "/probe", probe, 0o755); err != nil {
 		t.Fatal(err)
 	}
