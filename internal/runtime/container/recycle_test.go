@@ -34,6 +34,19 @@ func ipcHelper(t *testing.T) string {
 	return ipcBin
 }
 
+// installIPCHelper puts testdata/ipc in the sandbox's lower layer as
+// /bin/ipc.
+func installIPCHelper(t *testing.T, spec *runtime.Spec) {
+	t.Helper()
+	b, err := os.ReadFile(ipcHelper(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.Lowers[0], "bin", "ipc"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // recycleSpec is spec with a fresh writable layer (and root dir) for the
 // next sandbox in the same container.
 func (f *fixture) recycleSpec(t *testing.T, spec *runtime.Spec, name string) *runtime.Spec {
@@ -71,14 +84,7 @@ func sh(t *testing.T, c *agentproto.Client, script string) execOut {
 func TestRecycle(t *testing.T) {
 	f := newFixture(t)
 	spec := f.spec(t, "recycle")
-	helper := ipcHelper(t)
-	b, err := os.ReadFile(helper)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(spec.Lowers[0], "bin", "ipc"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	installIPCHelper(t, spec)
 	spec.Env = map[string]string{"FIRST": "1"}
 	inst := f.start(t, spec)
 	ctx := context.Background()
@@ -178,10 +184,12 @@ func TestRecycleRefused(t *testing.T) {
 		{"affinity", "taskset -p 1 1", tampered},
 		{"thread", "renice -n 3 -p $(ls /proc/1/task | tail -1)", tampered},
 		{"oom", "echo 500 > /proc/1/oom_score_adj", tampered},
+		{"rlimit", "ipc prlimit", tampered},
 		{"timewait", "nc -l -p 7000 >/dev/null & sleep 0.2; echo hi | nc 127.0.0.1 7000; sleep 0.2", "sockets left in the network namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := f.spec(t, "refuse-"+tc.name)
+			installIPCHelper(t, spec)
 			inst := f.start(t, spec)
 			if o := sh(t, inst.Agent, tc.script); o.res.ExitCode != 0 {
 				t.Fatalf("%s: %+v", tc.script, o)

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/internal/confine/confinetest"
 )
 
 func main() {
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: ipc make|count")
+		fmt.Fprintln(os.Stderr, "usage: ipc make|count|prlimit")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -22,6 +24,15 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Println("made")
+	case "prlimit":
+		// Lower the agent's (PID 1's) open-file limit, as a process of
+		// the same uid may.
+		lim := unix.Rlimit{Cur: 64, Max: 64}
+		if err := unix.Prlimit(1, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println("lowered")
 	case "count":
 		s, err := confinetest.CountIPC()
 		if err != nil {
