@@ -317,6 +317,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		rerr := e.recycler().Reroot(ctx, box.inst, rspec)
 		if rerr == nil {
 			e.freeLayer(box.layer) // the root it had was let go
+			box.layer = ""
 			inst = e.resumeBox(ctx, box, rspec)
 		} else {
 			e.log.Warn("recycled container failed; starting a new one", "id", sb.rec.Sandbox.ID, "container", box.store, "err", rerr)
@@ -328,6 +329,12 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 			sb.mu.Unlock()
 		} else {
 			store = id
+			// The work dir of a volatile overlay that was mounted is
+			// refused by the next mount: start it again.
+			_ = os.RemoveAll(work)
+			if err := os.Mkdir(work, 0o755); err != nil {
+				return fmt.Errorf("prepare %s: %w", work, err)
+			}
 		}
 		box = nil
 	}

@@ -202,6 +202,10 @@ func (e *Edge) discardBox(box *wipedBox) {
 		e.log.Error("destroy recycled container", "store", box.store, "err", err)
 		return
 	}
+	if box.layer == "" { // freed already: its root is another sandbox's layer
+		_ = os.RemoveAll(e.stateDir(box.store))
+		return
+	}
 	e.freeStorage(box.store, box.layer)
 }
 

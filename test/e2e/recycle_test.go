@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -179,6 +180,38 @@ func TestRecycledAdoptedAfterRestart(t *testing.T) {
 	if _, err := s.C.Delete(ctx, b.ID); err != nil {
 		t.Fatal(err)
 	}
+	s.stop()
+	assertNoLeaks(t, s)
+}
+
+// TestRecycledContainerDied: a waiting container whose agent died is
+// dropped when a create takes it, and the create gets a new container:
+// with the same root (resumed) and with another (rerooted first).
+func TestRecycledContainerDied(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	for i, req := range []api.CreateSandboxRequest{{}, {DiskMB: 700}} {
+		a := s.create(t, api.CreateSandboxRequest{})
+		pid := agentPid(t, s, a.ID)
+		if _, err := s.C.Delete(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		s.recycling(t, func(r api.NodeRecycling) bool { return r.Waiting == 1 })
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		b := s.create(t, req)
+		if r := s.sh(t, b.ID, "echo alive"); r.Stdout != "alive\n" {
+			t.Fatalf("case %d: sandbox after a dead recycled container: %+v", i, r)
+		}
+		if _, err := s.C.Delete(ctx, b.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Kept: the four deletes. Reused: only the second round's first
+	// create (the first round's second sandbox's container); the dead
+	// ones are not.
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Kept == 4 && r.Reused == 1 && r.Waiting == 1 })
 	s.stop()
 	assertNoLeaks(t, s)
 }
