@@ -68,6 +68,7 @@ class ServerTest(unittest.TestCase):
         self.assertGreaterEqual(len(nodes), 1)
         self.assertTrue(nodes[0].name)
         self.assertIn("container", nodes[0].tiers)
+        self.assertEqual(set(nodes[0].recycling), {"waiting", "kept", "reused", "refused"})
 
     def test_request_escape_hatch(self):
         doc = C.request("GET", "/v1/sandboxes", params={"state": "running"})

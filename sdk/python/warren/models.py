@@ -327,6 +327,9 @@ class Node:
     sandboxes_by_priority: Dict[str, int] = field(default_factory=dict)
     pools: List[Dict[str, Any]] = field(default_factory=list)
     features: Dict[str, bool] = field(default_factory=dict)
+    #: containers of deleted sandboxes reused for new ones: ``waiting``, ``kept``,
+    #: ``reused``, ``refused`` (docs/architecture.md, "Recycled containers")
+    recycling: Dict[str, int] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -350,7 +353,7 @@ class Node:
                    sandboxes_by_state=_m("sandboxes_by_state"),
                    sandboxes_by_priority=_m("sandboxes_by_priority"),
                    pools=[p for p in pools if isinstance(p, dict)] if isinstance(pools, list) else [],
-                   features=_m("features"), raw=d)
+                   features=_m("features"), recycling=_m("recycling"), raw=d)
 
 
 @dataclass
