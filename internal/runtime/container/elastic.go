@@ -1,6 +1,7 @@
 package container
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -118,7 +119,13 @@ func (d *v1Driver) reclaim(path string) (before, after int64, err error) {
 }
 
 func (d *v1Driver) setMemoryLimit(path string, b int64) error {
-	return os.WriteFile(filepath.Join(d.memDir(path), "memory.limit_in_bytes"), []byte(strconv.FormatInt(b, 10)), 0)
+	dir := d.memDir(path)
+	// Back to the swappiness a new cgroup gets (its parent's): reclaim
+	// raised it, and a container is reused for later sandboxes.
+	if v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "memory.swappiness")); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "memory.swappiness"), bytes.TrimSpace(v), 0)
+	}
+	return os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.FormatInt(b, 10)), 0)
 }
 
 func (d *v1Driver) setCPULimit(path string, cores float64) error {

@@ -194,6 +194,11 @@ func TestReclaimToSwap(t *testing.T) {
 	if got := cgFile(t, f, "memory", inst.Handle.Cgroup, "memory.limit_in_bytes"); got != strconv.FormatInt(128<<20, 10) {
 		t.Errorf("limit after Restore = %s", got)
 	}
+	// Reclaim's swappiness goes back to the parent's (the container may
+	// serve other sandboxes later).
+	if got, want := cgFile(t, f, "memory", inst.Handle.Cgroup, "memory.swappiness"), cgFile(t, f, "memory", f.parent, "memory.swappiness"); got != want {
+		t.Errorf("swappiness after Restore = %s, want the parent's %s", got, want)
+	}
 	u, err := f.rt.Usage()
 	if err != nil || u.MemoryBytes <= 0 || u.CPUSeconds <= 0 {
 		t.Errorf("Usage = %+v, %v", u, err)
