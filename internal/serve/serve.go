@@ -76,6 +76,9 @@ func (o *Options) defaults() error {
 	if o.MemoryOvercommit == 0 {
 		o.MemoryOvercommit = 1.5
 	}
+	if err := checkRecycle(o.Recycle, o.RecycleIdle); err != nil {
+		return err
+	}
 	if o.AgentPath == "" {
 		p, err := FindAgent()
 		if err != nil {
@@ -217,6 +220,17 @@ func (o *EdgeOptions) defaults() error {
 	o.CPUOvercommit, o.MemoryOvercommit = so.CPUOvercommit, so.MemoryOvercommit
 	if o.Store == "" {
 		o.Store = filepath.Join(o.DataDir, "images")
+	}
+	return checkRecycle(o.Recycle, o.RecycleIdle)
+}
+
+// checkRecycle refuses negative --recycle and --recycle-idle.
+func checkRecycle(n int, idle time.Duration) error {
+	if n < 0 {
+		return fmt.Errorf("--recycle must be 0 (off) or more, not %d", n)
+	}
+	if idle < 0 {
+		return fmt.Errorf("--recycle-idle must not be negative (%v)", idle)
 	}
 	return nil
 }
