@@ -97,23 +97,16 @@ func threadGone(tid int) bool {
 // wipe is OpWipe.
 func (a *Agent) wipe(ctx context.Context) (any, error) {
 	a.mu.Lock()
-	stateless := len(a.cfg.Stateless) > 0
-	unconfined := a.cfg.Unconfined
-	a.mu.Unlock()
 	switch {
-	case stateless:
+	case len(a.cfg.Stateless) > 0:
+		a.mu.Unlock()
 		return nil, errf(agentproto.ErrInvalid, "wipe: a stateless sandbox is reset, not recycled")
-	case unconfined || os.Getpid() != 1:
+	case a.cfg.Unconfined || os.Getpid() != 1:
 		// Killing "every other process" outside a pid namespace of our
 		// own would reach the host's.
+		a.mu.Unlock()
 		return nil, errf(agentproto.ErrInvalid, "wipe: the agent is not the init of a pid namespace")
-	}
-	unusable := func(format string, args ...any) (any, error) {
-		a.log.Warn("agent: not reusable", "why", errf(agentproto.ErrUnusable, format, args...))
-		return nil, errf(agentproto.ErrUnusable, format, args...)
-	}
-	a.mu.Lock()
-	if a.wiped {
+	case a.wiped:
 		a.mu.Unlock()
 		return nil, errf(agentproto.ErrInvalid, "wipe: already wiped")
 	}
@@ -125,6 +118,11 @@ func (a *Agent) wipe(ctx context.Context) (any, error) {
 	}
 	pool := a.pool
 	a.mu.Unlock()
+	unusable := func(format string, args ...any) (any, error) {
+		err := errf(agentproto.ErrUnusable, format, args...)
+		a.log.Warn("agent: not reusable", "why", err)
+		return nil, err
+	}
 	if pool != nil {
 		pool.quiesce()
 	}

@@ -13,14 +13,12 @@ import (
 type RerootConfig struct {
 	Lowers      []string // read-only layer directories, top-most first
 	Upper, Work string   // the new, empty writable layer
-	ShmMB       int64    // size of /dev/shm; 0 = DefaultShmMB
 }
 
 // RootID identifies a root directory (its device and inode), so that the
 // agent can check that its root is the one the edge mounted.
 type RootID struct {
-	Dev uint64 `json:"dev"`
-	Ino uint64 `json:"ino"`
+	Dev, Ino uint64
 }
 
 // Reroot gives the running sandbox whose init (the agent) pidfd refers to
@@ -67,11 +65,9 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 		return id, err
 	}
 	defer closeDevNodes(nodes)
-	shm := cfg.ShmMB
-	if shm <= 0 {
-		shm = DefaultShmMB
-	}
-	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, shm) })
+	// /dev/shm as setup sizes it when the config leaves it to the default,
+	// as the edge does.
+	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, DefaultShmMB) })
 }
 
 // checkOverlayPaths refuses the characters that separate overlay options

@@ -243,11 +243,12 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	// fresh root serves as it is when it has the same layers and disk
 	// limit; else it is rerooted again, into a root made here.
 	env := sandboxEnv(img.Env, spec.Env)
+	root := rootKey(layerIDs, spec.DiskMB)
 	var box *wipedBox
 	if len(binds) == 0 && !sb.stateless && e.recycler() != nil {
-		box = e.takeWiped(recycleKey(spec), rootKey(layerIDs, spec.DiskMB))
+		box = e.takeWiped(recycleKey(spec), root)
 	}
-	if box != nil && box.root == rootKey(layerIDs, spec.DiskMB) {
+	if box != nil && box.root == root {
 		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: spec.User}); inst != nil {
 			sb.mu.Lock()
 			sb.rec.Storage, sb.rec.Layer = box.store, box.layer
@@ -262,10 +263,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		}
 		box = nil
 	}
-	store := id // the container's name; the writable layer's is id
-	if box != nil {
-		store = box.store
-	}
+	store := id // the container's name (a recycled one's once rerooted); the writable layer's is id
 	defer func() {
 		if err != nil {
 			if box != nil {
@@ -274,15 +272,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 			e.freeStorage(store, id)
 		}
 	}()
-	wdir, err := e.cfg.Writable.Alloc(id, spec.DiskMB<<20)
+	upper, work, err := e.allocWritable(id, spec.DiskMB)
 	if err != nil {
-		return fmt.Errorf("writable layer: %w", err)
-	}
-	upper, work := filepath.Join(wdir, "upper"), filepath.Join(wdir, "work")
-	for _, d := range []string{upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("prepare %s: %w", d, err)
-		}
+		return err
 	}
 	sb.mu.Lock()
 	sb.rec.Layers = layerIDs
@@ -314,21 +306,12 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	var inst *runtime.Instance
 	if box != nil {
-		rerr := e.recycler().Reroot(ctx, box.inst, rspec)
-		if rerr == nil {
-			e.freeLayer(box.layer) // the root it had was let go
-			box.layer = ""
-			inst = e.resumeBox(ctx, box, rspec)
-		} else {
-			e.log.Warn("recycled container failed; starting a new one", "id", sb.rec.Sandbox.ID, "container", box.store, "err", rerr)
-			e.discardBox(box)
-		}
-		if inst != nil {
+		if inst = e.rerootInto(ctx, box, rspec); inst != nil {
+			store = box.store
 			sb.mu.Lock()
 			sb.rec.Storage, sb.rec.Layer = box.store, id
 			sb.mu.Unlock()
 		} else {
-			store = id
 			// The work dir of a volatile overlay that was mounted is
 			// refused by the next mount: start it again.
 			_ = os.RemoveAll(work)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -133,22 +131,30 @@ func (e *Edge) rerootBox(ctx context.Context, box *wipedBox, layers []string, di
 			e.freeLayer(box.layer)
 		}
 	}()
-	wdir, err := e.cfg.Writable.Alloc(box.layer, diskMB<<20)
+	upper, work, err := e.allocWritable(box.layer, diskMB)
 	if err != nil {
-		return fmt.Errorf("writable layer: %w", err)
+		return err
 	}
-	box.upper = filepath.Join(wdir, "upper")
-	work := filepath.Join(wdir, "work")
-	for _, d := range []string{box.upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("prepare %s: %w", d, err)
-		}
-	}
+	box.upper = upper
 	lowers, err := e.cfg.Images.MountLayers(box.layer, layers)
 	if err != nil {
 		return fmt.Errorf("mount layers: %w", err)
 	}
 	return e.recycler().Reroot(ctx, box.inst, &runtime.Spec{Lowers: lowers, Upper: box.upper, Work: work})
+}
+
+// rerootInto gives a shelved container the root of spec (whose writable
+// layer is then the new sandbox's), lets its own go and resumes it; nil
+// (and the container destroyed) when that fails.
+func (e *Edge) rerootInto(ctx context.Context, box *wipedBox, spec *runtime.Spec) *runtime.Instance {
+	if err := e.recycler().Reroot(ctx, box.inst, spec); err != nil {
+		e.log.Warn("recycled container failed; starting a new one", "container", box.store, "err", err)
+		e.discardBox(box)
+		return nil
+	}
+	e.freeLayer(box.layer) // the root it had was let go
+	box.layer = ""         // its root is the caller's now
+	return e.resumeBox(ctx, box, spec)
 }
 
 // resumeBox makes a shelved container serve a new sandbox with spec's
@@ -200,10 +206,6 @@ func (e *Edge) discardBox(box *wipedBox) {
 	if err := e.cfg.Runtime.Destroy(ctx, box.inst.Handle); err != nil {
 		// Reconcile at the next start removes what is left.
 		e.log.Error("destroy recycled container", "store", box.store, "err", err)
-		return
-	}
-	if box.layer == "" { // freed already: its root is another sandbox's layer
-		_ = os.RemoveAll(e.stateDir(box.store))
 		return
 	}
 	e.freeStorage(box.store, box.layer)

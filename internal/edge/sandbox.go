@@ -379,8 +379,28 @@ func (e *Edge) freeStorage(store, layer string) {
 	_ = os.RemoveAll(e.stateDir(store))
 }
 
-// freeLayer frees a writable layer and the mounted layers its name holds.
+// allocWritable makes the writable layer name with a disk limit of diskMB,
+// and its overlay upper and work directories.
+func (e *Edge) allocWritable(name string, diskMB int64) (upper, work string, err error) {
+	wdir, err := e.cfg.Writable.Alloc(name, diskMB<<20)
+	if err != nil {
+		return "", "", fmt.Errorf("writable layer: %w", err)
+	}
+	upper, work = filepath.Join(wdir, "upper"), filepath.Join(wdir, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", "", fmt.Errorf("prepare %s: %w", d, err)
+		}
+	}
+	return upper, work, nil
+}
+
+// freeLayer frees a writable layer and the mounted layers its name holds
+// ("": none).
 func (e *Edge) freeLayer(layer string) {
+	if layer == "" {
+		return
+	}
 	if err := e.cfg.Writable.Free(layer); err != nil {
 		e.log.Warn("free writable layer", "id", layer, "err", err)
 	}
