@@ -110,7 +110,9 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 	p.prior = env
 	p.env = make(map[string]string, len(env)+4)
 	for k, v := range env {
-		p.env[k] = v
+		if !req.Trusted || !unsafeForTrusted(k) {
+			p.env[k] = v
+		}
 	}
 	home, name := "/root", "root"
 	if p.cred != nil {

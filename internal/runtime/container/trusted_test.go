@@ -120,8 +120,16 @@ const graderReport = "3/10 tests passed\n"
 func assertClean(t *testing.T, o execOut) {
 	t.Helper()
 	if o.stdout != graderReport || o.res.ExitCode != 0 || o.res.Signal != "" {
-		t.Errorf("trusted command tampered with: stdout %q stderr %q result %+v", o.stdout, o.stderr, o.res)
+		t.Errorf("trusted command tampered with: stdout %q stderr %q result %+v", clip(o.stdout), clip(o.stderr), o.res)
 	}
+}
+
+// clip shortens a long output for a message.
+func clip(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
 }
 
 // ticks reads the injector's scan counter.
@@ -144,9 +152,81 @@ func TestTrustedInjector(t *testing.T) {
 	o := runReq(t, c, &agentproto.ExecRequest{Cmd: ": GRADER-4711; sleep 0.5; echo '3/10 tests passed'", Trusted: true})
 	assertClean(t, o)
 	if ok := successes(upperFile(spec, "tmp/inj.log")); len(ok) > 0 {
-		t.Errorf("attacks on the trusted command succeeded: %q", ok)
+		t.Errorf("attacks on the trusted command succeeded: %q", ok[:min(len(ok), 12)])
 	}
 	// The sandbox runs on afterwards: the injector scans again.
 	n := ticks(spec)
 	waitFor(t, "the injector to run after the trusted command", func() bool { return ticks(spec) > n+2 })
+}
+
+// TestTrustedForgedReport: a daemon writes a forged report into every pipe
+// (fd 0-2 of every process it can open) and every FIFO it finds, over and
+// over. The trusted command's stdio are fresh pipes only the agent holds,
+// and the daemon is frozen meanwhile: its report never shows.
+func TestTrustedForgedReport(t *testing.T) {
+	f := newFixture(t)
+	inst, spec := trustedSandbox(t, f, "sb-forge")
+	c := inst.Agent
+	runReq(t, c, &agentproto.ExecRequest{Cmd: "mkfifo /tmp/report /dev/shm/report"})
+	startBackground(t, c, "injector -spray NOMATCH /tmp/inj.log /tmp/inj.tick")
+	waitFor(t, "the sprayer's first scan", func() bool { return strings.Contains(upperFile(spec, "tmp/inj.log"), "ready") })
+
+	for i := 0; i < 3; i++ {
+		o := runReq(t, c, &agentproto.ExecRequest{Cmd: "sleep 0.3; echo '3/10 tests passed'", Trusted: true})
+		assertClean(t, o)
+		n := ticks(spec)
+		waitFor(t, "the sprayer to run between trusted commands", func() bool { return ticks(spec) > n+2 })
+	}
+}
+
+// TestTrustedRacingDaemon: a daemon keeps starting injectors (each scans
+// once, attacks what it finds and exits), so one may be starting just as
+// the grader does. The freeze is in place before the trusted process
+// exists, and a process forked while the freeze is under way is frozen
+// too.
+func TestTrustedRacingDaemon(t *testing.T) {
+	f := newFixture(t)
+	inst, spec := trustedSandbox(t, f, "sb-race")
+	c := inst.Agent
+	inj := "injector -once -kill GRADER-4711 /tmp/inj.log /tmp/inj.tick"
+	startBackground(t, c, "while :; do "+inj+" & "+inj+"; done")
+	waitFor(t, "the racing injectors", func() bool { return strings.Contains(upperFile(spec, "tmp/inj.log"), "ready") })
+
+	for i := 0; i < 3; i++ {
+		o := runReq(t, c, &agentproto.ExecRequest{Cmd: ": GRADER-4711; sleep 0.3; echo '3/10 tests passed'", Trusted: true})
+		assertClean(t, o)
+	}
+	if ok := successes(upperFile(spec, "tmp/inj.log")); len(ok) > 0 {
+		t.Errorf("attacks on the trusted command succeeded: %q", ok[:min(len(ok), 12)])
+	}
+	n := ticks(spec)
+	waitFor(t, "the racing injectors to run after the trusted commands", func() bool { return ticks(spec) != n })
+}
+
+// TestTrustedEnvClean: loader and shell start-up variables reach no trusted
+// command, whether the sandbox's environment or a session export set them;
+// the request's own env still does.
+func TestTrustedEnvClean(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "sb-env")
+	withToolkit(t, spec)
+	spec.Env = map[string]string{"LD_PRELOAD": "/tmp/evil.so", "ENV": "/tmp/evil.sh", "BASH_ENV": "/tmp/evil.sh", "KEEP": "yes"}
+	inst := f.start(t, spec)
+	c := inst.Agent
+	runReq(t, c, &agentproto.ExecRequest{Cmd: "export LD_AUDIT=/tmp/evil.so PYTHONPATH=/tmp/evil"})
+	if o := runReq(t, c, &agentproto.ExecRequest{Cmd: "echo $LD_PRELOAD $LD_AUDIT"}); o.stdout != "/tmp/evil.so /tmp/evil.so\n" {
+		t.Fatalf("the ordinary session: %q", o.stdout)
+	}
+	o := runReq(t, c, &agentproto.ExecRequest{Argv: []string{"env"}, Trusted: true, Env: map[string]string{"LD_LIBRARY_PATH": "/opt/toolkit/lib"}})
+	env := "\n" + o.stdout
+	for _, bad := range []string{"LD_PRELOAD=", "LD_AUDIT=", "ENV=", "BASH_ENV=", "PYTHONPATH="} {
+		if strings.Contains(env, "\n"+bad) {
+			t.Errorf("trusted command's environment has %s:\n%s", bad, o.stdout)
+		}
+	}
+	for _, good := range []string{"KEEP=yes", "LD_LIBRARY_PATH=/opt/toolkit/lib", "PATH=/opt/toolkit/bin:"} {
+		if !strings.Contains(env, "\n"+good) {
+			t.Errorf("trusted command's environment lacks %s:\n%s", good, o.stdout)
+		}
+	}
 }

@@ -7,8 +7,11 @@
 // and with -kill sends it SIGKILL. Each attempt is logged to LOG as
 // "<what> ok <pid>" or "<what> <error> <pid>"; "ready" is logged once the
 // first scan is done, and TICK counts scans (to tell a frozen injector from
-// a live one). Built static by the container tests and run inside
-// sandboxes.
+// a live one). With -once it makes one scan and exits (a racing daemon
+// starts it again and again); with -spray it also writes the forged report,
+// every scan, into every FIFO it finds and every pipe on fd 0-2 of every
+// other process it can open. Built static by the container tests and run
+// inside sandboxes.
 package main
 
 import (
@@ -30,6 +33,8 @@ const Forged = "FORGED-BY-SANDBOX: all tests passed\n"
 
 func main() {
 	kill := flag.Bool("kill", false, "also SIGKILL each victim")
+	once := flag.Bool("once", false, "scan once and exit")
+	spray := flag.Bool("spray", false, "write the forged report into every pipe and FIFO")
 	flag.Parse()
 	if flag.NArg() != 3 {
 		fmt.Fprintln(os.Stderr, "usage: injector [-kill] MARKER LOG TICK")
@@ -58,9 +63,17 @@ func main() {
 				logln("kill %s %d", result(unix.Kill(pid, unix.SIGKILL)), pid)
 			}
 		}
+		if *spray {
+			for _, p := range sprayed(self) {
+				logln("spray ok %s", p)
+			}
+		}
 		_ = os.WriteFile(tickPath, []byte(strconv.Itoa(n)), 0o644)
 		if n == 1 {
 			logln("ready")
+		}
+		if *once {
+			return
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -73,7 +86,8 @@ func result(err error) string {
 	return strings.ReplaceAll(err.Error(), " ", "_")
 }
 
-// victims are the processes whose command line holds marker.
+// victims are the processes whose command line holds marker, other than
+// injectors.
 func victims(marker []byte, self int) []int {
 	paths, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	var out []int
@@ -83,7 +97,8 @@ func victims(marker []byte, self int) []int {
 			continue
 		}
 		b, err := os.ReadFile(p)
-		if err == nil && bytes.Contains(b, marker) {
+		// Injectors (and shells starting them) carry the marker too.
+		if err == nil && bytes.Contains(b, marker) && !bytes.Contains(b, []byte("injector")) {
 			out = append(out, pid)
 		}
 	}
@@ -133,4 +148,47 @@ func pokeMem(pid int) error {
 		return nil
 	}
 	return fmt.Errorf("no writable mapping")
+}
+
+// sprayed writes the forged report into every FIFO under / and every pipe
+// on fd 0-2 of other processes that it can open without blocking; it
+// returns what it wrote to.
+func sprayed(self int) []string {
+	var targets []string
+	for _, fd := range []string{"0", "1", "2"} {
+		ps, _ := filepath.Glob("/proc/[0-9]*/fd/" + fd)
+		for _, p := range ps {
+			if !strings.HasPrefix(p, "/proc/"+strconv.Itoa(self)+"/") {
+				targets = append(targets, p)
+			}
+		}
+	}
+	_ = filepath.WalkDir("/", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() && (p == "/proc" || p == "/sys") {
+			return filepath.SkipDir
+		}
+		if d.Type()&os.ModeNamedPipe != 0 {
+			targets = append(targets, p)
+		}
+		return nil
+	})
+	var out []string
+	for _, p := range targets {
+		st, err := os.Stat(p)
+		if err != nil || st.Mode()&os.ModeNamedPipe == 0 {
+			continue // only pipes and FIFOs
+		}
+		f, err := os.OpenFile(p, os.O_WRONLY|unix.O_NONBLOCK, 0)
+		if err != nil {
+			continue
+		}
+		if _, err := f.WriteString(Forged); err == nil {
+			out = append(out, p)
+		}
+		f.Close()
+	}
+	return out
 }
