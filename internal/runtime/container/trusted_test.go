@@ -1,6 +1,7 @@
 package container
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -229,4 +230,113 @@ func TestTrustedEnvClean(t *testing.T) {
 			t.Errorf("trusted command's environment lacks %s:\n%s", good, o.stdout)
 		}
 	}
+}
+
+// workFrozen reports whether the sandbox's work cgroup is frozen.
+func workFrozen(t *testing.T, f *fixture, h runtime.Handle) bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(f.rt.cg.unified(h.Cgroup), agentproto.CgroupWork, "cgroup.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Contains(string(b), "frozen 1")
+}
+
+// assertThawed checks that the sandbox runs again: work is not frozen and
+// the injector started by trustedSandbox's caller scans on.
+func assertThawed(t *testing.T, f *fixture, inst *runtime.Instance, spec *runtime.Spec, what string) {
+	t.Helper()
+	waitFor(t, what+": work thawed", func() bool { return !workFrozen(t, f, inst.Handle) })
+	n := ticks(spec)
+	waitFor(t, what+": the sandbox runs on", func() bool { return ticks(spec) > n+2 })
+}
+
+// TestTrustedThawsAfterwards: the sandbox is frozen exactly while a trusted
+// command runs, and thawed whatever way it ends: success, failure, timeout,
+// the edge's connection gone. What the command left behind is killed.
+func TestTrustedThawsAfterwards(t *testing.T) {
+	f := newFixture(t)
+	inst, spec := trustedSandbox(t, f, "sb-thaw")
+	startBackground(t, inst.Agent, "injector NOMATCH /tmp/inj.log /tmp/inj.tick")
+	waitFor(t, "the injector", func() bool { return ticks(spec) > 0 })
+
+	// Frozen while it runs.
+	done := make(chan execOut, 1)
+	go func() {
+		done <- runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: "sleep 1; echo graded > /tmp/graded; echo '3/10 tests passed'", Trusted: true})
+	}()
+	waitFor(t, "work frozen during the trusted command", func() bool { return workFrozen(t, f, inst.Handle) })
+	n := ticks(spec)
+	time.Sleep(300 * time.Millisecond)
+	if m := ticks(spec); m != n {
+		t.Errorf("the injector scanned %d times while frozen", m-n)
+	}
+	// An ordinary command asked for meanwhile starts after it.
+	if o := run(t, inst.Agent, "cat", "/tmp/graded"); o.stdout != "graded\n" {
+		t.Errorf("ordinary command during a trusted one: %+v", o)
+	}
+	assertClean(t, <-done)
+	assertThawed(t, f, inst, spec, "after success")
+
+	if o := runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: "exit 3", Trusted: true}); o.res.ExitCode != 3 {
+		t.Errorf("failing trusted command: %+v", o.res)
+	}
+	assertThawed(t, f, inst, spec, "after failure")
+
+	o := runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: "sleep 10", Trusted: true, Timeout: 300 * time.Millisecond})
+	if !o.res.TimedOut {
+		t.Errorf("trusted command did not time out: %+v", o.res)
+	}
+	assertThawed(t, f, inst, spec, "after a timeout")
+
+	// A daemon the trusted command leaves is killed: nothing but the
+	// agent stays beside work.
+	o = runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: "sleep 100 >/dev/null 2>&1 & echo started", Trusted: true})
+	if o.stdout != "started\n" {
+		t.Errorf("trusted daemon: %+v", o)
+	}
+	if procs := readTrim(t, filepath.Join(f.rt.cg.unified(inst.Handle.Cgroup), "cgroup.procs")); procs != strconv.Itoa(inst.Handle.Pid) {
+		t.Errorf("beside the agent after a trusted command: %q (agent %d)", procs, inst.Handle.Pid)
+	}
+	assertThawed(t, f, inst, spec, "after a daemon")
+
+	// The edge's connection goes (a new one replaces it) mid-command.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		req := &agentproto.ExecRequest{Cmd: "sleep 0.5", Trusted: true}
+		_ = inst.Agent.Call(ctx, agentproto.OpExec, req, &agentproto.ExecResult{}, nil)
+	}()
+	waitFor(t, "work frozen again", func() bool { return workFrozen(t, f, inst.Handle) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	inst2, err := f.rt.Attach(ctx, inst.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst2.Agent.Close()
+	assertThawed(t, f, inst2, spec, "after the connection went")
+	if o := run(t, inst2.Agent, "echo", "hi"); o.stdout != "hi\n" {
+		t.Errorf("exec after the connection went: %+v", o)
+	}
+}
+
+// TestTrustedFrozenDeletable: a sandbox deleted while a trusted command
+// holds it frozen goes entirely.
+func TestTrustedFrozenDeletable(t *testing.T) {
+	f := newFixture(t)
+	inst, spec := trustedSandbox(t, f, "sb-del")
+	startBackground(t, inst.Agent, "injector NOMATCH /tmp/inj.log /tmp/inj.tick")
+	if o := runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: "sleep 60", Trusted: true, Background: true}); o.res.CommandID == "" {
+		t.Fatalf("background trusted command: %+v", o)
+	}
+	waitFor(t, "work frozen", func() bool { return workFrozen(t, f, inst.Handle) })
+	t0 := time.Now()
+	if err := f.rt.Destroy(context.Background(), inst.Handle); err != nil {
+		t.Fatalf("Destroy of a frozen sandbox: %v", err)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Errorf("Destroy took %v", d)
+	}
+	assertGone(t, f, inst.Handle, spec)
 }
