@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/confine"
 )
 
 // Isolation of trusted commands (issue 13). The edge splits the sandbox's
@@ -31,7 +31,7 @@ import (
 //     started, and any it forks while the freeze is under way, is stopped
 //     before the trusted process exists;
 //  3. starts the trusted process with fresh pipes as its stdio, non-dumpable
-//     when it runs as the agent's own user (sealedFork);
+//     when it runs as the agent's own user (confine.SealedFork);
 //  4. when it has ended: kills every process beside the agent (what the
 //     trusted command left behind), thaws work/ and releases the gate, also
 //     when it failed or timed out, and whether or not the edge's
@@ -215,30 +215,11 @@ func (a *Agent) killBeside(s *trustSplit) {
 
 // forkTrusted starts a trusted command's process in trusted/ (the caller
 // holds the gate). Run as the agent's own user (root), it is
-// non-dumpable (sealedFork); a Credential's setuid would undo that.
+// non-dumpable (confine.SealedFork); a Credential's setuid would undo that.
 func (a *Agent) forkTrusted(path string, argv []string, env map[string]string, dir string, cred *credential, files []uintptr) (int, <-chan exitInfo, error) {
 	fork := forkFunc(path, argv, env, dir, cred, files)
 	if cred == nil {
-		fork = sealedFork(fork)
+		fork = confine.SealedFork(fork)
 	}
 	return a.spawnUngated(fork)
-}
-
-// sealedFork wraps a fork so that the exec it makes clears the new
-// program's dumpable flag: the kernel does so when an exec changes the
-// filesystem uid, and the fork is made while the forking thread's fsuid is
-// another uid (the exec sets it back to the euid, 0). fs.suid_dumpable must
-// be 0, its default.
-func sealedFork(fork func() (int, error)) func() (int, error) {
-	return func() (int, error) {
-		// setfsuid is per thread: fork from the thread that changed it
-		// (the spawner's thread is locked already; this nests).
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		const nobody = 65534
-		old, _, _ := unix.RawSyscall(unix.SYS_SETFSUID, nobody, 0, 0)
-		pid, err := fork()
-		unix.RawSyscall(unix.SYS_SETFSUID, old, 0, 0)
-		return pid, err
-	}
 }
