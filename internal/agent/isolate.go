@@ -114,7 +114,9 @@ func eventsHas(fd int, line string) (bool, error) {
 }
 
 // waitEvents waits until fd's cgroup.events has line, for up to d.
-// cgroup.events signals a change with POLLPRI.
+// cgroup.events signals a change with POLLPRI, but the kernel holds a
+// notification back for up to 10 ms after the previous one (a freeze
+// right after a thaw): the file is read again every eventsPoll as well.
 func waitEvents(fd int, line string, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
@@ -122,14 +124,17 @@ func waitEvents(fd int, line string, d time.Duration) error {
 		if err != nil || ok {
 			return err
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
+		if time.Now().After(deadline) {
 			return fmt.Errorf("no %q after %v", line, d)
 		}
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLPRI}}
-		_, _ = unix.Poll(fds, int(min(left, 10*time.Millisecond)/time.Millisecond)+1)
+		ts := unix.NsecToTimespec(int64(eventsPoll))
+		_, _ = unix.Ppoll(fds, &ts, nil)
 	}
 }
+
+// eventsPoll is how often waitEvents reads cgroup.events.
+const eventsPoll = 200 * time.Microsecond
 
 // isolate prepares a trusted command: the gate taken, work/ frozen. The
 // returned release undoes both (and kills the command's leftovers); it

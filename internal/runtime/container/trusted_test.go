@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,4 +340,49 @@ func TestTrustedFrozenDeletable(t *testing.T) {
 		t.Errorf("Destroy took %v", d)
 	}
 	assertGone(t, f, inst.Handle, spec)
+}
+
+// BenchmarkTrustedExec measures the cost of isolating a trusted command:
+// exec round trips (agent protocol, no HTTP) of argv `true`, ordinary and
+// trusted (the sandbox frozen around it), in an idle sandbox and in one
+// with 20 sleeping processes and a busy loop. Reports p50 and p99.
+//
+//	go test -run '^$' -bench TrustedExec -benchtime 300x ./internal/runtime/container/
+func BenchmarkTrustedExec(b *testing.B) {
+	f := newFixture(b)
+	spec := f.spec(b, "sb-bench-trusted")
+	spec.CPU = 0 // unlimited: the figures are the isolation's, not a quota's
+	spec.Pids = 200
+	withToolkit(b, spec)
+	inst := f.start(b, spec)
+	c := inst.Agent
+	measure := func(b *testing.B, req *agentproto.ExecRequest) {
+		for range 20 { // warm up
+			runReq(b, c, req)
+		}
+		ds := make([]time.Duration, 0, b.N)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			o := runReq(b, c, req)
+			ds = append(ds, time.Since(t0))
+			if o.res.ExitCode != 0 {
+				b.Fatalf("%+v", o)
+			}
+		}
+		b.StopTimer()
+		slices.Sort(ds)
+		b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "ms-p50")
+		b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds())/1000, "ms-p99")
+	}
+	plain := &agentproto.ExecRequest{Argv: []string{"true"}}
+	trusted := &agentproto.ExecRequest{Argv: []string{"true"}, Trusted: true}
+	b.Run("idle/plain", func(b *testing.B) { measure(b, plain) })
+	b.Run("idle/trusted", func(b *testing.B) { measure(b, trusted) })
+	o := runReq(b, c, &agentproto.ExecRequest{Cmd: "for i in $(seq 20); do sleep 1000 & done; while :; do :; done", Background: true})
+	if o.res.CommandID == "" {
+		b.Fatalf("busy sandbox: %+v", o)
+	}
+	b.Run("busy/plain", func(b *testing.B) { measure(b, plain) })
+	b.Run("busy/trusted", func(b *testing.B) { measure(b, trusted) })
 }
