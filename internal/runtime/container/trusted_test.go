@@ -66,6 +66,11 @@ func withToolkit(t testing.TB, spec *runtime.Spec) {
 			t.Fatal(err)
 		}
 	}
+	// Private to root, as a layer made from a t.TempDir is: the trusted
+	// process must still start from it.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	spec.Binds = append(spec.Binds, agentproto.Bind{Source: dir, Target: "/opt/toolkit", Protected: true})
 }
 
