@@ -391,3 +391,33 @@ func BenchmarkTrustedExec(b *testing.B) {
 	b.Run("busy/plain", func(b *testing.B) { measure(b, plain) })
 	b.Run("busy/trusted", func(b *testing.B) { measure(b, trusted) })
 }
+
+// TestTrustedConcurrent: trusted commands of one sandbox run one at a
+// time, each clean, and the sandbox is thawed after the last.
+func TestTrustedConcurrent(t *testing.T) {
+	f := newFixture(t)
+	inst, spec := trustedSandbox(t, f, "sb-conc")
+	startBackground(t, inst.Agent, "injector -kill GRADER-4711 /tmp/inj.log /tmp/inj.tick")
+	waitFor(t, "the injector", func() bool { return strings.Contains(upperFile(spec, "tmp/inj.log"), "ready") })
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	outs := make([]execOut, 3)
+	for i := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i] = runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: ": GRADER-4711; sleep 0.3; echo '3/10 tests passed'", Trusted: true})
+		}()
+	}
+	wg.Wait()
+	if d := time.Since(t0); d < 900*time.Millisecond {
+		t.Errorf("3 trusted commands of 0.3 s took %v: they overlapped", d)
+	}
+	for _, o := range outs {
+		assertClean(t, o)
+	}
+	if ok := successes(upperFile(spec, "tmp/inj.log")); len(ok) > 0 {
+		t.Errorf("attacks on the trusted commands succeeded: %q", ok)
+	}
+	assertThawed(t, f, inst, spec, "after concurrent trusted commands")
+}
