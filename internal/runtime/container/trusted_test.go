@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -420,4 +421,31 @@ func TestTrustedConcurrent(t *testing.T) {
 		t.Errorf("attacks on the trusted commands succeeded: %q", ok)
 	}
 	assertThawed(t, f, inst, spec, "after concurrent trusted commands")
+}
+
+// noSplit is a cgroup driver of a host without a cgroup v2 hierarchy, as
+// far as the agent is concerned: it gets no split.
+type noSplit struct{ cgroupDriver }
+
+func (noSplit) unified(string) string { return "" }
+
+// TestTrustedRefusedWithoutSplit: an agent that cannot freeze its sandbox
+// refuses trusted commands (never runs them unprotected); ordinary ones
+// run.
+func TestTrustedRefusedWithoutSplit(t *testing.T) {
+	f := newFixture(t)
+	f.rt.cg = noSplit{f.rt.cg}
+	spec := f.spec(t, "sb-nosplit")
+	withToolkit(t, spec)
+	inst := f.start(t, spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "true", Trusted: true}, &agentproto.ExecResult{}, nil)
+	var ae *agentproto.Error
+	if !errors.As(err, &ae) || ae.Code != agentproto.ErrInvalid || !strings.Contains(ae.Message, "cannot isolate") {
+		t.Errorf("trusted exec without a split: %v", err)
+	}
+	if o := run(t, inst.Agent, "echo", "hi"); o.stdout != "hi\n" {
+		t.Errorf("ordinary exec without a split: %+v", o)
+	}
 }
