@@ -341,6 +341,7 @@ type Layer struct {
 	Entries    int       `json:"entries"`     // files, directories, links
 	StoredSize int64     `json:"stored_size"` // bytes of its EROFS image in the store
 	Source     string    `json:"source,omitempty"`
+	Project    string    `json:"project,omitempty"` // the owner; "" = made by a root token: every project may read it
 	CreatedAt  time.Time `json:"created_at"`
 }
 
@@ -376,6 +377,7 @@ type Snapshot struct {
 	ID         string            `json:"id"`
 	Name       string            `json:"name,omitempty"`
 	Sandbox    string            `json:"sandbox"`
+	Project    string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
 	Image      string            `json:"image"`
 	Layers     []LayerAttachment `json:"layers"`
 	Diff       string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
