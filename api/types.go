@@ -143,11 +143,15 @@ type PoolRequest struct {
 	Pids     int64   `json:"pids,omitempty"`
 	Priority string  `json:"priority,omitempty"`
 	Size     int     `json:"size"`
+	// Project owns the pool (default: the token's project); its members
+	// serve only sandboxes of that project and below.
+	Project string `json:"project,omitempty"`
 }
 
 // Pool is a warm pool's state, summed over the nodes.
 type Pool struct {
 	Name     string  `json:"name"`
+	Project  string  `json:"project,omitempty"`
 	Tier     string  `json:"tier"`
 	Image    string  `json:"image"`
 	CPU      float64 `json:"cpu"`
@@ -438,6 +442,9 @@ type TrajectoryPage struct {
 // ReplayRequest is the body of POST /v1/trajectories:replay.
 type ReplayRequest struct {
 	Trajectory string `json:"trajectory"`
+	// Project owns the trajectory (names are unique per project); default:
+	// the token's project.
+	Project string `json:"project,omitempty"`
 	// Keep leaves the replay's sandbox running (to inspect it); by default
 	// it is removed when the replay ends.
 	Keep bool `json:"keep,omitempty"`

@@ -55,9 +55,11 @@ type Server struct {
 
 	trajMeta *bus.Records
 	snaps    *bus.Records
-	ff       *ffSessions
-	tlog     *bus.TrajLog
-	mux      *http.ServeMux
+	// layerOwners: which project owns each layer name (owner.go).
+	layerOwners *bus.Records
+	ff          *ffSessions
+	tlog        *bus.TrajLog
+	mux         *http.ServeMux
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -166,6 +168,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if s.snaps, err = cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
+		return nil, err
+	}
+	if s.layerOwners, err = cfg.Bus.Records(ctx, bus.BucketLayerOwners); err != nil {
 		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency)
@@ -419,7 +424,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		if ev.Seq > out.Next {
 			out.Next = ev.Seq
 		}
-		if s.visibleEvent(r, &ev) {
+		if visibleEvent(r, &ev) {
 			out.Events = append(out.Events, ev)
 		}
 	}
@@ -462,7 +467,7 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, after uint
 		}
 		return nil
 	}, func(ev api.Event) error {
-		if !s.visibleEvent(r, &ev) {
+		if !visibleEvent(r, &ev) {
 			return nil
 		}
 		b, err := json.Marshal(&ev)
@@ -488,9 +493,9 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, after uint
 
 // visibleEvent reports whether the caller may see ev: node events are
 // public to every caller, sandbox events to the sandbox's project scope.
-func (s *Server) visibleEvent(r *http.Request, ev *api.Event) bool {
+func visibleEvent(r *http.Request, ev *api.Event) bool {
 	if ev.Sandbox == "" {
 		return true
 	}
-	return principal(r).InScope(ev.Project)
+	return principal(r).Sees(iam.KindEvent, ev.Project)
 }

@@ -37,7 +37,7 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 	// A request on behalf of a project-scoped principal reaches only the
 	// sandboxes of that project and below.
 	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
-	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages {
+	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages && op != OpTrajReplay {
 		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
 		if !ok {
 			return nil, badRequest("a scoped request must name its sandbox")
@@ -203,6 +203,10 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		var req ReplayRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
+		}
+		// Like a create: the replay's sandbox is new, of the spec's project.
+		if scoped && !sandboxspec.Within(req.Spec.Project, scope) {
+			return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", req.Spec.Project, scope)}
 		}
 		return e.replayTrajectory(ctx, &req)
 	}

@@ -151,7 +151,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	}
 	diff := fmt.Sprintf("%s@%d", l.Name, l.Version)
 	snap := &api.Snapshot{
-		ID: snapID, Name: name, Sandbox: id, Image: spec.Image,
+		ID: snapID, Name: name, Sandbox: id, Project: spec.Project, Image: spec.Image,
 		Layers: append(chain, api.LayerAttachment{Layer: diff}), Diff: diff,
 		Digest: l.Digest, Size: l.Size, Entries: l.Entries, Parent: spec.Snapshot, Step: step,
 		Trajectory: func() string {
