@@ -38,9 +38,9 @@ var poolNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$`)
 
 type pool struct {
 	name    string
-	project string // the owner: members serve sandboxes of it and below
-	spec api.CreateSandboxRequest // normalized
-	key  string
+	project string                   // the owner: members serve sandboxes of it and below
+	spec    api.CreateSandboxRequest // normalized
+	key     string
 
 	// under Edge.mu
 	size     int
