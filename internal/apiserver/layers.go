@@ -30,14 +30,6 @@ func (s *Server) anyNode() (string, error) {
 	return up[rand.IntN(len(up))].Name, nil
 }
 
-func (s *Server) callAnyNode(ctx context.Context, op string, req, out any) error {
-	node, err := s.anyNode()
-	if err != nil {
-		return err
-	}
-	return s.callNode(ctx, node, op, req, out)
-}
-
 // callStore sends a store operation (layers, snapshots' layers) that the
 // caller's ownership was already checked for (owner.go) to any node, on
 // the apiserver's own behalf: the edge's scope check is about sandboxes.
