@@ -288,3 +288,46 @@ func TestSeesModel(t *testing.T) {
 		}
 	}
 }
+
+// TestLegacyTrajectoryOwner: a trajectory recorded before trajectories had
+// owners (under its bare name, its project only in its spec) stays
+// readable by its project, and by no sibling.
+func TestLegacyTrajectoryOwner(t *testing.T) {
+	g := ownerServer(t)
+	ctx := context.Background()
+	top := fmt.Sprintf("t%d", rigN.Add(1))
+	for _, p := range []api.CreateProjectRequest{{Name: top}, {Name: "x", Parent: top}, {Name: "y", Parent: top}} {
+		if _, err := g.iam.CreateProject(ctx, g.root, &p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := "legacy-" + top
+	rec := edge.TrajectoryRecord{Name: name, Sandbox: "sb-nonode-" + top, Spec: api.CreateSandboxRequest{Image: "busybox", Project: top + ".x", Trajectory: name}}
+	if err := g.s.trajMeta.Put(ctx, name, &rec); err != nil {
+		t.Fatal(err)
+	}
+	for project, want := range map[string]int{top + ".x": 200, top + ".y": 404, top: 404} {
+		tk, err := g.iam.CreateToken(ctx, g.root, &api.CreateTokenRequest{Principal: "l", Project: project, Role: api.RoleViewer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, body := g.do(t, tk.Secret, "GET", "/v1/trajectories/"+name, nil); code != want {
+			t.Errorf("%s reads the legacy trajectory of %s.x: %d %s, want %d", project, top, code, body, want)
+		}
+	}
+	// The parent reads it naming the project; the root token by its bare name.
+	tk, err := g.iam.CreateToken(ctx, g.root, &api.CreateTokenRequest{Principal: "l", Project: top, Role: api.RoleViewer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := g.do(t, tk.Secret, "GET", "/v1/trajectories/"+name+"?project="+top+".x", nil); code != 200 {
+		t.Errorf("parent with ?project=: %d %s", code, body)
+	}
+	rtk, err := g.iam.CreateToken(ctx, g.root, &api.CreateTokenRequest{Principal: "r", Role: api.RoleViewer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := g.do(t, rtk.Secret, "GET", "/v1/trajectories/"+name, nil); code != 200 {
+		t.Errorf("root by the bare name: %d %s", code, body)
+	}
+}

@@ -46,6 +46,16 @@ func (s *Server) trajectoryRecordRev(ctx context.Context, p *iam.Principal, proj
 	}
 	var rec edge.TrajectoryRecord
 	found, rev, err := s.trajMeta.Get(ctx, edge.TrajKey(project, name), &rec)
+	if err == nil && !found && project != "" {
+		// Recorded before trajectories had owners: under the bare name,
+		// the project only in its spec.
+		var old edge.TrajectoryRecord
+		var orev uint64
+		if found, orev, err = s.trajMeta.Get(ctx, name, &old); found && (old.Project != "" || old.Spec.Project != project) {
+			found = false
+		}
+		rec, rev = old, orev
+	}
 	if err != nil {
 		return nil, 0, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}

@@ -85,14 +85,16 @@ type StepResult struct {
 // traj is the trajectory state of one sandbox. mu serializes the
 // sandbox's state-changing operations so the log is totally ordered.
 type traj struct {
-	mu     sync.Mutex
-	name   string
-	key    string // TrajKey(project, name): of the record and the log
-	every  int
-	loaded bool
-	last   int64
-	replay []api.TrajectoryStep
-	cursor int
+	mu   sync.Mutex
+	name string
+	key  string // TrajKey(project, name): of the record and the log
+	// keyChecked: resolveKey looked for a record of before owners.
+	keyChecked bool
+	every      int
+	loaded     bool
+	last       int64
+	replay     []api.TrajectoryStep
+	cursor     int
 	// reexec: logged steps from this index on are run again (not served
 	// from the log) because the sandbox was rebuilt from an earlier state.
 	reexec   int
@@ -192,10 +194,33 @@ func newTraj(spec *api.CreateSandboxRequest) *traj {
 	return &traj{name: spec.Trajectory, key: TrajKey(spec.Project, spec.Trajectory), every: sandboxspec.CheckpointEvery(spec.Checkpoint)}
 }
 
+// resolveKey finds where a trajectory recorded before trajectories had
+// owners keeps its record and log: under its bare name, its project only
+// in its spec. Once per sandbox, with t.mu held (or before it serves).
+func (e *Edge) resolveKey(ctx context.Context, t *traj) {
+	if t.keyChecked || t.key == t.name {
+		return
+	}
+	var rec TrajectoryRecord
+	found, _, err := e.trajMeta.Get(ctx, t.key, &rec)
+	if err != nil {
+		return // try again with the next operation
+	}
+	t.keyChecked = true
+	if found {
+		return
+	}
+	project, _, _ := strings.Cut(t.key, "|")
+	if found, _, err := e.trajMeta.Get(ctx, t.name, &rec); err == nil && found && rec.Project == "" && rec.Spec.Project == project {
+		t.key = t.name
+	}
+}
+
 func (e *Edge) loadTraj(ctx context.Context, t *traj) error {
 	if t.loaded {
 		return nil
 	}
+	e.resolveKey(ctx, t)
 	b, err := e.tlog.Last(ctx, t.key)
 	if err != nil {
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
@@ -262,6 +287,7 @@ func (e *Edge) resumeTrajectory(ctx context.Context, req *ResumeRequest) (*api.S
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	e.resolveKey(ctx, t)
 	if t.cursor < len(t.replay) && time.Since(t.resumeAt) < resumeLease {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is being resumed by another client (at step %d of %d)", t.name, t.cursor, len(t.replay))}
 	}
@@ -717,7 +743,11 @@ func (e *Edge) fileRecorded(ctx context.Context, op string, req *FileRequest, w 
 // the later ones run again as the client re-issues them.
 func (e *Edge) rebuildTraj(ctx context.Context, sb *sandbox, fromStep int64, branch bool) error {
 	t := sb.traj
-	steps, err := e.readTrajectory(ctx, t.key)
+	t.mu.Lock()
+	e.resolveKey(ctx, t)
+	key := t.key
+	t.mu.Unlock()
+	steps, err := e.readTrajectory(ctx, key)
 	if err != nil {
 		return err
 	}
