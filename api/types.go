@@ -535,9 +535,10 @@ type NodeRecycling struct {
 
 // NodePool is one warm pool's state on a node.
 type NodePool struct {
-	Name  string `json:"name"`
-	Size  int    `json:"size"`
-	Ready int    `json:"ready"`
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"` // the warm pool's owner
+	Size    int    `json:"size"`
+	Ready   int    `json:"ready"`
 }
 
 // NodeFeatures says which isolation and elasticity features the node's

@@ -363,8 +363,35 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.NodeList{Nodes: s.cfg.Watcher.Nodes()})
+	nodes := s.cfg.Watcher.Nodes()
+	if p := principal(r); p.Project != "" {
+		for i := range nodes {
+			nodes[i] = ownView(p, nodes[i])
+		}
+	}
+	writeJSON(w, http.StatusOK, api.NodeList{Nodes: nodes})
 	return nil
+}
+
+// ownView is a node as a project-scoped caller sees it: the fleet's
+// capacity and load, but only the usage and warm pools of the projects it
+// sees, and no job counts (job labels of every project are mixed there).
+func ownView(p *iam.Principal, n api.Node) api.Node {
+	projects := map[string]api.Usage{}
+	for id, u := range n.Projects {
+		if p.Sees(iam.KindSandbox, id) {
+			projects[id] = u
+		}
+	}
+	n.Projects, n.Jobs = projects, nil
+	pools := []api.NodePool{}
+	for _, pl := range n.Pools {
+		if (pl.Project == "" && strings.HasPrefix(pl.Name, "fncall:")) || p.Sees(iam.KindPool, pl.Project) {
+			pools = append(pools, pl)
+		}
+	}
+	n.Pools = pools
+	return n
 }
 
 // listEvents answers GET /v1/events?after=SEQ&limit=N&wait=SECONDS, and

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	warren "github.com/warrenhq/warren/sdk/go"
@@ -68,7 +69,7 @@ func newOwned(t *testing.T) *owned {
 	o.tokC, _ = tok("p1.c")
 	o.p1, o.p2, o.child = warren.New(s.URL, o.tok1), warren.New(s.URL, o.tok2), warren.New(s.URL, o.tokC)
 
-	sb := o.mk(t, o.p1, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Labels: map[string]string{"own": "p1"}})
+	sb := o.mk(t, o.p1, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Labels: map[string]string{"own": "p1", "job": "p1-job"}})
 	o.sb = sb.ID
 	if _, err := o.p1.WriteFileBytes(ctx, o.sb, "/secret", []byte(o.secret), 0o644); err != nil {
 		t.Fatal(err)
@@ -325,6 +326,16 @@ func specPaths(t *testing.T) []string {
 // objects. Each route needs a case here: a route added to the spec without
 // one fails, so it cannot ship without its ownership check being tested.
 func auditRoutes(t *testing.T, o *owned) {
+	// The fleet view must show p1's usage first (the next heartbeat).
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, body := o.s.rawRequest(t, "GET", "/v1/nodes", "", nil, nil)
+		if strings.Contains(body, `"p1":`) && strings.Contains(body, "p1-job") && strings.Contains(body, o.pool) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node view never showed p1's usage, job and pool: %s", body)
+		}
+	}
 	q := url.PathEscape
 	js := func(v any) []byte { b, _ := json.Marshal(v); return b }
 	type attempt struct {
@@ -346,9 +357,12 @@ func auditRoutes(t *testing.T, o *owned) {
 	}
 	sb := "/v1/sandboxes/" + o.sb
 	cases := map[string][]attempt{
-		"GET /metrics":                                {{path: "/metrics", ok: public}},
-		"GET /healthz":                                {{path: "/healthz", ok: public}},
-		"GET /v1/nodes":                               {{path: "/v1/nodes", ok: public}},
+		"GET /metrics": {{path: "/metrics", ok: public}},
+		"GET /healthz": {{path: "/healthz", ok: public}},
+		"GET /v1/nodes": {{path: "/v1/nodes", ok: func(code int, body string) bool {
+			// The fleet is public; other projects' usage and jobs are not.
+			return code == 200 && !o.leaks(body) && !strings.Contains(body, `"p1":`) && !strings.Contains(body, "p1-job")
+		}}},
 		"GET /v1/images":                              {{path: "/v1/images", ok: public}},
 		"POST /v1/images":                             {{path: "/v1/images", body: js(api.PullImageRequest{Ref: "127.0.0.1:1/none:latest"}), ok: public}},
 		"GET /v1/events":                              {{path: "/v1/events?limit=10000", ok: listOK}},
