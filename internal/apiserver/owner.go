@@ -148,6 +148,17 @@ func (s *Server) claimLayerName(ctx context.Context, p *iam.Principal, name, pro
 	if exists {
 		return ownChange(p, iam.KindLayer, owner, missing)
 	}
+	// A name with versions but no owner was made before layers had owners:
+	// it stays the shared catalog's, which only root changes.
+	var l api.LayerList
+	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{Name: name}, &l); err != nil {
+		return err
+	}
+	for _, x := range l.Layers {
+		if x.Name == name {
+			return ownChange(p, iam.KindLayer, "", missing)
+		}
+	}
 	if cerr := s.layerOwners.Create(ctx, name, &layerOwnerRecord{Project: project}); cerr != nil {
 		// Another request claimed it first: decide by its owner.
 		var rec layerOwnerRecord
@@ -175,14 +186,6 @@ func (s *Server) checkSpecUses(ctx context.Context, p *iam.Principal, spec *api.
 	return nil
 }
 
-// snapshotLayer names the snapshot whose layer name is, or "".
-func snapshotLayer(name string) string {
-	if sid, ok := strings.CutPrefix(name, "snap/"); ok && sandboxspec.ValidSnapshotID(sid) {
-		return sid
-	}
-	return ""
-}
-
 // layerKind is the kind whose rule a layer follows: a snapshot's layer is
 // the snapshot (never the shared catalog, even when root made it).
 func layerKind(snapshot bool) string {
@@ -191,5 +194,3 @@ func layerKind(snapshot bool) string {
 	}
 	return iam.KindLayer
 }
-
-var _ = edge.SnapshotLayerName

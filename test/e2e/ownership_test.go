@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -202,6 +204,27 @@ func TestOwnership(t *testing.T) {
 		if l, err := o.p1.Layer(ctx, o.layer); err != nil || l.Project != "p1" {
 			t.Fatalf("owner reads its layer: %+v %v", l, err)
 		}
+		// A root token's layer is the shared catalog: every project reads
+		// and mounts it, none changes it.
+		var tb bytes.Buffer
+		tw := tar.NewWriter(&tb)
+		_ = tw.WriteHeader(&tar.Header{Name: "shared.txt", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg})
+		_, _ = tw.Write([]byte("ok"))
+		_ = tw.Close()
+		if _, err := o.s.C.CreateLayerFromTar(ctx, "toolkit/shared", 0, bytes.NewReader(tb.Bytes())); err != nil {
+			t.Fatalf("root makes a catalog layer: %v", err)
+		}
+		if l, err := o.p2.Layer(ctx, "toolkit/shared"); err != nil || l.Project != "" {
+			t.Fatalf("p2 reads the catalog layer: %+v %v", l, err)
+		}
+		sb := o.mk(t, o.p2, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Layers: []api.LayerAttachment{{Layer: "toolkit/shared", Mount: "/opt/shared"}}})
+		if b, err := o.p2.ReadFileBytes(ctx, sb.ID, "/opt/shared/shared.txt"); err != nil || string(b) != "ok" {
+			t.Fatalf("p2 mounts the catalog layer: %q %v", b, err)
+		}
+		_, err := o.p2.CreateLayerFromTar(ctx, "toolkit/shared", 0, bytes.NewReader(tb.Bytes()))
+		mustCode(t, "p2 adds a version to the catalog layer", err, api.CodeForbidden)
+		_, err = o.p2.DeleteLayer(ctx, "toolkit/shared")
+		mustCode(t, "p2 deletes the catalog layer", err, api.CodeForbidden)
 	})
 
 	t.Run("fork", func(t *testing.T) {
