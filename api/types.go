@@ -582,10 +582,27 @@ type NodeList struct {
 
 // Error is the body of every error answer: {"error":{"code","message"}}.
 type Error struct {
-	Code    string      `json:"code"`
-	Message string      `json:"message"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Reason names what is short on a 503 (a Reason* constant), so a
+	// client can tell a full node from a missing tier without parsing text.
+	Reason  string      `json:"reason,omitempty"`
 	Diverge *Divergence `json:"divergence,omitempty"` // 409 on resume
 }
+
+// Reasons of a 503: the resource or condition that refused the work.
+const (
+	ReasonCPU          = "cpu"    // requested cores beyond capacity
+	ReasonMemory       = "memory" // requested memory beyond capacity
+	ReasonMemPressure  = "memory_pressure"
+	ReasonDisk         = "disk"          // disk space
+	ReasonPids         = "pids"          // the host's pids/threads
+	ReasonSandboxes    = "sandboxes"     // the node's sandbox count limit
+	ReasonTier         = "tier"          // no node offers the tier
+	ReasonNodeSelector = "node_selector" // no node has the labels asked for
+	ReasonNoNodes      = "no_nodes"      // no healthy node at all
+	ReasonShuttingDown = "shutting_down" // the node is stopping
+)
 
 type ErrorBody struct {
 	Error Error `json:"error"`
