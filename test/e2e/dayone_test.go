@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -58,5 +60,45 @@ func TestFnCallWorkersYieldToSandboxes(t *testing.T) {
 	}
 	if len(failed) > 0 {
 		t.Fatalf("%d of 8 tasks failed during the burst: %s", len(failed), strings.Join(failed, "; "))
+	}
+}
+
+// TestDeletePausedSandboxes: deleting a paused sandbox is as quick as
+// deleting a running one (it waited 10 s for its frozen agent to die).
+// WARREN_PAUSED_N sets how many (default 10); the total is logged.
+func TestDeletePausedSandboxes(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	n := 10
+	if v := os.Getenv("WARREN_PAUSED_N"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	res, err := s.C.BatchCreate(ctx, api.BatchCreateRequest{Count: n, Spec: api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 32}})
+	if err != nil || len(res.IDs) != n {
+		t.Fatalf("batch create: %v %+v", err, res)
+	}
+	t.Cleanup(func() {
+		for _, id := range res.IDs {
+			_, _ = s.C.Delete(context.Background(), id)
+		}
+	})
+	for _, id := range res.IDs {
+		if sb, err := s.C.Pause(ctx, id); err != nil || sb.State != api.StatePaused {
+			t.Fatalf("pause %s: %v %+v", id, err, sb)
+		}
+	}
+	t0 := time.Now()
+	var slowest time.Duration
+	for _, id := range res.IDs {
+		t1 := time.Now()
+		if sb, err := s.C.Delete(ctx, id); err != nil || sb.State != api.StateStopped {
+			t.Fatalf("delete %s: %v %+v", id, err, sb)
+		}
+		slowest = max(slowest, time.Since(t1))
+	}
+	total := time.Since(t0)
+	t.Logf("deleted %d paused sandboxes one at a time in %v (slowest %v)", n, total, slowest)
+	if slowest > 3*time.Second {
+		t.Errorf("deleting a paused sandbox took %v", slowest)
 	}
 }
