@@ -102,3 +102,24 @@ func TestDeletePausedSandboxes(t *testing.T) {
 		t.Errorf("deleting a paused sandbox took %v", slowest)
 	}
 }
+
+// TestExecResumesPausedTrajectorySandbox: any operation resumes a paused
+// sandbox, exec on one that records a trajectory too (it answered 409).
+func TestExecResumesPausedTrajectorySandbox(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "dayone-paused-exec", Checkpoint: "none"})
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo one > /tmp/f"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cat /tmp/f"})
+	if err != nil || r.ExitCode != 0 || r.Stdout != "one\n" {
+		t.Fatalf("exec on the paused trajectory sandbox: %v %+v", err, r)
+	}
+	if got, err := s.C.Get(ctx, sb.ID); err != nil || got.State != api.StateRunning {
+		t.Fatalf("after exec: %v %+v", err, got)
+	}
+}
