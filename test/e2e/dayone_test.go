@@ -4,9 +4,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -121,5 +124,72 @@ func TestExecResumesPausedTrajectorySandbox(t *testing.T) {
 	}
 	if got, err := s.C.Get(ctx, sb.ID); err != nil || got.State != api.StateRunning {
 		t.Fatalf("after exec: %v %+v", err, got)
+	}
+}
+
+// TestLayerPublishIsIdempotent: the CLI and the Python SDK pack the same
+// directory to the same layer digest, and publishing unchanged content
+// again (without a version) gives back the same version.
+func TestLayerPublishIsIdempotent(t *testing.T) {
+	s := sharedServer(t)
+	dir := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(dir, "pkg", "sub"), 0o755))
+	must(os.WriteFile(filepath.Join(dir, "calc.py"), []byte("def add(a, b):\n    return a + b\n"), 0o644))
+	must(os.WriteFile(filepath.Join(dir, "pkg", "sub", "run.sh"), []byte("#!/bin/sh\necho hi\n"), 0o755))
+	must(os.Symlink("calc.py", filepath.Join(dir, "link.py")))
+	// Sub-second mtimes: Python's tar keeps them, Go's USTAR does not.
+	at := time.Unix(1_700_000_000, 123_456_789)
+	for _, p := range []string{"calc.py", "pkg/sub/run.sh", "pkg/sub", "pkg"} {
+		must(os.Chtimes(filepath.Join(dir, p), at, at))
+	}
+	name := "ws/calc-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	out, err := s.warren(t, "--json", "layer", "create", "--from-dir", dir, "--name", name)
+	if err != nil {
+		t.Fatalf("cli: %v\n%s", err, out)
+	}
+	var cli api.Layer
+	must(json.Unmarshal([]byte(out), &cli))
+	py := func(version string) string {
+		t.Helper()
+		script := fmt.Sprintf(`import json, warren
+c = warren.Client(%q, %q)
+l = c.create_layer(%q, directory=%q%s)
+print(json.dumps({"version": l.version, "digest": l.digest}))`, s.URL, s.Token, name, dir, version)
+		cmd := exec.Command("python3", "-c", script)
+		cmd.Env = append(os.Environ(), "PYTHONPATH=../../sdk/python")
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("python create_layer(%s): %v\n%s", version, err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	want := fmt.Sprintf(`{"version": 1, "digest": "%s"}`, cli.Digest)
+	if got := py(", version=1"); got != want {
+		t.Fatalf("python with version=1: %s, want %s", got, want)
+	}
+	if got := py(""); got != want {
+		t.Fatalf("python without a version: %s, want %s", got, want)
+	}
+	out, err = s.warren(t, "--json", "layer", "create", "--from-dir", dir, "--name", name)
+	must(err)
+	var again api.Layer
+	must(json.Unmarshal([]byte(out), &again))
+	if again.Version != 1 || again.Digest != cli.Digest {
+		t.Fatalf("cli again: %+v, want version 1 %s", again, cli.Digest)
+	}
+	// Changed content is a new version.
+	must(os.WriteFile(filepath.Join(dir, "calc.py"), []byte("def add(a, b):\n    return b + a\n"), 0o644))
+	out, err = s.warren(t, "--json", "layer", "create", "--from-dir", dir, "--name", name)
+	must(err)
+	var changed api.Layer
+	must(json.Unmarshal([]byte(out), &changed))
+	if changed.Version != 2 || changed.Digest == cli.Digest {
+		t.Fatalf("changed content: %+v", changed)
 	}
 }
