@@ -363,6 +363,7 @@ func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (res
 	if c.Stdin != "" {
 		areq.Stdin = []byte(c.Stdin)
 	}
+	e.killsBefore(w)
 	var out, errb bytes.Buffer
 	var ares agentproto.ExecResult
 	err = agent.Call(ctx, agentproto.OpExec, areq, &ares, func(r *agentproto.Response) error {
@@ -380,10 +381,12 @@ func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (res
 	}
 	out.Write(ares.Stdout)
 	errb.Write(ares.Stderr)
-	return &api.ExecResult{
+	res = &api.ExecResult{
 		ExitCode: ares.ExitCode, Stdout: strings.ToValidUTF8(out.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errb.String(), "\uFFFD"),
 		Truncated: ares.Truncated, TimedOut: ares.TimedOut, Signal: ares.Signal, DurationMs: ares.Duration,
-	}, true, nil
+	}
+	e.explainEnd(w, res)
+	return res, true, nil
 }
 
 // fnAgentError is agentError, with a failed reset as 503: the worker

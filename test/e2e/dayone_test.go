@@ -193,3 +193,40 @@ print(json.dumps({"version": l.version, "digest": l.digest}))`, s.URL, s.Token, 
 		t.Fatalf("changed content: %+v", changed)
 	}
 }
+
+// TestExecSaysWhatKilledIt: a command the OOM killer ended says so
+// (oom_killed, killed_by "oom"), and so do a timeout, a plain signal and a
+// fork refused by the pids limit.
+func TestExecSaysWhatKilledIt(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{MemoryMB: 64, Pids: 24})
+	run := func(req api.ExecRequest) *api.ExecResult {
+		t.Helper()
+		r, err := s.C.Exec(ctx, sb.ID, req)
+		if err != nil {
+			t.Fatalf("exec %q: %v", req.Cmd, err)
+		}
+		return r
+	}
+	if r := run(api.ExecRequest{Cmd: "true"}); r.OOMKilled || r.KilledBy != "" || r.PidsLimited {
+		t.Fatalf("true: %+v", r)
+	}
+	r := run(api.ExecRequest{Cmd: "dd if=/dev/zero of=/dev/null bs=256M count=1"})
+	if r.ExitCode != 137 || !r.OOMKilled || r.KilledBy != api.KilledByOOM {
+		t.Fatalf("over the memory limit: %+v, want oom_killed and killed_by oom", r)
+	}
+	if r := run(api.ExecRequest{Cmd: "sleep 5", Timeout: 0.3}); !r.TimedOut || r.OOMKilled || r.KilledBy != api.KilledByTimeout {
+		t.Fatalf("timeout: %+v", r)
+	}
+	if r := run(api.ExecRequest{Cmd: "kill -9 $$"}); r.Signal != "SIGKILL" || r.OOMKilled || r.KilledBy != api.KilledBySignal {
+		t.Fatalf("kill -9: %+v", r)
+	}
+	r = run(api.ExecRequest{Cmd: "i=0; while [ $i -lt 40 ]; do sleep 1 & i=$((i+1)); done; wait", Timeout: 20})
+	if !r.PidsLimited || r.OOMKilled {
+		t.Fatalf("over the pids limit: %+v, want pids_limited", r)
+	}
+	if r := run(api.ExecRequest{Cmd: "echo fine"}); r.PidsLimited || r.OOMKilled || r.KilledBy != "" {
+		t.Fatalf("the next command: %+v", r)
+	}
+}
