@@ -80,7 +80,7 @@ type sandbox struct {
 	// as of its last command (kills.go).
 	killsRead         bool
 	oomSeen, pidsSeen int64
-	traj       *traj         // nil unless the sandbox records a trajectory
+	traj              *traj // nil unless the sandbox records a trajectory
 }
 
 func (sb *sandbox) view() api.Sandbox {
