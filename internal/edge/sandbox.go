@@ -76,11 +76,12 @@ type sandbox struct {
 	stopWatch  chan struct{} // closed to end watch (its container was recycled)
 	stateless  bool          // an FnCall worker
 	reclaimed  bool          // an idle FnCall worker stopped for room: admission no longer counts it
+	traj       *traj         // nil unless the sandbox records a trajectory
+
 	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
 	// as of its last command (kills.go).
 	killsRead         bool
 	oomSeen, pidsSeen int64
-	traj              *traj // nil unless the sandbox records a trajectory
 }
 
 func (sb *sandbox) view() api.Sandbox {
