@@ -353,7 +353,7 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 	stderr := pollFile(errR, "stderr")
 	fork := a.forkExec
 	if p.req.Trusted {
-		fork = a.forkTrusted // fresh pipes, in trusted/, the sandbox frozen
+		fork = a.forkTrusted // fresh pipes, beside the agent, the sandbox frozen
 	}
 	pid, exit, err := fork(bin, p.req.Argv, p.env, p.cwd, p.cred,
 		[]uintptr{uintptr(inR), uintptr(outW), uintptr(errW)})

@@ -218,7 +218,7 @@ func (a *Agent) killBeside(s *trustSplit) {
 	}
 }
 
-// forkTrusted starts a trusted command's process in trusted/ (the caller
+// forkTrusted starts a trusted command's process beside the agent (the caller
 // holds the gate). Run as the agent's own user (root), it is
 // non-dumpable (confine.SealedFork); a Credential's setuid would undo that.
 func (a *Agent) forkTrusted(path string, argv []string, env map[string]string, dir string, cred *credential, files []uintptr) (int, <-chan exitInfo, error) {
