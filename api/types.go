@@ -143,11 +143,15 @@ type PoolRequest struct {
 	Pids     int64   `json:"pids,omitempty"`
 	Priority string  `json:"priority,omitempty"`
 	Size     int     `json:"size"`
+	// Project owns the pool (default: the token's project); its members
+	// serve only sandboxes of that project and below.
+	Project string `json:"project,omitempty"`
 }
 
 // Pool is a warm pool's state, summed over the nodes.
 type Pool struct {
 	Name     string  `json:"name"`
+	Project  string  `json:"project,omitempty"`
 	Tier     string  `json:"tier"`
 	Image    string  `json:"image"`
 	CPU      float64 `json:"cpu"`
@@ -359,6 +363,7 @@ type Layer struct {
 	Entries    int       `json:"entries"`     // files, directories, links
 	StoredSize int64     `json:"stored_size"` // bytes of its EROFS image in the store
 	Source     string    `json:"source,omitempty"`
+	Project    string    `json:"project,omitempty"` // the owner; "" = made by a root token: every project may read it
 	CreatedAt  time.Time `json:"created_at"`
 }
 
@@ -394,6 +399,7 @@ type Snapshot struct {
 	ID         string            `json:"id"`
 	Name       string            `json:"name,omitempty"`
 	Sandbox    string            `json:"sandbox"`
+	Project    string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
 	Image      string            `json:"image"`
 	Layers     []LayerAttachment `json:"layers"`
 	Diff       string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
@@ -454,6 +460,9 @@ type TrajectoryPage struct {
 // ReplayRequest is the body of POST /v1/trajectories:replay.
 type ReplayRequest struct {
 	Trajectory string `json:"trajectory"`
+	// Project owns the trajectory (names are unique per project); default:
+	// the token's project.
+	Project string `json:"project,omitempty"`
 	// Keep leaves the replay's sandbox running (to inspect it); by default
 	// it is removed when the replay ends.
 	Keep bool `json:"keep,omitempty"`
@@ -544,9 +553,10 @@ type NodeRecycling struct {
 
 // NodePool is one warm pool's state on a node.
 type NodePool struct {
-	Name  string `json:"name"`
-	Size  int    `json:"size"`
-	Ready int    `json:"ready"`
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"` // the warm pool's owner
+	Size    int    `json:"size"`
+	Ready   int    `json:"ready"`
 }
 
 // NodeFeatures says which isolation and elasticity features the node's

@@ -107,8 +107,9 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	if err != nil {
 		if spec.Trajectory != "" && !spec.Resume {
 			var tr TrajectoryRecord
-			if found, _, gerr := e.trajMeta.Get(ctx, spec.Trajectory, &tr); gerr == nil && found && tr.Sandbox == id {
-				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), spec.Trajectory)
+			key := TrajKey(spec.Project, spec.Trajectory)
+			if found, _, gerr := e.trajMeta.Get(ctx, key, &tr); gerr == nil && found && tr.Sandbox == id {
+				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), key)
 			}
 		}
 		sb.createErr = err

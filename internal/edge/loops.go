@@ -133,7 +133,7 @@ func (e *Edge) NodeStatus() api.Node {
 	}
 	for _, p := range e.pools {
 		v := e.poolViewLocked(p)
-		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Size: v.Size, Ready: v.Ready})
+		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Project: v.Project, Size: v.Size, Ready: v.Ready})
 	}
 	n.Pools = append(n.Pools, e.fnViewLocked()...)
 	// Idle FnCall workers give way to any create (admission reclaims

@@ -156,13 +156,19 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 		}
 	}
 	best := &nodes[bi]
-	if !record {
-		return best.Name, nil
+	if record {
+		p.recordLocked(best.Name, spec, limits)
 	}
-	r := p.recent[best.Name]
+	return best.Name, nil
+}
+
+// recordLocked counts a placement of spec on node until its heartbeat
+// shows it.
+func (p *Placer) recordLocked(node string, spec *api.CreateSandboxRequest, limits []Limit) {
+	r := p.recent[node]
 	if r == nil {
 		r = &pending{since: time.Now(), projects: map[string]api.Usage{}}
-		p.recent[best.Name] = r
+		p.recent[node] = r
 	}
 	r.cpu += spec.CPU
 	r.mem += spec.MemoryMB
@@ -172,7 +178,6 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 		r.projects[l.Project] = plus(r.projects[l.Project], add, 1)
 		p.projects[l.Project] = plus(p.projects[l.Project], add, 1)
 	}
-	return best.Name, nil
 }
 
 // sampleTries bounds the random draws of the fast path of a pick.
@@ -228,6 +233,19 @@ func (p *Placer) fitsLocked(n *api.Node, spec *api.CreateSandboxRequest, exclude
 		return 0, false
 	}
 	return loadOf(cpu, n.CPUCapacity, mem, n.MemoryMB), true
+}
+
+// Reserve counts a sandbox of spec on node, which the caller chose (a
+// fork restores on its source's node), after checking limits like Pick.
+// Release undoes it.
+func (p *Placer) Reserve(node string, spec *api.CreateSandboxRequest, limits []Limit) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.checkQuotaLocked(spec, limits); err != nil {
+		return err
+	}
+	p.recordLocked(node, spec, limits)
+	return nil
 }
 
 // whyNoneLocked explains an empty candidate list: no node at all, none with

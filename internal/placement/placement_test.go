@@ -164,6 +164,33 @@ func TestSampledPickOnLargeFleet(t *testing.T) {
 	}
 }
 
+// TestReserve: a placement on a node the caller chose (a fork's children
+// on its source's node) counts against the quotas like a pick.
+func TestReserve(t *testing.T) {
+	f := &fleet{nodes: []api.Node{node("a", nil), node("b", nil)}, usage: map[string]api.Usage{"p1": {Sandboxes: 1}}}
+	p := New(f)
+	limits := []Limit{{Project: "p1", Quota: api.Quota{Sandboxes: 3}}}
+	for i := 0; i < 2; i++ {
+		if err := p.Reserve("b", spec(), limits); err != nil {
+			t.Fatalf("reserve %d: %v", i, err)
+		}
+	}
+	var qe *QuotaError
+	if err := p.Reserve("b", spec(), limits); !errors.As(err, &qe) || qe.Project != "p1" {
+		t.Fatalf("beyond p1's quota: %v", err)
+	}
+	if _, err := p.Pick(spec(), nil, limits); !errors.As(err, &qe) {
+		t.Fatalf("a pick after the reservations: %v", err)
+	}
+	if u := p.Pending("p1"); u.Sandboxes != 2 {
+		t.Fatalf("pending %+v, want 2 sandboxes", u)
+	}
+	p.Release("b", spec(), limits)
+	if err := p.Reserve("b", spec(), limits); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+}
+
 // TestNoNodeSaysWhy: a refused placement names what is short.
 func TestNoNodeSaysWhy(t *testing.T) {
 	p := New(&fleet{nodes: []api.Node{node("a", nil)}})
