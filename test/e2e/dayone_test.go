@@ -311,3 +311,24 @@ func TestFnCallBurstBesideSandboxes(t *testing.T) {
 		}
 	}
 }
+
+// TestExecSaysDiskFull: a command that fails on the sandbox's full disk
+// quota says so (disk_full).
+func TestExecSaysDiskFull(t *testing.T) {
+	s := sharedServer(t)
+	if strings.Contains(s.logs.String(), "sandbox disk limits are not enforced") {
+		t.Skip("SKIP: this machine has no quota-capable filesystem for sandbox disk limits")
+	}
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{DiskMB: 16})
+	r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "dd if=/dev/zero of=/root/big bs=1M count=64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == 0 || !r.DiskFull {
+		t.Fatalf("writing past the disk limit: %+v, want a failure with disk_full", r)
+	}
+	if r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "rm /root/big; sync; sleep 1; false"}); err != nil || r.DiskFull {
+		t.Fatalf("a failure with room on the disk: %v %+v", err, r)
+	}
+}
