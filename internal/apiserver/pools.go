@@ -37,7 +37,7 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 	if req.Project == "" {
 		req.Project = pr.Project
 	}
-	if !pr.InScope(req.Project) {
+	if !pr.Sees(iam.KindProject, req.Project) {
 		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, pr.Project)}
 	}
 	existing, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
