@@ -308,6 +308,62 @@ func TestOwnership(t *testing.T) {
 		}
 	})
 
+	t.Run("scoped-trajectory-lifecycle", func(t *testing.T) {
+		// A project's trajectory is stored under its project: record,
+		// checkpoint, resume (fast-forward), branch and rebuild all work
+		// for a scoped token, and its parent reads it by ?project=.
+		name := "life/run"
+		counterOp := func(i int) api.ExecRequest {
+			return api.ExecRequest{Cmd: fmt.Sprintf("echo x >> /counter; echo %d > /last; wc -l < /counter", i)}
+		}
+		sb := o.mk(t, o.child, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: name, Checkpoint: "2"})
+		for i := 1; i <= 4; i++ {
+			if r, err := o.child.Exec(ctx, sb.ID, counterOp(i)); err != nil || r.Step != int64(i) {
+				t.Fatalf("step %d: %+v %v", i, r, err)
+			}
+		}
+		if _, err := o.child.ResumeTrajectory(ctx, name, false); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		for i := 1; i <= 4; i++ {
+			if r, err := o.child.Exec(ctx, sb.ID, counterOp(i)); err != nil || !r.Replayed {
+				t.Fatalf("re-issued step %d: %+v %v", i, r, err)
+			}
+		}
+		if r, err := o.child.Exec(ctx, sb.ID, counterOp(5)); err != nil || r.Replayed || r.Step != 5 || strings.TrimSpace(r.Stdout) != "5" {
+			t.Fatalf("a new step after the fast-forward: %+v %v", r, err)
+		}
+		// Its sandbox goes away: resume rebuilds it from the checkpoint.
+		if _, err := o.child.Delete(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		nsb, err := o.child.ResumeTrajectory(ctx, name, false)
+		if err != nil || nsb.ID == sb.ID || nsb.Project != "p1.c" {
+			t.Fatalf("rebuild: %+v %v", nsb, err)
+		}
+		t.Cleanup(func() { _, _ = o.s.C.Delete(context.Background(), nsb.ID) })
+		for i := 1; i <= 5; i++ {
+			if _, err := o.child.Exec(ctx, nsb.ID, counterOp(i)); err != nil {
+				t.Fatalf("re-issued step %d on the rebuilt sandbox: %v", i, err)
+			}
+		}
+		if b, err := o.child.ReadFileBytes(ctx, nsb.ID, "/counter"); err != nil || strings.Count(string(b), "x") != 5 {
+			t.Fatalf("rebuilt state: %q %v", b, err)
+		}
+		// The parent reads it by naming the project; p2 does not, even so.
+		code, body := o.s.rawRequest(t, "GET", "/v1/trajectories/"+name+"?project=p1.c", o.tok1, nil, nil)
+		if code != 200 || !strings.Contains(body, `"step":5`) {
+			t.Fatalf("parent reads the child's trajectory: %d %s", code, body)
+		}
+		if code, _ := o.s.rawRequest(t, "GET", "/v1/trajectories/"+name+"?project=p1.c", o.tok2, nil, nil); code != 404 {
+			t.Fatalf("sibling reads it naming the project: %d", code)
+		}
+		rep, err := o.child.ReplayTrajectory(ctx, name, false)
+		if err != nil || rep.Steps != 5 {
+			t.Fatalf("replay: %+v %v", rep, err)
+		}
+	})
+
 	t.Run("audit", func(t *testing.T) { auditRoutes(t, o) })
 }
 
