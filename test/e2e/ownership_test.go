@@ -355,6 +355,12 @@ func TestOwnership(t *testing.T) {
 		if code != 200 || !strings.Contains(body, `"step":5`) {
 			t.Fatalf("parent reads the child's trajectory: %d %s", code, body)
 		}
+		if pg, err := o.p1.TrajectoryOf(ctx, "p1.c", name, 0, 0); err != nil || len(pg.Steps) != 5 {
+			t.Fatalf("parent reads the child's trajectory (SDK): %+v %v", pg, err)
+		}
+		if rep, err := o.p1.ReplayTrajectoryOf(ctx, "p1.c", name, false); err != nil || rep.Steps != 5 {
+			t.Fatalf("parent replays the child's trajectory: %+v %v", rep, err)
+		}
 		if code, _ := o.s.rawRequest(t, "GET", "/v1/trajectories/"+name+"?project=p1.c", o.tok2, nil, nil); code != 404 {
 			t.Fatalf("sibling reads it naming the project: %d", code)
 		}
