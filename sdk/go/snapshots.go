@@ -68,7 +68,10 @@ func (c *Client) Trajectory(ctx context.Context, name string, after int64, limit
 // unique per project, and a token reaches the trajectories of its own
 // project (the default) and of the projects below it.
 func (c *Client) TrajectoryOf(ctx context.Context, project, name string, after int64, limit int) (*api.TrajectoryPage, error) {
-	q := url.Values{"project": {project}}
+	q := url.Values{}
+	if project != "" {
+		q.Set("project", project)
+	}
 	if after > 0 {
 		q.Set("after", strconv.FormatInt(after, 10))
 	}
@@ -104,10 +107,16 @@ func (c *Client) TrajectoryFiles(ctx context.Context, name, path string) (*api.T
 
 // TrajectoryAll reads every step of a trajectory, page by page.
 func (c *Client) TrajectoryAll(ctx context.Context, name string) ([]api.TrajectoryStep, error) {
+	return c.TrajectoryAllOf(ctx, "", name)
+}
+
+// TrajectoryAllOf is TrajectoryAll for a trajectory of project ("" = the
+// token's).
+func (c *Client) TrajectoryAllOf(ctx context.Context, project, name string) ([]api.TrajectoryStep, error) {
 	var all []api.TrajectoryStep
 	var after int64
 	for {
-		p, err := c.Trajectory(ctx, name, after, 0)
+		p, err := c.TrajectoryOf(ctx, project, name, after, 0)
 		if err != nil {
 			return nil, err
 		}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"testing"
@@ -360,6 +361,10 @@ func TestOwnership(t *testing.T) {
 		}
 		if rep, err := o.p1.ReplayTrajectoryOf(ctx, "p1.c", name, false); err != nil || rep.Steps != 5 {
 			t.Fatalf("parent replays the child's trajectory: %+v %v", rep, err)
+		}
+		out, err := exec.Command(bins.warren, "--url", o.s.URL, "--token", o.tok1, "--json", "traj", "show", name, "--project", "p1.c").CombinedOutput()
+		if err != nil || strings.Count(string(out), `"op": "exec"`)+strings.Count(string(out), `"op":"exec"`) != 5 {
+			t.Fatalf("warren traj show --project: %v\n%s", err, out)
 		}
 		if code, _ := o.s.rawRequest(t, "GET", "/v1/trajectories/"+name+"?project=p1.c", o.tok2, nil, nil); code != 404 {
 			t.Fatalf("sibling reads it naming the project: %d", code)
