@@ -233,14 +233,21 @@ type ExecRequest struct {
 
 // ExecResult is the JSON answer of exec (and the last NDJSON event of a stream).
 type ExecResult struct {
-	ExitCode   int     `json:"exit_code"`
-	Stdout     string  `json:"stdout"`
-	Stderr     string  `json:"stderr"`
-	Truncated  bool    `json:"truncated"`
-	TimedOut   bool    `json:"timed_out,omitempty"`
-	Signal     string  `json:"signal,omitempty"`
-	DurationMs float64 `json:"duration_ms"`
-	CommandID  string  `json:"command_id,omitempty"` // set for background commands
+	ExitCode  int    `json:"exit_code"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	Truncated bool   `json:"truncated"`
+	TimedOut  bool   `json:"timed_out,omitempty"`
+	Signal    string `json:"signal,omitempty"`
+	// OOMKilled: the kernel's OOM killer ended the command (the sandbox's
+	// memory limit); KilledBy names what ended a command that did not
+	// exit by itself (KilledBy*); PidsLimited: a fork or thread was refused
+	// by the sandbox's pids limit while the command ran.
+	OOMKilled   bool    `json:"oom_killed,omitempty"`
+	KilledBy    string  `json:"killed_by,omitempty"`
+	PidsLimited bool    `json:"pids_limited,omitempty"`
+	DurationMs  float64 `json:"duration_ms"`
+	CommandID   string  `json:"command_id,omitempty"` // set for background commands
 	// Step is the operation's step in the sandbox's trajectory; Replayed
 	// says the result came from the log and nothing ran.
 	Step     int64 `json:"step,omitempty"`
@@ -252,15 +259,26 @@ type ExecResult struct {
 	Trajectory string `json:"trajectory,omitempty"`
 }
 
+// What ended a command that did not exit by itself (ExecResult.KilledBy).
+const (
+	KilledByOOM     = "oom"     // the OOM killer, at the sandbox's memory limit
+	KilledByTimeout = "timeout" // the command's timeout
+	KilledBySignal  = "signal"  // a signal from elsewhere (the command itself, another process)
+)
+
 // ExecEvent is one line of an NDJSON exec stream. Exactly one field group is set.
 type ExecEvent struct {
-	Stdout     *string  `json:"stdout,omitempty"`
-	Stderr     *string  `json:"stderr,omitempty"`
-	ExitCode   *int     `json:"exit_code,omitempty"`
-	Truncated  bool     `json:"truncated,omitempty"`
-	TimedOut   bool     `json:"timed_out,omitempty"`
-	Signal     string   `json:"signal,omitempty"`
-	DurationMs *float64 `json:"duration_ms,omitempty"`
+	Stdout    *string `json:"stdout,omitempty"`
+	Stderr    *string `json:"stderr,omitempty"`
+	ExitCode  *int    `json:"exit_code,omitempty"`
+	Truncated bool    `json:"truncated,omitempty"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	Signal    string  `json:"signal,omitempty"`
+	// OOMKilled, KilledBy, PidsLimited (on the final line): as in ExecResult.
+	OOMKilled   bool     `json:"oom_killed,omitempty"`
+	KilledBy    string   `json:"killed_by,omitempty"`
+	PidsLimited bool     `json:"pids_limited,omitempty"`
+	DurationMs  *float64 `json:"duration_ms,omitempty"`
 	// Step, Replayed, Sandbox, Trajectory (on the final line): as in ExecResult.
 	Step       int64  `json:"step,omitempty"`
 	Replayed   bool   `json:"replayed,omitempty"`
@@ -592,10 +610,27 @@ type NodeList struct {
 
 // Error is the body of every error answer: {"error":{"code","message"}}.
 type Error struct {
-	Code    string      `json:"code"`
-	Message string      `json:"message"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Reason names what is short on a 503 (a Reason* constant), so a
+	// client can tell a full node from a missing tier without parsing text.
+	Reason  string      `json:"reason,omitempty"`
 	Diverge *Divergence `json:"divergence,omitempty"` // 409 on resume
 }
+
+// Reasons of a 503: the resource or condition that refused the work.
+const (
+	ReasonCPU          = "cpu"    // requested cores beyond capacity
+	ReasonMemory       = "memory" // requested memory beyond capacity
+	ReasonMemPressure  = "memory_pressure"
+	ReasonDisk         = "disk"          // disk space
+	ReasonPids         = "pids"          // the host's pids/threads
+	ReasonSandboxes    = "sandboxes"     // the node's sandbox count limit
+	ReasonTier         = "tier"          // no node offers the tier
+	ReasonNodeSelector = "node_selector" // no node has the labels asked for
+	ReasonNoNodes      = "no_nodes"      // no healthy node at all
+	ReasonShuttingDown = "shutting_down" // the node is stopping
+)
 
 type ErrorBody struct {
 	Error Error `json:"error"`

@@ -213,7 +213,7 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 			case lastErr != nil:
 				return nil, lastErr
 			case errors.Is(err, placement.ErrNoNode):
-				return nil, &api.Error{Code: api.CodeUnavailable, Message: "no node can take this sandbox now"}
+				return nil, noNode(err, "this sandbox")
 			}
 			return nil, err
 		}
@@ -263,6 +263,18 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 		return nil, err
 	}
 	return nil, lastErr
+}
+
+// noNode is the 503 of a placement that found no node: it names the short
+// resource in the message and in the error's reason.
+func noNode(err error, what string) *api.Error {
+	e := &api.Error{Code: api.CodeUnavailable, Message: "no node can take " + what + " now"}
+	var ne *placement.NoNodeError
+	if errors.As(err, &ne) {
+		e.Message += ": " + ne.Detail
+		e.Reason = ne.Reason
+	}
+	return e
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {

@@ -382,6 +382,9 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	if x.Stdin != "" {
 		areq.Stdin = []byte(x.Stdin)
 	}
+	if !x.Background {
+		e.killsBefore(sb)
+	}
 	var res agentproto.ExecResult
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
 		return chunk(r.Stream, r.Data)
@@ -389,10 +392,14 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	if err != nil {
 		return nil, e.agentError(sb, err)
 	}
-	return &api.ExecResult{
+	out := &api.ExecResult{
 		ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
 		DurationMs: res.Duration, CommandID: res.CommandID,
-	}, nil
+	}
+	if !x.Background {
+		e.explainEnd(sb, out)
+	}
+	return out, nil
 }
 
 func (e *Edge) command(ctx context.Context, op string, req *CommandRequest) (any, error) {

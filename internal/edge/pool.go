@@ -158,7 +158,7 @@ func (e *Edge) putPool(ctx context.Context, r *api.PoolRequest) (*api.Pool, erro
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closing {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: "node is shutting down"}
+		return nil, &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonShuttingDown, Message: "node is shutting down"}
 	}
 	p := e.pools[r.Name]
 	if p != nil && p.project != r.Project {

@@ -429,6 +429,16 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		return out, nil
 	}
 	sb.mu.Lock()
+	paused := sb.rec.Sandbox.State == api.StatePaused && !sb.stopping
+	sb.mu.Unlock()
+	if paused {
+		// Any operation resumes a paused sandbox; the resume is no step
+		// of the trajectory (nothing in the sandbox changes).
+		if err := e.resume(ctx, sb, true); err != nil {
+			return nil, err
+		}
+	}
+	sb.mu.Lock()
 	running := sb.rec.Sandbox.State == api.StateRunning && !sb.stopping
 	word := stateWord(sb)
 	sb.mu.Unlock()

@@ -190,3 +190,29 @@ func TestReserve(t *testing.T) {
 		t.Fatalf("after a release: %v", err)
 	}
 }
+
+// TestNoNodeSaysWhy: a refused placement names what is short.
+func TestNoNodeSaysWhy(t *testing.T) {
+	p := New(&fleet{nodes: []api.Node{node("a", nil)}})
+	cases := []struct {
+		mod    func(*api.CreateSandboxRequest)
+		reason string
+	}{
+		{func(s *api.CreateSandboxRequest) { s.CPU = 11 }, api.ReasonCPU},
+		{func(s *api.CreateSandboxRequest) { s.MemoryMB = 20000 }, api.ReasonMemory},
+		{func(s *api.CreateSandboxRequest) { s.Tier = "vm" }, api.ReasonTier},
+		{func(s *api.CreateSandboxRequest) { s.NodeSelector = map[string]string{"gpu": "x"} }, api.ReasonNodeSelector},
+	}
+	for _, c := range cases {
+		s := spec()
+		c.mod(s)
+		_, err := p.Pick(s, nil, nil)
+		var ne *NoNodeError
+		if !errors.Is(err, ErrNoNode) || !errors.As(err, &ne) || ne.Reason != c.reason {
+			t.Errorf("%+v: %v, want reason %s", s, err, c.reason)
+		}
+	}
+	if _, err := New(&fleet{}).Pick(spec(), nil, nil); !errors.As(err, new(*NoNodeError)) || err.(*NoNodeError).Reason != api.ReasonNoNodes {
+		t.Errorf("no nodes: %v", err)
+	}
+}
