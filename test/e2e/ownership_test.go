@@ -295,6 +295,39 @@ func TestOwnership(t *testing.T) {
 		mustCode(t, "same key, another body", err, api.CodeInvalid)
 	})
 
+	t.Run("pool", func(t *testing.T) {
+		if p, err := o.p1.Pool(ctx, o.pool); err != nil || p.Project != "p1" {
+			t.Fatalf("owner reads its pool: %+v %v", p, err)
+		}
+		// The root token resizes p1's pool without naming the project.
+		if p, err := o.s.C.CreatePool(ctx, api.PoolRequest{Name: o.pool, Image: "busybox", CPU: 0.1, MemoryMB: 32, Size: 1}); err != nil || p.Project != "p1" {
+			t.Fatalf("root resizes p1's pool: %+v %v", p, err)
+		}
+		_, err := o.p2.CreatePool(ctx, api.PoolRequest{Name: o.pool, Image: "busybox", CPU: 0.1, MemoryMB: 32, Size: 1})
+		mustCode(t, "p2 takes p1's pool name", err, api.CodeForbidden)
+		// A p2 sandbox of the pool's shape is not served by p1's pool; a
+		// p1.c one is.
+		ready := func() {
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if p, err := o.p1.Pool(ctx, o.pool); err == nil && p.Ready >= 1 {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the pool never got ready")
+				}
+			}
+		}
+		ready()
+		sb := o.mk(t, o.p2, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 32})
+		if sb.Pool != "" {
+			t.Fatalf("p2's sandbox came from pool %q", sb.Pool)
+		}
+		ready()
+		if sb := o.mk(t, o.child, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 32}); sb.Pool != o.pool {
+			t.Fatalf("p1.c's sandbox of the pool's shape came from pool %q", sb.Pool)
+		}
+	})
+
 	t.Run("scoped-codes", func(t *testing.T) {
 		// A scoped token's own layer and snapshot calls are never 400.
 		for _, c := range []struct{ method, path string }{
