@@ -137,7 +137,7 @@ type Edge struct {
 	// to date; the reaper drops those that have stopped since.
 	live    map[*sandbox]struct{}
 	closing bool
-	pools   map[string]*pool
+	pools   map[string]*pool       // by pool.id(): names are per project
 	wiped   map[string][]*wipedBox // recycled containers by shape (recycle.go)
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex

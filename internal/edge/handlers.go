@@ -162,7 +162,7 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		return e.deletePool(req.Name)
+		return e.deletePool(req.Project, req.Name)
 	case OpFnCall:
 		var req FnCallRequest
 		if err := decode(body, &req); err != nil {

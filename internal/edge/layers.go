@@ -4,13 +4,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // MaxLayerUpload bounds one uploaded layer tarball.
@@ -64,6 +68,31 @@ func (e *Edge) layerOp(ctx context.Context, op string, req *LayerRequest) (any, 
 		return e.packSandbox(ctx, req)
 	}
 	return nil, badRequest("unknown layer operation %q", op)
+}
+
+// resolveLayer finds the layer that ref names for a sandbox of project.
+// Layer names are per project (image.QualifiedLayerName); the apiserver
+// resolves a client's plain name to its project's, an ancestor's or the
+// shared catalog's (owner.go) and sends the qualified name. Here a
+// qualified name ("~p/name@3", also what a sandbox's spec pins) resolves
+// only for a sandbox of project p or below, with the same answer as a
+// name nobody has otherwise; a plain name is the root project's shared
+// catalog (or a snapshot's snap/<id>, checked with its snapshot).
+func (e *Edge) resolveLayer(ctx context.Context, project, ref string) (*api.Layer, error) {
+	notFound := &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncateName(ref))}
+	name, _, err := image.ParseLayerRef(ref)
+	if err != nil {
+		return nil, invalidf("%s", strings.TrimPrefix(err.Error(), "invalid: "))
+	}
+	if owner, _ := image.SplitLayerName(name); !sandboxspec.Within(project, owner) {
+		return nil, notFound
+	}
+	l, err := e.cfg.Images.ResolveLayer(ctx, ref)
+	var ae *api.Error
+	if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+		return nil, notFound
+	}
+	return l, err
 }
 
 // upload appends a chunk of a layer tarball to a staging file beside the

@@ -81,7 +81,8 @@ type CreateBatchItem struct {
 
 // PoolNameRequest names one warm pool.
 type PoolNameRequest struct {
-	Name string `json:"name"`
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"` // pool names are per project
 }
 
 // PauseMatchingRequest pauses (or, with Resume, resumes) every sandbox of
