@@ -330,6 +330,46 @@ func TestOwnership(t *testing.T) {
 		mustCode(t, "p2 reads the pool name after deleting its own", err, api.CodeNotFound)
 	})
 
+	t.Run("fncall-workers-per-project", func(t *testing.T) {
+		// A worker that ran one project's task never serves another's:
+		// the same shape keeps workers per project, each seen only by
+		// its project (and root).
+		shape := api.FnCallRequest{CPU: 0.15, MemoryMB: 72, Cmd: "echo ok"}
+		for who, c := range map[string]*warren.Client{"p1": o.p1, "p2": o.p2} {
+			if r, err := c.FnCall(ctx, shape); err != nil || r.Stdout != "ok\n" {
+				t.Fatalf("%s's task: %+v %v", who, r, err)
+			}
+		}
+		name := "fncall:busybox/0.15cpu/72mb"
+		pools := func(c *warren.Client) map[string]bool {
+			nodes, err := c.Nodes(ctx)
+			if err != nil {
+				t.Fatalf("nodes: %v", err)
+			}
+			out := map[string]bool{}
+			for _, n := range nodes {
+				for _, p := range n.Pools {
+					if p.Name == name {
+						out[p.Project] = true
+					}
+				}
+			}
+			return out
+		}
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			got := pools(o.s.C)
+			if got["p1"] && got["p2"] && len(got) == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the workers of %s are not per project: %v", name, got)
+			}
+		}
+		if got := pools(o.p2); !got["p2"] || got["p1"] || len(got) != 1 {
+			t.Fatalf("p2's view of the FnCall workers: %v", got)
+		}
+	})
+
 	t.Run("fork", func(t *testing.T) {
 		// A project admin forks its own sandbox; the children are p1's.
 		res, err := o.p1.Fork(ctx, o.sb, 2)
