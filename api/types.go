@@ -439,7 +439,26 @@ type ReplayRequest struct {
 	// Keep leaves the replay's sandbox running (to inspect it); by default
 	// it is removed when the replay ends.
 	Keep bool `json:"keep,omitempty"`
+	// Masks are regular expressions (RE2 syntax, at most MaxReplayMasks):
+	// every match in a step's stdout and stderr, logged and re-executed
+	// alike, is replaced by ReplayMaskText before the two are compared, so
+	// that timings and other noise ("Ran 2 tests in 0.005s") do not count
+	// as a difference. The report keeps the unmasked outputs.
+	Masks []string `json:"masks,omitempty"`
+	// Ignore names outcome fields not to compare: any of ReplayFields
+	// (duration_ms is accepted and never compared).
+	Ignore []string `json:"ignore,omitempty"`
 }
+
+// ReplayMaskText replaces every match of a replay mask.
+const ReplayMaskText = "<masked>"
+
+// MaxReplayMasks bounds ReplayRequest.Masks.
+const MaxReplayMasks = 64
+
+// ReplayFields are the outcome fields a replay compares (and may ignore),
+// plus duration_ms, which it never compares.
+var ReplayFields = []string{"exit_code", "stdout", "stderr", "timed_out", "signal", "file", "error", "duration_ms"}
 
 // TrajectoryReplay reports a re-execution of a trajectory's log in a fresh
 // sandbox from its original state: every step whose outcome differs.

@@ -148,13 +148,14 @@ func newTrajCmd(g *globals) *cobra.Command {
 			return t.flush()
 		},
 	}
-	var keep bool
+	var rreq api.ReplayRequest
 	replay := &cobra.Command{
-		Use:   "replay TRAJECTORY",
+		Use:   "replay TRAJECTORY [--mask REGEX]... [--ignore FIELD]...",
 		Short: "re-execute a trajectory's log in a fresh sandbox and list the steps whose outcome differs (exit status 1 if any)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := g.client().ReplayTrajectory(cmd.Context(), args[0], keep)
+			rreq.Trajectory = args[0]
+			rep, err := g.client().ReplayTrajectoryWith(cmd.Context(), rreq)
 			if err != nil {
 				return err
 			}
@@ -170,7 +171,7 @@ func newTrajCmd(g *globals) *cobra.Command {
 				if err := t.flush(); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%d of %d steps differ (%.0f ms, sandbox %s%s)\n", len(rep.Differences), rep.Steps, rep.DurationMs, rep.Sandbox, map[bool]string{true: ", kept"}[keep])
+				fmt.Fprintf(cmd.OutOrStdout(), "%d of %d steps differ (%.0f ms, sandbox %s%s)\n", len(rep.Differences), rep.Steps, rep.DurationMs, rep.Sandbox, map[bool]string{true: ", kept"}[rreq.Keep])
 			}
 			if !rep.Deterministic {
 				return &exitError{code: 1}
@@ -178,7 +179,9 @@ func newTrajCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	replay.Flags().BoolVar(&keep, "keep", false, "leave the replay's sandbox running")
+	replay.Flags().BoolVar(&rreq.Keep, "keep", false, "leave the replay's sandbox running")
+	replay.Flags().StringArrayVar(&rreq.Masks, "mask", nil, "regular expression whose matches in stdout and stderr are not compared (repeatable)")
+	replay.Flags().StringArrayVar(&rreq.Ignore, "ignore", nil, "outcome field not to compare: "+strings.Join(api.ReplayFields, ", ")+" (repeatable)")
 	cmd.AddCommand(show, diff, replay)
 	return cmd
 }

@@ -96,6 +96,16 @@ class TrajectoryTest(unittest.TestCase):
         self.assertFalse(rep.deterministic)
         self.assertEqual([(d["step"], d["fields"]) for d in rep.differences], [(3, ["stdout"])])
 
+    def test_replay_masks_hide_noise(self):
+        name = "py/" + uuid.uuid4().hex[:8]
+        with C.create("busybox", trajectory=name) as sb:
+            sb.run("echo Ran 2 tests in 0.$(tr -dc 0-9 </proc/sys/kernel/random/uuid)s")
+        self.assertFalse(C.replay_trajectory(name).deterministic)
+        rep = C.replay_trajectory(name, masks=[r"in [0-9.]+s"], ignore=["duration_ms"])
+        self.assertTrue(rep.deterministic, rep.differences)
+        with self.assertRaises(warren.BadRequest):
+            C.replay_trajectory(name, masks=["(unclosed"])
+
     def test_branch_follows_new_sandbox(self):
         name = "py/" + uuid.uuid4().hex[:8]
         with C.create("busybox", trajectory=name) as sb:

@@ -329,12 +329,18 @@ class AsyncClient:
             after = int(nxt)
 
     async def replay_trajectory(self, trajectory: str, *, keep: bool = False,
+                                masks: Optional[Sequence[str]] = None,
+                                ignore: Optional[Sequence[str]] = None,
                                 timeout: Optional[Duration] = 3600) -> ReplayReport:
         """Re-execute a trajectory's log and report the steps that differ (see
         Client.replay_trajectory)."""
         body: Dict[str, Any] = {"trajectory": trajectory}
         if keep:
             body["keep"] = True
+        if masks:
+            body["masks"] = list(masks)
+        if ignore:
+            body["ignore"] = list(ignore)
         return ReplayReport.from_json(await self._json(json_req(
             "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 

@@ -370,13 +370,23 @@ class Client:
             after = int(nxt)
 
     def replay_trajectory(self, trajectory: str, *, keep: bool = False,
+                          masks: Optional[Sequence[str]] = None,
+                          ignore: Optional[Sequence[str]] = None,
                           timeout: Optional[Duration] = 3600) -> ReplayReport:
         """Re-execute a trajectory's log in a fresh sandbox from its original state
         and report every step whose outcome differs (a determinism check;
-        ``POST /v1/trajectories:replay``). ``keep`` leaves that sandbox running."""
+        ``POST /v1/trajectories:replay``). ``keep`` leaves that sandbox running.
+        ``masks`` are regular expressions (RE2) whose matches in stdout and stderr
+        are not compared (timings: ``r"in [0-9.]+s"``); ``ignore`` names outcome
+        fields not to compare (``exit_code``, ``stdout``, ``stderr``, ``timed_out``,
+        ``signal``, ``file``, ``error``, ``duration_ms``)."""
         body: Dict[str, Any] = {"trajectory": trajectory}
         if keep:
             body["keep"] = True
+        if masks:
+            body["masks"] = list(masks)
+        if ignore:
+            body["ignore"] = list(ignore)
         return ReplayReport.from_json(self._json(json_req(
             "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 
