@@ -80,14 +80,7 @@ is the command's.`,
 				return err
 			}
 			if !g.json {
-				if res.TimedOut {
-					fmt.Fprintln(errw, "warren: command timed out")
-				} else if res.Signal != "" {
-					fmt.Fprintf(errw, "warren: command killed by %s\n", res.Signal)
-				}
-				if res.Truncated {
-					fmt.Fprintln(errw, "warren: output truncated")
-				}
+				reportEnd(errw, res)
 			}
 			if code := exitCode(res); code != 0 {
 				return &exitError{code: code}
@@ -104,7 +97,20 @@ is the command's.`,
 	f.StringVarP(&req.User, "user", "u", "", "user to run as")
 	f.BoolVarP(&stdin, "stdin", "i", false, "send warren's standard input to the command")
 	f.BoolVarP(&detach, "detach", "d", false, "run in the background and print the command id")
+	f.BoolVar(&req.Trusted, "trusted", false, "run with the shell and programs of the sandbox's protected toolkit layer, outside any session")
 	return cmd
+}
+
+// reportEnd says on w how a command ended when its exit code cannot.
+func reportEnd(w io.Writer, res *api.ExecResult) {
+	if res.TimedOut {
+		fmt.Fprintln(w, "warren: command timed out")
+	} else if res.Signal != "" {
+		fmt.Fprintf(w, "warren: command killed by %s\n", res.Signal)
+	}
+	if res.Truncated {
+		fmt.Fprintln(w, "warren: output truncated")
+	}
 }
 
 // exitCode maps a result to a process exit code.

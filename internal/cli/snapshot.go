@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,10 +37,20 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 func newForkCmd(g *globals) *cobra.Command {
 	var count int
 	cmd := &cobra.Command{
-		Use:   "fork SANDBOX",
-		Short: "make N sandboxes from the sandbox's current filesystem and print their ids",
-		Args:  cobra.ExactArgs(1),
+		Use:   "fork SANDBOX [N]",
+		Short: "make N sandboxes (default 1) from the sandbox's current filesystem and print their ids",
+		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 2 {
+				n, err := strconv.Atoi(args[1])
+				if err != nil || n < 1 {
+					return fmt.Errorf("N %q is not a positive count", args[1])
+				}
+				if cmd.Flags().Changed("count") && n != count {
+					return fmt.Errorf("N %d and --count %d disagree", n, count)
+				}
+				count = n
+			}
 			res, err := g.client().Fork(cmd.Context(), args[0], count)
 			if err != nil {
 				return err
