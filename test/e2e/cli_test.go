@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// cli runs the warren binary against s and returns its stdout, stderr and
+// exit code.
+func (s *server) cli(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bins.warren, append([]string{"--url", s.URL, "--token", s.Token}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), errb.String(), 0
+	case errors.As(err, &ee):
+		return out.String(), errb.String(), ee.ExitCode()
+	}
+	t.Fatalf("warren %v: %v", args, err)
+	return "", "", -1
+}
+
+// cliOK runs the warren binary and fails the test unless it succeeds.
+func (s *server) cliOK(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errs, code := s.cli(t, args...)
+	if code != 0 {
+		t.Fatalf("warren %v: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", args, code, out, errs, tail(s.logs.String(), 20))
+	}
+	return out
+}
+
+func lines(s string) []string { return strings.Fields(s) }
+
+// TestCLIVerbs drives every client verb of the CLI against a real server
+// and checks what it did through the Go SDK.
+func TestCLIVerbs(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	state := func(id string) string {
+		sb, err := s.C.Get(ctx, id)
+		if err != nil {
+			t.Fatalf("get %s: %v", id, err)
+		}
+		return sb.State
+	}
+
+	// create --layer (a protected toolkit) --env --label; run --trusted.
+	dir := t.TempDir()
+	os.MkdirAll(dir+"/bin", 0o755)
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("SKIP: no /bin/busybox for the toolkit layer")
+	}
+	os.WriteFile(dir+"/bin/busybox", bb, 0o755)
+	os.Symlink("busybox", dir+"/bin/sh")
+	os.WriteFile(dir+"/bin/grade", []byte("#!/opt/tk/bin/sh\necho graded\n"), 0o755)
+	s.cliOK(t, "layer", "create", "--from-dir", dir, "--name", "toolkit/cli")
+	a := strings.TrimSpace(s.cliOK(t, "create", "--image", "busybox", "--label", "job=cli", "--env", "GREETING=hi",
+		"--layer", "toolkit/cli:/opt/tk:protected", "--memory", "128m"))
+	if out := s.cliOK(t, "run", a, "echo $GREETING; ls /opt/tk/bin/grade"); out != "hi\n/opt/tk/bin/grade\n" {
+		t.Fatalf("run: %q", out)
+	}
+	if out := s.cliOK(t, "run", "--trusted", a, "grade"); out != "graded\n" {
+		t.Fatalf("run --trusted: %q", out)
+	}
+	b := strings.TrimSpace(s.cliOK(t, "create", "--image", "busybox", "--label", "job=cli", "--memory", "128m"))
+	s.cliOK(t, "run", b, "echo state > /work.txt")
+
+	// pause / resume by label, then by id.
+	if got := lines(s.cliOK(t, "pause", "-l", "job=cli")); len(got) != 2 {
+		t.Fatalf("pause -l: %v", got)
+	}
+	if state(a) != api.StatePaused || state(b) != api.StatePaused {
+		t.Fatalf("after pause -l: %s %s", state(a), state(b))
+	}
+	if got := lines(s.cliOK(t, "ls", "--state", "paused", "-l", "job=cli")); len(got) < 2*8 {
+		t.Fatalf("ls --state paused: %v", got)
+	}
+	if got := lines(s.cliOK(t, "resume", "-l", "job=cli")); len(got) != 2 {
+		t.Fatalf("resume -l: %v", got)
+	}
+	if state(a) != api.StateRunning || state(b) != api.StateRunning {
+		t.Fatalf("after resume -l: %s %s", state(a), state(b))
+	}
+	s.cliOK(t, "pause", b)
+	if state(b) != api.StatePaused {
+		t.Fatal("pause ID did not pause")
+	}
+	s.cliOK(t, "resume", "--no-prefetch", b)
+	if state(b) != api.StateRunning {
+		t.Fatal("resume ID did not resume")
+	}
+	if _, errs, code := s.cli(t, "pause", "sb-e2e-nosuch"); code != 1 || !strings.Contains(errs, "not_found") {
+		t.Fatalf("pause of an unknown sandbox: %d %q", code, errs)
+	}
+
+	// fork ID N: N sandboxes with the source's files.
+	kids := lines(s.cliOK(t, "fork", b, "2"))
+	if len(kids) != 2 {
+		t.Fatalf("fork: %v", kids)
+	}
+	for _, k := range kids {
+		if out := s.cliOK(t, "run", k, "cat /work.txt"); out != "state\n" {
+			t.Fatalf("fork %s: %q", k, out)
+		}
+	}
+	s.cliOK(t, append([]string{"rm"}, kids...)...)
+
+	// fncall: output and exit code are the task's.
+	if out := s.cliOK(t, "fncall", "--", "echo", "judged"); out != "judged\n" {
+		t.Fatalf("fncall: %q", out)
+	}
+	if out, _, code := s.cli(t, "fncall", "echo no >&2; exit 3"); code != 3 || out != "" {
+		t.Fatalf("fncall exit: %d %q", code, out)
+	}
+
+	// pool create / ls / rm.
+	if out := s.cliOK(t, "pool", "create", "clip", "--image", "busybox", "--size", "1", "--memory", "64m"); out != "clip\n" {
+		t.Fatalf("pool create: %q", out)
+	}
+	if out := s.cliOK(t, "pool", "ls"); !strings.Contains(out, "clip") || !strings.Contains(out, "64M") {
+		t.Fatalf("pool ls:\n%s", out)
+	}
+	s.cliOK(t, "pool", "rm", "clip")
+	if pools, err := s.C.Pools(ctx); err != nil || len(pools) != 0 {
+		t.Fatalf("after pool rm: %+v %v", pools, err)
+	}
+
+	// ls shows live sandboxes; --all also the stopped ones; rm -l.
+	s.cliOK(t, "rm", b)
+	if out := s.cliOK(t, "ls", "-l", "job=cli"); !strings.Contains(out, a) || strings.Contains(out, b) {
+		t.Fatalf("ls:\n%s", out)
+	}
+	if out := s.cliOK(t, "ls", "--all", "-l", "job=cli"); !strings.Contains(out, a) || !strings.Contains(out, b) {
+		t.Fatalf("ls --all:\n%s", out)
+	}
+	if out := s.cliOK(t, "rm", "-l", "job=cli"); out != a+"\n" {
+		t.Fatalf("rm -l: %q", out)
+	}
+	if state(a) != api.StateStopped {
+		t.Fatalf("rm -l left %s %s", a, state(a))
+	}
+
+	// create --trajectory records the run.
+	c := strings.TrimSpace(s.cliOK(t, "create", "--image", "busybox", "--trajectory", "cli/t", "--memory", "64m"))
+	s.cliOK(t, "run", c, "echo one")
+	if out := s.cliOK(t, "traj", "show", "cli/t"); !strings.Contains(out, "echo one") {
+		t.Fatalf("traj show:\n%s", out)
+	}
+	s.cliOK(t, "rm", c)
+}
