@@ -278,6 +278,47 @@ type Command struct {
 	DurationMs float64 `json:"duration_ms"`
 }
 
+// CommandRecord is one command of a sandbox's recent history (GET
+// /v1/sandboxes/{id}/commands): what ran and how it ended.
+type CommandRecord struct {
+	StartedAt time.Time `json:"started_at"`
+	Cmd       string    `json:"cmd,omitempty"`  // clipped to 4 KiB
+	Argv      []string  `json:"argv,omitempty"` // clipped to 4 KiB in all
+	Session   string    `json:"session,omitempty"`
+	User      string    `json:"user,omitempty"`
+	Trusted   bool      `json:"trusted,omitempty"`
+	// CommandID names a background command (its outcome: GET
+	// /v1/sandboxes/{id}/commands/{cid}); its exit code is not here.
+	CommandID  string  `json:"command_id,omitempty"`
+	ExitCode   *int    `json:"exit_code,omitempty"` // absent: in the background, or it did not run (Error)
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	Signal     string  `json:"signal,omitempty"`
+	Truncated  bool    `json:"truncated,omitempty"`
+	DurationMs float64 `json:"duration_ms"`
+	Error      string  `json:"error,omitempty"` // why it did not run or its outcome was lost
+}
+
+// CommandHistory is the body of GET /v1/sandboxes/{id}/commands: the
+// sandbox's most recent commands (at most MaxCommandHistory), oldest first.
+type CommandHistory struct {
+	Commands []CommandRecord `json:"commands"`
+}
+
+// MaxCommandHistory is how many commands a sandbox's history keeps.
+const MaxCommandHistory = 100
+
+// SandboxStats is the body of GET /v1/sandboxes/{id}/stats: what the
+// sandbox uses now, measured on its node, beside its limits.
+type SandboxStats struct {
+	ID            string  `json:"id"`
+	State         string  `json:"state"`
+	CPUSeconds    float64 `json:"cpu_seconds"`  // CPU time used since it started
+	MemoryBytes   int64   `json:"memory_bytes"` // memory charged to it now (page cache included)
+	CPU           float64 `json:"cpu"`          // limit, cores
+	MemoryLimitMB int64   `json:"memory_mb"`    // limit
+	Commands      int64   `json:"commands"`     // commands run since it started
+}
+
 // FileInfo describes one file in a sandbox.
 type FileInfo struct {
 	Name    string    `json:"name"`

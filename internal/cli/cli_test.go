@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -150,6 +151,16 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 			res.Sandboxes = append(res.Sandboxes, api.Sandbox{ID: "sb-n1-f" + strconv.Itoa(i)})
 		}
 		reply(w, 201, res)
+	case r.Method == "GET" && len(parts) == 3 && parts[2] == "commands":
+		zero, three := 0, 3
+		reply(w, 200, api.CommandHistory{Commands: []api.CommandRecord{
+			{StartedAt: time.Now(), Cmd: "echo hi", ExitCode: &zero, DurationMs: 1.5},
+			{StartedAt: time.Now(), Argv: []string{"false", "x"}, ExitCode: &three, Trusted: true},
+			{StartedAt: time.Now(), Cmd: "sleep 9", TimedOut: true, Signal: "SIGKILL"},
+			{StartedAt: time.Now(), Cmd: "sleep 100", CommandID: "cmd-7"},
+		}})
+	case r.Method == "GET" && len(parts) == 3 && parts[2] == "stats":
+		reply(w, 200, api.SandboxStats{ID: parts[1], State: "running", CPUSeconds: 1.25, MemoryBytes: 64 << 20, CPU: 1, MemoryLimitMB: 256, Commands: 4})
 	case r.Method == "POST" && r.URL.Path == "/v1/fncall":
 		var req api.FnCallRequest
 		_ = json.Unmarshal(body, &req)
@@ -798,5 +809,38 @@ func TestPool(t *testing.T) {
 	f.last("DELETE", "/v1/pools/warm")
 	if code, _, errs = f.run(t, "", "pool", "create", "x"); code != 1 || !strings.Contains(errs, "--image") {
 		t.Fatalf("pool create without image: %d %q", code, errs)
+	}
+}
+
+func TestLogs(t *testing.T) {
+	f := newFakeAPI(t)
+	code, out, errs := f.run(t, "", "logs", "sb-n1-a")
+	rows := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(rows) != 5 || !strings.HasPrefix(rows[0], "STARTED") {
+		t.Fatalf("logs: %d %q\n%s", code, errs, out)
+	}
+	for i, want := range []string{"0 .*1.5ms .*echo hi", "3 .*\\[trusted\\] false x", "timeout .*sleep 9", "bg .*sleep 100 \\(cmd-7\\)"} {
+		if !regexp.MustCompile(want).MatchString(rows[i+1]) {
+			t.Errorf("row %d %q does not match %q", i+1, rows[i+1], want)
+		}
+	}
+	f.last("GET", "/v1/sandboxes/sb-n1-a/commands")
+	code, out, _ = f.run(t, "", "--json", "logs", "sb-n1-a")
+	var h api.CommandHistory
+	if code != 0 || json.Unmarshal([]byte(out), &h) != nil || len(h.Commands) != 4 || *h.Commands[1].ExitCode != 3 {
+		t.Fatalf("logs --json: %d %q", code, out)
+	}
+}
+
+func TestStats(t *testing.T) {
+	f := newFakeAPI(t)
+	code, out, errs := f.run(t, "", "stats", "sb-n1-a")
+	if code != 0 || !strings.Contains(out, "1.25s") || !strings.Contains(out, "64.0MiB") || !strings.Contains(out, "256M") || !strings.Contains(out, "25.0%") {
+		t.Fatalf("stats: %d %q\n%s", code, errs, out)
+	}
+	code, out, _ = f.run(t, "", "--json", "stats", "sb-n1-a")
+	var st api.SandboxStats
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.MemoryBytes != 64<<20 || st.Commands != 4 {
+		t.Fatalf("stats --json: %d %q", code, out)
 	}
 }

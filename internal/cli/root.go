@@ -73,6 +73,8 @@ func NewRootCmd() *cobra.Command {
 		newPauseCmd(g, true),
 		newFnCallCmd(g),
 		newPoolCmd(g),
+		newLogsCmd(g),
+		newStatsCmd(g),
 		newTrajCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),

@@ -39,6 +39,9 @@ type record struct {
 	// recycled container has a new writable layer in an old container.
 	// Empty = storage().
 	Layer string `json:"layer,omitempty"`
+	// CPUBase is the CPU time (seconds) its container had used before it
+	// (a recycled container); stats subtract it.
+	CPUBase float64 `json:"cpu_base,omitempty"`
 }
 
 // storage is the name the sandbox's host resources live under.
@@ -76,6 +79,7 @@ type sandbox struct {
 	stopWatch  chan struct{} // closed to end watch (its container was recycled)
 	stateless  bool          // an FnCall worker
 	traj       *traj         // nil unless the sandbox records a trajectory
+	hist       cmdHistory    // recent commands (its own lock)
 }
 
 func (sb *sandbox) view() api.Sandbox {

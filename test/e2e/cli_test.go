@@ -161,3 +161,54 @@ func TestCLIVerbs(t *testing.T) {
 	}
 	s.cliOK(t, "rm", c)
 }
+
+// TestCLILogsStats: `warren logs` shows a sandbox's recent commands with
+// how each ended; `warren stats` what it uses. Both are its owner's only.
+func TestCLILogsStats(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{MemoryMB: 128})
+	s.cliOK(t, "run", sb.ID, "echo hi")
+	s.cli(t, "run", sb.ID, "exit 3")
+	s.cli(t, "run", "--timeout", "0.2", sb.ID, "sleep 5")
+	s.cliOK(t, "run", sb.ID, "--", "sh", "-c", "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; head -c 16000000 /dev/zero > /tmp/fill")
+	s.cliOK(t, "run", "-d", sb.ID, "sleep 30")
+	h, err := s.C.Commands(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 5 || h[0].Cmd != "echo hi" || *h[0].ExitCode != 0 || *h[1].ExitCode != 3 || !h[2].TimedOut ||
+		h[3].Argv[0] != "sh" || h[4].CommandID == "" || h[4].ExitCode != nil || h[0].StartedAt.IsZero() {
+		t.Fatalf("history: %+v", h)
+	}
+	out := s.cliOK(t, "logs", sb.ID)
+	if rows := strings.Split(strings.TrimSpace(out), "\n"); len(rows) != 6 || !strings.Contains(rows[2], "3 ") || !strings.Contains(rows[3], "timeout") {
+		t.Fatalf("warren logs:\n%s", out)
+	}
+	st, err := s.C.Stats(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ID != sb.ID || st.State != api.StateRunning || st.CPUSeconds <= 0 || st.MemoryBytes < 16<<20 || st.MemoryLimitMB != 128 || st.Commands != 5 {
+		t.Fatalf("stats: %+v", st)
+	}
+	if out := s.cliOK(t, "stats", sb.ID); !strings.Contains(out, sb.ID) || !strings.Contains(out, "128M") {
+		t.Fatalf("warren stats:\n%s", out)
+	}
+	// Another project's token sees neither.
+	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "logs-other"}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := s.C.CreateToken(ctx, api.CreateTokenRequest{Principal: "other", Project: "logs-other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/commands", "/stats"} {
+		if code, body := s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+p, tok.Secret, nil, nil); code != 404 || strings.Contains(body, "echo hi") {
+			t.Fatalf("GET %s with another project's token: %d %s", p, code, body)
+		}
+	}
+	if _, err := s.C.Stats(ctx, "sb-e2e-nosuch"); err == nil || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("stats of an unknown sandbox: %v", err)
+	}
+}

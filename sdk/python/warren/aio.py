@@ -480,6 +480,14 @@ class AsyncSandbox:
         body = None if prefetch else {"prefetch": False}
         return self._set(await self.client._json(json_req("POST", self._path("resume"), body)))
 
+    async def commands(self) -> List[Dict[str, Any]]:
+        """The sandbox's recent commands, oldest first (see Sandbox.commands)."""
+        return list((await self.client._json(json_req("GET", self._path("commands"))))["commands"])
+
+    async def stats(self) -> Dict[str, Any]:
+        """What the sandbox uses now (see Sandbox.stats)."""
+        return dict(await self.client._json(json_req("GET", self._path("stats"))))
+
     async def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         body = _core.drop_none({"name": name})
         body.update(_core.drop_none(extra))

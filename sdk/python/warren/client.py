@@ -526,6 +526,17 @@ class Sandbox:
         body = None if prefetch else {"prefetch": False}
         return self._set(self.client._json(json_req("POST", self._path("resume"), body)))
 
+    def commands(self) -> List[Dict[str, Any]]:
+        """The sandbox's recent commands, oldest first (``GET .../commands``): each a
+        dict with ``started_at``, ``cmd`` or ``argv``, ``exit_code`` (absent in the
+        background), ``timed_out``, ``signal``, ``duration_ms``."""
+        return list(self.client._json(json_req("GET", self._path("commands")))["commands"])
+
+    def stats(self) -> Dict[str, Any]:
+        """What the sandbox uses now (``GET .../stats``): ``cpu_seconds``,
+        ``memory_bytes``, its limits ``cpu`` and ``memory_mb``, ``commands``."""
+        return dict(self.client._json(json_req("GET", self._path("stats"))))
+
     def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         """Snapshot the sandbox's filesystem (``POST .../snapshots``)."""
         body = _core.drop_none({"name": name})
