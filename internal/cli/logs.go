@@ -43,6 +43,8 @@ func outcome(c *api.CommandRecord) string {
 		return "error"
 	case c.TimedOut:
 		return "timeout"
+	case c.OOMKilled:
+		return "oom"
 	case c.Signal != "":
 		return c.Signal
 	case c.ExitCode != nil:

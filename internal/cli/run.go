@@ -105,8 +105,13 @@ is the command's.`,
 func reportEnd(w io.Writer, res *api.ExecResult) {
 	if res.TimedOut {
 		fmt.Fprintln(w, "warren: command timed out")
+	} else if res.OOMKilled {
+		fmt.Fprintln(w, "warren: command killed by the OOM killer (out of the sandbox's memory)")
 	} else if res.Signal != "" {
 		fmt.Fprintf(w, "warren: command killed by %s\n", res.Signal)
+	}
+	if res.PidsLimited {
+		fmt.Fprintln(w, "warren: the sandbox's pids limit refused a fork or thread")
 	}
 	if res.Truncated {
 		fmt.Fprintln(w, "warren: output truncated")

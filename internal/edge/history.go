@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -24,7 +23,7 @@ type cmdHistory struct {
 }
 
 // note records one command and how it ended (res nil: it did not run, err says why).
-func (h *cmdHistory) note(x *api.ExecRequest, start time.Time, res *agentproto.ExecResult, err error) {
+func (h *cmdHistory) note(x *api.ExecRequest, start time.Time, res *api.ExecResult, err error) {
 	r := api.CommandRecord{StartedAt: start.UTC(), Session: x.Session, User: x.User, Trusted: x.Trusted}
 	if x.Cmd != "" {
 		r.Cmd = clipText(x.Cmd, maxHistoryText)
@@ -48,7 +47,8 @@ func (h *cmdHistory) note(x *api.ExecRequest, start time.Time, res *agentproto.E
 	default:
 		code := res.ExitCode
 		r.ExitCode = &code
-		r.TimedOut, r.Signal, r.Truncated, r.DurationMs = res.TimedOut, res.Signal, res.Truncated, res.Duration
+		r.TimedOut, r.Signal, r.Truncated, r.DurationMs = res.TimedOut, res.Signal, res.Truncated, res.DurationMs
+		r.KilledBy, r.OOMKilled, r.PidsLimited = res.KilledBy, res.OOMKilled, res.PidsLimited
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 type ReplayRequest struct {
 	ID         string                   `json:"id"`
 	Trajectory string                   `json:"trajectory"`
+	Project    string                   `json:"project,omitempty"` // the trajectory's owner: its log is TrajKey(Project, Trajectory)
 	Spec       api.CreateSandboxRequest `json:"spec"`
 	Keep       bool                     `json:"keep,omitempty"`
 	// Masks and Ignore: as in api.ReplayRequest (checked by ReplayFilter).
@@ -75,7 +76,7 @@ func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.T
 	if err != nil {
 		return nil, err
 	}
-	steps, err := e.readTrajectory(ctx, req.Trajectory)
+	steps, err := e.readTrajectory(ctx, TrajKey(req.Project, req.Trajectory))
 	if err != nil {
 		return nil, err
 	}

@@ -337,6 +337,30 @@ func TestFreezeThaw(t *testing.T) {
 	}
 }
 
+// TestDestroyPausedIsQuick: destroying a frozen (paused) sandbox must not
+// wait for its frozen PID 1 to die: frozen tasks never handle SIGKILL.
+func TestDestroyPausedIsQuick(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "sb-pausedkill")
+	inst := f.start(t, spec)
+	ctx := context.Background()
+	if err := f.rt.Freeze(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.rt.Reclaim(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	inst.Agent.Close()
+	t0 := time.Now()
+	if err := f.rt.Destroy(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > 2*time.Second {
+		t.Errorf("Destroy of a paused sandbox took %v", took)
+	}
+	assertGone(t, f, inst.Handle, spec)
+}
+
 func TestFailedStartCleansUp(t *testing.T) {
 	f := newFixture(t)
 	rt, err := New(Config{AgentPath: "/bin/true", CgroupParent: f.parent, Logger: slog.New(slog.DiscardHandler)})
