@@ -704,7 +704,7 @@ func TestRunTrusted(t *testing.T) {
 func TestPauseResume(t *testing.T) {
 	f := newFakeAPI(t)
 	code, out, errs := f.run(t, "", "pause", "sb-n1-a", "sb-missing")
-	if code != 1 || out != "sb-n1-a\n" || !strings.Contains(errs, "pause sb-missing") {
+	if code != 1 || out != "sb-n1-a\n" || !strings.Contains(errs, "warren: pause sb-missing: not_found") {
 		t.Fatalf("pause ids: %d %q %q", code, out, errs)
 	}
 	f.last("POST", "/v1/sandboxes/sb-n1-a/pause")
@@ -803,7 +803,7 @@ func TestPool(t *testing.T) {
 		t.Fatalf("pool get: %d %q", code, out)
 	}
 	code, out, errs = f.run(t, "", "pool", "rm", "warm", "cold")
-	if code != 1 || out != "warm\n" || !strings.Contains(errs, "pool rm cold") {
+	if code != 1 || out != "warm\n" || !strings.Contains(errs, "warren: pool rm cold: not_found") {
 		t.Fatalf("pool rm: %d %q %q", code, out, errs)
 	}
 	f.last("DELETE", "/v1/pools/warm")

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -61,7 +62,7 @@ func newPauseCmd(g *globals, resume bool) *cobra.Command {
 						if res.Errors == nil {
 							res.Errors = map[string]string{}
 						}
-						res.Errors[id] = err.Error()
+						res.Errors[id] = errText(err)
 						continue
 					}
 					res.Sandboxes = append(res.Sandboxes, id)
@@ -101,4 +102,10 @@ func printPauseResult(cmd *cobra.Command, g *globals, verb string, res *api.Paus
 		return &exitError{code: 1}
 	}
 	return nil
+}
+
+// errText is an error's message without the "warren: " the SDK's errors
+// start with (the CLI adds its own).
+func errText(err error) string {
+	return strings.TrimPrefix(err.Error(), "warren: ")
 }

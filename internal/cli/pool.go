@@ -95,7 +95,7 @@ func newPoolCmd(g *globals) *cobra.Command {
 			failed := 0
 			for _, name := range args {
 				if _, err := g.client().DeletePool(cmd.Context(), name); err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warren: pool rm %s: %v\n", name, err)
+					fmt.Fprintf(cmd.ErrOrStderr(), "warren: pool rm %s: %s\n", name, errText(err))
 					failed++
 					continue
 				}
