@@ -159,13 +159,18 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	tCgroup := time.Now()
 
+	extra, env, err := r.splitFiles(h.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFiles(extra)
 	cmd = &exec.Cmd{
 		Path:       r.cfg.AgentPath,
 		Args:       []string{r.cfg.AgentPath},
-		Env:        []string{},
+		Env:        env,
 		Stdout:     logf,
 		Stderr:     logf,
-		ExtraFiles: []*os.File{lf},
+		ExtraFiles: append([]*os.File{lf}, extra...),
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS |
 				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET | syscall.CLONE_NEWCGROUP,
