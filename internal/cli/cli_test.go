@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -842,5 +843,27 @@ func TestStats(t *testing.T) {
 	var st api.SandboxStats
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.MemoryBytes != 64<<20 || st.Commands != 4 {
 		t.Fatalf("stats --json: %d %q", code, out)
+	}
+}
+
+// TestCreateFlagsCoverFields: every field of the create request has a flag
+// of warren create, so the CLI keeps up with the API (a new field fails
+// here until it gets one, or is named below as not offered).
+func TestCreateFlagsCoverFields(t *testing.T) {
+	flagOf := map[string]string{
+		"memory_mb": "memory", "disk_mb": "disk", "labels": "label", "layers": "layer",
+		"idle_timeout_action": "idle-action",
+	}
+	create := newCreateCmd(&globals{})
+	rt := reflect.TypeOf(api.CreateSandboxRequest{})
+	for i := 0; i < rt.NumField(); i++ {
+		field, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+		flag, ok := flagOf[field]
+		if !ok {
+			flag = strings.ReplaceAll(field, "_", "-")
+		}
+		if create.Flags().Lookup(flag) == nil {
+			t.Errorf("create field %q has no flag --%s of warren create", field, flag)
+		}
 	}
 }
