@@ -110,6 +110,9 @@ func reportEnd(w io.Writer, res *api.ExecResult) {
 	} else if res.Signal != "" {
 		fmt.Fprintf(w, "warren: command killed by %s\n", res.Signal)
 	}
+	if res.DiskFull {
+		fmt.Fprintln(w, "warren: the sandbox's disk is full (its disk_mb limit)")
+	}
 	if res.PidsLimited {
 		fmt.Fprintln(w, "warren: the sandbox's pids limit refused a fork or thread")
 	}

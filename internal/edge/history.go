@@ -48,7 +48,7 @@ func (h *cmdHistory) note(x *api.ExecRequest, start time.Time, res *api.ExecResu
 		code := res.ExitCode
 		r.ExitCode = &code
 		r.TimedOut, r.Signal, r.Truncated, r.DurationMs = res.TimedOut, res.Signal, res.Truncated, res.DurationMs
-		r.KilledBy, r.OOMKilled, r.PidsLimited = res.KilledBy, res.OOMKilled, res.PidsLimited
+		r.KilledBy, r.OOMKilled, r.PidsLimited, r.DiskFull = res.KilledBy, res.OOMKilled, res.PidsLimited, res.DiskFull
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -151,6 +151,8 @@ class ExecResult:
             ``"oom"``, ``"timeout"`` or ``"signal"`` (``""`` otherwise).
         pids_limited: the sandbox's pids limit refused a fork or thread
             while the command ran.
+        disk_full: the command failed with the sandbox's disk quota
+            (``disk_mb``) used up.
     """
 
     exit_code: int = 0
@@ -168,6 +170,7 @@ class ExecResult:
     oom_killed: bool = False
     killed_by: str = ""
     pids_limited: bool = False
+    disk_full: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -182,7 +185,8 @@ class ExecResult:
             command_id=_s(d, "command_id") or _s(d, "id"), step=_oi(d, "step"),
             replayed=bool(d.get("replayed")), sandbox=_s(d, "sandbox"),
             trajectory=_s(d, "trajectory"), oom_killed=bool(d.get("oom_killed")),
-            killed_by=_s(d, "killed_by"), pids_limited=bool(d.get("pids_limited")), raw=d)
+            killed_by=_s(d, "killed_by"), pids_limited=bool(d.get("pids_limited")),
+            disk_full=bool(d.get("disk_full")), raw=d)
 
     @property
     def ok(self) -> bool:
