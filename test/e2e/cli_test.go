@@ -212,3 +212,33 @@ func TestCLILogsStats(t *testing.T) {
 		t.Fatalf("stats of an unknown sandbox: %v", err)
 	}
 }
+
+// TestStatsOfRecycledContainer: a sandbox in a recycled container reports
+// its own CPU time, not the container's earlier sandboxes' (which is
+// another tenant's business).
+func TestStatsOfRecycledContainer(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	shape := api.CreateSandboxRequest{CPU: 1, MemoryMB: 64}
+	a := s.create(t, shape)
+	s.sh(t, a.ID, "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done")
+	st, err := s.C.Stats(ctx, a.ID)
+	if err != nil || st.CPUSeconds < 0.3 {
+		t.Fatalf("the busy sandbox: %+v %v", st, err)
+	}
+	burned := st.CPUSeconds
+	if _, err := s.C.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Kept == 1 && r.Waiting == 1 })
+	b := s.create(t, shape)
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Reused == 1 })
+	s.sh(t, b.ID, "true")
+	st, err = s.C.Stats(ctx, b.ID)
+	if err != nil || st.CPUSeconds >= burned/2 || st.Commands != 1 {
+		t.Fatalf("the recycled container's new sandbox reports %+v (%v); its predecessor burned %.2fs", st, err, burned)
+	}
+	if h, _ := s.C.Commands(ctx, b.ID); len(h) != 1 || h[0].Cmd != "true" {
+		t.Fatalf("the new sandbox's history holds its predecessor's: %+v", h)
+	}
+}
