@@ -180,8 +180,10 @@ func installSDK(t *testing.T) string {
 var topLevelAwait = regexp.MustCompile(`(?m)^(await |async with |async for )`)
 
 func TestDocsExamples(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("SKIP: no python3")
+	for _, tool := range []string{"python3", "curl", "jq", "bash"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("SKIP: the examples use %s, which this machine lacks", tool)
+		}
 	}
 	start := time.Now()
 	s := startServer(t)
