@@ -401,7 +401,7 @@ func TestLsRm(t *testing.T) {
 		t.Fatalf("ls shows a stopped sandbox:\n%s", out)
 	}
 	code, out, errs := f.run(t, "", "rm", "sb-n1-a", "sb-missing", "sb-n1-b")
-	if code != 1 || out != "sb-n1-a\nsb-n1-b\n" || !strings.Contains(errs, "sb-missing") || !strings.Contains(errs, "not_found") {
+	if code != 1 || out != "sb-n1-a\nsb-n1-b\n" || !strings.Contains(errs, "warren: rm sb-missing: not_found") || strings.Contains(errs, "warren: warren:") {
 		t.Fatalf("rm: %d %q %q", code, out, errs)
 	}
 	// rm -l: every live sandbox the label selects (the stopped one is left).

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -91,18 +93,18 @@ func newRmCmd(g *globals) *cobra.Command {
 					args = append(args, s.ID)
 				}
 			}
+			results := deleteAll(cmd.Context(), c, args)
 			var done []api.Sandbox
 			failed := 0
-			for _, id := range args {
-				sb, err := c.Delete(cmd.Context(), id)
-				if err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warren: rm %s: %v\n", id, err)
+			for i, r := range results {
+				if r.err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warren: rm %s: %s\n", args[i], errText(r.err))
 					failed++
 					continue
 				}
-				done = append(done, *sb)
+				done = append(done, *r.sb)
 				if !g.json {
-					fmt.Fprintln(cmd.OutOrStdout(), sb.ID)
+					fmt.Fprintln(cmd.OutOrStdout(), r.sb.ID)
 				}
 			}
 			if g.json {
@@ -121,4 +123,31 @@ func newRmCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "every live sandbox with label K=V (repeatable: all must match)")
 	return cmd
+}
+
+// rmParallel bounds how many deletes warren rm sends at once.
+const rmParallel = 8
+
+type deleted struct {
+	sb  *api.Sandbox
+	err error
+}
+
+// deleteAll deletes the sandboxes ids, rmParallel at a time, and returns
+// the outcomes in the order of ids.
+func deleteAll(ctx context.Context, c *warren.Client, ids []string) []deleted {
+	out := make([]deleted, len(ids))
+	sem := make(chan struct{}, rmParallel)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			sb, err := c.Delete(ctx, id)
+			out[i] = deleted{sb, err}
+		}()
+	}
+	wg.Wait()
+	return out
 }
