@@ -108,11 +108,13 @@ func New(log *slog.Logger) *Agent {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		log.Warn("agent: cannot become subreaper", "err", err)
 	}
-	// PID 1 in a pid namespace gets no default signal action; handle (and
-	// ignore) the usual terminal signals explicitly. Handled signals reset to
-	// the default in children on exec, ignored ones would not.
+	// PID 1 in a pid namespace gets no default signal action, but the Go
+	// runtime installs handlers, so the kernel's protection of a namespace
+	// init does not apply: handle (and ignore) every signal that would end
+	// a Go program. Handled signals reset to the default in children on
+	// exec, ignored ones would not.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	signal.Notify(sigs, fatalSignals...)
 	go logIgnoredSignals(log, sigs, time.Minute)
 	return &Agent{
 		log:      log,
@@ -121,6 +123,19 @@ func New(log *slog.Logger) *Agent {
 		procs:    newProcTable(),
 		tars:     newTarPuts(),
 	}
+}
+
+// fatalSignals are the signals that end a Go program that does not handle
+// them: the terminal ones, and those the runtime takes for a fault or a
+// request for a stack dump. With a handler, the runtime still turns a
+// real fault (a kernel si_code) into a crash; one sent by kill or tgkill
+// (SI_USER, SI_TKILL) goes to the channel. Forged si_codes of the
+// synchronous ones (sigqueue, F_SETSIG) are refused by the seccomp
+// profile (confine.syncSignals).
+var fatalSignals = []os.Signal{
+	syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGABRT,
+	syscall.SIGILL, syscall.SIGTRAP, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV,
+	syscall.SIGSTKFLT, syscall.SIGSYS,
 }
 
 // logIgnoredSignals logs the signals the agent ignores: the first one,

@@ -24,7 +24,8 @@ type SetupConfig struct {
 	User string `json:"user,omitempty"`
 	// Shell runs string commands; default "/bin/sh".
 	Shell string `json:"shell,omitempty"`
-	// ShmMB sizes /dev/shm; default 64.
+	// ShmMB sizes /dev/shm; default 64 (the edge sends half the memory
+	// limit: confine.ShmMBFor).
 	ShmMB int64 `json:"shm_mb,omitempty"`
 	// TmpMB sizes nothing yet; reserved.
 

@@ -13,6 +13,7 @@ import (
 type RerootConfig struct {
 	Lowers      []string // read-only layer directories, top-most first
 	Upper, Work string   // the new, empty writable layer
+	ShmMB       int64    // sizes the new /dev/shm; 0: DefaultShmMB
 }
 
 // RootID identifies a root directory (its device and inode), so that the
@@ -65,9 +66,11 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 		return id, err
 	}
 	defer closeDevNodes(nodes)
-	// /dev/shm as setup sizes it when the config leaves it to the default,
-	// as the edge does.
-	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, DefaultShmMB) })
+	shm := cfg.ShmMB
+	if shm <= 0 {
+		shm = DefaultShmMB
+	}
+	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, shm) })
 }
 
 // checkOverlayPaths refuses the characters that separate overlay options

@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -13,8 +14,17 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 4 && os.Args[1] == "signal-pid1" {
+		// signal-pid1 METHOD SIGNUM: send PID 1 a signal (confinetest.SendSignal).
+		sig, err := strconv.Atoi(os.Args[3])
+		if err == nil {
+			err = confinetest.SendSignal(os.Args[2], 1, sig)
+		}
+		fmt.Println(err)
+		return
+	}
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: ipc make|count|prlimit")
+		fmt.Fprintln(os.Stderr, "usage: ipc make|count|prlimit|signal-pid1 METHOD SIGNUM")
 		os.Exit(2)
 	}
 	switch os.Args[1] {

@@ -1,0 +1,54 @@
+package container
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/internal/confine/confinetest"
+)
+
+// TestSignalsToPID1: no signal that a process of the sandbox can send to
+// PID 1 (the agent), by any means, ends it: every signal number by kill,
+// and forged siginfo (sigqueue, pidfd_send_signal, F_SETSIG on a pipe),
+// which a Go program would take for a fault of its own.
+func TestSignalsToPID1(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "sigs")
+	installIPCHelper(t, spec)
+	inst := f.start(t, spec)
+	for _, m := range confinetest.SignalMethods {
+		for sig := 1; sig <= 64; sig++ {
+			sent := run(t, inst.Agent, "/bin/ipc", "signal-pid1", m, strconv.Itoa(sig))
+			if o := run(t, inst.Agent, "/bin/echo", "alive"); o.stdout != "alive\n" {
+				t.Fatalf("after %s of signal %d (%q): echo gave %+v", m, sig, sent.stdout, o)
+			}
+		}
+	}
+	if o := run(t, inst.Agent, "/bin/cat", "/proc/1/status"); !strings.Contains(o.stdout, "State:") {
+		t.Fatalf("status of PID 1: %+v", o)
+	}
+}
+
+// TestShmPastMemoryLimit: filling /dev/shm past the sandbox's memory
+// limit neither ends the agent nor escapes the limit: /dev/shm is sized
+// within the limit, and the command returns.
+func TestShmPastMemoryLimit(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "shm")
+	spec.MemoryMB = 64
+	inst := f.start(t, spec)
+	o := sh(t, inst.Agent, "dd if=/dev/zero of=/dev/shm/f bs=1M count=200; echo dd=$?; ls -l /dev/shm/f")
+	t.Logf("dd: %q %q", o.stdout, o.stderr)
+	if o := run(t, inst.Agent, "/bin/echo", "alive"); o.stdout != "alive\n" {
+		t.Fatalf("after filling /dev/shm: echo gave %+v", o)
+	}
+	o = sh(t, inst.Agent, "df -m /dev/shm | tail -1")
+	fs := strings.Fields(o.stdout)
+	if len(fs) < 2 {
+		t.Fatalf("df: %+v", o)
+	}
+	if size, err := strconv.Atoi(fs[1]); err != nil || size > int(spec.MemoryMB) {
+		t.Fatalf("/dev/shm is %q MiB at memory_mb %d", fs[1], spec.MemoryMB)
+	}
+}
