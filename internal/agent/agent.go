@@ -203,12 +203,20 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 			rootDir = cfg.RootDir
 		}
 	} else {
+		// The spawner thread starts before confinement, while the host's
+		// cgroup file systems are still in reach, to join the cgroups of
+		// the sandbox's processes; Enter confines it with every other
+		// thread, and it cuts its bounding set afterwards.
+		sp, err := startSpawner(func() error { return joinCgroups(cfg.SpawnerCgroups) })
+		if err != nil {
+			a.log.Error("agent: spawner thread", "err", err)
+			return nil, errf(agentproto.ErrInternal, "setup: spawner: %v", err)
+		}
 		if err := confineEnter(cfg); err != nil {
 			a.log.Error("agent: confinement failed", "err", err)
 			return nil, errf(agentproto.ErrInternal, "setup: confine: %v", err)
 		}
-		sp, err := startSpawner(confine.DropBoundingSet)
-		if err != nil {
+		if _, err := sp.run(func() (int, error) { return 0, confine.DropBoundingSet() }); err != nil {
 			a.log.Error("agent: spawner thread", "err", err)
 			return nil, errf(agentproto.ErrInternal, "setup: spawner: %v", err)
 		}

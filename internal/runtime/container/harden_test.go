@@ -4,7 +4,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/confine/confinetest"
 )
 
@@ -50,5 +52,57 @@ func TestShmPastMemoryLimit(t *testing.T) {
 	}
 	if size, err := strconv.Atoi(fs[1]); err != nil || size > int(spec.MemoryMB) {
 		t.Fatalf("/dev/shm is %q MiB at memory_mb %d", fs[1], spec.MemoryMB)
+	}
+}
+
+// TestMemfdPastMemoryLimit: memory that no process maps (a memfd) filled
+// past the limit does not make the OOM killer end the agent.
+func TestMemfdPastMemoryLimit(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "memfd")
+	spec.MemoryMB = 64
+	installIPCHelper(t, spec)
+	inst := f.start(t, spec)
+	o := sh(t, inst.Agent, "/bin/ipc memfd 200; echo rc=$?")
+	t.Logf("memfd: %q %q %+v", o.stdout, o.stderr, o.res)
+	if o := run(t, inst.Agent, "/bin/echo", "alive"); o.stdout != "alive\n" {
+		t.Fatalf("after filling a memfd: echo gave %+v", o)
+	}
+}
+
+// TestStormStaysAnswerable: a command whose processes hit every limit at
+// once (a fork bomb at the pids limit, anonymous memory, /dev/shm and a
+// memfd past the memory limit, a disk filler, an output flood) returns
+// at its timeout, and the sandbox answers afterwards.
+func TestStormStaysAnswerable(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "storm")
+	spec.MemoryMB, spec.Pids = 64, 64
+	installIPCHelper(t, spec)
+	inst := f.start(t, spec)
+	storm := `
+dd if=/dev/zero of=/dev/shm/f bs=1M count=200 2>/dev/null &
+/bin/ipc memfd 200 >/dev/null &
+dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>/dev/null &
+dd if=/dev/zero bs=1M count=300 2>/dev/null | tr '\0' x &
+(b(){ b | b & }; b) 2>/dev/null &
+x=a; while true; do x=$x$x; done
+`
+	start := time.Now()
+	o := runReq(t, inst.Agent, &agentproto.ExecRequest{Cmd: storm, Timeout: 5 * time.Second, OutputCap: 1 << 20})
+	t.Logf("storm: %v, %+v, %d bytes out, stderr %q", time.Since(start), o.res, len(o.stdout), o.stderr)
+	if !o.res.TimedOut && o.res.ExitCode == 0 {
+		t.Fatalf("storm ended early: %+v", o.res)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		o := sh(t, inst.Agent, "rm -f /dev/shm/f /tmp/fill; echo alive")
+		if o.stdout == "alive\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the storm: %+v", o)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

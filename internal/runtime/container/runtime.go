@@ -200,11 +200,14 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		User:      spec.User,
 		Stateless: spec.Stateless,
 		ShmMB:     confine.ShmMBFor(spec.MemoryMB),
+
+		SpawnerCgroups: r.cg.spawnerCgroups(h.Cgroup),
 	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
 		return nil, fmt.Errorf("container: agent setup: %w", err)
 	}
+
 	if spec.CPU > 0 {
 		if err := r.cg.setCPULimit(h.Cgroup, spec.CPU); err != nil {
 			return nil, fmt.Errorf("container: cpu limit: %w", err)
