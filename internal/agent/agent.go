@@ -17,7 +17,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -114,7 +113,7 @@ func New(log *slog.Logger) *Agent {
 	// a Go program. Handled signals reset to the default in children on
 	// exec, ignored ones would not.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, fatalSignals...)
+	signal.Notify(sigs, confine.FatalSignals...)
 	go logIgnoredSignals(log, sigs, time.Minute)
 	return &Agent{
 		log:      log,
@@ -123,19 +122,6 @@ func New(log *slog.Logger) *Agent {
 		procs:    newProcTable(),
 		tars:     newTarPuts(),
 	}
-}
-
-// fatalSignals are the signals that end a Go program that does not handle
-// them: the terminal ones, and those the runtime takes for a fault or a
-// request for a stack dump. With a handler, the runtime still turns a
-// real fault (a kernel si_code) into a crash; one sent by kill or tgkill
-// (SI_USER, SI_TKILL) goes to the channel. Forged si_codes of the
-// synchronous ones (sigqueue, F_SETSIG) are refused by the seccomp
-// profile (confine.syncSignals).
-var fatalSignals = []os.Signal{
-	syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGABRT,
-	syscall.SIGILL, syscall.SIGTRAP, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV,
-	syscall.SIGSTKFLT, syscall.SIGSYS,
 }
 
 // logIgnoredSignals logs the signals the agent ignores: the first one,
