@@ -126,7 +126,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 // admitLocked is the node's final say: it refuses work beyond capacity.
 func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 	var cpu float64
-	var mem int64
+	var mem, disk int64
 	n := 0
 	for sb := range e.live {
 		if !sb.live() {
@@ -135,6 +135,7 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 		n++
 		cpu += sb.rec.Spec.CPU
 		mem += sb.rec.Spec.MemoryMB
+		disk += sb.rec.Spec.DiskMB
 	}
 	switch {
 	case n+1 > e.cfg.MaxSandboxes:
@@ -143,6 +144,9 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %.1f of %.1f cores requested", e.cfg.Node, cpu, e.cfg.CPUCapacity)}
 	case e.cfg.MemoryMB > 0 && mem+spec.MemoryMB > e.cfg.MemoryMB:
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %d of %d MiB requested", e.cfg.Node, mem, e.cfg.MemoryMB)}
+	case e.cfg.DiskMB > 0 && disk+spec.DiskMB > e.cfg.DiskMB:
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+			"node %s is out of disk: %d of %d MiB of disk requested, %d more asked", e.cfg.Node, disk, e.cfg.DiskMB, spec.DiskMB)}
 	}
 	return e.pressure()
 }
@@ -171,6 +175,13 @@ func (e *Edge) readPressure() *api.Error {
 			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
 				"node %s is under memory pressure: %d MiB available, below the %d MiB reserve",
 				e.cfg.Node, m.Available>>20, e.cfg.MinMemoryAvailableMB)}
+		}
+	}
+	if e.cfg.DiskSpace != nil && e.cfg.MinDiskAvailableMB > 0 {
+		if _, avail, err := e.cfg.DiskSpace(); err == nil && avail < e.cfg.MinDiskAvailableMB {
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+				"node %s is out of disk: %d MiB free on the scratch filesystem, below the %d MiB reserve",
+				e.cfg.Node, avail, e.cfg.MinDiskAvailableMB)}
 		}
 	}
 	if e.cfg.MinFreeTasks > 0 {

@@ -68,6 +68,11 @@ func TestMemfdPastMemoryLimit(t *testing.T) {
 	if o := run(t, inst.Agent, "/bin/echo", "alive"); o.stdout != "alive\n" {
 		t.Fatalf("after filling a memfd: echo gave %+v", o)
 	}
+	// The sandbox's processes start at oom_score_adj 0 and cannot lower it.
+	o = sh(t, inst.Agent, "cat /proc/self/oom_score_adj; echo -1 > /proc/self/oom_score_adj && echo lowered")
+	if o.stdout != "0\n" {
+		t.Fatalf("oom_score_adj: %+v", o)
+	}
 }
 
 // TestStormStaysAnswerable: a command whose processes hit every limit at
