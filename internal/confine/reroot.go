@@ -92,10 +92,16 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 		return -1, fmt.Errorf("confine: fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
+	// The layers by descriptor: see fdPaths.
+	paths, err := fdPaths(append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...))
+	if err != nil {
+		return -1, err
+	}
+	defer closeFDPaths(paths)
 	for _, kv := range [][2]string{
-		{"lowerdir", strings.Join(cfg.Lowers, ":")},
-		{"upperdir", cfg.Upper},
-		{"workdir", cfg.Work},
+		{"lowerdir", strings.Join(paths[2:], ":")},
+		{"upperdir", paths[0]},
+		{"workdir", paths[1]},
 	} {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
 			return -1, fmt.Errorf("confine: overlay %s=%s: %w", kv[0], kv[1], err)

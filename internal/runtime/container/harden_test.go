@@ -111,3 +111,26 @@ x=a; while true; do x=$x$x; done
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestNoHostPathsInside: nothing a process of the sandbox can read names
+// a host path: not PID 1's command line (the agent's path), not the mount
+// table (the overlay's layer, upper and work directories).
+func TestNoHostPathsInside(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "paths")
+	inst := f.start(t, spec)
+	for _, p := range []string{"/proc/1/cmdline", "/proc/self/mountinfo", "/proc/1/mountinfo", "/proc/mounts"} {
+		o := run(t, inst.Agent, "/bin/cat", p)
+		if o.res.ExitCode != 0 {
+			t.Fatalf("cat %s: %+v", p, o)
+		}
+		for _, host := range []string{f.base, buildDir, agentBin} {
+			if strings.Contains(o.stdout, host) {
+				t.Errorf("%s names the host path %s:\n%s", p, host, o.stdout)
+			}
+		}
+		if p == "/proc/1/cmdline" && o.stdout != "warren-agent\x00" {
+			t.Errorf("PID 1's command line: %q", o.stdout)
+		}
+	}
+}

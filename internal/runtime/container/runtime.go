@@ -160,8 +160,10 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	tCgroup := time.Now()
 
 	cmd = &exec.Cmd{
-		Path:       r.cfg.AgentPath,
-		Args:       []string{r.cfg.AgentPath},
+		Path: r.cfg.AgentPath,
+		// argv[0] is all a sandbox can read of PID 1 (/proc/1/cmdline;
+		// exe, environ and maps are closed to it): no host path.
+		Args:       []string{"warren-agent"},
 		Env:        []string{},
 		Stdout:     logf,
 		Stderr:     logf,
