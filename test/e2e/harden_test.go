@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"testing"
 
@@ -20,4 +22,19 @@ func TestCreateUnknownUser(t *testing.T) {
 	if r := s.sh(t, sb.ID, "id -un"); strings.TrimSpace(r.Stdout) != "nobody" {
 		t.Fatalf("user nobody: %+v", r)
 	}
+}
+
+// TestNoHostPathsInside: the mount table and PID 1's command line inside
+// a sandbox name no path of the node.
+func TestNoHostPathsInside(t *testing.T) {
+	s := startServer(t)
+	if _, err := s.C.CreateLayerFromTar(context.Background(), "tk/paths", 0, bytes.NewReader(tarOf(t, [2]string{"bin/tool", "x"}))); err != nil {
+		t.Fatal(err)
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Layers: []api.LayerAttachment{{Layer: "tk/paths", Mount: "/opt/tk", Protected: true}}})
+	r := s.sh(t, sb.ID, "cat /proc/1/cmdline; echo; cat /proc/self/mountinfo")
+	if strings.Contains(r.Stdout, s.dataDir) || !strings.HasPrefix(r.Stdout, "warren-agent") {
+		t.Fatalf("host paths inside:\n%s", r.Stdout)
+	}
+	t.Logf("%s", r.Stdout)
 }
