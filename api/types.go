@@ -629,7 +629,7 @@ type NodeRecycling struct {
 // NodePool is one warm pool's state on a node.
 type NodePool struct {
 	Name    string `json:"name"`
-	Project string `json:"project,omitempty"` // the warm pool's owner
+	Project string `json:"project,omitempty"` // the warm pool's (or FnCall workers') owner
 	Size    int    `json:"size"`
 	Ready   int    `json:"ready"`
 }

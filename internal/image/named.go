@@ -66,8 +66,12 @@ func ValidLayerName(name string) error {
 		if !validProjectID(project) {
 			return fmt.Errorf("%w: layer name %q: %q is not a project", ErrInvalid, trunc(name), trunc(project))
 		}
-		return ValidLayerName(rest)
+		return validPlainLayerName(rest)
 	}
+	return validPlainLayerName(name)
+}
+
+func validPlainLayerName(name string) error {
 	if name == "" || len(name) > 128 {
 		return fmt.Errorf("%w: layer name %q: length must be 1..128", ErrInvalid, trunc(name))
 	}
