@@ -247,12 +247,13 @@ func TestOwnership(t *testing.T) {
 			_ = tw.Close()
 			return bytes.NewReader(tb.Bytes())
 		}
-		sees := func(who string, c *warren.Client, want string) {
+		sees := func(who string, c *warren.Client, want string) *api.Sandbox {
 			t.Helper()
 			sb := o.mk(t, c, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Layers: []api.LayerAttachment{{Layer: "ws/calc", Mount: "/opt/calc"}}})
 			if b, err := c.ReadFileBytes(ctx, sb.ID, "/opt/calc/calc.txt"); err != nil || string(b) != want {
 				t.Fatalf("%s's sandbox mounts ws/calc: %q %v, want %q", who, b, err, want)
 			}
+			return sb
 		}
 		if _, err := o.p1.CreateLayerFromTar(ctx, "ws/calc", 0, tarOf("p1-calc")); err != nil {
 			t.Fatalf("p1 publishes ws/calc: %v", err)
@@ -274,7 +275,17 @@ func TestOwnership(t *testing.T) {
 			t.Fatalf("p2 publishes its own ws/calc: %+v %v", l2, err)
 		}
 		sees("p1", o.p1, "p1-calc")
-		sees("p2", o.p2, "p2-calc")
+		sb2 := sees("p2", o.p2, "p2-calc")
+		// A snapshot pins p2's layer: its restore and fork mount it again.
+		snap2, err := o.p2.Snapshot(ctx, sb2.ID, api.CreateSnapshotRequest{})
+		if err != nil {
+			t.Fatalf("p2 snapshots its sandbox: %v", err)
+		}
+		t.Cleanup(func() { _ = o.s.C.DeleteSnapshot(context.Background(), snap2.ID) })
+		restored := o.mk(t, o.p2, api.CreateSandboxRequest{Snapshot: snap2.ID, CPU: 0.1, MemoryMB: 64})
+		if b, err := o.p2.ReadFileBytes(ctx, restored.ID, "/opt/calc/calc.txt"); err != nil || string(b) != "p2-calc" {
+			t.Fatalf("p2's restore mounts ws/calc: %q %v", b, err)
+		}
 		for who, c := range map[string]*warren.Client{"p1": o.p1, "p2": o.p2} {
 			l, err := c.Layer(ctx, "ws/calc")
 			if err != nil || l.Name != "ws/calc" || l.Project != who {
@@ -297,6 +308,13 @@ func TestOwnership(t *testing.T) {
 		}
 		sees("p1.c", o.child, "c-calc")
 		sees("p1", o.p1, "p1-calc")
+		// The parent names its child's layer with ?project=.
+		if code, body := o.s.rawRequest(t, "GET", "/v1/layers/ws/calc?project=p1.c", o.tok1, nil, nil); code != 200 || !strings.Contains(body, `"project":"p1.c"`) {
+			t.Fatalf("p1 reads p1.c's ws/calc: %d %s", code, body)
+		}
+		if code, body := o.s.rawRequest(t, "GET", "/v1/layers/ws/calc?project=p1", o.tok2, nil, nil); code != 403 && code != 404 {
+			t.Fatalf("p2 reads ws/calc naming p1: %d %s", code, body)
+		}
 		if _, err := o.p2.DeleteLayer(ctx, "ws/calc"); err != nil {
 			t.Fatalf("p2 deletes its ws/calc: %v", err)
 		}
