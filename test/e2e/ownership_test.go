@@ -286,6 +286,15 @@ func TestOwnership(t *testing.T) {
 		if b, err := o.p2.ReadFileBytes(ctx, restored.ID, "/opt/calc/calc.txt"); err != nil || string(b) != "p2-calc" {
 			t.Fatalf("p2's restore mounts ws/calc: %q %v", b, err)
 		}
+		// A trajectory keeps the resolved layer: its replay reads p2's.
+		tsb := o.mk(t, o.p2, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: "calc-run",
+			Layers: []api.LayerAttachment{{Layer: "ws/calc", Mount: "/opt/calc"}}})
+		if r, err := o.p2.Exec(ctx, tsb.ID, api.ExecRequest{Cmd: "cat /opt/calc/calc.txt"}); err != nil || r.Stdout != "p2-calc" {
+			t.Fatalf("p2's trajectory sandbox reads ws/calc: %+v %v", r, err)
+		}
+		if rep, err := o.p2.ReplayTrajectory(ctx, "calc-run", false); err != nil || !rep.Deterministic || rep.Steps < 1 {
+			t.Fatalf("p2 replays its trajectory over its ws/calc: %+v %v", rep, err)
+		}
 		for who, c := range map[string]*warren.Client{"p1": o.p1, "p2": o.p2} {
 			l, err := c.Layer(ctx, "ws/calc")
 			if err != nil || l.Name != "ws/calc" || l.Project != who {
