@@ -194,7 +194,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	var rootIDs, bindIDs, names []string
 	var binds []agentproto.Bind
 	for i, a := range spec.Layers {
-		l, err := e.resolveLayer(ctx, spec.Project, a.Layer)
+		l, err := e.resolveLayer(ctx, a.Layer)
 		if err != nil {
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {

@@ -70,29 +70,35 @@ func (e *Edge) layerOp(ctx context.Context, op string, req *LayerRequest) (any, 
 	return nil, badRequest("unknown layer operation %q", op)
 }
 
-// resolveLayer finds the layer that ref names for a sandbox of project.
-// Layer names are per project (image.QualifiedLayerName); the apiserver
-// resolves a client's plain name to its project's, an ancestor's or the
-// shared catalog's (owner.go) and sends the qualified name. Here a
-// qualified name ("~p/name@3", also what a sandbox's spec pins) resolves
-// only for a sandbox of project p or below, with the same answer as a
-// name nobody has otherwise; a plain name is the root project's shared
-// catalog (or a snapshot's snap/<id>, checked with its snapshot).
-func (e *Edge) resolveLayer(ctx context.Context, project, ref string) (*api.Layer, error) {
-	notFound := &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncateName(ref))}
-	name, _, err := image.ParseLayerRef(ref)
-	if err != nil {
-		return nil, invalidf("%s", strings.TrimPrefix(err.Error(), "invalid: "))
-	}
-	if owner, _ := image.SplitLayerName(name); !sandboxspec.Within(project, owner) {
-		return nil, notFound
-	}
+// resolveLayer finds the layer that ref names in the store. Layer names
+// are per project (image.QualifiedLayerName); the apiserver resolves a
+// client's plain name to its project's, an ancestor's or the shared
+// catalog's (owner.go) and sends the qualified name ("~p/name", also what
+// a sandbox's spec pins), and a scoped create may name only layers its
+// scope sees (checkLayerScope). A plain name is the root project's shared
+// catalog, or a snapshot's snap/<id>.
+func (e *Edge) resolveLayer(ctx context.Context, ref string) (*api.Layer, error) {
 	l, err := e.cfg.Images.ResolveLayer(ctx, ref)
 	var ae *api.Error
 	if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
-		return nil, notFound
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncateName(ref))}
 	}
 	return l, err
+}
+
+// checkLayerScope refuses (404, as a name nobody has) a scoped create that
+// names a project's layer its scope does not see: the project's own, an
+// ancestor's (layers are catalogs for the projects below) or a
+// descendant's; the edge's own check behind the apiserver's.
+func checkLayerScope(spec *api.CreateSandboxRequest, scope string) error {
+	for _, a := range spec.Layers {
+		name, _, _ := strings.Cut(a.Layer, "@")
+		owner, _ := image.SplitLayerName(name)
+		if owner != "" && !sandboxspec.Within(scope, owner) && !sandboxspec.Within(owner, scope) {
+			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncateName(a.Layer))}
+		}
+	}
+	return nil
 }
 
 // upload appends a chunk of a layer tarball to a staging file beside the

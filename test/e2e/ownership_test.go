@@ -286,6 +286,12 @@ func TestOwnership(t *testing.T) {
 		if b, err := o.p2.ReadFileBytes(ctx, restored.ID, "/opt/calc/calc.txt"); err != nil || string(b) != "p2-calc" {
 			t.Fatalf("p2's restore mounts ws/calc: %q %v", b, err)
 		}
+		// Root restores it too (into the root project): the pinned layer
+		// is p2's, which root sees.
+		rootSB := o.mk(t, o.s.C, api.CreateSandboxRequest{Snapshot: snap2.ID, CPU: 0.1, MemoryMB: 64})
+		if b, err := o.s.C.ReadFileBytes(ctx, rootSB.ID, "/opt/calc/calc.txt"); err != nil || string(b) != "p2-calc" {
+			t.Fatalf("root's restore of p2's snapshot mounts ws/calc: %q %v", b, err)
+		}
 		// A trajectory keeps the resolved layer: its replay reads p2's.
 		tsb := o.mk(t, o.p2, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: "calc-run",
 			Layers: []api.LayerAttachment{{Layer: "ws/calc", Mount: "/opt/calc"}}})
