@@ -27,7 +27,7 @@ func newImageCmd(g *globals) *cobra.Command {
 		Aliases: []string{"images"},
 		Short:   "manage images",
 	}
-	cmd.AddCommand(newImageLsCmd(g), newImageImportCmd(g), newImagePullCmd(g))
+	cmd.AddCommand(newImageLsCmd(g), newImageImportCmd(g), newImagePullCmd(g), newImageBuildCmd(g))
 	return cmd
 }
 
