@@ -22,7 +22,7 @@ const (
 	OpTarPut      = "tar_put"
 	OpImages      = "images"
 	OpImagePull   = "image_pull"
-	OpImageCommit = "image_commit" // api.CommitImageRequest -> api.Image
+	OpImageCommit = "image_commit"   // api.CommitImageRequest -> api.Image
 	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
 	OpPause       = "pause"          // IDRequest -> api.Sandbox
 	OpResume      = "resume"         // ResumeSandboxRequest -> api.Sandbox

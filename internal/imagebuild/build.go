@@ -263,7 +263,7 @@ func (b *builder) findImage(ctx context.Context, name string) (*api.Image, error
 type envGetter map[string]string
 
 func (e envGetter) Get(k string) (string, bool) { v, ok := e[k]; return v, ok }
-func (e envGetter) Keys() []string             { return slices.Sorted(maps.Keys(e)) }
+func (e envGetter) Keys() []string              { return slices.Sorted(maps.Keys(e)) }
 
 func (b *builder) vars() map[string]string {
 	m := map[string]string{}
