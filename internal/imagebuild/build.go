@@ -137,6 +137,16 @@ func Build(ctx context.Context, c *warren.Client, o Options) (*Result, error) {
 	if err != nil {
 		return nil, parseErr("%s: %v", o.DockerfileName, err)
 	}
+	for _, n := range ast.AST.Children {
+		if strings.EqualFold(n.Value, "arg") {
+			continue
+		}
+		if !strings.EqualFold(n.Value, "from") {
+			return nil, parseErr("%s:%d: the first instruction must be FROM (only ARG may come before it), not %s",
+				o.DockerfileName, n.StartLine, strings.ToUpper(n.Value))
+		}
+		break
+	}
 	stages, metaArgs, err := instructions.Parse(ast.AST, nil)
 	if err != nil {
 		return nil, parseErr("%s: %v", o.DockerfileName, err)

@@ -1,0 +1,224 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+const buildDockerfile = `# syntax is buildkit's
+ARG BASE=busybox
+FROM $BASE
+ARG GREETING=hello
+ENV APP_HOME=/opt/app \
+    PATH=/opt/app/bin:$PATH
+WORKDIR $APP_HOME
+COPY app.txt ./
+COPY bin/ bin/
+RUN echo "$GREETING from $(pwd) as $(id -u)" > built.txt && \
+    chmod 755 bin/tool && echo "run-output-line"
+ADD files.tar.gz /opt/data/
+RUN ["sh", "-c", "cat /opt/data/inner.txt > /opt/app/inner-copy.txt"]
+USER nobody
+LABEL org.example.test=yes
+EXPOSE 8080
+CMD ["tool"]
+`
+
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func gzipTar(t *testing.T, files map[string]string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for name, content := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(content))
+	}
+	tw.Close()
+	zw.Close()
+	return buf.String()
+}
+
+// TestImageBuild builds a Dockerfile FROM busybox with the CLI, uses the
+// image, rebuilds it from the cache, rebuilds after a changed COPY input,
+// and checks that a failing RUN and a broken Dockerfile store nothing.
+func TestImageBuild(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"Dockerfile":   buildDockerfile,
+		"app.txt":      "app v1\n",
+		"bin/tool":     "#!/bin/sh\necho tool ran\n",
+		"unused.txt":   "not copied\n",
+		"files.tar.gz": gzipTar(t, map[string]string{"inner.txt": "from the archive\n"}),
+	})
+	build := func(extra ...string) (string, time.Duration, error) {
+		t0 := time.Now()
+		out, err := s.warren(t, append([]string{"image", "build", "-t", "demo/app:1", "--build-arg", "GREETING=hi"}, append(extra, dir)...)...)
+		return out, time.Since(t0), err
+	}
+	out, took, err := build()
+	if err != nil {
+		t.Fatalf("build: %v\n%s\nserver log:\n%s", err, out, tail(s.logs.String(), 40))
+	}
+	t.Logf("first build: %v\n%s", took, out)
+	for _, want := range []string{"Step 1/13 : FROM busybox", "Step 7/13 : RUN echo", "run-output-line", "Successfully tagged demo/app:1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("build output lacks %q", want)
+		}
+	}
+
+	// The image: files, environment, working directory and user.
+	imgs, err := s.C.Images(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var img *api.Image
+	for i := range imgs {
+		if imgs[i].Name == "demo/app:1" {
+			img = &imgs[i]
+		}
+	}
+	if img == nil || img.Config == nil {
+		t.Fatalf("image demo/app:1 missing or without config: %+v", imgs)
+	}
+	if img.Config.WorkingDir != "/opt/app" || img.Config.User != "nobody" || img.Config.Labels["org.example.test"] != "yes" ||
+		strings.Join(img.Config.Cmd, " ") != "tool" || strings.Join(img.Config.ExposedPorts, ",") != "8080" {
+		t.Errorf("config %+v", img.Config)
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Image: "demo/app:1"})
+	check := func(cmd, want string) {
+		t.Helper()
+		r := s.sh(t, sb.ID, cmd)
+		if r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != want {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want %q", cmd, r.ExitCode, r.Stdout, r.Stderr, want)
+		}
+	}
+	check("pwd", "/opt/app")
+	check("id -u", "65534")
+	check("echo $APP_HOME", "/opt/app")
+	check("echo $PATH", "/opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	check("cat app.txt", "app v1")
+	check("cat built.txt", "hi from /opt/app as 0")
+	check("tool", "tool ran")
+	check("cat /opt/data/inner.txt", "from the archive")
+	check("cat inner-copy.txt", "from the archive")
+	check("ls /opt/app", "app.txt\nbin\nbuilt.txt\ninner-copy.txt")
+	check("test -e unused.txt || echo absent", "absent")
+	check("stat -c %u:%g /opt/app/app.txt", "0:0")
+	// The ARG is not part of the image's environment.
+	check("echo ${GREETING:-unset}", "unset")
+	// The create request's user wins over the image's.
+	root := s.create(t, api.CreateSandboxRequest{Image: "demo/app:1", User: "root"})
+	if r := s.sh(t, root.ID, "id -u; pwd"); strings.TrimSpace(r.Stdout) != "0\n/opt/app" {
+		t.Errorf("user root: %q", r.Stdout)
+	}
+
+	// A rebuild with nothing changed only looks the steps up.
+	out, took, err = build()
+	if err != nil {
+		t.Fatalf("rebuild: %v\n%s", err, out)
+	}
+	t.Logf("cached rebuild: %v\n%s", took, out)
+	if n := strings.Count(out, "CACHED"); n != 6 || strings.Contains(out, "running in") {
+		t.Errorf("rebuild: %d CACHED steps, want all 6 file steps cached:\n%s", n, out)
+	}
+	if took > 5*time.Second {
+		t.Errorf("cached rebuild took %v", took)
+	}
+	imgs, _ = s.C.Images(ctx)
+	for _, im := range imgs {
+		if im.Name == "demo/app:1" && im.Digest != img.Digest {
+			t.Errorf("cached rebuild changed the image: %s -> %s", img.Digest, im.Digest)
+		}
+	}
+
+	// A changed COPY input: the steps before it come from the cache, it
+	// and every later step run again.
+	writeFiles(t, dir, map[string]string{"app.txt": "app v2\n"})
+	out, _, err = build()
+	if err != nil {
+		t.Fatalf("build after a change: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "CACHED"); n != 1 || strings.Count(out, "running in") != 5 {
+		t.Errorf("after changing app.txt: %d cached (want 1: WORKDIR), %d run (want 5):\n%s", n, strings.Count(out, "running in"), out)
+	}
+	sb2 := s.create(t, api.CreateSandboxRequest{Image: "demo/app:1"})
+	if r := s.sh(t, sb2.ID, "cat app.txt"); strings.TrimSpace(r.Stdout) != "app v2" {
+		t.Errorf("rebuilt image: app.txt %q", r.Stdout)
+	}
+
+	// A failing RUN fails the build with its output and exit code and
+	// stores no image.
+	bad := t.TempDir()
+	writeFiles(t, bad, map[string]string{"Dockerfile": "FROM busybox\nRUN echo partial > /x\nRUN echo boom-output; exit 3\n"})
+	out, err = s.warren(t, "image", "build", "-t", "demo/bad", bad)
+	if err == nil || !strings.Contains(out, "boom-output") || !strings.Contains(out, "returned a non-zero code: 3") {
+		t.Errorf("failing RUN: err %v\n%s", err, out)
+	}
+	imgs, _ = s.C.Images(ctx)
+	for _, im := range imgs {
+		if im.Name == "demo/bad" {
+			t.Errorf("a failed build stored an image: %+v", im)
+		}
+	}
+	// Its build sandboxes are gone.
+	if sbs, err := s.C.List(ctx, warren.ListOptions{Labels: map[string]string{"warren.build": "demo_bad"}}); err == nil {
+		for _, x := range sbs {
+			if x.State == api.StateRunning {
+				t.Errorf("build sandbox %s still running", x.ID)
+			}
+		}
+	}
+
+	// Dockerfiles that cannot be built: clear CLI errors, nothing stored.
+	for _, tc := range []struct{ df, want string }{
+		{"FROM busybox\nFOO bar\n", "unknown instruction"},
+		{"RUN true\n", "FROM"},
+		{"FROM busybox\nADD https://example.com/x.tar /x/\n", "remote URLs are not supported"},
+		{"FROM busybox\nCOPY missing.txt /x\n", "no such file"},
+		{"FROM busybox AS a\nFROM busybox\nCOPY --from=a /bin/sh /x\n", "multi-stage"},
+		{"FROM busybox\nRUN --mount=type=cache,target=/x true\n", "not supported"},
+	} {
+		d := t.TempDir()
+		writeFiles(t, d, map[string]string{"Dockerfile": tc.df})
+		out, err := s.warren(t, "image", "build", "-t", "demo/broken", d)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("Dockerfile %q: err %v, output lacks %q:\n%s", tc.df, err, tc.want, out)
+		}
+	}
+	// The commit endpoint answers bad input with 4xx.
+	for _, body := range []string{`{"name":""}`, `{"name":"x","layers":["BAD NAME"]}`, `{"name":"x","base":"nope"}`,
+		`{"name":"x","config":{"working_dir":"rel"}}`, `{"name":"x","layers":["build/none@1"]}`} {
+		code, resp := s.rawRequest(t, http.MethodPost, "/v1/images:commit", s.Token, []byte(body), nil)
+		if code < 400 || code >= 500 {
+			t.Errorf("commit %s: %d %s", body, code, resp)
+		}
+	}
+}
