@@ -206,7 +206,12 @@ func (r imageResolver) CommitImage(ctx context.Context, req *api.CommitImageRequ
 func (r imageResolver) ImportImage(ctx context.Context, path, name string) (*api.Image, error) {
 	img, err := r.store.Import(ctx, path, name)
 	if err != nil {
-		return nil, storeErr(err)
+		err = storeErr(err)
+		var ae *api.Error
+		if errors.As(err, &ae) { // the staging file means nothing to the client
+			ae.Message = strings.ReplaceAll(ae.Message, path, "the uploaded archive")
+		}
+		return nil, err
 	}
 	a := img.API()
 	return &a, nil
