@@ -24,6 +24,16 @@ func validImageName(name string) error {
 	return nil
 }
 
+// rootOnlyImages refuses a token below the root project: image names are
+// one catalog shared by every project (as for pulls), so a tenant must not
+// replace what another project's sandboxes start from.
+func rootOnlyImages(r *http.Request, what string) error {
+	if p := principal(r); p.Project != "" {
+		return &api.Error{Code: api.CodeForbidden, Message: what + " into the shared image catalog needs a root token"}
+	}
+	return nil
+}
+
 // commitImage stores an image made of a base image and named layers (the
 // last step of `warren image build`).
 func (s *Server) commitImage(w http.ResponseWriter, r *http.Request) error {
@@ -57,8 +67,16 @@ func (s *Server) commitImage(w http.ResponseWriter, r *http.Request) error {
 			return invalid("config.working_dir %q must be an absolute path", truncate(c.WorkingDir))
 		}
 	}
+	if err := rootOnlyImages(r, "committing an image"); err != nil {
+		return err
+	}
+	for _, ref := range req.Layers {
+		if err := s.checkLayerUse(r.Context(), principal(r), ref); err != nil {
+			return err
+		}
+	}
 	var img api.Image
-	if err := s.callAnyNode(r.Context(), edge.OpImageCommit, &req, &img); err != nil {
+	if err := s.callStore(r.Context(), edge.OpImageCommit, &req, &img); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &img)
@@ -74,6 +92,9 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 	if err := validImageName(name); err != nil {
 		return err
 	}
+	if err := rootOnlyImages(r, "importing an image"); err != nil {
+		return err
+	}
 	if r.ContentLength > MaxLayerUpload {
 		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("image archive exceeds %d bytes", int64(MaxLayerUpload))}
 	}
@@ -87,7 +108,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 	handle := ""
 	abort := func() {
 		if handle != "" {
-			_ = s.callNode(context.WithoutCancel(ctx), node, edge.OpLayerUpload, &edge.LayerRequest{Handle: handle, Abort: true}, nil)
+			_ = s.callStoreOn(context.WithoutCancel(ctx), node, edge.OpLayerUpload, &edge.LayerRequest{Handle: handle, Abort: true}, nil)
 		}
 	}
 	for {
@@ -104,14 +125,14 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 		req := &edge.LayerRequest{Image: name, Handle: handle, Data: buf[:n], Final: final}
 		if final {
 			var img api.Image
-			if err := s.callNode(ctx, node, edge.OpLayerUpload, req, &img); err != nil {
+			if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &img); err != nil {
 				return err
 			}
 			writeJSON(w, http.StatusCreated, &img)
 			return nil
 		}
 		var res edge.UploadResult
-		if err := s.callNode(ctx, node, edge.OpLayerUpload, req, &res); err != nil {
+		if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &res); err != nil {
 			abort()
 			return err
 		}
