@@ -222,3 +222,58 @@ func TestImageBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestImageDefaults: a committed image's env, working directory and user
+// are the defaults of its sandboxes, in a new container and in a recycled
+// one (rerooted from another image); a create's user wins.
+func TestImageDefaults(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	img, err := s.C.CommitImage(ctx, api.CommitImageRequest{Name: "defaults", Base: "busybox",
+		Config: &api.ImageConfig{Env: []string{"GREETING=hi"}, WorkingDir: "/tmp", User: "nobody"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Config == nil || img.Config.WorkingDir != "/tmp" || img.Config.User != "nobody" ||
+		strings.Join(img.Config.Env, " ") != "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin GREETING=hi" {
+		t.Fatalf("committed config %+v", img.Config)
+	}
+	const probe = "id -u; pwd; echo $GREETING"
+	fresh := s.create(t, api.CreateSandboxRequest{Image: "defaults"})
+	if r := s.sh(t, fresh.ID, probe); r.Stdout != "65534\n/tmp\nhi\n" {
+		t.Errorf("new container: %+v", r)
+	}
+	// A session that moves keeps its directory.
+	if r := s.sh(t, fresh.ID, "cd / && pwd"); r.Stdout != "/\n" {
+		t.Errorf("cd: %+v", r)
+	}
+	if r := s.sh(t, fresh.ID, "pwd"); r.Stdout != "/\n" {
+		t.Errorf("after cd: %+v", r)
+	}
+	// A recycled container of a busybox sandbox takes the image's defaults.
+	a := s.create(t, api.CreateSandboxRequest{Image: "busybox"})
+	if _, err := s.C.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Waiting == 1 })
+	b := s.create(t, api.CreateSandboxRequest{Image: "defaults"})
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Reused == 1 })
+	if r := s.sh(t, b.ID, probe); r.Stdout != "65534\n/tmp\nhi\n" {
+		t.Errorf("recycled container: %+v", r)
+	}
+	// And back: a busybox sandbox in that container has none of them.
+	if _, err := s.C.Delete(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Waiting == 1 })
+	c := s.create(t, api.CreateSandboxRequest{Image: "busybox"})
+	s.recycling(t, func(r api.NodeRecycling) bool { return r.Reused == 2 })
+	if r := s.sh(t, c.ID, probe); r.Stdout != "0\n/root\n\n" {
+		t.Errorf("busybox after the image in a recycled container: %+v", r)
+	}
+	// The create request's user wins over the image's.
+	d := s.create(t, api.CreateSandboxRequest{Image: "defaults", User: "root"})
+	if r := s.sh(t, d.ID, probe); r.Stdout != "0\n/tmp\nhi\n" {
+		t.Errorf("user root: %+v", r)
+	}
+}
