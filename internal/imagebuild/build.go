@@ -37,6 +37,7 @@ import (
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
+	"github.com/moby/patternmatcher"
 
 	"github.com/warrenhq/warren/api"
 	warren "github.com/warrenhq/warren/sdk/go"
@@ -117,6 +118,9 @@ type builder struct {
 	res   Result
 	// baseEnv is the base image's environment (for expansion).
 	baseEnv []string
+	// the context's .dockerignore, read at the first COPY or ADD
+	ignored    *patternmatcher.PatternMatcher
+	ignoreRead bool
 }
 
 // Build parses the Dockerfile, runs its steps and stores the image.
@@ -156,6 +160,9 @@ func Build(ctx context.Context, c *warren.Client, o Options) (*Result, error) {
 	}
 	if len(stages) > 1 {
 		return nil, parseErr("%s: %d stages: multi-stage builds are not supported (one FROM per Dockerfile)", o.DockerfileName, len(stages))
+	}
+	if err := validate(&stages[0]); err != nil {
+		return nil, err
 	}
 	b := &builder{c: c, o: o, out: o.Out, lex: shell.NewLex(ast.EscapeToken)}
 	b.st.Args = map[string]string{}
@@ -363,21 +370,52 @@ func (b *builder) step(ctx context.Context, n, total int, cmd instructions.Comma
 	case *instructions.RunCommand:
 		return b.runStep(ctx, n, text, c)
 	case *instructions.CopyCommand:
-		if c.From != "" {
-			return parseErr("step %d: COPY --from is not supported (multi-stage builds are not)", n)
-		}
-		if c.Parents || len(c.ExcludePatterns) > 0 {
-			return parseErr("step %d: COPY --parents and --exclude are not supported", n)
-		}
 		return b.copyStep(ctx, n, text, c.SourcesAndDest, c.Chown, c.Chmod, false)
 	case *instructions.AddCommand:
-		if c.Checksum != "" || c.KeepGitDir != nil || len(c.ExcludePatterns) > 0 {
-			return parseErr("step %d: ADD --checksum, --keep-git-dir and --exclude are not supported", n)
-		}
 		unpack := c.Unpack == nil || *c.Unpack
 		return b.copyStep(ctx, n, text, c.SourcesAndDest, c.Chown, c.Chmod, unpack)
 	}
 	return parseErr("step %d: %s is not supported", n, strings.ToUpper(cmd.Name()))
+}
+
+// validate refuses what the builder cannot do before any step runs.
+func validate(stage *instructions.Stage) error {
+	for i, cmd := range stage.Commands {
+		n := i + 2
+		switch c := cmd.(type) {
+		case *instructions.RunCommand:
+			if len(c.FlagsUsed) > 0 {
+				return parseErr("step %d: RUN --%s is not supported", n, c.FlagsUsed[0])
+			}
+			if len(c.Files) > 0 {
+				return parseErr("step %d: RUN with a here-document is not supported", n)
+			}
+		case *instructions.CopyCommand:
+			if c.From != "" {
+				return parseErr("step %d: COPY --from is not supported (multi-stage builds are not)", n)
+			}
+			if c.Parents || len(c.ExcludePatterns) > 0 {
+				return parseErr("step %d: COPY --parents and --exclude are not supported", n)
+			}
+			if len(c.SourceContents) > 0 {
+				return parseErr("step %d: COPY with a here-document is not supported", n)
+			}
+		case *instructions.AddCommand:
+			if c.Checksum != "" || c.KeepGitDir != nil || len(c.ExcludePatterns) > 0 {
+				return parseErr("step %d: ADD --checksum, --keep-git-dir and --exclude are not supported", n)
+			}
+			if len(c.SourceContents) > 0 {
+				return parseErr("step %d: ADD with a here-document is not supported", n)
+			}
+		case *instructions.EnvCommand, *instructions.ArgCommand, *instructions.UserCommand, *instructions.ShellCommand,
+			*instructions.CmdCommand, *instructions.EntrypointCommand, *instructions.LabelCommand, *instructions.ExposeCommand,
+			*instructions.MaintainerCommand, *instructions.StopSignalCommand, *instructions.HealthCheckCommand,
+			*instructions.VolumeCommand, *instructions.OnbuildCommand, *instructions.WorkdirCommand:
+		default:
+			return parseErr("step %d: %s is not supported", n, strings.ToUpper(cmd.Name()))
+		}
+	}
+	return nil
 }
 
 // meta is a step that changes only the build state: it moves the chain key.
@@ -559,12 +597,6 @@ func (b *builder) mkdirs(ctx context.Context, id, dir string) error {
 
 // runStep is RUN: the command in a build sandbox, its output streamed.
 func (b *builder) runStep(ctx context.Context, n int, text string, c *instructions.RunCommand) error {
-	if len(c.FlagsUsed) > 0 {
-		return parseErr("step %d: RUN --%s is not supported", n, c.FlagsUsed[0])
-	}
-	if len(c.Files) > 0 {
-		return parseErr("step %d: RUN with a here-document is not supported", n)
-	}
 	req := api.ExecRequest{Cwd: orRoot(b.st.Workdir), User: b.st.User, Timeout: b.o.Timeout, Env: map[string]string{}}
 	// ARG values are in RUN's environment, ENV over them (and both over
 	// the base image's, which the sandbox has).

@@ -17,11 +17,14 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/patternmatcher"
+	"github.com/moby/patternmatcher/ignorefile"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -33,6 +36,8 @@ type copyPlan struct {
 	archives []string    // ADD: local archives extracted into dir
 	tops     []string    // top-level names under dir (for --chown)
 	mode     int64       // --chmod, or -1
+	ctxDir   string
+	ignore   *patternmatcher.PatternMatcher // .dockerignore
 }
 
 type copyEntry struct {
@@ -64,6 +69,42 @@ func (b *builder) copyStep(ctx context.Context, n int, text string, sd instructi
 	})
 }
 
+// ignore is the context's .dockerignore (nil: none), read once.
+func (b *builder) ignore(ctxDir string) (*patternmatcher.PatternMatcher, error) {
+	if b.ignoreRead {
+		return b.ignored, nil
+	}
+	b.ignoreRead = true
+	f, err := os.Open(filepath.Join(ctxDir, ".dockerignore"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	patterns, err := ignorefile.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf(".dockerignore: %w", err)
+	}
+	if len(patterns) == 0 {
+		return nil, nil
+	}
+	if b.ignored, err = patternmatcher.New(patterns); err != nil {
+		return nil, fmt.Errorf(".dockerignore: %w", err)
+	}
+	return b.ignored, nil
+}
+
+// excluded reports whether the context path rel ("a/b") is in .dockerignore.
+func excluded(pm *patternmatcher.PatternMatcher, rel string) bool {
+	if pm == nil {
+		return false
+	}
+	m, err := pm.MatchesOrParentMatches(filepath.ToSlash(rel))
+	return err == nil && m
+}
+
 func isURL(s string) bool {
 	return strings.Contains(s, "://") || strings.HasPrefix(s, "git@")
 }
@@ -77,7 +118,11 @@ func (b *builder) planCopy(op string, sd instructions.SourcesAndDest, chmod stri
 	if err != nil {
 		return nil, err
 	}
-	plan := &copyPlan{mode: -1}
+	pm, err := b.ignore(ctxDir)
+	if err != nil {
+		return nil, err
+	}
+	plan := &copyPlan{mode: -1, ctxDir: ctxDir, ignore: pm}
 	if chmod != "" {
 		m, err := strconv.ParseUint(chmod, 8, 32)
 		if err != nil || m > 0o7777 {
@@ -103,8 +148,12 @@ func (b *builder) planCopy(op string, sd instructions.SourcesAndDest, chmod stri
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: %w", op, s, err)
 		}
+		matches = slices.DeleteFunc(matches, func(m string) bool {
+			r, err := filepath.Rel(ctxDir, m)
+			return err != nil || (r != "." && excluded(pm, r))
+		})
 		if len(matches) == 0 {
-			return nil, fmt.Errorf("%s %s: no such file or directory in the build context %s", op, s, ctxDir)
+			return nil, fmt.Errorf("%s %s: no such file or directory in the build context %s (or excluded by .dockerignore)", op, s, ctxDir)
 		}
 		sort.Strings(matches)
 		for _, m := range matches {
@@ -185,6 +234,12 @@ func (p *copyPlan) addDir(dir string) error {
 		rel, err := filepath.Rel(dir, q)
 		if err != nil || rel == "." {
 			return err
+		}
+		if inCtx, err := filepath.Rel(p.ctxDir, q); err == nil && excluded(p.ignore, inCtx) {
+			if d.IsDir() && !p.ignore.Exclusions() {
+				return filepath.SkipDir
+			}
+			return nil
 		}
 		fi, err := d.Info()
 		if err != nil {
