@@ -46,6 +46,10 @@ import (
 // LayerPrefix names the cache layers: "build/<key>".
 const LayerPrefix = "build/"
 
+// rootUser runs build steps as root by number: an image need not have an
+// /etc/passwd.
+const rootUser = "0"
+
 // Options configure a build.
 type Options struct {
 	Dockerfile []byte // the Dockerfile's text
@@ -554,7 +558,7 @@ func (b *builder) sandbox(ctx context.Context) (*api.Sandbox, error) {
 		return nil, errors.New("FROM scratch: only metadata instructions can follow (no shell to run in)")
 	}
 	req := api.CreateSandboxRequest{Image: b.base.Name, CPU: b.o.CPU, MemoryMB: b.o.MemoryMB, DiskMB: b.o.DiskMB,
-		TTL: int64(b.o.Timeout) + 600, Labels: map[string]string{"warren.build": sanitizeLabel(b.o.Tag)}, User: "root"}
+		TTL: int64(b.o.Timeout) + 600, Labels: map[string]string{"warren.build": sanitizeLabel(b.o.Tag)}, User: rootUser}
 	if req.DiskMB == 0 {
 		req.DiskMB = 8192
 	}
@@ -583,14 +587,11 @@ func sanitizeLabel(s string) string {
 	return sb.String()
 }
 
-// mkdirs makes dir (and its parents) as root.
+// mkdirs makes dir (and its parents) as root, through the agent's file
+// operations: the image need not have a mkdir.
 func (b *builder) mkdirs(ctx context.Context, id, dir string) error {
-	res, err := b.c.Exec(ctx, id, api.ExecRequest{Argv: []string{"mkdir", "-p", "--", dir}, User: "root", Cwd: "/"})
-	if err != nil {
+	if _, err := b.c.Mkdir(ctx, id, api.MkdirRequest{Path: dir, Parents: true, Mode: 0o755}); err != nil {
 		return fmt.Errorf("mkdir %s: %w", dir, err)
-	}
-	if res.ExitCode != 0 {
-		return fmt.Errorf("mkdir %s: exit %d: %s", dir, res.ExitCode, strings.TrimSpace(res.Stderr))
 	}
 	return nil
 }
@@ -617,7 +618,7 @@ func (b *builder) runStep(ctx context.Context, n int, text string, c *instructio
 		shown = strings.Join(c.CmdLine, " ")
 	}
 	if req.User == "" {
-		req.User = "root"
+		req.User = rootUser
 	}
 	return b.fsStep(ctx, n, text, "", func(ctx context.Context, id string) error {
 		if b.st.Workdir != "" {

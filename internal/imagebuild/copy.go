@@ -359,7 +359,7 @@ func (b *builder) doCopy(ctx context.Context, id string, p *copyPlan, chown stri
 		for _, t := range p.tops {
 			argv = append(argv, path.Join(p.dir, t))
 		}
-		res, err := b.c.Exec(ctx, id, api.ExecRequest{Argv: argv, User: "root", Cwd: "/"})
+		res, err := b.c.Exec(ctx, id, api.ExecRequest{Argv: argv, User: rootUser, Cwd: "/"})
 		if err != nil {
 			return fmt.Errorf("--chown=%s: %w", chown, err)
 		}

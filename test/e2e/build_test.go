@@ -5,12 +5,22 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/warrenhq/warren/api"
 	warren "github.com/warrenhq/warren/sdk/go"
@@ -275,5 +285,55 @@ func TestImageDefaults(t *testing.T) {
 	d := s.create(t, api.CreateSandboxRequest{Image: "defaults", User: "root"})
 	if r := s.sh(t, d.ID, probe); r.Stdout != "0\n/tmp\nhi\n" {
 		t.Errorf("user root: %+v", r)
+	}
+}
+
+// TestImageBuildFromRegistry: FROM an OCI reference the server does not
+// have pulls it (here from go-containerregistry's registry on loopback),
+// and the pulled image's config is the build's starting state.
+func TestImageBuildFromRegistry(t *testing.T) {
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	rootfs := rootfsTar(t)
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(rootfs)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"PATH=/bin", "FROM_REGISTRY=1"}
+	cf.Config.WorkingDir = "/tmp"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(host + "/base/bb:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+
+	s := startServer(t)
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"Dockerfile": "FROM " + ref.String() + "\nRUN echo made-in-$(pwd)-$FROM_REGISTRY > made\n"})
+	out, err := s.warren(t, "image", "build", "-t", "from-registry", dir)
+	if err != nil || !strings.Contains(out, "pulling "+ref.String()) {
+		t.Fatalf("build: %v\n%s\n%s", err, out, tail(s.logs.String(), 20))
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Image: "from-registry"})
+	if r := s.sh(t, sb.ID, "cat made; pwd; echo $FROM_REGISTRY"); r.Stdout != "made-in-/tmp-1\n/tmp\n1\n" {
+		t.Fatalf("image from a pulled base: %+v", r)
+	}
+	// The second build finds the pulled base on the server: no pull.
+	out, err = s.warren(t, "image", "build", "-t", "from-registry", dir)
+	if err != nil || strings.Contains(out, "pulling") || !strings.Contains(out, "CACHED") {
+		t.Fatalf("rebuild: %v\n%s", err, out)
 	}
 }
