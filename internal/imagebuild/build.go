@@ -500,14 +500,18 @@ func (b *builder) fsStep(ctx context.Context, n int, text, content string, do fu
 	name := LayerPrefix + key
 	if !b.o.NoCache {
 		l, err := b.c.Layer(ctx, name)
-		if err == nil {
+		if err == nil && l.Project != "" {
+			// Only a root token's layers are trusted: anyone may name a
+			// layer build/<key>, and keys can be predicted.
+			b.printf(" ---> the cached layer belongs to project %s: not used\n", l.Project)
+		} else if err == nil {
 			b.key = key
 			b.use(l)
 			b.res.Cached++
 			b.printf(" ---> CACHED %s\n", shortDigest(l.Digest))
 			return nil
 		}
-		if !warren.IsNotFound(err) {
+		if err != nil && !warren.IsNotFound(err) {
 			return fmt.Errorf("step %d: cache lookup: %w", n, err)
 		}
 	}
@@ -535,6 +539,9 @@ func (b *builder) fsStep(ctx context.Context, n int, text, content string, do fu
 	}
 	if err != nil {
 		return fmt.Errorf("step %d: pack the changes: %w", n, err)
+	}
+	if l.Project != "" {
+		return fmt.Errorf("step %d: building images needs a root token (the image catalog is shared by every project; this token's layers belong to project %s)", n, l.Project)
 	}
 	b.key = key
 	b.use(l)

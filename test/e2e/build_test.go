@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -335,5 +336,69 @@ func TestImageBuildFromRegistry(t *testing.T) {
 	out, err = s.warren(t, "image", "build", "-t", "from-registry", dir)
 	if err != nil || strings.Contains(out, "pulling") || !strings.Contains(out, "CACHED") {
 		t.Fatalf("rebuild: %v\n%s", err, out)
+	}
+}
+
+// TestImageBuildCacheTrust: a project cannot plant a cache entry a root
+// build would use (keys are predictable and anyone may name a layer
+// build/<key>), and a project token cannot store images in the shared
+// catalog.
+func TestImageBuildCacheTrust(t *testing.T) {
+	// A build on a first server tells the key (the same on any server with
+	// the same busybox image).
+	ctx := context.Background()
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"Dockerfile": "FROM busybox\nRUN echo genuine > /made\n"})
+	first := startServer(t)
+	if out, err := first.warren(t, "image", "build", "-t", "trust", dir); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ls, err := first.C.Layers(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	for _, l := range ls {
+		if strings.HasPrefix(l.Name, "build/") {
+			key = l.Name
+		}
+	}
+	if key == "" {
+		t.Fatalf("no build/ layer: %+v", ls)
+	}
+	first.stop()
+	// On a second server a tenant names that layer first.
+	s := startServer(t)
+	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "tenant"}); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := s.C.CreateToken(ctx, api.CreateTokenRequest{Principal: "t", Project: "tenant", Role: api.RoleAdmin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := warren.New(s.URL, tk.Secret)
+	var poison bytes.Buffer
+	tw := tar.NewWriter(&poison)
+	tw.WriteHeader(&tar.Header{Name: "made", Mode: 0o644, Size: 7, Typeflag: tar.TypeReg})
+	tw.Write([]byte("poison\n"))
+	tw.Close()
+	if _, err := tenant.CreateLayerFromTar(ctx, key, 1, bytes.NewReader(poison.Bytes())); err != nil {
+		t.Fatalf("the tenant names a layer %s: %v", key, err)
+	}
+	out, err := s.warren(t, "image", "build", "-t", "trust", dir)
+	if err != nil || !strings.Contains(out, "belongs to project tenant: not used") {
+		t.Fatalf("rebuild: %v\n%s", err, out)
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Image: "trust"})
+	if r := s.sh(t, sb.ID, "cat /made"); r.Stdout != "genuine\n" {
+		t.Fatalf("the image holds %q", r.Stdout)
+	}
+	// A tenant's build stops at its first step with a clear message.
+	tdir := t.TempDir()
+	writeFiles(t, tdir, map[string]string{"Dockerfile": "FROM busybox\nRUN echo tenant-step > /t\n"})
+	cmd := exec.Command(bins.warren, "--url", s.URL, "--token", tk.Secret, "image", "build", "-t", "busybox", tdir)
+	b, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "needs a root token") {
+		t.Fatalf("tenant build: %v\n%s", err, b)
 	}
 }
