@@ -6,8 +6,8 @@
 # sources (override with DEBIAN_MIRROR=URL). docs/operations.md ("The bundled
 # debian:12 image") says what is in it. Takes about 2 minutes,
 # so the result is cached: nothing is done when OUT.tar exists and is newer
-# than this script. Import it with the image store (`warren image import
-# OUT.tar debian:12`). Needs root.
+# than this script. Import it into the image store (`warren image import
+# OUT.tar --name debian:12`, as `make debian-image` does). Needs root.
 set -euo pipefail
 
 out=${1:?usage: $0 OUT.tar}
