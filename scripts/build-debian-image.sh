@@ -4,10 +4,12 @@
 # debootstrap (minbase + the tools listed in `packages` below, python3 with
 # its standard library byte-compiled) from the mirror in this machine's apt
 # sources (override with DEBIAN_MIRROR=URL). docs/operations.md ("The bundled
-# debian:12 image") says what is in it. Takes about 2 minutes,
+# debian:12 image") says what is in it. Takes about 3 minutes,
 # so the result is cached: nothing is done when OUT.tar exists and is newer
-# than this script. Import it into the image store (`warren image import
-# OUT.tar --name debian:12`, as `make debian-image` does). Needs root.
+# than this script. Import it into the node's image store (`warren image
+# import OUT.tar --name debian:12 --data-dir /var/lib/warren`, as `make
+# debian-image` does), or without --data-dir upload it to a running server
+# through the API. Needs root.
 set -euo pipefail
 
 out=${1:?usage: $0 OUT.tar}
