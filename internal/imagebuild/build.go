@@ -327,8 +327,12 @@ func (b *builder) step(ctx context.Context, n, total int, cmd instructions.Comma
 	case *instructions.ArgCommand:
 		for _, kv := range c.Args {
 			v, given := b.o.BuildArgs[kv.Key]
-			if !given && kv.Value != nil {
+			switch {
+			case given:
+			case kv.Value != nil:
 				v = *kv.Value
+			default:
+				continue // declared without a value: stays unset
 			}
 			b.st.Args[kv.Key] = v
 		}
