@@ -46,6 +46,9 @@ import (
 // LayerPrefix names the cache layers: "build/<key>".
 const LayerPrefix = "build/"
 
+// DefaultPath is the PATH of a sandbox whose image sets none (the agent's).
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // rootUser runs build steps as root by number: an image need not have an
 // /etc/passwd.
 const rootUser = "0"
@@ -261,6 +264,11 @@ func (b *builder) from(ctx context.Context, name string) error {
 		b.baseEnv = img.Config.Env
 		b.st.Workdir = img.Config.WorkingDir
 		b.st.User = img.Config.User
+	}
+	if !slices.ContainsFunc(b.baseEnv, func(kv string) bool { return strings.HasPrefix(kv, "PATH=") }) {
+		// A sandbox without PATH gets the agent's default: $PATH in an
+		// ENV means that one (as Docker's default PATH).
+		b.baseEnv = append(slices.Clone(b.baseEnv), "PATH="+DefaultPath)
 	}
 	b.printf(" ---> %s\n", shortDigest(img.Digest))
 	return nil

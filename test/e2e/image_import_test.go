@@ -64,6 +64,18 @@ func TestImageImportUpload(t *testing.T) {
 	if r := s.sh(t, sb.ID, "cat /etc/marker"); r.ExitCode != 0 || r.Stdout != "uploaded\n" {
 		t.Fatalf("sandbox of the uploaded image: %+v", r)
 	}
+	// A build FROM it: the image sets no PATH, so $PATH in an ENV is the
+	// sandbox's default one.
+	bdir := t.TempDir()
+	writeFiles(t, bdir, map[string]string{"Dockerfile": "FROM up/rootfs:1\nENV PATH=/opt/bin:$PATH\nRUN echo $PATH > /path.txt\n"})
+	if out, err := s.warren(t, "image", "build", "-t", "up/built", bdir); err != nil {
+		t.Fatalf("build FROM the uploaded image: %v\n%s", err, out)
+	}
+	built := s.create(t, api.CreateSandboxRequest{Image: "up/built"})
+	want := "/opt/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+	if r := s.sh(t, built.ID, "cat /path.txt; echo $PATH"); r.Stdout != want+want {
+		t.Fatalf("PATH in the build and in the image: %q, want %q twice", r.Stdout, want)
+	}
 	// A directory is sent as a tar.
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{"etc/marker": "from a dir\n"})
