@@ -32,6 +32,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
@@ -249,7 +250,9 @@ func (b *builder) from(ctx context.Context, name string) error {
 	if img == nil {
 		b.printf(" ---> pulling %s\n", name)
 		t0 := time.Now()
+		stop := b.ticking("pulling")
 		img, err = b.c.PullImage(ctx, name, "")
+		stop()
 		if err != nil {
 			return fmt.Errorf("FROM %s: not an image of the server, and pulling it failed: %w", name, err)
 		}
@@ -543,12 +546,14 @@ func (b *builder) fsStep(ctx context.Context, n int, text, content string, do fu
 	}
 	t1 := time.Now()
 	b.printf(" ---> packing the changes\n")
+	stop := b.ticking("packing")
 	l, err := b.c.CreateLayerFromSandbox(ctx, sb.ID, name, 1)
 	if warren.IsConflict(err) {
 		// --no-cache, or a step whose result is not reproducible: the
 		// cache entry gets a new version.
 		l, err = b.c.CreateLayerFromSandbox(ctx, sb.ID, name, 0)
 	}
+	stop()
 	if err != nil {
 		return fmt.Errorf("step %d: pack the changes: %w", n, err)
 	}
@@ -660,6 +665,33 @@ func (b *builder) runStep(ctx context.Context, n int, text string, c *instructio
 		}
 		return nil
 	})
+}
+
+// tickEvery is how often a long server-side step reports that it goes on.
+var tickEvery = 5 * time.Second
+
+// ticking prints " ---> still <what> (Ns)" every tickEvery until stop is
+// called (which waits for the reporter to end).
+func (b *builder) ticking(what string) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	t0 := time.Now()
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(tickEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				b.printf(" ---> still %s (%.0fs)\n", what, time.Since(t0).Seconds())
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
 }
 
 // tailWriter keeps the last max bytes written.
