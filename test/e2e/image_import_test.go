@@ -3,6 +3,7 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +11,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -81,6 +87,37 @@ func TestImageImportUpload(t *testing.T) {
 	writeFiles(t, dir, map[string]string{"etc/marker": "from a dir\n"})
 	if out, err := s.warren(t, "image", "import", dir, "--name", "up/dir"); err != nil {
 		t.Fatalf("import a directory: %v\n%s", err, out)
+	}
+	// An OCI layout directory is sent as an OCI archive; its config comes
+	// along.
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(rootfsTar(t))), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"PATH=/bin", "FROM_LAYOUT=yes"}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	lp, err := layout.Write(t.TempDir(), empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s.warren(t, "image", "import", string(lp), "--name", "up/layout"); err != nil {
+		t.Fatalf("import an OCI layout: %v\n%s", err, out)
+	}
+	ls := s.create(t, api.CreateSandboxRequest{Image: "up/layout"})
+	if r := s.sh(t, ls.ID, "echo $FROM_LAYOUT; cat /etc/marker"); r.Stdout != "yes\nuploaded\n" {
+		t.Fatalf("sandbox of the OCI layout: %+v", r)
 	}
 	for _, tc := range []struct {
 		path string
