@@ -534,16 +534,21 @@ type Divergence struct {
 
 // Node is the watcher's view of one edge.
 type Node struct {
-	Name          string            `json:"name"`
-	State         string            `json:"state"` // up, down
-	CPUCapacity   float64           `json:"cpu_capacity"`
-	MemoryMB      int64             `json:"memory_mb"`
-	CPURequested  float64           `json:"cpu_requested"`
-	MemRequested  int64             `json:"memory_requested_mb"`
-	Sandboxes     int               `json:"sandboxes"`
-	Tiers         []string          `json:"tiers"`
-	Labels        map[string]string `json:"labels,omitempty"`
-	LastHeartbeat time.Time         `json:"last_heartbeat"`
+	Name         string  `json:"name"`
+	State        string  `json:"state"` // up, down
+	CPUCapacity  float64 `json:"cpu_capacity"`
+	MemoryMB     int64   `json:"memory_mb"`
+	CPURequested float64 `json:"cpu_requested"`
+	MemRequested int64   `json:"memory_requested_mb"`
+	// DiskMB is the disk (disk_mb) the node admits: what its scratch
+	// filesystem can really hold × DiskOvercommit (0: no limit);
+	// DiskRequestedMB what its live sandboxes were given.
+	DiskMB          int64             `json:"disk_mb"`
+	DiskRequestedMB int64             `json:"disk_requested_mb"`
+	Sandboxes       int               `json:"sandboxes"`
+	Tiers           []string          `json:"tiers"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	LastHeartbeat   time.Time         `json:"last_heartbeat"`
 	// Images are the images whose layers the node holds (placement prefers them).
 	Images []string `json:"images,omitempty"`
 	// States counts sandboxes per state; Projects sums live usage per
@@ -558,12 +563,14 @@ type Node struct {
 	MemoryAvailableMB int64   `json:"memory_available_mb"` // host MemAvailable
 	SwapTotalMB       int64   `json:"swap_total_mb"`
 	SwapUsedMB        int64   `json:"swap_used_mb"`
-	MemoryPressure    float64 `json:"memory_pressure"` // PSI memory "some" avg10, percent (0 without PSI)
-	CPUPressure       float64 `json:"cpu_pressure"`    // PSI cpu "some" avg10, percent
+	MemoryPressure    float64 `json:"memory_pressure"`   // PSI memory "some" avg10, percent (0 without PSI)
+	CPUPressure       float64 `json:"cpu_pressure"`      // PSI cpu "some" avg10, percent
+	DiskAvailableMB   int64   `json:"disk_available_mb"` // free on the scratch filesystem (and the host under it)
 
 	// Configuration.
 	CPUOvercommit    float64 `json:"cpu_overcommit"`
 	MemoryOvercommit float64 `json:"memory_overcommit"`
+	DiskOvercommit   float64 `json:"disk_overcommit"`
 
 	SandboxesByState    map[string]int `json:"sandboxes_by_state"`
 	SandboxesByPriority map[string]int `json:"sandboxes_by_priority"`
