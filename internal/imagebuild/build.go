@@ -126,6 +126,9 @@ type builder struct {
 	res   Result
 	// baseEnv is the base image's environment (for expansion).
 	baseEnv []string
+	// metaArgs are the ARGs before FROM (an ARG without a value in the
+	// stage takes its value from them).
+	metaArgs map[string]string
 	// the context's .dockerignore, read at the first COPY or ADD
 	ignored    *patternmatcher.PatternMatcher
 	ignoreRead bool
@@ -198,6 +201,7 @@ func (b *builder) run(ctx context.Context, stage *instructions.Stage, metaArgs [
 			}
 		}
 	}
+	b.metaArgs = meta
 	baseName, err := b.expand(stage.BaseName, meta)
 	if err != nil {
 		return nil, err
@@ -343,7 +347,12 @@ func (b *builder) step(ctx context.Context, n, total int, cmd instructions.Comma
 			case kv.Value != nil:
 				v = *kv.Value
 			default:
-				continue // declared without a value: stays unset
+				// Without a value: an ARG before FROM's, else unset.
+				mv, ok := b.metaArgs[kv.Key]
+				if !ok {
+					continue
+				}
+				v = mv
 			}
 			b.st.Args[kv.Key] = v
 		}

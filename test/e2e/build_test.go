@@ -30,13 +30,14 @@ import (
 const buildDockerfile = `# syntax is buildkit's
 ARG BASE=busybox
 FROM $BASE
+ARG BASE
 ARG GREETING=hello
 ENV APP_HOME=/opt/app \
     PATH=/opt/app/bin:$PATH
 WORKDIR $APP_HOME
 COPY app.txt ./
 COPY bin/ bin/
-RUN echo "$GREETING from $(pwd) as $(id -u)" > built.txt && \
+RUN echo "$GREETING from $(pwd) as $(id -u) on $BASE" > built.txt && \
     chmod 755 bin/tool && echo "run-output-line"
 ADD files.tar.gz /opt/data/
 RUN ["sh", "-c", "cat /opt/data/inner.txt > /opt/app/inner-copy.txt"]
@@ -99,7 +100,7 @@ func TestImageBuild(t *testing.T) {
 		t.Fatalf("build: %v\n%s\nserver log:\n%s", err, out, tail(s.logs.String(), 40))
 	}
 	t.Logf("first build: %v\n%s", took, out)
-	for _, want := range []string{"Step 1/13 : FROM busybox", "Step 7/13 : RUN echo", "run-output-line", "Successfully tagged demo/app:1"} {
+	for _, want := range []string{"Step 1/14 : FROM busybox", "Step 8/14 : RUN echo", "run-output-line", "Successfully tagged demo/app:1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("build output lacks %q", want)
 		}
@@ -136,7 +137,7 @@ func TestImageBuild(t *testing.T) {
 	check("echo $APP_HOME", "/opt/app")
 	check("echo $PATH", "/opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	check("cat app.txt", "app v1")
-	check("cat built.txt", "hi from /opt/app as 0")
+	check("cat built.txt", "hi from /opt/app as 0 on busybox")
 	check("tool", "tool ran")
 	check("cat /opt/data/inner.txt", "from the archive")
 	check("cat inner-copy.txt", "from the archive")
