@@ -38,6 +38,10 @@ type copyPlan struct {
 	mode     int64       // --chmod, or -1
 	ctxDir   string
 	ignore   *patternmatcher.PatternMatcher // .dockerignore
+	// single is set for one file copied to a path without a trailing
+	// slash: if that path is a directory in the image, the file goes into
+	// it under its own name (srcName), as in Docker.
+	single, srcName string
 }
 
 type copyEntry struct {
@@ -215,6 +219,7 @@ func (b *builder) planCopy(op string, sd instructions.SourcesAndDest, chmod stri
 			name := s.info.Name()
 			if single != "" {
 				name = single
+				plan.single, plan.srcName = single, s.info.Name()
 			}
 			plan.entries = append(plan.entries, copyEntry{src: s.path, name: name, info: s.info})
 			plan.tops = append(plan.tops, name)
@@ -332,6 +337,17 @@ func (p *copyPlan) writeTar(w io.Writer) error {
 
 // doCopy puts the plan's files into the build sandbox.
 func (b *builder) doCopy(ctx context.Context, id string, p *copyPlan, chown string) error {
+	if p.single != "" && len(p.entries) == 1 {
+		target := path.Join(p.dir, p.single)
+		if fi, err := b.c.Stat(ctx, id, target); err == nil && fi.Type == "dir" {
+			q := *p
+			q.dir = target
+			q.entries = []copyEntry{p.entries[0]}
+			q.entries[0].name = p.srcName
+			q.tops = []string{p.srcName}
+			p = &q
+		}
+	}
 	if len(p.entries) > 0 {
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(p.writeTar(pw)) }()

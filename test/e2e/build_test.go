@@ -40,6 +40,7 @@ COPY bin/ bin/
 RUN echo "$GREETING from $(pwd) as $(id -u) on $BASE" > built.txt && \
     chmod 755 bin/tool && echo "run-output-line"
 ADD files.tar.gz /opt/data/
+COPY app.txt /etc
 RUN ["sh", "-c", "cat /opt/data/inner.txt > /opt/app/inner-copy.txt"]
 USER nobody
 LABEL org.example.test=yes
@@ -100,7 +101,7 @@ func TestImageBuild(t *testing.T) {
 		t.Fatalf("build: %v\n%s\nserver log:\n%s", err, out, tail(s.logs.String(), 40))
 	}
 	t.Logf("first build: %v\n%s", took, out)
-	for _, want := range []string{"Step 1/14 : FROM busybox", "Step 8/14 : RUN echo", "run-output-line", "Successfully tagged demo/app:1"} {
+	for _, want := range []string{"Step 1/15 : FROM busybox", "Step 8/15 : RUN echo", "run-output-line", "Successfully tagged demo/app:1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("build output lacks %q", want)
 		}
@@ -137,6 +138,7 @@ func TestImageBuild(t *testing.T) {
 	check("echo $APP_HOME", "/opt/app")
 	check("echo $PATH", "/opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	check("cat app.txt", "app v1")
+	check("cat /etc/app.txt", "app v1") // into an existing directory
 	check("cat built.txt", "hi from /opt/app as 0 on busybox")
 	check("tool", "tool ran")
 	check("cat /opt/data/inner.txt", "from the archive")
@@ -158,8 +160,8 @@ func TestImageBuild(t *testing.T) {
 		t.Fatalf("rebuild: %v\n%s", err, out)
 	}
 	t.Logf("cached rebuild: %v\n%s", took, out)
-	if n := strings.Count(out, "CACHED"); n != 6 || strings.Contains(out, "running in") {
-		t.Errorf("rebuild: %d CACHED steps, want all 6 file steps cached:\n%s", n, out)
+	if n := strings.Count(out, "CACHED"); n != 7 || strings.Contains(out, "running in") {
+		t.Errorf("rebuild: %d CACHED steps, want all 7 file steps cached:\n%s", n, out)
 	}
 	if took > 5*time.Second {
 		t.Errorf("cached rebuild took %v", took)
@@ -178,8 +180,8 @@ func TestImageBuild(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build after a change: %v\n%s", err, out)
 	}
-	if n := strings.Count(out, "CACHED"); n != 1 || strings.Count(out, "running in") != 5 {
-		t.Errorf("after changing app.txt: %d cached (want 1: WORKDIR), %d run (want 5):\n%s", n, strings.Count(out, "running in"), out)
+	if n := strings.Count(out, "CACHED"); n != 1 || strings.Count(out, "running in") != 6 {
+		t.Errorf("after changing app.txt: %d cached (want 1: WORKDIR), %d run (want 6):\n%s", n, strings.Count(out, "running in"), out)
 	}
 	sb2 := s.create(t, api.CreateSandboxRequest{Image: "demo/app:1"})
 	if r := s.sh(t, sb2.ID, "cat app.txt"); strings.TrimSpace(r.Stdout) != "app v2" {
