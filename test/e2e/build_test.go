@@ -41,6 +41,7 @@ RUN echo "$GREETING from $(pwd) as $(id -u) on $BASE" > built.txt && \
     chmod 755 bin/tool && echo "run-output-line"
 ADD files.tar.gz /opt/data/
 COPY app.txt /etc
+COPY --chown=nobody:nogroup --chmod=0640 app.txt /opt/owned.txt
 RUN ["sh", "-c", "cat /opt/data/inner.txt > /opt/app/inner-copy.txt"]
 USER nobody
 LABEL org.example.test=yes
@@ -101,7 +102,7 @@ func TestImageBuild(t *testing.T) {
 		t.Fatalf("build: %v\n%s\nserver log:\n%s", err, out, tail(s.logs.String(), 40))
 	}
 	t.Logf("first build: %v\n%s", took, out)
-	for _, want := range []string{"Step 1/15 : FROM busybox", "Step 8/15 : RUN echo", "run-output-line", "Successfully tagged demo/app:1"} {
+	for _, want := range []string{"Step 1/16 : FROM busybox", "Step 8/16 : RUN echo", "run-output-line", "Successfully tagged demo/app:1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("build output lacks %q", want)
 		}
@@ -139,6 +140,7 @@ func TestImageBuild(t *testing.T) {
 	check("echo $PATH", "/opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	check("cat app.txt", "app v1")
 	check("cat /etc/app.txt", "app v1") // into an existing directory
+	check("stat -c %u:%g:%a /opt/owned.txt", "65534:65534:640")
 	check("cat built.txt", "hi from /opt/app as 0 on busybox")
 	check("tool", "tool ran")
 	check("cat /opt/data/inner.txt", "from the archive")
@@ -160,8 +162,8 @@ func TestImageBuild(t *testing.T) {
 		t.Fatalf("rebuild: %v\n%s", err, out)
 	}
 	t.Logf("cached rebuild: %v\n%s", took, out)
-	if n := strings.Count(out, "CACHED"); n != 7 || strings.Contains(out, "running in") {
-		t.Errorf("rebuild: %d CACHED steps, want all 7 file steps cached:\n%s", n, out)
+	if n := strings.Count(out, "CACHED"); n != 8 || strings.Contains(out, "running in") {
+		t.Errorf("rebuild: %d CACHED steps, want all 8 file steps cached:\n%s", n, out)
 	}
 	if took > 5*time.Second {
 		t.Errorf("cached rebuild took %v", took)
@@ -180,8 +182,8 @@ func TestImageBuild(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build after a change: %v\n%s", err, out)
 	}
-	if n := strings.Count(out, "CACHED"); n != 1 || strings.Count(out, "running in") != 6 {
-		t.Errorf("after changing app.txt: %d cached (want 1: WORKDIR), %d run (want 6):\n%s", n, strings.Count(out, "running in"), out)
+	if n := strings.Count(out, "CACHED"); n != 1 || strings.Count(out, "running in") != 7 {
+		t.Errorf("after changing app.txt: %d cached (want 1: WORKDIR), %d run (want 7):\n%s", n, strings.Count(out, "running in"), out)
 	}
 	sb2 := s.create(t, api.CreateSandboxRequest{Image: "demo/app:1"})
 	if r := s.sh(t, sb2.ID, "cat app.txt"); strings.TrimSpace(r.Stdout) != "app v2" {
