@@ -185,6 +185,14 @@ func TestImageBuild(t *testing.T) {
 	if n := strings.Count(out, "CACHED"); n != 1 || strings.Count(out, "running in") != 7 {
 		t.Errorf("after changing app.txt: %d cached (want 1: WORKDIR), %d run (want 7):\n%s", n, strings.Count(out, "running in"), out)
 	}
+	// --no-cache runs every step again (new versions of the cache layers
+	// where the result differs); the next build is all cached again.
+	if out, _, err := build("--no-cache"); err != nil || strings.Contains(out, "CACHED") || strings.Count(out, "running in") != 8 {
+		t.Errorf("--no-cache: %v\n%s", err, out)
+	}
+	if out, _, err := build(); err != nil || strings.Count(out, "CACHED") != 8 {
+		t.Errorf("after --no-cache: %v\n%s", err, out)
+	}
 	sb2 := s.create(t, api.CreateSandboxRequest{Image: "demo/app:1"})
 	if r := s.sh(t, sb2.ID, "cat app.txt"); strings.TrimSpace(r.Stdout) != "app v2" {
 		t.Errorf("rebuilt image: app.txt %q", r.Stdout)
