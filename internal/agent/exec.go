@@ -150,6 +150,8 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 		p.cwd = c
 	case cwd != "" && isDir(cwd):
 		p.cwd = cwd
+	case a.cfg.Cwd != "" && isDir(a.cfg.Cwd):
+		p.cwd = a.cfg.Cwd // the image's WORKDIR
 	case isDir(home):
 		p.cwd = home
 	default:

@@ -22,6 +22,9 @@ type SetupConfig struct {
 	Env map[string]string `json:"env,omitempty"`
 	// User is the default user of exec ("" = root).
 	User string `json:"user,omitempty"`
+	// Cwd is the default directory of exec when it exists (the image's
+	// WORKDIR); "" = the user's home directory.
+	Cwd string `json:"cwd,omitempty"`
 	// Shell runs string commands; default "/bin/sh".
 	Shell string `json:"shell,omitempty"`
 	// SpawnerCgroups are cgroup directories (host paths, cgroup v1) that
@@ -196,6 +199,7 @@ type RerootRequest struct {
 type ResumeRequest struct {
 	Env  map[string]string `json:"env,omitempty"`
 	User string            `json:"user,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
 }
 
 // ResetResult answers OpReset.

@@ -116,6 +116,8 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/trajectories/{name...}", handler: s.getTrajectory, role: api.RoleViewer},
 		{pattern: "POST /v1/trajectories:replay", handler: s.replayTrajectory},
 		{pattern: "POST /v1/images", handler: s.pullImage},
+		{pattern: "POST /v1/images:commit", handler: s.commitImage},
+		{pattern: "POST /v1/images:import", handler: s.importImage},
 		{pattern: "POST /v1/layers", handler: s.createLayer},
 		{pattern: "GET /v1/layers", handler: s.listLayers, role: api.RoleViewer},
 		{pattern: "POST /v1/layers:gc", handler: s.gcLayers},

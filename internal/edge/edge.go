@@ -33,6 +33,10 @@ type ResolvedImage struct {
 	Digest string
 	Layers []string // layer diff ids ("sha256:<hex>"), top-most first
 	Env    []string // the image's KEY=VALUE environment
+	// WorkingDir and User are the image's defaults for exec (the create
+	// request's user wins over User).
+	WorkingDir string
+	User       string
 }
 
 // ImageResolver finds an image's layers and mounts them. Layers are
@@ -63,6 +67,11 @@ type ImageResolver interface {
 	PullImage(ctx context.Context, ref, name string) (*api.Image, error)
 	// StageFile creates a private file for an upload (on the store's filesystem).
 	StageFile() (*os.File, error)
+	// CommitImage stores an image made of a base image and named layers.
+	CommitImage(ctx context.Context, req *api.CommitImageRequest) (*api.Image, error)
+	// ImportImage stores the archive at path (OCI, docker-save or a root
+	// filesystem tarball) as the image name.
+	ImportImage(ctx context.Context, path, name string) (*api.Image, error)
 }
 
 // ErrImageNotFound is what an ImageResolver returns for unknown names.

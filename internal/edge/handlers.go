@@ -137,6 +137,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.cfg.Images.PullImage(ctx, req.Ref, req.Name)
+	case OpImageCommit:
+		var req api.CommitImageRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.cfg.Images.CommitImage(ctx, &req)
 	case OpLayerCreate, OpLayerUpload, OpLayerList, OpLayerGet, OpLayerDelete, OpLayerGC:
 		var req LayerRequest
 		if err := decode(body, &req); err != nil {

@@ -28,6 +28,7 @@ type upload struct {
 	n     int64
 	name  string
 	ver   int
+	image string // an image archive to import as this name
 	last  time.Time
 	inUse bool
 }
@@ -127,7 +128,7 @@ func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		handle = hex.EncodeToString(b[:])
-		u = &upload{f: f, name: req.Name, ver: req.Version}
+		u = &upload{f: f, name: req.Name, ver: req.Version, image: req.Image}
 		e.uploads.m[handle] = u
 	} else if u = e.uploads.m[handle]; u == nil || u.inUse {
 		e.uploads.mu.Unlock()
@@ -166,7 +167,10 @@ func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
 	}
 	defer finish()
 	if u.n == 0 {
-		return nil, badRequest("the layer tarball is empty")
+		return nil, badRequest("the uploaded archive is empty")
+	}
+	if u.image != "" {
+		return e.cfg.Images.ImportImage(ctx, u.f.Name(), u.image)
 	}
 	return e.cfg.Images.CreateLayerFromTar(ctx, u.name, u.ver, u.f.Name())
 }

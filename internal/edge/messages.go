@@ -22,6 +22,7 @@ const (
 	OpTarPut      = "tar_put"
 	OpImages      = "images"
 	OpImagePull   = "image_pull"
+	OpImageCommit = "image_commit"   // api.CommitImageRequest -> api.Image
 	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
 	OpPause       = "pause"          // IDRequest -> api.Sandbox
 	OpResume      = "resume"         // ResumeSandboxRequest -> api.Sandbox
@@ -57,6 +58,9 @@ type LayerRequest struct {
 	Data    []byte `json:"data,omitempty"`
 	Final   bool   `json:"final,omitempty"`
 	Abort   bool   `json:"abort,omitempty"`
+	// Image makes an upload an image archive imported under this name
+	// (layer_upload; Name and Version are then unused).
+	Image string `json:"image,omitempty"`
 }
 
 // UploadResult answers a non-final upload chunk.
