@@ -70,10 +70,12 @@ func (s *Server) commitImage(w http.ResponseWriter, r *http.Request) error {
 	if err := rootOnlyImages(r, "committing an image"); err != nil {
 		return err
 	}
-	for _, ref := range req.Layers {
-		if err := s.checkLayerUse(r.Context(), principal(r), ref); err != nil {
+	for i, ref := range req.Layers {
+		stored, _, err := s.resolveLayerRef(r.Context(), principal(r), "", ref)
+		if err != nil {
 			return err
 		}
+		req.Layers[i] = stored
 	}
 	var img api.Image
 	if err := s.callStore(r.Context(), edge.OpImageCommit, &req, &img); err != nil {
