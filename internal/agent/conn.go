@@ -39,12 +39,19 @@ func (c *conn) send(r *agentproto.Response) error {
 type call struct {
 	id   uint64
 	conn *conn
+	// ctx ends when the edge cancels the call (OpCancel) or the connection
+	// ends: chunk then fails, and a foreground command is killed.
+	ctx context.Context
 	// after runs once the answer is sent (an exec's ResetAfter).
 	after func()
 }
 
-// chunk sends one chunk frame of stream.
+// chunk sends one chunk frame of stream; it fails once the call is
+// cancelled, so that a read or tar stops at its next chunk.
 func (r *call) chunk(stream string, data []byte) error {
+	if err := r.ctx.Err(); err != nil {
+		return err
+	}
 	return r.conn.send(&agentproto.Response{ID: r.id, Kind: agentproto.KindChunk, Stream: stream, Data: data})
 }
 
@@ -82,21 +89,62 @@ func (a *Agent) serveConn(nc net.Conn) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c := &conn{c: nc, ctx: ctx}
+	calls := &callTable{cancels: map[uint64]context.CancelFunc{}}
 	br := bufio.NewReaderSize(nc, 64<<10)
 	for {
 		req := new(agentproto.Request)
 		if err := agentproto.ReadFrame(br, req); err != nil {
 			break
 		}
-		cl := &call{id: req.ID, conn: c}
-		if req.Op == agentproto.OpSetup {
-			// Served in line: later requests must see the agent set up.
-			a.serve(ctx, cl, req)
+		if req.Op == agentproto.OpCancel {
+			var cr agentproto.CancelRequest
+			if decode(req, &cr) == nil {
+				calls.cancel(cr.ID)
+			}
 			continue
 		}
-		go a.serve(ctx, cl, req)
+		if req.Op == agentproto.OpSetup {
+			// Served in line: later requests must see the agent set up.
+			a.serve(ctx, &call{id: req.ID, conn: c, ctx: ctx}, req)
+			continue
+		}
+		cctx, done := calls.add(ctx, req.ID)
+		go func() {
+			defer done()
+			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx}, req)
+		}()
 	}
 	nc.Close()
+}
+
+// callTable holds the cancel functions of the calls being served on one
+// connection, by id.
+type callTable struct {
+	mu      sync.Mutex
+	cancels map[uint64]context.CancelFunc
+}
+
+// add makes call id's context; done forgets it (and releases the context).
+func (t *callTable) add(parent context.Context, id uint64) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	t.mu.Lock()
+	t.cancels[id] = cancel
+	t.mu.Unlock()
+	return ctx, func() {
+		t.mu.Lock()
+		delete(t.cancels, id)
+		t.mu.Unlock()
+		cancel()
+	}
+}
+
+func (t *callTable) cancel(id uint64) {
+	t.mu.Lock()
+	cancel := t.cancels[id]
+	t.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 // decode unmarshals a request body.
@@ -239,7 +287,9 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 		if err := decode(req, &r); err != nil {
 			return nil, err
 		}
-		return a.tarPut(ctx, &r)
+		// An upload spans calls: it is abandoned when the connection
+		// ends, not when one of its calls does.
+		return a.tarPut(cl.conn.ctx, &r)
 	}
 	return nil, errf(agentproto.ErrInvalid, "unknown op %q", req.Op)
 }

@@ -85,7 +85,8 @@ func (c *Client) readLoop() {
 // Call sends op with body and waits for its answer. Each chunk frame is
 // passed to onChunk (which may be nil) in order. The "done" body is decoded
 // into out when out is non-nil. An agent error comes back as *Error.
-// Cancelling ctx abandons the wait (the agent may still finish the work).
+// Cancelling ctx abandons the wait and tells the agent to cancel the work
+// (OpCancel).
 func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk func(*Response) error) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
@@ -117,6 +118,7 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 		select {
 		case <-ctx.Done():
 			c.forget(id)
+			c.cancel(id)
 			return ctx.Err()
 		case r, ok := <-ch:
 			if !ok {
@@ -145,6 +147,15 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 			}
 		}
 	}
+}
+
+// cancel asks the agent to cancel call id (best effort: a closed channel
+// has cancelled it already).
+func (c *Client) cancel(id uint64) {
+	raw, _ := json.Marshal(&CancelRequest{ID: id})
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = WriteFrame(c.conn, &Request{ID: 0, Op: OpCancel, Body: raw})
 }
 
 func (c *Client) forget(id uint64) {

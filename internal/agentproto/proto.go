@@ -57,7 +57,18 @@ const (
 	// of a new sandbox with its environment and default user.
 	// ResumeRequest -> nothing
 	OpResume = "resume"
+	// OpCancel withdraws a call: the agent cancels its context (a
+	// foreground command's process group is killed, a read or tar stops at
+	// its next chunk). It is sent with frame id 0 and the call's id in its
+	// body (CancelRequest) and answered by nothing; an agent that does not
+	// know it answers an error to id 0, which no call waits for.
+	OpCancel = "cancel"
 )
+
+// CancelRequest is OpCancel's body.
+type CancelRequest struct {
+	ID uint64 `json:"id"`
+}
 
 // Response kinds.
 const (

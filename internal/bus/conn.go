@@ -324,10 +324,20 @@ type Replier struct {
 	nc    *nats.Conn
 	reply string
 	mu    sync.Mutex
+	// fn, when set, takes the chunks instead (a call that came over the
+	// data plane, see FuncReplier).
+	fn func(stream string, data []byte) error
 }
+
+// FuncReplier is a Replier whose chunks go to fn: a handler written for
+// bus calls serves a data-plane call with it.
+func FuncReplier(fn func(stream string, data []byte) error) *Replier { return &Replier{fn: fn} }
 
 // Chunk sends one piece of streamed data.
 func (w *Replier) Chunk(stream string, data []byte) error {
+	if w.fn != nil {
+		return w.fn(stream, data)
+	}
 	m := nats.NewMsg(w.reply)
 	m.Header.Set(hdrKind, kindChunk)
 	if stream != "" {
@@ -514,6 +524,16 @@ type inHeadersKey struct{}
 // (the apiserver tells an edge on whose behalf it asks).
 func WithHeaders(ctx context.Context, h map[string]string) context.Context {
 	return context.WithValue(ctx, outHeadersKey{}, h)
+}
+
+// WithIncoming makes ctx carry h as the headers of the request a handler
+// serves (a data-plane call, whose grant says what a bus call's headers do).
+func WithIncoming(ctx context.Context, h map[string]string) context.Context {
+	nh := nats.Header{}
+	for k, v := range h {
+		nh.Set(k, v)
+	}
+	return context.WithValue(ctx, inHeadersKey{}, nh)
 }
 
 // HeaderOf returns a header of the request a handler serves ("" if absent)

@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// slowReader reads r at about rate bytes per second.
+func slowRead(r io.Reader, rate int) (int64, error) {
+	buf := make([]byte, 64<<10)
+	var n int64
+	start := time.Now()
+	for {
+		k, err := r.Read(buf)
+		n += int64(k)
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+		if ahead := time.Duration(float64(n)/float64(rate)*float64(time.Second)) - time.Since(start); ahead > 0 {
+			time.Sleep(ahead)
+		}
+	}
+}
+
+// get sends an authenticated GET (or POST with body) and returns the response.
+func (s *server) open(t *testing.T, ctx context.Context, method, path string, body []byte, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.Token)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// A download read slowly arrives whole, or the client sees an error: never
+// a short 200 (issue 15: 320 MB of a 512 MiB file came back as a 200).
+func TestSlowDownloadWholeOrFails(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{MemoryMB: 256})
+	const size = 256 << 20
+	if r := s.sh(t, sb.ID, fmt.Sprintf("head -c %d /dev/zero > /big && wc -c < /big", size)); strings.TrimSpace(r.Stdout) != fmt.Sprint(size) {
+		t.Fatalf("write the file: %+v", r)
+	}
+	t.Cleanup(func() { s.sh(t, sb.ID, "rm -f /big") })
+	for _, tc := range []struct{ name, path string }{
+		{"file", "/v1/sandboxes/" + sb.ID + "/files?path=/big"},
+		{"archive", "/v1/sandboxes/" + sb.ID + "/archive?path=/big"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := s.open(t, context.Background(), "GET", tc.path, nil, nil)
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			start := time.Now()
+			n, err := slowRead(resp.Body, 24<<20)
+			t.Logf("%s: %d bytes in %v, err %v", tc.name, n, time.Since(start).Round(time.Millisecond), err)
+			want := int64(size)
+			if tc.name == "archive" {
+				want += 512 // at least one header
+			}
+			if err == nil && n < want {
+				t.Fatalf("a short 200: %d of %d bytes and no error", n, want)
+			}
+			if err != nil {
+				t.Errorf("the slow reader got an error (allowed, but the data plane should carry it whole): %v", err)
+			}
+		})
+	}
+}
+
+// A long NDJSON exec stream read slowly arrives whole (its exit event
+// last), or the client sees an error.
+func TestSlowExecStreamWholeOrFails(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{})
+	const size = 96 << 20
+	body, _ := json.Marshal(api.ExecRequest{Cmd: fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a", size), OutputCap: size})
+	resp := s.open(t, context.Background(), "POST", "/v1/sandboxes/"+sb.ID+"/exec", body, map[string]string{"Accept": "application/x-ndjson"})
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := slowRead(io.TeeReader(resp.Body, pw), 16<<20)
+		pw.CloseWithError(err)
+	}()
+	sc := bufio.NewScanner(pr)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	var got int64
+	var last api.ExecEvent
+	for sc.Scan() {
+		var ev api.ExecEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("bad line: %v", err)
+		}
+		if ev.Stdout != nil {
+			got += int64(len(*ev.Stdout))
+		}
+		last = ev
+	}
+	err := sc.Err()
+	t.Logf("%d bytes of stdout, last event %+v, err %v", got, last, err)
+	if err == nil && last.Error != nil {
+		err = last.Error
+	}
+	if err == nil && (last.ExitCode == nil || got != size) {
+		t.Fatalf("a short stream without error: %d of %d bytes, last event %+v", got, size, last)
+	}
+	if err != nil {
+		t.Errorf("the slow reader got an error (allowed, but the data plane should carry it whole): %v", err)
+	}
+}
+
+// sleepers counts the processes running `sleep 600` in the sandbox.
+func sleepers(t *testing.T, s *server, id string) string {
+	r := s.sh(t, id, "ps -o args | grep -c '^sleep 600' || true")
+	return strings.TrimSpace(r.Stdout)
+}
+
+// A client that goes away cancels its command: `sleep 600` is gone within
+// a second, for a streamed and a plain exec.
+func TestClientDisconnectKillsCommand(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{})
+	for _, accept := range []string{"application/x-ndjson", "application/json"} {
+		t.Run(strings.TrimPrefix(accept, "application/"), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			body, _ := json.Marshal(api.ExecRequest{Cmd: "sleep 600"})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				req, _ := http.NewRequestWithContext(ctx, "POST", s.URL+"/v1/sandboxes/"+sb.ID+"/exec", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+s.Token)
+				req.Header.Set("Accept", accept)
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for sleepers(t, s, sb.ID) != "1" {
+				if time.Now().After(deadline) {
+					t.Fatal("sleep 600 did not start")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			cancel()
+			<-done
+			gone := time.Now()
+			for sleepers(t, s, sb.ID) != "0" {
+				if time.Since(gone) > 5*time.Second {
+					t.Fatalf("sleep 600 still runs %v after its client went away", time.Since(gone))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if d := time.Since(gone); d > time.Second {
+				t.Errorf("sleep 600 ran %v after its client went away (want < 1s)", d)
+			}
+		})
+	}
+}
+
+// A download whose transfer breaks after the 200 (the edge killed) ends in
+// an error the client sees, not a clean end of body.
+func TestBrokenDownloadFailsLoudly(t *testing.T) {
+	s := startServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{})
+	const size = 128 << 20
+	s.sh(t, sb.ID, fmt.Sprintf("head -c %d /dev/zero > /big", size))
+	resp := s.open(t, context.Background(), "GET", "/v1/sandboxes/"+sb.ID+"/files?"+url.Values{"path": {"/big"}}.Encode(), nil, nil)
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// Read a little, then stop the sandbox under the transfer.
+	if _, err := io.ReadFull(resp.Body, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.Delete(context.Background(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	n += 1 << 20
+	t.Logf("%d bytes, err %v", n, err)
+	if err == nil && n < size {
+		t.Fatalf("a short 200: %d of %d bytes and no error", n, size)
+	}
+}
+
+// A call to a sandbox whose node is gone (its edge killed -9) answers
+// within 2 s, not after the bus's 20 s silence timeout.
+func TestDeadNodeAnswersFast(t *testing.T) {
+	c := startCluster(t, "ea", "eb")
+	ctx := context.Background()
+	defer func() {
+		if t.Failed() {
+			c.dump()
+		}
+	}()
+	sb, err := c.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64,
+		NodeSelector: map[string]string{"zone": "ea"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo hi > /f; cat /f"}); err != nil || r.Stdout != "hi\n" {
+		t.Fatalf("exec: %+v %v", r, err)
+	}
+	c.edges["ea"].kill9()
+	raw := &http.Client{}
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", "/v1/sandboxes/" + sb.ID, ""},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":"true"}`},
+		{"GET", "/v1/sandboxes/" + sb.ID + "/files?path=/f", ""},
+		{"GET", "/v1/sandboxes/" + sb.ID + "/files?path=/&list=1", ""},
+	} {
+		for i, u := range c.apiURL {
+			req, _ := http.NewRequest(tc.method, u+tc.path, strings.NewReader(tc.body))
+			req.Header.Set("Authorization", "Bearer "+c.token)
+			start := time.Now()
+			resp, err := raw.Do(req)
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("%s %s: %v", tc.method, tc.path, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			t.Logf("apiserver %d: %s %s -> %d in %v: %s", i, tc.method, tc.path, resp.StatusCode, took.Round(time.Millisecond), strings.TrimSpace(string(b)))
+			if took > 2*time.Second {
+				t.Errorf("%s %s to a dead node took %v (want < 2s)", tc.method, tc.path, took)
+			}
+			if resp.StatusCode == 200 && tc.method != "GET" {
+				t.Errorf("%s %s to a dead node answered 200", tc.method, tc.path)
+			}
+		}
+	}
+}
