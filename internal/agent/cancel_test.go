@@ -55,3 +55,45 @@ func TestCancelKillsCommand(t *testing.T) {
 		}
 	}
 }
+
+// A call whose consumer stalls (a slow client of a download) holds back
+// only itself: the sandbox's other calls on the same connection go on, and
+// the stalled one gets every byte once its consumer reads again.
+func TestSlowConsumerStallsOnlyItsCall(t *testing.T) {
+	const size = 64 << 20
+	a := startAgent(t, agentproto.SetupConfig{}, func(root string) {
+		if err := os.WriteFile(filepath.Join(root, "big"), make([]byte, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	stall := make(chan struct{})
+	var got int
+	errc := make(chan error, 1)
+	go func() {
+		errc <- a.c.Call(context.Background(), agentproto.OpFileRead, &agentproto.PathRequest{Path: "/big"}, nil, func(r *agentproto.Response) error {
+			if got == 0 {
+				<-stall
+			}
+			got += len(r.Data)
+			return nil
+		})
+	}()
+	time.Sleep(500 * time.Millisecond) // the read has filled what it may
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if r := a.mustExec(agentproto.ExecRequest{Cmd: "echo on"}); r.stdout.String() != "on\n" {
+			t.Errorf("exec beside the stalled read: %q", r.stdout.String())
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		close(stall)
+		t.Fatal("an exec waited for another call's stalled consumer")
+	}
+	close(stall)
+	if err := <-errc; err != nil || got != size {
+		t.Fatalf("the stalled read: %d of %d bytes, %v", got, size, err)
+	}
+}

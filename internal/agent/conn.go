@@ -42,6 +42,9 @@ type call struct {
 	// ctx ends when the edge cancels the call (OpCancel) or the connection
 	// ends: chunk then fails, and a foreground command is killed.
 	ctx context.Context
+	// win, when set, bounds the chunk bytes sent ahead of the edge's
+	// credit (agentproto.Window).
+	win *window
 	// after runs once the answer is sent (an exec's ResetAfter).
 	after func()
 }
@@ -51,6 +54,11 @@ type call struct {
 func (r *call) chunk(stream string, data []byte) error {
 	if err := r.ctx.Err(); err != nil {
 		return err
+	}
+	if r.win != nil {
+		if err := r.win.take(r.ctx, int64(len(data))+agentproto.FrameCost); err != nil {
+			return err
+		}
 	}
 	return r.conn.send(&agentproto.Response{ID: r.id, Kind: agentproto.KindChunk, Stream: stream, Data: data})
 }
@@ -89,17 +97,24 @@ func (a *Agent) serveConn(nc net.Conn) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c := &conn{c: nc, ctx: ctx}
-	calls := &callTable{cancels: map[uint64]context.CancelFunc{}}
+	calls := &callTable{calls: map[uint64]tableEntry{}}
 	br := bufio.NewReaderSize(nc, 64<<10)
 	for {
 		req := new(agentproto.Request)
 		if err := agentproto.ReadFrame(br, req); err != nil {
 			break
 		}
-		if req.Op == agentproto.OpCancel {
+		switch req.Op {
+		case agentproto.OpCancel:
 			var cr agentproto.CancelRequest
 			if decode(req, &cr) == nil {
 				calls.cancel(cr.ID)
+			}
+			continue
+		case agentproto.OpCredit:
+			var cr agentproto.CreditRequest
+			if decode(req, &cr) == nil {
+				calls.credit(cr.ID, cr.Bytes)
 			}
 			continue
 		}
@@ -108,31 +123,40 @@ func (a *Agent) serveConn(nc net.Conn) {
 			a.serve(ctx, &call{id: req.ID, conn: c, ctx: ctx}, req)
 			continue
 		}
-		cctx, done := calls.add(ctx, req.ID)
+		var win *window
+		if req.Window > 0 {
+			win = &window{avail: req.Window, more: make(chan struct{}, 1)}
+		}
+		cctx, done := calls.add(ctx, req.ID, win)
 		go func() {
 			defer done()
-			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx}, req)
+			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx, win: win}, req)
 		}()
 	}
 	nc.Close()
 }
 
-// callTable holds the cancel functions of the calls being served on one
-// connection, by id.
+// callTable holds the calls being served on one connection, by id: their
+// cancel functions and flow-control windows.
 type callTable struct {
-	mu      sync.Mutex
-	cancels map[uint64]context.CancelFunc
+	mu    sync.Mutex
+	calls map[uint64]tableEntry
+}
+
+type tableEntry struct {
+	cancel context.CancelFunc
+	win    *window
 }
 
 // add makes call id's context; done forgets it (and releases the context).
-func (t *callTable) add(parent context.Context, id uint64) (context.Context, func()) {
+func (t *callTable) add(parent context.Context, id uint64, win *window) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(parent)
 	t.mu.Lock()
-	t.cancels[id] = cancel
+	t.calls[id] = tableEntry{cancel: cancel, win: win}
 	t.mu.Unlock()
 	return ctx, func() {
 		t.mu.Lock()
-		delete(t.cancels, id)
+		delete(t.calls, id)
 		t.mu.Unlock()
 		cancel()
 	}
@@ -140,10 +164,55 @@ func (t *callTable) add(parent context.Context, id uint64) (context.Context, fun
 
 func (t *callTable) cancel(id uint64) {
 	t.mu.Lock()
-	cancel := t.cancels[id]
+	e := t.calls[id]
 	t.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	if e.cancel != nil {
+		e.cancel()
+	}
+}
+
+func (t *callTable) credit(id uint64, n int64) {
+	t.mu.Lock()
+	e := t.calls[id]
+	t.mu.Unlock()
+	if e.win != nil {
+		e.win.give(n)
+	}
+}
+
+// window is a call's credit: the chunk bytes it may still send.
+type window struct {
+	mu    sync.Mutex
+	avail int64
+	more  chan struct{} // signalled when credit arrives
+}
+
+// take waits for credit and spends n of it (a chunk may overdraw: any
+// credit left lets one through).
+func (w *window) take(ctx context.Context, n int64) error {
+	for {
+		w.mu.Lock()
+		if w.avail > 0 {
+			w.avail -= n
+			w.mu.Unlock()
+			return nil
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.more:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (w *window) give(n int64) {
+	w.mu.Lock()
+	w.avail += n
+	w.mu.Unlock()
+	select {
+	case w.more <- struct{}{}:
+	default:
 	}
 }
 

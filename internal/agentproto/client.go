@@ -92,7 +92,15 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 	if err != nil {
 		return fmt.Errorf("agentproto: encode %s: %w", op, err)
 	}
-	cl := &call{ch: make(chan *Response, 64), quit: make(chan struct{})}
+	// A call that takes chunks is flow-controlled: the agent sends at most
+	// Window bytes ahead, so its frames always fit the channel and the
+	// read loop never waits for this call's consumer.
+	var window int64
+	size := 64
+	if onChunk != nil {
+		window, size = Window, Window/FrameCost+16
+	}
+	cl := &call{ch: make(chan *Response, size), quit: make(chan struct{})}
 	ch := cl.ch
 	defer close(cl.quit)
 	c.mu.Lock()
@@ -106,7 +114,7 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 	c.mu.Unlock()
 
 	c.wmu.Lock()
-	err = WriteFrame(c.conn, &Request{ID: id, Op: op, Body: raw})
+	err = WriteFrame(c.conn, &Request{ID: id, Op: op, Body: raw, Window: window})
 	c.wmu.Unlock()
 	if err != nil {
 		c.forget(id)
@@ -114,6 +122,7 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 	}
 
 	var chunkErr error
+	var owed int64 // credit taken by the consumer, not yet returned
 	for {
 		select {
 		case <-ctx.Done():
@@ -128,6 +137,12 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 			case KindChunk:
 				if onChunk != nil && chunkErr == nil {
 					chunkErr = onChunk(r)
+				}
+				if window > 0 {
+					if owed += int64(len(r.Data)) + FrameCost; owed >= window/4 {
+						c.control(OpCredit, &CreditRequest{ID: id, Bytes: owed})
+						owed = 0
+					}
 				}
 			case KindError:
 				if r.Error == nil {
@@ -151,11 +166,16 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 
 // cancel asks the agent to cancel call id (best effort: a closed channel
 // has cancelled it already).
-func (c *Client) cancel(id uint64) {
-	raw, _ := json.Marshal(&CancelRequest{ID: id})
+func (c *Client) cancel(id uint64) { c.control(OpCancel, &CancelRequest{ID: id}) }
+
+// control sends a frame about a call (OpCancel, OpCredit): id 0, answered
+// by nothing (an agent that does not know op answers an error to id 0,
+// which no call waits for).
+func (c *Client) control(op string, body any) {
+	raw, _ := json.Marshal(body)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	_ = WriteFrame(c.conn, &Request{ID: 0, Op: OpCancel, Body: raw})
+	_ = WriteFrame(c.conn, &Request{ID: 0, Op: op, Body: raw})
 }
 
 func (c *Client) forget(id uint64) {

@@ -63,7 +63,27 @@ const (
 	// body (CancelRequest) and answered by nothing; an agent that does not
 	// know it answers an error to id 0, which no call waits for.
 	OpCancel = "cancel"
+	// OpCredit lets a call with a Window send more: the agent may send
+	// Bytes more of it (CreditRequest, frame id 0, answered by nothing).
+	OpCredit = "credit"
 )
+
+// Flow control of a call's chunks. A request with a Window may have at most
+// that many bytes of chunk frames unacknowledged, each frame counting its
+// data plus FrameCost; the edge returns credit (OpCredit) as its consumer
+// takes them. A slow consumer thus stalls its own call only, never the
+// connection that the sandbox's other calls share. A request without a
+// Window is not flow-controlled (an older edge).
+const (
+	Window    = 4 << 20
+	FrameCost = 4 << 10
+)
+
+// CreditRequest is OpCredit's body.
+type CreditRequest struct {
+	ID    uint64 `json:"id"`
+	Bytes int64  `json:"bytes"`
+}
 
 // CancelRequest is OpCancel's body.
 type CancelRequest struct {
@@ -106,6 +126,8 @@ type Request struct {
 	ID   uint64          `json:"id"`
 	Op   string          `json:"op"`
 	Body json.RawMessage `json:"body,omitempty"`
+	// Window, when set, flow-controls the call's chunks (see Window).
+	Window int64 `json:"window,omitempty"`
 }
 
 // Response is one frame of an answer.
