@@ -36,13 +36,13 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	}
 	defer stop()
 
-	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 512})
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 512, DiskMB: 2*int64(o.TransferMB) + 256})
 	if err != nil {
 		return err
 	}
 	defer c.Delete(context.WithoutCancel(ctx), sb.ID)
-	if _, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: fmt.Sprintf("head -c %d /dev/zero > /big", size)}); err != nil {
-		return err
+	if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: fmt.Sprintf("head -c %d /dev/zero > /big", size)}); err != nil || r.ExitCode != 0 {
+		return fmt.Errorf("write the file in the sandbox: %v %+v", err, r)
 	}
 	hc := &http.Client{}
 	auth := map[string]string{"Authorization": "Bearer " + o.apiToken}

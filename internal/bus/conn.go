@@ -49,9 +49,11 @@ const (
 
 // keepaliveEvery is how often a busy handler proves it is alive; a caller
 // gives up after idleLimit without any message.
+// A caller that has heard nothing for probeEvery pings the subject.
 const (
 	keepaliveEvery = 5 * time.Second
 	idleLimit      = 20 * time.Second
+	probeEvery     = time.Second
 )
 
 // ErrNoResponders means nothing serves the subject (the node is not up).
@@ -242,23 +244,39 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 		return fmt.Errorf("bus: publish %s: %w", op, err)
 	}
 
-	idle := time.NewTimer(idleLimit)
-	defer idle.Stop()
+	// A call that stays silent is probed every probeEvery: a ping that
+	// nothing serves means the serving process is gone (killed with the
+	// call in flight), and the call fails at once rather than after
+	// idleLimit, which remains for a process that is alive but stuck.
+	tick := time.NewTimer(probeEvery)
+	defer tick.Stop()
+	last := time.Now()
+	var probe chan error // set while a probe is out
 	var chunkErr error
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-idle.C:
-			return &api.Error{Code: api.CodeUnavailable, Message: "node stopped answering"}
-		case m := <-ch:
-			if !idle.Stop() {
-				select {
-				case <-idle.C:
-				default:
-				}
+		case <-tick.C:
+			if time.Since(last) >= idleLimit {
+				return &api.Error{Code: api.CodeUnavailable, Message: "node stopped answering"}
 			}
-			idle.Reset(idleLimit)
+			if probe == nil && op != opPing {
+				probe = make(chan error, 1)
+				go func(probe chan error) {
+					pctx, cancel := context.WithTimeout(ctx, probeEvery)
+					defer cancel()
+					probe <- c.Ping(pctx, subject)
+				}(probe)
+			}
+			tick.Reset(probeEvery)
+		case err := <-probe:
+			probe = nil
+			if errors.Is(err, ErrNoResponders) {
+				return ErrNoResponders
+			}
+		case m := <-ch:
+			last = time.Now()
 			if m.Header.Get("Status") == "503" {
 				return ErrNoResponders
 			}

@@ -229,8 +229,50 @@ func TestDeadNodeAnswersFast(t *testing.T) {
 	if r, err := c.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo hi > /f; cat /f"}); err != nil || r.Stdout != "hi\n" {
 		t.Fatalf("exec: %+v %v", r, err)
 	}
-	c.edges["ea"].kill9()
+	// Calls in flight when the node dies: an exec (data plane) and a wait
+	// for a background command (bus).
+	bg, err := c.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "sleep 60", Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	raw := &http.Client{}
+	type answer struct {
+		what   string
+		status int
+		at     time.Time
+	}
+	inflight := make(chan answer, 2)
+	for _, call := range []struct{ what, method, path, body string }{
+		{"exec sleep 60", "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":"sleep 60"}`},
+		{"wait for a command", "GET", "/v1/sandboxes/" + sb.ID + "/commands/" + bg.CommandID + "?wait=1", ""},
+	} {
+		go func() {
+			req, _ := http.NewRequest(call.method, c.apiURL[0]+call.path, strings.NewReader(call.body))
+			req.Header.Set("Authorization", "Bearer "+c.token)
+			status := 0
+			if resp, err := raw.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				status = resp.StatusCode
+			}
+			inflight <- answer{call.what, status, time.Now()}
+		}()
+	}
+	time.Sleep(time.Second)
+	c.edges["ea"].kill9()
+	killed := time.Now()
+	for range 2 {
+		select {
+		case a := <-inflight:
+			took := a.at.Sub(killed)
+			t.Logf("in flight: %s -> %d %v after the kill", a.what, a.status, took.Round(time.Millisecond))
+			if took > 2500*time.Millisecond {
+				t.Errorf("in flight: %s answered %v after its node died (want ~2s)", a.what, took)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a call in flight to a dead node has not answered in 30s")
+		}
+	}
 	for _, tc := range []struct{ method, path, body string }{
 		{"GET", "/v1/sandboxes/" + sb.ID, ""},
 		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":"true"}`},
