@@ -35,6 +35,21 @@ func (c *conn) send(r *agentproto.Response) error {
 	return nil
 }
 
+// sendChunk writes one binary chunk frame, as send.
+func (c *conn) sendChunk(id uint64, stream string, data []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return c.werr
+	}
+	if err := agentproto.WriteChunk(c.c, id, stream, data); err != nil {
+		c.werr = err
+		c.c.Close()
+		return err
+	}
+	return nil
+}
+
 // call is one request being served.
 type call struct {
 	id   uint64
@@ -45,6 +60,8 @@ type call struct {
 	// win, when set, bounds the chunk bytes sent ahead of the edge's
 	// credit (agentproto.Window).
 	win *window
+	// binary sends the chunks as binary frames (the edge asked).
+	binary bool
 	// after runs once the answer is sent (an exec's ResetAfter).
 	after func()
 }
@@ -59,6 +76,9 @@ func (r *call) chunk(stream string, data []byte) error {
 		if err := r.win.take(r.ctx, int64(len(data))+agentproto.FrameCost); err != nil {
 			return err
 		}
+	}
+	if r.binary {
+		return r.conn.sendChunk(r.id, stream, data)
 	}
 	return r.conn.send(&agentproto.Response{ID: r.id, Kind: agentproto.KindChunk, Stream: stream, Data: data})
 }
@@ -101,7 +121,7 @@ func (a *Agent) serveConn(nc net.Conn) {
 	br := bufio.NewReaderSize(nc, 64<<10)
 	for {
 		req := new(agentproto.Request)
-		if err := agentproto.ReadFrame(br, req); err != nil {
+		if err := agentproto.ReadRequest(br, req); err != nil {
 			break
 		}
 		switch req.Op {
@@ -130,7 +150,7 @@ func (a *Agent) serveConn(nc net.Conn) {
 		cctx, done := calls.add(ctx, req.ID, win)
 		go func() {
 			defer done()
-			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx, win: win}, req)
+			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx, win: win, binary: req.Binary}, req)
 		}()
 	}
 	nc.Close()
@@ -242,7 +262,7 @@ func (a *Agent) serve(ctx context.Context, cl *call, req *agentproto.Request) {
 func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request) (any, error) {
 	switch req.Op {
 	case agentproto.OpPing:
-		return nil, nil
+		return &agentproto.PingResult{Proto: agentproto.Proto}, nil
 	case agentproto.OpSetup:
 		var cfg agentproto.SetupConfig
 		if err := decode(req, &cfg); err != nil {
@@ -313,6 +333,9 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 		var r agentproto.WriteRequest
 		if err := decode(req, &r); err != nil {
 			return nil, err
+		}
+		if req.Payload != nil { // sent raw, after the request
+			r.Data = req.Payload
 		}
 		return a.fileWrite(&r)
 	case agentproto.OpFileList:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrClosed is returned for calls on (or pending on) a closed connection.
@@ -18,6 +19,8 @@ type Client struct {
 	conn net.Conn
 
 	wmu sync.Mutex // serialises frame writes
+
+	proto atomic.Int32 // the agent's protocol version (Proto)
 
 	mu      sync.Mutex
 	next    uint64
@@ -55,7 +58,7 @@ func (c *Client) readLoop() {
 	var err error
 	for {
 		r := new(Response)
-		if err = ReadFrame(c.conn, r); err != nil {
+		if err = ReadResponse(c.conn, r); err != nil {
 			break
 		}
 		c.mu.Lock()
@@ -88,6 +91,16 @@ func (c *Client) readLoop() {
 // Cancelling ctx abandons the wait and tells the agent to cancel the work
 // (OpCancel).
 func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk func(*Response) error) error {
+	return c.CallPayload(ctx, op, body, nil, out, onChunk)
+}
+
+// Proto is the agent's protocol version, as its answer to OpSetup or
+// OpPing said (0 until then, or for an agent that does not say).
+func (c *Client) Proto() int { return int(c.proto.Load()) }
+
+// CallPayload is Call with bulk data sent raw after the request (see
+// Request.Payload). Only for an agent whose Proto is ProtoPayload or later.
+func (c *Client) CallPayload(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("agentproto: encode %s: %w", op, err)
@@ -114,7 +127,7 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 	c.mu.Unlock()
 
 	c.wmu.Lock()
-	err = WriteFrame(c.conn, &Request{ID: id, Op: op, Body: raw, Window: window})
+	err = WriteRequestFrame(c.conn, &Request{ID: id, Op: op, Body: raw, Window: window, Binary: onChunk != nil, Payload: payload})
 	c.wmu.Unlock()
 	if err != nil {
 		c.forget(id)
@@ -156,6 +169,12 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 				if out != nil && len(r.Body) > 0 {
 					if err := json.Unmarshal(r.Body, out); err != nil {
 						return fmt.Errorf("agentproto: decode %s answer: %w", op, err)
+					}
+				}
+				if op == OpSetup || op == OpPing {
+					var v PingResult
+					if json.Unmarshal(r.Body, &v) == nil {
+						c.proto.Store(int32(v.Proto))
 					}
 				}
 				return nil

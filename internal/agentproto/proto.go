@@ -128,6 +128,11 @@ type Request struct {
 	Body json.RawMessage `json:"body,omitempty"`
 	// Window, when set, flow-controls the call's chunks (see Window).
 	Window int64 `json:"window,omitempty"`
+	// Binary asks for the call's chunks as binary frames (binary.go).
+	Binary bool `json:"binary,omitempty"`
+	// Payload is bulk data sent after the JSON in a binary request frame
+	// (an agent of ProtoPayload or later; a file.write takes it as Data).
+	Payload []byte `json:"-"`
 }
 
 // Response is one frame of an answer.

@@ -51,7 +51,8 @@ type Bind struct {
 
 // SetupResult answers OpSetup once the agent serves from inside the sandbox.
 type SetupResult struct {
-	Pid int `json:"pid"` // the agent's pid as the host sees it (informational)
+	Pid   int `json:"pid"`             // the agent's pid as the host sees it (informational)
+	Proto int `json:"proto,omitempty"` // the agent's protocol version (Proto)
 }
 
 // ExecRequest runs one command. Exactly one of Cmd and Argv is set.

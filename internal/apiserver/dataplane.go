@@ -4,11 +4,26 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge"
 )
+
+type uploadKey struct{}
+
+// withUpload makes the data-plane call made with ctx (callEdge, callData)
+// stream in after its request.
+func withUpload(ctx context.Context, in io.Reader) context.Context {
+	return context.WithValue(ctx, uploadKey{}, in)
+}
+
+// canStream reports whether sandbox id's node takes op on its data listener.
+func (s *Server) canStream(id, op string) bool {
+	node := edge.NodeOf(id)
+	return node != "" && s.dataAddr(node, op) != ""
+}
 
 // dataAddr is where a call of op to node travels off the bus: the node's
 // data listener, for the operations that stream ("" = on the bus: the
@@ -32,6 +47,7 @@ func (s *Server) callData(ctx context.Context, addr, id, op string, req, out any
 	}
 	scope, scoped := h[bus.HeaderScope]
 	c := &dataplane.Call{Addr: addr, Sandbox: id, Op: op, Scope: scope, Scoped: scoped, Body: body}
+	c.Upload, _ = ctx.Value(uploadKey{}).(io.Reader)
 	var fn func(string, []byte) error
 	if onChunk != nil {
 		fn = func(stream string, data []byte) error { return onChunk(bus.Chunk{Stream: stream, Data: data}) }

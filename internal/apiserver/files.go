@@ -1,6 +1,8 @@
 package apiserver
 
 import (
+	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -10,6 +12,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
@@ -80,13 +83,29 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, &info)
 		return nil
 	}
-	// Large files: append to a temporary name beside the target, then rename.
+	if s.canStream(id, edge.OpFileUpload) {
+		// Large files over the data plane: the edge appends them to a
+		// temporary name and renames it into place, with flow control
+		// from the client's socket to the agent's writes; a client that
+		// goes away breaks the stream and leaves nothing.
+		in := io.MultiReader(bytes.NewReader(buf[:n]), body)
+		if err := s.callEdge(withUpload(r.Context(), in), id, edge.OpFileUpload, &edge.FileRequest{ID: id, Path: p, Mode: mode}, &info, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, &info)
+		return nil
+	}
+	// Large files over the bus: append to a temporary name beside the
+	// target, then rename.
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(path.Dir(p), ".warren-upload-"+hex.EncodeToString(rnd[:]))
 	ctx := r.Context()
 	fail := func(err error) error {
-		_ = s.callEdge(ctx, id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: tmp}, nil, nil)
+		// Also (above all) when the client went away: its ctx is done.
+		cctx, cancel := cleanupContext(ctx)
+		defer cancel()
+		_ = s.callEdge(cctx, id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: tmp}, nil, nil)
 		return err
 	}
 	chunk := buf[:n]
@@ -279,8 +298,10 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) error {
 		n, rerr := io.ReadFull(body, buf)
 		final := rerr != nil
 		if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
-			if handle != "" {
-				_ = s.callEdge(r.Context(), id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Final: true}, nil, nil)
+			if handle != "" { // end the agent's extraction, also when the client went away
+				cctx, cancel := cleanupContext(r.Context())
+				_ = s.callEdge(cctx, id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Final: true}, nil, nil)
+				cancel()
 			}
 			return rerr
 		}
@@ -318,4 +339,11 @@ func stepHeaders(w http.ResponseWriter, sr *edge.StepResult) {
 		w.Header().Set("Warren-Sandbox", sr.Sandbox)
 		w.Header().Set("Warren-Trajectory", sr.Trajectory)
 	}
+}
+
+// cleanupContext is for undoing a request's partial work after the request
+// failed, perhaps because its client went away (ctx done): ctx's values
+// (the principal), not its end, bounded by its own timeout.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }

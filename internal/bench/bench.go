@@ -72,7 +72,7 @@ type Options struct {
 	cgroupParent string // the private server's sandboxes' cgroup (set by Run)
 	// apiURL and apiToken reach the private server (set by Run).
 	apiURL, apiToken string
-	History      HistoryOptions
+	History          HistoryOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +51,10 @@ type Call struct {
 	Scope   string
 	Scoped  bool
 	Body    []byte // the JSON request
+	// Upload, when set, is streamed after the request (with the flow
+	// control of the stream); an error reading it resets the stream, and
+	// the edge sees the upload broken, never complete.
+	Upload io.Reader
 }
 
 // Do runs c: chunks go to onChunk in order (its error ends the call and
@@ -61,7 +66,13 @@ type Call struct {
 func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream string, data []byte) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // an unfinished stream is reset
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.Addr+callPrefix+c.Op, bytes.NewReader(c.Body))
+	var hdr [4]byte
+	binary.BigEndian.PutUint32(hdr[:], uint32(len(c.Body)))
+	var body io.Reader = io.MultiReader(bytes.NewReader(hdr[:]), bytes.NewReader(c.Body))
+	if c.Upload != nil {
+		body = io.MultiReader(body, c.Upload)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.Addr+callPrefix+c.Op, body)
 	if err != nil {
 		return fmt.Errorf("dataplane: %w", err)
 	}

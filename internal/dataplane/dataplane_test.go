@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -56,7 +57,7 @@ func serve(t *testing.T, h Handler) (*Server, string) {
 }
 
 func TestCallStreamsAndAnswers(t *testing.T) {
-	_, addr := serve(t, func(ctx context.Context, g *Grant, op string, body []byte, chunk func(string, []byte) error) (any, error) {
+	_, addr := serve(t, func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
 		if g.Sandbox != "sb-n-1" || !g.Scoped || g.Scope != "p" || string(body) != `{"id":"sb-n-1"}` {
 			return nil, &api.Error{Code: api.CodeInvalid, Message: "unexpected call"}
 		}
@@ -96,7 +97,7 @@ func TestCallStreamsAndAnswers(t *testing.T) {
 
 // A stream that breaks before its result is an error, never a short success.
 func TestBrokenStreamIsAnError(t *testing.T) {
-	srv, addr := serve(t, func(ctx context.Context, g *Grant, op string, body []byte, chunk func(string, []byte) error) (any, error) {
+	srv, addr := serve(t, func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
 		_ = chunk("data", []byte("part"))
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -124,7 +125,7 @@ func TestBrokenStreamIsAnError(t *testing.T) {
 func TestBackpressureAndCancel(t *testing.T) {
 	var sent atomic.Int64
 	cancelled := make(chan struct{})
-	_, addr := serve(t, func(ctx context.Context, g *Grant, op string, body []byte, chunk func(string, []byte) error) (any, error) {
+	_, addr := serve(t, func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
 		b := make([]byte, 256<<10)
 		for {
 			if err := chunk("data", b); err != nil {

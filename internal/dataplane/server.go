@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,9 +27,12 @@ const (
 )
 
 // Handler serves one call of op with its JSON request body, on behalf of
-// the verified grant g. chunk streams output; it blocks while the caller
-// does not read (the flow control), and fails once the caller went away.
-type Handler func(ctx context.Context, g *Grant, op string, body []byte, chunk func(stream string, data []byte) error) (any, error)
+// the verified grant g. in is the call's upload (empty for most calls): it
+// ends with io.EOF only when the caller sent all of it, with another error
+// when the caller went away. chunk streams output; it blocks while the
+// caller does not read (the flow control), and fails once the caller went
+// away.
+type Handler func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(stream string, data []byte) error) (any, error)
 
 // Server is an edge's data listener.
 type Server struct {
@@ -122,18 +126,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel = context.WithDeadline(ctx, d)
 		defer cancel()
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
-	if err != nil {
+	// The body: the JSON request's length (4 bytes, big-endian), the
+	// request, then the upload, if any.
+	var hdr [4]byte
+	if _, err := io.ReadFull(r.Body, hdr[:]); err != nil {
 		return // the caller went away
 	}
-	if len(body) > maxRequestBody {
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > maxRequestBody {
 		refuse(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, "data plane: request too large")
+		return
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r.Body, body); err != nil {
 		return
 	}
 	w.Header().Set("Content-Type", contentType)
 	w.WriteHeader(http.StatusOK)
 	fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
-	out, err := s.Handle(ctx, g, op, body, fw.chunk)
+	out, err := s.Handle(ctx, g, op, body, r.Body, fw.chunk)
 	if err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) {

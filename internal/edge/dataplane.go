@@ -2,17 +2,32 @@ package edge
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 )
 
+// OpFileUpload writes a file from a stream (data plane only): a
+// FileRequest (ID, Path, Mode) with the file's bytes as the call's upload;
+// -> api.FileInfo. The file appears whole (renamed into place) or not at
+// all.
+const OpFileUpload = "file_upload"
+
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true}
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -47,7 +62,7 @@ func (e *Edge) startData(ctx context.Context) error {
 
 // handleData serves one data-plane call through handle. The body must name
 // the grant's sandbox: a grant for one sandbox reaches no other.
-func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, body []byte, chunk func(string, []byte) error) (any, error) {
+func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
 	var id IDRequest
 	if err := json.Unmarshal(body, &id); err != nil {
 		return nil, badRequest("malformed request: %v", err)
@@ -59,5 +74,116 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 	if g.Scoped {
 		h[bus.HeaderScope] = g.Scope
 	}
+	if op == OpFileUpload {
+		var req FileRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		if err := e.inScope(g); err != nil {
+			return nil, err
+		}
+		return e.uploadFile(ctx, &req, in)
+	}
 	return e.handle(bus.WithIncoming(ctx, h), op, body, bus.FuncReplier(chunk))
+}
+
+// inScope checks a scoped grant's sandbox against its scope, as handle
+// does for bus calls.
+func (e *Edge) inScope(g *dataplane.Grant) error {
+	sb, err := e.lookup(g.Sandbox)
+	if err != nil {
+		return err
+	}
+	if g.Scoped && !sandboxspec.Within(sb.rec.Spec.Project, g.Scope) {
+		return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", g.Sandbox)}
+	}
+	return nil
+}
+
+// Upload chunks: what one agent write carries (raw, or base64 in JSON to
+// an agent that takes no payload).
+const (
+	uploadChunk     = 4 << 20
+	uploadChunkJSON = 1 << 20
+)
+
+// uploadFile writes req.Path from in: appended to a temporary name beside it,
+// then renamed into place; a broken upload (in fails: the caller went
+// away) removes the temporary file. In a trajectory sandbox every write
+// goes through fileRecorded, as the chunks of an upload over the bus do.
+func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (any, error) {
+	if req.Path == "" || req.Path == "/" || !strings.HasPrefix(req.Path, "/") {
+		return nil, badRequest("upload: a file path is required")
+	}
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := path.Join(path.Dir(req.Path), ".warren-upload-"+hex.EncodeToString(rnd[:]))
+	fail := func(err error) (any, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = e.fileRecorded(cctx, OpFileRemove, &FileRequest{ID: req.ID, Path: tmp}, nil)
+		return nil, err
+	}
+	size := uploadChunk
+	if sb.traj != nil {
+		size = uploadChunkJSON
+	}
+	buf := make([]byte, size)
+	for first := true; ; first = false {
+		n, rerr := io.ReadFull(in, buf)
+		if rerr != nil && rerr != io.EOF && rerr != io.ErrUnexpectedEOF {
+			return fail(&api.Error{Code: api.CodeBadRequest, Message: "upload broken: " + rerr.Error()})
+		}
+		if n > 0 || first {
+			if err := e.uploadWrite(ctx, sb, &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: !first}); err != nil {
+				return fail(err)
+			}
+		}
+		if rerr != nil {
+			break
+		}
+	}
+	if _, err := e.fileRecorded(ctx, OpFileRename, &FileRequest{ID: req.ID, Path: tmp, To: req.Path}, nil); err != nil {
+		return fail(err)
+	}
+	return e.file(ctx, OpFileStat, &FileRequest{ID: req.ID, Path: req.Path}, nil)
+}
+
+// uploadWrite writes one chunk of an upload: recorded in a trajectory
+// sandbox, else straight to the agent (raw when it takes a payload).
+//
+// A write is not cancelled with its upload: a short one that the agent
+// finished after the edge stopped waiting would recreate the temporary
+// file that the upload's failure removes.
+func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest) error {
+	ctx = context.WithoutCancel(ctx)
+	if sb.traj != nil {
+		_, err := e.fileRecorded(ctx, OpFileWrite, req, nil)
+		return err
+	}
+	sb, agent, release, err := e.acquire(req.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	w := &agentproto.WriteRequest{Path: req.Path, Mode: req.Mode, Append: req.Append}
+	if agent.Proto() >= agentproto.ProtoPayload {
+		err = agent.CallPayload(ctx, agentproto.OpFileWrite, w, req.Data, nil, nil)
+	} else {
+		for data := req.Data; err == nil && (len(data) > 0 || !w.Append); {
+			c := data[:min(len(data), uploadChunkJSON)]
+			w.Data = c
+			err = agent.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
+			w.Append, data = true, data[len(c):]
+		}
+	}
+	if err != nil {
+		return e.agentError(sb, err)
+	}
+	return nil
 }

@@ -300,3 +300,50 @@ func TestDeadNodeAnswersFast(t *testing.T) {
 		}
 	}
 }
+
+// An upload whose client goes away leaves nothing behind: no temporary
+// file of a file upload.
+func TestCancelledUploadLeavesNothing(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{})
+	s.sh(t, sb.ID, "mkdir -p /up")
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequestWithContext(ctx, "PUT", s.URL+"/v1/sandboxes/"+sb.ID+"/files?path=/up/f", pr)
+	req.Header.Set("Authorization", "Bearer "+s.Token)
+	req.ContentLength = 64 << 20
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	chunk := make([]byte, 1<<20)
+	for i := 0; i < 16; i++ {
+		if _, err := pw.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(s.sh(t, sb.ID, "ls -a /up").Stdout, ".warren-upload-") {
+		if time.Now().After(deadline) {
+			t.Fatal("the upload did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	pw.CloseWithError(context.Canceled)
+	<-done
+	gone := time.Now()
+	for {
+		out := s.sh(t, sb.ID, "ls -a /up").Stdout
+		if !strings.Contains(out, ".warren-upload-") && !strings.Contains(out, "f\n") {
+			break
+		}
+		if time.Since(gone) > 3*time.Second {
+			t.Fatalf("3s after the client went away, the upload left %q", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
