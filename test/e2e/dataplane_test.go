@@ -347,3 +347,42 @@ func TestCancelledUploadLeavesNothing(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Large uploads (past the single-write size) arrive whole through the data
+// plane, in a plain sandbox and, recorded chunk by chunk, in a trajectory
+// sandbox.
+func TestLargeUploadWhole(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	data := make([]byte, 21<<20+12345)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	for _, traj := range []string{"", fmt.Sprintf("dp/upload-%d", time.Now().UnixNano())} {
+		sb := s.create(t, api.CreateSandboxRequest{Trajectory: traj})
+		fi, err := s.C.WriteFileBytes(ctx, sb.ID, "/d/up.bin", data, 0o600)
+		if err != nil || fi.Size != int64(len(data)) || fi.Mode&0o777 != 0o600 {
+			t.Fatalf("trajectory %q: upload: %+v %v", traj, fi, err)
+		}
+		got, err := s.C.ReadFileBytes(ctx, sb.ID, "/d/up.bin")
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("trajectory %q: read back %d bytes (want %d), equal %v, %v", traj, len(got), len(data), bytes.Equal(got, data), err)
+		}
+		if r := s.sh(t, sb.ID, "ls -a /d"); r.Stdout != ".\n..\nup.bin\n" {
+			t.Fatalf("trajectory %q: /d holds %q", traj, r.Stdout)
+		}
+		if traj != "" {
+			steps, err := s.C.TrajectoryAll(ctx, traj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ops []string
+			for _, st := range steps {
+				ops = append(ops, st.Op)
+			}
+			if len(ops) < 4 || ops[0] != "write" || ops[len(ops)-2] != "rename" || ops[len(ops)-1] != "exec" {
+				t.Fatalf("trajectory steps: %v", ops)
+			}
+		}
+	}
+}
