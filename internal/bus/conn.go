@@ -53,7 +53,7 @@ const (
 const (
 	keepaliveEvery = 5 * time.Second
 	idleLimit      = 20 * time.Second
-	probeEvery     = time.Second
+	probeEvery     = 500 * time.Millisecond
 )
 
 // ErrNoResponders means nothing serves the subject (the node is not up).
