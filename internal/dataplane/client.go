@@ -35,8 +35,11 @@ func NewClient(key []byte) *Client {
 	d := &net.Dialer{Timeout: DialTimeout, KeepAlive: 15 * time.Second}
 	tr := &http.Transport{
 		DialContext: d.DialContext,
-		Protocols:   protocols(),
-		HTTP2:       h2config(),
+		Protocols:   clientProtocols(),
+		// One connection per call in flight: keep enough of them.
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     2 * time.Minute,
+		HTTP2:               h2config(),
 		// The frames are already compact; never gzip.
 		DisableCompression: true,
 	}
@@ -113,6 +116,7 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 		buf = b
 		switch kind {
 		case kindDone:
+			_, _ = io.Copy(io.Discard, resp.Body) // its end: the connection is reused
 			if out != nil && len(b) > 0 {
 				if err := json.Unmarshal(b, out); err != nil {
 					return fmt.Errorf("dataplane: decode %s answer: %w", c.Op, err)
@@ -120,6 +124,7 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 			}
 			return nil
 		case kindError:
+			_, _ = io.Copy(io.Discard, resp.Body)
 			e := new(api.Error)
 			if err := json.Unmarshal(b, e); err != nil || e.Code == "" {
 				return &api.Error{Code: api.CodeInternal, Message: "malformed error answer"}

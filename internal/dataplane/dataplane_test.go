@@ -44,7 +44,7 @@ func TestGrant(t *testing.T) {
 }
 
 // serve starts a data server with h on loopback.
-func serve(t *testing.T, h Handler) (*Server, string) {
+func serve(t testing.TB, h Handler) (*Server, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -161,5 +161,49 @@ func TestBackpressureAndCancel(t *testing.T) {
 	}
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("call: %v", err)
+	}
+}
+
+type failAfter struct {
+	n   int
+	err error
+}
+
+func (f *failAfter) Read(p []byte) (int, error) {
+	if f.n <= 0 {
+		return 0, f.err
+	}
+	k := min(len(p), f.n)
+	f.n -= k
+	return k, nil
+}
+
+// An upload arrives whole, or the handler sees it broken (never a clean
+// end of a short upload).
+func TestUpload(t *testing.T) {
+	results := make(chan error, 1)
+	var got atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Key: testKey, Ops: map[string]bool{"up": true}, Uploads: map[string]bool{"up": true},
+		Handle: func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
+			n, err := io.Copy(io.Discard, in)
+			got.Store(n)
+			results <- err
+			return map[string]int64{"n": n}, err
+		}}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	c := NewClient(testKey)
+	var out struct{ N int64 }
+	err = c.Do(context.Background(), &Call{Addr: ln.Addr().String(), Sandbox: "s", Op: "up", Body: []byte(`{}`), Upload: &failAfter{n: 10 << 20, err: io.EOF}}, &out, nil)
+	if err != nil || out.N != 10<<20 || <-results != nil {
+		t.Fatalf("whole upload: %v %+v", err, out)
+	}
+	err = c.Do(context.Background(), &Call{Addr: ln.Addr().String(), Sandbox: "s", Op: "up", Body: []byte(`{}`), Upload: &failAfter{n: 10 << 20, err: errors.New("client went away")}}, &out, nil)
+	if herr := <-results; err == nil || herr == nil {
+		t.Fatalf("broken upload: the caller got %v, the handler %v after %d bytes", err, herr, got.Load())
 	}
 }

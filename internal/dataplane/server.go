@@ -38,9 +38,10 @@ type Handler func(ctx context.Context, g *Grant, op string, body []byte, in io.R
 type Server struct {
 	Key    []byte
 	Handle Handler
-	// Ops are the operations it serves; every other is refused.
-	Ops    map[string]bool
-	Logger *slog.Logger
+	// Ops are the operations it serves; every other is refused. Uploads
+	// are those that read an upload after their request.
+	Ops, Uploads map[string]bool
+	Logger       *slog.Logger
 
 	srv *http.Server
 }
@@ -56,7 +57,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
-		Protocols:         protocols(),
+		Protocols:         serverProtocols(),
 		HTTP2:             h2config(),
 		ErrorLog:          slog.NewLogLogger(s.Logger.Handler(), slog.LevelDebug),
 	}
@@ -76,9 +77,23 @@ func (s *Server) Close() error {
 	return s.srv.Close()
 }
 
-func protocols() *http.Protocols {
+// serverProtocols: the data listener takes HTTP/1.1 and HTTP/2 cleartext
+// (with prior knowledge).
+func serverProtocols() *http.Protocols {
 	p := new(http.Protocols)
+	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
+	return p
+}
+
+// clientProtocols: apiservers call over HTTP/1.1, one connection per call
+// in flight (pooled): on loopback it carries twice the bytes of one HTTP/2
+// connection for the same CPU, and TCP's own flow control and a closed
+// connection give the backpressure and the cancellation. (An HTTP/2 client
+// works the same: streams are reset instead.)
+func clientProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
 	return p
 }
 
@@ -141,10 +156,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, err := io.ReadFull(r.Body, body); err != nil {
 		return
 	}
+	var in io.Reader = http.NoBody
+	if s.Uploads[op] {
+		// The upload is read while the answer may already be written.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		in = r.Body
+	} else if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		// Read to its end, so that HTTP/1.1 watches the connection: a
+		// caller that goes away cancels ctx.
+		return
+	}
 	w.Header().Set("Content-Type", contentType)
 	w.WriteHeader(http.StatusOK)
 	fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
-	out, err := s.Handle(ctx, g, op, body, r.Body, fw.chunk)
+	out, err := s.Handle(ctx, g, op, body, in, fw.chunk)
 	if err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) {

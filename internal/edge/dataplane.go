@@ -48,7 +48,7 @@ func (e *Edge) startData(ctx context.Context) error {
 	if e.dataAddr == "" {
 		e.dataAddr = ln.Addr().String()
 	}
-	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Logger: e.log}
+	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: map[string]bool{OpFileUpload: true}, Logger: e.log}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()

@@ -229,6 +229,29 @@ func TestDeadNodeAnswersFast(t *testing.T) {
 	if r, err := c.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo hi > /f; cat /f"}); err != nil || r.Stdout != "hi\n" {
 		t.Fatalf("exec: %+v %v", r, err)
 	}
+
+	// An apiserver killed in the middle of a download: its client sees an
+	// error, not a short 200.
+	if r, err := c.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "head -c 67108864 /dev/zero > /big"}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("exec: %+v %v", r, err)
+	}
+	req, _ := http.NewRequest("GET", c.apiURL[1]+"/v1/sandboxes/"+sb.ID+"/files?path=/big", nil)
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("download: %v %v", resp, err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	c.api[1].kill9()
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	t.Logf("download from a killed apiserver: %d more bytes, err %v", n, err)
+	if err == nil {
+		t.Fatalf("a download from an apiserver killed mid-transfer ended without error after %d of 64 MiB", n+1<<20)
+	}
+	c.apiURL = c.apiURL[:1]
 	// Calls in flight when the node dies: an exec (data plane) and a wait
 	// for a background command (bus).
 	bg, err := c.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "sleep 60", Background: true})
