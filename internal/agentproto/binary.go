@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 )
 
 // Binary frames carry bulk bytes without JSON (no base64, no scanning).
@@ -56,12 +57,16 @@ func WriteChunk(w io.Writer, id uint64, stream string, data []byte) error {
 	if 9+len(data) > MaxFrame {
 		return fmt.Errorf("agentproto: chunk of %d bytes exceeds a frame", len(data))
 	}
-	buf := make([]byte, 13+len(data))
-	binary.BigEndian.PutUint32(buf, uint32(9+len(data))|binaryFlag)
-	binary.BigEndian.PutUint64(buf[4:], id)
-	buf[12] = streamByte(stream)
-	copy(buf[13:], data)
-	_, err := w.Write(buf)
+	var hdr [13]byte
+	binary.BigEndian.PutUint32(hdr[:], uint32(9+len(data))|binaryFlag)
+	binary.BigEndian.PutUint64(hdr[4:], id)
+	hdr[12] = streamByte(stream)
+	if len(data) < 4<<10 {
+		_, err := w.Write(append(hdr[:], data...))
+		return err
+	}
+	bufs := net.Buffers{hdr[:], data} // one writev, no copy
+	_, err := bufs.WriteTo(w)
 	return err
 }
 
