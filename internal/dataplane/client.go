@@ -93,7 +93,9 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 		if errors.As(err, &op) && op.Op == "dial" {
 			return fmt.Errorf("%w: %w", ErrUnreachable, err)
 		}
-		return fmt.Errorf("dataplane: %s: %w", c.Op, err)
+		// Sent, and the connection ended before the answer's head (the
+		// edge holds it back until the first frame).
+		return fmt.Errorf("%w: %s: %w", ErrBroken, c.Op, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
