@@ -196,3 +196,27 @@ type ResetResult struct {
 	Killed  int `json:"killed"`  // processes killed
 	Removed int `json:"removed"` // files removed from the stateless directories
 }
+
+// The trust split of a sandbox's cgroup in the cgroup v2 hierarchy (on a
+// hybrid host, its unified mount): the agent and trusted commands live in
+// the sandbox's cgroup, every other process in its child CgroupWork, which
+// a trusted command freezes for its duration. The edge opens the split's
+// files (CgroupFiles, in that order) and passes them to the agent as the
+// consecutive descriptors from the one named by CgroupFDEnv in its
+// environment.
+const (
+	CgroupWork  = "work"
+	CgroupFDEnv = "WARREN_AGENT_CGROUP_FD"
+)
+
+// CgroupFiles are the split's files the agent gets, relative to the
+// sandbox's cgroup, and how the edge opens each (read, write).
+var CgroupFiles = []struct {
+	Name  string
+	Write bool
+}{
+	{"cgroup.procs", false},                // who is beside the agent
+	{CgroupWork + "/cgroup.procs", true},   // moves a process into work
+	{CgroupWork + "/cgroup.freeze", true},  // freezes and thaws work
+	{CgroupWork + "/cgroup.events", false}, // "frozen 1"
+}

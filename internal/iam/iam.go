@@ -61,8 +61,42 @@ func (p *Principal) Admin() bool { return p.Project == "" && p.Role == api.RoleA
 func (p *Principal) InScope(project string) bool { return Within(project, p.Project) }
 
 // Within reports whether project is scope or one of its descendants.
-func Within(project, scope string) bool {
-	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
+func Within(project, scope string) bool { return sandboxspec.Within(project, scope) }
+
+// Kinds of objects for Sees.
+const (
+	KindSandbox    = "sandbox"
+	KindTrajectory = "trajectory"
+	KindSnapshot   = "snapshot"
+	KindLayer      = "layer"
+	KindPool       = "pool"
+	KindCommand    = "command"
+	KindEvent      = "event"
+	KindProject    = "project"
+)
+
+// Sees is warren's one ownership rule: whether p may see and use an
+// object of kind owned by project owner. Every object records its project
+// and every route asks this before it reads, uses, changes or lists one.
+// A token reaches its own project and every project below it, never one
+// above it or beside it (the rule of sandboxes since the first IAM).
+// The one widening: a layer made by a root token (owner "") is the
+// operator's shared catalog, like an image: every project may read and
+// mount it, only root may change it (see Changes).
+func (p *Principal) Sees(kind, owner string) bool {
+	if p == nil {
+		return false
+	}
+	if kind == KindLayer && owner == "" {
+		return true
+	}
+	return p.InScope(owner)
+}
+
+// Changes reports whether p may change or delete an object of kind owned
+// by owner: it must see it, and the shared catalog is root's alone.
+func (p *Principal) Changes(kind, owner string) bool {
+	return p != nil && p.InScope(owner) && p.Sees(kind, owner)
 }
 
 // Can reports whether p's role allows role's actions.

@@ -145,6 +145,12 @@ class ExecResult:
             resumed with ``branch=True``: it ran on this new sandbox, which
             records this new trajectory (the :class:`Sandbox` that ran it
             switches to it).
+        oom_killed: the kernel's OOM killer ended the command (the
+            sandbox's memory limit); the exit code is then 137.
+        killed_by: what ended a command that did not exit by itself:
+            ``"oom"``, ``"timeout"`` or ``"signal"`` (``""`` otherwise).
+        pids_limited: the sandbox's pids limit refused a fork or thread
+            while the command ran.
     """
 
     exit_code: int = 0
@@ -159,6 +165,9 @@ class ExecResult:
     replayed: bool = False
     sandbox: str = ""
     trajectory: str = ""
+    oom_killed: bool = False
+    killed_by: str = ""
+    pids_limited: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -172,7 +181,8 @@ class ExecResult:
             signal=_s(d, "signal"), duration=_f(d, "duration_ms") / 1000.0,
             command_id=_s(d, "command_id") or _s(d, "id"), step=_oi(d, "step"),
             replayed=bool(d.get("replayed")), sandbox=_s(d, "sandbox"),
-            trajectory=_s(d, "trajectory"), raw=d)
+            trajectory=_s(d, "trajectory"), oom_killed=bool(d.get("oom_killed")),
+            killed_by=_s(d, "killed_by"), pids_limited=bool(d.get("pids_limited")), raw=d)
 
     @property
     def ok(self) -> bool:
@@ -191,7 +201,11 @@ class ExecResult:
     def check(self) -> "ExecResult":
         """Return self if :attr:`ok`, else raise :class:`~warren.CommandFailed`."""
         if not self.ok:
-            why = "timed out" if self.timed_out else "exited with %d" % self.exit_code
+            why = "exited with %d" % self.exit_code
+            if self.timed_out:
+                why = "timed out"
+            elif self.oom_killed:
+                why = "was killed by the OOM killer (out of the sandbox's memory)"
             tail = (self.stderr or self.stdout)[-500:]
             raise CommandFailed("command %s%s" % (why, (": " + tail) if tail else ""), self)
         return self
