@@ -55,8 +55,12 @@ type call struct {
 	id   uint64
 	conn *conn
 	// ctx ends when the edge cancels the call (OpCancel) or the connection
-	// ends: chunk then fails, and a foreground command is killed.
+	// ends: chunk then fails.
 	ctx context.Context
+	// withdrawn ends only when the edge cancels the call: a foreground
+	// command is then killed. (One whose connection ends lives on: a new
+	// edge, after an upgrade, connects again.)
+	withdrawn context.Context
 	// win, when set, bounds the chunk bytes sent ahead of the edge's
 	// credit (agentproto.Window).
 	win *window
@@ -140,17 +144,17 @@ func (a *Agent) serveConn(nc net.Conn) {
 		}
 		if req.Op == agentproto.OpSetup {
 			// Served in line: later requests must see the agent set up.
-			a.serve(ctx, &call{id: req.ID, conn: c, ctx: ctx}, req)
+			a.serve(ctx, &call{id: req.ID, conn: c, ctx: ctx, withdrawn: context.Background()}, req)
 			continue
 		}
 		var win *window
 		if req.Window > 0 {
 			win = &window{avail: req.Window, more: make(chan struct{}, 1)}
 		}
-		cctx, done := calls.add(ctx, req.ID, win)
+		cctx, withdrawn, done := calls.add(ctx, req.ID, win)
 		go func() {
 			defer done()
-			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx, win: win, binary: req.Binary}, req)
+			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx, withdrawn: withdrawn, win: win, binary: req.Binary}, req)
 		}()
 	}
 	nc.Close()
@@ -168,17 +172,22 @@ type tableEntry struct {
 	win    *window
 }
 
-// add makes call id's context; done forgets it (and releases the context).
-func (t *callTable) add(parent context.Context, id uint64, win *window) (context.Context, func()) {
+// add makes call id's contexts: ctx ends with parent (the connection) or a
+// cancel, withdrawn with a cancel only; done forgets the call.
+func (t *callTable) add(parent context.Context, id uint64, win *window) (ctx, withdrawn context.Context, done func()) {
+	withdrawn, withdraw := context.WithCancel(context.Background())
 	ctx, cancel := context.WithCancel(parent)
+	stop := context.AfterFunc(withdrawn, cancel)
 	t.mu.Lock()
-	t.calls[id] = tableEntry{cancel: cancel, win: win}
+	t.calls[id] = tableEntry{cancel: withdraw, win: win}
 	t.mu.Unlock()
-	return ctx, func() {
+	return ctx, withdrawn, func() {
 		t.mu.Lock()
 		delete(t.calls, id)
 		t.mu.Unlock()
+		stop()
 		cancel()
+		withdraw()
 	}
 }
 

@@ -204,9 +204,8 @@ func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest)
 		release()
 		return nil, err
 	}
-	// A caller that goes away (OpCancel, or the connection ends) takes its
-	// command with it.
-	stop := context.AfterFunc(ctx, r.abort)
+	// A caller that goes away (OpCancel) takes its command with it.
+	stop := context.AfterFunc(cl.withdrawn, r.abort)
 	defer stop()
 	res := a.finish(p, r)
 	release()

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -186,4 +187,57 @@ func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest) e
 		return e.agentError(sb, err)
 	}
 	return nil
+}
+
+// sandboxOps are the operations whose request's "id" is the sandbox they
+// act on.
+var sandboxOps = map[string]bool{
+	OpGet: true, OpDelete: true, OpExec: true, OpCommandGet: true, OpCommandKill: true,
+	OpFileRead: true, OpFileWrite: true, OpFileList: true, OpFileStat: true, OpFileMkdir: true,
+	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true,
+	OpFileUpload: true,
+}
+
+// checkSandboxHeader refuses a request whose Warren-Sandbox header (the
+// sandbox its scope was checked against) names another sandbox than its
+// body (the sandbox it acts on).
+func checkSandboxHeader(ctx context.Context, op string, body []byte) error {
+	hid, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
+	if !ok || !sandboxOps[op] {
+		return nil
+	}
+	bid, err := bodyID(body)
+	if err != nil {
+		return badRequest("malformed request: %v", err)
+	}
+	if bid != hid {
+		return badRequest("the request is about sandbox %q but addressed to sandbox %q", bid, hid)
+	}
+	return nil
+}
+
+// bodyID reads the top-level "id" of a JSON object ("" when it has none),
+// without decoding more than it must (the id comes first in the requests
+// that have one; an upload chunk's data follows it).
+func bodyID(body []byte) (string, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", fmt.Errorf("not a JSON object")
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", err
+		}
+		if k, _ := t.(string); k == "id" {
+			var id string
+			err := dec.Decode(&id)
+			return id, err
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", err
+		}
+	}
+	return "", nil
 }

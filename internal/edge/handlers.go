@@ -36,6 +36,9 @@ func decode(body []byte, v any) error {
 func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replier) (any, error) {
 	// A request on behalf of a project-scoped principal reaches only the
 	// sandboxes of that project and below.
+	if err := checkSandboxHeader(ctx, op, body); err != nil {
+		return nil, err
+	}
 	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
 	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages && op != OpTrajReplay {
 		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
