@@ -37,7 +37,7 @@ func (a *Agent) tarGet(cl *call, req *agentproto.PathRequest) error {
 	if err != nil {
 		return err
 	}
-	bw := bufio.NewWriterSize(chunkWriter{cl}, agentproto.ChunkSize)
+	bw := bufio.NewWriterSize(chunkWriter{cl}, agentproto.BulkChunkSize)
 	tw := tar.NewWriter(bw)
 	fd, err := a.root.open(p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {

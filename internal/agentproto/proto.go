@@ -19,6 +19,11 @@ const MaxFrame = 8 << 20
 // ChunkSize is the most data one chunk frame carries.
 const ChunkSize = 256 << 10
 
+// BulkChunkSize is the chunk of file and tar reads: fewer frames (and
+// syscalls, and buffers) per byte on every hop to the client. Command
+// output keeps ChunkSize (a buffer per stream of every command).
+const BulkChunkSize = 1 << 20
+
 // Operations.
 const (
 	OpSetup      = "setup"     // SetupConfig -> SetupResult; first request, once
