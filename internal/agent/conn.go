@@ -388,6 +388,9 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 		if err := decode(req, &r); err != nil {
 			return nil, err
 		}
+		if req.Payload != nil { // sent raw, after the request
+			r.Data = req.Payload
+		}
 		// An upload spans calls: it is abandoned when the connection
 		// ends, not when one of its calls does.
 		return a.tarPut(cl.conn.ctx, &r)

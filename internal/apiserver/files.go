@@ -291,6 +291,16 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxArchive)
+	if s.canStream(id, edge.OpTarUpload) {
+		// Over the data plane: one stream, with flow control; a client
+		// that goes away breaks it and ends the extraction.
+		var res edge.TarPutResult
+		if err := s.callEdge(withUpload(r.Context(), body), id, edge.OpTarUpload, &edge.FileRequest{ID: id, Path: p}, &res, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, map[string]int{"files": res.Files})
+		return nil
+	}
 	buf := make([]byte, uploadChunk)
 	var res edge.TarPutResult
 	handle := ""

@@ -49,7 +49,7 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 		return err
 	}
 	switch op {
-	case edge.OpExec, edge.OpFileWrite, edge.OpFileRemove, edge.OpFileMkdir, edge.OpFileRename, edge.OpTarPut, edge.OpFileUpload:
+	case edge.OpExec, edge.OpFileWrite, edge.OpFileRemove, edge.OpFileMkdir, edge.OpFileRename, edge.OpTarPut, edge.OpFileUpload, edge.OpTarUpload:
 		// A recorded operation: the edge must know how far a fast-forward
 		// served here got first.
 		if err := s.endFastForward(ctx, id); err != nil {

@@ -27,8 +27,16 @@ import (
 // all.
 const OpFileUpload = "file_upload"
 
+// OpTarUpload extracts a tar stream into a directory (data plane only): a
+// FileRequest (ID, Path) with the archive as the call's upload; ->
+// TarPutResult (Files).
+const OpTarUpload = "tar_upload"
+
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true}
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true}
+
+// dataUploads are the DataOps that read an upload.
+var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -49,7 +57,7 @@ func (e *Edge) startData(ctx context.Context) error {
 	if e.dataAddr == "" {
 		e.dataAddr = ln.Addr().String()
 	}
-	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: map[string]bool{OpFileUpload: true}, Logger: e.log}
+	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: dataUploads, Logger: e.log}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -75,13 +83,16 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 	if g.Scoped {
 		h[bus.HeaderScope] = g.Scope
 	}
-	if op == OpFileUpload {
+	if dataUploads[op] {
 		var req FileRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
 		if err := e.inScope(g); err != nil {
 			return nil, err
+		}
+		if op == OpTarUpload {
+			return e.uploadTar(ctx, &req, in)
 		}
 		return e.uploadFile(ctx, &req, in)
 	}
@@ -189,13 +200,70 @@ func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest) e
 	return nil
 }
 
+// uploadTar extracts the tar stream in into req.Path, 4 MiB per agent call
+// (raw to an agent that takes a payload). A broken stream ends the
+// extraction where it got to and fails the call.
+func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (any, error) {
+	sb, agent, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if sb.traj != nil {
+		return nil, &api.Error{Code: api.CodeConflict, Message: "archive uploads are not recorded in a trajectory; upload files one by one"}
+	}
+	raw := agent.Proto() >= agentproto.ProtoPayload
+	size := uploadChunk
+	if !raw {
+		size = uploadChunkJSON
+	}
+	// Each call is let finish (the extraction is the agent's to end: the
+	// final call below), also when the stream broke.
+	wctx := context.WithoutCancel(ctx)
+	put := func(data []byte, final bool, handle string) (*TarPutResult, error) {
+		var res TarPutResult
+		var err error
+		tr := &agentproto.TarPutRequest{Path: req.Path, Handle: handle, Final: final}
+		if raw {
+			err = agent.CallPayload(wctx, agentproto.OpTarPut, tr, data, &res, nil)
+		} else {
+			tr.Data = data
+			err = agent.Call(wctx, agentproto.OpTarPut, tr, &res, nil)
+		}
+		if err != nil {
+			return nil, e.agentError(sb, err)
+		}
+		return &res, nil
+	}
+	buf := make([]byte, size)
+	handle := ""
+	for {
+		n, rerr := io.ReadFull(in, buf)
+		broken := rerr != nil && rerr != io.EOF && rerr != io.ErrUnexpectedEOF
+		if broken {
+			n = 0
+		}
+		res, err := put(buf[:n], rerr != nil, handle)
+		if err != nil {
+			return nil, err
+		}
+		if broken {
+			return nil, &api.Error{Code: api.CodeBadRequest, Message: "archive upload broken: " + rerr.Error()}
+		}
+		if rerr != nil {
+			return &TarPutResult{Files: res.Files}, nil
+		}
+		handle = res.Handle
+	}
+}
+
 // sandboxOps are the operations whose request's "id" is the sandbox they
 // act on.
 var sandboxOps = map[string]bool{
 	OpGet: true, OpDelete: true, OpExec: true, OpCommandGet: true, OpCommandKill: true,
 	OpFileRead: true, OpFileWrite: true, OpFileList: true, OpFileStat: true, OpFileMkdir: true,
 	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true,
-	OpFileUpload: true,
+	OpFileUpload: true, OpTarUpload: true,
 }
 
 // checkSandboxHeader refuses a request whose Warren-Sandbox header (the

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -407,5 +408,43 @@ func TestLargeUploadWhole(t *testing.T) {
 				t.Fatalf("trajectory steps: %v", ops)
 			}
 		}
+	}
+}
+
+// A large archive streams in whole over the data plane.
+func TestLargeArchiveUploadWhole(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{})
+	big := make([]byte, 9<<20+77)
+	for i := range big {
+		big[i] = byte(i*13 + i>>9)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i, f := range []struct {
+		name string
+		data []byte
+	}{{"big.bin", big}, {"a/small.txt", []byte("small\n")}, {"a/b/c.txt", []byte("c\n")}} {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.data)), Typeflag: tar.TypeReg, ModTime: time.Unix(int64(i), 0)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.C.UploadArchive(ctx, sb.ID, "/arc", &buf)
+	if err != nil || n != 3 {
+		t.Fatalf("upload archive: %d %v", n, err)
+	}
+	got, err := s.C.ReadFileBytes(ctx, sb.ID, "/arc/big.bin")
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("big.bin: %d bytes (want %d), %v", len(got), len(big), err)
+	}
+	if r := s.sh(t, sb.ID, "cat /arc/a/small.txt /arc/a/b/c.txt"); r.Stdout != "small\nc\n" {
+		t.Fatalf("small files: %q", r.Stdout)
 	}
 }
