@@ -243,11 +243,13 @@ type ExecResult struct {
 	// memory limit); KilledBy names what ended a command that did not
 	// exit by itself (KilledBy*); PidsLimited: a fork or thread was refused
 	// by the sandbox's pids limit while the command ran.
-	OOMKilled   bool    `json:"oom_killed,omitempty"`
-	KilledBy    string  `json:"killed_by,omitempty"`
-	PidsLimited bool    `json:"pids_limited,omitempty"`
-	DurationMs  float64 `json:"duration_ms"`
-	CommandID   string  `json:"command_id,omitempty"` // set for background commands
+	OOMKilled   bool   `json:"oom_killed,omitempty"`
+	KilledBy    string `json:"killed_by,omitempty"`
+	PidsLimited bool   `json:"pids_limited,omitempty"`
+	// DiskFull: the command failed with the sandbox's disk quota used up.
+	DiskFull   bool    `json:"disk_full,omitempty"`
+	DurationMs float64 `json:"duration_ms"`
+	CommandID  string  `json:"command_id,omitempty"` // set for background commands
 	// Step is the operation's step in the sandbox's trajectory; Replayed
 	// says the result came from the log and nothing ran.
 	Step     int64 `json:"step,omitempty"`
@@ -274,10 +276,11 @@ type ExecEvent struct {
 	Truncated bool    `json:"truncated,omitempty"`
 	TimedOut  bool    `json:"timed_out,omitempty"`
 	Signal    string  `json:"signal,omitempty"`
-	// OOMKilled, KilledBy, PidsLimited (on the final line): as in ExecResult.
+	// OOMKilled, KilledBy, PidsLimited, DiskFull (on the final line): as in ExecResult.
 	OOMKilled   bool     `json:"oom_killed,omitempty"`
 	KilledBy    string   `json:"killed_by,omitempty"`
 	PidsLimited bool     `json:"pids_limited,omitempty"`
+	DiskFull    bool     `json:"disk_full,omitempty"`
 	DurationMs  *float64 `json:"duration_ms,omitempty"`
 	// Step, Replayed, Sandbox, Trajectory (on the final line): as in ExecResult.
 	Step       int64  `json:"step,omitempty"`
@@ -500,16 +503,21 @@ type Divergence struct {
 
 // Node is the watcher's view of one edge.
 type Node struct {
-	Name          string            `json:"name"`
-	State         string            `json:"state"` // up, down
-	CPUCapacity   float64           `json:"cpu_capacity"`
-	MemoryMB      int64             `json:"memory_mb"`
-	CPURequested  float64           `json:"cpu_requested"`
-	MemRequested  int64             `json:"memory_requested_mb"`
-	Sandboxes     int               `json:"sandboxes"`
-	Tiers         []string          `json:"tiers"`
-	Labels        map[string]string `json:"labels,omitempty"`
-	LastHeartbeat time.Time         `json:"last_heartbeat"`
+	Name         string  `json:"name"`
+	State        string  `json:"state"` // up, down
+	CPUCapacity  float64 `json:"cpu_capacity"`
+	MemoryMB     int64   `json:"memory_mb"`
+	CPURequested float64 `json:"cpu_requested"`
+	MemRequested int64   `json:"memory_requested_mb"`
+	// DiskMB is the disk (disk_mb) the node admits: what its scratch
+	// filesystem can really hold × DiskOvercommit (0: no limit);
+	// DiskRequestedMB what its live sandboxes were given.
+	DiskMB          int64             `json:"disk_mb"`
+	DiskRequestedMB int64             `json:"disk_requested_mb"`
+	Sandboxes       int               `json:"sandboxes"`
+	Tiers           []string          `json:"tiers"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	LastHeartbeat   time.Time         `json:"last_heartbeat"`
 	// DataAddr is the address of the node's data listener (host:port),
 	// where apiservers open the streams of exec output and file transfers.
 	DataAddr string `json:"data_addr,omitempty"`
@@ -527,12 +535,14 @@ type Node struct {
 	MemoryAvailableMB int64   `json:"memory_available_mb"` // host MemAvailable
 	SwapTotalMB       int64   `json:"swap_total_mb"`
 	SwapUsedMB        int64   `json:"swap_used_mb"`
-	MemoryPressure    float64 `json:"memory_pressure"` // PSI memory "some" avg10, percent (0 without PSI)
-	CPUPressure       float64 `json:"cpu_pressure"`    // PSI cpu "some" avg10, percent
+	MemoryPressure    float64 `json:"memory_pressure"`   // PSI memory "some" avg10, percent (0 without PSI)
+	CPUPressure       float64 `json:"cpu_pressure"`      // PSI cpu "some" avg10, percent
+	DiskAvailableMB   int64   `json:"disk_available_mb"` // free on the scratch filesystem (and the host under it)
 
 	// Configuration.
 	CPUOvercommit    float64 `json:"cpu_overcommit"`
 	MemoryOvercommit float64 `json:"memory_overcommit"`
+	DiskOvercommit   float64 `json:"disk_overcommit"`
 
 	SandboxesByState    map[string]int `json:"sandboxes_by_state"`
 	SandboxesByPriority map[string]int `json:"sandboxes_by_priority"`
