@@ -248,6 +248,12 @@ func (a *Agent) tarPut(ctx context.Context, req *agentproto.TarPutRequest) (any,
 	}
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
+	if req.Abort {
+		tp.pw.CloseWithError(errors.New("upload broken"))
+		<-tp.done
+		a.tars.remove(handle)
+		return nil, errf(agentproto.ErrInvalid, "tar.put: the upload broke; nothing was extracted")
+	}
 	if len(req.Data) > 0 {
 		if _, err := tp.pw.Write(req.Data); err != nil {
 			<-tp.done

@@ -162,6 +162,9 @@ type TarPutRequest struct {
 	Handle string `json:"handle,omitempty"`
 	Data   []byte `json:"data,omitempty"`
 	Final  bool   `json:"final,omitempty"`
+	// Abort ends the upload as broken (its sender went away): nothing of
+	// it is extracted, even when it broke where a tar stream could end.
+	Abort bool `json:"abort,omitempty"`
 }
 
 type TarPutResult struct {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge"
 )
 
@@ -62,8 +63,10 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxFileBody)
 	buf := make([]byte, singleWrite)
-	n, err := io.ReadFull(body, buf)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+	// dataplane.ReadChunk, not io.ReadFull: a body cut short (its client
+	// went away) must fail, not be written as a shorter file.
+	n, err := dataplane.ReadChunk(body, buf)
+	if err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	var info api.FileInfo
@@ -122,10 +125,10 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 			appendMode = true
 			chunk = chunk[len(c):]
 		}
-		n, err := io.ReadFull(body, buf)
+		n, err := dataplane.ReadChunk(body, buf)
 		chunk = buf[:n]
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			if errors.Is(err, io.EOF) {
 				if n == 0 {
 					break
 				}
@@ -305,12 +308,12 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) error {
 	var res edge.TarPutResult
 	handle := ""
 	for {
-		n, rerr := io.ReadFull(body, buf)
+		n, rerr := dataplane.ReadChunk(body, buf)
 		final := rerr != nil
-		if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
+		if rerr != nil && !errors.Is(rerr, io.EOF) {
 			if handle != "" { // end the agent's extraction, also when the client went away
 				cctx, cancel := cleanupContext(r.Context())
-				_ = s.callEdge(cctx, id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Final: true}, nil, nil)
+				_ = s.callEdge(cctx, id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Abort: true}, nil, nil)
 				cancel()
 			}
 			return rerr

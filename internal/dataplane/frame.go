@@ -86,3 +86,19 @@ func broken(err error) error {
 	}
 	return fmt.Errorf("%w: %w", ErrBroken, err)
 }
+
+// ReadChunk fills buf from an upload r. Unlike io.ReadFull it keeps what
+// r says: io.EOF (with the last bytes) only at the upload's clean end, and
+// io.ErrUnexpectedEOF (a body cut short: its sender went away) as the
+// error it is, never as a short last piece.
+func ReadChunk(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := r.Read(buf[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

@@ -147,8 +147,8 @@ func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (
 	}
 	buf := make([]byte, size)
 	for first := true; ; first = false {
-		n, rerr := io.ReadFull(in, buf)
-		if rerr != nil && rerr != io.EOF && rerr != io.ErrUnexpectedEOF {
+		n, rerr := dataplane.ReadChunk(in, buf)
+		if rerr != nil && rerr != io.EOF {
 			return fail(&api.Error{Code: api.CodeBadRequest, Message: "upload broken: " + rerr.Error()})
 		}
 		if n > 0 || first {
@@ -201,8 +201,8 @@ func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest) e
 }
 
 // uploadTar extracts the tar stream in into req.Path, 4 MiB per agent call
-// (raw to an agent that takes a payload). A broken stream ends the
-// extraction where it got to and fails the call.
+// (raw to an agent that takes a payload). A broken stream aborts the
+// extraction (nothing of it is extracted) and fails the call.
 func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (any, error) {
 	sb, agent, release, err := e.acquire(req.ID)
 	if err != nil {
@@ -220,10 +220,10 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 	// Each call is let finish (the extraction is the agent's to end: the
 	// final call below), also when the stream broke.
 	wctx := context.WithoutCancel(ctx)
-	put := func(data []byte, final bool, handle string) (*TarPutResult, error) {
+	put := func(data []byte, final, abort bool, handle string) (*TarPutResult, error) {
 		var res TarPutResult
 		var err error
-		tr := &agentproto.TarPutRequest{Path: req.Path, Handle: handle, Final: final}
+		tr := &agentproto.TarPutRequest{Path: req.Path, Handle: handle, Final: final, Abort: abort}
 		if raw {
 			err = agent.CallPayload(wctx, agentproto.OpTarPut, tr, data, &res, nil)
 		} else {
@@ -238,17 +238,16 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 	buf := make([]byte, size)
 	handle := ""
 	for {
-		n, rerr := io.ReadFull(in, buf)
-		broken := rerr != nil && rerr != io.EOF && rerr != io.ErrUnexpectedEOF
-		if broken {
-			n = 0
+		n, rerr := dataplane.ReadChunk(in, buf)
+		if rerr != nil && rerr != io.EOF {
+			if handle != "" { // nothing of it is extracted
+				_, _ = put(nil, false, true, handle)
+			}
+			return nil, &api.Error{Code: api.CodeBadRequest, Message: "archive upload broken: " + rerr.Error()}
 		}
-		res, err := put(buf[:n], rerr != nil, handle)
+		res, err := put(buf[:n], rerr != nil, false, handle)
 		if err != nil {
 			return nil, err
-		}
-		if broken {
-			return nil, &api.Error{Code: api.CodeBadRequest, Message: "archive upload broken: " + rerr.Error()}
 		}
 		if rerr != nil {
 			return &TarPutResult{Files: res.Files}, nil

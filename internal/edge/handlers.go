@@ -462,7 +462,7 @@ func (e *Edge) file(ctx context.Context, op string, req *FileRequest, w *bus.Rep
 		agentOp, body = agentproto.OpTarGet, &agentproto.PathRequest{Path: req.Path}
 		onChunk = func(r *agentproto.Response) error { return w.Chunk("data", r.Data) }
 	case OpTarPut:
-		agentOp, body, out = agentproto.OpTarPut, &agentproto.TarPutRequest{Path: req.Path, Handle: req.Handle, Data: req.Data, Final: req.Final}, &TarPutResult{}
+		agentOp, body, out = agentproto.OpTarPut, &agentproto.TarPutRequest{Path: req.Path, Handle: req.Handle, Data: req.Data, Final: req.Final, Abort: req.Abort}, &TarPutResult{}
 	}
 	if err := agent.Call(ctx, agentOp, body, out, onChunk); err != nil {
 		return nil, e.agentError(sb, err)

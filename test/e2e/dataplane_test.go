@@ -448,3 +448,46 @@ func TestLargeArchiveUploadWhole(t *testing.T) {
 		t.Fatalf("small files: %q", r.Stdout)
 	}
 }
+
+// An archive upload whose client goes away extracts nothing, even when the
+// stream broke right after a whole entry (where a tar reader would see a
+// clean end).
+func TestBrokenArchiveUploadExtractsNothing(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{})
+	var first bytes.Buffer
+	tw := tar.NewWriter(&first)
+	data := bytes.Repeat([]byte("x"), 6<<20) // past the first 4 MiB piece
+	if err := tw.WriteHeader(&tar.Header{Name: "one.bin", Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Flush(); err != nil { // the entry, padded; no end-of-archive marker
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequestWithContext(ctx, "PUT", s.URL+"/v1/sandboxes/"+sb.ID+"/archive?path=/arc", pr)
+	req.Header.Set("Authorization", "Bearer "+s.Token)
+	req.ContentLength = int64(first.Len()) + 64<<20
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	if _, err := pw.Write(first.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the entry is through
+	cancel()
+	pw.CloseWithError(context.Canceled)
+	<-done
+	time.Sleep(time.Second)
+	if r := s.sh(t, sb.ID, "ls -a /arc 2>&1; true"); strings.Contains(r.Stdout, "one.bin") {
+		t.Fatalf("a broken archive upload left %q", r.Stdout)
+	}
+}
