@@ -1,5 +1,8 @@
 package agent
 
+// Locks in this file: conn.wmu (frame writes), callTable.mu (the calls of
+// a connection) and window.mu (a call's credit) are never held together.
+
 import (
 	"bufio"
 	"context"
