@@ -207,3 +207,61 @@ func TestUpload(t *testing.T) {
 		t.Fatalf("broken upload: the caller got %v, the handler %v after %d bytes", err, herr, got.Load())
 	}
 }
+
+// A call streams both ways at once: the caller sends a piece only after
+// it got the echo of the one before (no WebSocket: one request, full
+// duplex), as terminals and port forwards will.
+func TestBidirectionalEcho(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Key: testKey, Ops: map[string]bool{"echo": true}, Uploads: map[string]bool{"echo": true},
+		Handle: func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
+			buf := make([]byte, 64)
+			for {
+				n, err := in.Read(buf)
+				if n > 0 {
+					if err := chunk("stdout", buf[:n]); err != nil {
+						return nil, err
+					}
+				}
+				if err == io.EOF {
+					return nil, nil
+				}
+				if err != nil {
+					return nil, err
+				}
+			}
+		}}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	pr, pw := io.Pipe()
+	echoed := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- NewClient(testKey).Do(context.Background(), &Call{Addr: ln.Addr().String(), Sandbox: "s", Op: "echo", Body: []byte(`{}`), Upload: pr}, nil,
+			func(stream string, b []byte) error {
+				echoed <- string(b)
+				return nil
+			})
+	}()
+	for i := 0; i < 20; i++ {
+		msg := "ping " + strings.Repeat("x", i)
+		if _, err := pw.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-echoed:
+			if got != msg {
+				t.Fatalf("echo %d: %q, want %q", i, got, msg)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no echo of piece %d while the request is still open", i)
+		}
+	}
+	pw.Close()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
