@@ -337,6 +337,7 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	sb.inst = inst
 	h := inst.Handle
 	sb.rec.Handle = &h
+	sb.rec.CPUBase = e.cpuBaseline(&sb.rec, h)
 	sb.rec.Sandbox.State = api.StateRunning
 	sb.lastActive = time.Now()
 	rec := sb.rec

@@ -19,8 +19,9 @@ import (
 )
 
 var (
-	_ runtime.Reclaimer     = (*Runtime)(nil)
-	_ runtime.UsageReporter = (*Runtime)(nil)
+	_ runtime.Reclaimer            = (*Runtime)(nil)
+	_ runtime.UsageReporter        = (*Runtime)(nil)
+	_ runtime.SandboxUsageReporter = (*Runtime)(nil)
 )
 
 // pausedSlack is the headroom above the reclaimed usage that a paused
@@ -69,6 +70,19 @@ func (r *Runtime) MemoryUsage(h runtime.Handle) (int64, error) {
 	}
 	_, mem, err := r.cg.usage(h.Cgroup)
 	return mem, err
+}
+
+// SandboxUsage measures one sandbox: the CPU time its container used and
+// the memory charged to it now.
+func (r *Runtime) SandboxUsage(h runtime.Handle) (runtime.Usage, error) {
+	if h.Cgroup == "" {
+		h.Cgroup = r.cgroupPath(h.ID)
+	}
+	ns, mem, err := r.cg.usage(h.Cgroup)
+	if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("%w: cgroup %s", runtime.ErrGone, h.Cgroup)
+	}
+	return runtime.Usage{CPUSeconds: float64(ns) / 1e9, MemoryBytes: mem}, err
 }
 
 // coreCookie gives a latency sandbox's agent its own core-scheduling
