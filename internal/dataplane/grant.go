@@ -1,8 +1,10 @@
 // Package dataplane carries the byte streams of sandbox operations (exec
 // output, file and tar transfers) between an apiserver and an edge, off the
-// control bus: one HTTP/2 (cleartext) request per call to the edge's data
-// listener, whose flow control reaches from the client's socket to the
-// agent's pipe, and whose reset cancels the call on every hop.
+// control bus: one HTTP request per call to the edge's data listener
+// (HTTP/1.1 from a pool; the listener takes HTTP/2 cleartext too), whose
+// flow control reaches from the client's socket to the agent's pipe, and
+// whose end (a closed connection, a reset stream) cancels the call on every
+// hop.
 //
 // Only apiservers may use it: each request carries a grant, an HMAC-SHA256
 // over the sandbox, the operation, the caller's project scope and an expiry,
