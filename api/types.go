@@ -614,6 +614,9 @@ type Node struct {
 	Tiers           []string          `json:"tiers"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	LastHeartbeat   time.Time         `json:"last_heartbeat"`
+	// DataAddr is the address of the node's data listener (host:port),
+	// where apiservers open the streams of exec output and file transfers.
+	DataAddr string `json:"data_addr,omitempty"`
 	// Images are the images whose layers the node holds (placement prefers them).
 	Images []string `json:"images,omitempty"`
 	// States counts sandboxes per state; Projects sums live usage per

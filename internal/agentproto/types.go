@@ -62,7 +62,8 @@ type Bind struct {
 
 // SetupResult answers OpSetup once the agent serves from inside the sandbox.
 type SetupResult struct {
-	Pid int `json:"pid"` // the agent's pid as the host sees it (informational)
+	Pid   int `json:"pid"`             // the agent's pid as the host sees it (informational)
+	Proto int `json:"proto,omitempty"` // the agent's protocol version (Proto)
 }
 
 // ExecRequest runs one command. Exactly one of Cmd and Argv is set.
@@ -164,6 +165,9 @@ type TarPutRequest struct {
 	Handle string `json:"handle,omitempty"`
 	Data   []byte `json:"data,omitempty"`
 	Final  bool   `json:"final,omitempty"`
+	// Abort ends the upload as broken (its sender went away): nothing of
+	// it is extracted, even when it broke where a tar stream could end.
+	Abort bool `json:"abort,omitempty"`
 }
 
 type TarPutResult struct {

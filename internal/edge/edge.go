@@ -24,6 +24,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 )
@@ -140,6 +141,12 @@ type Config struct {
 	// RecycleIdle is how long a wiped container waits for a create; 0 =
 	// DefaultRecycleIdle.
 	RecycleIdle time.Duration
+	// DataListen is the address of the data listener (dataplane.go), which
+	// carries exec output and file and tar transfers; "" = none (those then
+	// travel on the bus). DataAdvertise is the address apiservers dial, in
+	// the heartbeat; "" = the listener's own address.
+	DataListen    string
+	DataAdvertise string
 }
 
 // Edge manages the sandboxes of one node.
@@ -194,6 +201,9 @@ type Edge struct {
 	wg     sync.WaitGroup
 
 	uploads uploads // layer tarballs arriving in chunks
+
+	data     *dataplane.Server // the data listener, when DataListen is set
+	dataAddr string            // its advertised address (in the heartbeat)
 
 	snaps    *bus.Records // snapshot records
 	trajMeta *bus.Records // trajectory records
@@ -329,6 +339,11 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	if err := e.startData(ctx); err != nil {
+		_ = sub.Unsubscribe()
+		cancel()
+		return err
+	}
 	e.subs = append(e.subs, sub)
 	e.wg.Add(2)
 	go e.heartbeatLoop(runCtx)
@@ -354,6 +369,9 @@ func (e *Edge) Close(ctx context.Context) error {
 	e.mu.Unlock()
 	for _, s := range e.subs {
 		_ = s.Unsubscribe()
+	}
+	if e.data != nil {
+		_ = e.data.Close() // streams in flight are reset: their callers see an error
 	}
 	if e.cancel != nil {
 		e.cancel()

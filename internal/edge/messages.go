@@ -159,6 +159,7 @@ type FileRequest struct {
 	Data      []byte `json:"data,omitempty"`
 	Handle    string `json:"handle,omitempty"` // tar_put
 	Final     bool   `json:"final,omitempty"`  // tar_put
+	Abort     bool   `json:"abort,omitempty"`  // tar_put: the upload broke, extract nothing
 }
 
 // TarPutResult answers tar_put.
