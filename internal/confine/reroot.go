@@ -13,6 +13,11 @@ import (
 type RerootConfig struct {
 	Lowers      []string // read-only layer directories, top-most first
 	Upper, Work string   // the new, empty writable layer
+	// UsernsFD, when > 0, is a user namespace with the sandbox's id map:
+	// the layers are idmapped through it (see MountRoot), and IDBase is
+	// the host id of the sandbox's root, which gets its /dev.
+	UsernsFD int
+	IDBase   uint32
 }
 
 // RootID identifies a root directory (its device and inode), so that the
@@ -47,10 +52,7 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 	if len(cfg.Lowers) == 0 || cfg.Upper == "" || cfg.Work == "" {
 		return id, errors.New("confine: reroot: lowers, upper and work are required")
 	}
-	if err := checkOverlayPaths(append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...)); err != nil {
-		return id, err
-	}
-	mfd, err := fsmountOverlay(cfg)
+	mfd, err := MountRoot(&RootConfig{Lowers: cfg.Lowers, Upper: cfg.Upper, Work: cfg.Work, UsernsFD: cfg.UsernsFD})
 	if err != nil {
 		return id, err
 	}
@@ -67,7 +69,11 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 	defer closeDevNodes(nodes)
 	// /dev/shm as setup sizes it when the config leaves it to the default,
 	// as the edge does.
-	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, DefaultShmMB) })
+	base := uint32(0)
+	if cfg.UsernsFD > 0 {
+		base = cfg.IDBase
+	}
+	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, DefaultShmMB, base) })
 }
 
 // checkOverlayPaths refuses the characters that separate overlay options
@@ -89,11 +95,11 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 		return -1, fmt.Errorf("confine: fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
-	for _, kv := range [][2]string{
-		{"lowerdir", strings.Join(cfg.Lowers, ":")},
-		{"upperdir", cfg.Upper},
-		{"workdir", cfg.Work},
-	} {
+	opts := [][2]string{{"lowerdir", strings.Join(cfg.Lowers, ":")}}
+	if cfg.Upper != "" { // else a read-only overlay (stateless sandboxes)
+		opts = append(opts, [2]string{"upperdir", cfg.Upper}, [2]string{"workdir", cfg.Work})
+	}
+	for _, kv := range opts {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
 			return -1, fmt.Errorf("confine: overlay %s=%s: %w", kv[0], kv[1], err)
 		}
@@ -103,8 +109,10 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 	// sync or fsync): a sandbox's files do not outlive the host anyway,
 	// and its writable layer is deleted right after. The same upper and
 	// work directories are never mounted again.
-	if err := unix.FsconfigSetFlag(fsfd, "volatile"); err != nil {
-		return -1, fmt.Errorf("confine: overlay volatile: %w", err)
+	if cfg.Upper != "" {
+		if err := unix.FsconfigSetFlag(fsfd, "volatile"); err != nil {
+			return -1, fmt.Errorf("confine: overlay volatile: %w", err)
+		}
 	}
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return -1, fmt.Errorf("confine: create overlay: %w", err)
@@ -118,7 +126,7 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 
 // rerootThread is step 3 of Reroot, on a thread in the sandbox's mount
 // namespace.
-func rerootThread(mfd int, nodes map[string]int, shmMB int64) error {
+func rerootThread(mfd int, nodes map[string]int, shmMB int64, base uint32) error {
 	// The sandbox's /proc and /sys, opened before the new root covers them.
 	var moved []int
 	defer func() {
@@ -160,7 +168,7 @@ func rerootThread(mfd int, nodes map[string]int, shmMB int64) error {
 	if err := pivotHere(); err != nil {
 		return err
 	}
-	return mountDev(nodes, shmMB)
+	return mountDev(nodes, shmMB, base)
 }
 
 // mountPointIn opens directory name of the root behind rootfd as a mount

@@ -1,0 +1,349 @@
+package container
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/confine"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+// User namespaces. Each sandbox's root is the first id of a range of
+// RangeSize host ids of its own (uid and gid alike), so per-user kernel
+// budgets (POSIX message queues, pipe buffers, inotify, RLIMIT_NPROC,
+// pending signals) count per sandbox, and whatever escapes is an
+// unprivileged user on the host. Ranges are IDBase + i*RangeSize for i in
+// [0, IDRanges). The kernel is the record of which are in use: a live
+// agent's /proc/<pid>/uid_map names its range, so after a crash of the edge
+// Leftovers and Attach reserve the ranges of the sandboxes that survived.
+//
+// The layers are idmapped for a sandbox through a user namespace with its
+// range's map (confine.MountRoot) before the agent is cloned, so that the
+// agent gets its root as an inherited mount. One such namespace is kept per
+// range once used (a descriptor; made by a child stopped at its exec, ~2 ms).
+//
+// Lock order: Runtime.mu, then idRanges.mu (never the other way).
+
+// RangeSize is the number of host ids of one sandbox (ids 0..65535 inside).
+const RangeSize = 65536
+
+// Defaults of Config.IDBase and Config.IDRanges: ranges from 2^20 (above
+// the usual /etc/subuid allocations of login users), 16,384 of them.
+const (
+	DefaultIDBase   = 1 << 20
+	DefaultIDRanges = 16384
+)
+
+// idRanges hands out ranges of host ids, one per sandbox.
+type idRanges struct {
+	base  uint32
+	count int
+	agent string // agent binary, the child whose user namespace is kept
+
+	mu     sync.Mutex
+	owner  map[int]string // range index -> sandbox id
+	next   int            // where the search for a free range starts
+	userns map[int]int    // range index -> descriptor of a user namespace with its map
+}
+
+func newIDRanges(base uint32, count int, agent string) (*idRanges, error) {
+	if base == 0 || count <= 0 {
+		return nil, fmt.Errorf("container: id ranges need a base > 0 and a count > 0 (got %d, %d)", base, count)
+	}
+	if uint64(base)+uint64(count)*RangeSize > 1<<32-2 {
+		return nil, fmt.Errorf("container: %d id ranges from %d pass the last uid", count, base)
+	}
+	return &idRanges{base: base, count: count, agent: agent, owner: map[int]string{}, userns: map[int]int{}}, nil
+}
+
+// alloc reserves a free range for sandbox id and returns its first host id.
+func (r *idRanges) alloc(id string) (uint32, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for n := 0; n < r.count; n++ {
+		i := (r.next + n) % r.count
+		if _, used := r.owner[i]; !used {
+			r.owner[i] = id
+			r.next = (i + 1) % r.count
+			return r.base + uint32(i)*RangeSize, nil
+		}
+	}
+	return 0, fmt.Errorf("container: all %d id ranges are in use", r.count)
+}
+
+// index is the range that starts at host id first; false if none does.
+func (r *idRanges) index(first uint32) (int, bool) {
+	if first < r.base || (first-r.base)%RangeSize != 0 {
+		return 0, false
+	}
+	i := int((first - r.base) / RangeSize)
+	return i, i < r.count
+}
+
+// reserve marks the range at first as sandbox id's (a sandbox found alive
+// after a restart). It fails when another sandbox holds it.
+func (r *idRanges) reserve(first uint32, id string) error {
+	i, ok := r.index(first)
+	if !ok {
+		return fmt.Errorf("container: host id %d starts no range of this node", first)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if o, used := r.owner[i]; used && o != id {
+		return fmt.Errorf("container: id range %d is %s's, not %s's", first, o, id)
+	}
+	r.owner[i] = id
+	return nil
+}
+
+// free releases the range at first when sandbox id holds it (Destroy may
+// run twice, and the range may belong to another sandbox by then).
+func (r *idRanges) free(first uint32, id string) {
+	i, ok := r.index(first)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.owner[i] == id {
+		delete(r.owner, i)
+	}
+}
+
+// inUse is how many ranges are held.
+func (r *idRanges) inUse() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.owner)
+}
+
+// usernsOf returns a descriptor (kept by r) of a user namespace whose map
+// is the range at first.
+func (r *idRanges) usernsOf(first uint32) (int, error) {
+	i, ok := r.index(first)
+	if !ok {
+		return -1, fmt.Errorf("container: host id %d starts no range of this node", first)
+	}
+	r.mu.Lock()
+	fd, ok := r.userns[i]
+	r.mu.Unlock()
+	if ok {
+		return fd, nil
+	}
+	fd, err := newUserns(r.agent, first)
+	if err != nil {
+		return -1, err
+	}
+	r.mu.Lock()
+	if old, ok := r.userns[i]; ok {
+		unix.Close(fd)
+		fd = old
+	} else {
+		r.userns[i] = fd
+	}
+	r.mu.Unlock()
+	return fd, nil
+}
+
+// close releases the kept user namespaces.
+func (r *idRanges) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, fd := range r.userns {
+		unix.Close(fd)
+		delete(r.userns, i)
+	}
+}
+
+// idMaps is the map of the range at first: ids 0..RangeSize-1 inside.
+func idMaps(first uint32) []syscall.SysProcIDMap {
+	return []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(first), Size: RangeSize}}
+}
+
+// newUserns makes a user namespace mapped to the range at first and
+// returns a descriptor of it: a child of binary (never run: it stops at
+// its exec, traced) is cloned into it, the namespace is opened and the
+// child killed. The descriptor keeps the namespace.
+func newUserns(binary string, first uint32) (int, error) {
+	cmd := &exec.Cmd{
+		Path: binary,
+		Args: []string{"warren-userns"},
+		Env:  []string{},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags:  syscall.CLONE_NEWUSER,
+			UidMappings: idMaps(first),
+			GidMappings: idMaps(first),
+			Ptrace:      true, // stops at the exec: the binary never runs
+			Pdeathsig:   syscall.SIGKILL,
+		},
+	}
+	if err := cmd.Start(); err != nil {
+		return -1, fmt.Errorf("container: user namespace for ids %d: %w", first, err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("container: open user namespace: %w", err)
+	}
+	return fd, nil
+}
+
+// rangeOf reads the first host id that pid's user namespace maps id 0 to;
+// false when pid is in the host's (an identity map) or has no such map.
+func rangeOf(pid int) (uint32, bool) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/uid_map")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fs := strings.Fields(s.Text())
+		if len(fs) != 3 || fs[0] != "0" {
+			continue
+		}
+		host, err1 := strconv.ParseUint(fs[1], 10, 32)
+		n, err2 := strconv.ParseUint(fs[2], 10, 32)
+		if err1 != nil || err2 != nil || (host == 0 && n == 1<<32-1) {
+			return 0, false
+		}
+		return uint32(host), true
+	}
+	return 0, false
+}
+
+// agentFD opens the agent binary for exec through /proc/self/fd/N: the
+// agent starts as an unprivileged host user, which may not search the
+// directories on the way to the binary (a 0700 temporary directory). The
+// descriptor is close-on-exec (the kernel resolves the path before it
+// closes them) and numbered high, above the descriptors exec.Cmd sets up.
+func agentFD(path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("container: open agent: %w", err)
+	}
+	defer f.Close()
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 100)
+	if err != nil {
+		return nil, fmt.Errorf("container: dup agent descriptor: %w", err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// probeUserns checks that this kernel runs sandboxes in user namespaces:
+// it makes one mapped to the first range and idmaps a fresh tmpfs through
+// it (idmapped tmpfs: Linux 6.3; EROFS and overlayfs over idmapped layers:
+// 5.19).
+func probeUserns(r *idRanges) error {
+	fd, err := newUserns(r.agent, r.base)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsopen tmpfs: %w", err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return fmt.Errorf("create tmpfs: %w", err)
+	}
+	m, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("fsmount tmpfs: %w", err)
+	}
+	defer unix.Close(m)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(fd)}
+	if err := unix.MountSetattr(m, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		return fmt.Errorf("idmapped mounts unsupported: %w", err)
+	}
+	return nil
+}
+
+// userRoot prepares the root of a sandbox whose root is host id base:
+// its writable layer's root directory becomes base's, and the overlay and
+// the bind sources are mounted, idmapped, detached (confine.MountRoot).
+// setup is changed to take them as inherited descriptors (fd 4 the root,
+// fd 5... the binds, after the listener); the files are returned in that
+// order, for exec.Cmd.ExtraFiles.
+func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.SetupConfig) (files []*os.File, err error) {
+	usfd, err := r.ids.usernsOf(base)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			closeFiles(files)
+			files = nil
+		}
+	}()
+	if spec.Upper != "" {
+		if err := confine.OwnRoot(spec.Upper, base); err != nil {
+			return nil, err
+		}
+	}
+	mfd, err := confine.MountRoot(&confine.RootConfig{Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work, UsernsFD: usfd})
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, os.NewFile(uintptr(mfd), "root"))
+	setup.RootFD = 4
+	setup.Binds = slices.Clone(spec.Binds)
+	for i := range setup.Binds {
+		fd, err := confine.IDMapped(setup.Binds[i].Source, usfd,
+			unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, os.NewFile(uintptr(fd), setup.Binds[i].Source))
+		setup.Binds[i].FD = 5 + i
+	}
+	return files, nil
+}
+
+// inUserns makes cmd start the agent in a new user namespace mapped to the
+// range at base, as its root, with mounts inherited after the listener.
+func (r *Runtime) inUserns(cmd *exec.Cmd, base uint32, mounts []*os.File) {
+	cmd.Path = "/proc/self/fd/" + strconv.Itoa(int(r.agentExe.Fd()))
+	cmd.Args = []string{"warren-agent", agentproto.KeepFDsArg + strconv.Itoa(len(mounts))}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, mounts...)
+	a := cmd.SysProcAttr
+	a.Cloneflags |= syscall.CLONE_NEWUSER
+	a.UidMappings, a.GidMappings = idMaps(base), idMaps(base)
+	a.GidMappingsEnableSetgroups = true // the agent switches users
+	a.Credential = &syscall.Credential{Uid: 0, Gid: 0}
+}
+
+// reserveRange records the range of a sandbox found alive (Leftovers).
+func (r *Runtime) reserveRange(h *runtime.Handle) {
+	base, ok := rangeOf(h.Pid)
+	if !ok {
+		return
+	}
+	h.IDBase = base
+	if r.ids == nil {
+		return
+	}
+	if err := r.ids.reserve(base, h.ID); err != nil {
+		r.log.Warn("container: id range of a leftover sandbox", "id", h.ID, "err", err)
+	}
+}
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
