@@ -261,7 +261,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		r.inUserns(cmd, h.IDBase, mounts)
 	}
 	tRoot := time.Now()
-	if err := r.cg.start(h.Cgroup, cmd, idle); err != nil {
+	if err := r.cg.start(h.Cgroup, cmd, idle, h.IDBase); err != nil {
 		return nil, fmt.Errorf("container: start agent: %w", err)
 	}
 	tFork := time.Now()

@@ -2,6 +2,7 @@ package container
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -347,3 +348,45 @@ func closeFiles(fs []*os.File) {
 		f.Close()
 	}
 }
+
+// startAs starts cmd from the calling thread (locked to its goroutine) with
+// the thread's effective uid set to owner (0: as it is), and sets it back.
+// The kernel makes the effective uid of the thread that clones a user
+// namespace its owner, and charges the namespace's users' per-user counts
+// (ucounts: message queue bytes, pending signals, inotify instances and
+// watches, user namespaces) to the owner as well, against limits taken
+// from the owner's at that moment. Owned by host root, every sandbox would
+// share root's: A's message queues made B's mq_open fail (EMFILE). Owned by
+// its range's first id, each sandbox has budgets of its own. The thread
+// keeps its capabilities across the switch (SECBIT_NO_SETUID_FIXUP), so
+// exec.Cmd can still write the id maps. restored is false when the thread
+// could not be set back (the caller then lets it end).
+func startAs(cmd *exec.Cmd, owner uint32) (err error, restored bool) {
+	if owner == 0 {
+		return cmd.Start(), true
+	}
+	bits, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0)
+	if err != nil {
+		return fmt.Errorf("container: get securebits: %w", err), true
+	}
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits)|secbitNoSetuidFixup, 0, 0, 0); err != nil {
+		return fmt.Errorf("container: keep capabilities: %w", err), true
+	}
+	// The raw syscall changes this thread only (glibc's and Go's setresuid
+	// change every thread).
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(owner), ^uintptr(0)); e != 0 {
+		err = fmt.Errorf("container: switch to owner %d: %w", owner, e)
+	} else {
+		err = cmd.Start()
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), 0, ^uintptr(0)); e != 0 {
+			return errors.Join(err, fmt.Errorf("container: switch back to root: %w", e)), false
+		}
+	}
+	if perr := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits), 0, 0, 0); perr != nil {
+		return errors.Join(err, fmt.Errorf("container: restore securebits: %w", perr)), false
+	}
+	return err, unix.Geteuid() == 0
+}
+
+// secbitNoSetuidFixup keeps a thread's capabilities when its uids change.
+const secbitNoSetuidFixup = 1 << 2

@@ -1,0 +1,178 @@
+package container
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/internal/confine/confinetest"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+var (
+	budgetOnce sync.Once
+	budgetBin  string
+	budgetErr  error
+)
+
+// installBudget puts testdata/budget (static) in the sandbox's lower
+// layer as /bin/budget.
+func installBudget(t *testing.T, spec *runtime.Spec) {
+	t.Helper()
+	budgetOnce.Do(func() {
+		budgetBin = filepath.Join(buildDir, "budget")
+		budgetErr = confinetest.GoStatic(".", "build", "-o", budgetBin, "./testdata/budget")
+	})
+	if budgetErr != nil {
+		t.Fatal(budgetErr)
+	}
+	b, err := os.ReadFile(budgetBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.Lowers[0], "bin", "budget"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUsernsIdentity: a sandbox's root is its own range of host ids; the
+// shared layer shows as root's inside and stays unmodified, what the
+// sandbox writes belongs to its range, and two sandboxes get two ranges.
+func TestUsernsIdentity(t *testing.T) {
+	f := newFixture(t)
+	specA, specB := f.spec(t, "sb-ida"), f.spec(t, "sb-idb")
+	a, b := f.start(t, specA), f.start(t, specB)
+	base := a.Handle.IDBase
+	if base == 0 || b.Handle.IDBase == 0 || base == b.Handle.IDBase {
+		t.Fatalf("id bases %d and %d, want two different ranges", base, b.Handle.IDBase)
+	}
+	if got, want := strings.Fields(run(t, a.Agent, "cat", "/proc/self/uid_map").stdout), []string{"0", strconv.Itoa(int(base)), "65536"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("uid_map %v, want %v", got, want)
+	}
+	if st := hostUID(t, a.Handle.Pid); st != int(base) {
+		t.Errorf("agent's host uid %d, want %d", st, base)
+	}
+	o := sh(t, a.Agent, `id -u; stat -c '%u:%g' / /bin/busybox; touch /new && mkdir /d && chown 1000:1000 /d && echo done`)
+	if got := strings.Fields(o.stdout); strings.Join(got, " ") != "0 0:0 0:0 done" {
+		t.Errorf("inside: %q (stderr %q), want 0, 0:0 twice and done", o.stdout, o.stderr)
+	}
+	for name, want := range map[string]int{"new": int(base), "d": int(base) + 1000} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(specA.Upper, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if int(st.Uid) != want || int(st.Gid) != want {
+			t.Errorf("upper/%s owned by %d:%d on the host, want %d", name, st.Uid, st.Gid, want)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(specA.Lowers[0], "bin", "busybox"), &st); err != nil || st.Uid != 0 {
+		t.Errorf("the shared layer changed: %+v %v", st, err)
+	}
+	// The range is free again once the sandbox is gone.
+	inUse := f.rt.ids.inUse()
+	a.Agent.Close()
+	if err := f.rt.Destroy(context.Background(), a.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rt.ids.inUse(); got != inUse-1 {
+		t.Errorf("%d ranges in use after Destroy, want %d", got, inUse-1)
+	}
+}
+
+// hostUID is the real uid of pid as the host sees it.
+func hostUID(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			n, _ := strconv.Atoi(strings.Fields(rest)[0])
+			return n
+		}
+	}
+	t.Fatal("no Uid line")
+	return -1
+}
+
+// TestUsernsBudgets: one sandbox that uses up its POSIX message queue
+// and pipe budgets leaves another's intact (issue 13: with sandboxes as
+// host root, B's mq_open failed with EMFILE and its pipes shrank).
+func TestUsernsBudgets(t *testing.T) {
+	f := newFixture(t)
+	specA, specB := f.spec(t, "sb-buda"), f.spec(t, "sb-budb")
+	installBudget(t, specA)
+	installBudget(t, specB)
+	a, b := f.start(t, specA), f.start(t, specB)
+
+	o := run(t, a.Agent, "/bin/budget", "mq-fill")
+	if !strings.HasPrefix(o.stdout, "filled ") || strings.HasPrefix(o.stdout, "filled 0 ") {
+		t.Fatalf("A: mq-fill: %q %q", o.stdout, o.stderr)
+	}
+	if o := run(t, b.Agent, "/bin/budget", "mq-one"); o.res.ExitCode != 0 {
+		t.Errorf("B: mq_open after A used up its queues: %q %q", o.stdout, o.stderr)
+	}
+
+	sh(t, a.Agent, "/bin/budget pipe-hold /tmp/held </dev/null >/dev/null 2>&1 &")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		o := sh(t, a.Agent, "cat /tmp/held 2>/dev/null")
+		if strings.HasPrefix(o.stdout, "held ") {
+			t.Logf("A: %s", strings.TrimSpace(o.stdout))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("A: pipe-hold did not report")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if o := run(t, a.Agent, "/bin/budget", "pipe-one"); !strings.Contains(o.stdout, "grow operation not permitted") {
+		t.Errorf("A: pipe past its budget: %q, want refused growth", o.stdout)
+	}
+	if o := run(t, b.Agent, "/bin/budget", "pipe-one"); strings.TrimSpace(o.stdout) != "size 65536 grow <nil>" {
+		t.Errorf("B: pipe while A holds its budget: %q %q, want size 65536 grow <nil>", o.stdout, o.stderr)
+	}
+}
+
+// TestUsernsNproc: RLIMIT_NPROC (ulimit -u) holds inside a sandbox and
+// counts the sandbox's own tasks only: A at its limit leaves B able to
+// fork. As host root (issue 13), the limit did not apply at all (the
+// kernel exempts host root) and counted every task of host root.
+func TestUsernsNproc(t *testing.T) {
+	f := newFixture(t)
+	specA, specB := f.spec(t, "sb-npra"), f.spec(t, "sb-nprb")
+	specA.Pids, specB.Pids = 500, 500
+	a, b := f.start(t, specA), f.start(t, specB)
+	own := len(tasksOf(t, f, specA.ID))
+	limit := own + 30
+	// The shell gives up at the first fork the limit refuses.
+	sh(t, a.Agent, fmt.Sprintf(`ulimit -u %d; i=0; while [ $i -lt 100 ]; do sleep 60 & i=$((i+1)); done 2>/dev/null`, limit))
+	if n := len(tasksOf(t, f, specA.ID)); n > limit+5 {
+		t.Errorf("A has %d tasks under ulimit -u %d (%d before): the limit did not hold", n, limit, own)
+	}
+	if o := sh(t, a.Agent, "echo alive"); strings.TrimSpace(o.stdout) != "alive" {
+		t.Errorf("A's agent after the limit: %q %q", o.stdout, o.stderr)
+	}
+	if o := sh(t, b.Agent, "/bin/true && echo forked"); strings.TrimSpace(o.stdout) != "forked" {
+		t.Errorf("B: fork while A is at its limit: %q %q", o.stdout, o.stderr)
+	}
+}
+
+// tasksOf lists the tasks (threads) of the sandbox's pids cgroup.
+func tasksOf(t *testing.T, f *fixture, id string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", f.parent, id, "tasks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(b))
+}
