@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"slices"
@@ -55,6 +56,7 @@ type idRanges struct {
 	owner  map[int]string // range index -> sandbox id
 	next   int            // where the search for a free range starts
 	userns map[int]int    // range index -> descriptor of a user namespace with its map
+	warm   []int          // free ranges that have one (used first: no new namespace to make)
 }
 
 func newIDRanges(base uint32, count int, agent string) (*idRanges, error) {
@@ -64,13 +66,24 @@ func newIDRanges(base uint32, count int, agent string) (*idRanges, error) {
 	if uint64(base)+uint64(count)*RangeSize > 1<<32-2 {
 		return nil, fmt.Errorf("container: %d id ranges from %d pass the last uid", count, base)
 	}
-	return &idRanges{base: base, count: count, agent: agent, owner: map[int]string{}, userns: map[int]int{}}, nil
+	// The search starts at a random range: several runtimes on one host
+	// (tests; edges that share a base by mistake) then rarely meet.
+	return &idRanges{base: base, count: count, agent: agent, owner: map[int]string{}, userns: map[int]int{},
+		next: rand.IntN(count)}, nil
 }
 
 // alloc reserves a free range for sandbox id and returns its first host id.
 func (r *idRanges) alloc(id string) (uint32, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for len(r.warm) > 0 {
+		i := r.warm[len(r.warm)-1]
+		r.warm = r.warm[:len(r.warm)-1]
+		if _, used := r.owner[i]; !used {
+			r.owner[i] = id
+			return r.base + uint32(i)*RangeSize, nil
+		}
+	}
 	for n := 0; n < r.count; n++ {
 		i := (r.next + n) % r.count
 		if _, used := r.owner[i]; !used {
@@ -118,6 +131,9 @@ func (r *idRanges) free(first uint32, id string) {
 	defer r.mu.Unlock()
 	if r.owner[i] == id {
 		delete(r.owner, i)
+		if _, ok := r.userns[i]; ok {
+			r.warm = append(r.warm, i)
+		}
 	}
 }
 
@@ -164,6 +180,7 @@ func (r *idRanges) close() {
 		unix.Close(fd)
 		delete(r.userns, i)
 	}
+	r.warm = nil
 }
 
 // idMaps is the map of the range at first: ids 0..RangeSize-1 inside.

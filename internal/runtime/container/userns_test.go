@@ -176,3 +176,108 @@ func tasksOf(t *testing.T, f *fixture, id string) []string {
 	}
 	return strings.Fields(string(b))
 }
+
+// TestUsernsRecycle: a recycled container keeps its user namespace and id
+// range; its new root (and /dev, /dev/shm, which the edge mounts then) is
+// the sandbox's root's, and what the next sandbox writes is owned by the
+// range.
+func TestUsernsRecycle(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "sb-usrec")
+	inst := f.start(t, spec)
+	base := inst.Handle.IDBase
+	uidMap := run(t, inst.Agent, "cat", "/proc/self/uid_map").stdout
+	next := f.recycleSpec(t, spec, "sb-usrec-2")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := f.recycle(ctx, inst, next); err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, inst.Agent, "cat", "/proc/self/uid_map").stdout; got != uidMap {
+		t.Errorf("uid_map after recycling %q, want %q", got, uidMap)
+	}
+	o := sh(t, inst.Agent, `stat -c '%u:%g' / /dev /dev/shm /bin/busybox; touch /after && echo x > /dev/shm/y && echo done`)
+	if got := strings.Fields(o.stdout); strings.Join(got, " ") != "0:0 0:0 0:0 0:0 done" {
+		t.Errorf("after recycling: %q %q", o.stdout, o.stderr)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(next.Upper, "after"), &st); err != nil || st.Uid != base {
+		t.Errorf("upper/after: uid %d (%v), want %d", st.Uid, err, base)
+	}
+}
+
+// TestUsernsLeftovers: after a restart of the edge, the range of a
+// sandbox that survived is found from the kernel (its agent's uid_map)
+// and held until the sandbox is destroyed.
+func TestUsernsLeftovers(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "sb-usleft")
+	inst := f.start(t, spec)
+	inst.Agent.Close() // the edge "crashed"
+
+	rt2, err := New(Config{AgentPath: agentBin, CgroupParent: f.parent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt2.ids.close()
+	left, err := rt2.Leftovers(context.Background())
+	if err != nil || len(left) != 1 {
+		t.Fatalf("Leftovers = %+v, %v", left, err)
+	}
+	if left[0].IDBase != inst.Handle.IDBase {
+		t.Fatalf("leftover's id base %d, want %d", left[0].IDBase, inst.Handle.IDBase)
+	}
+	if err := rt2.ids.reserve(inst.Handle.IDBase, "sb-other"); err == nil {
+		t.Error("the leftover's range was given to another sandbox")
+	}
+	left[0].Socket = inst.Handle.Socket
+	if err := rt2.Destroy(context.Background(), left[0]); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt2.ids.inUse(); n != 0 {
+		t.Errorf("%d ranges in use after Destroy, want 0", n)
+	}
+}
+
+// BenchmarkCreateExecStop measures create → first exec (true) → stop of a
+// sandbox with a user namespace against the same as host root.
+func BenchmarkCreateExecStop(b *testing.B) {
+	for _, mode := range []struct {
+		name     string
+		hostRoot bool
+	}{{"userns", false}, {"host-root", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			f := newFixture(b)
+			rt, err := New(Config{AgentPath: agentBin, CgroupParent: f.parent, HostRoot: mode.hostRoot,
+				Logger: f.rt.log})
+			if err != nil {
+				b.Fatal(err)
+			}
+			f.rt = rt
+			ctx := context.Background()
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				spec := f.spec(b, fmt.Sprintf("sb-ces-%d", i))
+				b.StartTimer()
+				t0 := time.Now()
+				inst, err := f.rt.Start(ctx, spec)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if o := run(b, inst.Agent, "/bin/true"); o.res.ExitCode != 0 {
+					b.Fatalf("true: %+v", o)
+				}
+				inst.Agent.Close()
+				if err := f.rt.Destroy(ctx, inst.Handle); err != nil {
+					b.Fatal(err)
+				}
+				total += time.Since(t0)
+				b.StopTimer()
+			}
+			b.ReportMetric(float64(total.Microseconds())/float64(b.N)/1000, "ms/op-wall")
+			if rt.ids != nil {
+				rt.ids.close()
+			}
+		})
+	}
+}
