@@ -54,10 +54,13 @@ type ImageResolver interface {
 	ListLayers(ctx context.Context, name string) ([]api.Layer, error)
 	DeleteLayer(ctx context.Context, name string, version int) ([]api.Layer, error)
 	CreateLayerFromTar(ctx context.Context, name string, version int, path string) (*api.Layer, error)
-	CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, source string) (*api.Layer, error)
+	// CreateLayerFromChanges packs a sandbox's writable layer; idBase is
+	// the host id of the sandbox's root (runtime.Handle.IDBase), whose
+	// range is shifted back to the ids the sandbox saw.
+	CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, idBase uint32, source string) (*api.Layer, error)
 	// CreateLayerFromPrivateChanges is the same for a copy of an upper
 	// directory that nothing else uses: it may change it (faster).
-	CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, source string) (*api.Layer, error)
+	CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, idBase uint32, source string) (*api.Layer, error)
 	GC(ctx context.Context) (*api.GCResult, error)
 	// PullImage fetches ref from its registry and stores it as name.
 	PullImage(ctx context.Context, ref, name string) (*api.Image, error)
