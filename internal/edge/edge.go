@@ -237,6 +237,9 @@ func New(cfg Config) (*Edge, error) {
 	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, wiped: map[string][]*wipedBox{}, fn: map[string]*fnShape{}}
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
+	if iso, ok := cfg.Runtime.(isolator); ok {
+		e.features.SandboxRoot, e.features.SandboxRootDetail = iso.Isolation()
+	}
 	for _, d := range []string{e.recordsDir(), e.runDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("edge: %w", err)
@@ -427,4 +430,20 @@ func NewSandboxID(node string) string {
 	var b [10]byte
 	_, _ = rand.Read(b[:])
 	return "sb-" + node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// isolator is a runtime that says who its sandboxes' root is on the host
+// (the container tier: user namespaces or host root).
+type isolator interface {
+	Isolation() (mode, detail string)
+}
+
+// nodeFeatures is the node's features, with the runtime's isolation as it
+// is now (the ranges in use change).
+func (e *Edge) nodeFeatures() api.NodeFeatures {
+	f := e.features
+	if iso, ok := e.cfg.Runtime.(isolator); ok {
+		f.SandboxRoot, f.SandboxRootDetail = iso.Isolation()
+	}
+	return f
 }

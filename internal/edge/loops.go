@@ -92,7 +92,7 @@ func (e *Edge) NodeStatus() api.Node {
 		States: map[string]int{}, Projects: map[string]api.Usage{}, Jobs: map[string]int{},
 		CPUOvercommit: e.cfg.CPUOvercommit, MemoryOvercommit: e.cfg.MemoryOvercommit,
 		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
-		Pools: []api.NodePool{}, Features: e.features,
+		Pools: []api.NodePool{}, Features: e.nodeFeatures(),
 	}
 	e.measure(&n)
 	e.mu.Lock()
