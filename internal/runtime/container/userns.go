@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -243,22 +244,53 @@ func rangeOf(pid int) (uint32, bool) {
 	return 0, false
 }
 
-// agentFD opens the agent binary for exec through /proc/self/fd/N: the
-// agent starts as an unprivileged host user, which may not search the
-// directories on the way to the binary (a 0700 temporary directory). The
-// descriptor is close-on-exec (the kernel resolves the path before it
+// agentFD makes the copy of the agent binary that sandboxes' agents are
+// started from (through /proc/self/fd/N): a sealed memfd, mode 0711,
+// opened read-only. Two reasons:
+//   - the agent starts as an unprivileged host user, which may not search
+//     the directories on the way to the binary (a 0700 temporary directory);
+//   - a binary its user may execute but not read makes the kernel tie the
+//     agent's memory to the host's user namespace (exec's would_dump), so
+//     the agent is not dumpable and its /proc/1 files belong to host root,
+//     not to the sandbox's root: the sandbox's root cannot list /proc/1/fd
+//     (or trace or read the agent). Sealed, nothing can change the copy.
+//
+// The descriptor is close-on-exec (the kernel resolves the path before it
 // closes them) and numbered high, above the descriptors exec.Cmd sets up.
 func agentFD(path string) (*os.File, error) {
-	f, err := os.Open(path)
+	src, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("container: open agent: %w", err)
 	}
-	defer f.Close()
-	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 100)
+	defer src.Close()
+	mfd, err := unix.MemfdCreate("warren-agent", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("container: memfd for the agent: %w", err)
+	}
+	mem := os.NewFile(uintptr(mfd), "warren-agent")
+	defer mem.Close()
+	if _, err := io.Copy(mem, src); err != nil {
+		return nil, fmt.Errorf("container: copy the agent: %w", err)
+	}
+	if err := mem.Chmod(0o711); err != nil {
+		return nil, fmt.Errorf("container: chmod the agent's copy: %w", err)
+	}
+	const seals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(mem.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		return nil, fmt.Errorf("container: seal the agent's copy: %w", err)
+	}
+	// A file open for writing cannot be executed (ETXTBSY): reopen it
+	// read-only and let the writable descriptor go.
+	ro, err := unix.Open("/proc/self/fd/"+strconv.Itoa(mfd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("container: reopen the agent's copy: %w", err)
+	}
+	defer unix.Close(ro)
+	fd, err := unix.FcntlInt(uintptr(ro), unix.F_DUPFD_CLOEXEC, 100)
 	if err != nil {
 		return nil, fmt.Errorf("container: dup agent descriptor: %w", err)
 	}
-	return os.NewFile(uintptr(fd), path), nil
+	return os.NewFile(uintptr(fd), "warren-agent"), nil
 }
 
 // probeUserns checks that this kernel runs sandboxes in user namespaces:

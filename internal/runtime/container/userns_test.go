@@ -281,3 +281,19 @@ func BenchmarkCreateExecStop(b *testing.B) {
 		})
 	}
 }
+
+// TestUsernsAgentProc: the sandbox's root cannot list the agent's
+// descriptors (/proc/1/fd), read its environment or trace it, and
+// open_by_handle_at is refused with EPERM (issue 13: both stayed open
+// with sandboxes as host root).
+func TestUsernsAgentProc(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "sb-agproc")
+	installBudget(t, spec)
+	inst := f.start(t, spec)
+	o := sh(t, inst.Agent, `ls /proc/1/fd >/dev/null 2>&1 && echo fd-listed; ls /proc/1/task/*/fd >/dev/null 2>&1 && echo task-fd-listed; `+
+		`cat /proc/1/environ >/dev/null 2>&1 && echo environ-read; cat /proc/1/comm; /bin/budget handle`)
+	if got := strings.TrimSpace(o.stdout); got != "warren-agent\nopen_by_handle_at: operation not permitted" {
+		t.Errorf("inside: %q (stderr %q), want only the agent's name and EPERM", got, o.stderr)
+	}
+}

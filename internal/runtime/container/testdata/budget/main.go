@@ -6,6 +6,7 @@
 //	budget mq-one       make one queue; print "ok" or the errno
 //	budget pipe-hold F  enlarge pipes to 1 MiB until refused, write "held N" to F, sleep
 //	budget pipe-one     make one pipe; print its size and whether it grows to 1 MiB
+//	budget handle       open_by_handle_at with a handle of "/"; print the error
 package main
 
 import (
@@ -52,6 +53,21 @@ func main() {
 			os.Exit(1)
 		}
 		time.Sleep(time.Hour)
+	case "handle":
+		// A handle of the root, made by hand where name_to_handle_at
+		// refuses (overlayfs without nfs_export): either way the
+		// question is whether open_by_handle_at reaches the filesystem.
+		h, _, err := unix.NameToHandleAt(unix.AT_FDCWD, "/", 0)
+		if err != nil {
+			h = unix.NewFileHandle(1, []byte{2, 0, 0, 0, 0, 0, 0, 0})
+		}
+		fd, err := unix.OpenByHandleAt(unix.AT_FDCWD, h, unix.O_RDONLY)
+		if err == nil {
+			unix.Close(fd)
+			fmt.Println("open_by_handle_at: opened")
+			return
+		}
+		fmt.Printf("open_by_handle_at: %v\n", err)
 	case "pipe-one":
 		var p [2]int
 		if err := unix.Pipe(p[:]); err != nil {
