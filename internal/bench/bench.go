@@ -42,7 +42,11 @@ type Options struct {
 	Concurrency int           // clients; default 16
 	// Recycle is the private server's --recycle (negative: 0, no
 	// recycling); 0 = serve.DefaultRecycle.
-	Recycle     int
+	Recycle int
+	// HostRoot runs the private server's container sandboxes as host
+	// root instead of in user namespaces (--host-root: the figures
+	// without user namespaces).
+	HostRoot    bool
 	ExecSamples int // exec round trips; default 2000
 	AgentPath   string
 	Out         io.Writer // progress
@@ -181,9 +185,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		done <- serve.Run(sctx, serve.Options{
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
 			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
-			Recycle: recycleOption(o.Recycle),
-			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:   func(url, token string) { ready <- [2]string{url, token} },
+			Recycle: recycleOption(o.Recycle), Userns: serve.UsernsOptions{HostRoot: o.HostRoot},
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:  func(url, token string) { ready <- [2]string{url, token} },
 		})
 	}()
 	var url, token string
