@@ -64,11 +64,10 @@ func MountRoot(cfg *RootConfig) (int, error) {
 		return -1, err
 	}
 	var fds []int
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
+	// Closing a detached mount unmounts it, which waits for an RCU grace
+	// period (tens of ms on a busy host); the overlay holds copies of its
+	// own, so nothing waits for these.
+	defer func() { go closeAll(fds) }()
 	lowers := cfg.Lowers
 	if cfg.UsernsFD > 0 {
 		lowers = make([]string, len(cfg.Lowers))
@@ -110,4 +109,10 @@ func idOptions(fstype string, base uint32) string {
 // sandbox sees it.
 func devptsGID(base uint32) string {
 	return ",gid=" + strconv.FormatUint(uint64(base)+5, 10)
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
