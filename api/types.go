@@ -143,11 +143,15 @@ type PoolRequest struct {
 	Pids     int64   `json:"pids,omitempty"`
 	Priority string  `json:"priority,omitempty"`
 	Size     int     `json:"size"`
+	// Project owns the pool (default: the token's project); its members
+	// serve only sandboxes of that project and below.
+	Project string `json:"project,omitempty"`
 }
 
 // Pool is a warm pool's state, summed over the nodes.
 type Pool struct {
 	Name     string  `json:"name"`
+	Project  string  `json:"project,omitempty"`
 	Tier     string  `json:"tier"`
 	Image    string  `json:"image"`
 	CPU      float64 `json:"cpu"`
@@ -229,12 +233,21 @@ type ExecRequest struct {
 
 // ExecResult is the JSON answer of exec (and the last NDJSON event of a stream).
 type ExecResult struct {
-	ExitCode   int     `json:"exit_code"`
-	Stdout     string  `json:"stdout"`
-	Stderr     string  `json:"stderr"`
-	Truncated  bool    `json:"truncated"`
-	TimedOut   bool    `json:"timed_out,omitempty"`
-	Signal     string  `json:"signal,omitempty"`
+	ExitCode  int    `json:"exit_code"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	Truncated bool   `json:"truncated"`
+	TimedOut  bool   `json:"timed_out,omitempty"`
+	Signal    string `json:"signal,omitempty"`
+	// OOMKilled: the kernel's OOM killer ended the command (the sandbox's
+	// memory limit); KilledBy names what ended a command that did not
+	// exit by itself (KilledBy*); PidsLimited: a fork or thread was refused
+	// by the sandbox's pids limit while the command ran.
+	OOMKilled   bool   `json:"oom_killed,omitempty"`
+	KilledBy    string `json:"killed_by,omitempty"`
+	PidsLimited bool   `json:"pids_limited,omitempty"`
+	// DiskFull: the command failed with the sandbox's disk quota used up.
+	DiskFull   bool    `json:"disk_full,omitempty"`
 	DurationMs float64 `json:"duration_ms"`
 	CommandID  string  `json:"command_id,omitempty"` // set for background commands
 	// Step is the operation's step in the sandbox's trajectory; Replayed
@@ -248,15 +261,27 @@ type ExecResult struct {
 	Trajectory string `json:"trajectory,omitempty"`
 }
 
+// What ended a command that did not exit by itself (ExecResult.KilledBy).
+const (
+	KilledByOOM     = "oom"     // the OOM killer, at the sandbox's memory limit
+	KilledByTimeout = "timeout" // the command's timeout
+	KilledBySignal  = "signal"  // a signal from elsewhere (the command itself, another process)
+)
+
 // ExecEvent is one line of an NDJSON exec stream. Exactly one field group is set.
 type ExecEvent struct {
-	Stdout     *string  `json:"stdout,omitempty"`
-	Stderr     *string  `json:"stderr,omitempty"`
-	ExitCode   *int     `json:"exit_code,omitempty"`
-	Truncated  bool     `json:"truncated,omitempty"`
-	TimedOut   bool     `json:"timed_out,omitempty"`
-	Signal     string   `json:"signal,omitempty"`
-	DurationMs *float64 `json:"duration_ms,omitempty"`
+	Stdout    *string `json:"stdout,omitempty"`
+	Stderr    *string `json:"stderr,omitempty"`
+	ExitCode  *int    `json:"exit_code,omitempty"`
+	Truncated bool    `json:"truncated,omitempty"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	Signal    string  `json:"signal,omitempty"`
+	// OOMKilled, KilledBy, PidsLimited, DiskFull (on the final line): as in ExecResult.
+	OOMKilled   bool     `json:"oom_killed,omitempty"`
+	KilledBy    string   `json:"killed_by,omitempty"`
+	PidsLimited bool     `json:"pids_limited,omitempty"`
+	DiskFull    bool     `json:"disk_full,omitempty"`
+	DurationMs  *float64 `json:"duration_ms,omitempty"`
 	// Step, Replayed, Sandbox, Trajectory (on the final line): as in ExecResult.
 	Step       int64  `json:"step,omitempty"`
 	Replayed   bool   `json:"replayed,omitempty"`
@@ -341,6 +366,7 @@ type Layer struct {
 	Entries    int       `json:"entries"`     // files, directories, links
 	StoredSize int64     `json:"stored_size"` // bytes of its EROFS image in the store
 	Source     string    `json:"source,omitempty"`
+	Project    string    `json:"project,omitempty"` // the owner; "" = made by a root token: every project may read it
 	CreatedAt  time.Time `json:"created_at"`
 }
 
@@ -376,6 +402,7 @@ type Snapshot struct {
 	ID         string            `json:"id"`
 	Name       string            `json:"name,omitempty"`
 	Sandbox    string            `json:"sandbox"`
+	Project    string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
 	Image      string            `json:"image"`
 	Layers     []LayerAttachment `json:"layers"`
 	Diff       string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
@@ -436,6 +463,9 @@ type TrajectoryPage struct {
 // ReplayRequest is the body of POST /v1/trajectories:replay.
 type ReplayRequest struct {
 	Trajectory string `json:"trajectory"`
+	// Project owns the trajectory (names are unique per project); default:
+	// the token's project.
+	Project string `json:"project,omitempty"`
 	// Keep leaves the replay's sandbox running (to inspect it); by default
 	// it is removed when the replay ends.
 	Keep bool `json:"keep,omitempty"`
@@ -526,9 +556,10 @@ type NodeRecycling struct {
 
 // NodePool is one warm pool's state on a node.
 type NodePool struct {
-	Name  string `json:"name"`
-	Size  int    `json:"size"`
-	Ready int    `json:"ready"`
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"` // the warm pool's owner
+	Size    int    `json:"size"`
+	Ready   int    `json:"ready"`
 }
 
 // NodeFeatures says which isolation and elasticity features the node's
@@ -588,10 +619,27 @@ type NodeList struct {
 
 // Error is the body of every error answer: {"error":{"code","message"}}.
 type Error struct {
-	Code    string      `json:"code"`
-	Message string      `json:"message"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Reason names what is short on a 503 (a Reason* constant), so a
+	// client can tell a full node from a missing tier without parsing text.
+	Reason  string      `json:"reason,omitempty"`
 	Diverge *Divergence `json:"divergence,omitempty"` // 409 on resume
 }
+
+// Reasons of a 503: the resource or condition that refused the work.
+const (
+	ReasonCPU          = "cpu"    // requested cores beyond capacity
+	ReasonMemory       = "memory" // requested memory beyond capacity
+	ReasonMemPressure  = "memory_pressure"
+	ReasonDisk         = "disk"          // disk space
+	ReasonPids         = "pids"          // the host's pids/threads
+	ReasonSandboxes    = "sandboxes"     // the node's sandbox count limit
+	ReasonTier         = "tier"          // no node offers the tier
+	ReasonNodeSelector = "node_selector" // no node has the labels asked for
+	ReasonNoNodes      = "no_nodes"      // no healthy node at all
+	ReasonShuttingDown = "shutting_down" // the node is stopping
+)
 
 type ErrorBody struct {
 	Error Error `json:"error"`

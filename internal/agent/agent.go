@@ -41,6 +41,7 @@ func Main() {
 	// agents. One P measured slower here (a blocking fork holds the only P
 	// until sysmon hands it off): 1.55 vs 1.32 ms exec p50.
 	goruntime.GOMAXPROCS(min(2, goruntime.NumCPU()))
+	split, splitErr := inheritedSplit()
 	closeInheritedFDs(keptFDs(os.Args[1:]))
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
@@ -52,6 +53,10 @@ func Main() {
 	}
 	f.Close()
 	a := New(log)
+	a.split = split
+	if splitErr != nil {
+		log.Error("agent: trust split", "err", splitErr)
+	}
 	if err := a.Serve(ln); err != nil {
 		log.Error("agent: serve", "err", err)
 		os.Exit(1)
@@ -65,6 +70,11 @@ type Agent struct {
 	// spawner forks every sandbox process from one thread whose bounding
 	// set is cut (nil when unconfined: tests).
 	spawner *spawner
+	// split is the sandbox's trust split (isolate.go); nil without one.
+	split *trustSplit
+	// gate: ordinary spawns hold it for reading, a trusted command for
+	// writing over its whole run (isolate.go).
+	gate sync.RWMutex
 
 	mu      sync.Mutex
 	setup   bool

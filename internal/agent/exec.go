@@ -81,6 +81,9 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 	}
 	var tkPath string
 	if req.Trusted {
+		if a.split == nil && !a.cfg.Unconfined {
+			return nil, errf(agentproto.ErrInvalid, "exec: trusted: this node cannot isolate trusted commands (no cgroup v2 hierarchy)")
+		}
 		tr, path, err := a.trustedRequest(req)
 		if err != nil {
 			return nil, err
@@ -107,7 +110,9 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 	p.prior = env
 	p.env = make(map[string]string, len(env)+4)
 	for k, v := range env {
-		p.env[k] = v
+		if !req.Trusted || !unsafeForTrusted(k) {
+			p.env[k] = v
+		}
 	}
 	home, name := "/root", "root"
 	if p.cred != nil {
@@ -165,17 +170,25 @@ func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest)
 	if err != nil {
 		return nil, err
 	}
+	release := func() {}
+	if req.Trusted {
+		if release, err = a.isolate(); err != nil {
+			return nil, err
+		}
+	}
 	if req.Background {
 		bg := a.procs.add()
 		limit := min(p.limit, bgOutputMax)
 		r, err := a.start(p, limit, bg.emit)
 		if err != nil {
+			release()
 			a.procs.drop(bg.id)
 			return nil, err
 		}
 		bg.started(r)
 		go func() {
 			res := a.finish(p, r)
+			release()
 			a.procs.finished(bg, res)
 		}()
 		return &agentproto.ExecResult{CommandID: bg.id}, nil
@@ -188,9 +201,11 @@ func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest)
 	}
 	r, err := a.start(p, p.limit, emit)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	res := a.finish(p, r)
+	release()
 	if col != nil {
 		col.into(res)
 	}
@@ -336,7 +351,11 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 	}
 	fds = append(fds, errW)
 	stderr := pollFile(errR, "stderr")
-	pid, exit, err := a.forkExec(bin, p.req.Argv, p.env, p.cwd, p.cred,
+	fork := a.forkExec
+	if p.req.Trusted {
+		fork = a.forkTrusted // fresh pipes, beside the agent, the sandbox frozen
+	}
+	pid, exit, err := fork(bin, p.req.Argv, p.env, p.cwd, p.cred,
 		[]uintptr{uintptr(inR), uintptr(outW), uintptr(errW)})
 	if err != nil {
 		stdin.Close()

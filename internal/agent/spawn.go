@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"sort"
@@ -28,9 +29,25 @@ func forkFunc(path string, argv []string, env map[string]string, dir string, cre
 	return func() (int, error) { return syscall.ForkExec(path, argv, attr) }
 }
 
-// spawnFork runs fork (on the spawner thread when confined) and registers
-// the child with the reaper.
+// spawnFork runs fork (on the spawner thread when confined), registers the
+// child with the reaper and moves it into the sandbox's work cgroup. It
+// waits while a trusted command runs (the gate: isolate.go).
 func (a *Agent) spawnFork(fork func() (int, error)) (int, <-chan exitInfo, error) {
+	a.gate.RLock()
+	defer a.gate.RUnlock()
+	pid, exit, err := a.spawnUngated(fork)
+	if err != nil || a.split == nil {
+		return pid, exit, err
+	}
+	if err := a.split.moveToWork(pid); err != nil {
+		_ = unix.Kill(pid, unix.SIGKILL) // never a sandbox process outside work
+		return 0, nil, fmt.Errorf("move into the work cgroup: %w", err)
+	}
+	return pid, exit, nil
+}
+
+// spawnUngated is spawnFork without the gate and the move.
+func (a *Agent) spawnUngated(fork func() (int, error)) (int, <-chan exitInfo, error) {
 	if a.spawner != nil {
 		return a.reaper.spawn(func() (int, error) { return a.spawner.run(fork) })
 	}

@@ -51,3 +51,25 @@ func (a *Agent) trustedRequest(req *agentproto.ExecRequest) (*agentproto.ExecReq
 	r.Cmd = ""
 	return &r, strings.Join(dirs, ":"), nil
 }
+
+// unsafeForTrusted reports whether environment variable k may change what
+// a trusted command runs: the dynamic loader's variables (glibc's and
+// musl's LD_*, and those glibc drops for setuid programs), shell start-up
+// files and interpreters' search paths and options. A trusted command gets
+// none of them from the sandbox's environment; only its request may set
+// them.
+func unsafeForTrusted(k string) bool {
+	if strings.HasPrefix(k, "LD_") {
+		return true
+	}
+	switch k {
+	case "ENV", "BASH_ENV", "IFS", "CDPATH", "SHELLOPTS", "BASHOPTS", "PS4",
+		"GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE",
+		"NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR",
+		"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONINSPECT",
+		"PERL5LIB", "PERLLIB", "PERL5OPT", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH",
+		"GLIBC_TUNABLES", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "GIT_EXEC_PATH", "GIT_CONFIG_PARAMETERS":
+		return true
+	}
+	return false
+}

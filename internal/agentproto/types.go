@@ -3,9 +3,10 @@ package agentproto
 import "time"
 
 // KeepFDsArg is the agent's argument "-keep-fds=N": the N descriptors
-// after the listener (fd 3) are mounts the edge made for setup (user
-// namespaces: SetupConfig.RootFD, Bind.FD), kept, close-on-exec, until
-// setup attaches them; the agent closes every other inherited one.
+// after the listener (fd 3) are the edge's (the trust split's cgroup files,
+// CgroupFDEnv, then the mounts it made for setup in a user namespace:
+// SetupConfig.RootFD, Bind.FD), kept, close-on-exec; the agent closes every
+// other inherited one.
 const KeepFDsArg = "-keep-fds="
 
 // SetupConfig tells a freshly started agent how to build its sandbox. The
@@ -207,4 +208,28 @@ type ResumeRequest struct {
 type ResetResult struct {
 	Killed  int `json:"killed"`  // processes killed
 	Removed int `json:"removed"` // files removed from the stateless directories
+}
+
+// The trust split of a sandbox's cgroup in the cgroup v2 hierarchy (on a
+// hybrid host, its unified mount): the agent and trusted commands live in
+// the sandbox's cgroup, every other process in its child CgroupWork, which
+// a trusted command freezes for its duration. The edge opens the split's
+// files (CgroupFiles, in that order) and passes them to the agent as the
+// consecutive descriptors from the one named by CgroupFDEnv in its
+// environment.
+const (
+	CgroupWork  = "work"
+	CgroupFDEnv = "WARREN_AGENT_CGROUP_FD"
+)
+
+// CgroupFiles are the split's files the agent gets, relative to the
+// sandbox's cgroup, and how the edge opens each (read, write).
+var CgroupFiles = []struct {
+	Name  string
+	Write bool
+}{
+	{"cgroup.procs", false},                // who is beside the agent
+	{CgroupWork + "/cgroup.procs", true},   // moves a process into work
+	{CgroupWork + "/cgroup.freeze", true},  // freezes and thaws work
+	{CgroupWork + "/cgroup.events", false}, // "frozen 1"
 }

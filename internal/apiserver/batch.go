@@ -56,15 +56,14 @@ func (s *Server) batchCreate(w http.ResponseWriter, r *http.Request) error {
 			node, err := s.placer.Pick(&spec, exclude, limits)
 			if err != nil {
 				var qe *placement.QuotaError
-				code := api.CodeUnavailable
-				msg := "no node can take more sandboxes now"
+				ae := noNode(err, "more sandboxes")
 				if errors.As(err, &qe) {
-					code, msg = api.CodeForbidden, qe.Error()
+					ae = &api.Error{Code: api.CodeForbidden, Message: qe.Error()}
 					if qe.Transient {
-						code = api.CodeTooManyRequests
+						ae.Code = api.CodeTooManyRequests
 					}
 				}
-				fail(left-i, api.Error{Code: code, Message: msg})
+				fail(left-i, *ae)
 				break
 			}
 			byNode[node] = append(byNode[node], edge.CreateRequest{ID: edge.NewSandboxID(node), Spec: spec})

@@ -30,7 +30,7 @@ func (s *Server) fncall(w http.ResponseWriter, r *http.Request) error {
 				return lastErr
 			}
 			if errors.Is(err, placement.ErrNoNode) {
-				return &api.Error{Code: api.CodeUnavailable, Message: "no node can run this task now"}
+				return noNode(err, "this task")
 			}
 			return err
 		}

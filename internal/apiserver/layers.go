@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/sandboxspec"
@@ -29,12 +30,23 @@ func (s *Server) anyNode() (string, error) {
 	return up[rand.IntN(len(up))].Name, nil
 }
 
-func (s *Server) callAnyNode(ctx context.Context, op string, req, out any) error {
+// callStore sends a store operation (layers, snapshots' layers) that the
+// caller's ownership was already checked for (owner.go) to any node, on
+// the apiserver's own behalf: the edge's scope check is about sandboxes.
+func (s *Server) callStore(ctx context.Context, op string, req, out any) error {
 	node, err := s.anyNode()
 	if err != nil {
 		return err
 	}
-	return s.callNode(ctx, node, op, req, out)
+	return s.callStoreOn(ctx, node, op, req, out)
+}
+
+func (s *Server) callStoreOn(ctx context.Context, node, op string, req, out any) error {
+	err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, out, nil)
+	if errors.Is(err, bus.ErrNoResponders) {
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is not available", node)}
+	}
+	return err
 }
 
 func invalid(format string, a ...any) error {
@@ -82,11 +94,20 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		if req.FromSandbox == "" {
 			return invalid("from_sandbox is required (or upload a tarball with ?name=)")
 		}
+		// The layer holds the sandbox's files: it is the sandbox's project's.
+		var src api.Sandbox
+		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpGet, &edge.IDRequest{ID: req.FromSandbox}, &src, nil); err != nil {
+			return err
+		}
+		if err := s.claimLayerName(r.Context(), principal(r), req.Name, src.Project); err != nil {
+			return err
+		}
 		var l api.Layer
 		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpLayerCreate,
 			&edge.LayerRequest{ID: req.FromSandbox, Name: req.Name, Version: req.Version}, &l, nil); err != nil {
 			return err
 		}
+		l.Project = src.Project
 		writeJSON(w, http.StatusCreated, &l)
 		return nil
 	}
@@ -105,17 +126,21 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > MaxLayerUpload {
 		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("layer exceeds %d bytes", int64(MaxLayerUpload))}
 	}
+	ctx := r.Context()
+	p := principal(r)
+	if err := s.claimLayerName(ctx, p, name, p.Project); err != nil {
+		return err
+	}
 	node, err := s.anyNode()
 	if err != nil {
 		return err
 	}
-	ctx := r.Context()
 	body := http.MaxBytesReader(w, r.Body, MaxLayerUpload)
 	buf := make([]byte, uploadChunk)
 	handle := ""
 	abort := func() {
 		if handle != "" {
-			_ = s.callNode(context.WithoutCancel(ctx), node, edge.OpLayerUpload, &edge.LayerRequest{Handle: handle, Abort: true}, nil)
+			_ = s.callStoreOn(context.WithoutCancel(ctx), node, edge.OpLayerUpload, &edge.LayerRequest{Handle: handle, Abort: true}, nil)
 		}
 	}
 	for {
@@ -128,14 +153,15 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		req := &edge.LayerRequest{Name: name, Version: version, Handle: handle, Data: buf[:n], Final: final}
 		if final {
 			var l api.Layer
-			if err := s.callNode(ctx, node, edge.OpLayerUpload, req, &l); err != nil {
+			if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &l); err != nil {
 				return err
 			}
+			l.Project = p.Project
 			writeJSON(w, http.StatusCreated, &l)
 			return nil
 		}
 		var res edge.UploadResult
-		if err := s.callNode(ctx, node, edge.OpLayerUpload, req, &res); err != nil {
+		if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &res); err != nil {
 			abort()
 			return err
 		}
@@ -150,12 +176,28 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 			return invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
 		}
 	}
-	var l api.LayerList
-	if err := s.callAnyNode(r.Context(), edge.OpLayerList, &edge.LayerRequest{Name: name}, &l); err != nil {
+	ctx := r.Context()
+	var all api.LayerList
+	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{Name: name}, &all); err != nil {
 		return err
 	}
-	if l.Layers == nil {
-		l.Layers = []api.Layer{}
+	p := principal(r)
+	l := api.LayerList{Layers: []api.Layer{}}
+	owners := map[string]string{}
+	kinds := map[string]string{}
+	for _, x := range all.Layers {
+		owner, ok := owners[x.Name]
+		if !ok {
+			o, snap, _, err := s.layerOwner(ctx, x.Name)
+			if err != nil {
+				return err
+			}
+			owner, owners[x.Name], kinds[x.Name] = o, o, layerKind(snap)
+		}
+		if p.Sees(kinds[x.Name], owner) {
+			x.Project = owner
+			l.Layers = append(l.Layers, x)
+		}
 	}
 	writeJSON(w, http.StatusOK, &l)
 	return nil
@@ -163,13 +205,23 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("ref")
-	if _, _, err := layerRef(ref); err != nil {
+	name, _, err := layerRef(ref)
+	if err != nil {
+		return err
+	}
+	ctx := r.Context()
+	owner, snap, _, err := s.layerOwner(ctx, name)
+	if err != nil {
+		return err
+	}
+	if err := own(principal(r), layerKind(snap), owner, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncate(ref))}); err != nil {
 		return err
 	}
 	var l api.Layer
-	if err := s.callAnyNode(r.Context(), edge.OpLayerGet, &edge.LayerRequest{Ref: ref}, &l); err != nil {
+	if err := s.callStore(ctx, edge.OpLayerGet, &edge.LayerRequest{Ref: ref}, &l); err != nil {
 		return err
 	}
+	l.Project = owner
 	writeJSON(w, http.StatusOK, &l)
 	return nil
 }
@@ -181,15 +233,22 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 	}
 	if sid, ok := strings.CutPrefix(name, "snap/"); ok && sandboxspec.ValidSnapshotID(sid) {
 		// A snapshot's layer goes with the snapshot, under the same rules.
-		l, err := s.removeSnapshot(r.Context(), sid)
+		l, err := s.removeSnapshot(r.Context(), principal(r), sid)
 		if err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, &api.LayerList{Layers: l})
 		return nil
 	}
+	owner, snap, _, err := s.layerOwner(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	if err := ownChange(principal(r), layerKind(snap), owner, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncate(r.PathValue("ref")))}); err != nil {
+		return err
+	}
 	var l api.LayerList
-	if err := s.callAnyNode(r.Context(), edge.OpLayerDelete, &edge.LayerRequest{Name: name, Version: v}, &l); err != nil {
+	if err := s.callStore(r.Context(), edge.OpLayerDelete, &edge.LayerRequest{Name: name, Version: v}, &l); err != nil {
 		return err
 	}
 	if l.Layers == nil {
@@ -203,8 +262,11 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 // has mounted; on a shared store, a layer another node has mounted keeps
 // working there (the mount holds the open file) and nothing can name it.
 func (s *Server) gcLayers(w http.ResponseWriter, r *http.Request) error {
+	if p := principal(r); p.Project != "" {
+		return &api.Error{Code: api.CodeForbidden, Message: "garbage collection of the shared layer store needs a root token"}
+	}
 	var res api.GCResult
-	if err := s.callAnyNode(r.Context(), edge.OpLayerGC, &edge.LayerRequest{}, &res); err != nil {
+	if err := s.callStore(r.Context(), edge.OpLayerGC, &edge.LayerRequest{}, &res); err != nil {
 		return err
 	}
 	if res.Removed == nil {
@@ -230,8 +292,13 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 			return invalid("%s", strings.TrimPrefix(err.Error(), "image: "))
 		}
 	}
+	if p := principal(r); p.Project != "" {
+		// Image names are one catalog shared by every project: a tenant
+		// must not replace what another project's sandboxes start from.
+		return &api.Error{Code: api.CodeForbidden, Message: "pulling into the shared image catalog needs a root token"}
+	}
 	var img api.Image
-	if err := s.callAnyNode(r.Context(), edge.OpImagePull, &req, &img); err != nil {
+	if err := s.callStore(r.Context(), edge.OpImagePull, &req, &img); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &img)

@@ -77,6 +77,9 @@ func (s *Server) pauseMatchingOp(w http.ResponseWriter, r *http.Request, resume 
 	if len(labels) == 0 {
 		return &api.Error{Code: api.CodeInvalid, Message: "label (key=value) or labels is required"}
 	}
+	if principal(r).Project != "" {
+		return s.pauseMatchingScoped(w, r, labels, resume)
+	}
 	ereq := &edge.PauseMatchingRequest{Labels: labels, Resume: resume}
 	out := api.PauseResult{Sandboxes: []string{}}
 	var mu sync.Mutex
@@ -102,6 +105,54 @@ func (s *Server) pauseMatchingOp(w http.ResponseWriter, r *http.Request, resume 
 					out.Errors = map[string]string{}
 				}
 				out.Errors[id] = msg
+			}
+		}(n.Name)
+	}
+	wg.Wait()
+	sort.Strings(out.Sandboxes)
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}
+
+// pauseMatchingScoped is pauseMatchingOp for a project-scoped caller: it
+// lists the matching sandboxes the caller sees (the edges filter the list
+// by its scope) and pauses or resumes each by id, so the caller reaches no
+// other project's sandbox whatever its labels.
+func (s *Server) pauseMatchingScoped(w http.ResponseWriter, r *http.Request, labels map[string]string, resume bool) error {
+	ctx := bus.WithHeaders(r.Context(), map[string]string{bus.HeaderScope: principal(r).Project})
+	state, op := api.StateRunning, edge.OpPause
+	if resume {
+		state, op = api.StatePaused, edge.OpResume
+	}
+	out := api.PauseResult{Sandboxes: []string{}}
+	var mu sync.Mutex
+	fail := func(what string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if out.Errors == nil {
+			out.Errors = map[string]string{}
+		}
+		out.Errors[what] = err.Error()
+	}
+	var wg sync.WaitGroup
+	for _, n := range s.cfg.Watcher.Up() {
+		wg.Add(1)
+		go func(node string) {
+			defer wg.Done()
+			var l api.SandboxList
+			if err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edge.OpList, &edge.ListRequest{Labels: labels, State: state}, &l, nil); err != nil {
+				fail("node "+node, err)
+				return
+			}
+			for _, sb := range l.Sandboxes {
+				var v api.Sandbox
+				if err := s.callEdge(r.Context(), sb.ID, op, &edge.ResumeSandboxRequest{ID: sb.ID}, &v, nil); err != nil {
+					fail(sb.ID, err)
+					continue
+				}
+				mu.Lock()
+				out.Sandboxes = append(out.Sandboxes, sb.ID)
+				mu.Unlock()
 			}
 		}(n.Name)
 	}

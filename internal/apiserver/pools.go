@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"sort"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/iam"
 )
 
 // Warm pools live on the edges: each node keeps `size` sandboxes of the
@@ -31,6 +33,25 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 		_, _ = rand.Read(b[:])
 		req.Name = "pool-" + hex.EncodeToString(b[:])
 	}
+	pr := principal(r)
+	existing, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
+	if err != nil {
+		return err
+	}
+	old, exists := existing[req.Name]
+	if req.Project == "" {
+		req.Project = pr.Project
+		if exists && pr.Sees(iam.KindPool, old.Project) {
+			req.Project = old.Project // resizing a pool it sees, of a project below
+		}
+	}
+	if !pr.Sees(iam.KindProject, req.Project) {
+		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, pr.Project)}
+	}
+	if exists && old.Project != req.Project {
+		// Pool names are one namespace on the nodes: say no more than that.
+		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("pool name %s is taken by another project", req.Name)}
+	}
 	pools, err := s.eachNode(r.Context(), edge.OpPoolPut, &req)
 	if err != nil {
 		return err
@@ -49,8 +70,11 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := api.PoolList{Pools: []api.Pool{}}
+	pr := principal(r)
 	for _, p := range pools {
-		out.Pools = append(out.Pools, p)
+		if pr.Sees(iam.KindPool, p.Project) {
+			out.Pools = append(out.Pools, p)
+		}
 	}
 	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].Name < out.Pools[j].Name })
 	writeJSON(w, http.StatusOK, &out)
@@ -58,21 +82,37 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	pools, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
+	p, err := s.poolOf(r, r.PathValue("name"))
 	if err != nil {
 		return err
 	}
+	writeJSON(w, http.StatusOK, p)
+	return nil
+}
+
+// poolOf reads pool name for the caller: 404 when it does not exist or the
+// caller may not see it.
+func (s *Server) poolOf(r *http.Request, name string) (*api.Pool, error) {
+	pools, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
+	if err != nil {
+		return nil, err
+	}
+	missing := &api.Error{Code: api.CodeNotFound, Message: "pool " + truncate(name) + " not found"}
 	p, ok := pools[name]
 	if !ok {
-		return &api.Error{Code: api.CodeNotFound, Message: "pool " + truncate(name) + " not found"}
+		return nil, missing
 	}
-	writeJSON(w, http.StatusOK, &p)
-	return nil
+	if err := own(principal(r), iam.KindPool, p.Project, missing); err != nil {
+		return nil, err
+	}
+	return &p, nil
 }
 
 func (s *Server) deletePool(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
+	if _, err := s.poolOf(r, name); err != nil {
+		return err
+	}
 	pools, err := s.eachNode(r.Context(), edge.OpPoolDelete, &edge.PoolNameRequest{Name: name})
 	if err != nil {
 		return err

@@ -70,7 +70,7 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 	err = s.cfg.Bus.Call(bus.WithHeaders(ctx, h), bus.EdgeSubject(node), op, req, out, onChunk)
 	if errors.Is(err, bus.ErrNoResponders) {
 		if project, lost := s.cfg.Watcher.Lost(ctx, id, node); lost {
-			if !p.InScope(project) {
+			if !p.Sees(iam.KindSandbox, project) {
 				return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
 			}
 			return &lostError{id: id, node: node, project: project}
@@ -105,6 +105,25 @@ func idempotencyKey(r *http.Request) (string, error) {
 	return "k" + hex.EncodeToString(h[:]), nil
 }
 
+// requestDigest is the SHA-256 of a decoded request, to tell a retry (the
+// same request again) from a reuse of its Idempotency-Key for another one.
+func requestDigest(v any) string {
+	b, _ := json.Marshal(v)
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+// idemSandbox reads an idempotency record ("<sandbox id> <request
+// digest>"): a key reused with another request is refused with 422, as
+// Stripe does, rather than answered with the first request's sandbox.
+func idemSandbox(v []byte, body string) (string, error) {
+	id, digest, _ := strings.Cut(string(v), " ")
+	if digest != "" && digest != body {
+		return "", &api.Error{Code: api.CodeInvalid, Message: "Idempotency-Key was already used with a different request body; use a new key for a new request"}
+	}
+	return id, nil
+}
+
 // prepareCreate validates a create request and resolves its project and
 // the quotas that bind it.
 func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) ([]placement.Limit, error) {
@@ -115,7 +134,7 @@ func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) (
 	if req.Project == "" {
 		req.Project = p.Project
 	}
-	if !p.InScope(req.Project) {
+	if !p.Sees(iam.KindProject, req.Project) {
 		return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, p.Project)}
 	}
 	if req.Project != "" {
@@ -123,11 +142,10 @@ func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) (
 			return nil, err
 		}
 	}
-	var limits []placement.Limit
-	for _, l := range s.cfg.IAM.Chain(req.Project) {
-		limits = append(limits, placement.Limit{Project: l.Project, Quota: l.Quota})
+	if err := s.checkSpecUses(r.Context(), p, req); err != nil {
+		return nil, err
 	}
-	return limits, nil
+	return s.limitsOf(req.Project), nil
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -141,6 +159,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		}
 		return s.resumeTrajectory(w, r, &req)
 	}
+	body := requestDigest(&req)
 	limits, err := s.prepareCreate(r, &req)
 	if err != nil {
 		return err
@@ -152,10 +171,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	if key != "" {
 		if e, err := s.idem.Get(ctx, key); err == nil {
-			id := string(e.Value())
-			var sb api.Sandbox
-			err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: req}, &sb, nil)
+			id, err := idemSandbox(e.Value(), body)
 			if err != nil {
+				return err
+			}
+			var sb api.Sandbox
+			if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: req}, &sb, nil); err != nil {
 				return err
 			}
 			writeJSON(w, http.StatusOK, &sb)
@@ -164,7 +185,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			return storeUnavailable("idempotency store", err)
 		}
 	}
-	sb, err := s.place(ctx, &req, limits, key)
+	sb, err := s.place(ctx, &req, limits, key, body)
 	if err != nil {
 		return err
 	}
@@ -176,7 +197,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // (full, shutting down) is skipped and another tried, at most
 // maxPlacementTries times, then 503. The answer is the edge's JSON sandbox,
 // passed through without decoding and encoding it again.
-func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limits []placement.Limit, key string) (json.RawMessage, error) {
+func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limits []placement.Limit, key, body string) (json.RawMessage, error) {
 	exclude := map[string]bool{}
 	var lastErr error
 	for try := 0; try < maxPlacementTries; try++ {
@@ -192,13 +213,13 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 			case lastErr != nil:
 				return nil, lastErr
 			case errors.Is(err, placement.ErrNoNode):
-				return nil, &api.Error{Code: api.CodeUnavailable, Message: "no node can take this sandbox now"}
+				return nil, noNode(err, "this sandbox")
 			}
 			return nil, err
 		}
 		id := edge.NewSandboxID(node)
 		if key != "" {
-			if _, err := s.idem.Create(ctx, key, []byte(id)); err != nil {
+			if _, err := s.idem.Create(ctx, key, []byte(id+" "+body)); err != nil {
 				if errors.Is(err, jetstream.ErrKeyExists) {
 					// A concurrent request with the same key won the race: answer as it does.
 					e, gerr := s.idem.Get(ctx, key)
@@ -206,7 +227,15 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 						s.placer.Release(node, req, limits)
 						return nil, storeUnavailable("idempotency store", gerr)
 					}
-					id = string(e.Value())
+					s.placer.Release(node, req, limits)
+					if id, err = idemSandbox(e.Value(), body); err != nil {
+						return nil, err
+					}
+					var sb json.RawMessage
+					if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: *req}, &sb, nil); err != nil {
+						return nil, err
+					}
+					return sb, nil
 				} else {
 					s.placer.Release(node, req, limits)
 					return nil, storeUnavailable("idempotency store", err)
@@ -234,6 +263,18 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 		return nil, err
 	}
 	return nil, lastErr
+}
+
+// noNode is the 503 of a placement that found no node: it names the short
+// resource in the message and in the error's reason.
+func noNode(err error, what string) *api.Error {
+	e := &api.Error{Code: api.CodeUnavailable, Message: "no node can take " + what + " now"}
+	var ne *placement.NoNodeError
+	if errors.As(err, &ne) {
+		e.Message += ": " + ne.Detail
+		e.Reason = ne.Reason
+	}
+	return e
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {

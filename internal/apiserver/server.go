@@ -55,9 +55,11 @@ type Server struct {
 
 	trajMeta *bus.Records
 	snaps    *bus.Records
-	ff       *ffSessions
-	tlog     *bus.TrajLog
-	mux      *http.ServeMux
+	// layerOwners: which project owns each layer name (owner.go).
+	layerOwners *bus.Records
+	ff          *ffSessions
+	tlog        *bus.TrajLog
+	mux         *http.ServeMux
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -166,6 +168,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if s.snaps, err = cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
+		return nil, err
+	}
+	if s.layerOwners, err = cfg.Bus.Records(ctx, bus.BucketLayerOwners); err != nil {
 		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency)
@@ -358,8 +363,35 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.NodeList{Nodes: s.cfg.Watcher.Nodes()})
+	nodes := s.cfg.Watcher.Nodes()
+	if p := principal(r); p.Project != "" {
+		for i := range nodes {
+			nodes[i] = ownView(p, nodes[i])
+		}
+	}
+	writeJSON(w, http.StatusOK, api.NodeList{Nodes: nodes})
 	return nil
+}
+
+// ownView is a node as a project-scoped caller sees it: the fleet's
+// capacity and load, but only the usage and warm pools of the projects it
+// sees, and no job counts (job labels of every project are mixed there).
+func ownView(p *iam.Principal, n api.Node) api.Node {
+	projects := map[string]api.Usage{}
+	for id, u := range n.Projects {
+		if p.Sees(iam.KindSandbox, id) {
+			projects[id] = u
+		}
+	}
+	n.Projects, n.Jobs = projects, nil
+	pools := []api.NodePool{}
+	for _, pl := range n.Pools {
+		if (pl.Project == "" && strings.HasPrefix(pl.Name, "fncall:")) || p.Sees(iam.KindPool, pl.Project) {
+			pools = append(pools, pl)
+		}
+	}
+	n.Pools = pools
+	return n
 }
 
 // listEvents answers GET /v1/events?after=SEQ&limit=N&wait=SECONDS, and
@@ -419,7 +451,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		if ev.Seq > out.Next {
 			out.Next = ev.Seq
 		}
-		if s.visibleEvent(r, &ev) {
+		if visibleEvent(r, &ev) {
 			out.Events = append(out.Events, ev)
 		}
 	}
@@ -462,7 +494,7 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, after uint
 		}
 		return nil
 	}, func(ev api.Event) error {
-		if !s.visibleEvent(r, &ev) {
+		if !visibleEvent(r, &ev) {
 			return nil
 		}
 		b, err := json.Marshal(&ev)
@@ -488,9 +520,9 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, after uint
 
 // visibleEvent reports whether the caller may see ev: node events are
 // public to every caller, sandbox events to the sandbox's project scope.
-func (s *Server) visibleEvent(r *http.Request, ev *api.Event) bool {
+func visibleEvent(r *http.Request, ev *api.Event) bool {
 	if ev.Sandbox == "" {
 		return true
 	}
-	return principal(r).InScope(ev.Project)
+	return principal(r).Sees(iam.KindEvent, ev.Project)
 }

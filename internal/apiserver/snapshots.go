@@ -12,7 +12,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
-	"github.com/warrenhq/warren/internal/sandboxspec"
+	"github.com/warrenhq/warren/internal/iam"
 )
 
 // MaxFork bounds how many sandboxes one fork creates.
@@ -35,18 +35,18 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
-	var snap api.Snapshot
-	if err := s.callAnyNode(r.Context(), edge.OpSnapshotGet, &edge.SnapshotGetRequest{Snapshot: r.PathValue("sid")}, &snap); err != nil {
+	snap, err := s.snapshotOf(r.Context(), principal(r), r.PathValue("sid"))
+	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, &snap)
+	writeJSON(w, http.StatusOK, snap)
 	return nil
 }
 
 // deleteSnapshot removes a snapshot and its layer, unless something still
 // needs it (409 saying what).
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
-	if _, err := s.removeSnapshot(r.Context(), r.PathValue("sid")); err != nil {
+	if _, err := s.removeSnapshot(r.Context(), principal(r), r.PathValue("sid")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -62,17 +62,9 @@ func (e *errInUse) Error() string { return e.why }
 // use while a sandbox that is not stopped was restored from it, a later
 // snapshot chains on it, or a trajectory needs it (its original state or
 // its latest checkpoint, which a rebuild starts from).
-func (s *Server) removeSnapshot(ctx context.Context, sid string) ([]api.Layer, error) {
-	if !sandboxspec.ValidSnapshotID(sid) {
-		return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("snapshot %q is malformed", truncate(sid))}
-	}
-	var snap api.Snapshot
-	found, _, err := s.snaps.Get(ctx, sid, &snap)
-	if err != nil {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
-	}
-	if !found {
-		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("snapshot %s not found", sid)}
+func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid string) ([]api.Layer, error) {
+	if _, err := s.snapshotOf(ctx, p, sid); err != nil {
+		return nil, err
 	}
 	layer := edge.SnapshotLayerName(sid)
 	usesLayer := func(ref string) bool { return ref == layer || strings.HasPrefix(ref, layer+"@") }
@@ -87,7 +79,7 @@ func (s *Server) removeSnapshot(ctx context.Context, sid string) ([]api.Layer, e
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
 	// Later snapshots in its chain.
-	err = s.snaps.Each(ctx, func(key string, raw []byte) error {
+	err := s.snaps.Each(ctx, func(key string, raw []byte) error {
 		var o api.Snapshot
 		if key == sid || json.Unmarshal(raw, &o) != nil {
 			return nil
@@ -158,7 +150,7 @@ func (s *Server) removeSnapshot(ctx context.Context, sid string) ([]api.Layer, e
 		return nil, inUse("sandbox %s was restored from it%s", users[0], map[bool]string{true: fmt.Sprintf(" (and %d more)", len(users)-1)}[len(users) > 1])
 	}
 	var l api.LayerList
-	if err := s.callAnyNode(ctx, edge.OpLayerDelete, &edge.LayerRequest{Name: layer}, &l); err != nil {
+	if err := s.callStore(ctx, edge.OpLayerDelete, &edge.LayerRequest{Name: layer}, &l); err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
 			return nil, err
@@ -194,14 +186,32 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	if err := s.callEdge(ctx, id, edge.OpGet, &edge.IDRequest{ID: id}, &src, nil); err != nil {
 		return err
 	}
-	var snap api.Snapshot
-	if err := s.callEdge(ctx, id, edge.OpSnapshot, &edge.SnapshotRequest{ID: id, Name: "fork of " + id}, &snap, nil); err != nil {
-		return err
-	}
+	// The children are the source's project's: they count against its
+	// quota (and every quota above it), checked before the snapshot.
 	spec := api.CreateSandboxRequest{
-		Snapshot: snap.ID, CPU: src.CPU, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, Pids: src.Pids,
+		Project: src.Project, CPU: src.CPU, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, Pids: src.Pids,
 		Labels: src.Labels, User: src.User, TTL: src.TTL, IdleTimeout: src.IdleTimeout,
 	}
+	limits := s.limitsOf(src.Project)
+	reserved := 0
+	release := func() {
+		for ; reserved > 0; reserved-- {
+			s.placer.Release(node, &spec, limits)
+		}
+	}
+	for reserved < req.Count {
+		if err := s.placer.Reserve(node, &spec, limits); err != nil {
+			release()
+			return placeError(err, "the fork")
+		}
+		reserved++
+	}
+	var snap api.Snapshot
+	if err := s.callEdge(ctx, id, edge.OpSnapshot, &edge.SnapshotRequest{ID: id, Name: "fork of " + id}, &snap, nil); err != nil {
+		release()
+		return err
+	}
+	spec.Snapshot = snap.ID
 	out := api.ForkResult{Snapshot: snap, Sandboxes: make([]api.Sandbox, req.Count)}
 	errs := make([]error, req.Count)
 	var wg sync.WaitGroup
@@ -216,6 +226,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
+			release()
 			dctx := context.WithoutCancel(ctx)
 			for i, e := range errs {
 				if e == nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
@@ -21,25 +22,58 @@ const (
 	maxTrajPage     = 5000
 )
 
-func (s *Server) trajectoryRecord(ctx context.Context, name string) (*edge.TrajectoryRecord, error) {
-	rec, _, err := s.trajectoryRecordRev(ctx, name)
+func (s *Server) trajectoryRecord(ctx context.Context, p *iam.Principal, project, name string) (*edge.TrajectoryRecord, error) {
+	rec, _, err := s.trajectoryRecordRev(ctx, p, project, name)
 	return rec, err
 }
 
-func (s *Server) trajectoryRecordRev(ctx context.Context, name string) (*edge.TrajectoryRecord, uint64, error) {
+// trajectoryRecordRev reads trajectory name of project ("" = the caller's
+// project): names are unique per project. A trajectory the caller may not
+// see is answered as missing.
+func (s *Server) trajectoryRecordRev(ctx context.Context, p *iam.Principal, project, name string) (*edge.TrajectoryRecord, uint64, error) {
 	if !sandboxspec.ValidTrajectory(name) {
 		return nil, 0, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("trajectory %q is malformed", truncate(name))}
 	}
+	if project == "" {
+		project = p.Project
+	}
+	if project != "" && !sandboxspec.ValidProject(project) {
+		return nil, 0, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("project %q is not a project id", truncate(project))}
+	}
+	missing := &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("trajectory %q not found", truncate(name))}
+	if err := own(p, iam.KindTrajectory, project, missing); err != nil {
+		return nil, 0, err
+	}
 	var rec edge.TrajectoryRecord
-	found, rev, err := s.trajMeta.Get(ctx, name, &rec)
+	found, rev, err := s.trajMeta.Get(ctx, edge.TrajKey(project, name), &rec)
+	if err == nil && !found && project != "" {
+		// Recorded before trajectories had owners: under the bare name,
+		// the project only in its spec.
+		var old edge.TrajectoryRecord
+		var orev uint64
+		if found, orev, err = s.trajMeta.Get(ctx, name, &old); found && (old.Project != "" || old.Spec.Project != project) {
+			found = false
+		}
+		rec, rev = old, orev
+	}
 	if err != nil {
 		return nil, 0, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
 	if !found {
-		return nil, 0, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("trajectory %q not found", truncate(name))}
+		return nil, 0, missing
+	}
+	owner := rec.Project
+	if owner == "" {
+		owner = rec.Spec.Project // recorded before trajectories had owners
+	}
+	if err := own(p, iam.KindTrajectory, owner, missing); err != nil {
+		return nil, 0, err
 	}
 	return &rec, rev, nil
 }
+
+// trajKey is where rec's log is stored.
+func trajKey(rec *edge.TrajectoryRecord) string { return edge.TrajKey(rec.Project, rec.Name) }
 
 // resumeSandbox re-attaches a client to its trajectory's sandbox.
 func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *api.CreateSandboxRequest) error {
@@ -47,7 +81,7 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 		return &api.Error{Code: api.CodeInvalid, Message: "resume takes the sandbox of the trajectory; image, layers and snapshot must be absent"}
 	}
 	ctx := r.Context()
-	rec, rev, err := s.trajectoryRecordRev(ctx, req.Trajectory)
+	rec, rev, err := s.trajectoryRecordRev(ctx, principal(r), req.Project, req.Trajectory)
 	if err != nil {
 		return err
 	}
@@ -88,7 +122,7 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 		s.ff.drop(old)
 	}
 	if delegate != "" && sb.Replay > 0 {
-		s.startFastForward(ctx, rec.Sandbox, sb.Project, req.Trajectory, sb.Replay)
+		s.startFastForward(ctx, rec.Sandbox, sb.Project, trajKey(rec), sb.Replay)
 	}
 	writeJSON(w, http.StatusOK, &sb)
 	return nil
@@ -120,14 +154,16 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 	if spec.Snapshot != "" {
 		spec.Image, spec.Layers = "", nil
 	}
-	node, err := s.placer.Pick(&spec, nil, nil)
+	limits := s.limitsOf(spec.Project)
+	node, err := s.placer.Pick(&spec, nil, limits)
 	if err != nil {
-		return &api.Error{Code: api.CodeUnavailable, Message: "no node can rebuild the trajectory's sandbox now"}
+		return placeError(err, "the trajectory's rebuilt sandbox")
 	}
 	id := edge.NewSandboxID(node)
 	next := *rec
 	next.Sandbox = id
-	if err := s.trajMeta.Update(ctx, rec.Name, &next, rev); err != nil {
+	if err := s.trajMeta.Update(ctx, edge.TrajKey(rec.Project, rec.Name), &next, rev); err != nil {
+		s.placer.Release(node, &spec, limits)
 		if errors.Is(err, bus.ErrExists) {
 			return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is being resumed by another client", rec.Name)}
 		}
@@ -135,6 +171,7 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 	}
 	var sb api.Sandbox
 	if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: spec, FromStep: from}, &sb, nil); err != nil {
+		s.placer.Release(node, &spec, limits)
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &sb)
@@ -150,19 +187,25 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	ctx := r.Context()
-	rec, err := s.trajectoryRecord(ctx, req.Trajectory)
+	rec, err := s.trajectoryRecord(ctx, principal(r), req.Project, req.Trajectory)
 	if err != nil {
 		return err
 	}
 	spec := rec.Spec
 	spec.Trajectory, spec.Resume, spec.Branch, spec.Checkpoint = "", false, false, ""
-	node, err := s.placer.Pick(&spec, nil, nil)
+	spec.Project = rec.Project
+	if spec.Project == "" {
+		spec.Project = rec.Spec.Project
+	}
+	limits := s.limitsOf(spec.Project)
+	node, err := s.placer.Pick(&spec, nil, limits)
 	if err != nil {
-		return &api.Error{Code: api.CodeUnavailable, Message: "no node can run the replay now"}
+		return placeError(err, "the replay's sandbox")
 	}
 	id := edge.NewSandboxID(node)
 	var out api.TrajectoryReplay
-	if err := s.callEdge(ctx, id, edge.OpTrajReplay, &edge.ReplayRequest{ID: id, Trajectory: rec.Name, Spec: spec, Keep: req.Keep}, &out, nil); err != nil {
+	if err := s.callEdge(ctx, id, edge.OpTrajReplay, &edge.ReplayRequest{ID: id, Trajectory: rec.Name, Project: rec.Project, Spec: spec, Keep: req.Keep}, &out, nil); err != nil {
+		s.placer.Release(node, &spec, limits)
 		return err
 	}
 	writeJSON(w, http.StatusOK, &out)
@@ -172,11 +215,11 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	ctx := r.Context()
-	rec, err := s.trajectoryRecord(ctx, name)
+	q := r.URL.Query()
+	rec, err := s.trajectoryRecord(ctx, principal(r), q.Get("project"), name)
 	if err != nil {
 		return err
 	}
-	q := r.URL.Query()
 	after, limit := int64(0), defaultTrajPage
 	if v := q.Get("after"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -201,7 +244,7 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 	if path != "" {
 		want = 0
 	}
-	raw, err := s.tlog.Read(ctx, name, skip, want)
+	raw, err := s.tlog.Read(ctx, trajKey(rec), skip, want)
 	if err != nil {
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}

@@ -16,6 +16,8 @@ import (
 const (
 	BucketSnapshots    = "warren-snapshots"
 	BucketTrajectories = "warren-trajectories"
+	// BucketLayerOwners maps a named layer to the project that owns it.
+	BucketLayerOwners  = "warren-layer-owners"
 	streamTrajectories = "warren-trajectories"
 	subjectTrajPrefix  = "warren.traj."
 )

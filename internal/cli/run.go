@@ -82,8 +82,16 @@ is the command's.`,
 			if !g.json {
 				if res.TimedOut {
 					fmt.Fprintln(errw, "warren: command timed out")
+				} else if res.OOMKilled {
+					fmt.Fprintln(errw, "warren: command killed by the OOM killer (out of the sandbox's memory)")
 				} else if res.Signal != "" {
 					fmt.Fprintf(errw, "warren: command killed by %s\n", res.Signal)
+				}
+				if res.DiskFull {
+					fmt.Fprintln(errw, "warren: the sandbox's disk is full (its disk_mb limit)")
+				}
+				if res.PidsLimited {
+					fmt.Fprintln(errw, "warren: the sandbox's pids limit refused a fork or thread")
 				}
 				if res.Truncated {
 					fmt.Fprintln(errw, "warren: output truncated")

@@ -158,6 +158,7 @@ func TestEnterConfinesSandbox(t *testing.T) {
 		"socket-vsock", "socket-inet", "caps-all-threads", "caps-child", "dumpable",
 		"host-marker", "root-dotdot", "mountinfo", "hostname", "loopback", "mknod-nodev",
 		"upper-write",
+		"proc-mem-fd-pid1", "proc-mem-fd-sealed",
 	}
 	got := map[string]probeResult{}
 	for _, r := range results {

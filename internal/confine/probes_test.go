@@ -273,7 +273,82 @@ func runProbes(in *childInput) []probeResult {
 		return wantErrno(err, unix.EACCES)
 	}())
 	add("upper-write", os.WriteFile("/tmp/written", []byte("inside"), 0o644))
+	// Another process's memory and streams (issue 13): a sandbox process
+	// may open neither /proc/<pid>/mem (read-write) nor /proc/<pid>/fd/1 of
+	// the agent (PID 1 here) or of a process started sealed (as trusted
+	// commands are), though it runs as the same uid; it can those of an
+	// ordinary sibling (the control: that is what the freeze is for).
+	add("proc-mem-fd-pid1", wantUnreachable(1))
+	add("proc-mem-fd-sealed", func() error {
+		sealed, err := startSleeper(true)
+		if err != nil {
+			return err
+		}
+		defer sealed.stop()
+		plain, err := startSleeper(false)
+		if err != nil {
+			return err
+		}
+		defer plain.stop()
+		if got := reachable(plain.pid); got != "mem fd1 " {
+			return fmt.Errorf("control: a dumpable sibling's mem and fd/1 not reachable (%q): the probe is broken", got)
+		}
+		return wantUnreachable(sealed.pid)
+	}())
 	return out
+}
+
+// sleeper is a process started for the /proc probes, its stdout a pipe.
+type sleeper struct {
+	pid int
+	out *os.File
+}
+
+func (s *sleeper) stop() {
+	unix.Kill(s.pid, unix.SIGKILL)
+	var ws unix.WaitStatus
+	unix.Wait4(s.pid, &ws, 0, nil)
+	s.out.Close()
+}
+
+// startSleeper starts a sleep, sealed (SealedFork) or not.
+func startSleeper(sealed bool) (*sleeper, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	attr := &syscall.ProcAttr{Env: []string{"PATH=/bin"}, Files: []uintptr{0, w.Fd(), 2}}
+	fork := func() (int, error) { return syscall.ForkExec("/bin/sleep", []string{"sleep", "30"}, attr) }
+	if sealed {
+		fork = SealedFork(fork)
+	}
+	pid, err := fork()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &sleeper{pid: pid, out: r}, nil
+}
+
+// reachable tries, from a sandbox shell, to open pid's /proc/<pid>/mem
+// read-write and /proc/<pid>/fd/1 for writing; it reports what opened.
+func reachable(pid int) string {
+	p := strconv.Itoa(pid)
+	script := "(exec 3<>/proc/" + p + "/mem) 2>/dev/null && printf 'mem '; " +
+		"(exec 3>/proc/" + p + "/fd/1) 2>/dev/null && printf 'fd1 '; true"
+	b, err := exec.Command("/bin/sh", "-c", script).Output()
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return string(b)
+}
+
+func wantUnreachable(pid int) error {
+	if got := reachable(pid); got != "" {
+		return fmt.Errorf("a sandbox process opened pid %d's %q", pid, got)
+	}
+	return nil
 }
 
 func ioctl(fd, req, arg uintptr) error {

@@ -39,7 +39,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	e.mu.Lock()
 	if e.closing {
 		e.mu.Unlock()
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: "node is shutting down"}
+		return nil, &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonShuttingDown, Message: "node is shutting down"}
 	}
 	if existing, ok := e.sandboxes[id]; ok {
 		e.mu.Unlock()
@@ -107,8 +107,9 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	if err != nil {
 		if spec.Trajectory != "" && !spec.Resume {
 			var tr TrajectoryRecord
-			if found, _, gerr := e.trajMeta.Get(ctx, spec.Trajectory, &tr); gerr == nil && found && tr.Sandbox == id {
-				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), spec.Trajectory)
+			key := TrajKey(spec.Project, spec.Trajectory)
+			if found, _, gerr := e.trajMeta.Get(ctx, key, &tr); gerr == nil && found && tr.Sandbox == id {
+				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), key)
 			}
 		}
 		sb.createErr = err
@@ -121,30 +122,6 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	close(sb.ready)
 	v := sb.view()
 	return &v, nil
-}
-
-// admitLocked is the node's final say: it refuses work beyond capacity.
-func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
-	var cpu float64
-	var mem int64
-	n := 0
-	for sb := range e.live {
-		if !sb.live() {
-			continue
-		}
-		n++
-		cpu += sb.rec.Spec.CPU
-		mem += sb.rec.Spec.MemoryMB
-	}
-	switch {
-	case n+1 > e.cfg.MaxSandboxes:
-		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %d sandboxes", e.cfg.Node, n)}
-	case e.cfg.CPUCapacity > 0 && cpu+spec.CPU > e.cfg.CPUCapacity:
-		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %.1f of %.1f cores requested", e.cfg.Node, cpu, e.cfg.CPUCapacity)}
-	case e.cfg.MemoryMB > 0 && mem+spec.MemoryMB > e.cfg.MemoryMB:
-		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is full: %d of %d MiB requested", e.cfg.Node, mem, e.cfg.MemoryMB)}
-	}
-	return e.pressure()
 }
 
 // pressureFor is how long a reading of the host's pressure is reused:
@@ -168,21 +145,21 @@ func (e *Edge) pressure() *api.Error {
 func (e *Edge) readPressure() *api.Error {
 	if e.cfg.MinMemoryAvailableMB > 0 {
 		if m, err := hoststat.ReadMemory(); err == nil && m.Available>>20 < e.cfg.MinMemoryAvailableMB {
-			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+			return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonMemPressure, Message: fmt.Sprintf(
 				"node %s is under memory pressure: %d MiB available, below the %d MiB reserve",
 				e.cfg.Node, m.Available>>20, e.cfg.MinMemoryAvailableMB)}
 		}
 	}
 	if e.cfg.MinFreeTasks > 0 {
 		if t, err := hoststat.ReadTasks(); err == nil && t.Limit-t.Used < e.cfg.MinFreeTasks {
-			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+			return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonPids, Message: fmt.Sprintf(
 				"node %s is out of pids: %d of %d tasks in use (kernel.pid_max / threads-max), fewer than %d left",
 				e.cfg.Node, t.Used, t.Limit, e.cfg.MinFreeTasks)}
 		}
 	}
 	if e.cfg.MaxMemoryPressure > 0 {
 		if p, err := hoststat.ReadPressure("memory"); err == nil && p.Avg10 > e.cfg.MaxMemoryPressure {
-			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf(
+			return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonMemPressure, Message: fmt.Sprintf(
 				"node %s is under memory pressure: PSI some avg10 %.1f%% above %.1f%%",
 				e.cfg.Node, p.Avg10, e.cfg.MaxMemoryPressure)}
 		}

@@ -47,6 +47,9 @@ type fnShape struct {
 	spec  api.CreateSandboxRequest
 	idle  chan *sandbox
 	total int // live workers (idle, busy, starting); under Edge.mu
+	// lastUsed is when a task last took a worker, lastGrown when one last
+	// started a new worker (fnShrink); under Edge.mu.
+	lastUsed, lastGrown time.Time
 }
 
 // NormalizeFnCall validates a task and fills in defaults; it returns the
@@ -144,13 +147,14 @@ func (e *Edge) fnWorker(ctx context.Context, key string, spec *api.CreateSandbox
 	e.mu.Lock()
 	if e.closing {
 		e.mu.Unlock()
-		return nil, nil, &api.Error{Code: api.CodeUnavailable, Message: "node is shutting down"}
+		return nil, nil, &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonShuttingDown, Message: "node is shutting down"}
 	}
 	sh := e.fn[key]
 	if sh == nil {
 		sh = &fnShape{key: key, spec: *spec, idle: make(chan *sandbox, fnMaxWorkers)}
 		e.fn[key] = sh
 	}
+	sh.lastUsed = time.Now()
 	for {
 		select {
 		case w := <-sh.idle:
@@ -164,7 +168,9 @@ func (e *Edge) fnWorker(ctx context.Context, key string, spec *api.CreateSandbox
 		}
 		break
 	}
-	if sh.total >= fnMaxWorkers {
+	if sh.total >= fnMaxWorkers || (sh.total > 0 && !e.fnRoomLocked(spec)) {
+		// The shape is as large as it may grow: wait for one of its
+		// workers rather than take the room sandboxes need.
 		e.mu.Unlock()
 		select {
 		case w := <-sh.idle:
@@ -174,8 +180,9 @@ func (e *Edge) fnWorker(ctx context.Context, key string, spec *api.CreateSandbox
 		}
 	}
 	sh.total++
+	sh.lastGrown = time.Now()
 	e.mu.Unlock()
-	w, err := e.fnStart(ctx, sh)
+	w, err := e.fnStart(ctx, sh, false)
 	if err != nil {
 		e.mu.Lock()
 		sh.total--
@@ -203,7 +210,7 @@ func (e *Edge) fnTopUp(sh *fnShape) {
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			w, err := e.fnStart(e.runCtx, sh)
+			w, err := e.fnStart(e.runCtx, sh, true)
 			if err != nil {
 				e.mu.Lock()
 				sh.total--
@@ -216,11 +223,23 @@ func (e *Edge) fnTopUp(sh *fnShape) {
 	}
 }
 
-// fnStart creates one worker (admitted like any sandbox).
-func (e *Edge) fnStart(ctx context.Context, sh *fnShape) (*sandbox, error) {
+// fnStart creates one worker (admitted like any sandbox). A spare one
+// (spare: started ahead of demand) only takes free room within the FnCall
+// share: it neither reclaims other idle workers nor crowds sandboxes out.
+func (e *Edge) fnStart(ctx context.Context, sh *fnShape, spare bool) (*sandbox, error) {
 	id := e.newID()
 	spec := sh.spec
 	e.mu.Lock()
+	if spare && !e.fnRoomLocked(&spec) {
+		e.mu.Unlock()
+		return nil, &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonCPU, Message: "fncall workers hold their share of the node"}
+	}
+	if spare {
+		if aerr := e.shortLocked(e.usageLocked(), &spec); aerr != nil {
+			e.mu.Unlock()
+			return nil, aerr
+		}
+	}
 	if aerr := e.admitLocked(&spec); aerr != nil {
 		e.mu.Unlock()
 		return nil, aerr
@@ -344,6 +363,7 @@ func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (res
 	if c.Stdin != "" {
 		areq.Stdin = []byte(c.Stdin)
 	}
+	e.killsBefore(w)
 	var out, errb bytes.Buffer
 	var ares agentproto.ExecResult
 	err = agent.Call(ctx, agentproto.OpExec, areq, &ares, func(r *agentproto.Response) error {
@@ -361,10 +381,12 @@ func (e *Edge) fnRun(ctx context.Context, w *sandbox, c *api.FnCallRequest) (res
 	}
 	out.Write(ares.Stdout)
 	errb.Write(ares.Stderr)
-	return &api.ExecResult{
+	res = &api.ExecResult{
 		ExitCode: ares.ExitCode, Stdout: strings.ToValidUTF8(out.String(), "\uFFFD"), Stderr: strings.ToValidUTF8(errb.String(), "\uFFFD"),
 		Truncated: ares.Truncated, TimedOut: ares.TimedOut, Signal: ares.Signal, DurationMs: ares.Duration,
-	}, true, nil
+	}
+	e.explainEnd(w, res)
+	return res, true, nil
 }
 
 // fnAgentError is agentError, with a failed reset as 503: the worker

@@ -37,7 +37,7 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 	// A request on behalf of a project-scoped principal reaches only the
 	// sandboxes of that project and below.
 	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
-	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages {
+	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages && op != OpTrajReplay {
 		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
 		if !ok {
 			return nil, badRequest("a scoped request must name its sandbox")
@@ -59,15 +59,27 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		if scoped && !sandboxspec.Within(req.Spec.Project, scope) {
 			return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", req.Spec.Project, scope)}
 		}
+		if scoped {
+			if err := e.checkSnapshotScope(ctx, &req.Spec, scope); err != nil {
+				return nil, err
+			}
+		}
 		return e.create(ctx, &req)
 	case OpCreateBatch:
 		var req CreateBatchRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
+		checked := map[string]bool{} // the items of a batch share their spec
 		for _, it := range req.Items {
 			if scoped && !sandboxspec.Within(it.Spec.Project, scope) {
 				return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", it.Spec.Project, scope)}
+			}
+			if k := fmt.Sprint(it.Spec.Snapshot, it.Spec.Layers); scoped && !checked[k] {
+				if err := e.checkSnapshotScope(ctx, &it.Spec, scope); err != nil {
+					return nil, err
+				}
+				checked[k] = true
 			}
 		}
 		return e.createBatch(ctx, &req), nil
@@ -203,6 +215,10 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		var req ReplayRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
+		}
+		// Like a create: the replay's sandbox is new, of the spec's project.
+		if scoped && !sandboxspec.Within(req.Spec.Project, scope) {
+			return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", req.Spec.Project, scope)}
 		}
 		return e.replayTrajectory(ctx, &req)
 	}
@@ -366,6 +382,9 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	if x.Stdin != "" {
 		areq.Stdin = []byte(x.Stdin)
 	}
+	if !x.Background {
+		e.killsBefore(sb)
+	}
 	var res agentproto.ExecResult
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
 		return chunk(r.Stream, r.Data)
@@ -373,10 +392,14 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	if err != nil {
 		return nil, e.agentError(sb, err)
 	}
-	return &api.ExecResult{
+	out := &api.ExecResult{
 		ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
 		DurationMs: res.Duration, CommandID: res.CommandID,
-	}, nil
+	}
+	if !x.Background {
+		e.explainEnd(sb, out)
+	}
+	return out, nil
 }
 
 func (e *Edge) command(ctx context.Context, op string, req *CommandRequest) (any, error) {

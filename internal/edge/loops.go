@@ -102,7 +102,7 @@ func (e *Edge) NodeStatus() api.Node {
 		sb.mu.Lock()
 		st, prio, pooled := sb.rec.Sandbox.State, sb.rec.Spec.Priority, sb.pool != ""
 		spec := &sb.rec.Spec
-		live := st == api.StateRunning || st == api.StateCreating || st == api.StatePaused
+		live := (st == api.StateRunning || st == api.StateCreating || st == api.StatePaused) && !sb.reclaimed
 		if live {
 			// Pool members hold resources too, so they count as requested.
 			n.CPURequested += spec.CPU
@@ -133,9 +133,16 @@ func (e *Edge) NodeStatus() api.Node {
 	}
 	for _, p := range e.pools {
 		v := e.poolViewLocked(p)
-		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Size: v.Size, Ready: v.Ready})
+		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Project: v.Project, Size: v.Size, Ready: v.Ready})
 	}
 	n.Pools = append(n.Pools, e.fnViewLocked()...)
+	// Idle FnCall workers give way to any create (admission reclaims
+	// them), so placement must not count them as taken.
+	for _, sh := range e.fn {
+		k := len(sh.idle)
+		n.CPURequested -= float64(k) * sh.spec.CPU
+		n.MemRequested -= int64(k) * sh.spec.MemoryMB
+	}
 	sort.Slice(n.Pools, func(i, j int) bool { return n.Pools[i].Name < n.Pools[j].Name })
 	return n
 }
@@ -225,6 +232,7 @@ func (e *Edge) reap(ctx context.Context) {
 	}
 	e.mu.Unlock()
 	e.expireWiped(e.cfg.RecycleIdle)
+	e.fnShrink(now)
 	for _, v := range victims {
 		go e.stop(ctx, v.sb, api.StateStopped, v.reason)
 	}

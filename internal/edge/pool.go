@@ -37,9 +37,10 @@ const poolFillers = 2
 var poolNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$`)
 
 type pool struct {
-	name string
-	spec api.CreateSandboxRequest // normalized
-	key  string
+	name    string
+	project string                   // the owner: members serve sandboxes of it and below
+	spec    api.CreateSandboxRequest // normalized
+	key     string
 
 	// under Edge.mu
 	size     int
@@ -93,7 +94,7 @@ func (e *Edge) poolViewLocked(p *pool) api.Pool {
 			n++
 		}
 	}
-	return api.Pool{Name: p.name, Tier: p.spec.Tier, Image: p.spec.Image, CPU: p.spec.CPU, MemoryMB: p.spec.MemoryMB,
+	return api.Pool{Name: p.name, Project: p.project, Tier: p.spec.Tier, Image: p.spec.Image, CPU: p.spec.CPU, MemoryMB: p.spec.MemoryMB,
 		DiskMB: p.spec.DiskMB, Pids: p.spec.Pids, Priority: p.spec.Priority, Size: p.size, Ready: n,
 		Creating: p.creating, Claimed: p.claimed, Error: p.lastErr}
 }
@@ -108,7 +109,7 @@ func (sb *sandbox) poolReady() bool {
 func (e *Edge) savePoolsLocked() error {
 	defs := make([]api.PoolRequest, 0, len(e.pools))
 	for _, p := range e.pools {
-		defs = append(defs, api.PoolRequest{Name: p.name, Tier: p.spec.Tier, Image: p.spec.Image, CPU: p.spec.CPU,
+		defs = append(defs, api.PoolRequest{Name: p.name, Project: p.project, Tier: p.spec.Tier, Image: p.spec.Image, CPU: p.spec.CPU,
 			MemoryMB: p.spec.MemoryMB, DiskMB: p.spec.DiskMB, Pids: p.spec.Pids, Priority: p.spec.Priority, Size: p.size})
 	}
 	sort.Slice(defs, func(i, j int) bool { return defs[i].Name < defs[j].Name })
@@ -157,19 +158,22 @@ func (e *Edge) putPool(ctx context.Context, r *api.PoolRequest) (*api.Pool, erro
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closing {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: "node is shutting down"}
+		return nil, &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonShuttingDown, Message: "node is shutting down"}
 	}
 	p := e.pools[r.Name]
+	if p != nil && p.project != r.Project {
+		return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("pool name %s is taken by another project", r.Name)}
+	}
 	if p != nil && p.key != key {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("pool %s exists with another shape; delete it first", r.Name)}
 	}
 	for _, q := range e.pools {
-		if q.key == key && q.name != r.Name {
+		if q.key == key && q.name != r.Name && q.project == r.Project {
 			return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("pool %s already keeps this shape", q.name)}
 		}
 	}
 	if p == nil {
-		p = &pool{name: r.Name, spec: spec, key: key, kick: make(chan struct{}, 1)}
+		p = &pool{name: r.Name, project: r.Project, spec: spec, key: key, kick: make(chan struct{}, 1)}
 		e.pools[r.Name] = p
 		fctx, cancel := context.WithCancel(e.runCtx)
 		p.cancel = cancel
@@ -354,7 +358,7 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 	}
 	var p *pool
 	for _, q := range e.pools {
-		if q.key == key {
+		if q.key == key && sandboxspec.Within(spec.Project, q.project) {
 			p = q
 			break
 		}

@@ -15,6 +15,7 @@ import (
 type ReplayRequest struct {
 	ID         string                   `json:"id"`
 	Trajectory string                   `json:"trajectory"`
+	Project    string                   `json:"project,omitempty"` // the trajectory's owner: its log is TrajKey(Project, Trajectory)
 	Spec       api.CreateSandboxRequest `json:"spec"`
 	Keep       bool                     `json:"keep,omitempty"`
 }
@@ -24,7 +25,7 @@ type ReplayRequest struct {
 // reports every step whose outcome differs from the log.
 func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.TrajectoryReplay, error) {
 	start := time.Now()
-	steps, err := e.readTrajectory(ctx, req.Trajectory)
+	steps, err := e.readTrajectory(ctx, TrajKey(req.Project, req.Trajectory))
 	if err != nil {
 		return nil, err
 	}

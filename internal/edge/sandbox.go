@@ -75,7 +75,13 @@ type sandbox struct {
 	pool       string        // the warm pool holding it, until claimed ("" = a user's sandbox)
 	stopWatch  chan struct{} // closed to end watch (its container was recycled)
 	stateless  bool          // an FnCall worker
+	reclaimed  bool          // an idle FnCall worker stopped for room: admission no longer counts it
 	traj       *traj         // nil unless the sandbox records a trajectory
+
+	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
+	// as of its last command (kills.go).
+	killsRead         bool
+	oomSeen, pidsSeen int64
 }
 
 func (sb *sandbox) view() api.Sandbox {

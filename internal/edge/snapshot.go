@@ -151,7 +151,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	}
 	diff := fmt.Sprintf("%s@%d", l.Name, l.Version)
 	snap := &api.Snapshot{
-		ID: snapID, Name: name, Sandbox: id, Image: spec.Image,
+		ID: snapID, Name: name, Sandbox: id, Project: spec.Project, Image: spec.Image,
 		Layers: append(chain, api.LayerAttachment{Layer: diff}), Diff: diff,
 		Digest: l.Digest, Size: l.Size, Entries: l.Entries, Parent: spec.Snapshot, Step: step,
 		Trajectory: func() string {
@@ -203,6 +203,39 @@ func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest)
 	spec.Image = snap.Image
 	spec.Layers = append([]api.LayerAttachment(nil), snap.Layers...)
 	return snap, nil
+}
+
+// checkSnapshotScope refuses (404) a create on behalf of a project-scoped
+// caller whose snapshot, or a snap/ layer, belongs to a project outside its
+// scope: the edge's own check behind the apiserver's (ownership).
+func (e *Edge) checkSnapshotScope(ctx context.Context, spec *api.CreateSandboxRequest, scope string) error {
+	sids := []string{}
+	if spec.Snapshot != "" {
+		sids = append(sids, spec.Snapshot)
+	}
+	for _, a := range spec.Layers {
+		name, _, _ := strings.Cut(a.Layer, "@")
+		if sid, ok := strings.CutPrefix(name, "snap/"); ok {
+			sids = append(sids, sid)
+		}
+	}
+	for _, sid := range sids {
+		if !sandboxspec.ValidSnapshotID(sid) {
+			continue // the create refuses it
+		}
+		snap, err := e.getSnapshot(ctx, sid)
+		var ae *api.Error
+		if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+			continue // the create answers it
+		}
+		if err != nil {
+			return err
+		}
+		if !sandboxspec.Within(snap.Project, scope) {
+			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("snapshot %s not found", sid)}
+		}
+	}
+	return nil
 }
 
 // cloner is writable-layer storage that can make a copy-on-write clone of

@@ -28,7 +28,10 @@ const resumeLease = 30 * time.Second
 // TrajectoryRecord is a trajectory's entry in the KV bucket: where it
 // lives and its last checkpoint.
 type TrajectoryRecord struct {
-	Name           string                   `json:"name"`
+	Name string `json:"name"`
+	// Project owns the trajectory: names are unique per project, and only
+	// a token that sees the project (iam.Principal.Sees) reads or uses it.
+	Project        string                   `json:"project,omitempty"`
 	Sandbox        string                   `json:"sandbox"`
 	Spec           api.CreateSandboxRequest `json:"spec"`
 	CheckpointSnap string                   `json:"checkpoint_snapshot,omitempty"`
@@ -37,6 +40,18 @@ type TrajectoryRecord struct {
 	Parent     string    `json:"parent,omitempty"`
 	ParentStep int64     `json:"parent_step,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
+}
+
+// TrajKey is where the record and the log of project's trajectory name
+// are stored: names are chosen by clients and unique per project, so two
+// projects may both have a "run-42". The root project's keys are the bare
+// names (as before projects owned trajectories); "|" is in no project id
+// and no trajectory name, so keys never collide.
+func TrajKey(project, name string) string {
+	if project == "" {
+		return name
+	}
+	return project + "|" + name
 }
 
 // ResumeRequest is the body of OpTrajResume.
@@ -70,13 +85,16 @@ type StepResult struct {
 // traj is the trajectory state of one sandbox. mu serializes the
 // sandbox's state-changing operations so the log is totally ordered.
 type traj struct {
-	mu     sync.Mutex
-	name   string
-	every  int
-	loaded bool
-	last   int64
-	replay []api.TrajectoryStep
-	cursor int
+	mu   sync.Mutex
+	name string
+	key  string // TrajKey(project, name): of the record and the log
+	// keyChecked: resolveKey looked for a record of before owners.
+	keyChecked bool
+	every      int
+	loaded     bool
+	last       int64
+	replay     []api.TrajectoryStep
+	cursor     int
 	// reexec: logged steps from this index on are run again (not served
 	// from the log) because the sandbox was rebuilt from an earlier state.
 	reexec   int
@@ -173,14 +191,37 @@ func newTraj(spec *api.CreateSandboxRequest) *traj {
 	if spec.Trajectory == "" {
 		return nil
 	}
-	return &traj{name: spec.Trajectory, every: sandboxspec.CheckpointEvery(spec.Checkpoint)}
+	return &traj{name: spec.Trajectory, key: TrajKey(spec.Project, spec.Trajectory), every: sandboxspec.CheckpointEvery(spec.Checkpoint)}
+}
+
+// resolveKey finds where a trajectory recorded before trajectories had
+// owners keeps its record and log: under its bare name, its project only
+// in its spec. Once per sandbox, with t.mu held (or before it serves).
+func (e *Edge) resolveKey(ctx context.Context, t *traj) {
+	if t.keyChecked || t.key == t.name {
+		return
+	}
+	var rec TrajectoryRecord
+	found, _, err := e.trajMeta.Get(ctx, t.key, &rec)
+	if err != nil {
+		return // try again with the next operation
+	}
+	t.keyChecked = true
+	if found {
+		return
+	}
+	project, _, _ := strings.Cut(t.key, "|")
+	if found, _, err := e.trajMeta.Get(ctx, t.name, &rec); err == nil && found && rec.Project == "" && rec.Spec.Project == project {
+		t.key = t.name
+	}
 }
 
 func (e *Edge) loadTraj(ctx context.Context, t *traj) error {
 	if t.loaded {
 		return nil
 	}
-	b, err := e.tlog.Last(ctx, t.name)
+	e.resolveKey(ctx, t)
+	b, err := e.tlog.Last(ctx, t.key)
 	if err != nil {
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
@@ -220,11 +261,12 @@ func (e *Edge) registerTrajectory(ctx context.Context, id string, spec *api.Crea
 	if spec.Trajectory == "" || spec.Resume {
 		return nil
 	}
-	rec := TrajectoryRecord{Name: spec.Trajectory, Sandbox: id, Spec: *spec, CreatedAt: time.Now().UTC()}
-	err := e.trajMeta.Create(ctx, spec.Trajectory, &rec)
+	rec := TrajectoryRecord{Name: spec.Trajectory, Project: spec.Project, Sandbox: id, Spec: *spec, CreatedAt: time.Now().UTC()}
+	key := TrajKey(spec.Project, spec.Trajectory)
+	err := e.trajMeta.Create(ctx, key, &rec)
 	if errors.Is(err, bus.ErrExists) {
 		var old TrajectoryRecord
-		if found, _, gerr := e.trajMeta.Get(ctx, spec.Trajectory, &old); gerr == nil && found && old.Sandbox == id {
+		if found, _, gerr := e.trajMeta.Get(ctx, key, &old); gerr == nil && found && old.Sandbox == id {
 			return nil // a retried create
 		}
 		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q exists; re-attach with resume: true", spec.Trajectory)}
@@ -245,10 +287,11 @@ func (e *Edge) resumeTrajectory(ctx context.Context, req *ResumeRequest) (*api.S
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	e.resolveKey(ctx, t)
 	if t.cursor < len(t.replay) && time.Since(t.resumeAt) < resumeLease {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is being resumed by another client (at step %d of %d)", t.name, t.cursor, len(t.replay))}
 	}
-	steps, err := e.readTrajectory(ctx, t.name)
+	steps, err := e.readTrajectory(ctx, t.key)
 	if err != nil {
 		return nil, err
 	}
@@ -386,6 +429,16 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		return out, nil
 	}
 	sb.mu.Lock()
+	paused := sb.rec.Sandbox.State == api.StatePaused && !sb.stopping
+	sb.mu.Unlock()
+	if paused {
+		// Any operation resumes a paused sandbox; the resume is no step
+		// of the trajectory (nothing in the sandbox changes).
+		if err := e.resume(ctx, sb, true); err != nil {
+			return nil, err
+		}
+	}
+	sb.mu.Lock()
 	running := sb.rec.Sandbox.State == api.StateRunning && !sb.stopping
 	word := stateWord(sb)
 	sb.mu.Unlock()
@@ -426,7 +479,7 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	if merr != nil {
 		return nil, merr
 	}
-	if aerr := e.tlog.Append(ctx, t.name, op.Step, b); aerr != nil {
+	if aerr := e.tlog.Append(ctx, t.key, op.Step, b); aerr != nil {
 		// The operation ran but is not in the log: say so, and do not
 		// hand out this step again.
 		t.last = op.Step
@@ -437,9 +490,9 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		// Only while the record still names this sandbox, and only over
 		// the revision read (a resume may rebuild it elsewhere meanwhile).
 		var rec TrajectoryRecord
-		if found, rev, gerr := e.trajMeta.Get(ctx, t.name, &rec); gerr == nil && found && rec.Sandbox == op.Sandbox {
+		if found, rev, gerr := e.trajMeta.Get(ctx, t.key, &rec); gerr == nil && found && rec.Sandbox == op.Sandbox {
 			rec.CheckpointSnap, rec.CheckpointStep = op.Checkpoint, op.Step
-			if perr := e.trajMeta.Update(ctx, t.name, &rec, rev); perr != nil {
+			if perr := e.trajMeta.Update(ctx, t.key, &rec, rev); perr != nil {
 				e.log.Warn("record checkpoint", "trajectory", t.name, "err", perr)
 			}
 		}
@@ -476,7 +529,7 @@ func (e *Edge) branchAt(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 			"cannot branch trajectory %q at step %d: more than %d MiB of operations since its last checkpoint (record it with checkpoints)", t.name, k, maxRedoBytes>>20)}
 	}
 	var rec TrajectoryRecord
-	found, _, err := e.trajMeta.Get(ctx, t.name, &rec)
+	found, _, err := e.trajMeta.Get(ctx, t.key, &rec)
 	if err != nil {
 		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
@@ -505,9 +558,9 @@ func (e *Edge) branchAt(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 			return nil, invalidf("cannot branch trajectory %q: the name %q is too long", t.name, name)
 		}
 		spec.Trajectory, base.Trajectory = name, name
-		nrec := TrajectoryRecord{Name: name, Sandbox: id, Spec: base, CheckpointSnap: t.branchSnap, CheckpointStep: t.branchStep,
+		nrec := TrajectoryRecord{Name: name, Project: base.Project, Sandbox: id, Spec: base, CheckpointSnap: t.branchSnap, CheckpointStep: t.branchStep,
 			Parent: t.name, ParentStep: k - 1, CreatedAt: time.Now().UTC()}
-		err := e.trajMeta.Create(ctx, name, &nrec)
+		err := e.trajMeta.Create(ctx, TrajKey(base.Project, name), &nrec)
 		if err == nil {
 			break
 		}
@@ -517,8 +570,8 @@ func (e *Edge) branchAt(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	}
 	undo := func(why error) error {
 		dctx := context.WithoutCancel(ctx)
-		_ = e.tlog.Purge(dctx, name)
-		_ = e.trajMeta.Delete(dctx, name)
+		_ = e.tlog.Purge(dctx, TrajKey(base.Project, name))
+		_ = e.trajMeta.Delete(dctx, TrajKey(base.Project, name))
 		return why
 	}
 	// The shared part of the log.
@@ -528,7 +581,7 @@ func (e *Edge) branchAt(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 			return nil, undo(err)
 		}
 	}
-	if err := e.tlog.AppendAll(ctx, name, shared); err != nil {
+	if err := e.tlog.AppendAll(ctx, TrajKey(base.Project, name), shared); err != nil {
 		return nil, undo(&api.Error{Code: api.CodeUnavailable, Message: err.Error()})
 	}
 	if _, err := e.create(ctx, &CreateRequest{ID: id, Spec: spec}); err != nil {
@@ -700,7 +753,11 @@ func (e *Edge) fileRecorded(ctx context.Context, op string, req *FileRequest, w 
 // the later ones run again as the client re-issues them.
 func (e *Edge) rebuildTraj(ctx context.Context, sb *sandbox, fromStep int64, branch bool) error {
 	t := sb.traj
-	steps, err := e.readTrajectory(ctx, t.name)
+	t.mu.Lock()
+	e.resolveKey(ctx, t)
+	key := t.key
+	t.mu.Unlock()
+	steps, err := e.readTrajectory(ctx, key)
 	if err != nil {
 		return err
 	}

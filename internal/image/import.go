@@ -30,6 +30,10 @@ type layerSource struct {
 	// direct: a directory already in the form of the unpacked layer, to
 	// build the EROFS image from (open gives its tar, for the diff id).
 	direct string
+	// canonical: the layer is known by the digest of its unpacked content
+	// (treeDigest), not of its tar stream: a named layer uploaded by a
+	// client, whose tar writer is its own business.
+	canonical bool
 }
 
 type layerMeta struct {
@@ -196,6 +200,11 @@ func (s *LocalStore) convertLayer(ctx context.Context, src layerSource) (string,
 	h, meta, err := s.unpackLayer(ctx, src, tree)
 	if err != nil {
 		return "", 0, false, err
+	}
+	if src.canonical {
+		if h, err = treeDigest(tree); err != nil {
+			return "", 0, false, err
+		}
 	}
 	if m, err := s.layerMeta(h); err == nil {
 		return h, m.Size, false, nil // same content as a stored layer

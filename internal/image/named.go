@@ -268,7 +268,7 @@ func (s *LocalStore) DeleteLayer(ctx context.Context, name string, version int) 
 // CreateLayerFromTar stores the layer tar (optionally gzip-compressed) at
 // path as name@version (version 0: the next one).
 func (s *LocalStore) CreateLayerFromTar(ctx context.Context, name string, version int, path string) (*Layer, error) {
-	src := layerSource{open: func() (io.ReadCloser, error) { return openMaybeGzip(path) }}
+	src := layerSource{open: func() (io.ReadCloser, error) { return openMaybeGzip(path) }, canonical: true}
 	return s.createNamed(ctx, name, version, src, "tar")
 }
 
@@ -281,7 +281,7 @@ func (s *LocalStore) CreateLayerFromDir(ctx context.Context, name string, versio
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("%w: layer from %s: not a directory", ErrInvalid, dir)
 	}
-	src := layerSource{open: func() (io.ReadCloser, error) { return tarDir(dir), nil }}
+	src := layerSource{open: func() (io.ReadCloser, error) { return tarDir(dir), nil }, canonical: true}
 	return s.createNamed(ctx, name, version, src, "dir")
 }
 
@@ -342,7 +342,11 @@ func (s *LocalStore) createNamedOnce(ctx context.Context, name string, version i
 	if version == 0 {
 		version = 1
 		if len(vs) > 0 {
-			version = vs[len(vs)-1] + 1
+			latest := vs[len(vs)-1]
+			if old, err := s.readNamed(filepath.Join(s.namedDir(name), strconv.Itoa(latest)+".json")); err == nil && old.Digest == "sha256:"+h {
+				return old, nil // unchanged since the latest version: that one again
+			}
+			version = latest + 1
 		}
 	}
 	p := filepath.Join(s.namedDir(name), strconv.Itoa(version)+".json")

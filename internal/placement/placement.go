@@ -18,8 +18,22 @@ import (
 	"github.com/warrenhq/warren/api"
 )
 
-// ErrNoNode means no healthy node can take the sandbox.
+// ErrNoNode means no healthy node can take the sandbox. Pick returns it as
+// a *NoNodeError that says why (errors.Is(err, ErrNoNode) holds).
 var ErrNoNode = errors.New("placement: no node can take this sandbox")
+
+// NoNodeError says which resource or condition left no node for a sandbox.
+type NoNodeError struct {
+	Reason string // an api.Reason* constant
+	Detail string // for people: what was asked and what the best node has
+}
+
+func (e *NoNodeError) Error() string {
+	return "no node can take this sandbox now: " + e.Detail
+}
+
+// Is makes errors.Is(err, ErrNoNode) true.
+func (e *NoNodeError) Is(target error) bool { return target == ErrNoNode }
 
 // K is the number of random candidates compared.
 const K = 2
@@ -127,7 +141,7 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 			p.cands = append(p.cands, i)
 		}
 		if len(p.cands) == 0 {
-			return "", ErrNoNode
+			return "", p.whyNoneLocked(nodes, spec, exclude)
 		}
 		pool := p.cands
 		if len(p.withImage) > 0 {
@@ -142,13 +156,19 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 		}
 	}
 	best := &nodes[bi]
-	if !record {
-		return best.Name, nil
+	if record {
+		p.recordLocked(best.Name, spec, limits)
 	}
-	r := p.recent[best.Name]
+	return best.Name, nil
+}
+
+// recordLocked counts a placement of spec on node until its heartbeat
+// shows it.
+func (p *Placer) recordLocked(node string, spec *api.CreateSandboxRequest, limits []Limit) {
+	r := p.recent[node]
 	if r == nil {
 		r = &pending{since: time.Now(), projects: map[string]api.Usage{}}
-		p.recent[best.Name] = r
+		p.recent[node] = r
 	}
 	r.cpu += spec.CPU
 	r.mem += spec.MemoryMB
@@ -158,7 +178,6 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 		r.projects[l.Project] = plus(r.projects[l.Project], add, 1)
 		p.projects[l.Project] = plus(p.projects[l.Project], add, 1)
 	}
-	return best.Name, nil
 }
 
 // sampleTries bounds the random draws of the fast path of a pick.
@@ -214,6 +233,69 @@ func (p *Placer) fitsLocked(n *api.Node, spec *api.CreateSandboxRequest, exclude
 		return 0, false
 	}
 	return loadOf(cpu, n.CPUCapacity, mem, n.MemoryMB), true
+}
+
+// Reserve counts a sandbox of spec on node, which the caller chose (a
+// fork restores on its source's node), after checking limits like Pick.
+// Release undoes it.
+func (p *Placer) Reserve(node string, spec *api.CreateSandboxRequest, limits []Limit) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.checkQuotaLocked(spec, limits); err != nil {
+		return err
+	}
+	p.recordLocked(node, spec, limits)
+	return nil
+}
+
+// whyNoneLocked explains an empty candidate list: no node at all, none with
+// the tier or labels, or the resource that the nodes offering them lack.
+func (p *Placer) whyNoneLocked(nodes []api.Node, spec *api.CreateSandboxRequest, exclude map[string]bool) *NoNodeError {
+	var tier, sel int
+	var bestCPU, bestCPUCap float64
+	var bestMem, bestMemCap int64
+	cpuShort, memShort := 0, 0
+	for i := range nodes {
+		n := &nodes[i]
+		if exclude[n.Name] || !offers(n, spec.Tier) {
+			continue
+		}
+		tier++
+		if !selects(n, spec.NodeSelector) {
+			continue
+		}
+		sel++
+		cpu, mem := n.CPURequested, n.MemRequested
+		if r := p.recent[n.Name]; r != nil {
+			cpu += r.cpu
+			mem += r.mem
+		}
+		if free := n.CPUCapacity - cpu; n.CPUCapacity > 0 && (bestCPUCap == 0 || free > bestCPU) {
+			bestCPU, bestCPUCap = free, n.CPUCapacity
+		}
+		if free := n.MemoryMB - mem; n.MemoryMB > 0 && (bestMemCap == 0 || free > bestMem) {
+			bestMem, bestMemCap = free, n.MemoryMB
+		}
+		if n.CPUCapacity > 0 && cpu+spec.CPU > n.CPUCapacity {
+			cpuShort++
+		} else if n.MemoryMB > 0 && mem+spec.MemoryMB > n.MemoryMB {
+			memShort++
+		}
+	}
+	switch {
+	case len(nodes) == 0:
+		return &NoNodeError{Reason: api.ReasonNoNodes, Detail: "no healthy node"}
+	case tier == 0:
+		return &NoNodeError{Reason: api.ReasonTier, Detail: fmt.Sprintf("no node offers tier %q", spec.Tier)}
+	case sel == 0:
+		return &NoNodeError{Reason: api.ReasonNodeSelector, Detail: "no node has the labels of node_selector"}
+	case cpuShort >= memShort:
+		return &NoNodeError{Reason: api.ReasonCPU, Detail: fmt.Sprintf(
+			"not enough cpu: asked %g cores, the most free on a node is %.2f of %g", spec.CPU, max(bestCPU, 0), bestCPUCap)}
+	default:
+		return &NoNodeError{Reason: api.ReasonMemory, Detail: fmt.Sprintf(
+			"not enough memory: asked %d MiB, the most free on a node is %d of %d MiB", spec.MemoryMB, max(bestMem, 0), bestMemCap)}
+	}
 }
 
 // Release forgets a placement that did not happen (the edge refused it).

@@ -163,3 +163,56 @@ func TestSampledPickOnLargeFleet(t *testing.T) {
 		t.Fatalf("full fleet: %v", err)
 	}
 }
+
+// TestReserve: a placement on a node the caller chose (a fork's children
+// on its source's node) counts against the quotas like a pick.
+func TestReserve(t *testing.T) {
+	f := &fleet{nodes: []api.Node{node("a", nil), node("b", nil)}, usage: map[string]api.Usage{"p1": {Sandboxes: 1}}}
+	p := New(f)
+	limits := []Limit{{Project: "p1", Quota: api.Quota{Sandboxes: 3}}}
+	for i := 0; i < 2; i++ {
+		if err := p.Reserve("b", spec(), limits); err != nil {
+			t.Fatalf("reserve %d: %v", i, err)
+		}
+	}
+	var qe *QuotaError
+	if err := p.Reserve("b", spec(), limits); !errors.As(err, &qe) || qe.Project != "p1" {
+		t.Fatalf("beyond p1's quota: %v", err)
+	}
+	if _, err := p.Pick(spec(), nil, limits); !errors.As(err, &qe) {
+		t.Fatalf("a pick after the reservations: %v", err)
+	}
+	if u := p.Pending("p1"); u.Sandboxes != 2 {
+		t.Fatalf("pending %+v, want 2 sandboxes", u)
+	}
+	p.Release("b", spec(), limits)
+	if err := p.Reserve("b", spec(), limits); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+}
+
+// TestNoNodeSaysWhy: a refused placement names what is short.
+func TestNoNodeSaysWhy(t *testing.T) {
+	p := New(&fleet{nodes: []api.Node{node("a", nil)}})
+	cases := []struct {
+		mod    func(*api.CreateSandboxRequest)
+		reason string
+	}{
+		{func(s *api.CreateSandboxRequest) { s.CPU = 11 }, api.ReasonCPU},
+		{func(s *api.CreateSandboxRequest) { s.MemoryMB = 20000 }, api.ReasonMemory},
+		{func(s *api.CreateSandboxRequest) { s.Tier = "vm" }, api.ReasonTier},
+		{func(s *api.CreateSandboxRequest) { s.NodeSelector = map[string]string{"gpu": "x"} }, api.ReasonNodeSelector},
+	}
+	for _, c := range cases {
+		s := spec()
+		c.mod(s)
+		_, err := p.Pick(s, nil, nil)
+		var ne *NoNodeError
+		if !errors.Is(err, ErrNoNode) || !errors.As(err, &ne) || ne.Reason != c.reason {
+			t.Errorf("%+v: %v, want reason %s", s, err, c.reason)
+		}
+	}
+	if _, err := New(&fleet{}).Pick(spec(), nil, nil); !errors.As(err, new(*NoNodeError)) || err.(*NoNodeError).Reason != api.ReasonNoNodes {
+		t.Errorf("no nodes: %v", err)
+	}
+}

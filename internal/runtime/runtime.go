@@ -99,6 +99,16 @@ type Reclaimer interface {
 	Prefetch(ctx context.Context, h Handle, rest bool) (int64, error)
 }
 
+// KillCounter is implemented by runtimes that can tell what the kernel
+// refused or killed in a sandbox: the edge reads it to say why a command
+// ended (oom_killed, pids_limited).
+type KillCounter interface {
+	// OOMKills is the sandbox's count of OOM kills so far.
+	OOMKills(h Handle) (int64, error)
+	// PidsRefused is how many forks its pids limit refused so far.
+	PidsRefused(h Handle) (int64, error)
+}
+
 // ErrNotReusable means a sandbox's container cannot be recycled (something
 // of it could outlive it); destroy it instead.
 var ErrNotReusable = errors.New("runtime: sandbox cannot be reused")

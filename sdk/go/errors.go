@@ -17,6 +17,8 @@ type APIError struct {
 	Status  int
 	Code    string
 	Message string
+	// Reason names the short resource of a 503 (api.ReasonCPU, …), or "".
+	Reason string
 	// Divergence is set on a 409 from a resumed trajectory: the step and
 	// both operations.
 	Divergence *api.Divergence
@@ -27,7 +29,9 @@ func (e *APIError) Error() string {
 }
 
 // Unwrap exposes the wire error, so errors.As(err, new(*api.Error)) works.
-func (e *APIError) Unwrap() error { return &api.Error{Code: e.Code, Message: e.Message} }
+func (e *APIError) Unwrap() error {
+	return &api.Error{Code: e.Code, Message: e.Message, Reason: e.Reason, Diverge: e.Divergence}
+}
 
 // codeForStatus gives the error code a status maps to, for answers without
 // a JSON error body (a proxy, a panic).
@@ -44,7 +48,7 @@ func readError(resp *http.Response) *APIError {
 	e := &APIError{Status: resp.StatusCode}
 	var body api.ErrorBody
 	if err := json.Unmarshal(b, &body); err == nil && body.Error.Code != "" {
-		e.Code, e.Message, e.Divergence = body.Error.Code, body.Error.Message, body.Error.Diverge
+		e.Code, e.Message, e.Reason, e.Divergence = body.Error.Code, body.Error.Message, body.Error.Reason, body.Error.Diverge
 		return e
 	}
 	e.Code = codeForStatus(resp.StatusCode)

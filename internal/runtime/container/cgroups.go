@@ -47,8 +47,12 @@ type cgroupDriver interface {
 	// instruction; with idle, it is born under SCHED_IDLE; with owner > 0,
 	// from a thread whose effective uid is owner (startAs).
 	start(path string, cmd *exec.Cmd, idle bool, owner uint32) error
-	// dirs are path's directories that exist, one per hierarchy.
+	// dirs are path's directories that exist, one per hierarchy, the
+	// trust split's children (split.go) before their parent.
 	dirs(path string) []string
+	// unified is path's directory in the cgroup v2 hierarchy, where the
+	// trust split lives; "" when the host mounts none.
+	unified(path string) string
 	// children lists the names of the child cgroups of parent.
 	children(parent string) ([]string, error)
 	// freeze and thaw every process of path.
@@ -109,6 +113,7 @@ type v1Driver struct {
 	hierarchies []v1Hierarchy
 	subsystems  []cgroup1.Subsystem
 	memsw       bool
+	v2mount     string // the cgroup v2 hierarchy of a hybrid host, or ""
 }
 
 func newV1Driver() (*v1Driver, error) {
@@ -137,10 +142,15 @@ func newV1Driver() (*v1Driver, error) {
 	}
 	_, err = os.Stat(filepath.Join(mounts["memory"], "memory.memsw.limit_in_bytes"))
 	d.memsw = err == nil
+	d.v2mount = mounts[cgroup2Key]
 	return d, nil
 }
 
-// v1Mounts maps each v1 controller to its mount point.
+// cgroup2Key names the cgroup v2 mount in v1Mounts' answer.
+const cgroup2Key = " cgroup2"
+
+// v1Mounts maps each v1 controller to its mount point (and cgroup2Key to
+// the cgroup v2 hierarchy's, when mounted).
 func v1Mounts() (map[string]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -155,6 +165,12 @@ func v1Mounts() (map[string]string, error) {
 			continue
 		}
 		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) >= 5 && len(qf) >= 1 && qf[0] == "cgroup2" {
+			if _, dup := out[cgroup2Key]; !dup {
+				out[cgroup2Key] = pf[4]
+			}
+			continue
+		}
 		if len(pf) < 5 || len(qf) < 3 || qf[0] != "cgroup" {
 			continue
 		}
@@ -191,6 +207,11 @@ func (d *v1Driver) create(path string, lim limits) error {
 	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, d.hierarchy()); err != nil {
 		return fmt.Errorf("container: create cgroup %s: %w", path, err)
 	}
+	if u := d.unified(path); u != "" {
+		if err := makeSplit(u, true); err != nil {
+			return err
+		}
+	}
 	if lim.idle {
 		// Group-level SCHED_IDLE (Linux 5.15+): the whole sandbox yields
 		// to non-idle siblings. Older kernels lack the file; shares and
@@ -215,8 +236,18 @@ func (d *v1Driver) mountOf(controller string) string {
 	return ""
 }
 
+func (d *v1Driver) unified(path string) string {
+	if d.v2mount == "" {
+		return ""
+	}
+	return filepath.Join(d.v2mount, path)
+}
+
 func (d *v1Driver) dirs(path string) []string {
 	var out []string
+	if u := d.unified(path); u != "" {
+		out = splitDirs(u)
+	}
 	for _, h := range d.hierarchies {
 		p := filepath.Join(h.mount, path)
 		if _, err := os.Stat(p); err == nil {
@@ -295,6 +326,11 @@ func (d *v1Driver) thaw(path string) error {
 }
 
 func (d *v1Driver) remove(path string) error {
+	if u := d.unified(path); u != "" {
+		if err := removeSplit(u); err != nil {
+			return err
+		}
+	}
 	cg, err := d.load(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -364,6 +400,17 @@ func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd, idle boo
 		if err := os.WriteFile(filepath.Join(h.mount, path, "tasks"), tidb, 0); err != nil {
 			return fmt.Errorf("container: enter cgroup %s:%s: %w", h.controller, path, err), true
 		}
+	}
+	if u := d.unified(path); u != "" {
+		// The v2 hierarchy can clone into a cgroup (and cannot move one
+		// thread): the agent is born in the trust split's parent.
+		f, err := os.Open(u)
+		if err != nil {
+			return fmt.Errorf("container: open cgroup %s: %w", u, err), true
+		}
+		defer f.Close()
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(f.Fd())
 	}
 	if !idle {
 		return startAs(cmd, owner)
@@ -451,7 +498,9 @@ func (d *v2Driver) create(path string, lim limits) error {
 			return fmt.Errorf("container: set %s of %s: %w", f[0], path, err)
 		}
 	}
-	return nil
+	// The limits stay on dir (its subtree_control stays empty, so the
+	// agent may live in dir beside the split's children).
+	return makeSplit(dir, false)
 }
 
 func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool, owner uint32) error {
@@ -478,13 +527,9 @@ func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool, owner uint32) er
 	return err
 }
 
-func (d *v2Driver) dirs(path string) []string {
-	p := filepath.Join(d.mount, path)
-	if _, err := os.Stat(p); err != nil {
-		return nil
-	}
-	return []string{p}
-}
+func (d *v2Driver) unified(path string) string { return filepath.Join(d.mount, path) }
+
+func (d *v2Driver) dirs(path string) []string { return splitDirs(d.unified(path)) }
 
 func (d *v2Driver) children(parent string) ([]string, error) {
 	ents, err := os.ReadDir(filepath.Join(d.mount, parent))
@@ -527,10 +572,4 @@ func (d *v2Driver) freeze(path string, within time.Duration) error {
 }
 func (d *v2Driver) thaw(path string) error { return d.setFreeze(path, "0", freezeTimeout) }
 
-func (d *v2Driver) remove(path string) error {
-	err := os.Remove(filepath.Join(d.mount, path))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	return err
-}
+func (d *v2Driver) remove(path string) error { return removeSplit(d.unified(path)) }

@@ -202,7 +202,8 @@ func TestStartAttachDestroy(t *testing.T) {
 		t.Errorf("cat /proc/self/cgroup: %+v", o)
 	} else {
 		for _, line := range strings.Split(strings.TrimSpace(o.stdout), "\n") {
-			if !strings.HasSuffix(line, ":/") {
+			// The v2 line: sandbox processes are in the trust split's work.
+			if !strings.HasSuffix(line, ":/") && line != "0::/"+agentproto.CgroupWork {
 				t.Errorf("cgroup namespace not rooted at the sandbox: %q", line)
 			}
 		}
@@ -335,6 +336,30 @@ func TestFreezeThaw(t *testing.T) {
 	if err := f.rt.Freeze(ctx, runtime.Handle{ID: "sb-none", Cgroup: f.parent + "/sb-none"}); !errors.Is(err, runtime.ErrGone) {
 		t.Errorf("Freeze of a missing sandbox: %v", err)
 	}
+}
+
+// TestDestroyPausedIsQuick: destroying a frozen (paused) sandbox must not
+// wait for its frozen PID 1 to die: frozen tasks never handle SIGKILL.
+func TestDestroyPausedIsQuick(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "sb-pausedkill")
+	inst := f.start(t, spec)
+	ctx := context.Background()
+	if err := f.rt.Freeze(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.rt.Reclaim(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	inst.Agent.Close()
+	t0 := time.Now()
+	if err := f.rt.Destroy(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > 2*time.Second {
+		t.Errorf("Destroy of a paused sandbox took %v", took)
+	}
+	assertGone(t, f, inst.Handle, spec)
 }
 
 func TestFailedStartCleansUp(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -235,13 +236,18 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		User:      spec.User,
 		Stateless: spec.Stateless,
 	}
+	extra, env, err := r.splitFiles(h.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFiles(extra)
 	cmd = &exec.Cmd{
 		Path:       r.cfg.AgentPath,
 		Args:       []string{r.cfg.AgentPath},
-		Env:        []string{},
+		Env:        env,
 		Stdout:     logf,
 		Stderr:     logf,
-		ExtraFiles: []*os.File{lf},
+		ExtraFiles: append([]*os.File{lf}, extra...),
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS |
 				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET | syscall.CLONE_NEWCGROUP,
@@ -253,7 +259,8 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		if h.IDBase, err = r.ids.alloc(spec.ID); err != nil {
 			return nil, err
 		}
-		mounts, err := r.userRoot(spec, h.IDBase, setup)
+		// The mounts follow the listener and the trust split's files.
+		mounts, err := r.userRoot(spec, h.IDBase, setup, agentListenFD+1+len(extra))
 		if err != nil {
 			return nil, err
 		}
@@ -391,6 +398,14 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if h.Pid > 0 && sameProcess(h.Pid, h.PidStart) {
 		syscall.Kill(h.Pid, syscall.SIGKILL)
 	}
+	// A paused sandbox's tasks are frozen, and a frozen task acts on its
+	// SIGKILL only once thawed: thaw it, or the wait below runs out (10 s
+	// per deleted paused sandbox).
+	if frozen(r.cg.dirs(h.Cgroup)) {
+		if err := r.cg.thaw(h.Cgroup); err != nil && !errors.Is(err, os.ErrNotExist) {
+			slog.Debug("container: thaw for destroy", "cgroup", h.Cgroup, "err", err)
+		}
+	}
 	// When we started the agent, its reaping means the namespace is empty
 	// (the kernel ends PID 1's exit only after every other member is gone),
 	// so the cgroups can simply be removed. Otherwise (an adopted sandbox,
@@ -415,6 +430,20 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 		r.ids.free(h.IDBase, h.ID) // no process of the range is left
 	}
 	return errors.Join(errs...)
+}
+
+// frozen reports whether a cgroup (its directories) is frozen or freezing:
+// freezer.state on cgroup v1, cgroup.freeze on v2.
+func frozen(dirs []string) bool {
+	for _, d := range dirs {
+		if b, err := os.ReadFile(filepath.Join(d, "freezer.state")); err == nil && strings.TrimSpace(string(b)) != "THAWED" {
+			return true
+		}
+		if b, err := os.ReadFile(filepath.Join(d, "cgroup.freeze")); err == nil && strings.TrimSpace(string(b)) == "1" {
+			return true
+		}
+	}
+	return false
 }
 
 // removeDirs removes empty cgroup directories; false if any remains.

@@ -326,10 +326,10 @@ func probeUserns(r *idRanges) error {
 // userRoot prepares the root of a sandbox whose root is host id base:
 // its writable layer's root directory becomes base's, and the overlay and
 // the bind sources are mounted, idmapped, detached (confine.MountRoot).
-// setup is changed to take them as inherited descriptors (fd 4 the root,
-// fd 5... the binds, after the listener); the files are returned in that
-// order, for exec.Cmd.ExtraFiles.
-func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.SetupConfig) (files []*os.File, err error) {
+// setup is changed to take them as inherited descriptors (first the root,
+// then the binds); the files are returned in that order, to follow the
+// other ExtraFiles of exec.Cmd from descriptor first on.
+func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.SetupConfig, first int) (files []*os.File, err error) {
 	usfd, err := r.ids.usernsOf(base)
 	if err != nil {
 		return nil, err
@@ -350,7 +350,7 @@ func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.Se
 		return nil, err
 	}
 	files = append(files, os.NewFile(uintptr(mfd), "root"))
-	setup.RootFD = 4
+	setup.RootFD = first
 	setup.Binds = slices.Clone(spec.Binds)
 	for i := range setup.Binds {
 		fd, err := confine.IDMapped(setup.Binds[i].Source, usfd,
@@ -359,17 +359,18 @@ func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.Se
 			return nil, err
 		}
 		files = append(files, os.NewFile(uintptr(fd), setup.Binds[i].Source))
-		setup.Binds[i].FD = 5 + i
+		setup.Binds[i].FD = first + 1 + i
 	}
 	return files, nil
 }
 
 // inUserns makes cmd start the agent in a new user namespace mapped to the
-// range at base, as its root, with mounts inherited after the listener.
+// range at base, as its root, with mounts inherited after its other extra
+// files (the agent keeps all of them: KeepFDsArg).
 func (r *Runtime) inUserns(cmd *exec.Cmd, base uint32, mounts []*os.File) {
-	cmd.Path = "/proc/self/fd/" + strconv.Itoa(int(r.agentExe.Fd()))
-	cmd.Args = []string{"warren-agent", agentproto.KeepFDsArg + strconv.Itoa(len(mounts))}
 	cmd.ExtraFiles = append(cmd.ExtraFiles, mounts...)
+	cmd.Path = "/proc/self/fd/" + strconv.Itoa(int(r.agentExe.Fd()))
+	cmd.Args = []string{"warren-agent", agentproto.KeepFDsArg + strconv.Itoa(len(cmd.ExtraFiles)-1)}
 	a := cmd.SysProcAttr
 	a.Cloneflags |= syscall.CLONE_NEWUSER
 	a.UidMappings, a.GidMappings = idMaps(base), idMaps(base)
@@ -389,12 +390,6 @@ func (r *Runtime) reserveRange(h *runtime.Handle) {
 	}
 	if err := r.ids.reserve(base, h.ID); err != nil {
 		r.log.Warn("container: id range of a leftover sandbox", "id", h.ID, "err", err)
-	}
-}
-
-func closeFiles(fs []*os.File) {
-	for _, f := range fs {
-		f.Close()
 	}
 }
 

@@ -213,6 +213,21 @@ class ExecTest(unittest.TestCase):
         self.assertFalse(r.ok)
         self.assertLess(time.monotonic() - t0, 10)
 
+    def test_oom_killed(self):
+        sb = C.create(image="busybox", memory_mb=64, labels=LABELS)
+        try:
+            for kw in ({}, {"on_stdout": lambda s: None}):
+                r = sb.run("dd if=/dev/zero of=/dev/null bs=256M count=1", **kw)
+                self.assertEqual(r.exit_code, 137, kw)
+                self.assertTrue(r.oom_killed, kw)
+                self.assertEqual(r.killed_by, "oom", kw)
+                with self.assertRaisesRegex(warren.CommandFailed, "OOM killer"):
+                    r.check()
+            r = sb.run("sleep 30", timeout=0.3)
+            self.assertEqual((r.killed_by, r.oom_killed), ("timeout", False))
+        finally:
+            sb.stop()
+
     def test_output_cap(self):
         r = self.sb.run("head -c 100000 /dev/zero | tr '\\0' a", output_cap=1000)
         self.assertTrue(r.truncated)

@@ -217,6 +217,16 @@ class SyncTransportTest(FakeCase):
                     self.assertEqual(cm.exception.code, code)
                 self.assertIn("msg", str(cm.exception))
 
+    def test_503_reason(self):
+        srv = self.serve(lambda h, s, i: h.send_json(503, {"error": {
+            "code": "unavailable", "reason": "cpu",
+            "message": "no node can take this sandbox now: not enough cpu"}}))
+        with fast(srv.url, max_retries=0) as c:
+            with self.assertRaises(warren.Unavailable) as cm:
+                c.create(image="busybox")
+        self.assertEqual(cm.exception.reason, "cpu")
+        self.assertIn("not enough cpu", str(cm.exception))
+
     def test_non_json_error_body(self):
         srv = self.serve(lambda h, s, i: h.send_raw(404, b"404 page not found\n", "text/plain"))
         with fast(srv.url) as c:

@@ -41,6 +41,10 @@ class WarrenError(Exception):
         code: the server's error code (``not_found``, ``invalid``, ...), or
             ``None`` for errors detected on the client side.
         status: the HTTP status, or ``None`` when no response was received.
+        reason: on a 503, what is short (``cpu``, ``memory``,
+            ``memory_pressure``, ``disk``, ``pids``, ``sandboxes``) or why no
+            node qualifies (``tier``, ``node_selector``, ``no_nodes``,
+            ``shutting_down``); otherwise ``None``.
     """
 
     def __init__(self, message: str, code: Optional[str] = None,
@@ -51,6 +55,7 @@ class WarrenError(Exception):
         self.status = status
         # On a 409 from a resumed trajectory: {"step", "logged", "received"}.
         self.divergence: Optional[Dict[str, Any]] = None
+        self.reason: Optional[str] = None
 
     def __str__(self) -> str:
         if self.code:
@@ -192,6 +197,7 @@ def error_from_body(status: int, body: bytes, reason: str = "") -> WarrenError:
 
     code: Optional[str] = None
     message = ""
+    extra: Dict[str, Any] = {}
     try:
         doc = json.loads(body.decode("utf-8")) if body else None
     except (ValueError, UnicodeDecodeError):
@@ -200,13 +206,15 @@ def error_from_body(status: int, body: bytes, reason: str = "") -> WarrenError:
         err = doc["error"]
         code = err.get("code") if isinstance(err.get("code"), str) else None
         message = str(err.get("message") or "")
-        if isinstance(err.get("divergence"), dict):
-            e = error_for(code, message, status)
-            e.divergence = err["divergence"]
-            return e
+        extra = err
     elif isinstance(doc, dict) and isinstance(doc.get("error"), str):
         message = doc["error"]
     if not message:
         text = body.decode("utf-8", "replace").strip() if body else ""
         message = text[:500] or reason or ("HTTP %d" % status)
-    return error_for(code, message, status)
+    e = error_for(code, message, status)
+    if isinstance(extra.get("divergence"), dict):
+        e.divergence = extra["divergence"]
+    if isinstance(extra.get("reason"), str):
+        e.reason = extra["reason"]
+    return e

@@ -1,0 +1,115 @@
+package edge
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/sandboxspec"
+)
+
+// TestSnapshotScope: a scoped create reaches only snapshots (and snap/
+// layers) of its scope, whatever the apiserver let through.
+func TestSnapshotScope(t *testing.T) {
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	conn, err := srv.Connect("edge-owner-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+	snaps, err := conn.Records(ctx, bus.BucketSnapshots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Edge{cfg: Config{Node: "n1"}, log: slog.New(slog.DiscardHandler), snaps: snaps}
+	if err := snaps.Put(ctx, "snap-p1", &api.Snapshot{ID: "snap-p1", Project: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		spec  api.CreateSandboxRequest
+		scope string
+		ok    bool
+	}{
+		{api.CreateSandboxRequest{Snapshot: "snap-p1"}, "p1", true},
+		{api.CreateSandboxRequest{Snapshot: "snap-p1"}, "p1.c", false},
+		{api.CreateSandboxRequest{Snapshot: "snap-p1"}, "p2", false},
+		{api.CreateSandboxRequest{Snapshot: "snap-p1"}, "p", false},
+		{api.CreateSandboxRequest{Image: "x", Layers: []api.LayerAttachment{{Layer: "snap/snap-p1@1"}}}, "p2", false},
+		{api.CreateSandboxRequest{Image: "x", Layers: []api.LayerAttachment{{Layer: "snap/snap-p1", Mount: "/m"}}}, "p1", true},
+		{api.CreateSandboxRequest{Snapshot: "snap-none"}, "p2", true}, // the create answers 404 itself
+	} {
+		err := e.checkSnapshotScope(ctx, &c.spec, c.scope)
+		if c.ok != (err == nil) {
+			t.Errorf("%+v in scope %q: %v", c.spec, c.scope, err)
+		}
+		if err != nil {
+			if ae, ok := err.(*api.Error); !ok || ae.Code != api.CodeNotFound {
+				t.Errorf("%+v in scope %q: %v, want not_found", c.spec, c.scope, err)
+			}
+		}
+	}
+}
+
+// TestTrajKey: trajectory names are per project and keys never collide.
+func TestTrajKey(t *testing.T) {
+	seen := map[string][2]string{}
+	for _, p := range []string{"", "a", "a.b", "ab"} {
+		for _, n := range []string{"run-42", "a.run-42", "a.b:x", "x:y", "b/x", "a/run-42"} {
+			k := TrajKey(p, n)
+			if o, dup := seen[k]; dup {
+				t.Fatalf("TrajKey(%q,%q) = TrajKey(%q,%q) = %q", p, n, o[0], o[1], k)
+			}
+			seen[k] = [2]string{p, n}
+		}
+	}
+	if sandboxspec.ValidTrajectory("a|run-42") {
+		t.Fatal(`a trajectory name may hold "|", so keys could collide`)
+	}
+	if TrajKey("", "run-42") != "run-42" {
+		t.Fatal("the root project's keys must stay the bare names")
+	}
+}
+
+// TestLegacyTrajectoryKey: a trajectory recorded before trajectories had
+// owners (under its bare name) keeps its record and log for its sandbox.
+func TestLegacyTrajectoryKey(t *testing.T) {
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	conn, err := srv.Connect("edge-legacy-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+	meta, err := conn.Records(ctx, bus.BucketTrajectories)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Edge{cfg: Config{Node: "n1"}, log: slog.New(slog.DiscardHandler), trajMeta: meta}
+	put := func(key string, rec TrajectoryRecord) {
+		if err := meta.Put(ctx, key, &rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("old", TrajectoryRecord{Name: "old", Spec: api.CreateSandboxRequest{Project: "p1", Trajectory: "old"}})
+	put("other", TrajectoryRecord{Name: "other", Spec: api.CreateSandboxRequest{Project: "p2", Trajectory: "other"}})
+	put("p1|new", TrajectoryRecord{Name: "new", Project: "p1", Spec: api.CreateSandboxRequest{Project: "p1", Trajectory: "new"}})
+	put("new", TrajectoryRecord{Name: "new", Spec: api.CreateSandboxRequest{Project: "p1", Trajectory: "new"}})
+	for name, want := range map[string]string{"old": "old", "other": "p1|other", "new": "p1|new", "none": "p1|none"} {
+		tr := newTraj(&api.CreateSandboxRequest{Project: "p1", Trajectory: name})
+		e.resolveKey(ctx, tr)
+		if tr.key != want {
+			t.Errorf("trajectory %q of p1: key %q, want %q", name, tr.key, want)
+		}
+	}
+}
