@@ -132,6 +132,7 @@ func (r *Runtime) setupUserns() error {
 		return err
 	}
 	r.ids, r.agentExe = ids, exe
+	go ids.refill()
 	return nil
 }
 
