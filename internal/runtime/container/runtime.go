@@ -118,7 +118,7 @@ func (r *Runtime) setupUserns() error {
 	if err != nil {
 		return err
 	}
-	if err := probeUserns(ids); err != nil {
+	if err := probeUsernsFn(ids); err != nil {
 		if !r.cfg.AllowHostRoot {
 			return fmt.Errorf("container: this kernel cannot run sandboxes in user namespaces (%v); "+
 				"they would run as host root: pass --allow-host-root to accept that", err)

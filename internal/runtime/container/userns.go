@@ -361,6 +361,9 @@ func agentFD(path string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "warren-agent"), nil
 }
 
+// probeUsernsFn is probeUserns (tests replace it with a kernel that cannot).
+var probeUsernsFn = probeUserns
+
 // probeUserns checks that this kernel runs sandboxes in user namespaces:
 // it makes one mapped to the first range and idmaps a fresh tmpfs through
 // it (idmapped tmpfs: Linux 6.3; EROFS and overlayfs over idmapped layers:

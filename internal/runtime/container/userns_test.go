@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -295,5 +296,32 @@ func TestUsernsAgentProc(t *testing.T) {
 		`cat /proc/1/environ >/dev/null 2>&1 && echo environ-read; cat /proc/1/comm; /bin/budget handle`)
 	if got := strings.TrimSpace(o.stdout); got != "warren-agent\nopen_by_handle_at: operation not permitted" {
 		t.Errorf("inside: %q (stderr %q), want only the agent's name and EPERM", got, o.stderr)
+	}
+}
+
+// TestUsernsUnavailable: where the kernel cannot run sandboxes in user
+// namespaces, the runtime refuses to start unless host root is allowed,
+// and then says so (the node's view shows it) and runs them as host root.
+func TestUsernsUnavailable(t *testing.T) {
+	f := newFixture(t)
+	probeUsernsFn = func(*idRanges) error { return errors.New("no idmapped mounts here") }
+	defer func() { probeUsernsFn = probeUserns }()
+	if _, err := New(Config{AgentPath: agentBin, CgroupParent: f.parent}); err == nil || !strings.Contains(err.Error(), "--allow-host-root") {
+		t.Fatalf("New without AllowHostRoot: %v, want a refusal naming --allow-host-root", err)
+	}
+	rt, err := New(Config{AgentPath: agentBin, CgroupParent: f.parent, AllowHostRoot: true, Logger: f.rt.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode, why := rt.Isolation(); mode != "host-root" || !strings.Contains(why, "no idmapped mounts here") {
+		t.Errorf("Isolation() = %q, %q", mode, why)
+	}
+	f.rt = rt
+	inst := f.start(t, f.spec(t, "sb-hostroot"))
+	if inst.Handle.IDBase != 0 || hostUID(t, inst.Handle.Pid) != 0 {
+		t.Errorf("id base %d, host uid %d: want host root", inst.Handle.IDBase, hostUID(t, inst.Handle.Pid))
+	}
+	if mode, _ := f.rt.Isolation(); mode != "host-root" {
+		t.Error(mode)
 	}
 }
