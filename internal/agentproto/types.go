@@ -2,12 +2,13 @@ package agentproto
 
 import "time"
 
-// KeepFDsArg is the agent's argument "-keep-fds=N": the N descriptors
+// KeepFDsEnv is the agent's environment variable "N": the N descriptors
 // after the listener (fd 3) are the edge's (the trust split's cgroup files,
 // CgroupFDEnv, then the mounts it made for setup in a user namespace:
 // SetupConfig.RootFD, Bind.FD), kept, close-on-exec; the agent closes every
-// other inherited one.
-const KeepFDsArg = "-keep-fds="
+// other inherited one. (Not an argument: the sandbox reads PID 1's command
+// line.)
+const KeepFDsEnv = "WARREN_AGENT_KEEP_FDS"
 
 // SetupConfig tells a freshly started agent how to build its sandbox. The
 // agent receives it while still privileged and in the host's root; it is
@@ -35,7 +36,15 @@ type SetupConfig struct {
 	User string `json:"user,omitempty"`
 	// Shell runs string commands; default "/bin/sh".
 	Shell string `json:"shell,omitempty"`
-	// ShmMB sizes /dev/shm; default 64.
+	// SpawnerCgroups are cgroup directories (host paths, cgroup v1) that
+	// the agent's spawner thread, the one that forks every process of the
+	// sandbox, joins alone before confinement: a child inherits the
+	// cgroups of the thread that forks it, so the sandbox's processes are
+	// limited there and the rest of the agent is not (runtime/container:
+	// the box).
+	SpawnerCgroups []string `json:"spawner_cgroups,omitempty"`
+	// ShmMB sizes /dev/shm; default 64 (the edge sends half the memory
+	// limit: confine.ShmMBFor).
 	ShmMB int64 `json:"shm_mb,omitempty"`
 	// TmpMB sizes nothing yet; reserved.
 

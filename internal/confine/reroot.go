@@ -13,6 +13,7 @@ import (
 type RerootConfig struct {
 	Lowers      []string // read-only layer directories, top-most first
 	Upper, Work string   // the new, empty writable layer
+	ShmMB       int64    // sizes the new /dev/shm; 0: DefaultShmMB
 	// UsernsFD, when > 0, is a user namespace with the sandbox's id map:
 	// the layers are idmapped through it (see MountRoot), and IDBase is
 	// the host id of the sandbox's root, which gets its /dev.
@@ -67,13 +68,15 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 		return id, err
 	}
 	defer closeDevNodes(nodes)
-	// /dev/shm as setup sizes it when the config leaves it to the default,
-	// as the edge does.
+	shm := cfg.ShmMB
+	if shm <= 0 {
+		shm = DefaultShmMB
+	}
 	base := uint32(0)
 	if cfg.UsernsFD > 0 {
 		base = cfg.IDBase
 	}
-	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, DefaultShmMB, base) })
+	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, shm, base) })
 }
 
 // checkOverlayPaths refuses the characters that separate overlay options
@@ -95,9 +98,20 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 		return -1, fmt.Errorf("confine: fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
-	opts := [][2]string{{"lowerdir", strings.Join(cfg.Lowers, ":")}}
-	if cfg.Upper != "" { // else a read-only overlay (stateless sandboxes)
-		opts = append(opts, [2]string{"upperdir", cfg.Upper}, [2]string{"workdir", cfg.Work})
+	// The layers by descriptor: see fdPaths. No upper and work directories:
+	// a read-only overlay (stateless sandboxes).
+	dirs := cfg.Lowers
+	if cfg.Upper != "" {
+		dirs = append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...)
+	}
+	paths, err := fdPaths(dirs)
+	if err != nil {
+		return -1, err
+	}
+	defer closeFDPaths(paths)
+	opts := [][2]string{{"lowerdir", strings.Join(paths[len(paths)-len(cfg.Lowers):], ":")}}
+	if cfg.Upper != "" {
+		opts = append(opts, [2]string{"upperdir", paths[0]}, [2]string{"workdir", paths[1]})
 	}
 	for _, kv := range opts {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {

@@ -41,6 +41,8 @@ const (
 	OpTrajResume  = "traj_resume"  // ResumeRequest → api.Sandbox
 	OpTrajReplay  = "traj_replay"  // ReplayRequest → api.TrajectoryReplay
 	OpTrajAdvance = "traj_advance" // AdvanceRequest → StepResult
+	OpCommands    = "commands"     // IDRequest → api.CommandHistory
+	OpStats       = "stats"        // IDRequest → api.SandboxStats
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

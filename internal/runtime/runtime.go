@@ -143,3 +143,10 @@ type Usage struct {
 type UsageReporter interface {
 	Usage() (Usage, error)
 }
+
+// SandboxUsageReporter is implemented by runtimes that can measure one
+// sandbox (its container's cgroup: CPU time since the container started,
+// memory charged now).
+type SandboxUsageReporter interface {
+	SandboxUsage(h Handle) (Usage, error)
+}

@@ -19,7 +19,7 @@
 //     layers, and idmapped copies of the bind sources. (~0.1 ms plus the
 //     overlay's own mount, which the agent used to make)
 //  4. fork/exec the agent with the listener as fd 3 (the mounts of step 3 as
-//     fds 4..., "-keep-fds=N"), an empty environment and
+//     the fds after the trust split's, WARREN_AGENT_KEEP_FDS), an empty environment and
 //     stdout/stderr to StateDir/agent.log. It must be in its cgroups before
 //     it runs, and its cgroup namespace must be rooted there:
 //     - v1: a locked OS thread (never the main thread) writes its tid into

@@ -145,7 +145,9 @@ func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runt
 		return err
 	}
 	defer unix.Close(pidfd)
-	cfg := &confine.RerootConfig{Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work}
+	cfg := &confine.RerootConfig{
+		Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work, ShmMB: confine.ShmMBFor(spec.MemoryMB),
+	}
 	if h.IDBase != 0 && r.ids != nil {
 		// The container keeps its user namespace and so its id range.
 		if cfg.UsernsFD, err = r.ids.usernsOf(h.IDBase); err != nil {

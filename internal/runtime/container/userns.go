@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -416,6 +417,14 @@ func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.Se
 			return nil, err
 		}
 	}
+	// The agent's spawner thread joins the box (cgroups.go) itself, as the
+	// range's root: delegate the box's tasks files to it. Nothing inside
+	// can reach them (no cgroupfs is mounted there).
+	for _, d := range setup.SpawnerCgroups {
+		if err := os.Lchown(filepath.Join(d, "tasks"), int(base), int(base)); err != nil {
+			return nil, fmt.Errorf("container: delegate %s: %w", d, err)
+		}
+	}
 	mfd, err := confine.MountRoot(&confine.RootConfig{Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work, UsernsFD: usfd})
 	if err != nil {
 		return nil, err
@@ -437,11 +446,12 @@ func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.Se
 
 // inUserns makes cmd start the agent in a new user namespace mapped to the
 // range at base, as its root, with mounts inherited after its other extra
-// files (the agent keeps all of them: KeepFDsArg).
+// files (the agent keeps all of them: agentproto.KeepFDsEnv).
 func (r *Runtime) inUserns(cmd *exec.Cmd, base uint32, mounts []*os.File) {
 	cmd.ExtraFiles = append(cmd.ExtraFiles, mounts...)
 	cmd.Path = "/proc/self/fd/" + strconv.Itoa(int(r.agentExe.Fd()))
-	cmd.Args = []string{"warren-agent", agentproto.KeepFDsArg + strconv.Itoa(len(cmd.ExtraFiles)-1)}
+	cmd.Args = []string{"warren-agent"}
+	cmd.Env = append(cmd.Env, agentproto.KeepFDsEnv+"="+strconv.Itoa(len(cmd.ExtraFiles)-1))
 	a := cmd.SysProcAttr
 	a.Cloneflags |= syscall.CLONE_NEWUSER
 	a.UidMappings, a.GidMappings = idMaps(base), idMaps(base)
