@@ -677,6 +677,12 @@ type NodeFeatures struct {
 	PSI            bool `json:"psi"`             // /proc/pressure
 	Freezer        bool `json:"freezer"`         // cgroup freezer: pause works
 	Swap           bool `json:"swap"`            // swap is on: pause pushes memory out
+	// SandboxRoot is who a container sandbox's root is on the host:
+	// "userns" (a range of unprivileged host ids of its own, in a user
+	// namespace) or "host-root" (this kernel cannot, and the operator
+	// passed --allow-host-root), with the reason or the ranges in use.
+	SandboxRoot       string `json:"sandbox_root,omitempty"`
+	SandboxRootDetail string `json:"sandbox_root_detail,omitempty"`
 }
 
 // Usage is what live sandboxes hold.

@@ -64,6 +64,10 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
 	f.IntVar(&o.Recycle, "recycle", serve.DefaultRecycle, "containers of deleted sandboxes kept per shape, wiped, for reuse by new sandboxes (0 = none: a new container for every sandbox)")
 	f.DurationVar(&o.RecycleIdle, "recycle-idle", edge.DefaultRecycleIdle, "how long a recycled container waits for a sandbox of its shape before it is destroyed")
+	f.BoolVar(&o.Userns.AllowHostRoot, "allow-host-root", false, "where this kernel cannot run container sandboxes in user namespaces, run them as host root (without it the node refuses to start there)")
+	f.BoolVar(&o.Userns.HostRoot, "host-root", false, "run container sandboxes as host root even where user namespaces work (measurements only)")
+	f.Uint32Var(&o.Userns.IDBase, "id-base", 0, "first host uid/gid of the sandboxes' user namespaces (65,536 per sandbox; 0 = 1048576)")
+	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd
 }
