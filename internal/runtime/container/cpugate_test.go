@@ -1,0 +1,81 @@
+package container
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// cpuRate samples the gate's usage over d: cores used.
+func cpuRate(t *testing.T, usage func() (int64, error), d time.Duration) float64 {
+	t.Helper()
+	u0, err := usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	time.Sleep(d)
+	u1, err := usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return float64(u1-u0) / float64(time.Since(t0).Nanoseconds())
+}
+
+// TestCPUGate: a sandbox's background spinner falls to the idle budget
+// once the gate is lowered, gets its CPU back at once when it is raised,
+// and the switch is a single cheap write.
+func TestCPUGate(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "cpugate")
+	spec.CPU = 1
+	spec.Priority = api.PriorityLatency
+	inst := f.start(t, spec)
+	g, err := f.rt.CPUGate(inst.Handle, 1, 0.02)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var res agentproto.ExecResult
+	if err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "yes > /dev/null", Background: true}, &res, nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if r := cpuRate(t, g.Usage, 500*time.Millisecond); r < 0.1 {
+		t.Fatalf("the spinner uses only %.3f cores at full CPU; the test cannot tell", r)
+	}
+	if err := g.Set(false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // one period to settle
+	if r := cpuRate(t, g.Usage, time.Second); r > 0.04 {
+		t.Errorf("lowered: the spinner uses %.3f cores, want the 0.02 idle budget", r)
+	}
+	th0, _ := g.Throttled()
+	if err := g.Set(true); err != nil {
+		t.Fatal(err)
+	}
+	if r := cpuRate(t, g.Usage, 500*time.Millisecond); r < 0.1 {
+		t.Errorf("raised: the spinner uses only %.3f cores", r)
+	}
+	if th1, _ := g.Throttled(); th0 <= 0 || th1 < th0 {
+		t.Errorf("throttled time %d then %d: the idle period should have been counted", th0, th1)
+	}
+	const n = 2000
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		if err := g.Set(i%2 == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	per := time.Since(t0) / n
+	t.Logf("one switch: %v", per)
+	if per > 200*time.Microsecond {
+		t.Errorf("a switch takes %v", per)
+	}
+}
