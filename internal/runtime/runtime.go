@@ -158,10 +158,8 @@ type CPUGate interface {
 	// The quota holds when Set returns: a task throttled under the idle
 	// budget runs again at once.
 	Set(full bool) error
-	// Usage is the sandbox's cumulative CPU time, in nanoseconds.
-	Usage() (int64, error)
-	// Throttled is how long, in nanoseconds, the sandbox's processes were
-	// held back by its quota (cumulative).
-	Throttled() (int64, error)
+	// Sample reads the sandbox's cumulative CPU time and how long its
+	// processes were held back by its quota, in nanoseconds.
+	Sample() (usage, throttled int64, err error)
 	Close() error
 }

@@ -31,7 +31,7 @@ const minQuota = 1000
 // cpuGate is the container tier's runtime.CPUGate.
 type cpuGate struct {
 	quotaPath, usagePath, statPath string
-	quota, usage                   *os.File // nil when the node is out of descriptors: paths are used
+	quota, usage, stat             *os.File // nil when the node is out of descriptors: paths are used
 	levels                         [2][]byte
 	v2                             bool
 }
@@ -80,12 +80,22 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 		}
 		g.quota = nil
 	}
-	if g.usage, err = os.Open(g.usagePath); err != nil {
-		if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) {
-			g.Close()
-			return nil, gateErr(h, err)
+	for _, r := range []struct {
+		f    **os.File
+		path string
+	}{{&g.stat, g.statPath}, {&g.usage, g.usagePath}} {
+		if g.v2 && r.f == &g.usage {
+			continue // cpu.stat has the usage too
 		}
-		g.usage = nil
+		f, err := os.Open(r.path)
+		if err != nil {
+			if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) {
+				g.Close()
+				return nil, gateErr(h, err)
+			}
+			continue
+		}
+		*r.f = f
 	}
 	return g, nil
 }
@@ -109,56 +119,62 @@ func (g *cpuGate) Set(full bool) error {
 	return err
 }
 
-func (g *cpuGate) Usage() (int64, error) {
-	if g.v2 {
-		return g.statField("usage_usec", 1000)
-	}
-	var buf [32]byte
-	var b []byte
-	if g.usage == nil {
-		var err error
-		if b, err = os.ReadFile(g.usagePath); err != nil {
-			return 0, err
-		}
-	} else {
-		n, err := unix.Pread(int(g.usage.Fd()), buf[:], 0)
-		if err != nil {
-			return 0, err
-		}
-		b = buf[:n]
-	}
-	return strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
-}
-
-func (g *cpuGate) Throttled() (int64, error) {
-	if g.v2 {
-		return g.statField("throttled_usec", 1000)
-	}
-	return g.statField("throttled_time", 1)
-}
-
-// statField reads one field of cpu.stat, times scale.
-func (g *cpuGate) statField(name string, scale int64) (int64, error) {
-	b, err := os.ReadFile(g.statPath)
+func (g *cpuGate) Sample() (usage, throttled int64, err error) {
+	var buf [512]byte
+	stat, err := readOpen(g.stat, g.statPath, buf[:])
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		if v, ok := bytes.CutPrefix(line, []byte(name+" ")); ok {
-			n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
-			return n * scale, err
+	if g.v2 {
+		return statField(stat, "usage_usec") * 1000, statField(stat, "throttled_usec") * 1000, nil
+	}
+	throttled = statField(stat, "throttled_time")
+	var ubuf [32]byte
+	b, err := readOpen(g.usage, g.usagePath, ubuf[:])
+	if err != nil {
+		return 0, 0, err
+	}
+	usage, err = strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	return usage, throttled, err
+}
+
+// readOpen reads a small cgroup file through its open descriptor f (or
+// its path when f is nil) into buf.
+func readOpen(f *os.File, path string, buf []byte) ([]byte, error) {
+	if f == nil {
+		return os.ReadFile(path)
+	}
+	n, err := unix.Pread(int(f.Fd()), buf, 0)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+// statField is one field of a cpu.stat text (0 when absent).
+func statField(b []byte, name string) int64 {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		if v, ok := bytes.CutPrefix(line, []byte(name)); ok && len(v) > 0 && v[0] == ' ' {
+			n, _ := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+			return n
 		}
 	}
-	return 0, nil
+	return 0
 }
 
 func (g *cpuGate) Close() error {
 	var errs []error
-	for _, f := range []*os.File{g.quota, g.usage} {
+	for _, f := range []*os.File{g.quota, g.usage, g.stat} {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
 	}
-	g.quota, g.usage = nil, nil
+	g.quota, g.usage, g.stat = nil, nil, nil
 	return errors.Join(errs...)
 }
