@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// cgroupUsage reads the cumulative CPU time (ns) of the cgroup that holds
+// pid: cpuacct.usage on cgroup v1, cpu.stat's usage_usec on v2.
+func cgroupUsage(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v2 string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == "cpuacct" {
+				u, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", parts[2], "cpuacct.usage"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				n, _ := strconv.ParseInt(strings.TrimSpace(string(u)), 10, 64)
+				return n
+			}
+		}
+		if parts[0] == "0" {
+			v2 = parts[2]
+		}
+	}
+	s, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", v2, "cpu.stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(s), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n * 1000
+		}
+	}
+	t.Fatal("no usage_usec")
+	return 0
+}
+
+// cpuRateOf is the cores pid's cgroup uses over d.
+func cpuRateOf(t *testing.T, pid int, d time.Duration) float64 {
+	t.Helper()
+	u0, t0 := cgroupUsage(t, pid), time.Now()
+	time.Sleep(d)
+	return float64(cgroupUsage(t, pid)-u0) / float64(time.Since(t0).Nanoseconds())
+}
+
+// spin starts a background CPU burner in the sandbox and waits until its
+// cgroup burns at least some CPU at full level... or returns the rate
+// measured while an operation keeps the CPU raised.
+func spin(t *testing.T, s *server, id string) {
+	t.Helper()
+	if r := s.sh(t, id, "yes > /dev/null 2>&1 &"); r.ExitCode != 0 {
+		t.Fatalf("start spinner: %+v", r)
+	}
+}
+
+// TestCPUOnlyWhileWorkRuns: a sandbox's background spinner gets the idle
+// budget between operations, its next exec runs at full speed, always_on
+// keeps the CPU, a paused-then-resumed sandbox keeps the policy, and the
+// sandbox and node views show the split.
+func TestCPUOnlyWhileWorkRuns(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	idle := 0.02
+	gated := s.create(t, api.CreateSandboxRequest{CPU: 1, IdleCPU: &idle, Priority: api.PriorityLatency})
+	on := s.create(t, api.CreateSandboxRequest{CPU: 1, AlwaysOn: true, Priority: api.PriorityLatency})
+	if gated.IdleCPU != 0.02 || gated.AlwaysOn || !on.AlwaysOn {
+		t.Errorf("views: idle_cpu %g always_on %v / %v", gated.IdleCPU, gated.AlwaysOn, on.AlwaysOn)
+	}
+	gpid, opid := agentPid(t, s, gated.ID), agentPid(t, s, on.ID)
+	spin(t, s, gated.ID)
+	spin(t, s, on.ID)
+	time.Sleep(time.Second) // one second to settle
+	rg, ro := cpuRateOf(t, gpid, 2*time.Second), cpuRateOf(t, opid, 2*time.Second)
+	t.Logf("between operations: gated %.3f cores, always_on %.3f cores", rg, ro)
+	if rg > 0.04 {
+		t.Errorf("between operations the gated sandbox uses %.3f cores, want its 0.02 idle budget", rg)
+	}
+	if ro < 0.1 {
+		t.Errorf("the always_on sandbox uses only %.3f cores between operations", ro)
+	}
+
+	// The next exec runs at full speed: a CPU-bound loop takes about as
+	// long as in the always_on sandbox (both compete with their own
+	// spinner and with each other equally).
+	const burn = "i=0; while [ $i -lt 150000 ]; do i=$((i+1)); done"
+	var dg, do time.Duration
+	for i := 0; i < 3; i++ {
+		t0 := time.Now()
+		if r := s.sh(t, gated.ID, burn); r.ExitCode != 0 {
+			t.Fatalf("burn: %+v", r)
+		}
+		dg += time.Since(t0)
+		t0 = time.Now()
+		if r := s.sh(t, on.ID, burn); r.ExitCode != 0 {
+			t.Fatalf("burn: %+v", r)
+		}
+		do += time.Since(t0)
+	}
+	t.Logf("CPU-bound exec: gated %v, always_on %v (3 runs each)", dg, do)
+	if dg > do*3/2+300*time.Millisecond {
+		t.Errorf("the gated sandbox's exec took %v against %v always_on: it did not get its CPU", dg, do)
+	}
+
+	// Paused, then resumed: still gated between operations.
+	if _, err := s.C.Pause(ctx, gated.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.Resume(ctx, gated.ID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if r := cpuRateOf(t, gpid, 2*time.Second); r > 0.04 {
+		t.Errorf("after pause and resume the gated sandbox uses %.3f cores between operations", r)
+	}
+
+	// The views: the sandbox's split, the node's sums.
+	v, err := s.C.Get(ctx, gated.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := v.CPUStats
+	if cs == nil || cs.Level != "idle" || cs.Idle <= 0 || cs.Active <= 0 || cs.Throttled <= 1 {
+		t.Errorf("cpu stats of the gated sandbox: %+v", cs)
+	} else {
+		t.Logf("gated: %+v", *cs)
+	}
+	if v, err := s.C.Get(ctx, on.ID); err != nil || v.CPUStats == nil || v.CPUStats.Level != "full" {
+		t.Errorf("cpu stats of the always_on sandbox: %+v %v", v, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		nodes, err := s.C.Nodes(ctx)
+		if err != nil || len(nodes) == 0 {
+			t.Fatalf("nodes: %v %v", nodes, err)
+		}
+		el := nodes[0].Elastic
+		if el.IdleSandboxes >= 1 && el.HarvestedSeconds > 1 && el.ActiveSeconds > 0 && el.FreedCPU >= 0.98 {
+			t.Logf("node: %+v", el)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node view: %+v", el)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// Bad input is refused.
+	for _, bad := range []float64{-1, 2} {
+		b := bad
+		if _, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1, IdleCPU: &b}); err == nil ||
+			!strings.Contains(err.Error(), "idle_cpu") {
+			t.Errorf("idle_cpu %g: %v", bad, err)
+		}
+	}
+}
+
+// TestKeepCPU: a background command started with keep_cpu keeps the
+// sandbox's full CPU while it runs, and the sandbox falls back to its idle
+// budget once it ends.
+func TestKeepCPU(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	idle := 0.02
+	sb := s.create(t, api.CreateSandboxRequest{CPU: 1, IdleCPU: &idle, Priority: api.PriorityLatency})
+	pid := agentPid(t, s, sb.ID)
+	r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "timeout 4 yes > /dev/null", Background: true, KeepCPU: true})
+	if err != nil || r.CommandID == "" {
+		t.Fatalf("background: %+v %v", r, err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if rate := cpuRateOf(t, pid, time.Second); rate < 0.1 {
+		t.Errorf("keep_cpu: the command gets only %.3f cores", rate)
+	}
+	time.Sleep(4 * time.Second) // it ended
+	spin(t, s, sb.ID)
+	time.Sleep(500 * time.Millisecond)
+	if rate := cpuRateOf(t, pid, time.Second); rate > 0.04 {
+		t.Errorf("after the keep_cpu command ended the sandbox uses %.3f cores between operations", rate)
+	}
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "true", KeepCPU: true}); err == nil {
+		t.Errorf("keep_cpu without background was accepted")
+	}
+}
