@@ -273,11 +273,13 @@ type ExecResult struct {
 	// memory limit); KilledBy names what ended a command that did not
 	// exit by itself (KilledBy*); PidsLimited: a fork or thread was refused
 	// by the sandbox's pids limit while the command ran.
-	OOMKilled   bool    `json:"oom_killed,omitempty"`
-	KilledBy    string  `json:"killed_by,omitempty"`
-	PidsLimited bool    `json:"pids_limited,omitempty"`
-	DurationMs  float64 `json:"duration_ms"`
-	CommandID   string  `json:"command_id,omitempty"` // set for background commands
+	OOMKilled   bool   `json:"oom_killed,omitempty"`
+	KilledBy    string `json:"killed_by,omitempty"`
+	PidsLimited bool   `json:"pids_limited,omitempty"`
+	// DiskFull: the command failed with the sandbox's disk quota used up.
+	DiskFull   bool    `json:"disk_full,omitempty"`
+	DurationMs float64 `json:"duration_ms"`
+	CommandID  string  `json:"command_id,omitempty"` // set for background commands
 	// Step is the operation's step in the sandbox's trajectory; Replayed
 	// says the result came from the log and nothing ran.
 	Step     int64 `json:"step,omitempty"`
@@ -304,10 +306,11 @@ type ExecEvent struct {
 	Truncated bool    `json:"truncated,omitempty"`
 	TimedOut  bool    `json:"timed_out,omitempty"`
 	Signal    string  `json:"signal,omitempty"`
-	// OOMKilled, KilledBy, PidsLimited (on the final line): as in ExecResult.
+	// OOMKilled, KilledBy, PidsLimited, DiskFull (on the final line): as in ExecResult.
 	OOMKilled   bool     `json:"oom_killed,omitempty"`
 	KilledBy    string   `json:"killed_by,omitempty"`
 	PidsLimited bool     `json:"pids_limited,omitempty"`
+	DiskFull    bool     `json:"disk_full,omitempty"`
 	DurationMs  *float64 `json:"duration_ms,omitempty"`
 	// Step, Replayed, Sandbox, Trajectory (on the final line): as in ExecResult.
 	Step       int64  `json:"step,omitempty"`

@@ -4,8 +4,8 @@
 # debootstrap (minbase + bash, coreutils, python3) from the mirror in this
 # machine's apt sources (override with DEBIAN_MIRROR=URL). Takes about 70 s,
 # so the result is cached: nothing is done when OUT.tar exists and is newer
-# than this script. Import it with the image store (`warren image import
-# OUT.tar debian:12`). Needs root.
+# than this script. Import it into the image store (`warren image import
+# OUT.tar --name debian:12`, as `make debian-image` does). Needs root.
 set -euo pipefail
 
 out=${1:?usage: $0 OUT.tar}

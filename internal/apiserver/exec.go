@@ -80,7 +80,7 @@ func (s *Server) answerReplayed(w http.ResponseWriter, r *http.Request, res *api
 	}
 	code, dur := res.ExitCode, res.DurationMs
 	return enc.Encode(&api.ExecEvent{ExitCode: &code, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
-		OOMKilled: res.OOMKilled, KilledBy: res.KilledBy, PidsLimited: res.PidsLimited,
+		OOMKilled: res.OOMKilled, KilledBy: res.KilledBy, PidsLimited: res.PidsLimited, DiskFull: res.DiskFull,
 		DurationMs: &dur, Step: res.Step, Replayed: true})
 }
 
@@ -148,7 +148,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.E
 	}
 	code, dur := res.ExitCode, res.DurationMs
 	_ = enc.Encode(&api.ExecEvent{ExitCode: &code, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal, DurationMs: &dur,
-		OOMKilled: res.OOMKilled, KilledBy: res.KilledBy, PidsLimited: res.PidsLimited,
+		OOMKilled: res.OOMKilled, KilledBy: res.KilledBy, PidsLimited: res.PidsLimited, DiskFull: res.DiskFull,
 		Step: res.Step, Replayed: res.Replayed, Sandbox: res.Sandbox, Trajectory: res.Trajectory})
 	if flusher != nil {
 		flusher.Flush()

@@ -193,7 +193,7 @@ func (s *Server) fastForward(ctx context.Context, sandbox string, op *api.Trajec
 	if sess == nil {
 		return nil, false, nil
 	}
-	if p, _ := ctx.Value(principalKey{}).(*iam.Principal); p == nil || !p.InScope(sess.project) {
+	if p, _ := ctx.Value(principalKey{}).(*iam.Principal); p == nil || !p.Sees(iam.KindSandbox, sess.project) {
 		return nil, false, nil // the edge answers (not found)
 	}
 	sess.mu.Lock()

@@ -53,8 +53,9 @@ func (s *Server) limitsOf(project string) []placement.Limit {
 }
 
 // placeError turns a placement failure into its answer: a quota is 403
-// (429 while placements in flight may still be released), no node 503.
-func placeError(err error, noNode string) error {
+// (429 while placements in flight may still be released), no node 503
+// naming what (and the short resource).
+func placeError(err error, what string) error {
 	var qe *placement.QuotaError
 	if errors.As(err, &qe) {
 		if qe.Transient {
@@ -63,7 +64,7 @@ func placeError(err error, noNode string) error {
 		return &api.Error{Code: api.CodeForbidden, Message: qe.Error()}
 	}
 	if errors.Is(err, placement.ErrNoNode) {
-		return &api.Error{Code: api.CodeUnavailable, Message: noNode}
+		return noNode(err, what)
 	}
 	return err
 }

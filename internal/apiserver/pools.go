@@ -34,17 +34,21 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 		req.Name = "pool-" + hex.EncodeToString(b[:])
 	}
 	pr := principal(r)
-	if req.Project == "" {
-		req.Project = pr.Project
-	}
-	if !pr.InScope(req.Project) {
-		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, pr.Project)}
-	}
 	existing, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
 	if err != nil {
 		return err
 	}
-	if old, ok := existing[req.Name]; ok && old.Project != req.Project {
+	old, exists := existing[req.Name]
+	if req.Project == "" {
+		req.Project = pr.Project
+		if exists && pr.Sees(iam.KindPool, old.Project) {
+			req.Project = old.Project // resizing a pool it sees, of a project below
+		}
+	}
+	if !pr.Sees(iam.KindProject, req.Project) {
+		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, pr.Project)}
+	}
+	if exists && old.Project != req.Project {
 		// Pool names are one namespace on the nodes: say no more than that.
 		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("pool name %s is taken by another project", req.Name)}
 	}

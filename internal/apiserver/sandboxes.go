@@ -70,7 +70,7 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 	err = s.cfg.Bus.Call(bus.WithHeaders(ctx, h), bus.EdgeSubject(node), op, req, out, onChunk)
 	if errors.Is(err, bus.ErrNoResponders) {
 		if project, lost := s.cfg.Watcher.Lost(ctx, id, node); lost {
-			if !p.InScope(project) {
+			if !p.Sees(iam.KindSandbox, project) {
 				return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
 			}
 			return &lostError{id: id, node: node, project: project}
@@ -134,7 +134,7 @@ func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) (
 	if req.Project == "" {
 		req.Project = p.Project
 	}
-	if !p.InScope(req.Project) {
+	if !p.Sees(iam.KindProject, req.Project) {
 		return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, p.Project)}
 	}
 	if req.Project != "" {

@@ -202,7 +202,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	for reserved < req.Count {
 		if err := s.placer.Reserve(node, &spec, limits); err != nil {
 			release()
-			return placeError(err, fmt.Sprintf("node %s of sandbox %s cannot take the fork now", node, id))
+			return placeError(err, "the fork")
 		}
 		reserved++
 	}

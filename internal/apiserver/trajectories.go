@@ -157,7 +157,7 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 	limits := s.limitsOf(spec.Project)
 	node, err := s.placer.Pick(&spec, nil, limits)
 	if err != nil {
-		return placeError(err, "no node can rebuild the trajectory's sandbox now")
+		return placeError(err, "the trajectory's rebuilt sandbox")
 	}
 	id := edge.NewSandboxID(node)
 	next := *rec
@@ -200,7 +200,7 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 	limits := s.limitsOf(spec.Project)
 	node, err := s.placer.Pick(&spec, nil, limits)
 	if err != nil {
-		return placeError(err, "no node can run the replay now")
+		return placeError(err, "the replay's sandbox")
 	}
 	id := edge.NewSandboxID(node)
 	var out api.TrajectoryReplay

@@ -270,6 +270,10 @@ func TestEnvFallbackAndAuthError(t *testing.T) {
 	if code != 1 || !strings.Contains(errb.String(), "unauthorized") {
 		t.Fatalf("bad token: %d %q", code, errb.String())
 	}
+	// One "warren:" prefix, not one from the SDK's error and one from the CLI.
+	if strings.Count(errb.String(), "warren:") != 1 {
+		t.Fatalf("bad token: %q, want one warren: prefix", errb.String())
+	}
 }
 
 func TestRun(t *testing.T) {
@@ -585,5 +589,38 @@ func TestParsers(t *testing.T) {
 		if _, _, ok := remoteSpec(s); ok {
 			t.Errorf("%q should be local", s)
 		}
+	}
+}
+
+// TestDocumentedImageImportRuns: the `warren image import …` commands that
+// scripts document parse and import (the debian script's did not).
+func TestDocumentedImageImportRuns(t *testing.T) {
+	f := newFakeAPI(t)
+	old := importImage
+	t.Cleanup(func() { importImage = old })
+	var got []string
+	importImage = func(ctx context.Context, dataDir, src, name string) error {
+		got = []string{src, name}
+		return nil
+	}
+	b, err := os.ReadFile("../../scripts/build-debian-image.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Comment lines joined, the backquoted command taken out.
+	var text strings.Builder
+	for _, l := range strings.Split(string(b), "\n") {
+		if c, ok := strings.CutPrefix(l, "#"); ok {
+			text.WriteString(strings.TrimSpace(c) + " ")
+		}
+	}
+	_, rest, ok := strings.Cut(text.String(), "`warren image import")
+	cmdline, _, ok2 := strings.Cut(rest, "`")
+	if !ok || !ok2 {
+		t.Fatalf("no `warren image import …` in the script's comments")
+	}
+	args := append([]string{"image", "import"}, strings.Fields(cmdline)...)
+	if code, _, errs := f.run(t, "", args...); code != 0 || len(got) != 2 || got[0] != "OUT.tar" || got[1] != "debian:12" {
+		t.Fatalf("documented %q: %d %q, imported %v", args, code, errs, got)
 	}
 }

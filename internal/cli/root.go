@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -92,7 +93,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if errors.As(err, &ee) {
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "warren:", err)
+	// The SDK's errors say "warren: …" already: one prefix is enough.
+	fmt.Fprintln(stderr, "warren: "+strings.TrimPrefix(err.Error(), "warren: "))
 	return 1
 }
 

@@ -87,6 +87,9 @@ is the command's.`,
 				} else if res.Signal != "" {
 					fmt.Fprintf(errw, "warren: command killed by %s\n", res.Signal)
 				}
+				if res.DiskFull {
+					fmt.Fprintln(errw, "warren: the sandbox's disk is full (its disk_mb limit)")
+				}
 				if res.PidsLimited {
 					fmt.Fprintln(errw, "warren: the sandbox's pids limit refused a fork or thread")
 				}

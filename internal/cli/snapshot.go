@@ -61,13 +61,14 @@ func newForkCmd(g *globals) *cobra.Command {
 
 func newTrajCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "traj", Short: "trajectory logs"}
-	var path string
+	var path, project string
+	cmd.PersistentFlags().StringVar(&project, "project", "", "the project that owns the trajectory (names are per project; default: the token's)")
 	show := &cobra.Command{
 		Use:   "show TRAJECTORY",
 		Short: "print every step of a trajectory",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			steps, err := g.client().TrajectoryAll(cmd.Context(), args[0])
+			steps, err := g.client().TrajectoryAllOf(cmd.Context(), project, args[0])
 			if err != nil {
 				return err
 			}
@@ -106,7 +107,7 @@ func newTrajCmd(g *globals) *cobra.Command {
 			if _, err := fmt.Sscanf(args[2], "%d", &b); err != nil || b < a {
 				return fmt.Errorf("step B %q is not a step number at least A", args[2])
 			}
-			steps, err := g.client().TrajectoryAll(cmd.Context(), args[0])
+			steps, err := g.client().TrajectoryAllOf(cmd.Context(), project, args[0])
 			if err != nil {
 				return err
 			}
@@ -154,7 +155,7 @@ func newTrajCmd(g *globals) *cobra.Command {
 		Short: "re-execute a trajectory's log in a fresh sandbox and list the steps whose outcome differs (exit status 1 if any)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := g.client().ReplayTrajectory(cmd.Context(), args[0], keep)
+			rep, err := g.client().ReplayTrajectoryOf(cmd.Context(), project, args[0], keep)
 			if err != nil {
 				return err
 			}

@@ -11,6 +11,8 @@ import (
 // limit refused a fork meanwhile. The counters are read once before a
 // sandbox's first command and after each one: a refusal or kill of a
 // background process between commands is reported with the next command.
+// A command that failed while the sandbox's writable layer is at its disk
+// limit says disk_full.
 
 // killsBefore reads the counters before sb's first command.
 func (e *Edge) killsBefore(sb *sandbox) {
@@ -33,8 +35,36 @@ func (e *Edge) killsBefore(sb *sandbox) {
 	sb.mu.Unlock()
 }
 
-// explainEnd fills in r's OOMKilled, KilledBy and PidsLimited.
+// diskUsage is implemented by writable layers that can tell how much of its
+// limit a sandbox's writable layer uses (internal/scratch).
+type diskUsage interface {
+	Limited() bool
+	Usage(id string) (int64, error)
+}
+
+// diskFullSlack is how close to its limit a writable layer counts as full
+// (the filesystem's own blocks for a file's metadata round usage).
+const diskFullSlack = 1 << 20
+
+// diskFull reports whether a failed command's sandbox has its disk quota
+// used up.
+func (e *Edge) diskFull(sb *sandbox) bool {
+	du, ok := e.cfg.Writable.(diskUsage)
+	sb.mu.Lock()
+	limit, layer := sb.rec.Spec.DiskMB<<20, sb.rec.layer()
+	sb.mu.Unlock()
+	if !ok || limit <= 0 || !du.Limited() {
+		return false
+	}
+	n, err := du.Usage(layer)
+	return err == nil && n+diskFullSlack >= limit
+}
+
+// explainEnd fills in r's OOMKilled, KilledBy, PidsLimited and DiskFull.
 func (e *Edge) explainEnd(sb *sandbox, r *api.ExecResult) {
+	if r.ExitCode != 0 && !r.TimedOut {
+		r.DiskFull = e.diskFull(sb)
+	}
 	switch {
 	case r.TimedOut:
 		r.KilledBy = api.KilledByTimeout

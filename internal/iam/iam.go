@@ -73,11 +73,13 @@ const (
 	KindCommand    = "command"
 	KindEvent      = "event"
 	KindProject    = "project"
+	KindToken      = "token"
 )
 
 // Sees is warren's one ownership rule: whether p may see and use an
 // object of kind owned by project owner. Every object records its project
-// and every route asks this before it reads, uses, changes or lists one.
+// (a project is owned by itself, a token by its project) and every route
+// asks this before it reads, uses, changes or lists one.
 // A token reaches its own project and every project below it, never one
 // above it or beside it (the rule of sandboxes since the first IAM).
 // The one widening: a layer made by a root token (owner "") is the
@@ -446,7 +448,7 @@ func (m *IAM) CreateProject(ctx context.Context, caller *Principal, req *api.Cre
 	if parent != "" && !sandboxspec.ValidProject(parent) {
 		return nil, invalid("parent %q is not a project id", trunc(parent))
 	}
-	if !caller.InScope(parent) {
+	if !caller.Sees(KindProject, parent) {
 		return nil, forbidden("project %s is outside your project %s", parent, caller.Project)
 	}
 	if !caller.Can(api.RoleAdmin) {
@@ -498,7 +500,7 @@ func trunc(s string) string {
 // Project returns a project the caller can see (its own, an ancestor's
 // descendants are not visible: only its scope).
 func (m *IAM) Project(caller *Principal, id string) (*api.Project, error) {
-	if !sandboxspec.ValidProject(id) || !caller.InScope(id) {
+	if !sandboxspec.ValidProject(id) || !caller.Sees(KindProject, id) {
 		return nil, notFound("project %s not found", trunc(id))
 	}
 	m.mu.RLock()
@@ -516,7 +518,7 @@ func (m *IAM) Projects(caller *Principal) []api.Project {
 	m.mu.RLock()
 	out := []api.Project{}
 	for id, r := range m.projects {
-		if caller.InScope(id) {
+		if caller.Sees(KindProject, id) {
 			out = append(out, r.Project)
 		}
 	}
@@ -529,7 +531,7 @@ func (m *IAM) Projects(caller *Principal) []api.Project {
 // may (nobody raises their own quota), and the new quota must fit the
 // parent's chain and stay above every child's own quota.
 func (m *IAM) UpdateProject(ctx context.Context, caller *Principal, id string, req *api.UpdateProjectRequest) (*api.Project, error) {
-	if !sandboxspec.ValidProject(id) || !caller.InScope(id) {
+	if !sandboxspec.ValidProject(id) || !caller.Sees(KindProject, id) {
 		return nil, notFound("project %s not found", trunc(id))
 	}
 	if !caller.Can(api.RoleAdmin) || id == caller.Project {
@@ -579,7 +581,7 @@ func (m *IAM) UpdateProject(ctx context.Context, caller *Principal, id string, r
 // DeleteProject removes an empty project: no subprojects, no live
 // sandboxes (inUse says). Its tokens stop working.
 func (m *IAM) DeleteProject(ctx context.Context, caller *Principal, id string, inUse func(string) int) error {
-	if !sandboxspec.ValidProject(id) || !caller.InScope(id) {
+	if !sandboxspec.ValidProject(id) || !caller.Sees(KindProject, id) {
 		return notFound("project %s not found", trunc(id))
 	}
 	if !caller.Can(api.RoleAdmin) || id == caller.Project {
@@ -632,7 +634,7 @@ func (m *IAM) CreateToken(ctx context.Context, caller *Principal, req *api.Creat
 	if rank(role) == 0 {
 		return nil, invalid("role must be admin, member or viewer")
 	}
-	if !caller.InScope(project) {
+	if !caller.Sees(KindProject, project) {
 		return nil, forbidden("project %s is outside your project %s", project, caller.Project)
 	}
 	if !caller.Can(api.RoleAdmin) {
@@ -685,7 +687,7 @@ func (m *IAM) Tokens(caller *Principal) []api.Token {
 	m.mu.RLock()
 	out := []api.Token{}
 	for _, t := range m.tokens {
-		if t.ID == caller.TokenID || (caller.Can(api.RoleAdmin) && caller.InScope(t.Project)) {
+		if t.ID == caller.TokenID || (caller.Can(api.RoleAdmin) && caller.Sees(KindToken, t.Project)) {
 			out = append(out, *t)
 		}
 	}
@@ -705,7 +707,7 @@ func (m *IAM) RevokeToken(ctx context.Context, caller *Principal, id string) err
 		}
 	}
 	m.mu.RUnlock()
-	if rec == nil || !(rec.ID == caller.TokenID || (caller.Can(api.RoleAdmin) && caller.InScope(rec.Project))) {
+	if rec == nil || !(rec.ID == caller.TokenID || (caller.Can(api.RoleAdmin) && caller.Sees(KindToken, rec.Project))) {
 		return notFound("token %s not found", trunc(id))
 	}
 	if err := m.kv.Delete(ctx, "token."+hash); err != nil {

@@ -122,3 +122,35 @@ func FuzzAuthenticateNeverPanics(f *testing.F) {
 		}
 	})
 }
+
+// TestSees: the ownership rule reaches down the tree, never up or across,
+// and the shared catalog (layers without an owner) is read by all and
+// changed by root only.
+func TestSees(t *testing.T) {
+	root := &Principal{Role: api.RoleAdmin}
+	p1 := &Principal{Project: "p1", Role: api.RoleAdmin}
+	for _, c := range []struct {
+		p           *Principal
+		kind, owner string
+		sees, chg   bool
+	}{
+		{p1, KindTrajectory, "p1", true, true},
+		{p1, KindTrajectory, "p1.c", true, true},
+		{p1, KindTrajectory, "p10", false, false},
+		{p1, KindTrajectory, "p", false, false},
+		{p1, KindSnapshot, "", false, false},
+		{p1, KindLayer, "", true, false},
+		{p1, KindLayer, "p2", false, false},
+		{root, KindLayer, "", true, true},
+		{root, KindSnapshot, "p2.x", true, true},
+		{&Principal{Project: "p1.c"}, KindPool, "p1", false, false},
+		{nil, KindLayer, "", false, false},
+	} {
+		if got := c.p.Sees(c.kind, c.owner); got != c.sees {
+			t.Errorf("%+v sees %s of %q: %v", c.p, c.kind, c.owner, got)
+		}
+		if got := c.p.Changes(c.kind, c.owner); got != c.chg {
+			t.Errorf("%+v changes %s of %q: %v", c.p, c.kind, c.owner, got)
+		}
+	}
+}

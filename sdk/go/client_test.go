@@ -108,6 +108,21 @@ func TestRetriesGiveUp(t *testing.T) {
 	}
 }
 
+// TestUnavailableReason: a 503's reason reaches the caller, on the SDK's
+// error and on the wire error it unwraps to.
+func TestUnavailableReason(t *testing.T) {
+	c, _ := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 503, api.ErrorBody{Error: api.Error{Code: api.CodeUnavailable, Reason: api.ReasonCPU,
+			Message: "no node can take this sandbox now: not enough cpu"}})
+	})
+	_, err := c.Create(context.Background(), api.CreateSandboxRequest{Image: "busybox"})
+	var ae *APIError
+	var we *api.Error
+	if !errors.As(err, &ae) || ae.Reason != api.ReasonCPU || !errors.As(err, &we) || we.Reason != api.ReasonCPU {
+		t.Fatalf("err %v (%+v, %+v)", err, ae, we)
+	}
+}
+
 func TestExecNotRetried(t *testing.T) {
 	var n atomic.Int32
 	c, _ := newServer(t, func(w http.ResponseWriter, r *http.Request) {

@@ -95,7 +95,7 @@ func (c *Client) ExecStreamFunc(ctx context.Context, id string, req api.ExecRequ
 			return nil, &APIError{Status: statusForCode(ev.Error.Code), Code: ev.Error.Code, Message: ev.Error.Message}
 		case ev.ExitCode != nil:
 			res := &api.ExecResult{ExitCode: *ev.ExitCode, Truncated: ev.Truncated, TimedOut: ev.TimedOut, Signal: ev.Signal,
-				OOMKilled: ev.OOMKilled, KilledBy: ev.KilledBy, PidsLimited: ev.PidsLimited,
+				OOMKilled: ev.OOMKilled, KilledBy: ev.KilledBy, PidsLimited: ev.PidsLimited, DiskFull: ev.DiskFull,
 				Step: ev.Step, Replayed: ev.Replayed, Sandbox: ev.Sandbox, Trajectory: ev.Trajectory}
 			if ev.DurationMs != nil {
 				res.DurationMs = *ev.DurationMs

@@ -64,6 +64,36 @@ func (c *Client) Trajectory(ctx context.Context, name string, after int64, limit
 	return &p, nil
 }
 
+// TrajectoryOf is Trajectory for a trajectory of project: names are
+// unique per project, and a token reaches the trajectories of its own
+// project (the default) and of the projects below it.
+func (c *Client) TrajectoryOf(ctx context.Context, project, name string, after int64, limit int) (*api.TrajectoryPage, error) {
+	q := url.Values{}
+	if project != "" {
+		q.Set("project", project)
+	}
+	if after > 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var p api.TrajectoryPage
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/trajectories/" + escPath(name), query: q, retry: true}, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// ReplayTrajectoryOf is ReplayTrajectory for a trajectory of project.
+func (c *Client) ReplayTrajectoryOf(ctx context.Context, project, trajectory string, keep bool) (*api.TrajectoryReplay, error) {
+	var out api.TrajectoryReplay
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/trajectories:replay", json: api.ReplayRequest{Trajectory: trajectory, Project: project, Keep: keep}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // TrajectoryFiles lists the steps whose file operations changed path (or
 // something under it): provenance. Commands are not analysed.
 func (c *Client) TrajectoryFiles(ctx context.Context, name, path string) (*api.TrajectoryPage, error) {
@@ -77,10 +107,16 @@ func (c *Client) TrajectoryFiles(ctx context.Context, name, path string) (*api.T
 
 // TrajectoryAll reads every step of a trajectory, page by page.
 func (c *Client) TrajectoryAll(ctx context.Context, name string) ([]api.TrajectoryStep, error) {
+	return c.TrajectoryAllOf(ctx, "", name)
+}
+
+// TrajectoryAllOf is TrajectoryAll for a trajectory of project ("" = the
+// token's).
+func (c *Client) TrajectoryAllOf(ctx context.Context, project, name string) ([]api.TrajectoryStep, error) {
 	var all []api.TrajectoryStep
 	var after int64
 	for {
-		p, err := c.Trajectory(ctx, name, after, 0)
+		p, err := c.TrajectoryOf(ctx, project, name, after, 0)
 		if err != nil {
 			return nil, err
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -228,5 +229,106 @@ func TestExecSaysWhatKilledIt(t *testing.T) {
 	}
 	if r := run(api.ExecRequest{Cmd: "echo fine"}); r.PidsLimited || r.OOMKilled || r.KilledBy != "" {
 		t.Fatalf("the next command: %+v", r)
+	}
+}
+
+// TestFnCallBurstBesideSandboxes: a burst of FnCall judges beside live
+// sandboxes all succeed, and creates succeed during and after it. With
+// WARREN_BURST_TAR (a debian:12 root tarball) the judges are Python on
+// debian:12, 200 at concurrency 64 beside 40 sandboxes (the figure of
+// issue 14); otherwise shell judges on busybox, 60 at concurrency 16
+// beside 10 sandboxes. p50 and throughput are logged.
+func TestFnCallBurstBesideSandboxes(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	image, judges, conc, live := "busybox", 60, 16, 10
+	task := api.FnCallRequest{Image: "busybox", CPU: 0.5, MemoryMB: 128,
+		Cmd: `read a b; echo $((a + b))`}
+	if tarball := os.Getenv("WARREN_BURST_TAR"); tarball != "" {
+		cmd := exec.Command(bins.warren, "image", "import", tarball, "--name", "debian:12", "--data-dir", s.dataDir)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("import %s: %v\n%s", tarball, err, b)
+		}
+		image, judges, conc, live = "debian:12", 200, 64, 40
+		task = api.FnCallRequest{Image: image, CPU: 0.5, MemoryMB: 256,
+			Argv: []string{"python3", "-c", "import json,sys; a,b=map(int,sys.stdin.read().split()); print(json.dumps(a+b))"}}
+	}
+	for i := 0; i < live; i++ {
+		s.create(t, api.CreateSandboxRequest{Image: image, CPU: 0.25, MemoryMB: 128})
+	}
+	var mu sync.Mutex
+	var lat []time.Duration
+	var failed []string
+	sem := make(chan struct{}, conc)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := 0; i < judges; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			req := task
+			req.Stdin = fmt.Sprintf("%d %d\n", i, 1000)
+			t1 := time.Now()
+			r, err := s.C.FnCall(ctx, req)
+			d := time.Since(t1)
+			if err == nil && strings.TrimSpace(r.Stdout) != strconv.Itoa(i+1000) {
+				err = fmt.Errorf("judge %d answered %+v", i, r)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			lat = append(lat, d)
+			if err != nil {
+				failed = append(failed, err.Error())
+			}
+		}(i)
+		if i == judges/2 {
+			// A create in the middle of the burst.
+			sb, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: image, CPU: 1, MemoryMB: 128})
+			if err != nil {
+				t.Errorf("create during the burst: %v", err)
+			} else {
+				_, _ = s.C.Delete(ctx, sb.ID)
+			}
+		}
+	}
+	wg.Wait()
+	took := time.Since(t0)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	t.Logf("%d %s judges at concurrency %d beside %d sandboxes: %v, %.0f tasks/s, p50 %v, p99 %v, %d failed",
+		judges, image, conc, live, took.Round(time.Millisecond), float64(judges)/took.Seconds(),
+		lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond), len(failed))
+	if len(failed) > 0 {
+		t.Errorf("%d judges failed: %s", len(failed), strings.Join(failed[:min(5, len(failed))], "; "))
+	}
+	// After the burst, sandboxes up to what the node has left without the
+	// idle workers: 40 cores - live x 0.25 - 1 margin, in 1-core sandboxes.
+	room := int(40-float64(live)*0.25) - 1
+	for i := 0; i < room; i++ {
+		if _, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: image, CPU: 1, MemoryMB: 64}); err != nil {
+			t.Fatalf("create %d of %d after the burst: %v", i+1, room, err)
+		}
+	}
+}
+
+// TestExecSaysDiskFull: a command that fails on the sandbox's full disk
+// quota says so (disk_full).
+func TestExecSaysDiskFull(t *testing.T) {
+	s := sharedServer(t)
+	if strings.Contains(s.logs.String(), "sandbox disk limits are not enforced") {
+		t.Skip("SKIP: this machine has no quota-capable filesystem for sandbox disk limits")
+	}
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{DiskMB: 16})
+	r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "dd if=/dev/zero of=/root/big bs=1M count=64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == 0 || !r.DiskFull {
+		t.Fatalf("writing past the disk limit: %+v, want a failure with disk_full", r)
+	}
+	if r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "rm /root/big; sync; sleep 1; false"}); err != nil || r.DiskFull {
+		t.Fatalf("a failure with room on the disk: %v %+v", err, r)
 	}
 }

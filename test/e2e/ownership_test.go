@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"testing"
@@ -294,6 +295,39 @@ func TestOwnership(t *testing.T) {
 		mustCode(t, "same key, another body", err, api.CodeInvalid)
 	})
 
+	t.Run("pool", func(t *testing.T) {
+		if p, err := o.p1.Pool(ctx, o.pool); err != nil || p.Project != "p1" {
+			t.Fatalf("owner reads its pool: %+v %v", p, err)
+		}
+		// The root token resizes p1's pool without naming the project.
+		if p, err := o.s.C.CreatePool(ctx, api.PoolRequest{Name: o.pool, Image: "busybox", CPU: 0.1, MemoryMB: 32, Size: 1}); err != nil || p.Project != "p1" {
+			t.Fatalf("root resizes p1's pool: %+v %v", p, err)
+		}
+		_, err := o.p2.CreatePool(ctx, api.PoolRequest{Name: o.pool, Image: "busybox", CPU: 0.1, MemoryMB: 32, Size: 1})
+		mustCode(t, "p2 takes p1's pool name", err, api.CodeForbidden)
+		// A p2 sandbox of the pool's shape is not served by p1's pool; a
+		// p1.c one is.
+		ready := func() {
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if p, err := o.p1.Pool(ctx, o.pool); err == nil && p.Ready >= 1 {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the pool never got ready")
+				}
+			}
+		}
+		ready()
+		sb := o.mk(t, o.p2, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 32})
+		if sb.Pool != "" {
+			t.Fatalf("p2's sandbox came from pool %q", sb.Pool)
+		}
+		ready()
+		if sb := o.mk(t, o.child, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 32}); sb.Pool != o.pool {
+			t.Fatalf("p1.c's sandbox of the pool's shape came from pool %q", sb.Pool)
+		}
+	})
+
 	t.Run("scoped-codes", func(t *testing.T) {
 		// A scoped token's own layer and snapshot calls are never 400.
 		for _, c := range []struct{ method, path string }{
@@ -305,6 +339,72 @@ func TestOwnership(t *testing.T) {
 			if code == 400 || code >= 500 {
 				t.Errorf("%s %s with a scoped token: %d %s", c.method, c.path, code, body)
 			}
+		}
+	})
+
+	t.Run("scoped-trajectory-lifecycle", func(t *testing.T) {
+		// A project's trajectory is stored under its project: record,
+		// checkpoint, resume (fast-forward), branch and rebuild all work
+		// for a scoped token, and its parent reads it by ?project=.
+		name := "life/run"
+		counterOp := func(i int) api.ExecRequest {
+			return api.ExecRequest{Cmd: fmt.Sprintf("echo x >> /counter; echo %d > /last; wc -l < /counter", i)}
+		}
+		sb := o.mk(t, o.child, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: name, Checkpoint: "2"})
+		for i := 1; i <= 4; i++ {
+			if r, err := o.child.Exec(ctx, sb.ID, counterOp(i)); err != nil || r.Step != int64(i) {
+				t.Fatalf("step %d: %+v %v", i, r, err)
+			}
+		}
+		if _, err := o.child.ResumeTrajectory(ctx, name, false); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		for i := 1; i <= 4; i++ {
+			if r, err := o.child.Exec(ctx, sb.ID, counterOp(i)); err != nil || !r.Replayed {
+				t.Fatalf("re-issued step %d: %+v %v", i, r, err)
+			}
+		}
+		if r, err := o.child.Exec(ctx, sb.ID, counterOp(5)); err != nil || r.Replayed || r.Step != 5 || strings.TrimSpace(r.Stdout) != "5" {
+			t.Fatalf("a new step after the fast-forward: %+v %v", r, err)
+		}
+		// Its sandbox goes away: resume rebuilds it from the checkpoint.
+		if _, err := o.child.Delete(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		nsb, err := o.child.ResumeTrajectory(ctx, name, false)
+		if err != nil || nsb.ID == sb.ID || nsb.Project != "p1.c" {
+			t.Fatalf("rebuild: %+v %v", nsb, err)
+		}
+		t.Cleanup(func() { _, _ = o.s.C.Delete(context.Background(), nsb.ID) })
+		for i := 1; i <= 5; i++ {
+			if _, err := o.child.Exec(ctx, nsb.ID, counterOp(i)); err != nil {
+				t.Fatalf("re-issued step %d on the rebuilt sandbox: %v", i, err)
+			}
+		}
+		if b, err := o.child.ReadFileBytes(ctx, nsb.ID, "/counter"); err != nil || strings.Count(string(b), "x") != 5 {
+			t.Fatalf("rebuilt state: %q %v", b, err)
+		}
+		// The parent reads it by naming the project; p2 does not, even so.
+		code, body := o.s.rawRequest(t, "GET", "/v1/trajectories/"+name+"?project=p1.c", o.tok1, nil, nil)
+		if code != 200 || !strings.Contains(body, `"step":5`) {
+			t.Fatalf("parent reads the child's trajectory: %d %s", code, body)
+		}
+		if pg, err := o.p1.TrajectoryOf(ctx, "p1.c", name, 0, 0); err != nil || len(pg.Steps) != 5 {
+			t.Fatalf("parent reads the child's trajectory (SDK): %+v %v", pg, err)
+		}
+		if rep, err := o.p1.ReplayTrajectoryOf(ctx, "p1.c", name, false); err != nil || rep.Steps != 5 {
+			t.Fatalf("parent replays the child's trajectory: %+v %v", rep, err)
+		}
+		out, err := exec.Command(bins.warren, "--url", o.s.URL, "--token", o.tok1, "--json", "traj", "show", name, "--project", "p1.c").CombinedOutput()
+		if err != nil || strings.Count(string(out), `"op": "exec"`)+strings.Count(string(out), `"op":"exec"`) != 5 {
+			t.Fatalf("warren traj show --project: %v\n%s", err, out)
+		}
+		if code, _ := o.s.rawRequest(t, "GET", "/v1/trajectories/"+name+"?project=p1.c", o.tok2, nil, nil); code != 404 {
+			t.Fatalf("sibling reads it naming the project: %d", code)
+		}
+		rep, err := o.child.ReplayTrajectory(ctx, name, false)
+		if err != nil || rep.Steps != 5 {
+			t.Fatalf("replay: %+v %v", rep, err)
 		}
 	})
 

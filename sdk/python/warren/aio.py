@@ -313,12 +313,15 @@ class AsyncClient:
                        timeout=_core.exec_read_timeout(self._cfg, timeout))
         return ExecResult.from_json(await self._json(req))
 
-    async def trajectory(self, trajectory_id: str, path: Optional[str] = None) -> Trajectory:
+    async def trajectory(self, trajectory_id: str, path: Optional[str] = None, *,
+                         project: Optional[str] = None) -> Trajectory:
         """Every recorded step of a trajectory, page by page (see Client.trajectory)."""
         steps: List[Dict[str, Any]] = []
         after = 0
         while True:
             params = [("after", str(after))] + ([("path", path)] if path else [])
+            if project:
+                params.append(("project", project))
             doc = await self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params))
             t = Trajectory.from_json(doc)
             steps.extend(t.steps)
@@ -328,13 +331,15 @@ class AsyncClient:
                 return t
             after = int(nxt)
 
-    async def replay_trajectory(self, trajectory: str, *, keep: bool = False,
+    async def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
                                 timeout: Optional[Duration] = 3600) -> ReplayReport:
         """Re-execute a trajectory's log and report the steps that differ (see
         Client.replay_trajectory)."""
         body: Dict[str, Any] = {"trajectory": trajectory}
         if keep:
             body["keep"] = True
+        if project:
+            body["project"] = project
         return ReplayReport.from_json(await self._json(json_req(
             "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 

@@ -352,14 +352,18 @@ class Client:
                        timeout=_core.exec_read_timeout(self._cfg, timeout))
         return ExecResult.from_json(self._json(req))
 
-    def trajectory(self, trajectory_id: str, path: Optional[str] = None) -> Trajectory:
+    def trajectory(self, trajectory_id: str, path: Optional[str] = None, *,
+                   project: Optional[str] = None) -> Trajectory:
         """Every recorded step of a trajectory, in order (``GET /v1/trajectories/{id}``,
         page by page). ``path`` keeps only the steps whose file operations changed
-        that path (provenance)."""
+        that path (provenance). Names are unique per project: ``project`` reads
+        the trajectory of a project below the token's (default: the token's own)."""
         steps: List[Dict[str, Any]] = []
         after = 0
         while True:
             params = [("after", str(after))] + ([("path", path)] if path else [])
+            if project:
+                params.append(("project", project))
             doc = self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params))
             t = Trajectory.from_json(doc)
             steps.extend(t.steps)
@@ -369,7 +373,7 @@ class Client:
                 return t
             after = int(nxt)
 
-    def replay_trajectory(self, trajectory: str, *, keep: bool = False,
+    def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
                           timeout: Optional[Duration] = 3600) -> ReplayReport:
         """Re-execute a trajectory's log in a fresh sandbox from its original state
         and report every step whose outcome differs (a determinism check;
@@ -377,6 +381,8 @@ class Client:
         body: Dict[str, Any] = {"trajectory": trajectory}
         if keep:
             body["keep"] = True
+        if project:
+            body["project"] = project
         return ReplayReport.from_json(self._json(json_req(
             "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 

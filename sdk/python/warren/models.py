@@ -151,6 +151,8 @@ class ExecResult:
             ``"oom"``, ``"timeout"`` or ``"signal"`` (``""`` otherwise).
         pids_limited: the sandbox's pids limit refused a fork or thread
             while the command ran.
+        disk_full: the command failed with the sandbox's disk quota
+            (``disk_mb``) used up.
     """
 
     exit_code: int = 0
@@ -168,6 +170,7 @@ class ExecResult:
     oom_killed: bool = False
     killed_by: str = ""
     pids_limited: bool = False
+    disk_full: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -182,7 +185,8 @@ class ExecResult:
             command_id=_s(d, "command_id") or _s(d, "id"), step=_oi(d, "step"),
             replayed=bool(d.get("replayed")), sandbox=_s(d, "sandbox"),
             trajectory=_s(d, "trajectory"), oom_killed=bool(d.get("oom_killed")),
-            killed_by=_s(d, "killed_by"), pids_limited=bool(d.get("pids_limited")), raw=d)
+            killed_by=_s(d, "killed_by"), pids_limited=bool(d.get("pids_limited")),
+            disk_full=bool(d.get("disk_full")), raw=d)
 
     @property
     def ok(self) -> bool:
@@ -304,6 +308,7 @@ class Layer:
     stored_size: int = 0
     source: str = ""
     created_at: Optional[_dt.datetime] = None
+    project: str = ""  # the owner; "" = the shared catalog (made by a root token)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -315,7 +320,8 @@ class Layer:
     def from_json(cls, d: Dict[str, Any]) -> "Layer":
         return cls(name=_s(d, "name"), version=_i(d, "version"), digest=_s(d, "digest"),
                    size=_i(d, "size"), entries=_i(d, "entries"), stored_size=_i(d, "stored_size"),
-                   source=_s(d, "source"), created_at=parse_time(d.get("created_at")), raw=d)
+                   source=_s(d, "source"), created_at=parse_time(d.get("created_at")),
+                   project=_s(d, "project"), raw=d)
 
 
 @dataclass
@@ -385,6 +391,7 @@ class Snapshot:
     diff: str = ""
     parent: str = ""
     step: Optional[int] = None
+    project: str = ""  # the sandbox's project, which owns the snapshot
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -394,7 +401,7 @@ class Snapshot:
                    sandbox_id=_s(d, "sandbox_id") or _s(d, "sandbox"), size=_i(d, "size"),
                    created_at=parse_time(d.get("created_at")), image=_s(d, "image"),
                    layers=list(layers) if isinstance(layers, list) else [], diff=_s(d, "diff"),
-                   parent=_s(d, "parent"), step=_oi(d, "step"), raw=d)
+                   parent=_s(d, "parent"), step=_oi(d, "step"), project=_s(d, "project"), raw=d)
 
 
 @dataclass
@@ -412,6 +419,7 @@ class Pool:
     memory_mb: int = 0
     priority: str = ""
     error: str = ""
+    project: str = ""  # the owner: members serve sandboxes of it and below
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -419,7 +427,7 @@ class Pool:
         return cls(name=_s(d, "name") or _s(d, "id"), image=_s(d, "image"), tier=_s(d, "tier"),
                    size=_i(d, "size"), ready=_i(d, "ready"), creating=_i(d, "creating"),
                    claimed=_i(d, "claimed"), cpu=_f(d, "cpu"), memory_mb=_i(d, "memory_mb"),
-                   priority=_s(d, "priority"), error=_s(d, "error"), raw=d)
+                   priority=_s(d, "priority"), error=_s(d, "error"), project=_s(d, "project"), raw=d)
 
 
 @dataclass
