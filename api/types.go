@@ -720,10 +720,13 @@ type Quota struct {
 // Project is a node of the project tree. Its id is the path of names from
 // the top, joined by '.' ("acme.rl.run7").
 type Project struct {
-	ID        string    `json:"id"`
-	Parent    string    `json:"parent,omitempty"`
-	Name      string    `json:"name"`
-	Quota     Quota     `json:"quota"`
+	ID     string `json:"id"`
+	Parent string `json:"parent,omitempty"`
+	Name   string `json:"name"`
+	Quota  Quota  `json:"quota"`
+	// IdleCPU is the idle_cpu its sandboxes (and its subprojects', unless
+	// they set their own) get when their create gives none.
+	IdleCPU   *float64  `json:"idle_cpu,omitempty"`
 	Usage     *Usage    `json:"usage,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	CreatedBy string    `json:"created_by,omitempty"`
@@ -738,6 +741,8 @@ type CreateProjectRequest struct {
 	Name   string `json:"name"`
 	Parent string `json:"parent,omitempty"` // default: the caller's project
 	Quota  Quota  `json:"quota"`
+	// IdleCPU is the project's default idle_cpu (cores between operations).
+	IdleCPU *float64 `json:"idle_cpu,omitempty"`
 }
 
 // UpdateProjectRequest is the body of PATCH /v1/projects/{id}.

@@ -249,3 +249,36 @@ func TestCPUGateRecycledAndAdopted(t *testing.T) {
 		t.Errorf("exec after adoption: %+v", r)
 	}
 }
+
+// TestProjectIdleCPU: a project's idle_cpu is the default of its
+// sandboxes and its subprojects' sandboxes; a create's own wins.
+func TestProjectIdleCPU(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	v := 0.03
+	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "cpugate", IdleCPU: &v}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "sub", Parent: "cpugate"}); err != nil {
+		t.Fatal(err)
+	}
+	bad := -1.0
+	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "bad", IdleCPU: &bad}); err == nil || !strings.Contains(err.Error(), "idle_cpu") {
+		t.Errorf("project idle_cpu -1: %v", err)
+	}
+	own := 0.1
+	for _, c := range []struct {
+		req  api.CreateSandboxRequest
+		want float64
+	}{
+		{api.CreateSandboxRequest{Project: "cpugate.sub"}, 0.03},
+		{api.CreateSandboxRequest{Project: "cpugate", IdleCPU: &own}, 0.1},
+		{api.CreateSandboxRequest{Project: "cpugate", CPU: 0.02}, 0.02},
+		{api.CreateSandboxRequest{}, 0.05},
+	} {
+		sb := s.create(t, c.req)
+		if sb.IdleCPU != c.want {
+			t.Errorf("project %q, idle_cpu %v, cpu %g: got idle_cpu %g, want %g", c.req.Project, c.req.IdleCPU, c.req.CPU, sb.IdleCPU, c.want)
+		}
+	}
+}
