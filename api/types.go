@@ -579,7 +579,8 @@ type Node struct {
 // NodeElastic sums the node's live sandboxes' CPU use during operations
 // and between them (seconds), how long their processes were held back by
 // the idle budget (the harvested CPU), how many sit at their idle budget
-// now and how many cores of requested CPU that frees.
+// now and how many cores of best-effort sandboxes' requested CPU that
+// frees (what admission may give to more best-effort sandboxes).
 type NodeElastic struct {
 	ActiveSeconds    float64 `json:"active_seconds"`
 	IdleSeconds      float64 `json:"idle_seconds"`

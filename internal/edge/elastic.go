@@ -6,6 +6,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -147,8 +148,8 @@ func cpuNodeLocked(sb *sandbox, n *api.NodeElastic) {
 	n.HarvestedSeconds += float64(sb.cpu.harvested) / 1e9
 	if sb.cpu.gate != nil && !sb.cpu.full {
 		n.IdleSandboxes++
-		n.FreedCPU += sb.rec.Spec.CPU - idleCPU(&sb.rec.Spec)
 	}
+	n.FreedCPU += freedCPULocked(sb)
 }
 
 // holdCPU keeps sb's full CPU while the background command id runs
@@ -191,4 +192,30 @@ func (e *Edge) holdCPU(sb *sandbox, agent *agentproto.Client, id string) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
+}
+
+// freedCPULocked is the requested cpu a best-effort sandbox at its idle
+// budget does not use now (0 for the others: latency-class sandboxes keep
+// their guarantee, and always_on ones, FnCall workers and sandboxes
+// running an operation have their full cpu).
+func freedCPULocked(sb *sandbox) float64 {
+	if sb.cpu.gate == nil || sb.cpu.full || sb.rec.Spec.Priority != api.PriorityBestEffort {
+		return 0
+	}
+	return max(sb.rec.Spec.CPU-idleCPU(&sb.rec.Spec), 0)
+}
+
+// elasticFits says whether a best-effort spec fits when the node's
+// best-effort sandboxes between operations count with their idle budget
+// instead of their request, and the host's CPU is not under pressure (a
+// node full of waiting sandboxes admits more; a busy one does not).
+func (e *Edge) elasticFits(u usage, spec *api.CreateSandboxRequest) bool {
+	if spec.Priority != api.PriorityBestEffort || u.cpu-u.freed+spec.CPU > e.cfg.CPUCapacity+1e-9 {
+		return false
+	}
+	if e.cfg.MaxCPUPressure < 0 {
+		return true
+	}
+	p, err := hoststat.ReadPressure("cpu")
+	return err == nil && p.Avg10 <= e.cfg.MaxCPUPressure
 }

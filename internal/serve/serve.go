@@ -46,6 +46,7 @@ type Options struct {
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
+	MaxCPUPressure       float64 // see edge.Config
 	KeepOnShutdown       bool
 	// Recycle is how many wiped containers of one shape the node keeps
 	// for reuse (edge.Config.Recycle); 0 = none. RecycleIdle is how long
@@ -180,7 +181,7 @@ func Run(ctx context.Context, o Options) error {
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 	})
 	if err != nil {
@@ -205,6 +206,7 @@ type EdgeOptions struct {
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
+	MaxCPUPressure       float64       // see edge.Config
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	Logger               *slog.Logger
@@ -325,7 +327,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		Labels:         o.Labels,
 		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
 	})
 	if err != nil {
 		stop()
