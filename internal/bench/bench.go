@@ -61,6 +61,10 @@ type Options struct {
 	BurstCount, BurstClients, BurstPool int
 	// PauseCount sandboxes holding PauseHoldMB each are paused; defaults 100, 64.
 	PauseCount, PauseHoldMB int
+	// InterferenceIdle waiting sandboxes, each with a busy background
+	// process, run next to the interference figure's latency sandbox, with
+	// the CPU gate and without it (always_on); default 200, 0 = skip.
+	InterferenceIdle int
 	// DebianTar is a root filesystem tarball of scripts/build-debian-image.sh,
 	// imported as debian:12 into the private server for the fncall python3
 	// figure (skipped when empty or missing).

