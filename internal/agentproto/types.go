@@ -22,9 +22,20 @@ type SetupConfig struct {
 	Env map[string]string `json:"env,omitempty"`
 	// User is the default user of exec ("" = root).
 	User string `json:"user,omitempty"`
+	// Cwd is the default directory of exec when it exists (the image's
+	// WORKDIR); "" = the user's home directory.
+	Cwd string `json:"cwd,omitempty"`
 	// Shell runs string commands; default "/bin/sh".
 	Shell string `json:"shell,omitempty"`
-	// ShmMB sizes /dev/shm; default 64.
+	// SpawnerCgroups are cgroup directories (host paths, cgroup v1) that
+	// the agent's spawner thread, the one that forks every process of the
+	// sandbox, joins alone before confinement: a child inherits the
+	// cgroups of the thread that forks it, so the sandbox's processes are
+	// limited there and the rest of the agent is not (runtime/container:
+	// the box).
+	SpawnerCgroups []string `json:"spawner_cgroups,omitempty"`
+	// ShmMB sizes /dev/shm; default 64 (the edge sends half the memory
+	// limit: confine.ShmMBFor).
 	ShmMB int64 `json:"shm_mb,omitempty"`
 	// TmpMB sizes nothing yet; reserved.
 
@@ -51,7 +62,8 @@ type Bind struct {
 
 // SetupResult answers OpSetup once the agent serves from inside the sandbox.
 type SetupResult struct {
-	Pid int `json:"pid"` // the agent's pid as the host sees it (informational)
+	Pid   int `json:"pid"`             // the agent's pid as the host sees it (informational)
+	Proto int `json:"proto,omitempty"` // the agent's protocol version (Proto)
 }
 
 // ExecRequest runs one command. Exactly one of Cmd and Argv is set.
@@ -153,6 +165,9 @@ type TarPutRequest struct {
 	Handle string `json:"handle,omitempty"`
 	Data   []byte `json:"data,omitempty"`
 	Final  bool   `json:"final,omitempty"`
+	// Abort ends the upload as broken (its sender went away): nothing of
+	// it is extracted, even when it broke where a tar stream could end.
+	Abort bool `json:"abort,omitempty"`
 }
 
 type TarPutResult struct {
@@ -188,6 +203,7 @@ type RerootRequest struct {
 type ResumeRequest struct {
 	Env  map[string]string `json:"env,omitempty"`
 	User string            `json:"user,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
 }
 
 // ResetResult answers OpReset.

@@ -28,12 +28,15 @@ import (
 // overcommit factors. CPU requests are cfs quotas (hard caps), so idle
 // sandboxes that each may burst to a quarter core need a high factor to
 // be packed by the thousand; memory requests are limits, and 4× lets
-// 5,000 sandboxes of the 16 MiB minimum be admitted on a 24 GiB node. The
+// 5,000 sandboxes of the 16 MiB minimum be admitted on a 24 GiB node;
+// disk requests (1 GiB by default) are quotas that idle sandboxes barely
+// touch, so thousands need a high factor too. The
 // measured guards (MemAvailable reserve, memory PSI) stay as they are:
 // they, not the requests, are what stops an overcommitted node.
 const (
 	BenchCPUOvercommit    = 1000
 	BenchMemoryOvercommit = 4
+	BenchDiskOvercommit   = 1000
 )
 
 // Options configure a run.
@@ -70,12 +73,17 @@ type Options struct {
 	// figure (skipped when empty or missing).
 	DebianTar string
 
+	// TransferMB is the size of the transfer figure's file; default 1024.
+	TransferMB int
+
 	cgroupParent string // the private server's sandboxes' cgroup (set by Run)
-	History      HistoryOptions
+	// apiURL and apiToken reach the private server (set by Run).
+	apiURL, apiToken string
+	History          HistoryOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -88,7 +96,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -143,6 +151,9 @@ func (o *Options) defaults() {
 	if o.PauseHoldMB == 0 {
 		o.PauseHoldMB = 64
 	}
+	if o.TransferMB == 0 {
+		o.TransferMB = 1024
+	}
 }
 
 // Run starts a private `warren serve`, measures, and stops it.
@@ -185,9 +196,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		done <- serve.Run(sctx, serve.Options{
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
 			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
-			Recycle: recycleOption(o.Recycle),
-			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:   func(url, token string) { ready <- [2]string{url, token} },
+			DiskOvercommit: BenchDiskOvercommit,
+			Recycle:        recycleOption(o.Recycle),
+			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:          func(url, token string) { ready <- [2]string{url, token} },
 		})
 	}()
 	var url, token string
@@ -203,6 +215,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	c := warren.New(url, token)
 	rep := &Report{Started: time.Now().UTC()}
 	o.cgroupParent = serve.CgroupParent(dataDir)
+	o.apiURL, o.apiToken = url, token
 	if o.want("exec") || o.want("create") {
 		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
 			return nil, err
@@ -217,7 +230,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}} {
 		if !o.want(f.name) {
 			continue
 		}

@@ -150,6 +150,13 @@ func (e *Edge) readPressure() *api.Error {
 				e.cfg.Node, m.Available>>20, e.cfg.MinMemoryAvailableMB)}
 		}
 	}
+	if e.cfg.DiskSpace != nil && e.cfg.MinDiskAvailableMB > 0 {
+		if _, avail, err := e.cfg.DiskSpace(); err == nil && avail < e.cfg.MinDiskAvailableMB {
+			return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonDisk, Message: fmt.Sprintf(
+				"node %s is out of disk: %d MiB free on the scratch filesystem, below the %d MiB reserve",
+				e.cfg.Node, avail, e.cfg.MinDiskAvailableMB)}
+		}
+	}
 	if e.cfg.MinFreeTasks > 0 {
 		if t, err := hoststat.ReadTasks(); err == nil && t.Limit-t.Used < e.cfg.MinFreeTasks {
 			return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonPids, Message: fmt.Sprintf(
@@ -187,7 +194,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	var rootIDs, bindIDs, names []string
 	var binds []agentproto.Bind
 	for i, a := range spec.Layers {
-		l, err := e.cfg.Images.ResolveLayer(ctx, a.Layer)
+		l, err := e.resolveLayer(ctx, a.Layer)
 		if err != nil {
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
@@ -220,13 +227,17 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	// fresh root serves as it is when it has the same layers and disk
 	// limit; else it is rerooted again, into a root made here.
 	env := sandboxEnv(img.Env, spec.Env)
+	user := spec.User
+	if user == "" {
+		user = img.User // the image's USER
+	}
 	root := rootKey(layerIDs, spec.DiskMB)
 	var box *wipedBox
 	if len(binds) == 0 && !sb.stateless && e.recycler() != nil {
 		box = e.takeWiped(recycleKey(spec), root)
 	}
 	if box != nil && box.root == root {
-		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: spec.User}); inst != nil {
+		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: user, Cwd: img.WorkingDir}); inst != nil {
 			sb.mu.Lock()
 			sb.rec.Storage, sb.rec.Layer = box.store, box.layer
 			sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = layerIDs, box.upper, nil
@@ -276,7 +287,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: filepath.Join(stateDir, "root"),
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: env, User: spec.User, Priority: spec.Priority,
+		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
@@ -305,10 +316,21 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		inst, err = e.cfg.Runtime.Start(ctx, rspec)
 		if err != nil {
 			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})
-			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
+			return startError(err)
 		}
 	}
 	return e.started(ctx, sb, inst, t0)
+}
+
+// startError is the API error of a sandbox that failed to start: the
+// agent's refusal of the request itself (a user the image does not know)
+// is the client's (400), anything else the node's (503).
+func startError(err error) *api.Error {
+	var ae *agentproto.Error
+	if errors.As(err, &ae) && (ae.Code == agentproto.ErrNotFound || ae.Code == agentproto.ErrInvalid) {
+		return &api.Error{Code: api.CodeBadRequest, Message: "sandbox cannot start: " + ae.Message}
+	}
+	return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
 }
 
 // started makes sb running in inst, records it and watches its agent. On
@@ -319,6 +341,7 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	sb.inst = inst
 	h := inst.Handle
 	sb.rec.Handle = &h
+	sb.rec.CPUBase = e.cpuBaseline(&sb.rec, h)
 	sb.rec.Sandbox.State = api.StateRunning
 	sb.lastActive = time.Now()
 	e.cpuOpenLocked(sb)

@@ -35,6 +35,9 @@ type Spec struct {
 	Pids     int64   // 0 = unlimited
 	Env      map[string]string
 	User     string
+	// Cwd is the default directory of exec (the image's WORKDIR); "" =
+	// the user's home directory.
+	Cwd string
 	// Stateless, when set, makes a reusable sandbox (the FnCall tier): a
 	// read-only root where only these directories (empty tmpfs) are
 	// writable; the agent's OpReset returns it to its initial state.
@@ -162,4 +165,11 @@ type CPUGate interface {
 	// processes were held back by its quota, in nanoseconds.
 	Sample() (usage, throttled int64, err error)
 	Close() error
+}
+
+// SandboxUsageReporter is implemented by runtimes that can measure one
+// sandbox (its container's cgroup: CPU time since the container started,
+// memory charged now).
+type SandboxUsageReporter interface {
+	SandboxUsage(h Handle) (Usage, error)
 }

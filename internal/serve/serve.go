@@ -27,6 +27,13 @@ import (
 	"github.com/warrenhq/warren/internal/watcher"
 )
 
+// DefaultDiskOvercommit is the default of Options.DiskOvercommit
+// (--disk-overcommit): sandboxes seldom fill their writable layers, and a
+// scratch filesystem that does fill refuses new sandboxes at its reserve
+// (edge.Config.MinDiskAvailableMB) and never grows past the host's free
+// space (scratch.Space).
+const DefaultDiskOvercommit = 10
+
 // DefaultRecycle is the default of Options.Recycle (--recycle).
 const DefaultRecycle = 32
 
@@ -43,6 +50,9 @@ type Options struct {
 	// CPUOvercommit and MemoryOvercommit scale the node's real capacity.
 	CPUOvercommit    float64 // default 20
 	MemoryOvercommit float64 // default 1.5
+	// DiskOvercommit scales what the scratch filesystem can really hold
+	// (edge.Config.DiskMB); default DefaultDiskOvercommit.
+	DiskOvercommit float64
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
@@ -76,6 +86,12 @@ func (o *Options) defaults() error {
 	}
 	if o.MemoryOvercommit == 0 {
 		o.MemoryOvercommit = 1.5
+	}
+	if o.DiskOvercommit == 0 {
+		o.DiskOvercommit = DefaultDiskOvercommit
+	}
+	if o.CPUOvercommit < 0 || o.MemoryOvercommit < 0 || o.DiskOvercommit < 0 {
+		return errors.New("serve: an overcommit factor must be positive")
 	}
 	if err := checkRecycle(o.Recycle, o.RecycleIdle); err != nil {
 		return err
@@ -180,7 +196,7 @@ func Run(ctx context.Context, o Options) error {
 
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
-		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
+		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 	})
@@ -202,6 +218,7 @@ type EdgeOptions struct {
 	// CPUOvercommit and MemoryOvercommit scale the node's real capacity.
 	CPUOvercommit    float64
 	MemoryOvercommit float64
+	DiskOvercommit   float64
 	KeepOnShutdown   bool
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
@@ -209,17 +226,29 @@ type EdgeOptions struct {
 	MaxCPUPressure       float64       // see edge.Config
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
-	Logger               *slog.Logger
+	// DataListen and DataAdvertise: the edge's data listener (see
+	// edge.Config); DataListen "" = DefaultDataListen.
+	DataListen    string
+	DataAdvertise string
+	Logger        *slog.Logger
 }
+
+// DefaultDataListen is the data listener of an edge: loopback, on a port
+// the kernel picks (advertised in the heartbeat). An edge on another host
+// than its apiservers listens on an address they can reach.
+const DefaultDataListen = "127.0.0.1:0"
 
 func (o *EdgeOptions) defaults() error {
 	so := Options{DataDir: o.DataDir, Node: o.Node, AgentPath: o.AgentPath, Logger: o.Logger,
-		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit}
+		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit}
 	if err := so.defaults(); err != nil {
 		return err
 	}
 	o.DataDir, o.Node, o.AgentPath, o.Logger = so.DataDir, so.Node, so.AgentPath, so.Logger
-	o.CPUOvercommit, o.MemoryOvercommit = so.CPUOvercommit, so.MemoryOvercommit
+	o.CPUOvercommit, o.MemoryOvercommit, o.DiskOvercommit = so.CPUOvercommit, so.MemoryOvercommit, so.DiskOvercommit
+	if o.DataListen == "" {
+		o.DataListen = DefaultDataListen
+	}
 	if o.Store == "" {
 		o.Store = filepath.Join(o.DataDir, "images")
 	}
@@ -319,6 +348,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		}
 	})
 	memMB := totalMemoryMB()
+	diskMB, diskSpace := diskCapacity(writable, o.DiskOvercommit, log)
 	e, err := edge.New(edge.Config{
 		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: rt,
 		Images: imageResolver{store: images, mounts: mounts}, Writable: writable, Logger: log,
@@ -327,7 +357,9 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		Labels:         o.Labels,
 		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
+		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
+		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
 	if err != nil {
 		stop()

@@ -295,14 +295,19 @@ class Image:
     layers: List[str] = field(default_factory=list)
     size: int = 0
     created_at: Optional[_dt.datetime] = None
+    #: ``env``, ``working_dir``, ``user`` (its sandboxes' defaults) and what a
+    #: Dockerfile recorded; empty when the image has none.
+    config: Dict[str, Any] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Image":
         layers = d.get("layers")
+        config = d.get("config")
         return cls(name=_s(d, "name"), digest=_s(d, "digest"),
                    layers=[str(x) for x in layers] if isinstance(layers, list) else [],
-                   size=_i(d, "size"), created_at=parse_time(d.get("created_at")), raw=d)
+                   size=_i(d, "size"), created_at=parse_time(d.get("created_at")),
+                   config=config if isinstance(config, dict) else {}, raw=d)
 
 
 @dataclass
@@ -352,6 +357,13 @@ class Node:
     swap_total_mb: int = 0
     swap_used_mb: int = 0
     memory_pressure: float = 0.0
+    #: disk (``disk_mb``) the node admits: what its scratch filesystem can really hold
+    #: × ``disk_overcommit``; ``disk_requested_mb`` its live sandboxes hold;
+    #: ``disk_available_mb`` free there now
+    disk_mb: int = 0
+    disk_requested_mb: int = 0
+    disk_available_mb: int = 0
+    disk_overcommit: float = 0.0
     sandboxes_by_state: Dict[str, int] = field(default_factory=dict)
     sandboxes_by_priority: Dict[str, int] = field(default_factory=dict)
     pools: List[Dict[str, Any]] = field(default_factory=list)
@@ -381,6 +393,8 @@ class Node:
                    memory_available_mb=_i(d, "memory_available_mb"),
                    swap_total_mb=_i(d, "swap_total_mb"), swap_used_mb=_i(d, "swap_used_mb"),
                    memory_pressure=_f(d, "memory_pressure"),
+                   disk_mb=_i(d, "disk_mb"), disk_requested_mb=_i(d, "disk_requested_mb"),
+                   disk_available_mb=_i(d, "disk_available_mb"), disk_overcommit=_f(d, "disk_overcommit"),
                    sandboxes_by_state=_m("sandboxes_by_state"),
                    sandboxes_by_priority=_m("sandboxes_by_priority"),
                    pools=[p for p in pools if isinstance(p, dict)] if isinstance(pools, list) else [],
