@@ -79,7 +79,7 @@ type CreateSandboxRequest struct {
 	// IdleCPU is the CPU, in cores, the sandbox's processes get between
 	// operations (docs/architecture.md, "Density and elasticity"): while an
 	// exec, a file operation or a command call runs, the sandbox has its
-	// full cpu. Default 0.05; 0 = the kernel's minimum quota (1 ms per 1 s: 0.001 core).
+	// full cpu. Default 0.05; 0 = the kernel's minimum quota (0.01 core).
 	IdleCPU *float64 `json:"idle_cpu,omitempty"`
 	// AlwaysOn keeps the full cpu between operations too (a sandbox that
 	// serves a port, a long training job).

@@ -15,33 +15,24 @@ import (
 
 // The CPU gate (docs/architecture.md, "Density and elasticity"): a
 // sandbox's CPU quota switches between its full CPU, while an operation
-// runs, and its idle budget, between operations. The quota, period, CPU
-// usage and cpu.stat files stay open for the sandbox's life, so a switch
-// is a pwrite of the quota and one of the period on cgroup v1 (one of
-// cpu.max on v2; 1-3 µs each here, against 37 µs for open+write+close)
-// and a sample two preads. Writing a quota refills the group's runtime and
+// runs, and its idle budget, between operations. The quota file and the
+// CPU usage file stay open for the sandbox's life, so a switch is one
+// pwrite (about 3 µs here, against 37 µs for open+write+close) and a
+// sample one pread. Writing a quota refills the group's runtime and
 // unthrottles it at once (tg_set_cfs_bandwidth), so a command sent right
 // after a raise never waits for the next period.
 
 var _ runtime.CPUGater = (*Runtime)(nil)
 
-// minQuota is the smallest CFS quota the kernel accepts (1 ms).
+// minQuota is the smallest CFS quota the kernel accepts (1 ms), i.e. 1 %
+// of a core at the 100 ms period: what idle_cpu 0 gets.
 const minQuota = 1000
-
-// idlePeriod is the CFS period at the idle level: the longest the kernel
-// accepts (1 s), so that the minimum quota is 0.1 % of a core (what
-// idle_cpu 0 gets) and 200 waiting sandboxes at their minimum hold 0.2
-// core, not 2. The full level keeps the 100 ms period (cfsPeriod): a
-// running operation is never held back for long.
-const idlePeriod = 1000000
 
 // cpuGate is the container tier's runtime.CPUGate.
 type cpuGate struct {
 	quotaPath, usagePath, statPath string
-	periodPath                     string   // v1 only (v2's cpu.max holds both)
-	quota, period, usage, stat     *os.File // nil when the node is out of descriptors: paths are used
+	quota, usage, stat             *os.File // nil when the node is out of descriptors: paths are used
 	levels                         [2][]byte
-	periods                        [2][]byte // v1: the period of each level
 	v2                             bool
 }
 
@@ -51,11 +42,11 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 		h.Cgroup = r.cgroupPath(h.ID)
 	}
 	g := &cpuGate{}
-	idleQ := max(int64(idle*idlePeriod), minQuota)
+	idleQ := max(int64(idle*cfsPeriod), minQuota)
 	fullQ := int64(-1)
 	if full > 0 {
 		fullQ = max(int64(full*cfsPeriod), minQuota)
-		idleQ = min(idleQ, int64(full*idlePeriod))
+		idleQ = min(idleQ, fullQ)
 	}
 	switch d := r.cg.(type) {
 	case *v1Driver:
@@ -66,9 +57,10 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 		}
 		g.quotaPath, g.statPath = filepath.Join(cpu, "cpu.cfs_quota_us"), filepath.Join(cpu, "cpu.stat")
 		g.usagePath = filepath.Join(acct, h.Cgroup, "cpuacct.usage")
-		g.periodPath = filepath.Join(cpu, "cpu.cfs_period_us")
 		g.levels = [2][]byte{[]byte(strconv.FormatInt(idleQ, 10)), []byte(strconv.FormatInt(fullQ, 10))}
-		g.periods = [2][]byte{[]byte(strconv.Itoa(idlePeriod)), []byte(strconv.Itoa(cfsPeriod))}
+		if err := os.WriteFile(filepath.Join(cpu, "cpu.cfs_period_us"), []byte(strconv.Itoa(cfsPeriod)), 0); err != nil {
+			return nil, gateErr(h, err)
+		}
 	case *v2Driver:
 		dir := filepath.Join(d.mount, h.Cgroup)
 		g.v2 = true
@@ -77,7 +69,7 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 		if fullQ > 0 {
 			fq = strconv.FormatInt(fullQ, 10)
 		}
-		g.levels = [2][]byte{[]byte(fmt.Sprintf("%d %d", idleQ, idlePeriod)), []byte(fmt.Sprintf("%s %d", fq, cfsPeriod))}
+		g.levels = [2][]byte{[]byte(fmt.Sprintf("%d %d", idleQ, cfsPeriod)), []byte(fmt.Sprintf("%s %d", fq, cfsPeriod))}
 	default:
 		return nil, errors.New("container: no cgroup driver for a CPU gate")
 	}
@@ -91,12 +83,11 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 	for _, r := range []struct {
 		f    **os.File
 		path string
-		flag int
-	}{{&g.stat, g.statPath, os.O_RDONLY}, {&g.usage, g.usagePath, os.O_RDONLY}, {&g.period, g.periodPath, os.O_WRONLY}} {
-		if g.v2 && r.f != &g.stat {
-			continue // cpu.stat has the usage too, cpu.max the period
+	}{{&g.stat, g.statPath}, {&g.usage, g.usagePath}} {
+		if g.v2 && r.f == &g.usage {
+			continue // cpu.stat has the usage too
 		}
-		f, err := os.OpenFile(r.path, r.flag, 0)
+		f, err := os.Open(r.path)
 		if err != nil {
 			if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) {
 				g.Close()
@@ -116,37 +107,15 @@ func gateErr(h runtime.Handle, err error) error {
 	return fmt.Errorf("container: cpu gate of %s: %w", h.Cgroup, err)
 }
 
-// Set writes the level's quota and, on cgroup v1, its period (raising:
-// the period first; lowering: the quota first; in between the group has
-// at most the idle level's quota per 100 ms for a few microseconds). Each
-// write unthrottles and refills the group at once.
 func (g *cpuGate) Set(full bool) error {
-	i := 0
+	v := g.levels[0]
 	if full {
-		i = 1
+		v = g.levels[1]
 	}
-	if g.v2 {
-		return writeOpen(g.quota, g.quotaPath, g.levels[i])
+	if g.quota == nil {
+		return os.WriteFile(g.quotaPath, v, 0)
 	}
-	if full {
-		if err := writeOpen(g.period, g.periodPath, g.periods[i]); err != nil {
-			return err
-		}
-		return writeOpen(g.quota, g.quotaPath, g.levels[i])
-	}
-	if err := writeOpen(g.quota, g.quotaPath, g.levels[i]); err != nil {
-		return err
-	}
-	return writeOpen(g.period, g.periodPath, g.periods[i])
-}
-
-// writeOpen writes v to a cgroup file through its open descriptor f (or
-// its path when f is nil).
-func writeOpen(f *os.File, path string, v []byte) error {
-	if f == nil {
-		return os.WriteFile(path, v, 0)
-	}
-	_, err := unix.Pwrite(int(f.Fd()), v, 0)
+	_, err := unix.Pwrite(int(g.quota.Fd()), v, 0)
 	return err
 }
 
@@ -201,11 +170,11 @@ func statField(b []byte, name string) int64 {
 
 func (g *cpuGate) Close() error {
 	var errs []error
-	for _, f := range []*os.File{g.quota, g.period, g.usage, g.stat} {
+	for _, f := range []*os.File{g.quota, g.usage, g.stat} {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
 	}
-	g.quota, g.period, g.usage, g.stat = nil, nil, nil, nil
+	g.quota, g.usage, g.stat = nil, nil, nil
 	return errors.Join(errs...)
 }
