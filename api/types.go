@@ -377,6 +377,9 @@ type SandboxStats struct {
 	CPU           float64 `json:"cpu"`          // limit, cores
 	MemoryLimitMB int64   `json:"memory_mb"`    // limit
 	Commands      int64   `json:"commands"`     // commands run since it started
+	// CPUStats splits the CPU time between operations and the time
+	// between them (docs/architecture.md, "Density and elasticity").
+	CPUStats *SandboxCPU `json:"cpu_stats,omitempty"`
 }
 
 // FileInfo describes one file in a sandbox.

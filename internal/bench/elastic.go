@@ -602,7 +602,7 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		if err != nil {
 			return err
 		}
-		name, note := "with the CPU gate", "idle_cpu 0 each (0.001 core)"
+		name, note := "with the CPU gate", "idle_cpu 0 each (0.01 core)"
 		if always {
 			name, note = "without the CPU gate", "always_on"
 		}

@@ -158,6 +158,9 @@ func TestCPUOnlyWhileWorkRuns(t *testing.T) {
 	} else {
 		t.Logf("gated: %+v", *cs)
 	}
+	if st, err := s.C.Stats(ctx, gated.ID); err != nil || st.CPUStats == nil || st.CPUStats.Idle <= 0 || st.CPUStats.Active <= 0 {
+		t.Errorf("stats of the gated sandbox: %+v %v", st, err)
+	}
 	if v, err := s.C.Get(ctx, on.ID); err != nil || v.CPUStats == nil || v.CPUStats.Level != "full" {
 		t.Errorf("cpu stats of the always_on sandbox: %+v %v", v, err)
 	}

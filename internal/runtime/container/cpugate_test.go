@@ -85,4 +85,38 @@ func TestCPUGate(t *testing.T) {
 	if per > 200*time.Microsecond {
 		t.Errorf("a switch takes %v", per)
 	}
+
+	// After a long stretch at the idle budget, a raise gives the whole
+	// quota at once: a CPU-bound command is not throttled (a period timer
+	// left armed by another level's period would hold it up to that
+	// period: a 1 s idle period did, 465-977 ms per run).
+	if err := g.Set(false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if err := g.Set(true); err != nil {
+		t.Fatal(err)
+	}
+	_, th0, _ = g.Sample()
+	var burn agentproto.ExecResult
+	if err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"}, &burn, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, th1, _ := g.Sample(); th1-th0 > int64(50*time.Millisecond) {
+		t.Errorf("a command after a raise was throttled for %v (it ran %.0f ms)", time.Duration(th1-th0), burn.Duration)
+	}
+
+	// idle_cpu 0: the kernel's minimum quota, 1 ms per 100 ms period.
+	g0, err := f.rt.CPUGate(inst.Handle, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g0.Close()
+	if err := g0.Set(false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if r := cpuRate(t, g0, 2*time.Second); r > 0.015 {
+		t.Errorf("idle_cpu 0: the spinner uses %.4f cores, want 0.01", r)
+	}
 }
