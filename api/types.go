@@ -76,6 +76,14 @@ type CreateSandboxRequest struct {
 	// Checkpoint: "none" (default), "every-step" (snapshot after each
 	// state-changing operation) or an interval of steps ("10").
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// IdleCPU is the CPU, in cores, the sandbox's processes get between
+	// operations (docs/architecture.md, "Density and elasticity"): while an
+	// exec, a file operation or a command call runs, the sandbox has its
+	// full cpu. Default 0.05; 0 = the kernel's minimum quota (0.01 core).
+	IdleCPU *float64 `json:"idle_cpu,omitempty"`
+	// AlwaysOn keeps the full cpu between operations too (a sandbox that
+	// serves a port, a long training job).
+	AlwaysOn bool `json:"always_on,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -122,6 +130,25 @@ type Sandbox struct {
 	// Replay is how many logged steps a resuming client may still re-issue
 	// and get cached (resume answers only).
 	Replay int64 `json:"replay,omitempty"`
+	// IdleCPU and AlwaysOn are the sandbox's CPU policy between operations.
+	IdleCPU  float64 `json:"idle_cpu"`
+	AlwaysOn bool    `json:"always_on,omitempty"`
+	// CPU is what the sandbox used, measured on its node (GET of one
+	// sandbox only).
+	CPUStats *SandboxCPU `json:"cpu_stats,omitempty"`
+}
+
+// SandboxCPU is a sandbox's CPU time (cgroup usage sampled at each switch
+// between its two CPU levels), in seconds.
+type SandboxCPU struct {
+	// Active is CPU time used while operations ran; Idle between them.
+	Active float64 `json:"active_seconds"`
+	Idle   float64 `json:"idle_seconds"`
+	// Throttled is how long its processes were held back by its quota:
+	// between operations, the CPU harvested from it.
+	Throttled float64 `json:"throttled_seconds"`
+	// Level is "full" or "idle": the CPU it has now.
+	Level string `json:"level"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -229,6 +256,9 @@ type ExecRequest struct {
 	// on PATH, outside any session, so nothing the sandbox changed in its
 	// own root can stand in for the toolkit's programs.
 	Trusted bool `json:"trusted,omitempty"`
+	// KeepCPU, with Background, keeps the sandbox's full cpu between
+	// operations for as long as the command runs.
+	KeepCPU bool `json:"keep_cpu,omitempty"`
 }
 
 // ExecResult is the JSON answer of exec (and the last NDJSON event of a stream).
@@ -347,6 +377,9 @@ type SandboxStats struct {
 	CPU           float64 `json:"cpu"`          // limit, cores
 	MemoryLimitMB int64   `json:"memory_mb"`    // limit
 	Commands      int64   `json:"commands"`     // commands run since it started
+	// CPUStats splits the CPU time between operations and the time
+	// between them (docs/architecture.md, "Density and elasticity").
+	CPUStats *SandboxCPU `json:"cpu_stats,omitempty"`
 }
 
 // FileInfo describes one file in a sandbox.
@@ -647,6 +680,22 @@ type Node struct {
 	// Recycling counts the containers of deleted sandboxes reused for new
 	// ones (docs/architecture.md, "Recycled containers").
 	Recycling NodeRecycling `json:"recycling"`
+	// Elastic is the CPU given to sandboxes only while they run operations
+	// (docs/architecture.md, "Density and elasticity").
+	Elastic NodeElastic `json:"elastic"`
+}
+
+// NodeElastic sums the node's live sandboxes' CPU use during operations
+// and between them (seconds), how long their processes were held back by
+// the idle budget (the harvested CPU), how many sit at their idle budget
+// now and how many cores of best-effort sandboxes' requested CPU that
+// frees (what admission may give to more best-effort sandboxes).
+type NodeElastic struct {
+	ActiveSeconds    float64 `json:"active_seconds"`
+	IdleSeconds      float64 `json:"idle_seconds"`
+	HarvestedSeconds float64 `json:"harvested_seconds"`
+	IdleSandboxes    int     `json:"idle_sandboxes"`
+	FreedCPU         float64 `json:"freed_cpu"`
 }
 
 // NodeRecycling is a node's recycled containers: Waiting now for a
@@ -787,10 +836,13 @@ type Quota struct {
 // Project is a node of the project tree. Its id is the path of names from
 // the top, joined by '.' ("acme.rl.run7").
 type Project struct {
-	ID        string    `json:"id"`
-	Parent    string    `json:"parent,omitempty"`
-	Name      string    `json:"name"`
-	Quota     Quota     `json:"quota"`
+	ID     string `json:"id"`
+	Parent string `json:"parent,omitempty"`
+	Name   string `json:"name"`
+	Quota  Quota  `json:"quota"`
+	// IdleCPU is the idle_cpu its sandboxes (and its subprojects', unless
+	// they set their own) get when their create gives none.
+	IdleCPU   *float64  `json:"idle_cpu,omitempty"`
 	Usage     *Usage    `json:"usage,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	CreatedBy string    `json:"created_by,omitempty"`
@@ -805,6 +857,8 @@ type CreateProjectRequest struct {
 	Name   string `json:"name"`
 	Parent string `json:"parent,omitempty"` // default: the caller's project
 	Quota  Quota  `json:"quota"`
+	// IdleCPU is the project's default idle_cpu (cores between operations).
+	IdleCPU *float64 `json:"idle_cpu,omitempty"`
 }
 
 // UpdateProjectRequest is the body of PATCH /v1/projects/{id}.

@@ -132,6 +132,7 @@ func idemSandbox(v []byte, body string) (string, error) {
 // prepareCreate validates a create request and resolves its project and
 // the quotas that bind it.
 func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) ([]placement.Limit, error) {
+	ownIdle := req.IdleCPU != nil
 	if aerr := sandboxspec.Normalize(req); aerr != nil {
 		return nil, aerr
 	}
@@ -145,6 +146,10 @@ func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) (
 	if req.Project != "" {
 		if _, err := s.cfg.IAM.Project(p, req.Project); err != nil {
 			return nil, err
+		}
+		if v := s.cfg.IAM.IdleCPU(req.Project); v != nil && !ownIdle {
+			*v = min(*v, req.CPU) // the project's default, within this sandbox's cpu
+			req.IdleCPU = v
 		}
 	}
 	if err := s.checkSpecUses(r.Context(), p, req); err != nil {

@@ -38,6 +38,9 @@ type usage struct {
 	fnN   int
 	fnCPU float64
 	fnMem int64
+	// freed is the requested cpu of best-effort sandboxes at their idle
+	// budget beyond that budget (elastic.go).
+	freed float64
 }
 
 func (e *Edge) usageLocked() usage {
@@ -47,6 +50,7 @@ func (e *Edge) usageLocked() usage {
 		s := sb.rec.Sandbox.State
 		live := (s == api.StateRunning || s == api.StateCreating || s == api.StatePaused) && !sb.reclaimed
 		cpu, mem, disk, fn := sb.rec.Spec.CPU, sb.rec.Spec.MemoryMB, sb.rec.Spec.DiskMB, sb.stateless
+		freed := freedCPULocked(sb)
 		sb.mu.Unlock()
 		if !live {
 			continue
@@ -54,6 +58,7 @@ func (e *Edge) usageLocked() usage {
 		u.n++
 		u.cpu += cpu
 		u.mem += mem
+		u.freed += freed
 		u.disk += disk
 		if fn {
 			u.fnN++
@@ -70,7 +75,7 @@ func (e *Edge) shortLocked(u usage, spec *api.CreateSandboxRequest) *api.Error {
 	case u.n+1 > e.cfg.MaxSandboxes:
 		return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonSandboxes,
 			Message: fmt.Sprintf("node %s is full: %d of %d sandboxes", e.cfg.Node, u.n, e.cfg.MaxSandboxes)}
-	case e.cfg.CPUCapacity > 0 && u.cpu+spec.CPU > e.cfg.CPUCapacity+1e-9:
+	case e.cfg.CPUCapacity > 0 && u.cpu+spec.CPU > e.cfg.CPUCapacity+1e-9 && !e.elasticFits(u, spec):
 		return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonCPU,
 			Message: fmt.Sprintf("node %s is full: not enough cpu: %.2f of %g cores requested, %g more asked", e.cfg.Node, u.cpu, e.cfg.CPUCapacity, spec.CPU)}
 	case e.cfg.MemoryMB > 0 && u.mem+spec.MemoryMB > e.cfg.MemoryMB:

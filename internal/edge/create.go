@@ -344,6 +344,7 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	sb.rec.CPUBase = e.cpuBaseline(&sb.rec, h)
 	sb.rec.Sandbox.State = api.StateRunning
 	sb.lastActive = time.Now()
+	e.cpuOpenLocked(sb)
 	rec := sb.rec
 	sb.mu.Unlock()
 	if !pooled {

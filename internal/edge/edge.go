@@ -124,6 +124,11 @@ type Config struct {
 	// MaxMemoryPressure refuses new sandboxes while the host's memory PSI
 	// ("some" avg10, percent) is above it. 0 = 40; negative = no check.
 	MaxMemoryPressure float64
+	// MaxCPUPressure: admission counts a best-effort create against what
+	// the node's best-effort sandboxes really get (their idle_cpu while at
+	// it, elastic.go) only while the host's CPU PSI ("some" avg10, percent)
+	// is at most this. 0 = 90; negative = no check.
+	MaxCPUPressure float64
 	// MinFreeTasks refuses new sandboxes while fewer than this many pids
 	// (threads) are left under kernel.pid_max / threads-max: every thread
 	// of every sandbox takes one, and a host out of pids cannot even start
@@ -262,6 +267,9 @@ func New(cfg Config) (*Edge, error) {
 	}
 	if cfg.MaxMemoryPressure == 0 {
 		cfg.MaxMemoryPressure = 40
+	}
+	if cfg.MaxCPUPressure == 0 {
+		cfg.MaxCPUPressure = 90
 	}
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048

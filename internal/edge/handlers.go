@@ -96,6 +96,9 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		v := sb.view()
+		sb.mu.Lock()
+		v.CPUStats = e.cpuStatsLocked(sb)
+		sb.mu.Unlock()
 		return &v, nil
 	case OpList:
 		var req ListRequest
@@ -320,10 +323,12 @@ func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) 
 	}
 	sb.inflight++
 	sb.lastActive = time.Now()
+	e.cpuSwitchLocked(sb) // the CPU is there before the agent hears of the operation
 	return sb, sb.inst.Agent, func() {
 		sb.mu.Lock()
 		sb.inflight--
 		sb.lastActive = time.Now()
+		e.cpuSwitchLocked(sb)
 		sb.mu.Unlock()
 	}, nil
 }
@@ -378,6 +383,9 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	if aerr := sandboxspec.CheckUser(x.User); aerr != nil {
 		return nil, aerr
 	}
+	if x.KeepCPU && !x.Background {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: "keep_cpu is only for background commands"}
+	}
 	if x.Timeout < 0 || x.OutputCap < 0 || x.OutputCap > MaxOutputCap {
 		return nil, &api.Error{Code: api.CodeInvalid, Message: "timeout and output_cap must be positive (output_cap at most 1 GiB)"}
 	}
@@ -419,6 +427,8 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	}
 	if !x.Background {
 		e.explainEnd(sb, out)
+	} else if x.KeepCPU && res.CommandID != "" {
+		e.holdCPU(sb, agent, res.CommandID)
 	}
 	sb.hist.note(x, start, out, nil)
 	return out, nil

@@ -104,9 +104,13 @@ func (e *Edge) stats(ctx context.Context, id string) (*api.SandboxStats, error) 
 		h = &hh
 	}
 	base := sb.rec.CPUBase
+	var cs *api.SandboxCPU
+	if sb.cpu.gate != nil {
+		cs = e.cpuStatsLocked(sb)
+	}
 	sb.mu.Unlock()
 	_, n := sb.hist.list()
-	st := &api.SandboxStats{ID: v.ID, State: v.State, CPU: v.CPU, MemoryLimitMB: v.MemoryMB, Commands: n}
+	st := &api.SandboxStats{ID: v.ID, State: v.State, CPU: v.CPU, MemoryLimitMB: v.MemoryMB, Commands: n, CPUStats: cs}
 	if ur, ok := e.cfg.Runtime.(runtime.SandboxUsageReporter); ok && h != nil {
 		u, err := ur.SandboxUsage(*h)
 		if err != nil {

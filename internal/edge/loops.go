@@ -130,6 +130,7 @@ func (e *Edge) NodeStatus() api.Node {
 			if j, ok := spec.Labels["job"]; ok {
 				n.Jobs[j]++
 			}
+			cpuNodeLocked(sb, &n.Elastic)
 		}
 		sb.mu.Unlock()
 	}

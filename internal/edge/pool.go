@@ -382,6 +382,7 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 			sb.rec.Storage = internal
 		}
 		sb.rec.Spec = *spec
+		e.cpuOpenLocked(sb) // the claimant's idle_cpu and always_on
 		sb.rec.Sandbox.ID = id
 		sb.rec.Sandbox.Labels = copyMap(spec.Labels)
 		sb.rec.Sandbox.TTL = spec.TTL

@@ -81,6 +81,7 @@ type sandbox struct {
 	reclaimed  bool          // an idle FnCall worker stopped for room: admission no longer counts it
 	traj       *traj         // nil unless the sandbox records a trajectory
 	hist       cmdHistory    // recent commands (its own lock)
+	cpu        cpuState      // its CPU gate: full CPU only while operations run (elastic.go)
 
 	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
 	// as of its last command (kills.go).
@@ -93,6 +94,7 @@ func (sb *sandbox) view() api.Sandbox {
 	defer sb.mu.Unlock()
 	v := sb.rec.Sandbox
 	v.LastActive = sb.lastActive
+	v.IdleCPU, v.AlwaysOn = idleCPU(&sb.rec.Spec), sb.rec.Spec.AlwaysOn
 	v.Labels = copyMap(v.Labels)
 	return v
 }
@@ -318,6 +320,9 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			if err == nil {
 				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
 				close(sb.ready)
+				sb.mu.Lock()
+				e.cpuOpenLocked(sb)
+				sb.mu.Unlock()
 				e.put(id, sb)
 				adopted[store] = true
 				adopted[rec.layer()] = true
@@ -459,6 +464,7 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 		return
 	}
 	sb.stopping = true
+	e.cpuCloseLocked(sb)
 	inst := sb.inst
 	id := sb.rec.Sandbox.ID
 	store := sb.rec.storage()

@@ -376,6 +376,20 @@ func parentOf(id string) string {
 	return ""
 }
 
+// IdleCPU is the idle_cpu default of project: its own, else its nearest
+// ancestor's; nil when none sets one.
+func (m *IAM) IdleCPU(project string) *float64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for p := project; p != ""; p = parentOf(p) {
+		if r := m.projects[p]; r != nil && r.IdleCPU != nil {
+			v := *r.IdleCPU
+			return &v
+		}
+	}
+	return nil
+}
+
 // Limit is one ancestor's quota, for enforcement.
 type Limit struct {
 	Project string
@@ -474,7 +488,10 @@ func (m *IAM) CreateProject(ctx context.Context, caller *Principal, req *api.Cre
 	if err := checkQuotaFits(req.Quota, eff, parent); err != nil {
 		return nil, err
 	}
-	p := api.Project{ID: id, Parent: parent, Name: req.Name, Quota: req.Quota, CreatedAt: m.now().UTC(), CreatedBy: caller.Name}
+	if v := req.IdleCPU; v != nil && (*v < 0 || *v > sandboxspec.MaxCPU || *v != *v) {
+		return nil, invalid("idle_cpu must be between 0 and %d cores", sandboxspec.MaxCPU)
+	}
+	p := api.Project{ID: id, Parent: parent, Name: req.Name, Quota: req.Quota, IdleCPU: req.IdleCPU, CreatedAt: m.now().UTC(), CreatedBy: caller.Name}
 	b, _ := json.Marshal(&p)
 	rev, err := m.kv.Create(ctx, "project."+id, b)
 	if err != nil {

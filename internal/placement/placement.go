@@ -226,7 +226,11 @@ func (p *Placer) fitsLocked(n *api.Node, spec *api.CreateSandboxRequest, exclude
 	if exclude[n.Name] || !offers(n, spec.Tier) || !selects(n, spec.NodeSelector) {
 		return 0, false
 	}
-	if n.CPUCapacity > 0 && cpu+spec.CPU > n.CPUCapacity {
+	if n.CPUCapacity > 0 && cpu+spec.CPU > n.CPUCapacity &&
+		(spec.Priority != api.PriorityBestEffort || cpu-n.Elastic.FreedCPU+spec.CPU > n.CPUCapacity) {
+		// A best-effort sandbox may use the cpu that the node's best-effort
+		// sandboxes between operations leave (the node decides, against
+		// its CPU pressure).
 		return 0, false
 	}
 	if n.MemoryMB > 0 && mem+spec.MemoryMB > n.MemoryMB {

@@ -147,6 +147,30 @@ type UsageReporter interface {
 	Usage() (Usage, error)
 }
 
+// CPUGater is implemented by runtimes that can switch a sandbox's CPU
+// between two levels with a single write (docs/architecture.md, "Density
+// and elasticity"): the edge gives a sandbox its full CPU while an
+// operation runs and its idle budget between operations.
+type CPUGater interface {
+	// CPUGate opens the sandbox's CPU controls with its two levels, in
+	// cores: full (0 = unlimited) and idle (the kernel's minimum quota at
+	// least). The caller closes it.
+	CPUGate(h Handle, full, idle float64) (CPUGate, error)
+}
+
+// CPUGate switches one sandbox's CPU quota. Its methods are not safe for
+// concurrent use: the edge calls them under the sandbox's lock.
+type CPUGate interface {
+	// Set gives the sandbox its full CPU (true) or its idle budget (false).
+	// The quota holds when Set returns: a task throttled under the idle
+	// budget runs again at once.
+	Set(full bool) error
+	// Sample reads the sandbox's cumulative CPU time and how long its
+	// processes were held back by its quota, in nanoseconds.
+	Sample() (usage, throttled int64, err error)
+	Close() error
+}
+
 // SandboxUsageReporter is implemented by runtimes that can measure one
 // sandbox (its container's cgroup: CPU time since the container started,
 // memory charged now).

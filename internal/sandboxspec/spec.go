@@ -20,6 +20,9 @@ const (
 	DefaultDiskMB   = 1024
 	DefaultPids     = 1024
 	DefaultTTL      = 3600 // seconds
+	// DefaultIdleCPU is the CPU, in cores, a sandbox gets between
+	// operations unless it asks for another budget or always_on.
+	DefaultIdleCPU = 0.05
 
 	MaxCPU         = 256
 	MaxMemoryMB    = 1 << 20 // 1 TiB
@@ -121,6 +124,13 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 		req.CPU = DefaultCPU
 	case req.CPU < 0.01 || req.CPU > MaxCPU || req.CPU != req.CPU:
 		return invalid("cpu must be between 0.01 and %d cores", MaxCPU)
+	}
+	switch {
+	case req.IdleCPU == nil:
+		v := min(DefaultIdleCPU, req.CPU)
+		req.IdleCPU = &v
+	case *req.IdleCPU < 0 || *req.IdleCPU > req.CPU || *req.IdleCPU != *req.IdleCPU:
+		return invalid("idle_cpu must be between 0 and cpu (%g cores)", req.CPU)
 	}
 	for _, f := range []struct {
 		v             *int64

@@ -56,6 +56,7 @@ type Options struct {
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
+	MaxCPUPressure       float64 // see edge.Config
 	KeepOnShutdown       bool
 	// Recycle is how many wiped containers of one shape the node keeps
 	// for reuse (edge.Config.Recycle); 0 = none. RecycleIdle is how long
@@ -197,7 +198,7 @@ func Run(ctx context.Context, o Options) error {
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, Userns: o.Userns,
 	})
 	if err != nil {
@@ -223,6 +224,7 @@ type EdgeOptions struct {
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
+	MaxCPUPressure       float64       // see edge.Config
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	// DataListen and DataAdvertise: the edge's data listener (see
@@ -370,7 +372,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
 		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
 	if err != nil {

@@ -106,6 +106,13 @@ class SandboxInfo:
     idle_timeout_action: str = ""
     paused_at: Optional[_dt.datetime] = None
     pool: str = ""
+    #: cores between operations, and whether the full cpu is kept always
+    #: (docs/architecture.md, "CPU only while work runs")
+    idle_cpu: float = 0.0
+    always_on: bool = False
+    #: GET of one sandbox: ``active_seconds``, ``idle_seconds``,
+    #: ``throttled_seconds``, ``level``
+    cpu_stats: Dict[str, Any] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -122,7 +129,9 @@ class SandboxInfo:
             last_active_at=parse_time(d.get("last_active_at")),
             reason=_s(d, "reason"), priority=_s(d, "priority"),
             idle_timeout_action=_s(d, "idle_timeout_action"),
-            paused_at=parse_time(d.get("paused_at")), pool=_s(d, "pool"), raw=d)
+            paused_at=parse_time(d.get("paused_at")), pool=_s(d, "pool"),
+            idle_cpu=_f(d, "idle_cpu"), always_on=bool(d.get("always_on")),
+            cpu_stats=dict(d["cpu_stats"]) if isinstance(d.get("cpu_stats"), dict) else {}, raw=d)
 
 
 @dataclass
@@ -362,6 +371,8 @@ class Node:
     #: containers of deleted sandboxes reused for new ones: ``waiting``, ``kept``,
     #: ``reused``, ``refused`` (docs/architecture.md, "Recycled containers")
     recycling: Dict[str, int] = field(default_factory=dict)
+    #: CPU used during and between operations, harvested, idle sandboxes
+    elastic: Dict[str, Any] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -387,7 +398,8 @@ class Node:
                    sandboxes_by_state=_m("sandboxes_by_state"),
                    sandboxes_by_priority=_m("sandboxes_by_priority"),
                    pools=[p for p in pools if isinstance(p, dict)] if isinstance(pools, list) else [],
-                   features=_m("features"), recycling=_m("recycling"), raw=d)
+                   features=_m("features"), recycling=_m("recycling"),
+                   elastic=_m("elastic"), raw=d)
 
 
 @dataclass
