@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: (MIT OR GPL-2.0-only)
+//
+// warren's kernel-side telemetry (issue 20): one set of programs per node,
+// filtered by each sandbox's cgroup v2 id. Built into exec_bpfel.o by
+// bpf2go (see ../gen.go for the command); the object is checked in.
+//
+// Structures are declared here, the few fields used only, with
+// preserve_access_index: clang emits CO-RE relocations and the loader
+// fixes the offsets against the running kernel's BTF.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int s32;
+typedef unsigned long long u64;
+typedef long long s64;
+typedef u8 __u8;
+typedef u16 __u16;
+typedef u32 __u32;
+typedef s32 __s32;
+typedef u64 __u64;
+typedef s64 __s64;
+typedef u16 __be16;
+typedef u32 __be32;
+typedef u32 __wsum;
+
+#include "headers/bpf_helpers.h"
+
+#define BPF_MAP_TYPE_HASH 1
+#define BPF_MAP_TYPE_RINGBUF 27
+#define BPF_MAP_TYPE_ARRAY 2
+
+struct upid {
+	int nr;
+} __attribute__((preserve_access_index));
+
+struct pid {
+	unsigned int level;
+	struct upid numbers[1];
+} __attribute__((preserve_access_index));
+
+struct mm_struct {
+	unsigned long arg_start;
+	unsigned long arg_end;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int tgid;
+	struct mm_struct *mm;
+	struct task_struct *real_parent;
+	struct pid *thread_pid;
+} __attribute__((preserve_access_index));
+
+struct linux_binprm {
+	const char *filename;
+} __attribute__((preserve_access_index));
+
+#define PATH_CAP 256
+#define ARGV_CAP 1024
+#define MAX_LEVELS 16
+
+// Event kinds (telemetry.go mirrors them).
+#define KIND_EXEC 1
+
+// slot is what the edge registers per sandbox cgroup: the sandbox's
+// cookie and the trajectory step running now (0 = between steps).
+struct slot {
+	u64 cookie;
+	s64 step;
+};
+
+struct event {
+	u64 cookie;
+	s64 step;
+	u64 time_ns; // CLOCK_MONOTONIC (bpf_ktime_get_ns)
+	u32 kind;
+	u32 pid;      // in the sandbox's pid namespace
+	u32 ppid;     // the parent's, in the same namespace
+	u32 host_pid; // tgid on the host
+	u32 uid;      // on the host
+	u32 argv_len; // bytes of argv (NUL-separated) copied
+	u32 argv_truncated;
+	u32 pad;
+	char path[PATH_CAP];
+	char argv[ARGV_CAP];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, u64); // cgroup v2 id
+	__type(value, struct slot);
+} sandboxes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22);
+} events SEC(".maps");
+
+// lost counts events dropped because the ring buffer was full.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} lost SEC(".maps");
+
+// Force the event type into BTF for bpf2go.
+const struct event *unused_event __attribute__((unused));
+
+// find returns the slot of the sandbox the current task runs in: its own
+// cgroup, or the nearest registered ancestor (a sandbox's child cgroups).
+static __always_inline struct slot *find(void)
+{
+	u64 id = bpf_get_current_cgroup_id();
+	struct slot *s = bpf_map_lookup_elem(&sandboxes, &id);
+	if (s)
+		return s;
+	for (int i = MAX_LEVELS - 1; i >= 1; i--) {
+		id = bpf_get_current_ancestor_cgroup_id(i);
+		if (id == 0)
+			continue;
+		s = bpf_map_lookup_elem(&sandboxes, &id);
+		if (s)
+			return s;
+	}
+	return 0;
+}
+
+static __always_inline u32 ns_pid(struct task_struct *t)
+{
+	struct pid *p = t->thread_pid;
+	if (!p)
+		return 0;
+	unsigned int level = p->level;
+	struct upid up = {};
+	bpf_probe_read_kernel(&up, sizeof(up), &p->numbers[level & 31]);
+	return up.nr;
+}
+
+SEC("tp_btf/sched_process_exec")
+int exec(u64 *ctx)
+{
+	struct slot *s = find();
+	if (!s)
+		return 0;
+	struct task_struct *task = (struct task_struct *)ctx[0];
+	struct linux_binprm *bprm = (struct linux_binprm *)ctx[2];
+
+	struct event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		u32 zero = 0;
+		u64 *n = bpf_map_lookup_elem(&lost, &zero);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		return 0;
+	}
+	ev->cookie = s->cookie;
+	ev->step = s->step;
+	ev->time_ns = bpf_ktime_get_ns();
+	ev->kind = KIND_EXEC;
+	ev->host_pid = bpf_get_current_pid_tgid() >> 32;
+	ev->uid = (u32)bpf_get_current_uid_gid();
+	ev->pid = ns_pid(task);
+	ev->ppid = ns_pid(task->real_parent);
+	ev->argv_truncated = 0;
+	ev->pad = 0;
+	if (bpf_probe_read_kernel_str(ev->path, sizeof(ev->path), bprm->filename) < 0)
+		ev->path[0] = 0;
+
+	struct mm_struct *mm = task->mm;
+	unsigned long start = mm->arg_start, end = mm->arg_end;
+	u64 len = end - start;
+	if (end < start)
+		len = 0;
+	if (len > ARGV_CAP) {
+		len = ARGV_CAP;
+		ev->argv_truncated = 1;
+	}
+	ev->argv_len = 0;
+	if (len > 0 && bpf_probe_read_user(ev->argv, len, (void *)start) == 0)
+		ev->argv_len = len;
+	bpf_ringbuf_submit(ev, 0);
+	return 0;
+}
+
+char __license[] SEC("license") = "Dual MIT/GPL";

@@ -1,0 +1,252 @@
+// Package telemetry is the node's kernel-side collection of what sandboxes
+// do (issue 20): one set of BPF programs per node, loaded by the edge,
+// filtered by each sandbox's cgroup v2 id so that one set serves every
+// sandbox. A BPF hash map holds the cgroup ids of the sandboxes the edge
+// registered (Add, Remove), each with a cookie naming the sandbox and the
+// trajectory step it runs now (SetStep); the programs stamp every event
+// with both, in the kernel, at the moment it happens, and push it into a
+// ring buffer that Run reads.
+//
+// Recorded today: every execve that succeeds (tracepoint
+// sched_process_exec): the path as given to execve, argv up to ArgvCap
+// bytes, the pid and parent pid in the sandbox's pid namespace, the host
+// pid, the host uid.
+//
+// Cgroup ids: bpf_get_current_cgroup_id is the task's cgroup in the v2
+// (unified) hierarchy, on a hybrid host too (/sys/fs/cgroup/unified); the
+// id is the cgroup directory's inode number. A sandbox registers its cgroup
+// and its `work` child (the trust split); a process in any deeper cgroup
+// is found through its ancestors.
+//
+// Lock order: Collector.mu only.
+package telemetry
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+)
+
+// ArgvCap bounds the argv bytes kept per exec (the rest is cut and the
+// record says so).
+const ArgvCap = 1024
+
+// KindExec is the kind of an exec record.
+const KindExec = "exec"
+
+// Record is one event of a sandbox, as the kernel saw it.
+type Record struct {
+	Cookie uint64 // the sandbox (Add)
+	Step   int64  // its trajectory step then (0 = between steps)
+	Time   time.Time
+	Kind   string
+	Pid    int // in the sandbox's pid namespace
+	Ppid   int
+	// HostPid and UID are as the host sees them.
+	HostPid       int
+	UID           int
+	Path          string
+	Argv          []string
+	ArgvTruncated bool
+}
+
+// Collector is the loaded programs of one node.
+type Collector struct {
+	log  *slog.Logger
+	objs execObjects
+	tp   link.Link
+	rd   *ringbuf.Reader
+	// monoOff turns the kernel's CLOCK_MONOTONIC stamps into wall time.
+	monoOff time.Duration
+
+	mu  sync.Mutex
+	ids map[uint64][]uint64 // cookie -> its registered cgroup ids
+}
+
+// Open loads and attaches the programs. It fails (and the node runs
+// without telemetry) where the kernel has no BTF or we may not load BPF.
+func Open(log *slog.Logger) (*Collector, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		return nil, fmt.Errorf("telemetry: kernel has no BTF: %w", err)
+	}
+	c := &Collector{log: log, ids: map[uint64][]uint64{}}
+	if err := loadExecObjects(&c.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("telemetry: load programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("telemetry: load programs: %w", err)
+	}
+	tp, err := link.AttachTracing(link.TracingOptions{Program: c.objs.Exec})
+	if err != nil {
+		_ = c.objs.Close()
+		return nil, fmt.Errorf("telemetry: attach sched_process_exec: %w", err)
+	}
+	c.tp = tp
+	rd, err := ringbuf.NewReader(c.objs.Events)
+	if err != nil {
+		_ = tp.Close()
+		_ = c.objs.Close()
+		return nil, fmt.Errorf("telemetry: ring buffer: %w", err)
+	}
+	c.rd = rd
+	var mono unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono); err == nil {
+		c.monoOff = time.Duration(time.Now().UnixNano() - mono.Nano())
+	}
+	return c, nil
+}
+
+// CgroupID is the id of the cgroup v2 directory dir (its inode number).
+func CgroupID(dir string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return 0, fmt.Errorf("telemetry: cgroup %s: %w", dir, err)
+	}
+	return st.Ino, nil
+}
+
+// Add registers the cgroup v2 directories dirs as cookie's: the programs
+// record what runs in them (and below them) from now on. A cookie added
+// again replaces its directories.
+func (c *Collector) Add(cookie uint64, dirs ...string) error {
+	ids := make([]uint64, 0, len(dirs))
+	for _, d := range dirs {
+		id, err := CgroupID(d)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removeLocked(cookie)
+	for _, id := range ids {
+		if err := c.objs.Sandboxes.Put(id, execSlot{Cookie: cookie}); err != nil {
+			c.removeLocked(cookie)
+			return fmt.Errorf("telemetry: register cgroup %d: %w", id, err)
+		}
+		c.ids[cookie] = append(c.ids[cookie], id)
+	}
+	return nil
+}
+
+// Remove forgets cookie's cgroups.
+func (c *Collector) Remove(cookie uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removeLocked(cookie)
+}
+
+func (c *Collector) removeLocked(cookie uint64) {
+	for _, id := range c.ids[cookie] {
+		if err := c.objs.Sandboxes.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			c.log.Warn("telemetry: unregister cgroup", "id", id, "err", err)
+		}
+	}
+	delete(c.ids, cookie)
+}
+
+// SetStep stamps what cookie's processes do from now on with step (0 =
+// between steps).
+func (c *Collector) SetStep(cookie uint64, step int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range c.ids[cookie] {
+		if err := c.objs.Sandboxes.Update(id, execSlot{Cookie: cookie, Step: step}, ebpf.UpdateExist); err != nil {
+			c.log.Warn("telemetry: set step", "id", id, "err", err)
+		}
+	}
+}
+
+// Lost is the number of events the kernel dropped because the ring buffer
+// was full.
+func (c *Collector) Lost() uint64 {
+	var n uint64
+	if err := c.objs.Lost.Lookup(uint32(0), &n); err != nil {
+		return 0
+	}
+	return n
+}
+
+// Run reads events until ctx ends or Close, handing each to deliver (in
+// the order the kernel produced them).
+func (c *Collector) Run(ctx context.Context, deliver func(Record)) error {
+	stop := context.AfterFunc(ctx, func() { _ = c.rd.Close() })
+	defer stop()
+	var raw ringbuf.Record
+	for {
+		if err := c.rd.ReadInto(&raw); err != nil {
+			if errors.Is(err, os.ErrClosed) || ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("telemetry: read ring buffer: %w", err)
+		}
+		var ev execEvent
+		if err := binary.Read(bytes.NewReader(raw.RawSample), binary.NativeEndian, &ev); err != nil {
+			c.log.Warn("telemetry: short event", "bytes", len(raw.RawSample), "err", err)
+			continue
+		}
+		deliver(c.record(&ev))
+	}
+}
+
+func (c *Collector) record(ev *execEvent) Record {
+	r := Record{
+		Cookie: ev.Cookie, Step: ev.Step, Time: time.Unix(0, int64(ev.TimeNs)+int64(c.monoOff)).UTC(),
+		Kind: KindExec, Pid: int(ev.Pid), Ppid: int(ev.Ppid), HostPid: int(ev.HostPid), UID: int(ev.Uid),
+		Path: cString(ev.Path[:]), ArgvTruncated: ev.ArgvTruncated != 0,
+	}
+	n := min(int(ev.ArgvLen), len(ev.Argv))
+	b := make([]byte, n)
+	for i := range n {
+		b[i] = byte(ev.Argv[i])
+	}
+	b = bytes.TrimSuffix(b, []byte{0})
+	r.Argv = []string{}
+	if len(b) > 0 {
+		for _, a := range bytes.Split(b, []byte{0}) {
+			r.Argv = append(r.Argv, string(a))
+		}
+	}
+	return r
+}
+
+func cString(s []int8) string {
+	b := make([]byte, 0, len(s))
+	for _, c := range s {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// Close detaches the programs and frees their maps; Run returns.
+func (c *Collector) Close() error {
+	var errs []error
+	if c.rd != nil {
+		errs = append(errs, c.rd.Close())
+	}
+	if c.tp != nil {
+		errs = append(errs, c.tp.Close())
+	}
+	errs = append(errs, c.objs.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,193 @@
+package telemetry
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// v2Root is where the cgroup v2 hierarchy is mounted, "" when nowhere.
+func v2Root() string {
+	for _, d := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		var st syscall.Statfs_t
+		if syscall.Statfs(d, &st) == nil && st.Type == 0x63677270 { // CGROUP2_SUPER_MAGIC
+			return d
+		}
+	}
+	return ""
+}
+
+// open loads the collector or skips where the machine truly cannot.
+func open(t *testing.T) *Collector {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: loading BPF programs needs root")
+	}
+	c, err := Open(nil)
+	if err != nil {
+		if _, serr := os.Stat("/sys/kernel/btf/vmlinux"); serr != nil {
+			t.Skipf("SKIP: kernel has no BTF: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// cgroup makes a cgroup v2 directory (removed at the end of the test).
+func cgroup(t *testing.T, parent, name string) string {
+	t.Helper()
+	d := filepath.Join(parent, name)
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 50 {
+			if err := os.Remove(d); err == nil || os.IsNotExist(err) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("cgroup %s not removed", d)
+	})
+	return d
+}
+
+// runIn runs argv with its first instruction in cgroup dir.
+func runIn(t *testing.T, dir string, argv ...string) {
+	t.Helper()
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", argv, err, out)
+	}
+}
+
+// TestExecsOfRegisteredCgroups: the execs of a registered cgroup (and of
+// its child) are recorded with argv and the step set then; those of an
+// unregistered cgroup are not.
+func TestExecsOfRegisteredCgroups(t *testing.T) {
+	root := v2Root()
+	if root == "" {
+		t.Skip("SKIP: no cgroup v2 hierarchy mounted")
+	}
+	c := open(t)
+	base := cgroup(t, root, "warren-telemetry-test-"+strings.ReplaceAll(t.Name(), "/", "-"))
+	sbA := cgroup(t, base, "a")
+	workA := cgroup(t, sbA, "work")
+	deep := cgroup(t, workA, "deep")
+	other := cgroup(t, base, "b")
+
+	var mu sync.Mutex
+	var got []Record
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(ctx, func(r Record) {
+			mu.Lock()
+			got = append(got, r)
+			mu.Unlock()
+		})
+	}()
+	defer func() { cancel(); <-done }()
+
+	if err := c.Add(7, sbA, workA); err != nil {
+		t.Fatal(err)
+	}
+	c.SetStep(7, 3)
+	runIn(t, workA, "/bin/sh", "-c", "/bin/true marker-one two; ls / >/dev/null")
+	runIn(t, other, "/bin/true", "marker-other")
+	c.SetStep(7, 0)
+	runIn(t, deep, "/bin/true", "marker-deep")
+	runIn(t, sbA, "/bin/true", "marker-parent")
+	c.Remove(7)
+	runIn(t, workA, "/bin/true", "marker-removed")
+
+	want := map[string]int64{"marker-one": 3, "marker-deep": 0, "marker-parent": 0}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		recs := slices.Clone(got)
+		mu.Unlock()
+		seen := map[string]Record{}
+		for _, r := range recs {
+			if len(r.Argv) > 1 {
+				seen[r.Argv[1]] = r
+			}
+		}
+		ok := true
+		for m := range want {
+			if _, found := seen[m]; !found {
+				ok = false
+			}
+		}
+		var ls bool
+		for _, r := range recs {
+			if filepath.Base(r.Path) == "ls" && r.Step == 3 && slices.Equal(r.Argv, []string{"ls", "/"}) {
+				ls = true
+			}
+		}
+		if ok && ls {
+			for m, step := range want {
+				r := seen[m]
+				if r.Cookie != 7 || r.Step != step || r.Kind != KindExec || r.Pid <= 0 || r.HostPid <= 0 {
+					t.Errorf("%s: %+v, want cookie 7, step %d", m, r, step)
+				}
+			}
+			if r := seen["marker-one"]; r.Path != "/bin/true" || !slices.Equal(r.Argv, []string{"/bin/true", "marker-one", "two"}) {
+				t.Errorf("exec of true: %+v", r)
+			}
+			for _, m := range []string{"marker-other", "marker-removed"} {
+				if r, found := seen[m]; found {
+					t.Errorf("recorded an exec outside the registered cgroups: %+v", r)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("records after 10s: %+v", recs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestArgvCap: an argv longer than ArgvCap is cut and marked so.
+func TestArgvCap(t *testing.T) {
+	root := v2Root()
+	if root == "" {
+		t.Skip("SKIP: no cgroup v2 hierarchy mounted")
+	}
+	c := open(t)
+	d := cgroup(t, root, "warren-telemetry-test-argvcap")
+	if err := c.Add(9, d); err != nil {
+		t.Fatal(err)
+	}
+	recs := make(chan Record, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx, func(r Record) { recs <- r }) }()
+	defer func() { cancel(); <-done }()
+	long := strings.Repeat("x", 3000)
+	runIn(t, d, "/bin/true", long)
+	select {
+	case r := <-recs:
+		if !r.ArgvTruncated || len(strings.Join(r.Argv, "\x00")) > ArgvCap {
+			t.Errorf("argv of %d bytes not cut at %d: truncated=%v, kept %d", len(long), ArgvCap, r.ArgvTruncated, len(strings.Join(r.Argv, "\x00")))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no record")
+	}
+}
