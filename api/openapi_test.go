@@ -406,6 +406,8 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"PoolList":             api.PoolList{},
 		"PauseResult":          api.PauseResult{},
 		"NodeFeatures":         api.NodeFeatures{},
+		"AuditRecord":          api.AuditRecord{},
+		"AuditList":            api.AuditList{},
 		"Error":                api.Error{},
 		"ErrorBody":            api.ErrorBody{},
 		"Usage":                api.Usage{},

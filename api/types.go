@@ -571,6 +571,9 @@ type NodeFeatures struct {
 	PSI            bool `json:"psi"`             // /proc/pressure
 	Freezer        bool `json:"freezer"`         // cgroup freezer: pause works
 	Swap           bool `json:"swap"`            // swap is on: pause pushes memory out
+	// Telemetry: the node's BPF programs are loaded, so the audit of its
+	// sandboxes (GET /v1/sandboxes/{id}/audit) records what they execute.
+	Telemetry bool `json:"telemetry"`
 }
 
 // Usage is what live sandboxes hold.
@@ -747,4 +750,36 @@ type BatchCreateResult struct {
 type BatchError struct {
 	Count int   `json:"count"`
 	Error Error `json:"error"`
+}
+
+// AuditKindExec is the kind of an audit record of an execve.
+const AuditKindExec = "exec"
+
+// AuditRecord is one thing a sandbox's processes did, as the node's kernel
+// saw it (GET /v1/sandboxes/{id}/audit).
+type AuditRecord struct {
+	Time time.Time `json:"time"`
+	// Step is the trajectory step that was running then (0: between
+	// steps, or the sandbox records no trajectory).
+	Step int64  `json:"step"`
+	Kind string `json:"kind"` // exec
+	// Pid and Ppid are in the sandbox's pid namespace; UID is the host's.
+	Pid  int `json:"pid"`
+	Ppid int `json:"ppid"`
+	UID  int `json:"uid"`
+	// Path is the file executed, as given to execve.
+	Path string   `json:"path"`
+	Argv []string `json:"argv"`
+	// ArgvTruncated: argv was longer than the cap (1 KiB) and was cut.
+	ArgvTruncated bool `json:"argv_truncated,omitempty"`
+}
+
+// AuditList is a sandbox's audit, oldest first.
+type AuditList struct {
+	Records []AuditRecord `json:"records"`
+	// Dropped counts the oldest records dropped from the sandbox's ring
+	// (it keeps the newest).
+	Dropped int64 `json:"dropped"`
+	// Telemetry is false when the sandbox's node collects nothing (no BPF).
+	Telemetry bool `json:"telemetry"`
 }

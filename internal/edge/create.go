@@ -323,8 +323,10 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	sb.lastActive = time.Now()
 	rec := sb.rec
 	sb.mu.Unlock()
+	e.auditStart(sb, h)
 	if !pooled {
 		if err := e.persist(&rec); err != nil {
+			e.auditStop(sb)
 			_ = inst.Agent.Close()
 			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h)
 			return err

@@ -121,6 +121,10 @@ type Config struct {
 	// RecycleIdle is how long a wiped container waits for a create; 0 =
 	// DefaultRecycleIdle.
 	RecycleIdle time.Duration
+	// Telemetry loads the node's BPF programs (internal/telemetry) so the
+	// audit of each sandbox records what its processes execute. Where the
+	// kernel cannot run them the node runs without (features.telemetry).
+	Telemetry bool
 }
 
 // Edge manages the sandboxes of one node.
@@ -180,6 +184,8 @@ type Edge struct {
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
 	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
+
+	audit auditState // the node's telemetry (audit.go)
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
@@ -280,6 +286,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	e.startTelemetry(runCtx)
 	err = e.reconcile(ctx)
 	close(e.reconciled)
 	if err != nil {
@@ -337,6 +344,7 @@ func (e *Edge) Close(ctx context.Context) error {
 		e.cancel()
 	}
 	e.wg.Wait()
+	defer e.closeTelemetry()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
 	for _, sb := range all {

@@ -41,6 +41,7 @@ const (
 	OpTrajResume  = "traj_resume"  // ResumeRequest → api.Sandbox
 	OpTrajReplay  = "traj_replay"  // ReplayRequest → api.TrajectoryReplay
 	OpTrajAdvance = "traj_advance" // AdvanceRequest → StepResult
+	OpAudit       = "audit"        // AuditRequest → api.AuditList
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

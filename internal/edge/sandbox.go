@@ -77,6 +77,11 @@ type sandbox struct {
 	stateless  bool          // an FnCall worker
 	reclaimed  bool          // an idle FnCall worker stopped for room: admission no longer counts it
 	traj       *traj         // nil unless the sandbox records a trajectory
+	// cookie names the sandbox to the node's telemetry while its cgroups
+	// are registered (audit.go, under auditState.mu); audit holds what it
+	// recorded.
+	cookie uint64
+	audit  auditRing
 
 	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
 	// as of its last command (kills.go).
@@ -315,6 +320,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
 				close(sb.ready)
 				e.put(id, sb)
+				e.auditStart(sb, inst.Handle)
 				adopted[store] = true
 				adopted[rec.layer()] = true
 				holders[rec.layer()] = rec.Layers
@@ -466,6 +472,7 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	}
 	recycle := e.recyclableLocked(sb, state)
 	sb.mu.Unlock()
+	e.auditStop(sb)
 
 	if recycle && e.keepContainer(ctx, sb, inst) {
 		// The container waits for another sandbox (recycle.go), with this

@@ -139,3 +139,13 @@ type Usage struct {
 type UsageReporter interface {
 	Usage() (Usage, error)
 }
+
+// CgroupLister is implemented by runtimes whose sandboxes live in cgroup v2
+// directories: the edge registers them with the node's telemetry
+// (internal/telemetry), which recognises a sandbox's processes by them.
+type CgroupLister interface {
+	// UnifiedCgroups are the sandbox's directories in the cgroup v2
+	// hierarchy (its cgroup and the trust split's child), none when the
+	// host mounts no v2 hierarchy.
+	UnifiedCgroups(h Handle) []string
+}

@@ -209,7 +209,7 @@ func (c *Collector) Run(ctx context.Context, deliver func(Record)) error {
 func (c *Collector) record(ev *execEvent) Record {
 	r := Record{
 		Cookie: ev.Cookie, Step: ev.Step, Time: time.Unix(0, int64(ev.TimeNs)+int64(c.monoOff)).UTC(),
-		Kind: KindExec, Pid: int(ev.Pid), Ppid: int(ev.Ppid), HostPid: int(ev.HostPid), UID: int(ev.Uid),
+		Kind: KindExec, Pid: int(int32(ev.Pid)), Ppid: int(int32(ev.Ppid)), HostPid: int(int32(ev.HostPid)), UID: int(ev.Uid),
 		Path: cString(ev.Path[:]), ArgvTruncated: ev.ArgvTruncated != 0,
 	}
 	n := min(int(ev.ArgvLen), len(ev.Argv))

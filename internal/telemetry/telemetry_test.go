@@ -63,13 +63,19 @@ func cgroup(t *testing.T, parent, name string) string {
 // runIn runs argv with its first instruction in cgroup dir.
 func runIn(t *testing.T, dir string, argv ...string) {
 	t.Helper()
+	runInNS(t, dir, 0, argv...)
+}
+
+// runInNS is runIn in new namespaces (clone flags).
+func runInNS(t *testing.T, dir string, flags uintptr, argv ...string) {
+	t.Helper()
 	f, err := os.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd()), Cloneflags: flags}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v: %s", argv, err, out)
 	}
@@ -113,10 +119,11 @@ func TestExecsOfRegisteredCgroups(t *testing.T) {
 	c.SetStep(7, 0)
 	runIn(t, deep, "/bin/true", "marker-deep")
 	runIn(t, sbA, "/bin/true", "marker-parent")
+	runInNS(t, workA, syscall.CLONE_NEWPID, "/bin/true", "marker-pidns")
 	c.Remove(7)
 	runIn(t, workA, "/bin/true", "marker-removed")
 
-	want := map[string]int64{"marker-one": 3, "marker-deep": 0, "marker-parent": 0}
+	want := map[string]int64{"marker-one": 3, "marker-deep": 0, "marker-parent": 0, "marker-pidns": 0}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		mu.Lock()
@@ -144,6 +151,14 @@ func TestExecsOfRegisteredCgroups(t *testing.T) {
 			for m, step := range want {
 				r := seen[m]
 				if r.Cookie != 7 || r.Step != step || r.Kind != KindExec || r.Pid <= 0 || r.HostPid <= 0 {
+					t.Errorf("%s: %+v, want cookie 7, step %d", m, r, step)
+				}
+				// Pids are the process's namespace's: the host's for the
+				// test's own processes, 1 for the first of a new one.
+				if m == "marker-pidns" && (r.Pid != 1 || r.HostPid == 1 || r.Ppid != 0) {
+					t.Errorf("%s: pid %d (host %d), parent %d, want 1 in its namespace and parent 0 (outside it)", m, r.Pid, r.HostPid, r.Ppid)
+				}
+				if m != "marker-pidns" && (r.Pid != r.HostPid || r.Ppid <= 0) {
 					t.Errorf("%s: %+v, want cookie 7, step %d", m, r, step)
 				}
 			}

@@ -30,8 +30,13 @@ typedef u32 __wsum;
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_MAP_TYPE_ARRAY 2
 
+struct pid_namespace;
+
+// upid is declared whole: numbers[] is indexed by level, so its size
+// (not only nr's offset) must be the kernel's.
 struct upid {
 	int nr;
+	struct pid_namespace *ns;
 } __attribute__((preserve_access_index));
 
 struct pid {
@@ -127,15 +132,27 @@ static __always_inline struct slot *find(void)
 	return 0;
 }
 
-static __always_inline u32 ns_pid(struct task_struct *t)
+// upid_at reads level's entry of t's pid (zero when t has no such level).
+static __always_inline struct upid upid_at(struct task_struct *t, unsigned int level)
+{
+	struct upid up = {};
+	struct pid *p = t->thread_pid;
+	if (!p || p->level < level)
+		return up;
+	bpf_probe_read_kernel(&up, sizeof(up), &p->numbers[level & 31]);
+	return up;
+}
+
+// ns_pids sets the pid of t and of its parent as t's own pid namespace
+// numbers them (the parent is 0 when it lives outside that namespace).
+static __always_inline void ns_pids(struct task_struct *t, u32 *pid, u32 *ppid)
 {
 	struct pid *p = t->thread_pid;
-	if (!p)
-		return 0;
-	unsigned int level = p->level;
-	struct upid up = {};
-	bpf_probe_read_kernel(&up, sizeof(up), &p->numbers[level & 31]);
-	return up.nr;
+	unsigned int level = p ? p->level : 0;
+	struct upid me = upid_at(t, level);
+	*pid = me.nr;
+	struct upid parent = upid_at(t->real_parent, level);
+	*ppid = parent.ns == me.ns ? parent.nr : 0;
 }
 
 SEC("tp_btf/sched_process_exec")
@@ -161,8 +178,7 @@ int exec(u64 *ctx)
 	ev->kind = KIND_EXEC;
 	ev->host_pid = bpf_get_current_pid_tgid() >> 32;
 	ev->uid = (u32)bpf_get_current_uid_gid();
-	ev->pid = ns_pid(task);
-	ev->ppid = ns_pid(task->real_parent);
+	ns_pids(task, &ev->pid, &ev->ppid);
 	ev->argv_truncated = 0;
 	ev->pad = 0;
 	if (bpf_probe_read_kernel_str(ev->path, sizeof(ev->path), bprm->filename) < 0)

@@ -1,0 +1,33 @@
+package apiserver
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge"
+)
+
+// getAudit answers GET /v1/sandboxes/{id}/audit?step=&kind=: what the
+// sandbox's processes did, from its node's kernel telemetry. The sandbox's
+// owner rule is the edge's, as for every sandbox route (callEdge sends the
+// caller's project scope; a sandbox outside it is a 404).
+func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	q := r.URL.Query()
+	req := &edge.AuditRequest{ID: id, Kind: q.Get("kind")}
+	if v := q.Get("step"); v != "" {
+		step, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || step < 0 {
+			return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("step %q is not a step number (0 = between steps)", truncate(v))}
+		}
+		req.Step, req.HasStep = step, true
+	}
+	var out api.AuditList
+	if err := s.callEdge(r.Context(), id, edge.OpAudit, req, &out, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}

@@ -1,0 +1,203 @@
+package edge
+
+// The audit (issue 20): what each sandbox's processes did, collected in
+// the kernel by the node's telemetry (internal/telemetry: one set of BPF
+// programs for every sandbox, filtered by cgroup) and kept per sandbox in
+// a bounded ring, each record stamped with the trajectory step running
+// when it happened (recorded sets the step in the kernel's map around
+// every live operation).
+//
+// Lock order: auditState.mu, then auditRing.mu (never sandbox.mu inside).
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/telemetry"
+)
+
+// AuditRingSize bounds the records kept per sandbox: beyond it the oldest
+// are dropped (and counted).
+const AuditRingSize = 4096
+
+// AuditRequest is the body of OpAudit.
+type AuditRequest struct {
+	ID string `json:"id"`
+	// Step, when HasStep, keeps the records of that step only.
+	Step    int64  `json:"step,omitempty"`
+	HasStep bool   `json:"has_step,omitempty"`
+	Kind    string `json:"kind,omitempty"`
+}
+
+// auditRing is one sandbox's records, oldest first, at most AuditRingSize.
+type auditRing struct {
+	mu      sync.Mutex
+	recs    []api.AuditRecord
+	head    int // index of the oldest once the ring is full
+	dropped int64
+}
+
+func (a *auditRing) add(r api.AuditRecord) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.recs) < AuditRingSize {
+		a.recs = append(a.recs, r)
+		return
+	}
+	a.recs[a.head] = r
+	a.head = (a.head + 1) % len(a.recs)
+	a.dropped++
+}
+
+// list returns the records that req selects, oldest first.
+func (a *auditRing) list(req *AuditRequest) ([]api.AuditRecord, int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := []api.AuditRecord{}
+	for i := range a.recs {
+		r := a.recs[(a.head+i)%len(a.recs)]
+		if (req.HasStep && r.Step != req.Step) || (req.Kind != "" && r.Kind != req.Kind) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, a.dropped
+}
+
+// auditState is the node's telemetry: nil collector when the kernel
+// cannot run it.
+type auditState struct {
+	tel  *telemetry.Collector
+	mu   sync.Mutex
+	next uint64
+	by   map[uint64]*sandbox // cookie -> sandbox
+}
+
+// startTelemetry loads the node's programs and reads what they record
+// until ctx ends. Without them (no BTF, no permission) the node runs and
+// its view says features.telemetry: false.
+func (e *Edge) startTelemetry(ctx context.Context) {
+	if !e.cfg.Telemetry {
+		return
+	}
+	if _, ok := e.cfg.Runtime.(runtime.CgroupLister); !ok {
+		e.log.Info("edge: the runtime has no cgroup v2 directories: no telemetry")
+		return
+	}
+	tel, err := telemetry.Open(e.log)
+	if err != nil {
+		e.log.Warn("edge: running without telemetry (the audit records nothing)", "err", err)
+		return
+	}
+	e.audit.tel = tel
+	e.audit.by = map[uint64]*sandbox{}
+	e.features.Telemetry = true
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		if err := tel.Run(ctx, e.deliverAudit); err != nil {
+			e.log.Error("edge: telemetry stopped", "err", err)
+		}
+	}()
+}
+
+// closeTelemetry detaches the programs (after the reader ended).
+func (e *Edge) closeTelemetry() {
+	if e.audit.tel != nil {
+		if err := e.audit.tel.Close(); err != nil {
+			e.log.Warn("edge: close telemetry", "err", err)
+		}
+	}
+}
+
+func (e *Edge) deliverAudit(r telemetry.Record) {
+	e.audit.mu.Lock()
+	sb := e.audit.by[r.Cookie]
+	e.audit.mu.Unlock()
+	if sb == nil {
+		return // its sandbox stopped meanwhile
+	}
+	sb.audit.add(api.AuditRecord{
+		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: r.UID,
+		Path: r.Path, Argv: r.Argv, ArgvTruncated: r.ArgvTruncated,
+	})
+}
+
+// auditStart registers the cgroups of sb's container (handle h) with the
+// node's telemetry.
+func (e *Edge) auditStart(sb *sandbox, h runtime.Handle) {
+	if e.audit.tel == nil {
+		return
+	}
+	dirs := e.cfg.Runtime.(runtime.CgroupLister).UnifiedCgroups(h)
+	if len(dirs) == 0 {
+		return
+	}
+	e.audit.mu.Lock()
+	defer e.audit.mu.Unlock()
+	if sb.cookie != 0 {
+		e.audit.tel.Remove(sb.cookie)
+		delete(e.audit.by, sb.cookie)
+	}
+	e.audit.next++
+	cookie := e.audit.next
+	if err := e.audit.tel.Add(cookie, dirs...); err != nil {
+		e.log.Warn("edge: register a sandbox with telemetry", "sandbox", h.ID, "err", err)
+		sb.cookie = 0
+		return
+	}
+	sb.cookie = cookie
+	e.audit.by[cookie] = sb
+}
+
+// auditStop unregisters sb's cgroups (its container stops or serves
+// another sandbox).
+func (e *Edge) auditStop(sb *sandbox) {
+	if e.audit.tel == nil {
+		return
+	}
+	e.audit.mu.Lock()
+	defer e.audit.mu.Unlock()
+	if sb.cookie == 0 {
+		return
+	}
+	e.audit.tel.Remove(sb.cookie)
+	delete(e.audit.by, sb.cookie)
+	sb.cookie = 0
+}
+
+// auditStep stamps what sb's processes do from now on with step (0 =
+// between steps).
+func (e *Edge) auditStep(sb *sandbox, step int64) {
+	if e.audit.tel == nil {
+		return
+	}
+	e.audit.mu.Lock()
+	defer e.audit.mu.Unlock()
+	if sb.cookie != 0 {
+		e.audit.tel.SetStep(sb.cookie, step)
+	}
+}
+
+// auditOf answers OpAudit.
+func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	if req.Kind != "" && req.Kind != api.AuditKindExec {
+		return nil, invalidf("kind %q is not one of: %s", truncateKind(req.Kind), api.AuditKindExec)
+	}
+	recs, dropped := sb.audit.list(req)
+	return &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil}, nil
+}
+
+func truncateKind(s string) string {
+	if len(s) > 32 {
+		return fmt.Sprintf("%s…", s[:32])
+	}
+	return s
+}

@@ -1,0 +1,36 @@
+package warren
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// AuditQuery selects records of a sandbox's audit.
+type AuditQuery struct {
+	// Step, when HasStep, keeps the records of that trajectory step only
+	// (0 = between steps).
+	Step    int64
+	HasStep bool
+	Kind    string // "" = every kind
+}
+
+// Audit returns what a sandbox's processes did (every execve), as its
+// node's kernel recorded it, oldest first (GET /v1/sandboxes/{id}/audit).
+func (c *Client) Audit(ctx context.Context, id string, q AuditQuery) (*api.AuditList, error) {
+	v := url.Values{}
+	if q.HasStep {
+		v.Set("step", strconv.FormatInt(q.Step, 10))
+	}
+	if q.Kind != "" {
+		v.Set("kind", q.Kind)
+	}
+	var out api.AuditList
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id) + "/audit", query: v, retry: true}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"path"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+// nodeTelemetry reports whether the node's BPF telemetry is loaded.
+func nodeTelemetry(t *testing.T, s *server) bool {
+	t.Helper()
+	code, body := s.rawRequest(t, "GET", "/v1/nodes", "", nil, nil)
+	if code != 200 {
+		t.Fatalf("nodes: %d %s", code, body)
+	}
+	var nl api.NodeList
+	if err := json.Unmarshal([]byte(body), &nl); err != nil || len(nl.Nodes) == 0 {
+		t.Fatalf("nodes: %v %s", err, body)
+	}
+	return nl.Nodes[0].Features.Telemetry
+}
+
+// execsOf waits until the audit of id at step holds an exec whose argv
+// ends with marker, and returns the step's records.
+func execsOf(t *testing.T, c *warren.Client, id string, step int64, marker string) []api.AuditRecord {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		al, err := c.Audit(context.Background(), id, warren.AuditQuery{Step: step, HasStep: true, Kind: api.AuditKindExec})
+		if err != nil {
+			t.Fatalf("audit of %s: %v", id, err)
+		}
+		if !al.Telemetry {
+			t.Fatalf("audit of %s: telemetry false on a node that reports it on", id)
+		}
+		for _, r := range al.Records {
+			if r.Step != step || r.Kind != api.AuditKindExec {
+				t.Fatalf("audit ?step=%d&kind=exec answered %+v", step, r)
+			}
+			if n := len(r.Argv); n > 0 && r.Argv[n-1] == marker {
+				return al.Records
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no exec ending with %q at step %d of %s: %+v", marker, step, id, al.Records)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAuditExecsPerStep: the kernel records what a trajectory sandbox's
+// processes execute, each at the step that ran it; a neighbour's execs are
+// not in its audit; a sibling project's token reads none of it.
+func TestAuditExecsPerStep(t *testing.T) {
+	s := startServer(t)
+	if !nodeTelemetry(t, s) {
+		t.Fatalf("the node reports features.telemetry false on a kernel with BTF:\n%s", tail(s.logs.String(), 40))
+	}
+	ctx := context.Background()
+	for _, p := range []string{"pa", "pb"} {
+		if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secrets := map[string]string{}
+	tok := func(project string) *warren.Client {
+		tk, err := s.C.CreateToken(ctx, api.CreateTokenRequest{Principal: "u-" + project, Project: project, Role: api.RoleAdmin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets[project] = tk.Secret
+		return warren.New(s.URL, tk.Secret)
+	}
+	ca, cb := tok("pa"), tok("pb")
+	mk := func(c *warren.Client, req api.CreateSandboxRequest) *api.Sandbox {
+		req.Image = "busybox"
+		sb, err := c.Create(ctx, req)
+		if err != nil {
+			t.Fatalf("create: %v\n%s", err, tail(s.logs.String(), 40))
+		}
+		t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.ID) })
+		return sb
+	}
+	a := mk(ca, api.CreateSandboxRequest{Trajectory: "audit-run", Checkpoint: "none"})
+	b := mk(cb, api.CreateSandboxRequest{})
+
+	run := func(c *warren.Client, id, cmd string) *api.ExecResult {
+		r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: cmd})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("exec %q: %+v %v", cmd, r, err)
+		}
+		return r
+	}
+	// Busybox's shell runs its applets without an exec unless named by
+	// path: /bin/ls is an execve, a bare ls is not.
+	r1 := run(ca, a.ID, "/bin/echo step-one")
+	r2 := run(ca, a.ID, "sh -c '/bin/true step-two; /bin/ls / >/dev/null; /bin/echo marker-a'")
+	if r1.Step != 1 || r2.Step != 2 {
+		t.Fatalf("steps: %d %d", r1.Step, r2.Step)
+	}
+	run(cb, b.ID, "sh -c '/bin/true marker-b; /bin/echo marker-b'")
+
+	recs := execsOf(t, ca, a.ID, 2, "marker-a")
+	var sawTrue, sawLs bool
+	for _, r := range recs {
+		if r.Pid <= 0 || r.Time.IsZero() || r.Path == "" {
+			t.Errorf("incomplete record: %+v", r)
+		}
+		switch {
+		case path.Base(r.Path) == "true" && slices.Equal(r.Argv, []string{"/bin/true", "step-two"}):
+			sawTrue = true
+		case path.Base(r.Path) == "ls" && slices.Equal(r.Argv, []string{"/bin/ls", "/"}):
+			sawLs = true
+		}
+		if strings.Contains(strings.Join(r.Argv, " "), "marker-b") {
+			t.Errorf("sandbox a's audit holds b's exec: %+v", r)
+		}
+	}
+	if !sawTrue || !sawLs {
+		t.Errorf("step 2 lacks the execs of true (%v) and ls (%v): %+v", sawTrue, sawLs, recs)
+	}
+	// Step 1's exec is at step 1, not 2.
+	for _, r := range execsOf(t, ca, a.ID, 1, "step-one") {
+		if strings.Contains(strings.Join(r.Argv, " "), "step-two") {
+			t.Errorf("step 2's exec at step 1: %+v", r)
+		}
+	}
+	// The neighbour's audit has its own execs (between steps: no
+	// trajectory) and none of a's.
+	for _, r := range execsOf(t, cb, b.ID, 0, "marker-b") {
+		if strings.Contains(strings.Join(r.Argv, " "), "step-two") || strings.Contains(strings.Join(r.Argv, " "), "marker-a") {
+			t.Errorf("sandbox b's audit holds a's exec: %+v", r)
+		}
+	}
+	// A sibling project's token reads none of it.
+	for _, p := range []string{"/v1/sandboxes/" + a.ID + "/audit", "/v1/sandboxes/" + a.ID + "/audit?step=2"} {
+		code, body := s.rawRequest(t, "GET", p, secrets["pb"], nil, nil)
+		if code != 404 || strings.Contains(body, "step-two") {
+			t.Errorf("GET %s with pb's token: %d %s", p, code, body)
+		}
+	}
+	// Bad input is a 400.
+	if code, body := s.rawRequest(t, "GET", "/v1/sandboxes/"+a.ID+"/audit?step=x", "", nil, nil); code != 400 {
+		t.Errorf("step=x: %d %s", code, body)
+	}
+}
