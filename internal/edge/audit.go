@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -164,9 +165,16 @@ func (e *Edge) auditStop(sb *sandbox) {
 	if sb.cookie == 0 {
 		return
 	}
-	e.audit.tel.Remove(sb.cookie)
-	delete(e.audit.by, sb.cookie)
+	cookie := sb.cookie
+	e.audit.tel.Remove(cookie)
 	sb.cookie = 0
+	// What the kernel recorded before the removal may still be in the
+	// ring: it reaches sb until the reader drained it.
+	time.AfterFunc(4*telemetry.DrainEvery, func() {
+		e.audit.mu.Lock()
+		delete(e.audit.by, cookie)
+		e.audit.mu.Unlock()
+	})
 }
 
 // auditStep stamps what sb's processes do from now on with step (0 =

@@ -52,6 +52,8 @@ type Options struct {
 	// one waits (0 = edge.DefaultRecycleIdle).
 	Recycle     int
 	RecycleIdle time.Duration
+	// NoTelemetry: the node loads no BPF telemetry (edge.Config.Telemetry).
+	NoTelemetry bool
 	Logger      *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
@@ -181,7 +183,7 @@ func Run(ctx context.Context, o Options) error {
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
-		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
+		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry,
 	})
 	if err != nil {
 		return err
@@ -207,6 +209,7 @@ type EdgeOptions struct {
 	MaxMemoryPressure    float64
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
+	NoTelemetry          bool          // see Options.NoTelemetry
 	Logger               *slog.Logger
 }
 
@@ -326,7 +329,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
-		Telemetry: true,
+		Telemetry: !o.NoTelemetry,
 	})
 	if err != nil {
 		stop()

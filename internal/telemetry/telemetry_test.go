@@ -206,3 +206,60 @@ func TestArgvCap(t *testing.T) {
 		t.Fatal("no record")
 	}
 }
+
+// BenchmarkExecTrue measures fork+exec+wait of /bin/true in a cgroup
+// registered with the collector ("on") and with no programs loaded
+// ("off"), reporting the p50 of each run. docs/BENCHMARKS.md records it:
+//
+//	go test -run '^$' -bench BenchmarkExecTrue -benchtime 2000x ./internal/telemetry/
+func BenchmarkExecTrue(b *testing.B) {
+	root := v2Root()
+	if root == "" || os.Geteuid() != 0 {
+		b.Skip("SKIP: needs root and a cgroup v2 hierarchy")
+	}
+	d := filepath.Join(root, "warren-telemetry-bench")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	defer os.Remove(d)
+	f, err := os.Open(d)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	run := func(b *testing.B) {
+		lats := make([]time.Duration, 0, b.N)
+		for b.Loop() {
+			t0 := time.Now()
+			cmd := exec.Command("/bin/true")
+			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+			if err := cmd.Run(); err != nil {
+				b.Fatal(err)
+			}
+			lats = append(lats, time.Since(t0))
+		}
+		slices.Sort(lats)
+		b.ReportMetric(float64(lats[len(lats)/2].Microseconds()), "p50-µs")
+	}
+	b.Run("off", run)
+	b.Run("on", func(b *testing.B) {
+		c, err := Open(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.Add(1, d); err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		n := 0
+		done := make(chan struct{})
+		go func() { defer close(done); _ = c.Run(ctx, func(Record) { n++ }) }()
+		run(b)
+		cancel()
+		<-done
+		if n == 0 {
+			b.Fatal("no exec recorded")
+		}
+	})
+}

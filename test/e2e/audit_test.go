@@ -151,3 +151,20 @@ func TestAuditExecsPerStep(t *testing.T) {
 		t.Errorf("step=x: %d %s", code, body)
 	}
 }
+
+// TestAuditWithoutTelemetry: a node without telemetry says so in its
+// view, runs sandboxes, and answers their audit empty with telemetry false.
+func TestAuditWithoutTelemetry(t *testing.T) {
+	s := startServer(t, "--no-telemetry")
+	if nodeTelemetry(t, s) {
+		t.Fatal("features.telemetry true on a node started with --no-telemetry")
+	}
+	sb := s.create(t, api.CreateSandboxRequest{})
+	if r := s.sh(t, sb.ID, "/bin/echo hi"); r.ExitCode != 0 || r.Stdout != "hi\n" {
+		t.Fatalf("exec: %+v", r)
+	}
+	al, err := s.C.Audit(context.Background(), sb.ID, warren.AuditQuery{})
+	if err != nil || al.Telemetry || len(al.Records) != 0 {
+		t.Fatalf("audit: %+v %v", al, err)
+	}
+}

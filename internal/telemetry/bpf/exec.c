@@ -29,6 +29,15 @@ typedef u32 __wsum;
 #define BPF_MAP_TYPE_HASH 1
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_MAP_TYPE_ARRAY 2
+#define BPF_RB_NO_WAKEUP 1
+#define BPF_RB_FORCE_WAKEUP 2
+#define BPF_RB_AVAIL_DATA 0
+
+// RING_SIZE is the ring buffer's size. Events are submitted without a
+// wakeup (the reader drains the ring every few tens of milliseconds)
+// unless it is a quarter full: a wakeup per exec costs the exec more
+// than the program does (docs/BENCHMARKS.md).
+#define RING_SIZE (1 << 22)
 
 struct pid_namespace;
 
@@ -99,7 +108,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 22);
+	__uint(max_entries, RING_SIZE);
 } events SEC(".maps");
 
 // lost counts events dropped because the ring buffer was full.
@@ -196,7 +205,8 @@ int exec(u64 *ctx)
 	ev->argv_len = 0;
 	if (len > 0 && bpf_probe_read_user(ev->argv, len, (void *)start) == 0)
 		ev->argv_len = len;
-	bpf_ringbuf_submit(ev, 0);
+	u64 queued = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(ev, queued > RING_SIZE / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 	return 0;
 }
 
