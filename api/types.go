@@ -303,6 +303,52 @@ type Command struct {
 	DurationMs float64 `json:"duration_ms"`
 }
 
+// CommandRecord is one command of a sandbox's recent history (GET
+// /v1/sandboxes/{id}/commands): what ran and how it ended.
+type CommandRecord struct {
+	StartedAt time.Time `json:"started_at"`
+	Cmd       string    `json:"cmd,omitempty"`  // clipped to 4 KiB
+	Argv      []string  `json:"argv,omitempty"` // clipped to 4 KiB in all
+	Session   string    `json:"session,omitempty"`
+	User      string    `json:"user,omitempty"`
+	Trusted   bool      `json:"trusted,omitempty"`
+	// CommandID names a background command (its outcome: GET
+	// /v1/sandboxes/{id}/commands/{cid}); its exit code is not here.
+	CommandID  string  `json:"command_id,omitempty"`
+	ExitCode   *int    `json:"exit_code,omitempty"` // absent: in the background, or it did not run (Error)
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	Signal     string  `json:"signal,omitempty"`
+	Truncated  bool    `json:"truncated,omitempty"`
+	DurationMs float64 `json:"duration_ms"`
+	Error      string  `json:"error,omitempty"` // why it did not run or its outcome was lost
+	// KilledBy, OOMKilled, PidsLimited, DiskFull: as in ExecResult.
+	KilledBy    string `json:"killed_by,omitempty"`
+	OOMKilled   bool   `json:"oom_killed,omitempty"`
+	PidsLimited bool   `json:"pids_limited,omitempty"`
+	DiskFull    bool   `json:"disk_full,omitempty"`
+}
+
+// CommandHistory is the body of GET /v1/sandboxes/{id}/commands: the
+// sandbox's most recent commands (at most MaxCommandHistory), oldest first.
+type CommandHistory struct {
+	Commands []CommandRecord `json:"commands"`
+}
+
+// MaxCommandHistory is how many commands a sandbox's history keeps.
+const MaxCommandHistory = 100
+
+// SandboxStats is the body of GET /v1/sandboxes/{id}/stats: what the
+// sandbox uses now, measured on its node, beside its limits.
+type SandboxStats struct {
+	ID            string  `json:"id"`
+	State         string  `json:"state"`
+	CPUSeconds    float64 `json:"cpu_seconds"`  // CPU time used since it started
+	MemoryBytes   int64   `json:"memory_bytes"` // memory charged to it now (page cache included)
+	CPU           float64 `json:"cpu"`          // limit, cores
+	MemoryLimitMB int64   `json:"memory_mb"`    // limit
+	Commands      int64   `json:"commands"`     // commands run since it started
+}
+
 // FileInfo describes one file in a sandbox.
 type FileInfo struct {
 	Name    string    `json:"name"`
@@ -469,7 +515,26 @@ type ReplayRequest struct {
 	// Keep leaves the replay's sandbox running (to inspect it); by default
 	// it is removed when the replay ends.
 	Keep bool `json:"keep,omitempty"`
+	// Masks are regular expressions (RE2 syntax, at most MaxReplayMasks):
+	// every match in a step's stdout and stderr, logged and re-executed
+	// alike, is replaced by ReplayMaskText before the two are compared, so
+	// that timings and other noise ("Ran 2 tests in 0.005s") do not count
+	// as a difference. The report keeps the unmasked outputs.
+	Masks []string `json:"masks,omitempty"`
+	// Ignore names outcome fields not to compare: any of ReplayFields
+	// (duration_ms is accepted and never compared).
+	Ignore []string `json:"ignore,omitempty"`
 }
+
+// ReplayMaskText replaces every match of a replay mask.
+const ReplayMaskText = "<masked>"
+
+// MaxReplayMasks bounds ReplayRequest.Masks.
+const MaxReplayMasks = 64
+
+// ReplayFields are the outcome fields a replay compares (and may ignore),
+// plus duration_ms, which it never compares.
+var ReplayFields = []string{"exit_code", "stdout", "stderr", "timed_out", "signal", "file", "error", "duration_ms"}
 
 // TrajectoryReplay reports a re-execution of a trajectory's log in a fresh
 // sandbox from its original state: every step whose outcome differs.
@@ -503,16 +568,21 @@ type Divergence struct {
 
 // Node is the watcher's view of one edge.
 type Node struct {
-	Name          string            `json:"name"`
-	State         string            `json:"state"` // up, down
-	CPUCapacity   float64           `json:"cpu_capacity"`
-	MemoryMB      int64             `json:"memory_mb"`
-	CPURequested  float64           `json:"cpu_requested"`
-	MemRequested  int64             `json:"memory_requested_mb"`
-	Sandboxes     int               `json:"sandboxes"`
-	Tiers         []string          `json:"tiers"`
-	Labels        map[string]string `json:"labels,omitempty"`
-	LastHeartbeat time.Time         `json:"last_heartbeat"`
+	Name         string  `json:"name"`
+	State        string  `json:"state"` // up, down
+	CPUCapacity  float64 `json:"cpu_capacity"`
+	MemoryMB     int64   `json:"memory_mb"`
+	CPURequested float64 `json:"cpu_requested"`
+	MemRequested int64   `json:"memory_requested_mb"`
+	// DiskMB is the disk (disk_mb) the node admits: what its scratch
+	// filesystem can really hold × DiskOvercommit (0: no limit);
+	// DiskRequestedMB what its live sandboxes were given.
+	DiskMB          int64             `json:"disk_mb"`
+	DiskRequestedMB int64             `json:"disk_requested_mb"`
+	Sandboxes       int               `json:"sandboxes"`
+	Tiers           []string          `json:"tiers"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	LastHeartbeat   time.Time         `json:"last_heartbeat"`
 	// Images are the images whose layers the node holds (placement prefers them).
 	Images []string `json:"images,omitempty"`
 	// States counts sandboxes per state; Projects sums live usage per
@@ -527,12 +597,14 @@ type Node struct {
 	MemoryAvailableMB int64   `json:"memory_available_mb"` // host MemAvailable
 	SwapTotalMB       int64   `json:"swap_total_mb"`
 	SwapUsedMB        int64   `json:"swap_used_mb"`
-	MemoryPressure    float64 `json:"memory_pressure"` // PSI memory "some" avg10, percent (0 without PSI)
-	CPUPressure       float64 `json:"cpu_pressure"`    // PSI cpu "some" avg10, percent
+	MemoryPressure    float64 `json:"memory_pressure"`   // PSI memory "some" avg10, percent (0 without PSI)
+	CPUPressure       float64 `json:"cpu_pressure"`      // PSI cpu "some" avg10, percent
+	DiskAvailableMB   int64   `json:"disk_available_mb"` // free on the scratch filesystem (and the host under it)
 
 	// Configuration.
 	CPUOvercommit    float64 `json:"cpu_overcommit"`
 	MemoryOvercommit float64 `json:"memory_overcommit"`
+	DiskOvercommit   float64 `json:"disk_overcommit"`
 
 	SandboxesByState    map[string]int `json:"sandboxes_by_state"`
 	SandboxesByPriority map[string]int `json:"sandboxes_by_priority"`

@@ -1,17 +1,15 @@
 #!/usr/bin/env python3
 """A minimal warren session: create a sandbox, run commands, move files, stop.
 
+    pip install ./sdk/python        # the SDK, as installed (once)
     export WARREN_URL=http://127.0.0.1:7070
     export WARREN_TOKEN=$(cat /var/lib/warren/admin-token)
     python3 examples/quickstart.py [image]
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sdk", "python"))
-
-import warren  # noqa: E402
+import warren
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ command reads it and answers with an observation and a reward, and the
 rollout reads results back through the files API. At the end it prints the
 steps per second across all rollouts.
 
+    pip install ./sdk/python        # the SDK, as installed (once)
     export WARREN_URL=http://127.0.0.1:7070
     export WARREN_TOKEN=$(cat /var/lib/warren/admin-token)
     python3 examples/rl_rollouts.py --rollouts 64 --steps 8 --image busybox
@@ -14,14 +15,11 @@ steps per second across all rollouts.
 
 import argparse
 import asyncio
-import os
 import random
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sdk", "python"))
-
-import warren  # noqa: E402
+import warren
 
 ENV_SCRIPT = """#!/bin/sh
 # A toy environment: reward is 1 when the action matches the hidden target.

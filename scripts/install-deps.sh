@@ -13,6 +13,8 @@ packages=(
   erofs-utils      # read-only layer images
   iproute2
   python3          # Python SDK tests
+  python3-pip      # the docs test installs the SDK as a user would
+  curl jq          # the docs test runs the shell examples of README and docs/
 )
 
 missing=()

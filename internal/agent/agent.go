@@ -17,7 +17,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -118,11 +117,13 @@ func New(log *slog.Logger) *Agent {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		log.Warn("agent: cannot become subreaper", "err", err)
 	}
-	// PID 1 in a pid namespace gets no default signal action; handle (and
-	// ignore) the usual terminal signals explicitly. Handled signals reset to
-	// the default in children on exec, ignored ones would not.
+	// PID 1 in a pid namespace gets no default signal action, but the Go
+	// runtime installs handlers, so the kernel's protection of a namespace
+	// init does not apply: handle (and ignore) every signal that would end
+	// a Go program. Handled signals reset to the default in children on
+	// exec, ignored ones would not.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	signal.Notify(sigs, confine.FatalSignals...)
 	go logIgnoredSignals(log, sigs, time.Minute)
 	return &Agent{
 		log:      log,
@@ -198,12 +199,20 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 			rootDir = cfg.RootDir
 		}
 	} else {
+		// The spawner thread starts before confinement, while the host's
+		// cgroup file systems are still in reach, to join the cgroups of
+		// the sandbox's processes; Enter confines it with every other
+		// thread, and it cuts its bounding set afterwards.
+		sp, err := startSpawner(func() error { return joinCgroups(cfg.SpawnerCgroups) })
+		if err != nil {
+			a.log.Error("agent: spawner thread", "err", err)
+			return nil, errf(agentproto.ErrInternal, "setup: spawner: %v", err)
+		}
 		if err := confineEnter(cfg); err != nil {
 			a.log.Error("agent: confinement failed", "err", err)
 			return nil, errf(agentproto.ErrInternal, "setup: confine: %v", err)
 		}
-		sp, err := startSpawner(confine.DropBoundingSet)
-		if err != nil {
+		if _, err := sp.run(func() (int, error) { return 0, confine.DropBoundingSet() }); err != nil {
 			a.log.Error("agent: spawner thread", "err", err)
 			return nil, errf(agentproto.ErrInternal, "setup: spawner: %v", err)
 		}

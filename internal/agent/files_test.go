@@ -365,3 +365,65 @@ func TestTarPutRejects(t *testing.T) {
 	}
 	wantCode(t, a.call(agentproto.OpTarPut, &agentproto.TarPutRequest{Handle: "tar-nope", Final: true}, nil), agentproto.ErrNotFound)
 }
+
+// TestTarPutAtomic: a rejected archive leaves the directory as it was:
+// nothing of it extracted (the symlink before the bad entry included), no
+// file it would have replaced changed, no staging left behind.
+func TestTarPutAtomic(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{})
+	dir := filepath.Join(a.root, "t-atomic")
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "keep"), []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	data := tarOf(t, []tar.Header{
+		{Name: "keep", Typeflag: tar.TypeReg, Mode: 0o644},
+		{Name: "sub/new", Typeflag: tar.TypeReg, Mode: 0o644},
+		{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "/"},
+		{Name: "l/escaped", Typeflag: tar.TypeReg, Mode: 0o644},
+	}, map[string]string{"keep": "new", "sub/new": "x", "l/escaped": "x"})
+	if _, err := a.tarPut("/t-atomic", data, 1<<20); !agentproto.IsCode(err, agentproto.ErrInvalid) {
+		t.Fatalf("bad archive: %v", err)
+	}
+	var got []string
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && p != dir {
+			r, _ := filepath.Rel(dir, p)
+			got = append(got, r)
+		}
+		return nil
+	})
+	if strings.Join(got, " ") != "keep sub" {
+		t.Fatalf("after a rejected archive the directory holds %v", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "keep")); string(b) != "old" {
+		t.Fatalf("keep = %q", b)
+	}
+	// A good archive still merges into what is there.
+	data = tarOf(t, []tar.Header{
+		{Name: "keep", Typeflag: tar.TypeReg, Mode: 0o600},
+		{Name: "sub/", Typeflag: tar.TypeDir, Mode: 0o750},
+		{Name: "sub/new", Typeflag: tar.TypeReg, Mode: 0o644},
+		{Name: "sub/hl", Typeflag: tar.TypeLink, Linkname: "sub/new"},
+		{Name: "old-hl", Typeflag: tar.TypeLink, Linkname: "keep"},
+		{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "sub/new"},
+	}, map[string]string{"keep": "new", "sub/new": "x"})
+	res, err := a.tarPut("/t-atomic", data, 1<<20)
+	if err != nil || res.Files != 6 {
+		t.Fatalf("good archive: %+v %v", res, err)
+	}
+	for p, want := range map[string]string{"keep": "new", "sub/new": "x", "sub/hl": "x", "old-hl": "new", "l": "x"} {
+		if b, err := os.ReadFile(filepath.Join(dir, p)); err != nil || string(b) != want {
+			t.Errorf("%s = %q %v, want %q", p, b, err, want)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(dir, "sub")); err != nil || st.Mode().Perm() != 0o750 {
+		t.Errorf("sub: %v %v", st.Mode(), err)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 4 {
+		t.Errorf("entries %v", ents)
+	}
+}

@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"syscall"
@@ -93,6 +94,17 @@ func startSpawner(prepare func() error) (*spawner, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// joinCgroups moves the calling thread alone into each cgroup (v1)
+// directory of dirs ("0" in a tasks file is the writing thread).
+func joinCgroups(dirs []string) error {
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "tasks"), []byte("0"), 0); err != nil {
+			return fmt.Errorf("join cgroup %s: %w", d, err)
+		}
+	}
+	return nil
 }
 
 func (s *spawner) run(fork func() (int, error)) (int, error) {

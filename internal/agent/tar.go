@@ -213,7 +213,7 @@ func (a *Agent) tarPut(ctx context.Context, req *agentproto.TarPutRequest) (any,
 		tp = &tarPut{pw: pw, done: make(chan struct{})}
 		handle = "tar-" + newID()[4:]
 		go func() {
-			tp.files, tp.err = a.extract(dirfd, pr)
+			tp.files, tp.err = a.extractAtomic(dirfd, pr)
 			unix.Close(dirfd)
 			if tp.err == nil {
 				// Archivers pad past the end-of-archive marker (GNU tar to
@@ -315,10 +315,111 @@ func (a *Agent) dirBeneath(dirfd int, rel string) (int, error) {
 	return openat2(dirfd, rel, unix.O_PATH|unix.O_DIRECTORY, 0, beneath)
 }
 
+// stagePrefix names the staging directory of an extraction, inside the
+// target directory (the same file system, so its entries can be renamed
+// into place).
+const stagePrefix = ".warren-tar-"
+
+// extractAtomic unpacks a tar stream into dirfd all or nothing: into a
+// staging directory inside dirfd first, then, once the whole archive was
+// accepted and checked against what dirfd holds, merged into dirfd by
+// renames (a file replaced atomically, a new directory moved whole, an
+// existing one merged into). A rejected archive leaves dirfd as it was.
+func (a *Agent) extractAtomic(dirfd int, r io.Reader) (int, error) {
+	stage := stagePrefix + newID()[4:]
+	if err := unix.Mkdirat(dirfd, stage, 0o700); err != nil {
+		return 0, err
+	}
+	defer removeTree(dirfd, stage)
+	sfd, err := openNoFollow(dirfd, stage, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(sfd)
+	files, err := a.extract(sfd, dirfd, r)
+	if err != nil {
+		return files, err
+	}
+	if err := mergeTree(sfd, dirfd, stage, true); err != nil {
+		return files, err
+	}
+	return files, mergeTree(sfd, dirfd, stage, false)
+}
+
+// mergeTree moves the entries of directory from into directory to (with
+// check: only reports the conflicts that would stop it): a directory onto
+// a directory is merged (and gets the staged one's mode), anything else
+// is renamed over what is there; a directory over a non-directory, or the
+// reverse, is refused, as extracting in place would. skip is a name of to
+// left alone (the staging directory).
+func mergeTree(from, to int, skip string, check bool) error {
+	// listAt reads through a dup, which shares the offset: rewind, as
+	// the check pass read this directory before.
+	if _, err := unix.Seek(from, 0, io.SeekStart); err != nil {
+		return err
+	}
+	names, err := listAt(from)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n == skip {
+			continue
+		}
+		var sst, tst unix.Stat_t
+		if err := unix.Fstatat(from, n, &sst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+		terr := unix.Fstatat(to, n, &tst, unix.AT_SYMLINK_NOFOLLOW)
+		if terr != nil && terr != unix.ENOENT {
+			return terr
+		}
+		sdir := sst.Mode&unix.S_IFMT == unix.S_IFDIR
+		tdir := terr == nil && tst.Mode&unix.S_IFMT == unix.S_IFDIR
+		switch {
+		case terr == nil && sdir != tdir:
+			return errf(agentproto.ErrInvalid, "tar: %q: a directory and a file at the same path", n)
+		case tdir:
+			if err := mergeDir(from, to, n, check); err != nil {
+				return err
+			}
+		case !check:
+			if err := unix.Renameat(from, n, to, n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// mergeDir merges directory n of from into directory n of to.
+func mergeDir(from, to int, n string, check bool) error {
+	sfd, err := openNoFollow(from, n, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sfd)
+	tfd, err := openNoFollow(to, n, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tfd)
+	if err := mergeTree(sfd, tfd, "", check); err != nil || check {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(sfd, &st); err != nil {
+		return err
+	}
+	return unix.Fchmod(tfd, st.Mode&0o1777)
+}
+
 // extract unpacks a tar stream into dirfd. Names must be relative without
 // ".."; nothing is ever resolved outside dirfd; setuid/setgid bits are
-// dropped; devices and fifos are skipped.
-func (a *Agent) extract(dirfd int, r io.Reader) (int, error) {
+// dropped; devices and fifos are skipped. A hard link whose target the
+// archive does not hold links to that name in base (the directory dirfd
+// stages for).
+func (a *Agent) extract(dirfd, base int, r io.Reader) (int, error) {
 	tr := tar.NewReader(r)
 	files := 0
 	for {
@@ -340,7 +441,7 @@ func (a *Agent) extract(dirfd int, r io.Reader) (int, error) {
 		if err != nil {
 			return files, err
 		}
-		err = a.extractOne(dirfd, pfd, path.Base(name), h, tr)
+		err = a.extractOne(dirfd, base, pfd, path.Base(name), h, tr)
 		unix.Close(pfd)
 		if err != nil {
 			return files, err
@@ -349,7 +450,7 @@ func (a *Agent) extract(dirfd int, r io.Reader) (int, error) {
 	}
 }
 
-func (a *Agent) extractOne(dirfd, pfd int, base string, h *tar.Header, r io.Reader) error {
+func (a *Agent) extractOne(dirfd, basefd, pfd int, base string, h *tar.Header, r io.Reader) error {
 	mode := uint32(h.Mode) & 0o1777
 	switch h.Typeflag {
 	case tar.TypeDir:
@@ -402,17 +503,27 @@ func (a *Agent) extractOne(dirfd, pfd int, base string, h *tar.Header, r io.Read
 		if err != nil {
 			return err
 		}
-		tfd, err := a.dirBeneath(dirfd, path.Dir(target))
-		if err != nil {
-			return err
-		}
-		defer unix.Close(tfd)
 		if err := unlinkNonDir(pfd, base); err != nil {
 			return err
 		}
-		return unix.Linkat(tfd, path.Base(target), pfd, base, 0)
+		err = linkBeneath(dirfd, target, pfd, base)
+		if err == unix.ENOENT && basefd >= 0 {
+			err = linkBeneath(basefd, target, pfd, base)
+		}
+		return err
 	}
 	return nil // devices, fifos and others are skipped
+}
+
+// linkBeneath hard-links target (resolved beneath dirfd, never followed
+// if a symlink) as base in pfd.
+func linkBeneath(dirfd int, target string, pfd int, base string) error {
+	tfd, err := openat2(dirfd, path.Dir(target), unix.O_PATH|unix.O_DIRECTORY, 0, beneath)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tfd)
+	return unix.Linkat(tfd, path.Base(target), pfd, base, 0)
 }
 
 // unlinkNonDir removes base unless it is missing; a directory is an error.

@@ -24,7 +24,15 @@ type SetupConfig struct {
 	User string `json:"user,omitempty"`
 	// Shell runs string commands; default "/bin/sh".
 	Shell string `json:"shell,omitempty"`
-	// ShmMB sizes /dev/shm; default 64.
+	// SpawnerCgroups are cgroup directories (host paths, cgroup v1) that
+	// the agent's spawner thread, the one that forks every process of the
+	// sandbox, joins alone before confinement: a child inherits the
+	// cgroups of the thread that forks it, so the sandbox's processes are
+	// limited there and the rest of the agent is not (runtime/container:
+	// the box).
+	SpawnerCgroups []string `json:"spawner_cgroups,omitempty"`
+	// ShmMB sizes /dev/shm; default 64 (the edge sends half the memory
+	// limit: confine.ShmMBFor).
 	ShmMB int64 `json:"shm_mb,omitempty"`
 	// TmpMB sizes nothing yet; reserved.
 

@@ -186,6 +186,9 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
+	if _, err := edge.NewReplayFilter(req.Masks, req.Ignore); err != nil {
+		return err
+	}
 	ctx := r.Context()
 	rec, err := s.trajectoryRecord(ctx, principal(r), req.Project, req.Trajectory)
 	if err != nil {
@@ -204,7 +207,7 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 	}
 	id := edge.NewSandboxID(node)
 	var out api.TrajectoryReplay
-	if err := s.callEdge(ctx, id, edge.OpTrajReplay, &edge.ReplayRequest{ID: id, Trajectory: rec.Name, Project: rec.Project, Spec: spec, Keep: req.Keep}, &out, nil); err != nil {
+	if err := s.callEdge(ctx, id, edge.OpTrajReplay, &edge.ReplayRequest{ID: id, Trajectory: rec.Name, Project: rec.Project, Spec: spec, Keep: req.Keep, Masks: req.Masks, Ignore: req.Ignore}, &out, nil); err != nil {
 		s.placer.Release(node, &spec, limits)
 		return err
 	}

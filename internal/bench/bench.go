@@ -28,12 +28,15 @@ import (
 // overcommit factors. CPU requests are cfs quotas (hard caps), so idle
 // sandboxes that each may burst to a quarter core need a high factor to
 // be packed by the thousand; memory requests are limits, and 4× lets
-// 5,000 sandboxes of the 16 MiB minimum be admitted on a 24 GiB node. The
+// 5,000 sandboxes of the 16 MiB minimum be admitted on a 24 GiB node;
+// disk requests (1 GiB by default) are quotas that idle sandboxes barely
+// touch, so thousands need a high factor too. The
 // measured guards (MemAvailable reserve, memory PSI) stay as they are:
 // they, not the requests, are what stops an overcommitted node.
 const (
 	BenchCPUOvercommit    = 1000
 	BenchMemoryOvercommit = 4
+	BenchDiskOvercommit   = 1000
 )
 
 // Options configure a run.
@@ -181,9 +184,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		done <- serve.Run(sctx, serve.Options{
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
 			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
-			Recycle: recycleOption(o.Recycle),
-			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:   func(url, token string) { ready <- [2]string{url, token} },
+			DiskOvercommit: BenchDiskOvercommit,
+			Recycle:        recycleOption(o.Recycle),
+			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready:          func(url, token string) { ready <- [2]string{url, token} },
 		})
 	}()
 	var url, token string

@@ -124,6 +124,7 @@ func newEdgeCmd() *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "node label key=value, matched by node_selector (repeatable)")
 	f.Float64Var(&o.CPUOvercommit, "cpu-overcommit", 20, "CPU overcommit factor used by admission")
 	f.Float64Var(&o.MemoryOvercommit, "memory-overcommit", 1.5, "memory overcommit factor used by admission")
+	f.Float64Var(&o.DiskOvercommit, "disk-overcommit", serve.DefaultDiskOvercommit, "disk overcommit factor used by admission: disk_mb is admitted up to what the scratch filesystem can really hold × this")
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
 	f.IntVar(&o.Recycle, "recycle", serve.DefaultRecycle, "containers of deleted sandboxes kept per shape, wiped, for reuse by new sandboxes (0 = none: a new container for every sandbox)")
 	f.DurationVar(&o.RecycleIdle, "recycle-idle", edge.DefaultRecycleIdle, "how long a recycled container waits for a sandbox of its shape before it is destroyed")

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -15,6 +16,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 		memory, disk string
 		ttl, idle    string
 		envs, labels []string
+		layers       []string
+		selector     []string
 	)
 	cmd := &cobra.Command{
 		Use:   "create (--image IMAGE | --snapshot ID | --trajectory T --resume) [flags]",
@@ -47,6 +50,16 @@ func newCreateCmd(g *globals) *cobra.Command {
 			if req.Labels, err = parseKV("label", labels); err != nil {
 				return err
 			}
+			if req.NodeSelector, err = parseKV("node-selector", selector); err != nil {
+				return err
+			}
+			for _, l := range layers {
+				a, err := parseLayer(l)
+				if err != nil {
+					return err
+				}
+				req.Layers = append(req.Layers, a)
+			}
 			sb, err := g.client().Create(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -75,5 +88,38 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Trajectory, "trajectory", "", "record every operation in this trajectory log")
 	f.StringVar(&req.Checkpoint, "checkpoint", "", "trajectory checkpoints: none, every-step or a number of steps")
 	f.BoolVar(&req.Resume, "resume", false, "re-attach to --trajectory (fast-forward through its log)")
+	f.BoolVar(&req.Branch, "branch", false, "with --resume: on divergence fork a new trajectory T~k instead of failing")
+	f.StringArrayVar(&layers, "layer", nil, "named layer above the image, bottom first: REF, or REF:/MOUNT[:protected] to attach it read-only at a mount point (repeatable)")
+	f.StringVar(&req.Project, "project", "", "project (default: the token's)")
+	f.StringVar(&req.Priority, "priority", "", "QoS class: best-effort (default) or latency")
+	f.StringVar(&req.IdleTimeoutAction, "idle-action", "", "what --idle-timeout does: stop (default) or pause")
+	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label K=V (repeatable)")
 	return cmd
+}
+
+// parseLayer reads a --layer value: "REF" stacks the layer into the root;
+// "REF:/MOUNT" attaches it read-only at MOUNT, ":protected" after it makes
+// it protected (usable by run --trusted, out of the sandbox's reach).
+func parseLayer(v string) (api.LayerAttachment, error) {
+	ref, rest, hasMount := strings.Cut(v, ":")
+	a := api.LayerAttachment{Layer: ref}
+	if ref == "" {
+		return a, fmt.Errorf("--layer %q: want REF or REF:/MOUNT[:protected]", v)
+	}
+	if !hasMount {
+		return a, nil
+	}
+	mount, opt, hasOpt := strings.Cut(rest, ":")
+	if !strings.HasPrefix(mount, "/") {
+		return a, fmt.Errorf("--layer %q: the mount point must be an absolute path", v)
+	}
+	a.Mount = mount
+	switch {
+	case !hasOpt:
+	case opt == "protected":
+		a.Protected = true
+	default:
+		return a, fmt.Errorf("--layer %q: unknown option %q (want protected)", v, opt)
+	}
+	return a, nil
 }

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,11 +16,12 @@ func newLsCmd(g *globals) *cobra.Command {
 	var (
 		labels []string
 		state  string
+		all    bool
 	)
 	cmd := &cobra.Command{
-		Use:     "ls [--label K=V] [--state STATE]",
+		Use:     "ls [--label K=V] [--state STATE | --all]",
 		Aliases: []string{"list", "ps"},
-		Short:   "list sandboxes",
+		Short:   "list live sandboxes (creating, running, paused); --all adds stopped, failed and lost ones",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := parseKV("label", labels)
@@ -28,6 +31,9 @@ func newLsCmd(g *globals) *cobra.Command {
 			sbs, err := g.client().List(cmd.Context(), warren.ListOptions{Labels: l, State: state})
 			if err != nil {
 				return err
+			}
+			if !all && state == "" {
+				sbs = liveOnly(sbs)
 			}
 			if g.json {
 				if sbs == nil {
@@ -44,30 +50,61 @@ func newLsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label K=V (repeatable)")
-	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state (creating, running, stopped, failed)")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state (creating, running, paused, stopped, failed, lost)")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "also the sandboxes that ended (stopped, failed, lost)")
 	return cmd
 }
 
+// liveOnly keeps the sandboxes that have not ended.
+func liveOnly(sbs []api.Sandbox) []api.Sandbox {
+	var out []api.Sandbox
+	for _, s := range sbs {
+		switch s.State {
+		case api.StateCreating, api.StateRunning, api.StatePaused:
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func newRmCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm ID...",
+	var labels []string
+	cmd := &cobra.Command{
+		Use:     "rm ID... | rm -l K=V...",
 		Aliases: []string{"delete", "stop"},
-		Short:   "stop and remove sandboxes",
-		Args:    cobra.MinimumNArgs(1),
+		Short:   "stop and remove sandboxes, by id or every live one whose labels all match",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := g.client()
+			sel, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			switch {
+			case len(args) == 0 && len(sel) == 0:
+				return fmt.Errorf("name sandboxes by id or by --label K=V")
+			case len(args) > 0 && len(sel) > 0:
+				return fmt.Errorf("name sandboxes by id or by --label, not both")
+			case len(sel) > 0:
+				sbs, err := c.List(cmd.Context(), warren.ListOptions{Labels: sel})
+				if err != nil {
+					return err
+				}
+				for _, s := range liveOnly(sbs) {
+					args = append(args, s.ID)
+				}
+			}
+			results := deleteAll(cmd.Context(), c, args)
 			var done []api.Sandbox
 			failed := 0
-			for _, id := range args {
-				sb, err := c.Delete(cmd.Context(), id)
-				if err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warren: rm %s: %v\n", id, err)
+			for i, r := range results {
+				if r.err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warren: rm %s: %s\n", args[i], errText(r.err))
 					failed++
 					continue
 				}
-				done = append(done, *sb)
+				done = append(done, *r.sb)
 				if !g.json {
-					fmt.Fprintln(cmd.OutOrStdout(), sb.ID)
+					fmt.Fprintln(cmd.OutOrStdout(), r.sb.ID)
 				}
 			}
 			if g.json {
@@ -84,4 +121,33 @@ func newRmCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "every live sandbox with label K=V (repeatable: all must match)")
+	return cmd
+}
+
+// rmParallel bounds how many deletes warren rm sends at once.
+const rmParallel = 8
+
+type deleted struct {
+	sb  *api.Sandbox
+	err error
+}
+
+// deleteAll deletes the sandboxes ids, rmParallel at a time, and returns
+// the outcomes in the order of ids.
+func deleteAll(ctx context.Context, c *warren.Client, ids []string) []deleted {
+	out := make([]deleted, len(ids))
+	sem := make(chan struct{}, rmParallel)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			sb, err := c.Delete(ctx, id)
+			out[i] = deleted{sb, err}
+		}()
+	}
+	wg.Wait()
+	return out
 }

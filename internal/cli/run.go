@@ -80,22 +80,7 @@ is the command's.`,
 				return err
 			}
 			if !g.json {
-				if res.TimedOut {
-					fmt.Fprintln(errw, "warren: command timed out")
-				} else if res.OOMKilled {
-					fmt.Fprintln(errw, "warren: command killed by the OOM killer (out of the sandbox's memory)")
-				} else if res.Signal != "" {
-					fmt.Fprintf(errw, "warren: command killed by %s\n", res.Signal)
-				}
-				if res.DiskFull {
-					fmt.Fprintln(errw, "warren: the sandbox's disk is full (its disk_mb limit)")
-				}
-				if res.PidsLimited {
-					fmt.Fprintln(errw, "warren: the sandbox's pids limit refused a fork or thread")
-				}
-				if res.Truncated {
-					fmt.Fprintln(errw, "warren: output truncated")
-				}
+				reportEnd(errw, res)
 			}
 			if code := exitCode(res); code != 0 {
 				return &exitError{code: code}
@@ -112,7 +97,28 @@ is the command's.`,
 	f.StringVarP(&req.User, "user", "u", "", "user to run as")
 	f.BoolVarP(&stdin, "stdin", "i", false, "send warren's standard input to the command")
 	f.BoolVarP(&detach, "detach", "d", false, "run in the background and print the command id")
+	f.BoolVar(&req.Trusted, "trusted", false, "run with the shell and programs of the sandbox's protected toolkit layer, outside any session")
 	return cmd
+}
+
+// reportEnd says on w how a command ended when its exit code cannot.
+func reportEnd(w io.Writer, res *api.ExecResult) {
+	if res.TimedOut {
+		fmt.Fprintln(w, "warren: command timed out")
+	} else if res.OOMKilled {
+		fmt.Fprintln(w, "warren: command killed by the OOM killer (out of the sandbox's memory)")
+	} else if res.Signal != "" {
+		fmt.Fprintf(w, "warren: command killed by %s\n", res.Signal)
+	}
+	if res.DiskFull {
+		fmt.Fprintln(w, "warren: the sandbox's disk is full (its disk_mb limit)")
+	}
+	if res.PidsLimited {
+		fmt.Fprintln(w, "warren: the sandbox's pids limit refused a fork or thread")
+	}
+	if res.Truncated {
+		fmt.Fprintln(w, "warren: output truncated")
+	}
 }
 
 // exitCode maps a result to a process exit code.

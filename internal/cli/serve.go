@@ -58,6 +58,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&o.NATSListen, "nats-listen", "", "also serve NATS to other processes on this address (default: in-process only)")
 	f.Float64Var(&o.CPUOvercommit, "cpu-overcommit", 20, "CPU overcommit factor used by admission")
 	f.Float64Var(&o.MemoryOvercommit, "memory-overcommit", 1.5, "memory overcommit factor used by admission")
+	f.Float64Var(&o.DiskOvercommit, "disk-overcommit", serve.DefaultDiskOvercommit, "disk overcommit factor used by admission: disk_mb is admitted up to what the scratch filesystem can really hold × this")
 	f.Int64Var(&o.MinMemoryAvailableMB, "min-memory-available-mb", 0, "refuse new sandboxes while the host's MemAvailable is below this (0 = 2% of memory, at least 256; -1 = off)")
 	f.Float64Var(&o.MaxMemoryPressure, "max-memory-pressure", 0, "refuse new sandboxes while memory PSI some avg10 (percent) is above this (0 = 40; -1 = off)")
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,10 +37,20 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 func newForkCmd(g *globals) *cobra.Command {
 	var count int
 	cmd := &cobra.Command{
-		Use:   "fork SANDBOX",
-		Short: "make N sandboxes from the sandbox's current filesystem and print their ids",
-		Args:  cobra.ExactArgs(1),
+		Use:   "fork SANDBOX [N]",
+		Short: "make N sandboxes (default 1) from the sandbox's current filesystem and print their ids",
+		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 2 {
+				n, err := strconv.Atoi(args[1])
+				if err != nil || n < 1 {
+					return fmt.Errorf("N %q is not a positive count", args[1])
+				}
+				if cmd.Flags().Changed("count") && n != count {
+					return fmt.Errorf("N %d and --count %d disagree", n, count)
+				}
+				count = n
+			}
 			res, err := g.client().Fork(cmd.Context(), args[0], count)
 			if err != nil {
 				return err
@@ -149,13 +160,14 @@ func newTrajCmd(g *globals) *cobra.Command {
 			return t.flush()
 		},
 	}
-	var keep bool
+	var rreq api.ReplayRequest
 	replay := &cobra.Command{
-		Use:   "replay TRAJECTORY",
+		Use:   "replay TRAJECTORY [--mask REGEX]... [--ignore FIELD]...",
 		Short: "re-execute a trajectory's log in a fresh sandbox and list the steps whose outcome differs (exit status 1 if any)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := g.client().ReplayTrajectoryOf(cmd.Context(), project, args[0], keep)
+			rreq.Trajectory, rreq.Project = args[0], project
+			rep, err := g.client().ReplayTrajectoryWith(cmd.Context(), rreq)
 			if err != nil {
 				return err
 			}
@@ -171,7 +183,7 @@ func newTrajCmd(g *globals) *cobra.Command {
 				if err := t.flush(); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%d of %d steps differ (%.0f ms, sandbox %s%s)\n", len(rep.Differences), rep.Steps, rep.DurationMs, rep.Sandbox, map[bool]string{true: ", kept"}[keep])
+				fmt.Fprintf(cmd.OutOrStdout(), "%d of %d steps differ (%.0f ms, sandbox %s%s)\n", len(rep.Differences), rep.Steps, rep.DurationMs, rep.Sandbox, map[bool]string{true: ", kept"}[rreq.Keep])
 			}
 			if !rep.Deterministic {
 				return &exitError{code: 1}
@@ -179,7 +191,9 @@ func newTrajCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	replay.Flags().BoolVar(&keep, "keep", false, "leave the replay's sandbox running")
+	replay.Flags().BoolVar(&rreq.Keep, "keep", false, "leave the replay's sandbox running")
+	replay.Flags().StringArrayVar(&rreq.Masks, "mask", nil, "regular expression whose matches in stdout and stderr are not compared (repeatable)")
+	replay.Flags().StringArrayVar(&rreq.Ignore, "ignore", nil, "outcome field not to compare: "+strings.Join(api.ReplayFields, ", ")+" (repeatable)")
 	cmd.AddCommand(show, diff, replay)
 	return cmd
 }

@@ -39,6 +39,18 @@ import (
 // DefaultShmMB sizes /dev/shm when the config says 0.
 const DefaultShmMB = 64
 
+// ShmMBFor sizes /dev/shm for a sandbox whose memory limit is memoryMB
+// (0: none): half the limit, as the kernel sizes a tmpfs by default to
+// half the RAM, so that shared memory alone never fills the sandbox's
+// memory cgroup, where its pages are charged but belong to no process the
+// OOM killer could end (it would pick the agent instead).
+func ShmMBFor(memoryMB int64) int64 {
+	if memoryMB <= 0 {
+		return DefaultShmMB
+	}
+	return max(1, memoryMB/2)
+}
+
 // Enter confines the calling process as described in the package doc. On
 // error the process is in an undefined, partly confined state and should
 // exit.

@@ -157,7 +157,7 @@ func TestEnterConfinesSandbox(t *testing.T) {
 		"reboot", "swapon", "init_module", "kexec_load", "open_tree", "fsopen",
 		"socket-vsock", "socket-inet", "caps-all-threads", "caps-child", "dumpable",
 		"host-marker", "root-dotdot", "mountinfo", "hostname", "loopback", "mknod-nodev",
-		"upper-write",
+		"upper-write", "shm-past-size", "signals-to-pid1", "forged-signals-to-pid1",
 		"proc-mem-fd-pid1", "proc-mem-fd-sealed",
 	}
 	got := map[string]probeResult{}

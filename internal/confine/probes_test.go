@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"time"
+
+	"github.com/warrenhq/warren/internal/confine/confinetest"
 )
 
 // runProbes checks the confinement from inside the sandbox (as its root).
@@ -273,6 +276,9 @@ func runProbes(in *childInput) []probeResult {
 		return wantErrno(err, unix.EACCES)
 	}())
 	add("upper-write", os.WriteFile("/tmp/written", []byte("inside"), 0o644))
+	add("shm-past-size", shmPastSize(in.Setup.ShmMB))
+	add("signals-to-pid1", signalsToPID1())
+	add("forged-signals-to-pid1", forgedSignalsToPID1())
 	// Another process's memory and streams (issue 13): a sandbox process
 	// may open neither /proc/<pid>/mem (read-write) nor /proc/<pid>/fd/1 of
 	// the agent (PID 1 here) or of a process started sealed (as trusted
@@ -347,6 +353,59 @@ func reachable(pid int) string {
 func wantUnreachable(pid int) error {
 	if got := reachable(pid); got != "" {
 		return fmt.Errorf("a sandbox process opened pid %d's %q", pid, got)
+	}
+	return nil
+}
+
+// shmPastSize fills /dev/shm past its size: the write stops there.
+func shmPastSize(mb int64) error {
+	f, err := os.Create("/dev/shm/fill")
+	if err != nil {
+		return err
+	}
+	defer os.Remove("/dev/shm/fill")
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for i := int64(0); i <= mb; i++ {
+		if _, err := f.Write(buf); err != nil {
+			if i < mb-1 {
+				return fmt.Errorf("stopped after %d of %d MiB: %w", i, mb, err)
+			}
+			return wantErrno(err, unix.ENOSPC)
+		}
+	}
+	return fmt.Errorf("wrote %d MiB into a /dev/shm of %d", mb+1, mb)
+}
+
+// signalsToPID1 sends every signal number to PID 1 (this process, which
+// handles FatalSignals as the agent does) from a process of the sandbox:
+// it must survive them all.
+func signalsToPID1() error {
+	if os.Getpid() != 1 {
+		return fmt.Errorf("the probe is pid %d, not PID 1", os.Getpid())
+	}
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, FatalSignals...)
+	for sig := 1; sig <= 64; sig++ {
+		if out, err := exec.Command("/bin/sh", "-c", "kill -"+strconv.Itoa(sig)+" 1").CombinedOutput(); err != nil && sig != 9 && sig != 19 {
+			return fmt.Errorf("kill -%d 1: %v %s", sig, err, out)
+		}
+	}
+	return nil
+}
+
+// forgedSignalsToPID1: the signals a Go PID 1 takes for its own faults
+// cannot be sent with a siginfo of the sender's choice.
+func forgedSignalsToPID1() error {
+	for _, m := range confinetest.SignalMethods {
+		if m == "kill" {
+			continue
+		}
+		for _, sig := range syncSignals {
+			if err := wantErrno(confinetest.SendSignal(m, 1, int(sig)), unix.EPERM); err != nil {
+				return fmt.Errorf("%s of signal %d: %w", m, sig, err)
+			}
+		}
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 type RerootConfig struct {
 	Lowers      []string // read-only layer directories, top-most first
 	Upper, Work string   // the new, empty writable layer
+	ShmMB       int64    // sizes the new /dev/shm; 0: DefaultShmMB
 }
 
 // RootID identifies a root directory (its device and inode), so that the
@@ -65,9 +66,11 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 		return id, err
 	}
 	defer closeDevNodes(nodes)
-	// /dev/shm as setup sizes it when the config leaves it to the default,
-	// as the edge does.
-	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, DefaultShmMB) })
+	shm := cfg.ShmMB
+	if shm <= 0 {
+		shm = DefaultShmMB
+	}
+	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, shm) })
 }
 
 // checkOverlayPaths refuses the characters that separate overlay options
@@ -89,10 +92,16 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 		return -1, fmt.Errorf("confine: fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
+	// The layers by descriptor: see fdPaths.
+	paths, err := fdPaths(append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...))
+	if err != nil {
+		return -1, err
+	}
+	defer closeFDPaths(paths)
 	for _, kv := range [][2]string{
-		{"lowerdir", strings.Join(cfg.Lowers, ":")},
-		{"upperdir", cfg.Upper},
-		{"workdir", cfg.Work},
+		{"lowerdir", strings.Join(paths[2:], ":")},
+		{"upperdir", paths[0]},
+		{"workdir", paths[1]},
 	} {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
 			return -1, fmt.Errorf("confine: overlay %s=%s: %w", kv[0], kv[1], err)

@@ -74,15 +74,51 @@ func mountOverlay(cfg *agentproto.SetupConfig) error {
 	if err := checkOverlayPaths(append([]string{cfg.RootDir, cfg.Upper, cfg.Work}, cfg.Lowers...)); err != nil {
 		return err
 	}
-	opts := "lowerdir=" + strings.Join(cfg.Lowers, ":")
+	lowers, err := fdPaths(cfg.Lowers)
+	if err != nil {
+		return err
+	}
+	defer closeFDPaths(lowers)
+	opts := "lowerdir=" + strings.Join(lowers, ":")
 	if cfg.Upper != "" {
+		uw, err := fdPaths([]string{cfg.Upper, cfg.Work})
+		if err != nil {
+			return err
+		}
+		defer closeFDPaths(uw)
 		// volatile: see fsmountOverlay.
-		opts += ",upperdir=" + cfg.Upper + ",workdir=" + cfg.Work + ",volatile"
+		opts += ",upperdir=" + uw[0] + ",workdir=" + uw[1] + ",volatile"
 	}
 	if err := unix.Mount("overlay", cfg.RootDir, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("confine: mount overlay at %s: %w", cfg.RootDir, err)
 	}
 	return nil
+}
+
+// fdPaths opens each directory of dirs (O_PATH) and returns the
+// /proc/self/fd/N paths that name them. Overlayfs shows its layers in the
+// mount table as they were given, and the sandbox reads its mount table:
+// given so, it names no host path. The caller closes them (closeFDPaths)
+// once the overlay is mounted.
+func fdPaths(dirs []string) ([]string, error) {
+	out := make([]string, 0, len(dirs))
+	for _, d := range dirs {
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			closeFDPaths(out)
+			return nil, fmt.Errorf("confine: open layer %s: %w", d, err)
+		}
+		out = append(out, "/proc/self/fd/"+strconv.Itoa(fd))
+	}
+	return out, nil
+}
+
+func closeFDPaths(paths []string) {
+	for _, p := range paths {
+		if fd, err := strconv.Atoi(strings.TrimPrefix(p, "/proc/self/fd/")); err == nil {
+			unix.Close(fd)
+		}
+	}
 }
 
 // cloneDevNodes takes detached, read-only copies of the host's device

@@ -59,7 +59,42 @@ func conditionalBlocks() []block {
 		{"unshare", flagsBlock(0, unshareNamespaceFlags)},
 		{"socket", valuesBlock(0, allowedSocketFamilies)},
 		{"personality", valuesBlock(0, allowedPersonalities)},
+		{"rt_sigqueueinfo", deniedValuesBlock(1, syncSignals)},
+		{"rt_tgsigqueueinfo", deniedValuesBlock(2, syncSignals)},
+		{"pidfd_send_signal", deniedValuesBlock(1, syncSignals)},
+		{"fcntl", fcntlBlock()},
 	}
+}
+
+// syncSignals are the signals that the Go runtime (the agent, PID 1) takes
+// for a fault of its own, and crashes on, unless their si_code says kill
+// or tgkill. A process of the sandbox may send them only by kill and
+// tgkill: never with a siginfo of its choice (rt_sigqueueinfo,
+// rt_tgsigqueueinfo, pidfd_send_signal), nor as the signal of an fd's
+// owner (F_SETSIG), whose si_code is positive like a fault's.
+var syncSignals = []uint32{
+	uint32(unix.SIGILL), uint32(unix.SIGTRAP), uint32(unix.SIGBUS), uint32(unix.SIGFPE),
+	uint32(unix.SIGSEGV), uint32(unix.SIGSTKFLT), uint32(unix.SIGSYS),
+}
+
+// deniedValuesBlock refuses the syscall when the low half of argument arg
+// (an int in the kernel) is one of values.
+func deniedValuesBlock(arg uint32, values []uint32) []bpf.Instruction {
+	code := []bpf.Instruction{bpf.LoadAbsolute{Off: argLo(arg), Size: 4}}
+	for i, v := range values {
+		code = append(code, bpf.JumpIf{Cond: bpf.JumpEqual, Val: v, SkipTrue: uint8(len(values) - i)})
+	}
+	return append(code, bpf.RetConstant{Val: retAllow}, bpf.RetConstant{Val: retEPERM})
+}
+
+// fcntlBlock refuses F_SETSIG to one of syncSignals (the command is an
+// int: its low half).
+func fcntlBlock() []bpf.Instruction {
+	return append([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: argLo(1), Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.F_SETSIG, SkipTrue: 1},
+		bpf.RetConstant{Val: retAllow},
+	}, deniedValuesBlock(2, syncSignals)...)
 }
 
 // ioctlBlock refuses deniedIoctls. The kernel reads the request as a 32-bit

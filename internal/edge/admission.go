@@ -30,9 +30,10 @@ const fnIdleFor = 30 * time.Second
 
 // usage is what live sandboxes hold on the node.
 type usage struct {
-	n   int
-	cpu float64
-	mem int64
+	n    int
+	cpu  float64
+	mem  int64
+	disk int64
 	// fn* is the part held by FnCall workers (busy and idle).
 	fnN   int
 	fnCPU float64
@@ -45,7 +46,7 @@ func (e *Edge) usageLocked() usage {
 		sb.mu.Lock()
 		s := sb.rec.Sandbox.State
 		live := (s == api.StateRunning || s == api.StateCreating || s == api.StatePaused) && !sb.reclaimed
-		cpu, mem, fn := sb.rec.Spec.CPU, sb.rec.Spec.MemoryMB, sb.stateless
+		cpu, mem, disk, fn := sb.rec.Spec.CPU, sb.rec.Spec.MemoryMB, sb.rec.Spec.DiskMB, sb.stateless
 		sb.mu.Unlock()
 		if !live {
 			continue
@@ -53,6 +54,7 @@ func (e *Edge) usageLocked() usage {
 		u.n++
 		u.cpu += cpu
 		u.mem += mem
+		u.disk += disk
 		if fn {
 			u.fnN++
 			u.fnCPU += cpu
@@ -74,6 +76,9 @@ func (e *Edge) shortLocked(u usage, spec *api.CreateSandboxRequest) *api.Error {
 	case e.cfg.MemoryMB > 0 && u.mem+spec.MemoryMB > e.cfg.MemoryMB:
 		return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonMemory,
 			Message: fmt.Sprintf("node %s is full: not enough memory: %d of %d MiB requested, %d more asked", e.cfg.Node, u.mem, e.cfg.MemoryMB, spec.MemoryMB)}
+	case e.cfg.DiskMB > 0 && u.disk+spec.DiskMB > e.cfg.DiskMB:
+		return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonDisk,
+			Message: fmt.Sprintf("node %s is full: not enough disk: %d of %d MiB requested, %d more asked", e.cfg.Node, u.disk, e.cfg.DiskMB, spec.DiskMB)}
 	}
 	return nil
 }
@@ -102,6 +107,7 @@ func (e *Edge) reclaimLocked(u *usage, spec *api.CreateSandboxRequest) bool {
 		all.n -= k
 		all.cpu -= float64(k) * sh.spec.CPU
 		all.mem -= int64(k) * sh.spec.MemoryMB
+		all.disk -= int64(k) * sh.spec.DiskMB
 	}
 	if e.shortLocked(all, spec) != nil {
 		return false
@@ -120,6 +126,7 @@ func (e *Edge) reclaimLocked(u *usage, spec *api.CreateSandboxRequest) bool {
 			u.n--
 			u.cpu -= sh.spec.CPU
 			u.mem -= sh.spec.MemoryMB
+			u.disk -= sh.spec.DiskMB
 		}
 	}
 	return e.shortLocked(*u, spec) == nil

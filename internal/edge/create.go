@@ -150,6 +150,13 @@ func (e *Edge) readPressure() *api.Error {
 				e.cfg.Node, m.Available>>20, e.cfg.MinMemoryAvailableMB)}
 		}
 	}
+	if e.cfg.DiskSpace != nil && e.cfg.MinDiskAvailableMB > 0 {
+		if _, avail, err := e.cfg.DiskSpace(); err == nil && avail < e.cfg.MinDiskAvailableMB {
+			return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonDisk, Message: fmt.Sprintf(
+				"node %s is out of disk: %d MiB free on the scratch filesystem, below the %d MiB reserve",
+				e.cfg.Node, avail, e.cfg.MinDiskAvailableMB)}
+		}
+	}
 	if e.cfg.MinFreeTasks > 0 {
 		if t, err := hoststat.ReadTasks(); err == nil && t.Limit-t.Used < e.cfg.MinFreeTasks {
 			return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonPids, Message: fmt.Sprintf(
@@ -305,10 +312,21 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		inst, err = e.cfg.Runtime.Start(ctx, rspec)
 		if err != nil {
 			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})
-			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
+			return startError(err)
 		}
 	}
 	return e.started(ctx, sb, inst, t0)
+}
+
+// startError is the API error of a sandbox that failed to start: the
+// agent's refusal of the request itself (a user the image does not know)
+// is the client's (400), anything else the node's (503).
+func startError(err error) *api.Error {
+	var ae *agentproto.Error
+	if errors.As(err, &ae) && (ae.Code == agentproto.ErrNotFound || ae.Code == agentproto.ErrInvalid) {
+		return &api.Error{Code: api.CodeBadRequest, Message: "sandbox cannot start: " + ae.Message}
+	}
+	return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox failed to start: %v", err)}
 }
 
 // started makes sb running in inst, records it and watches its agent. On
@@ -319,6 +337,7 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	sb.inst = inst
 	h := inst.Handle
 	sb.rec.Handle = &h
+	sb.rec.CPUBase = e.cpuBaseline(&sb.rec, h)
 	sb.rec.Sandbox.State = api.StateRunning
 	sb.lastActive = time.Now()
 	rec := sb.rec

@@ -94,6 +94,16 @@ type Config struct {
 	// CPUCapacity and MemoryMB (reported in the node view).
 	CPUOvercommit    float64
 	MemoryOvercommit float64
+	// DiskMB is the disk offered to writable layers (disk_mb), after
+	// DiskOvercommit: what the scratch filesystem can really hold times
+	// the factor; 0 = no check. DiskSpace, when set, measures the scratch
+	// filesystem (total and available, MiB): the node view reports it and
+	// new sandboxes are refused while less than MinDiskAvailableMB is
+	// free (0 = 1,024 MiB; negative = no check).
+	DiskMB             int64
+	DiskOvercommit     float64
+	DiskSpace          func() (totalMB, availMB int64, err error)
+	MinDiskAvailableMB int64
 	// MinMemoryAvailableMB refuses new sandboxes while the host's
 	// MemAvailable is below it. 0 = 2 % of the host's memory (at least
 	// 256 MiB); negative = no check.
@@ -224,6 +234,9 @@ func New(cfg Config) (*Edge, error) {
 	}
 	if cfg.MaxSandboxes == 0 {
 		cfg.MaxSandboxes = 10000
+	}
+	if cfg.MinDiskAvailableMB == 0 {
+		cfg.MinDiskAvailableMB = 1024
 	}
 	if cfg.MinMemoryAvailableMB == 0 {
 		cfg.MinMemoryAvailableMB = 256

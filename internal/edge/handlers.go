@@ -116,6 +116,15 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		e.stop(ctx, sb, api.StateStopped, "deleted")
 		v := sb.view()
 		return &v, nil
+	case OpCommands, OpStats:
+		var req IDRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		if op == OpCommands {
+			return e.commands(req.ID)
+		}
+		return e.stats(ctx, req.ID)
 	case OpImages:
 		imgs, err := e.cfg.Images.ListImages(ctx)
 		if err != nil {
@@ -392,11 +401,14 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 		e.killsBefore(sb)
 	}
 	var res agentproto.ExecResult
+	start := time.Now()
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
 		return chunk(r.Stream, r.Data)
 	})
 	if err != nil {
-		return nil, e.agentError(sb, err)
+		err = e.agentError(sb, err)
+		sb.hist.note(x, start, nil, err)
+		return nil, err
 	}
 	out := &api.ExecResult{
 		ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
@@ -405,6 +417,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	if !x.Background {
 		e.explainEnd(sb, out)
 	}
+	sb.hist.note(x, start, out, nil)
 	return out, nil
 }
 

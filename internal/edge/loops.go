@@ -91,6 +91,7 @@ func (e *Edge) NodeStatus() api.Node {
 		Tiers: []string{e.cfg.Runtime.Name()}, LastHeartbeat: time.Now().UTC(), Labels: e.cfg.Labels,
 		States: map[string]int{}, Projects: map[string]api.Usage{}, Jobs: map[string]int{},
 		CPUOvercommit: e.cfg.CPUOvercommit, MemoryOvercommit: e.cfg.MemoryOvercommit,
+		DiskMB: e.cfg.DiskMB, DiskOvercommit: e.cfg.DiskOvercommit,
 		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
 		Pools: []api.NodePool{}, Features: e.features,
 	}
@@ -107,6 +108,7 @@ func (e *Edge) NodeStatus() api.Node {
 			// Pool members hold resources too, so they count as requested.
 			n.CPURequested += spec.CPU
 			n.MemRequested += spec.MemoryMB
+			n.DiskRequestedMB += spec.DiskMB
 		}
 		if pooled {
 			sb.mu.Unlock()
@@ -158,6 +160,11 @@ func (e *Edge) measure(n *api.Node) {
 	}
 	if p, err := hoststat.ReadPressure("memory"); err == nil {
 		n.MemoryPressure = p.Avg10
+	}
+	if e.cfg.DiskSpace != nil {
+		if _, avail, err := e.cfg.DiskSpace(); err == nil {
+			n.DiskAvailableMB = avail
+		}
 	}
 	if p, err := hoststat.ReadPressure("cpu"); err == nil {
 		n.CPUPressure = p.Avg10

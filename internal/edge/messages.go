@@ -42,6 +42,8 @@ const (
 	OpTrajReplay  = "traj_replay"  // ReplayRequest → api.TrajectoryReplay
 	OpTrajAdvance = "traj_advance" // AdvanceRequest → StepResult
 	OpAudit       = "audit"        // AuditRequest → api.AuditList
+	OpCommands    = "commands"     // IDRequest → api.CommandHistory
+	OpStats       = "stats"        // IDRequest → api.SandboxStats
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

@@ -39,6 +39,9 @@ type record struct {
 	// recycled container has a new writable layer in an old container.
 	// Empty = storage().
 	Layer string `json:"layer,omitempty"`
+	// CPUBase is the CPU time (seconds) its container had used before it
+	// (a recycled container); stats subtract it.
+	CPUBase float64 `json:"cpu_base,omitempty"`
 }
 
 // storage is the name the sandbox's host resources live under.
@@ -77,6 +80,7 @@ type sandbox struct {
 	stateless  bool          // an FnCall worker
 	reclaimed  bool          // an idle FnCall worker stopped for room: admission no longer counts it
 	traj       *traj         // nil unless the sandbox records a trajectory
+	hist       cmdHistory    // recent commands (its own lock)
 	// cookie names the sandbox to the node's telemetry while its cgroups
 	// are registered (audit.go, under auditState.mu); audit holds what it
 	// recorded.

@@ -125,14 +125,21 @@ func (m *Mounter) mountLocked(h string) error {
 	if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("image: mount layer: %w", err)
 	}
-	blob := m.store.BlobPath(h)
 	// A regular file as the source: erofs mounts it file-backed. With
 	// directio its reads bypass the store file's page cache: a block is
 	// cached once (in the layer's own page cache), and the store file's
 	// readahead does not pull in neighbouring files no sandbox asked for.
-	err := unix.Mount(blob, p, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "directio")
-	if errors.Is(err, unix.EINVAL) {
-		err = unix.Mount(blob, p, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "")
+	// The source is given as /proc/self/fd/N: the mount table shows it as
+	// given, and a sandbox sees the mount of a layer attached at a path
+	// (a bind), which must not name the node's store.
+	fd, err := unix.Open(m.store.BlobPath(h), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		src := "/proc/self/fd/" + strconv.Itoa(fd)
+		err = unix.Mount(src, p, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "directio")
+		if errors.Is(err, unix.EINVAL) {
+			err = unix.Mount(src, p, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "")
+		}
+		unix.Close(fd)
 	}
 	if err != nil {
 		_ = os.Remove(p)

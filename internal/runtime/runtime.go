@@ -149,3 +149,10 @@ type CgroupLister interface {
 	// host mounts no v2 hierarchy.
 	UnifiedCgroups(h Handle) []string
 }
+
+// SandboxUsageReporter is implemented by runtimes that can measure one
+// sandbox (its container's cgroup: CPU time since the container started,
+// memory charged now).
+type SandboxUsageReporter interface {
+	SandboxUsage(h Handle) (Usage, error)
+}

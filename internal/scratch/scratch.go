@@ -87,7 +87,7 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 		return nil, fmt.Errorf("scratch: %w", err)
 	}
 	if sizeBytes <= 0 {
-		sizeBytes = DefaultSize
+		sizeBytes = defaultSize(filepath.Dir(dir))
 	}
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("scratch: %w", err)
@@ -152,6 +152,46 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (*Scratch, error) {
 		}
 	}
 	return s, nil
+}
+
+// hostReserve is the part of the host filesystem that a new image leaves
+// free: a tenth of it, at least 1 GiB.
+func hostReserve(total int64) int64 { return max(total/10, 1<<30) }
+
+// defaultSize sizes a new image: DefaultSize, but no more than the host
+// filesystem under parent has free beyond hostReserve, so that the
+// sandboxes, which can fill the image, never fill the host's filesystem.
+func defaultSize(parent string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(parent, &st); err != nil {
+		return DefaultSize
+	}
+	free := int64(st.Bavail) * st.Bsize
+	return max(min(DefaultSize, free-hostReserve(int64(st.Blocks)*st.Bsize)), 1<<30)
+}
+
+// Space is what the scratch filesystem can really hold, in bytes: total
+// is its size, but for an image no more than the image's blocks already
+// on the host plus the host filesystem's free space (a sparse image may be
+// larger than what backs it); avail is what it has free, no more than the
+// host has free under an image.
+func (s *Scratch) Space() (total, avail int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.dir, &st); err != nil {
+		return 0, 0, fmt.Errorf("scratch: statfs %s: %w", s.dir, err)
+	}
+	total, avail = int64(st.Blocks)*st.Bsize, int64(st.Bavail)*st.Bsize
+	img := s.dir + ".img"
+	var ist unix.Stat_t
+	if !s.limited || unix.Stat(img, &ist) != nil {
+		return total, avail, nil
+	}
+	var hst unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(img), &hst); err != nil {
+		return 0, 0, fmt.Errorf("scratch: statfs %s: %w", filepath.Dir(img), err)
+	}
+	hostFree := int64(hst.Bavail) * hst.Bsize
+	return min(total, ist.Blocks*512+hostFree), min(avail, hostFree), nil
 }
 
 // Dir is the scratch root.

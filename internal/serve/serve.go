@@ -27,6 +27,13 @@ import (
 	"github.com/warrenhq/warren/internal/watcher"
 )
 
+// DefaultDiskOvercommit is the default of Options.DiskOvercommit
+// (--disk-overcommit): sandboxes seldom fill their writable layers, and a
+// scratch filesystem that does fill refuses new sandboxes at its reserve
+// (edge.Config.MinDiskAvailableMB) and never grows past the host's free
+// space (scratch.Space).
+const DefaultDiskOvercommit = 10
+
 // DefaultRecycle is the default of Options.Recycle (--recycle).
 const DefaultRecycle = 32
 
@@ -43,6 +50,9 @@ type Options struct {
 	// CPUOvercommit and MemoryOvercommit scale the node's real capacity.
 	CPUOvercommit    float64 // default 20
 	MemoryOvercommit float64 // default 1.5
+	// DiskOvercommit scales what the scratch filesystem can really hold
+	// (edge.Config.DiskMB); default DefaultDiskOvercommit.
+	DiskOvercommit float64
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
@@ -77,6 +87,12 @@ func (o *Options) defaults() error {
 	}
 	if o.MemoryOvercommit == 0 {
 		o.MemoryOvercommit = 1.5
+	}
+	if o.DiskOvercommit == 0 {
+		o.DiskOvercommit = DefaultDiskOvercommit
+	}
+	if o.CPUOvercommit < 0 || o.MemoryOvercommit < 0 || o.DiskOvercommit < 0 {
+		return errors.New("serve: an overcommit factor must be positive")
 	}
 	if err := checkRecycle(o.Recycle, o.RecycleIdle); err != nil {
 		return err
@@ -181,7 +197,7 @@ func Run(ctx context.Context, o Options) error {
 
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
-		MemoryOvercommit: o.MemoryOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
+		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry,
 	})
@@ -203,6 +219,7 @@ type EdgeOptions struct {
 	// CPUOvercommit and MemoryOvercommit scale the node's real capacity.
 	CPUOvercommit    float64
 	MemoryOvercommit float64
+	DiskOvercommit   float64
 	KeepOnShutdown   bool
 	// MinMemoryAvailableMB and MaxMemoryPressure: see edge.Config.
 	MinMemoryAvailableMB int64
@@ -215,12 +232,12 @@ type EdgeOptions struct {
 
 func (o *EdgeOptions) defaults() error {
 	so := Options{DataDir: o.DataDir, Node: o.Node, AgentPath: o.AgentPath, Logger: o.Logger,
-		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit}
+		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit}
 	if err := so.defaults(); err != nil {
 		return err
 	}
 	o.DataDir, o.Node, o.AgentPath, o.Logger = so.DataDir, so.Node, so.AgentPath, so.Logger
-	o.CPUOvercommit, o.MemoryOvercommit = so.CPUOvercommit, so.MemoryOvercommit
+	o.CPUOvercommit, o.MemoryOvercommit, o.DiskOvercommit = so.CPUOvercommit, so.MemoryOvercommit, so.DiskOvercommit
 	if o.Store == "" {
 		o.Store = filepath.Join(o.DataDir, "images")
 	}
@@ -320,6 +337,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		}
 	})
 	memMB := totalMemoryMB()
+	diskMB, diskSpace := diskCapacity(writable, o.DiskOvercommit, log)
 	e, err := edge.New(edge.Config{
 		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: rt,
 		Images: imageResolver{store: images, mounts: mounts}, Writable: writable, Logger: log,
@@ -328,6 +346,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		Labels:         o.Labels,
 		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
+		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 		Telemetry: !o.NoTelemetry,
 	})

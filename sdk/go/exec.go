@@ -145,3 +145,13 @@ func (c *Client) KillCommand(ctx context.Context, id, cid string, signal int) (*
 	}
 	return &cmd, nil
 }
+
+// Commands returns the sandbox's recent command history (the last
+// api.MaxCommandHistory commands, oldest first) with how each ended.
+func (c *Client) Commands(ctx context.Context, id string) ([]api.CommandRecord, error) {
+	var h api.CommandHistory
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id) + "/commands", retry: true}, &h); err != nil {
+		return nil, err
+	}
+	return h.Commands, nil
+}

@@ -127,3 +127,12 @@ func (c *Client) ResumeMatching(ctx context.Context, labels map[string]string) (
 	}
 	return &res, nil
 }
+
+// Stats returns what the sandbox uses now (CPU time, memory) beside its limits.
+func (c *Client) Stats(ctx context.Context, id string) (*api.SandboxStats, error) {
+	var st api.SandboxStats
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id) + "/stats", retry: true}, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}

@@ -138,8 +138,15 @@ func (c *Client) ResumeTrajectory(ctx context.Context, trajectory string, branch
 // original state and reports every step whose outcome differs from the log
 // (a determinism check). keep leaves the replay's sandbox running.
 func (c *Client) ReplayTrajectory(ctx context.Context, trajectory string, keep bool) (*api.TrajectoryReplay, error) {
+	return c.ReplayTrajectoryWith(ctx, api.ReplayRequest{Trajectory: trajectory, Keep: keep})
+}
+
+// ReplayTrajectoryWith is ReplayTrajectory with every option: masks
+// (regular expressions whose matches in stdout and stderr are not
+// compared) and outcome fields to ignore.
+func (c *Client) ReplayTrajectoryWith(ctx context.Context, req api.ReplayRequest) (*api.TrajectoryReplay, error) {
 	var out api.TrajectoryReplay
-	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/trajectories:replay", json: api.ReplayRequest{Trajectory: trajectory, Keep: keep}}, &out); err != nil {
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/trajectories:replay", json: req}, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -188,7 +188,9 @@ func TestPauseResume(t *testing.T) {
 	if st := s.cgroupFile(t, "freezer", sb.ID, "freezer.state"); st != "THAWED" {
 		t.Errorf("freezer.state after resume %s", st)
 	}
-	if lim := s.cgroupFile(t, "memory", sb.ID, "memory.limit_in_bytes"); lim != strconv.Itoa(256<<20) {
+	// The sandbox's processes get the limit back (in the box cgroup; the
+	// sandbox's cgroup adds the agent's 32 MiB).
+	if lim := s.cgroupFile(t, "memory", sb.ID, "box/memory.limit_in_bytes"); lim != strconv.Itoa(256<<20) {
 		t.Errorf("memory limit after resume %s", lim)
 	}
 	// Explicit resume; and a pause then delete leaves nothing behind.

@@ -499,3 +499,58 @@ func TestTrajectoryFastForwardMixed(t *testing.T) {
 		t.Fatalf("log: %d steps", len(steps))
 	}
 }
+
+// TestTrajectoryReplayMasks: a step whose output carries a timing ("Ran 2
+// tests in 0.005s") makes a replay non-deterministic; masks on stdout and
+// stderr, and fields to ignore, make it deterministic again, over the API
+// and the CLI. Bad masks and unknown fields are a 400.
+func TestTrajectoryReplayMasks(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "mask"})
+	for _, x := range []string{
+		"echo stable",
+		`u=$(tr -dc 0-9 </proc/sys/kernel/random/uuid); echo "Ran 2 tests in 0.${u}s"; echo "took ${u}ns" >&2`,
+		"exit $(( RANDOM % 2 + 1 ))", // exit 1 or 2
+	} {
+		if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: x}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := s.C.ReplayTrajectoryWith(ctx, api.ReplayRequest{Trajectory: "mask"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Deterministic || len(rep.Differences) == 0 || rep.Differences[0].Step != 2 {
+		t.Fatalf("unmasked replay: %+v", rep)
+	}
+	masked := api.ReplayRequest{Trajectory: "mask", Masks: []string{`in [0-9.]+s`, `took \d+ns`}, Ignore: []string{"exit_code", "duration_ms"}}
+	// The exit code is random: in 8 replays it differs at least once (but
+	// for a chance of 1/256), which ignore must hide.
+	for i := 0; i < 8; i++ {
+		rep, err = s.C.ReplayTrajectoryWith(ctx, masked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Deterministic || len(rep.Differences) != 0 || rep.Steps != 3 {
+			t.Fatalf("masked replay: %+v", rep)
+		}
+	}
+	// Masks hide only what they match.
+	rep, err = s.C.ReplayTrajectoryWith(ctx, api.ReplayRequest{Trajectory: "mask", Masks: []string{`took \d+ns`}, Ignore: []string{"exit_code"}})
+	if err != nil || rep.Deterministic || len(rep.Differences) != 1 || strings.Join(rep.Differences[0].Fields, ",") != "stdout" {
+		t.Fatalf("stderr masked only: %+v %v", rep, err)
+	}
+	out, err := s.warren(t, "traj", "replay", "mask", "--mask", `in [0-9.]+s`, "--mask", `took \d+ns`, "--ignore", "exit_code")
+	if err != nil || !strings.Contains(out, "0 of 3 steps differ") {
+		t.Fatalf("warren traj replay --mask: %v\n%s", err, out)
+	}
+	for _, bad := range []api.ReplayRequest{
+		{Trajectory: "mask", Masks: []string{"(unclosed"}},
+		{Trajectory: "mask", Ignore: []string{"nonsense"}},
+	} {
+		if _, err := s.C.ReplayTrajectoryWith(ctx, bad); err == nil || !strings.Contains(err.Error(), "bad_request") {
+			t.Fatalf("%+v: %v", bad, err)
+		}
+	}
+}

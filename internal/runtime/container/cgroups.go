@@ -67,7 +67,34 @@ type cgroupDriver interface {
 	setCPULimit(path string, cores float64) error
 	// usage is path's cumulative CPU time (ns) and charged memory (bytes).
 	usage(path string) (cpuNs, mem int64, err error)
+	// spawnerCgroups are the cgroup directories that the agent's spawner
+	// thread (the one that forks every process of the sandbox) joins.
+	spawnerCgroups(path string) []string
 }
+
+// The box (cgroup v1): the sandbox's processes are limited in a child
+// cgroup "box" of the sandbox's memory and pids cgroups, which hold the
+// agent. The box gets the sandbox's limits; the sandbox's cgroup the same
+// plus the agent's reserve. Only the agent's spawner thread joins the box,
+// before it forks anything (agentproto.SetupConfig.SpawnerCgroups; a child
+// inherits the cgroups of the thread that forks it), so:
+//   - the agent's memory is charged to the sandbox's cgroup, not the box:
+//     cgroup v1 charges a process's pages to the memory cgroup of its
+//     main thread (the mm's owner), which stays outside;
+//   - an OOM in the box (the sandbox's processes at their limit, by
+//     memory that no process maps too: /dev/shm, memfd) chooses among the
+//     box's processes only (the kernel walks thread-group leaders, and
+//     the agent's is outside), never the agent: its oom_score_adj cannot
+//     be lowered where CAP_SYS_RESOURCE is missing (these hosts);
+//   - a fork bomb at the box's pids limit leaves the agent threads to grow.
+const (
+	boxName          = "box"
+	agentReserveMB   = 32
+	agentReservePids = 64
+)
+
+// boxControllers are the v1 controllers that have a box.
+var boxControllers = []string{"memory", "pids"}
 
 func newCgroupDriver() (cgroupDriver, error) {
 	switch cgroups.Mode() {
@@ -194,17 +221,21 @@ func (d *v1Driver) create(path string, lim limits) error {
 	}
 	res.CPU = &specs.LinuxCPU{Shares: &shares}
 	if lim.memoryMB > 0 {
-		b := lim.memoryMB << 20
+		b := (lim.memoryMB + agentReserveMB) << 20
 		res.Memory = &specs.LinuxMemory{Limit: &b}
 		if d.memsw {
 			res.Memory.Swap = &b
 		}
 	}
 	if lim.pids > 0 {
-		res.Pids = &specs.LinuxPids{Limit: &lim.pids}
+		p := lim.pids + agentReservePids
+		res.Pids = &specs.LinuxPids{Limit: &p}
 	}
 	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, d.hierarchy()); err != nil {
 		return fmt.Errorf("container: create cgroup %s: %w", path, err)
+	}
+	if err := d.createBox(path, lim); err != nil {
+		return err
 	}
 	if u := d.unified(path); u != "" {
 		if err := makeSplit(u, true); err != nil {
@@ -225,6 +256,54 @@ func (d *v1Driver) create(path string, lim limits) error {
 	return nil
 }
 
+// createBox makes path's box cgroups with the sandbox's own limits.
+func (d *v1Driver) createBox(path string, lim limits) error {
+	for _, c := range boxControllers {
+		dir := filepath.Join(d.mountOf(c), path, boxName)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("container: create cgroup %s:%s: %w", c, dir, err)
+		}
+	}
+	var files [][2]string
+	if lim.memoryMB > 0 {
+		b := strconv.FormatInt(lim.memoryMB<<20, 10)
+		files = append(files, [2]string{"memory", "memory.limit_in_bytes=" + b})
+		if d.memsw {
+			files = append(files, [2]string{"memory", "memory.memsw.limit_in_bytes=" + b})
+		}
+	}
+	if lim.pids > 0 {
+		files = append(files, [2]string{"pids", "pids.max=" + strconv.FormatInt(lim.pids, 10)})
+	}
+	for _, f := range files {
+		name, val, _ := strings.Cut(f[1], "=")
+		if err := os.WriteFile(filepath.Join(d.mountOf(f[0]), path, boxName, name), []byte(val), 0); err != nil {
+			return fmt.Errorf("container: %s of %s box: %w", name, path, err)
+		}
+	}
+	return nil
+}
+
+// boxDirs are path's box directories that exist.
+func (d *v1Driver) boxDirs(path string) []string {
+	var out []string
+	for _, c := range boxControllers {
+		p := filepath.Join(d.mountOf(c), path, boxName)
+		if _, err := os.Stat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (d *v1Driver) spawnerCgroups(path string) []string {
+	var out []string
+	for _, c := range boxControllers {
+		out = append(out, filepath.Join(d.mountOf(c), path, boxName))
+	}
+	return out
+}
+
 // mountOf is the mount point of controller's hierarchy, or "".
 func (d *v1Driver) mountOf(controller string) string {
 	for _, h := range d.hierarchies {
@@ -242,10 +321,12 @@ func (d *v1Driver) unified(path string) string {
 	return filepath.Join(d.v2mount, path)
 }
 
+// dirs lists the box and split directories first: they must go before
+// path's.
 func (d *v1Driver) dirs(path string) []string {
-	var out []string
+	out := d.boxDirs(path)
 	if u := d.unified(path); u != "" {
-		out = splitDirs(u)
+		out = append(out, splitDirs(u)...)
 	}
 	for _, h := range d.hierarchies {
 		p := filepath.Join(h.mount, path)
@@ -325,6 +406,11 @@ func (d *v1Driver) thaw(path string) error {
 }
 
 func (d *v1Driver) remove(path string) error {
+	for _, b := range d.boxDirs(path) {
+		if err := os.Remove(b); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("container: remove %s: %w", b, err)
+		}
+	}
 	if u := d.unified(path); u != "" {
 		if err := removeSplit(u); err != nil {
 			return err

@@ -171,12 +171,16 @@ func TestStartAttachDestroy(t *testing.T) {
 			t.Errorf("%s: agent %d not in cgroup.procs %q", c, h.Pid, procs)
 		}
 	}
+	// The sandbox's processes get the limits in the box; the sandbox's
+	// cgroup, which holds the agent too, those and the agent's reserve.
 	for file, want := range map[string]string{
-		"cpu/cpu.cfs_quota_us":         "50000",
-		"cpu/cpu.cfs_period_us":        "100000",
-		"memory/memory.limit_in_bytes": strconv.Itoa(64 << 20),
-		"pids/pids.max":                "100",
-		"freezer/freezer.state":        "THAWED",
+		"cpu/cpu.cfs_quota_us":             "50000",
+		"cpu/cpu.cfs_period_us":            "100000",
+		"memory/memory.limit_in_bytes":     strconv.Itoa((64 + agentReserveMB) << 20),
+		"memory/box/memory.limit_in_bytes": strconv.Itoa(64 << 20),
+		"pids/pids.max":                    strconv.Itoa(100 + agentReservePids),
+		"pids/box/pids.max":                "100",
+		"freezer/freezer.state":            "THAWED",
 	} {
 		ctrl, name, _ := strings.Cut(file, "/")
 		if got := readTrim(t, filepath.Join("/sys/fs/cgroup", ctrl, f.parent, spec.ID, name)); got != want {
@@ -202,8 +206,13 @@ func TestStartAttachDestroy(t *testing.T) {
 		t.Errorf("cat /proc/self/cgroup: %+v", o)
 	} else {
 		for _, line := range strings.Split(strings.TrimSpace(o.stdout), "\n") {
-			// The v2 line: sandbox processes are in the trust split's work.
-			if !strings.HasSuffix(line, ":/") && line != "0::/"+agentproto.CgroupWork {
+			// v1 memory and pids: sandbox processes are in the box; the v2
+			// line: in the trust split's work.
+			box := strings.Contains(line, ":memory:") || strings.Contains(line, ":pids:")
+			switch {
+			case box && strings.HasSuffix(line, ":/"+boxName):
+			case !box && (strings.HasSuffix(line, ":/") || line == "0::/"+agentproto.CgroupWork):
+			default:
 				t.Errorf("cgroup namespace not rooted at the sandbox: %q", line)
 			}
 		}
@@ -218,7 +227,7 @@ func TestStartAttachDestroy(t *testing.T) {
 	if o.res.ExitCode == 0 && o.res.Signal == "" {
 		t.Errorf("128 MiB allocation survived a 64 MiB limit: %+v", o)
 	}
-	if oc := readTrim(t, filepath.Join("/sys/fs/cgroup/memory", f.parent, spec.ID, "memory.oom_control")); !strings.Contains(oc, "oom_kill 1") {
+	if oc := readTrim(t, filepath.Join("/sys/fs/cgroup/memory", f.parent, spec.ID, boxName, "memory.oom_control")); !strings.Contains(oc, "oom_kill 1") {
 		t.Errorf("no OOM kill recorded in the sandbox's memory cgroup: %q (exec %+v)", oc, o)
 	}
 

@@ -19,8 +19,9 @@ import (
 )
 
 var (
-	_ runtime.Reclaimer     = (*Runtime)(nil)
-	_ runtime.UsageReporter = (*Runtime)(nil)
+	_ runtime.Reclaimer            = (*Runtime)(nil)
+	_ runtime.UsageReporter        = (*Runtime)(nil)
+	_ runtime.SandboxUsageReporter = (*Runtime)(nil)
 )
 
 // pausedSlack is the headroom above the reclaimed usage that a paused
@@ -69,6 +70,19 @@ func (r *Runtime) MemoryUsage(h runtime.Handle) (int64, error) {
 	}
 	_, mem, err := r.cg.usage(h.Cgroup)
 	return mem, err
+}
+
+// SandboxUsage measures one sandbox: the CPU time its container used and
+// the memory charged to it now.
+func (r *Runtime) SandboxUsage(h runtime.Handle) (runtime.Usage, error) {
+	if h.Cgroup == "" {
+		h.Cgroup = r.cgroupPath(h.ID)
+	}
+	ns, mem, err := r.cg.usage(h.Cgroup)
+	if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("%w: cgroup %s", runtime.ErrGone, h.Cgroup)
+	}
+	return runtime.Usage{CPUSeconds: float64(ns) / 1e9, MemoryBytes: mem}, err
 }
 
 // coreCookie gives a latency sandbox's agent its own core-scheduling
@@ -125,7 +139,14 @@ func (d *v1Driver) setMemoryLimit(path string, b int64) error {
 	if v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "memory.swappiness")); err == nil {
 		_ = os.WriteFile(filepath.Join(dir, "memory.swappiness"), bytes.TrimSpace(v), 0)
 	}
-	return os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.FormatInt(b, 10)), 0)
+	// The box gets the limit, the sandbox's cgroup (the agent's too) the
+	// limit and the agent's reserve; the box first, so that a lower limit
+	// reclaims (or OOM-kills) in the box, never the agent.
+	box := filepath.Join(dir, boxName, "memory.limit_in_bytes")
+	if err := os.WriteFile(box, []byte(strconv.FormatInt(b, 10)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.FormatInt(b+agentReserveMB<<20, 10)), 0)
 }
 
 func (d *v1Driver) setCPULimit(path string, cores float64) error {
@@ -175,6 +196,12 @@ func (d *v2Driver) setMemoryLimit(path string, b int64) error {
 	_ = os.WriteFile(filepath.Join(dir, "memory.swap.max"), []byte("0"), 0)
 	return os.WriteFile(filepath.Join(dir, "memory.max"), []byte(strconv.FormatInt(b, 10)), 0)
 }
+
+// spawnerCgroups: cgroup v2 has no box (a cgroup with processes cannot
+// have controller-enabled children, and a thread cannot leave its
+// process's cgroup outside threaded mode); the agent shares its sandbox's
+// limits there.
+func (d *v2Driver) spawnerCgroups(path string) []string { return nil }
 
 func (d *v2Driver) usage(path string) (cpuNs, mem int64, err error) {
 	dir := filepath.Join(d.mount, path)

@@ -191,8 +191,11 @@ func TestReclaimToSwap(t *testing.T) {
 	if o := run(t, inst.Agent, "sh", "-c", "echo ok"); o.stdout != "ok\n" {
 		t.Fatalf("after resume: %+v", o)
 	}
-	if got := cgFile(t, f, "memory", inst.Handle.Cgroup, "memory.limit_in_bytes"); got != strconv.FormatInt(128<<20, 10) {
+	if got := cgFile(t, f, "memory", inst.Handle.Cgroup+"/"+boxName, "memory.limit_in_bytes"); got != strconv.FormatInt(128<<20, 10) {
 		t.Errorf("limit after Restore = %s", got)
+	}
+	if got := cgFile(t, f, "memory", inst.Handle.Cgroup, "memory.limit_in_bytes"); got != strconv.FormatInt((128+agentReserveMB)<<20, 10) {
+		t.Errorf("limit with the agent's reserve after Restore = %s", got)
 	}
 	// Reclaim's swappiness goes back to the parent's (the container may
 	// serve other sandboxes later).

@@ -24,17 +24,20 @@ func (r *Runtime) PidsRefused(h runtime.Handle) (int64, error) {
 }
 
 // killCounter reads key of the flat-keyed file v1file in the v1 hierarchy of
-// controller, or of v2file in the unified hierarchy.
+// controller, or of v2file in the unified hierarchy. In v1 it adds the
+// box's (cgroups.go), where the sandbox's processes are limited: a v1
+// cgroup counts only its own events, not its children's.
 func (r *Runtime) killCounter(h runtime.Handle, controller, v1file, v2file, key string) (int64, error) {
 	if h.Cgroup == "" {
 		h.Cgroup = r.cgroupPath(h.ID)
 	}
-	var path string
+	var path, box string
 	switch d := r.cg.(type) {
 	case *v1Driver:
 		for _, hi := range d.hierarchies {
 			if hi.controller == controller {
 				path = filepath.Join(hi.mount, h.Cgroup, v1file)
+				box = filepath.Join(hi.mount, h.Cgroup, boxName, v1file)
 				break
 			}
 		}
@@ -44,10 +47,23 @@ func (r *Runtime) killCounter(h runtime.Handle, controller, v1file, v2file, key 
 	if path == "" {
 		return 0, errors.New("container: no " + controller + " cgroup")
 	}
-	b, err := os.ReadFile(path)
+	n, err := readCounter(path, key)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, runtime.ErrGone
-	} else if err != nil {
+	} else if err != nil || box == "" {
+		return n, err
+	}
+	m, err := readCounter(box, key)
+	if errors.Is(err, os.ErrNotExist) { // a container made before the box
+		return n, nil
+	}
+	return n + m, err
+}
+
+// readCounter reads key of the flat-keyed file path.
+func readCounter(path, key string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
 		return 0, err
 	}
 	sc := bufio.NewScanner(bytes.NewReader(b))

@@ -145,7 +145,9 @@ func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runt
 		return err
 	}
 	defer unix.Close(pidfd)
-	id, err := confine.Reroot(pidfd, &confine.RerootConfig{Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work})
+	id, err := confine.Reroot(pidfd, &confine.RerootConfig{
+		Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work, ShmMB: confine.ShmMBFor(spec.MemoryMB),
+	})
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/confine"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 )
@@ -165,8 +166,10 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	defer closeFiles(extra)
 	cmd = &exec.Cmd{
-		Path:       r.cfg.AgentPath,
-		Args:       []string{r.cfg.AgentPath},
+		Path: r.cfg.AgentPath,
+		// argv[0] is all a sandbox can read of PID 1 (/proc/1/cmdline;
+		// exe, environ and maps are closed to it): no host path.
+		Args:       []string{"warren-agent"},
 		Env:        env,
 		Stdout:     logf,
 		Stderr:     logf,
@@ -204,11 +207,15 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		Env:       spec.Env,
 		User:      spec.User,
 		Stateless: spec.Stateless,
+		ShmMB:     confine.ShmMBFor(spec.MemoryMB),
+
+		SpawnerCgroups: r.cg.spawnerCgroups(h.Cgroup),
 	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
 		return nil, fmt.Errorf("container: agent setup: %w", err)
 	}
+
 	if spec.CPU > 0 {
 		if err := r.cg.setCPULimit(h.Cgroup, spec.CPU); err != nil {
 			return nil, fmt.Errorf("container: cpu limit: %w", err)

@@ -96,6 +96,26 @@ class TrajectoryTest(unittest.TestCase):
         self.assertFalse(rep.deterministic)
         self.assertEqual([(d["step"], d["fields"]) for d in rep.differences], [(3, ["stdout"])])
 
+    def test_commands_and_stats(self):
+        with C.create("busybox", memory_mb=64) as sb:
+            sb.run("echo hi")
+            sb.run("exit 3")
+            cmds = sb.commands()
+            self.assertEqual([(c["cmd"], c["exit_code"]) for c in cmds], [("echo hi", 0), ("exit 3", 3)])
+            st = sb.stats()
+            self.assertEqual((st["id"], st["memory_mb"], st["commands"]), (sb.id, 64, 2))
+            self.assertGreater(st["memory_bytes"], 0)
+
+    def test_replay_masks_hide_noise(self):
+        name = "py/" + uuid.uuid4().hex[:8]
+        with C.create("busybox", trajectory=name) as sb:
+            sb.run("echo Ran 2 tests in 0.$(tr -dc 0-9 </proc/sys/kernel/random/uuid)s")
+        self.assertFalse(C.replay_trajectory(name).deterministic)
+        rep = C.replay_trajectory(name, masks=[r"in [0-9.]+s"], ignore=["duration_ms"])
+        self.assertTrue(rep.deterministic, rep.differences)
+        with self.assertRaises(warren.BadRequest):
+            C.replay_trajectory(name, masks=["(unclosed"])
+
     def test_branch_follows_new_sandbox(self):
         name = "py/" + uuid.uuid4().hex[:8]
         with C.create("busybox", trajectory=name) as sb:

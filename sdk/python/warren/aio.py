@@ -332,6 +332,8 @@ class AsyncClient:
             after = int(nxt)
 
     async def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
+                                masks: Optional[Sequence[str]] = None,
+                                ignore: Optional[Sequence[str]] = None,
                                 timeout: Optional[Duration] = 3600) -> ReplayReport:
         """Re-execute a trajectory's log and report the steps that differ (see
         Client.replay_trajectory)."""
@@ -340,6 +342,10 @@ class AsyncClient:
             body["keep"] = True
         if project:
             body["project"] = project
+        if masks:
+            body["masks"] = list(masks)
+        if ignore:
+            body["ignore"] = list(ignore)
         return ReplayReport.from_json(await self._json(json_req(
             "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 
@@ -478,6 +484,14 @@ class AsyncSandbox:
     async def resume(self, *, prefetch: bool = True) -> "AsyncSandbox":
         body = None if prefetch else {"prefetch": False}
         return self._set(await self.client._json(json_req("POST", self._path("resume"), body)))
+
+    async def commands(self) -> List[Dict[str, Any]]:
+        """The sandbox's recent commands, oldest first (see Sandbox.commands)."""
+        return list((await self.client._json(json_req("GET", self._path("commands"))))["commands"])
+
+    async def stats(self) -> Dict[str, Any]:
+        """What the sandbox uses now (see Sandbox.stats)."""
+        return dict(await self.client._json(json_req("GET", self._path("stats"))))
 
     async def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         body = _core.drop_none({"name": name})

@@ -374,15 +374,25 @@ class Client:
             after = int(nxt)
 
     def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
+                          masks: Optional[Sequence[str]] = None,
+                          ignore: Optional[Sequence[str]] = None,
                           timeout: Optional[Duration] = 3600) -> ReplayReport:
         """Re-execute a trajectory's log in a fresh sandbox from its original state
         and report every step whose outcome differs (a determinism check;
-        ``POST /v1/trajectories:replay``). ``keep`` leaves that sandbox running."""
+        ``POST /v1/trajectories:replay``). ``keep`` leaves that sandbox running.
+        ``masks`` are regular expressions (RE2) whose matches in stdout and stderr
+        are not compared (timings: ``r"in [0-9.]+s"``); ``ignore`` names outcome
+        fields not to compare (``exit_code``, ``stdout``, ``stderr``, ``timed_out``,
+        ``signal``, ``file``, ``error``, ``duration_ms``)."""
         body: Dict[str, Any] = {"trajectory": trajectory}
         if keep:
             body["keep"] = True
         if project:
             body["project"] = project
+        if masks:
+            body["masks"] = list(masks)
+        if ignore:
+            body["ignore"] = list(ignore)
         return ReplayReport.from_json(self._json(json_req(
             "POST", "/v1/trajectories:replay", body, timeout=_core.seconds(timeout))))
 
@@ -521,6 +531,17 @@ class Sandbox:
         memory back ahead of use; ``prefetch=False`` leaves that to page faults."""
         body = None if prefetch else {"prefetch": False}
         return self._set(self.client._json(json_req("POST", self._path("resume"), body)))
+
+    def commands(self) -> List[Dict[str, Any]]:
+        """The sandbox's recent commands, oldest first (``GET .../commands``): each a
+        dict with ``started_at``, ``cmd`` or ``argv``, ``exit_code`` (absent in the
+        background), ``timed_out``, ``signal``, ``duration_ms``."""
+        return list(self.client._json(json_req("GET", self._path("commands")))["commands"])
+
+    def stats(self) -> Dict[str, Any]:
+        """What the sandbox uses now (``GET .../stats``): ``cpu_seconds``,
+        ``memory_bytes``, its limits ``cpu`` and ``memory_mb``, ``commands``."""
+        return dict(self.client._json(json_req("GET", self._path("stats"))))
 
     def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         """Snapshot the sandbox's filesystem (``POST .../snapshots``)."""

@@ -343,6 +343,13 @@ class Node:
     swap_total_mb: int = 0
     swap_used_mb: int = 0
     memory_pressure: float = 0.0
+    #: disk (``disk_mb``) the node admits: what its scratch filesystem can really hold
+    #: × ``disk_overcommit``; ``disk_requested_mb`` its live sandboxes hold;
+    #: ``disk_available_mb`` free there now
+    disk_mb: int = 0
+    disk_requested_mb: int = 0
+    disk_available_mb: int = 0
+    disk_overcommit: float = 0.0
     sandboxes_by_state: Dict[str, int] = field(default_factory=dict)
     sandboxes_by_priority: Dict[str, int] = field(default_factory=dict)
     pools: List[Dict[str, Any]] = field(default_factory=list)
@@ -370,6 +377,8 @@ class Node:
                    memory_available_mb=_i(d, "memory_available_mb"),
                    swap_total_mb=_i(d, "swap_total_mb"), swap_used_mb=_i(d, "swap_used_mb"),
                    memory_pressure=_f(d, "memory_pressure"),
+                   disk_mb=_i(d, "disk_mb"), disk_requested_mb=_i(d, "disk_requested_mb"),
+                   disk_available_mb=_i(d, "disk_available_mb"), disk_overcommit=_f(d, "disk_overcommit"),
                    sandboxes_by_state=_m("sandboxes_by_state"),
                    sandboxes_by_priority=_m("sandboxes_by_priority"),
                    pools=[p for p in pools if isinstance(p, dict)] if isinstance(pools, list) else [],

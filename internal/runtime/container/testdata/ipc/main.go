@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -13,8 +14,24 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 4 && os.Args[1] == "signal-pid1" {
+		// signal-pid1 METHOD SIGNUM: send PID 1 a signal (confinetest.SendSignal).
+		sig, err := strconv.Atoi(os.Args[3])
+		if err == nil {
+			err = confinetest.SendSignal(os.Args[2], 1, sig)
+		}
+		fmt.Println(err)
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == "memfd" {
+		// memfd MB: write MB MiB into a memfd (memory charged to the
+		// sandbox that no process maps) and hold it.
+		mb, _ := strconv.Atoi(os.Args[2])
+		fmt.Println(fillMemfd(mb))
+		return
+	}
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: ipc make|count|prlimit")
+		fmt.Fprintln(os.Stderr, "usage: ipc make|count|prlimit|signal-pid1 METHOD SIGNUM")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -41,4 +58,18 @@ func main() {
 		}
 		fmt.Println(s)
 	}
+}
+
+func fillMemfd(mb int) error {
+	fd, err := unix.MemfdCreate("fill", 0)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for i := 0; i < mb; i++ {
+		if _, err := unix.Write(fd, buf); err != nil {
+			return fmt.Errorf("after %d MiB: %w", i, err)
+		}
+	}
+	return nil
 }

@@ -1,0 +1,34 @@
+package apiserver
+
+import (
+	"net/http"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge"
+)
+
+// listCommands answers a sandbox's recent command history (its owner's:
+// callEdge scopes the request to the caller's project).
+func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var h api.CommandHistory
+	if err := s.callEdge(r.Context(), id, edge.OpCommands, &edge.IDRequest{ID: id}, &h, nil); err != nil {
+		return err
+	}
+	if h.Commands == nil {
+		h.Commands = []api.CommandRecord{}
+	}
+	writeJSON(w, http.StatusOK, &h)
+	return nil
+}
+
+// sandboxStats answers what a sandbox uses now, measured on its node.
+func (s *Server) sandboxStats(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var st api.SandboxStats
+	if err := s.callEdge(r.Context(), id, edge.OpStats, &edge.IDRequest{ID: id}, &st, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &st)
+	return nil
+}
