@@ -824,8 +824,12 @@ type BatchError struct {
 	Error Error `json:"error"`
 }
 
-// AuditKindExec is the kind of an audit record of an execve.
-const AuditKindExec = "exec"
+// Kinds of audit records.
+const (
+	AuditKindExec    = "exec"    // an execve that succeeded
+	AuditKindRefused = "refused" // a syscall that failed with EPERM (seccomp, capabilities)
+	AuditKindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
+)
 
 // AuditRecord is one thing a sandbox's processes did, as the node's kernel
 // saw it (GET /v1/sandboxes/{id}/audit).
@@ -834,16 +838,22 @@ type AuditRecord struct {
 	// Step is the trajectory step that was running then (0: between
 	// steps, or the sandbox records no trajectory).
 	Step int64  `json:"step"`
-	Kind string `json:"kind"` // exec
+	Kind string `json:"kind"` // exec, refused, signal
 	// Pid and Ppid are in the sandbox's pid namespace; UID is the host's.
 	Pid  int `json:"pid"`
 	Ppid int `json:"ppid"`
 	UID  int `json:"uid"`
-	// Path is the file executed, as given to execve.
-	Path string   `json:"path"`
-	Argv []string `json:"argv"`
+	// Path is the file executed, as given to execve (exec).
+	Path string   `json:"path,omitempty"`
+	Argv []string `json:"argv,omitempty"`
 	// ArgvTruncated: argv was longer than the cap (1 KiB) and was cut.
 	ArgvTruncated bool `json:"argv_truncated,omitempty"`
+	// Syscall is the refused syscall's name (refused).
+	Syscall string `json:"syscall,omitempty"`
+	// Signal is the signal's number and Target the pid it went to, as the
+	// sandbox numbers it: 1 (signal).
+	Signal int `json:"signal,omitempty"`
+	Target int `json:"target,omitempty"`
 }
 
 // AuditList is a sandbox's audit, oldest first.

@@ -88,7 +88,7 @@ func (e *Edge) startTelemetry(ctx context.Context) {
 		e.log.Info("edge: the runtime has no cgroup v2 directories: no telemetry")
 		return
 	}
-	tel, err := telemetry.Open(e.log)
+	tel, err := telemetry.Open(e.log, telemetry.Options{Refusals: e.cfg.TelemetryRefusals})
 	if err != nil {
 		e.log.Warn("edge: running without telemetry (the audit records nothing)", "err", err)
 		return
@@ -124,6 +124,7 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 	sb.audit.add(api.AuditRecord{
 		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: r.UID,
 		Path: r.Path, Argv: r.Argv, ArgvTruncated: r.ArgvTruncated,
+		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target,
 	})
 }
 
@@ -196,8 +197,10 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 	if err != nil {
 		return nil, err
 	}
-	if req.Kind != "" && req.Kind != api.AuditKindExec {
-		return nil, invalidf("kind %q is not one of: %s", truncateKind(req.Kind), api.AuditKindExec)
+	switch req.Kind {
+	case "", api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal:
+	default:
+		return nil, invalidf("kind %q is not one of: %s, %s, %s", truncateKind(req.Kind), api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal)
 	}
 	recs, dropped := sb.audit.list(req)
 	return &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil}, nil

@@ -135,6 +135,9 @@ type Config struct {
 	// audit of each sandbox records what its processes execute. Where the
 	// kernel cannot run them the node runs without (features.telemetry).
 	Telemetry bool
+	// TelemetryRefusals also records every syscall that fails with EPERM
+	// (telemetry.Options.Refusals: it slows every syscall of the host).
+	TelemetryRefusals bool
 }
 
 // Edge manages the sandboxes of one node.

@@ -64,7 +64,9 @@ type Options struct {
 	RecycleIdle time.Duration
 	// NoTelemetry: the node loads no BPF telemetry (edge.Config.Telemetry).
 	NoTelemetry bool
-	Logger      *slog.Logger
+	// TelemetryRefusals: see edge.Config.TelemetryRefusals.
+	TelemetryRefusals bool
+	Logger            *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 }
@@ -199,7 +201,7 @@ func Run(ctx context.Context, o Options) error {
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
-		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry,
+		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals,
 	})
 	if err != nil {
 		return err
@@ -227,6 +229,7 @@ type EdgeOptions struct {
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	NoTelemetry          bool          // see Options.NoTelemetry
+	TelemetryRefusals    bool          // see Options.TelemetryRefusals
 	Logger               *slog.Logger
 }
 
@@ -348,7 +351,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
-		Telemetry: !o.NoTelemetry,
+		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals,
 	})
 	if err != nil {
 		stop()

@@ -25,6 +25,8 @@ type execEvent struct {
 	Uid           uint32
 	ArgvLen       uint32
 	ArgvTruncated uint32
+	Nr            int32
+	Target        int32
 	Pad           uint32
 	Path          [256]int8
 	Argv          [1024]int8
@@ -40,11 +42,13 @@ type execSlot struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	execMapEvents      = "events"
-	execMapLost        = "lost"
-	execMapSandboxes   = "sandboxes"
-	execProgExec       = "exec"
-	execVarUnusedEvent = "unused_event"
+	execMapEvents          = "events"
+	execMapLost            = "lost"
+	execMapSandboxes       = "sandboxes"
+	execProgExec           = "exec"
+	execProgSignalGenerate = "signal_generate"
+	execProgSysExit        = "sys_exit"
+	execVarUnusedEvent     = "unused_event"
 )
 
 // loadExec returns the embedded CollectionSpec for exec.
@@ -89,7 +93,9 @@ type execSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type execProgramSpecs struct {
-	Exec *ebpf.ProgramSpec `ebpf:"exec"`
+	Exec           *ebpf.ProgramSpec `ebpf:"exec"`
+	SignalGenerate *ebpf.ProgramSpec `ebpf:"signal_generate"`
+	SysExit        *ebpf.ProgramSpec `ebpf:"sys_exit"`
 }
 
 // execMapSpecs contains maps before they are loaded into the kernel.
@@ -152,12 +158,16 @@ type execVariables struct {
 //
 // It can be passed to loadExecObjects or ebpf.CollectionSpec.LoadAndAssign.
 type execPrograms struct {
-	Exec *ebpf.Program `ebpf:"exec"`
+	Exec           *ebpf.Program `ebpf:"exec"`
+	SignalGenerate *ebpf.Program `ebpf:"signal_generate"`
+	SysExit        *ebpf.Program `ebpf:"sys_exit"`
 }
 
 func (p *execPrograms) Close() error {
 	return _ExecClose(
 		p.Exec,
+		p.SignalGenerate,
+		p.SysExit,
 	)
 }
 

@@ -7,10 +7,17 @@
 // with both, in the kernel, at the moment it happens, and push it into a
 // ring buffer that Run reads.
 //
-// Recorded today: every execve that succeeds (tracepoint
-// sched_process_exec): the path as given to execve, argv up to ArgvCap
-// bytes, the pid and parent pid in the sandbox's pid namespace, the host
-// pid, the host uid.
+// Recorded today, each with the pid and parent pid in the sandbox's pid
+// namespace, the host pid and the host uid:
+//   - exec: every execve that succeeds (tp_btf/sched_process_exec): the
+//     path as given to execve, argv up to ArgvCap bytes;
+//   - refused: every syscall that fails with EPERM (tp_btf/sys_exit:
+//     seccomp's refusals, and what a missing capability refuses), by name;
+//   - signal: every signal but SIGCHLD sent to a task that is pid 1 of its
+//     pid namespace (tp_btf/signal_generate: the sandbox's agent).
+//
+// fentry/fexit programs are refused on this machine (EPERM), so the hooks
+// are BTF tracepoints only.
 //
 // Cgroup ids: bpf_get_current_cgroup_id is the task's cgroup in the v2
 // (unified) hierarchy, on a hybrid host too (/sys/fs/cgroup/unified); the
@@ -36,6 +43,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/sys/unix"
 )
 
@@ -43,8 +51,15 @@ import (
 // record says so).
 const ArgvCap = 1024
 
-// KindExec is the kind of an exec record.
-const KindExec = "exec"
+// Kinds of records.
+const (
+	KindExec    = "exec"    // an execve that succeeded
+	KindRefused = "refused" // a syscall failed with EPERM (seccomp, capabilities)
+	KindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
+)
+
+// kinds maps the programs' event kinds (exec.c) to names.
+var kinds = map[uint32]string{1: KindExec, 2: KindRefused, 3: KindSignal}
 
 // Record is one event of a sandbox, as the kernel saw it.
 type Record struct {
@@ -60,14 +75,19 @@ type Record struct {
 	Path          string
 	Argv          []string
 	ArgvTruncated bool
+	// Syscall is the refused syscall's name (refused).
+	Syscall string
+	// Signal and Target: the signal and the pid it was sent to, as the
+	// target's namespace numbers it: 1 (signal).
+	Signal, Target int
 }
 
 // Collector is the loaded programs of one node.
 type Collector struct {
-	log  *slog.Logger
-	objs execObjects
-	tp   link.Link
-	rd   *ringbuf.Reader
+	log   *slog.Logger
+	objs  execObjects
+	links []link.Link
+	rd    *ringbuf.Reader
 	// monoOff turns the kernel's CLOCK_MONOTONIC stamps into wall time.
 	monoOff time.Duration
 
@@ -75,9 +95,18 @@ type Collector struct {
 	ids map[uint64][]uint64 // cookie -> its registered cgroup ids
 }
 
+// Options choose what a Collector records besides execs and signals.
+type Options struct {
+	// Refusals records every syscall of a sandbox that fails with EPERM.
+	// Off by default: its hook (the sys_exit tracepoint) puts every syscall
+	// of the host on the kernel's slow path, +300 ns a syscall
+	// (docs/BENCHMARKS.md).
+	Refusals bool
+}
+
 // Open loads and attaches the programs. It fails (and the node runs
 // without telemetry) where the kernel has no BTF or we may not load BPF.
-func Open(log *slog.Logger) (*Collector, error) {
+func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -85,19 +114,32 @@ func Open(log *slog.Logger) (*Collector, error) {
 		return nil, fmt.Errorf("telemetry: kernel has no BTF: %w", err)
 	}
 	c := &Collector{log: log, ids: map[uint64][]uint64{}}
-	if err := loadExecObjects(&c.objs, nil); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("telemetry: load programs: %+v", ve)
-		}
-		return nil, fmt.Errorf("telemetry: load programs: %w", err)
+	if err := c.load(); err != nil {
+		return nil, err
 	}
 	tp, err := link.AttachTracing(link.TracingOptions{Program: c.objs.Exec})
 	if err != nil {
 		_ = c.objs.Close()
 		return nil, fmt.Errorf("telemetry: attach sched_process_exec: %w", err)
 	}
-	c.tp = tp
+	c.links = append(c.links, tp)
+	// The rest is optional: a kernel without one of these functions still
+	// records execs.
+	optional := map[string]*ebpf.Program{"signal_generate": c.objs.SignalGenerate}
+	if opts.Refusals {
+		optional["sys_exit"] = c.objs.SysExit
+	}
+	for name, p := range optional {
+		if p == nil {
+			continue
+		}
+		l, err := link.AttachTracing(link.TracingOptions{Program: p})
+		if err != nil {
+			log.Warn("telemetry: not recorded", "function", name, "err", err)
+			continue
+		}
+		c.links = append(c.links, l)
+	}
 	rd, err := ringbuf.NewReader(c.objs.Events)
 	if err != nil {
 		_ = tp.Close()
@@ -110,6 +152,38 @@ func Open(log *slog.Logger) (*Collector, error) {
 		c.monoOff = time.Duration(time.Now().UnixNano() - mono.Nano())
 	}
 	return c, nil
+}
+
+// load loads the maps and programs; where the kernel refuses the optional
+// ones (refusals, signals), the exec program alone.
+func (c *Collector) load() error {
+	spec, err := loadExec()
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	err = spec.LoadAndAssign(&c.objs, nil)
+	if err == nil {
+		return nil
+	}
+	c.log.Warn("telemetry: records execs only", "err", verr(err))
+	var base struct {
+		execMaps
+		Exec *ebpf.Program `ebpf:"exec"`
+	}
+	if err := spec.LoadAndAssign(&base, nil); err != nil {
+		return fmt.Errorf("telemetry: load programs: %w", verr(err))
+	}
+	c.objs.execMaps, c.objs.Exec = base.execMaps, base.Exec
+	return nil
+}
+
+// verr spells a verifier error out whole.
+func verr(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("%+v", ve)
+	}
+	return err
 }
 
 // CgroupID is the id of the cgroup v2 directory dir (its inode number).
@@ -220,8 +294,16 @@ func (c *Collector) Run(ctx context.Context, deliver func(Record)) error {
 func (c *Collector) record(ev *execEvent) Record {
 	r := Record{
 		Cookie: ev.Cookie, Step: ev.Step, Time: time.Unix(0, int64(ev.TimeNs)+int64(c.monoOff)).UTC(),
-		Kind: KindExec, Pid: int(int32(ev.Pid)), Ppid: int(int32(ev.Ppid)), HostPid: int(int32(ev.HostPid)), UID: int(ev.Uid),
+		Kind: kinds[ev.Kind], Pid: int(int32(ev.Pid)), Ppid: int(int32(ev.Ppid)), HostPid: int(int32(ev.HostPid)), UID: int(ev.Uid),
 		Path: cString(ev.Path[:]), ArgvTruncated: ev.ArgvTruncated != 0,
+	}
+	switch r.Kind {
+	case KindRefused:
+		r.Syscall = syscallName(int(ev.Nr))
+		return r
+	case KindSignal:
+		r.Signal, r.Target = int(ev.Nr), int(ev.Target)
+		return r
 	}
 	n := min(int(ev.ArgvLen), len(ev.Argv))
 	b := make([]byte, n)
@@ -236,6 +318,22 @@ func (c *Collector) record(ev *execEvent) Record {
 		}
 	}
 	return r
+}
+
+// syscallNames are this architecture's syscall names by number.
+var syscallNames = func() map[int]string {
+	info, err := arch.GetInfo("")
+	if err != nil {
+		return nil
+	}
+	return info.SyscallNumbers
+}()
+
+func syscallName(nr int) string {
+	if n, ok := syscallNames[nr]; ok {
+		return n
+	}
+	return fmt.Sprintf("syscall_%d", nr)
 }
 
 func cString(s []int8) string {
@@ -255,8 +353,8 @@ func (c *Collector) Close() error {
 	if c.rd != nil {
 		errs = append(errs, c.rd.Close())
 	}
-	if c.tp != nil {
-		errs = append(errs, c.tp.Close())
+	for _, l := range c.links {
+		errs = append(errs, l.Close())
 	}
 	errs = append(errs, c.objs.Close())
 	return errors.Join(errs...)

@@ -2,6 +2,8 @@ package telemetry
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +13,42 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	seccomp "github.com/elastic/go-seccomp-bpf"
+	"golang.org/x/sys/unix"
 )
+
+// TestMain doubles as a helper process: with WARREN_TELEMETRY_HELPER=misbehave
+// it installs a seccomp filter that refuses uname, calls uname (refused),
+// then sends pid 1 SIGURG, and exits. The test starts it as pid 1 of a new
+// pid namespace: the signal is its own (Go's runtime takes SIGURG).
+func TestMain(m *testing.M) {
+	if os.Getenv("WARREN_TELEMETRY_HELPER") == "misbehave" {
+		os.Exit(misbehave())
+	}
+	os.Exit(m.Run())
+}
+
+func misbehave() int {
+	f := seccomp.Filter{NoNewPrivs: true, Flag: seccomp.FilterFlagTSync, Policy: seccomp.Policy{
+		DefaultAction: seccomp.ActionAllow,
+		Syscalls:      []seccomp.SyscallGroup{{Action: seccomp.ActionErrno, Names: []string{"uname"}}},
+	}}
+	if err := seccomp.LoadFilter(f); err != nil {
+		fmt.Fprintln(os.Stderr, "seccomp:", err)
+		return 2
+	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); !errors.Is(err, unix.EPERM) {
+		fmt.Fprintln(os.Stderr, "uname not refused:", err)
+		return 3
+	}
+	if err := unix.Kill(1, unix.SIGURG); err != nil {
+		fmt.Fprintln(os.Stderr, "kill(1, SIGURG):", err)
+		return 4
+	}
+	return 0
+}
 
 // v2Root is where the cgroup v2 hierarchy is mounted, "" when nowhere.
 func v2Root() string {
@@ -25,12 +62,16 @@ func v2Root() string {
 }
 
 // open loads the collector or skips where the machine truly cannot.
-func open(t *testing.T) *Collector {
+func open(t *testing.T, opts ...Options) *Collector {
 	t.Helper()
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: loading BPF programs needs root")
 	}
-	c, err := Open(nil)
+	c, err := Open(nil, o)
 	if err != nil {
 		if _, serr := os.Stat("/sys/kernel/btf/vmlinux"); serr != nil {
 			t.Skipf("SKIP: kernel has no BTF: %v", err)
@@ -243,7 +284,7 @@ func BenchmarkExecTrue(b *testing.B) {
 	}
 	b.Run("off", run)
 	b.Run("on", func(b *testing.B) {
-		c, err := Open(nil)
+		c, err := Open(nil, Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -262,4 +303,92 @@ func BenchmarkExecTrue(b *testing.B) {
 			b.Fatal("no exec recorded")
 		}
 	})
+}
+
+// TestRefusalsAndSignals: a syscall seccomp refuses and a signal aimed at
+// pid 1, from a registered cgroup, are recorded; nothing is from others.
+func TestRefusalsAndSignals(t *testing.T) {
+	root := v2Root()
+	if root == "" {
+		t.Skip("SKIP: no cgroup v2 hierarchy mounted")
+	}
+	c := open(t, Options{Refusals: true})
+	if len(c.links) < 3 {
+		t.Fatalf("%d of 3 programs attached: refusals and signals are not recorded on this kernel", len(c.links))
+	}
+	d := cgroup(t, root, "warren-telemetry-test-refusals")
+	if err := c.Add(11, d); err != nil {
+		t.Fatal(err)
+	}
+	c.SetStep(11, 4)
+	recs := make(chan Record, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx, func(r Record) { recs <- r }) }()
+	defer func() { cancel(); <-done }()
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), "WARREN_TELEMETRY_HELPER=misbehave")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd()), Cloneflags: syscall.CLONE_NEWPID}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("helper: %v: %s", err, out)
+	}
+	var refused, signal bool
+	deadline := time.After(10 * time.Second)
+	for !refused || !signal {
+		select {
+		case r := <-recs:
+			if r.Cookie != 11 || r.Step != 4 {
+				t.Errorf("record %+v: want cookie 11, step 4", r)
+			}
+			switch r.Kind {
+			case KindRefused:
+				if r.Syscall == "uname" && r.Pid == 1 && r.HostPid == cmd.Process.Pid {
+					refused = true
+				}
+			case KindSignal:
+				if r.Target == 1 && r.Signal == int(unix.SIGURG) && r.HostPid == cmd.Process.Pid {
+					signal = true
+				}
+			}
+		case <-deadline:
+			t.Fatalf("after 10s: refused uname recorded %v, signal to pid 1 recorded %v", refused, signal)
+		}
+	}
+}
+
+// BenchmarkSyscall measures a cheap syscall (getppid) of a process outside
+// every sandbox with the programs loaded ("on") and not ("off"): what the
+// sys_exit hook costs the rest of the host.
+//
+//	go test -run '^$' -bench BenchmarkSyscall -count 3 ./internal/telemetry/
+func BenchmarkSyscall(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("SKIP: needs root")
+	}
+	run := func(b *testing.B) {
+		for b.Loop() {
+			unix.Getppid()
+		}
+	}
+	b.Run("off", run)
+	for _, o := range []Options{{}, {Refusals: true}} {
+		b.Run(fmt.Sprintf("on-refusals-%v", o.Refusals), func(b *testing.B) {
+			c, err := Open(nil, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			run(b)
+		})
+	}
 }

@@ -172,3 +172,59 @@ func TestAuditWithoutTelemetry(t *testing.T) {
 		t.Fatalf("audit: %+v %v", al, err)
 	}
 }
+
+// TestAuditRefusalsAndSignals: on a node started with
+// --telemetry-refusals, a mount the sandbox's seccomp filter refuses and a
+// signal sent to its agent (PID 1) are in its audit at their step.
+func TestAuditRefusalsAndSignals(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
+	}
+	s := startServer(t, "--telemetry-refusals")
+	if !nodeTelemetry(t, s) {
+		t.Fatalf("features.telemetry false:\n%s", tail(s.logs.String(), 40))
+	}
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "audit-refusals", Checkpoint: "none"})
+	s.sh(t, sb.ID, "/bin/echo warm-up")
+	// SIGURG (23): the agent, a Go program, takes it harmlessly.
+	r := s.sh(t, sb.ID, "kill -23 1; mount -t tmpfs none /mnt; /bin/echo done")
+	if r.Step != 2 || !strings.Contains(r.Stdout, "done") {
+		t.Fatalf("exec: %+v", r)
+	}
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "/bin/echo alive"}); err != nil {
+		t.Fatalf("the agent did not survive the signal: %v", err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		al, err := s.C.Audit(ctx, sb.ID, warren.AuditQuery{Step: 2, HasStep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mount, signal bool
+		for _, rec := range al.Records {
+			switch rec.Kind {
+			case api.AuditKindRefused:
+				mount = mount || rec.Syscall == "mount"
+			case api.AuditKindSignal:
+				signal = signal || (rec.Signal == 23 && rec.Target == 1 && rec.Pid > 1)
+			}
+		}
+		if mount && signal {
+			only, err := s.C.Audit(ctx, sb.ID, warren.AuditQuery{Kind: api.AuditKindSignal})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, rec := range only.Records {
+				if rec.Kind != api.AuditKindSignal {
+					t.Errorf("?kind=signal answered %+v", rec)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step 2: refused mount %v, signal to PID 1 %v: %+v", mount, signal, al.Records)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

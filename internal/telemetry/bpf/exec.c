@@ -65,6 +65,10 @@ struct task_struct {
 	struct pid *thread_pid;
 } __attribute__((preserve_access_index));
 
+struct pt_regs {
+	unsigned long orig_ax;
+} __attribute__((preserve_access_index));
+
 struct linux_binprm {
 	const char *filename;
 } __attribute__((preserve_access_index));
@@ -75,6 +79,8 @@ struct linux_binprm {
 
 // Event kinds (telemetry.go mirrors them).
 #define KIND_EXEC 1
+#define KIND_REFUSED 2 // a syscall failed with EPERM (seccomp, capabilities)
+#define KIND_SIGNAL 3  // a signal sent to the sandbox's PID 1 (its agent)
 
 // slot is what the edge registers per sandbox cgroup: the sandbox's
 // cookie and the trajectory step running now (0 = between steps).
@@ -94,6 +100,8 @@ struct event {
 	u32 uid;      // on the host
 	u32 argv_len; // bytes of argv (NUL-separated) copied
 	u32 argv_truncated;
+	s32 nr;     // refused: the syscall; signal: the signal
+	s32 target; // signal: 1 (the target is its namespace's pid 1)
 	u32 pad;
 	char path[PATH_CAP];
 	char argv[ARGV_CAP];
@@ -164,6 +172,41 @@ static __always_inline void ns_pids(struct task_struct *t, u32 *pid, u32 *ppid)
 	*ppid = parent.ns == me.ns ? parent.nr : 0;
 }
 
+// reserve starts an event of kind for slot s (NULL when the ring is full;
+// counted in lost).
+static __always_inline struct event *reserve(struct slot *s, u32 kind)
+{
+	struct event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		u32 zero = 0;
+		u64 *n = bpf_map_lookup_elem(&lost, &zero);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		return 0;
+	}
+	struct task_struct *task = bpf_get_current_task_btf();
+	ev->cookie = s->cookie;
+	ev->step = s->step;
+	ev->time_ns = bpf_ktime_get_ns();
+	ev->kind = kind;
+	ev->host_pid = bpf_get_current_pid_tgid() >> 32;
+	ev->uid = (u32)bpf_get_current_uid_gid();
+	ns_pids(task, &ev->pid, &ev->ppid);
+	ev->argv_truncated = 0;
+	ev->argv_len = 0;
+	ev->nr = 0;
+	ev->target = 0;
+	ev->pad = 0;
+	ev->path[0] = 0;
+	return ev;
+}
+
+static __always_inline void submit(struct event *ev)
+{
+	u64 queued = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(ev, queued > RING_SIZE / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
 SEC("tp_btf/sched_process_exec")
 int exec(u64 *ctx)
 {
@@ -173,23 +216,9 @@ int exec(u64 *ctx)
 	struct task_struct *task = (struct task_struct *)ctx[0];
 	struct linux_binprm *bprm = (struct linux_binprm *)ctx[2];
 
-	struct event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
-	if (!ev) {
-		u32 zero = 0;
-		u64 *n = bpf_map_lookup_elem(&lost, &zero);
-		if (n)
-			__sync_fetch_and_add(n, 1);
+	struct event *ev = reserve(s, KIND_EXEC);
+	if (!ev)
 		return 0;
-	}
-	ev->cookie = s->cookie;
-	ev->step = s->step;
-	ev->time_ns = bpf_ktime_get_ns();
-	ev->kind = KIND_EXEC;
-	ev->host_pid = bpf_get_current_pid_tgid() >> 32;
-	ev->uid = (u32)bpf_get_current_uid_gid();
-	ns_pids(task, &ev->pid, &ev->ppid);
-	ev->argv_truncated = 0;
-	ev->pad = 0;
 	if (bpf_probe_read_kernel_str(ev->path, sizeof(ev->path), bprm->filename) < 0)
 		ev->path[0] = 0;
 
@@ -202,11 +231,60 @@ int exec(u64 *ctx)
 		len = ARGV_CAP;
 		ev->argv_truncated = 1;
 	}
-	ev->argv_len = 0;
 	if (len > 0 && bpf_probe_read_user(ev->argv, len, (void *)start) == 0)
 		ev->argv_len = len;
-	u64 queued = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-	bpf_ringbuf_submit(ev, queued > RING_SIZE / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	submit(ev);
+	return 0;
+}
+
+// sys_exit sees every syscall's end on the host; only those that failed
+// with EPERM (what seccomp's refusals and missing capabilities answer)
+// go further than one comparison.
+#define EPERM 1
+SEC("tp_btf/sys_exit")
+int sys_exit(u64 *ctx)
+{
+	long ret = (long)ctx[1];
+	if (ret != -EPERM)
+		return 0;
+	struct slot *s = find();
+	if (!s)
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)ctx[0];
+	struct event *ev = reserve(s, KIND_REFUSED);
+	if (!ev)
+		return 0;
+	ev->nr = (int)regs->orig_ax;
+	submit(ev);
+	return 0;
+}
+
+// signal_generate: a signal sent from a sandbox process to a task that is
+// pid 1 of its pid namespace (a sandbox's agent). SIGCHLD, which every
+// child's exit sends its parent, is not recorded.
+#define SIGCHLD 17
+SEC("tp_btf/signal_generate")
+int signal_generate(u64 *ctx)
+{
+	int sig = (int)ctx[0];
+	struct task_struct *target = (struct task_struct *)ctx[2];
+	if (sig == SIGCHLD || !target)
+		return 0;
+	struct pid *tp = target->thread_pid;
+	if (!tp)
+		return 0;
+	struct upid up = upid_at(target, tp->level);
+	if (up.nr != 1)
+		return 0;
+	struct slot *s = find();
+	if (!s)
+		return 0;
+	struct event *ev = reserve(s, KIND_SIGNAL);
+	if (!ev)
+		return 0;
+	ev->nr = sig;
+	ev->target = 1;
+	submit(ev);
 	return 0;
 }
 
