@@ -496,6 +496,9 @@ type TrajectoryStep struct {
 	Error  *Error      `json:"error,omitempty"`
 	// Checkpoint is the snapshot taken after this step, if any.
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// Audit is what the sandbox's processes did during the step, on
+	// GET /v1/trajectories/{name}?audit=1 only (never in the log).
+	Audit []AuditRecord `json:"audit,omitempty"`
 }
 
 // TrajectoryPage is the body of GET /v1/trajectories/{name}.

@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -30,4 +31,23 @@ func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, &out)
 	return nil
+}
+
+// attachAudit gives each step the audit records of its step from sandbox
+// id (the trajectory's sandbox now; nothing once it is gone).
+func (s *Server) attachAudit(ctx context.Context, id string, steps []api.TrajectoryStep) {
+	var out api.AuditList
+	if err := s.callEdge(ctx, id, edge.OpAudit, &edge.AuditRequest{ID: id}, &out, nil); err != nil {
+		s.log.Debug("trajectory audit", "sandbox", id, "err", err)
+		return
+	}
+	at := make(map[int64]int, len(steps))
+	for i := range steps {
+		at[steps[i].Step] = i
+	}
+	for _, rec := range out.Records {
+		if i, ok := at[rec.Step]; ok && rec.Step > 0 {
+			steps[i].Audit = append(steps[i].Audit, rec)
+		}
+	}
 }

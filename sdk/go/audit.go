@@ -34,3 +34,20 @@ func (c *Client) Audit(ctx context.Context, id string, q AuditQuery) (*api.Audit
 	}
 	return &out, nil
 }
+
+// TrajectoryAudit is Trajectory with each step's audit (what the
+// sandbox's processes did during it: GET /v1/trajectories/{name}?audit=1).
+func (c *Client) TrajectoryAudit(ctx context.Context, name string, after int64, limit int) (*api.TrajectoryPage, error) {
+	q := url.Values{"audit": {"1"}}
+	if after > 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var p api.TrajectoryPage
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/trajectories/" + escPath(name), query: q, retry: true}, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}

@@ -143,8 +143,26 @@ func TestAuditExecsPerStep(t *testing.T) {
 			t.Errorf("sandbox b's audit holds a's exec: %+v", r)
 		}
 	}
+	// The trajectory's page carries each step's audit.
+	page, err := ca.TrajectoryAudit(ctx, "audit-run", 0, 0)
+	if err != nil || len(page.Steps) != 2 {
+		t.Fatalf("trajectory with audit: %+v %v", page, err)
+	}
+	var inPage bool
+	for _, r := range page.Steps[1].Audit {
+		if r.Step != 2 {
+			t.Errorf("step 2 of the page carries %+v", r)
+		}
+		inPage = inPage || slices.Equal(r.Argv, []string{"/bin/true", "step-two"})
+	}
+	if !inPage || len(page.Steps[0].Audit) == 0 {
+		t.Errorf("page's audit: step 1 %+v, step 2 %+v", page.Steps[0].Audit, page.Steps[1].Audit)
+	}
+	if plain, err := ca.Trajectory(ctx, "audit-run", 0, 0); err != nil || len(plain.Steps[1].Audit) != 0 {
+		t.Errorf("a page without ?audit=1 carries an audit: %+v %v", plain, err)
+	}
 	// A sibling project's token reads none of it.
-	for _, p := range []string{"/v1/sandboxes/" + a.ID + "/audit", "/v1/sandboxes/" + a.ID + "/audit?step=2"} {
+	for _, p := range []string{"/v1/sandboxes/" + a.ID + "/audit", "/v1/sandboxes/" + a.ID + "/audit?step=2", "/v1/trajectories/audit-run?audit=1&project=pa"} {
 		code, body := s.rawRequest(t, "GET", p, secrets["pb"], nil, nil)
 		if code != 404 || strings.Contains(body, "step-two") {
 			t.Errorf("GET %s with pb's token: %d %s", p, code, body)
