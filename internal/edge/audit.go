@@ -53,6 +53,13 @@ func (a *auditRing) add(r api.AuditRecord) {
 	a.dropped++
 }
 
+// reset forgets every record (a pool member claimed by a sandbox).
+func (a *auditRing) reset() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.recs, a.head, a.dropped = nil, 0, 0
+}
+
 // list returns the records that req selects, oldest first.
 func (a *auditRing) list(req *AuditRequest) ([]api.AuditRecord, int64) {
 	a.mu.Lock()

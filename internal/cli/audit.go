@@ -1,0 +1,80 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+func newAuditCmd(g *globals) *cobra.Command {
+	var step int64
+	var kind string
+	cmd := &cobra.Command{
+		Use:   "audit ID",
+		Short: "print what a sandbox's processes did (execs, signals to its agent, refusals), from its node's kernel",
+		Long: `warren audit ID prints the sandbox's audit, oldest first: every exec of its processes,
+every signal sent to its PID 1 (its agent) and, on nodes started with --telemetry-refusals,
+every syscall refused with EPERM, each with the trajectory step that was running (0: between
+steps). --step K keeps step K's records, --kind one kind (exec, signal, refused).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			q := warren.AuditQuery{Kind: kind}
+			if cmd.Flags().Changed("step") {
+				q.Step, q.HasStep = step, true
+			}
+			al, err := g.client().Audit(cmd.Context(), args[0], q)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if g.json {
+				return printJSON(out, al)
+			}
+			return printAudit(out, al)
+		},
+	}
+	cmd.Flags().Int64Var(&step, "step", 0, "only this trajectory step's records (0 = between steps)")
+	cmd.Flags().StringVar(&kind, "kind", "", "only records of this kind: exec, signal, refused")
+	return cmd
+}
+
+func printAudit(w io.Writer, al *api.AuditList) error {
+	if !al.Telemetry {
+		fmt.Fprintln(w, "(the sandbox's node records nothing: no telemetry)")
+	}
+	t := newTable(w, "TIME", "STEP", "KIND", "PID", "PPID", "UID", "WHAT")
+	for _, r := range al.Records {
+		t.row(r.Time.Format("15:04:05.000"), strconv.FormatInt(r.Step, 10), r.Kind, strconv.Itoa(r.Pid),
+			strconv.Itoa(r.Ppid), strconv.Itoa(r.UID), auditWhat(&r))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if al.Dropped > 0 {
+		fmt.Fprintf(w, "(%d older records dropped)\n", al.Dropped)
+	}
+	return nil
+}
+
+// auditWhat is a record's detail in one line.
+func auditWhat(r *api.AuditRecord) string {
+	switch r.Kind {
+	case api.AuditKindExec:
+		s := r.Path + "  " + strconv.Quote(strings.Join(r.Argv, " "))
+		if r.ArgvTruncated {
+			s += " (argv cut)"
+		}
+		return s
+	case api.AuditKindSignal:
+		return fmt.Sprintf("signal %d to pid %d", r.Signal, r.Target)
+	case api.AuditKindRefused:
+		return r.Syscall
+	}
+	return ""
+}
