@@ -246,3 +246,21 @@ func TestAuditRefusalsAndSignals(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestAuditAfterRestart: a sandbox adopted by a restarted node (kill -9)
+// is registered with the new node's telemetry: its execs are recorded.
+func TestAuditAfterRestart(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
+	}
+	s := startServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "audit-restart", Checkpoint: "none"})
+	s.sh(t, sb.ID, "/bin/echo before")
+	s.kill9()
+	s.start()
+	r, err := s.C.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: "sh -c '/bin/echo after-restart'"})
+	if err != nil || r.Step != 2 {
+		t.Fatalf("exec after restart: %+v %v\n%s", r, err, tail(s.logs.String(), 30))
+	}
+	execsOf(t, s.C, sb.ID, 2, "after-restart")
+}
