@@ -395,6 +395,8 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"Image":                api.Image{},
 		"ImageList":            api.ImageList{},
 		"PullImageRequest":     api.PullImageRequest{},
+		"ImageConfig":          api.ImageConfig{},
+		"CommitImageRequest":   api.CommitImageRequest{},
 		"Layer":                api.Layer{},
 		"LayerList":            api.LayerList{},
 		"CreateLayerRequest":   api.CreateLayerRequest{},

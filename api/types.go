@@ -390,6 +390,37 @@ type Image struct {
 	Layers    []string  `json:"layers"`
 	Size      int64     `json:"size"`
 	CreatedAt time.Time `json:"created_at"`
+	// Config holds the defaults a sandbox of the image gets (its
+	// environment, working directory and user), and what a Dockerfile
+	// recorded (cmd, entrypoint, labels, exposed ports).
+	Config *ImageConfig `json:"config,omitempty"`
+}
+
+// ImageConfig is the part of an OCI image config warren keeps. A sandbox
+// created from the image gets Env as its base environment, WorkingDir as
+// the default directory of exec and User as its default user; the others
+// are recorded only (a sandbox runs no command of its own).
+type ImageConfig struct {
+	Env          []string          `json:"env,omitempty"` // KEY=VALUE
+	WorkingDir   string            `json:"working_dir,omitempty"`
+	User         string            `json:"user,omitempty"`
+	Cmd          []string          `json:"cmd,omitempty"`
+	Entrypoint   []string          `json:"entrypoint,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	ExposedPorts []string          `json:"exposed_ports,omitempty"`
+}
+
+// CommitImageRequest is the body of POST /v1/images:commit: store Name as
+// the image Base (empty or "scratch": no layers) with the named layers
+// (bottom first, "name@version") stacked above it. Config's environment is
+// merged over the base's (a KEY given here replaces the base's); each
+// other field that is set replaces the base's. An existing image of that
+// name is replaced. This is the last step of `warren image build`.
+type CommitImageRequest struct {
+	Name   string       `json:"name"`
+	Base   string       `json:"base,omitempty"`
+	Layers []string     `json:"layers,omitempty"`
+	Config *ImageConfig `json:"config,omitempty"`
 }
 
 type ImageList struct {
@@ -586,6 +617,9 @@ type Node struct {
 	Tiers           []string          `json:"tiers"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	LastHeartbeat   time.Time         `json:"last_heartbeat"`
+	// DataAddr is the address of the node's data listener (host:port),
+	// where apiservers open the streams of exec output and file transfers.
+	DataAddr string `json:"data_addr,omitempty"`
 	// Images are the images whose layers the node holds (placement prefers them).
 	Images []string `json:"images,omitempty"`
 	// States counts sandboxes per state; Projects sums live usage per
@@ -632,7 +666,7 @@ type NodeRecycling struct {
 // NodePool is one warm pool's state on a node.
 type NodePool struct {
 	Name    string `json:"name"`
-	Project string `json:"project,omitempty"` // the warm pool's owner
+	Project string `json:"project,omitempty"` // the warm pool's (or FnCall workers') owner
 	Size    int    `json:"size"`
 	Ready   int    `json:"ready"`
 }

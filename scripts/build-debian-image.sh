@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Builds the debian:12 (bookworm) image as a root filesystem tarball:
 #   scripts/build-debian-image.sh OUT.tar
-# debootstrap (minbase + bash, coreutils, python3) from the mirror in this
-# machine's apt sources (override with DEBIAN_MIRROR=URL). Takes about 70 s,
+# debootstrap (minbase + the tools listed in `packages` below, python3 with
+# its standard library byte-compiled) from the mirror in this machine's apt
+# sources (override with DEBIAN_MIRROR=URL). docs/operations.md ("The bundled
+# debian:12 image") says what is in it. Takes about 3 minutes,
 # so the result is cached: nothing is done when OUT.tar exists and is newer
-# than this script. Import it into the image store (`warren image import
-# OUT.tar --name debian:12`, as `make debian-image` does). Needs root.
+# than this script. Import it into the node's image store (`warren image
+# import OUT.tar --name debian:12 --data-dir /var/lib/warren`, as `make
+# debian-image` does), or without --data-dir upload it to a running server
+# through the API. Needs root.
 set -euo pipefail
 
 out=${1:?usage: $0 OUT.tar}
@@ -57,9 +61,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# What an agent reaches for: a shell, python3 with venv, git, curl (with CA
+# certificates), ps/top/kill (procps), less, patch, diff/cmp (diffutils),
+# xz and the usual archive tools.
+packages=bash,coreutils,python3,python3-venv,git,curl,ca-certificates,procps,less,patch,diffutils,xz-utils,bzip2,unzip
+
 echo "debootstrap bookworm from $mirror"
 start=$SECONDS
-debootstrap --variant=minbase --include=bash,coreutils,python3 bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
+debootstrap --variant=minbase --include="$packages" bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
   tail -n 30 "$work/debootstrap.log" >&2
   exit 1
 }
@@ -68,7 +77,22 @@ debootstrap --variant=minbase --include=bash,coreutils,python3 bookworm "$root" 
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb \
   "$root"/var/cache/apt/archives/partial/* "$root"/var/cache/debconf/*-old "$root"/var/lib/dpkg/*-old \
   "$root"/var/log/* "$root"/tmp/* "$root"/var/tmp/* "$root"/run/* "$root"/dev/* "$root"/proc/* "$root"/sys/*
+# Byte-code: whatever the package scripts left (compiled at install time in
+# an unknown order) goes, and every module of the standard library and of
+# the Debian Python packages is compiled afresh, so no sandbox compiles it on
+# first use (600 ms for the first `python3 -m unittest` at 0.5 CPU) or
+# writes __pycache__ into its writable layer. The .pyc files check the
+# source's mtime and size, which the tarball, the image store (EROFS with
+# --preserve-mtime) and the overlay keep.
 find "$root" -name '__pycache__' -prune -exec rm -rf {} +
+py=$(chroot "$root" python3 -c 'import sys; print("python%d.%d" % sys.version_info[:2])')
+# (Files written to fail, such as lib2to3's test data, are skipped.)
+chroot "$root" python3 -m compileall -q -x '/lib2to3/tests/data/' "/usr/lib/$py" /usr/lib/python3/dist-packages \
+  >"$work/compileall.log" 2>&1 || {
+  echo "compileall failed:" >&2
+  tail -n 20 "$work/compileall.log" >&2
+  exit 1
+}
 : >"$root/etc/resolv.conf"
 echo sandbox >"$root/etc/hostname"
 rm -f "$root/etc/machine-id"

@@ -269,7 +269,7 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 		a.recordBaseline()
 	}
 	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
-	return &agentproto.SetupResult{Pid: pid}, nil
+	return &agentproto.SetupResult{Pid: pid, Proto: agentproto.Proto}, nil
 }
 
 // UnconfinedFIFODir is where an unconfined agent (tests) makes the FIFOs and

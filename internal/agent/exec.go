@@ -150,6 +150,8 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 		p.cwd = c
 	case cwd != "" && isDir(cwd):
 		p.cwd = cwd
+	case a.cfg.Cwd != "" && isDir(a.cfg.Cwd):
+		p.cwd = a.cfg.Cwd // the image's WORKDIR
 	case isDir(home):
 		p.cwd = home
 	default:
@@ -204,6 +206,9 @@ func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest)
 		release()
 		return nil, err
 	}
+	// A caller that goes away (OpCancel) takes its command with it.
+	stop := context.AfterFunc(cl.withdrawn, r.abort)
+	defer stop()
 	res := a.finish(p, r)
 	release()
 	if col != nil {
@@ -408,6 +413,21 @@ func (r *running) armTimeout(d time.Duration) {
 			_ = unix.Kill(-r.pid, unix.SIGKILL)
 		}
 	})
+}
+
+// abort kills the command (its process group; for a live shell's command
+// what it started) because its caller went away.
+func (r *running) abort() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.exited {
+		return
+	}
+	if r.live != nil {
+		killSince(r.pid, r.startTicks)
+		return
+	}
+	_ = unix.Kill(-r.pid, unix.SIGKILL)
 }
 
 // kill signals the command's process group while it runs.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -136,8 +137,8 @@ func (a *Agent) fileRead(cl *call, req *agentproto.PathRequest) (any, error) {
 	default:
 		return nil, errf(agentproto.ErrInvalid, "read %s: not a regular file", p)
 	}
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	bp := bulkPool.Get().(*[]byte)
+	defer bulkPool.Put(bp)
 	buf := *bp
 	for {
 		n, err := f.Read(buf)
@@ -448,3 +449,6 @@ func (a *Agent) fileRename(req *agentproto.RenameRequest) error {
 	}
 	return nil
 }
+
+// bulkPool holds the buffers of file reads (agentproto.BulkChunkSize).
+var bulkPool = sync.Pool{New: func() any { b := make([]byte, agentproto.BulkChunkSize); return &b }}

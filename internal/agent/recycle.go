@@ -215,7 +215,7 @@ func (a *Agent) resume(req *agentproto.ResumeRequest) (any, error) {
 		}
 		cred = c
 	}
-	a.cfg.Env, a.cfg.User = req.Env, req.User
+	a.cfg.Env, a.cfg.User, a.cfg.Cwd = req.Env, req.User, req.Cwd
 	a.baseEnv = map[string]string{"PATH": defaultPath}
 	for k, v := range req.Env {
 		a.baseEnv[k] = v

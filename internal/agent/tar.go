@@ -37,7 +37,7 @@ func (a *Agent) tarGet(cl *call, req *agentproto.PathRequest) error {
 	if err != nil {
 		return err
 	}
-	bw := bufio.NewWriterSize(chunkWriter{cl}, agentproto.ChunkSize)
+	bw := bufio.NewWriterSize(chunkWriter{cl}, agentproto.BulkChunkSize)
 	tw := tar.NewWriter(bw)
 	fd, err := a.root.open(p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -248,6 +248,12 @@ func (a *Agent) tarPut(ctx context.Context, req *agentproto.TarPutRequest) (any,
 	}
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
+	if req.Abort {
+		tp.pw.CloseWithError(errors.New("upload broken"))
+		<-tp.done
+		a.tars.remove(handle)
+		return nil, errf(agentproto.ErrInvalid, "tar.put: the upload broke; nothing was extracted")
+	}
 	if len(req.Data) > 0 {
 		if _, err := tp.pw.Write(req.Data); err != nil {
 			<-tp.done

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrClosed is returned for calls on (or pending on) a closed connection.
@@ -18,6 +19,8 @@ type Client struct {
 	conn net.Conn
 
 	wmu sync.Mutex // serialises frame writes
+
+	proto atomic.Int32 // the agent's protocol version (Proto)
 
 	mu      sync.Mutex
 	next    uint64
@@ -55,7 +58,7 @@ func (c *Client) readLoop() {
 	var err error
 	for {
 		r := new(Response)
-		if err = ReadFrame(c.conn, r); err != nil {
+		if err = ReadResponse(c.conn, r); err != nil {
 			break
 		}
 		c.mu.Lock()
@@ -85,13 +88,32 @@ func (c *Client) readLoop() {
 // Call sends op with body and waits for its answer. Each chunk frame is
 // passed to onChunk (which may be nil) in order. The "done" body is decoded
 // into out when out is non-nil. An agent error comes back as *Error.
-// Cancelling ctx abandons the wait (the agent may still finish the work).
+// Cancelling ctx abandons the wait and tells the agent to cancel the work
+// (OpCancel).
 func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk func(*Response) error) error {
+	return c.CallPayload(ctx, op, body, nil, out, onChunk)
+}
+
+// Proto is the agent's protocol version, as its answer to OpSetup or
+// OpPing said (0 until then, or for an agent that does not say).
+func (c *Client) Proto() int { return int(c.proto.Load()) }
+
+// CallPayload is Call with bulk data sent raw after the request (see
+// Request.Payload). Only for an agent whose Proto is ProtoPayload or later.
+func (c *Client) CallPayload(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("agentproto: encode %s: %w", op, err)
 	}
-	cl := &call{ch: make(chan *Response, 64), quit: make(chan struct{})}
+	// A call that takes chunks is flow-controlled: the agent sends at most
+	// Window bytes ahead, so its frames always fit the channel and the
+	// read loop never waits for this call's consumer.
+	var window int64
+	size := 64
+	if onChunk != nil {
+		window, size = Window, Window/FrameCost+16
+	}
+	cl := &call{ch: make(chan *Response, size), quit: make(chan struct{})}
 	ch := cl.ch
 	defer close(cl.quit)
 	c.mu.Lock()
@@ -105,7 +127,7 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 	c.mu.Unlock()
 
 	c.wmu.Lock()
-	err = WriteFrame(c.conn, &Request{ID: id, Op: op, Body: raw})
+	err = WriteRequestFrame(c.conn, &Request{ID: id, Op: op, Body: raw, Window: window, Binary: onChunk != nil, Payload: payload})
 	c.wmu.Unlock()
 	if err != nil {
 		c.forget(id)
@@ -113,10 +135,12 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 	}
 
 	var chunkErr error
+	var owed int64 // credit taken by the consumer, not yet returned
 	for {
 		select {
 		case <-ctx.Done():
 			c.forget(id)
+			c.cancel(id)
 			return ctx.Err()
 		case r, ok := <-ch:
 			if !ok {
@@ -126,6 +150,12 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 			case KindChunk:
 				if onChunk != nil && chunkErr == nil {
 					chunkErr = onChunk(r)
+				}
+				if window > 0 {
+					if owed += int64(len(r.Data)) + FrameCost; owed >= window/4 {
+						c.control(OpCredit, &CreditRequest{ID: id, Bytes: owed})
+						owed = 0
+					}
 				}
 			case KindError:
 				if r.Error == nil {
@@ -141,10 +171,30 @@ func (c *Client) Call(ctx context.Context, op string, body any, out any, onChunk
 						return fmt.Errorf("agentproto: decode %s answer: %w", op, err)
 					}
 				}
+				if op == OpSetup || op == OpPing {
+					var v PingResult
+					if json.Unmarshal(r.Body, &v) == nil {
+						c.proto.Store(int32(v.Proto))
+					}
+				}
 				return nil
 			}
 		}
 	}
+}
+
+// cancel asks the agent to cancel call id (best effort: a closed channel
+// has cancelled it already).
+func (c *Client) cancel(id uint64) { c.control(OpCancel, &CancelRequest{ID: id}) }
+
+// control sends a frame about a call (OpCancel, OpCredit): id 0, answered
+// by nothing (an agent that does not know op answers an error to id 0,
+// which no call waits for).
+func (c *Client) control(op string, body any) {
+	raw, _ := json.Marshal(body)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = WriteFrame(c.conn, &Request{ID: 0, Op: op, Body: raw})
 }
 
 func (c *Client) forget(id uint64) {

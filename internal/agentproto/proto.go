@@ -19,6 +19,11 @@ const MaxFrame = 8 << 20
 // ChunkSize is the most data one chunk frame carries.
 const ChunkSize = 256 << 10
 
+// BulkChunkSize is the chunk of file and tar reads: fewer frames (and
+// syscalls, and buffers) per byte on every hop to the client. Command
+// output keeps ChunkSize (a buffer per stream of every command).
+const BulkChunkSize = 1 << 20
+
 // Operations.
 const (
 	OpSetup      = "setup"     // SetupConfig -> SetupResult; first request, once
@@ -57,7 +62,38 @@ const (
 	// of a new sandbox with its environment and default user.
 	// ResumeRequest -> nothing
 	OpResume = "resume"
+	// OpCancel withdraws a call: the agent cancels its context (a
+	// foreground command's process group is killed, a read or tar stops at
+	// its next chunk). It is sent with frame id 0 and the call's id in its
+	// body (CancelRequest) and answered by nothing; an agent that does not
+	// know it answers an error to id 0, which no call waits for.
+	OpCancel = "cancel"
+	// OpCredit lets a call with a Window send more: the agent may send
+	// Bytes more of it (CreditRequest, frame id 0, answered by nothing).
+	OpCredit = "credit"
 )
+
+// Flow control of a call's chunks. A request with a Window may have at most
+// that many bytes of chunk frames unacknowledged, each frame counting its
+// data plus FrameCost; the edge returns credit (OpCredit) as its consumer
+// takes them. A slow consumer thus stalls its own call only, never the
+// connection that the sandbox's other calls share. A request without a
+// Window is not flow-controlled (an older edge).
+const (
+	Window    = 4 << 20
+	FrameCost = 4 << 10
+)
+
+// CreditRequest is OpCredit's body.
+type CreditRequest struct {
+	ID    uint64 `json:"id"`
+	Bytes int64  `json:"bytes"`
+}
+
+// CancelRequest is OpCancel's body.
+type CancelRequest struct {
+	ID uint64 `json:"id"`
+}
 
 // Response kinds.
 const (
@@ -95,6 +131,13 @@ type Request struct {
 	ID   uint64          `json:"id"`
 	Op   string          `json:"op"`
 	Body json.RawMessage `json:"body,omitempty"`
+	// Window, when set, flow-controls the call's chunks (see Window).
+	Window int64 `json:"window,omitempty"`
+	// Binary asks for the call's chunks as binary frames (binary.go).
+	Binary bool `json:"binary,omitempty"`
+	// Payload is bulk data sent after the JSON in a binary request frame
+	// (an agent of ProtoPayload or later; a file.write takes it as Data).
+	Payload []byte `json:"-"`
 }
 
 // Response is one frame of an answer.

@@ -22,6 +22,9 @@ type SetupConfig struct {
 	Env map[string]string `json:"env,omitempty"`
 	// User is the default user of exec ("" = root).
 	User string `json:"user,omitempty"`
+	// Cwd is the default directory of exec when it exists (the image's
+	// WORKDIR); "" = the user's home directory.
+	Cwd string `json:"cwd,omitempty"`
 	// Shell runs string commands; default "/bin/sh".
 	Shell string `json:"shell,omitempty"`
 	// SpawnerCgroups are cgroup directories (host paths, cgroup v1) that
@@ -59,7 +62,8 @@ type Bind struct {
 
 // SetupResult answers OpSetup once the agent serves from inside the sandbox.
 type SetupResult struct {
-	Pid int `json:"pid"` // the agent's pid as the host sees it (informational)
+	Pid   int `json:"pid"`             // the agent's pid as the host sees it (informational)
+	Proto int `json:"proto,omitempty"` // the agent's protocol version (Proto)
 }
 
 // ExecRequest runs one command. Exactly one of Cmd and Argv is set.
@@ -161,6 +165,9 @@ type TarPutRequest struct {
 	Handle string `json:"handle,omitempty"`
 	Data   []byte `json:"data,omitempty"`
 	Final  bool   `json:"final,omitempty"`
+	// Abort ends the upload as broken (its sender went away): nothing of
+	// it is extracted, even when it broke where a tar stream could end.
+	Abort bool `json:"abort,omitempty"`
 }
 
 type TarPutResult struct {
@@ -196,6 +203,7 @@ type RerootRequest struct {
 type ResumeRequest struct {
 	Env  map[string]string `json:"env,omitempty"`
 	User string            `json:"user,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
 }
 
 // ResetResult answers OpReset.

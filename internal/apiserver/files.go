@@ -1,6 +1,8 @@
 package apiserver
 
 import (
+	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -10,9 +12,11 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge"
 )
 
@@ -59,8 +63,10 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxFileBody)
 	buf := make([]byte, singleWrite)
-	n, err := io.ReadFull(body, buf)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+	// dataplane.ReadChunk, not io.ReadFull: a body cut short (its client
+	// went away) must fail, not be written as a shorter file.
+	n, err := dataplane.ReadChunk(body, buf)
+	if err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	var info api.FileInfo
@@ -80,13 +86,29 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, &info)
 		return nil
 	}
-	// Large files: append to a temporary name beside the target, then rename.
+	if s.canStream(id, edge.OpFileUpload) {
+		// Large files over the data plane: the edge appends them to a
+		// temporary name and renames it into place, with flow control
+		// from the client's socket to the agent's writes; a client that
+		// goes away breaks the stream and leaves nothing.
+		in := io.MultiReader(bytes.NewReader(buf[:n]), body)
+		if err := s.callEdge(withUpload(r.Context(), in), id, edge.OpFileUpload, &edge.FileRequest{ID: id, Path: p, Mode: mode}, &info, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, &info)
+		return nil
+	}
+	// Large files over the bus: append to a temporary name beside the
+	// target, then rename.
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(path.Dir(p), ".warren-upload-"+hex.EncodeToString(rnd[:]))
 	ctx := r.Context()
 	fail := func(err error) error {
-		_ = s.callEdge(ctx, id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: tmp}, nil, nil)
+		// Also (above all) when the client went away: its ctx is done.
+		cctx, cancel := cleanupContext(ctx)
+		defer cancel()
+		_ = s.callEdge(cctx, id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: tmp}, nil, nil)
 		return err
 	}
 	chunk := buf[:n]
@@ -103,10 +125,10 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 			appendMode = true
 			chunk = chunk[len(c):]
 		}
-		n, err := io.ReadFull(body, buf)
+		n, err := dataplane.ReadChunk(body, buf)
 		chunk = buf[:n]
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			if errors.Is(err, io.EOF) {
 				if n == 0 {
 					break
 				}
@@ -272,15 +294,27 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxArchive)
+	if s.canStream(id, edge.OpTarUpload) {
+		// Over the data plane: one stream, with flow control; a client
+		// that goes away breaks it and ends the extraction.
+		var res edge.TarPutResult
+		if err := s.callEdge(withUpload(r.Context(), body), id, edge.OpTarUpload, &edge.FileRequest{ID: id, Path: p}, &res, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, map[string]int{"files": res.Files})
+		return nil
+	}
 	buf := make([]byte, uploadChunk)
 	var res edge.TarPutResult
 	handle := ""
 	for {
-		n, rerr := io.ReadFull(body, buf)
+		n, rerr := dataplane.ReadChunk(body, buf)
 		final := rerr != nil
-		if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
-			if handle != "" {
-				_ = s.callEdge(r.Context(), id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Final: true}, nil, nil)
+		if rerr != nil && !errors.Is(rerr, io.EOF) {
+			if handle != "" { // end the agent's extraction, also when the client went away
+				cctx, cancel := cleanupContext(r.Context())
+				_ = s.callEdge(cctx, id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Abort: true}, nil, nil)
+				cancel()
 			}
 			return rerr
 		}
@@ -318,4 +352,11 @@ func stepHeaders(w http.ResponseWriter, sr *edge.StepResult) {
 		w.Header().Set("Warren-Sandbox", sr.Sandbox)
 		w.Header().Set("Warren-Trajectory", sr.Trajectory)
 	}
+}
+
+// cleanupContext is for undoing a request's partial work after the request
+// failed, perhaps because its client went away (ctx done): ctx's values
+// (the principal), not its end, bounded by its own timeout.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }

@@ -35,7 +35,7 @@ func (s *Server) fncall(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		var res api.ExecResult
-		err = s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edge.OpFnCall, &edge.FnCallRequest{Call: req}, &res, nil)
+		err = s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edge.OpFnCall, &edge.FnCallRequest{Call: req, Project: principal(r).Project}, &res, nil)
 		if err == nil {
 			writeJSON(w, http.StatusOK, &res)
 			return nil

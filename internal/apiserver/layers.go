@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -99,15 +100,16 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpGet, &edge.IDRequest{ID: req.FromSandbox}, &src, nil); err != nil {
 			return err
 		}
-		if err := s.claimLayerName(r.Context(), principal(r), req.Name, src.Project); err != nil {
+		stored, err := s.claimLayerName(r.Context(), principal(r), req.Name, src.Project)
+		if err != nil {
 			return err
 		}
 		var l api.Layer
 		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpLayerCreate,
-			&edge.LayerRequest{ID: req.FromSandbox, Name: req.Name, Version: req.Version}, &l, nil); err != nil {
+			&edge.LayerRequest{ID: req.FromSandbox, Name: stored, Version: req.Version}, &l, nil); err != nil {
 			return err
 		}
-		l.Project = src.Project
+		showLayer(principal(r), &l, src.Project)
 		writeJSON(w, http.StatusCreated, &l)
 		return nil
 	}
@@ -128,7 +130,8 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	p := principal(r)
-	if err := s.claimLayerName(ctx, p, name, p.Project); err != nil {
+	stored, err := s.claimLayerName(ctx, p, name, p.Project)
+	if err != nil {
 		return err
 	}
 	node, err := s.anyNode()
@@ -150,13 +153,13 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 			abort()
 			return rerr
 		}
-		req := &edge.LayerRequest{Name: name, Version: version, Handle: handle, Data: buf[:n], Final: final}
+		req := &edge.LayerRequest{Name: stored, Version: version, Handle: handle, Data: buf[:n], Final: final}
 		if final {
 			var l api.Layer
 			if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &l); err != nil {
 				return err
 			}
-			l.Project = p.Project
+			showLayer(p, &l, p.Project)
 			writeJSON(w, http.StatusCreated, &l)
 			return nil
 		}
@@ -178,24 +181,34 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	var all api.LayerList
-	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{Name: name}, &all); err != nil {
+	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{}, &all); err != nil {
 		return err
 	}
 	p := principal(r)
 	l := api.LayerList{Layers: []api.Layer{}}
-	owners := map[string]string{}
-	kinds := map[string]string{}
+	type ownerOf struct {
+		owner, kind string
+	}
+	owners := map[string]ownerOf{}
 	for _, x := range all.Layers {
-		owner, ok := owners[x.Name]
+		o, ok := owners[x.Name]
 		if !ok {
-			o, snap, _, err := s.layerOwner(ctx, x.Name)
-			if err != nil {
-				return err
+			if project, _ := image.SplitLayerName(x.Name); project != "" {
+				o = ownerOf{project, iam.KindLayer}
+			} else {
+				owner, snap, _, err := s.layerOwner(ctx, x.Name)
+				if err != nil {
+					return err
+				}
+				o = ownerOf{owner, layerKind(snap)}
 			}
-			owner, owners[x.Name], kinds[x.Name] = o, o, layerKind(snap)
+			owners[x.Name] = o
 		}
-		if p.Sees(kinds[x.Name], owner) {
-			x.Project = owner
+		if !p.Sees(o.kind, o.owner) {
+			continue
+		}
+		showLayer(p, &x, o.owner)
+		if name == "" || x.Name == name {
 			l.Layers = append(l.Layers, x)
 		}
 	}
@@ -203,31 +216,50 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// layerProject is the project whose names a layer route resolves in: the
+// caller's, or ?project= (its own or one below it).
+func layerProject(r *http.Request) (string, error) {
+	p := principal(r)
+	q := r.URL.Query().Get("project")
+	if q == "" {
+		return p.Project, nil
+	}
+	if !sandboxspec.ValidProject(q) || !p.InScope(q) {
+		return "", &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", truncate(q), p.Project)}
+	}
+	return q, nil
+}
+
 func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("ref")
-	name, _, err := layerRef(ref)
+	if _, _, err := layerRef(ref); err != nil {
+		return err
+	}
+	project, err := layerProject(r)
 	if err != nil {
 		return err
 	}
 	ctx := r.Context()
-	owner, snap, _, err := s.layerOwner(ctx, name)
+	stored, rl, err := s.resolveLayerRef(ctx, principal(r), project, ref)
 	if err != nil {
 		return err
 	}
-	if err := own(principal(r), layerKind(snap), owner, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncate(ref))}); err != nil {
-		return err
-	}
 	var l api.Layer
-	if err := s.callStore(ctx, edge.OpLayerGet, &edge.LayerRequest{Ref: ref}, &l); err != nil {
+	if err := s.callStore(ctx, edge.OpLayerGet, &edge.LayerRequest{Ref: stored}, &l); err != nil {
+		var ae *api.Error
+		if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+			return layerNotFound(ref)
+		}
 		return err
 	}
-	l.Project = owner
+	showLayer(principal(r), &l, rl.owner)
 	writeJSON(w, http.StatusOK, &l)
 	return nil
 }
 
 func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
-	name, v, err := layerRef(r.PathValue("ref"))
+	ref := r.PathValue("ref")
+	name, v, err := layerRef(ref)
 	if err != nil {
 		return err
 	}
@@ -240,19 +272,42 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, &api.LayerList{Layers: l})
 		return nil
 	}
-	owner, snap, _, err := s.layerOwner(r.Context(), name)
+	project, err := layerProject(r)
 	if err != nil {
 		return err
 	}
-	if err := ownChange(principal(r), layerKind(snap), owner, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncate(r.PathValue("ref")))}); err != nil {
+	ctx := r.Context()
+	p := principal(r)
+	_, rl, err := s.resolveLayerRef(ctx, p, project, name)
+	if err != nil {
+		return err
+	}
+	// A name nobody has resolves to the shared catalog's: answer it as
+	// missing, before the catalog's "only root changes it".
+	if !rl.known {
+		if has, err := s.storeHas(ctx, rl.stored); err != nil {
+			return err
+		} else if !has {
+			return layerNotFound(ref)
+		}
+	}
+	if err := ownChange(p, layerKind(rl.snap), rl.owner, layerNotFound(ref)); err != nil {
 		return err
 	}
 	var l api.LayerList
-	if err := s.callStore(r.Context(), edge.OpLayerDelete, &edge.LayerRequest{Name: name, Version: v}, &l); err != nil {
+	if err := s.callStore(ctx, edge.OpLayerDelete, &edge.LayerRequest{Name: rl.stored, Version: v}, &l); err != nil {
+		var ae *api.Error
+		if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+			return layerNotFound(ref)
+		}
 		return err
 	}
+	s.forgetLayerName(context.WithoutCancel(ctx), rl)
 	if l.Layers == nil {
 		l.Layers = []api.Layer{}
+	}
+	for i := range l.Layers {
+		showLayer(p, &l.Layers[i], rl.owner)
 	}
 	writeJSON(w, http.StatusOK, &l)
 	return nil

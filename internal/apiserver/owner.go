@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/warrenhq/warren/api"
@@ -121,55 +122,175 @@ type layerOwnerRecord struct {
 	Project string `json:"project"`
 }
 
-// checkLayerUse refuses a layer reference p may not see (404).
-func (s *Server) checkLayerUse(ctx context.Context, p *iam.Principal, ref string) error {
-	name, _, err := image.ParseLayerRef(ref)
-	if err != nil {
-		return nil // the edge answers a malformed reference
-	}
-	owner, snap, _, err := s.layerOwner(ctx, name)
-	if err != nil {
-		return err
-	}
-	return own(p, layerKind(snap), owner, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncate(ref))})
+// Layer names are unique per project, not global: p1 and p2 may each
+// have a ws/calc. The store keeps a project's layer under its qualified
+// name (image.QualifiedLayerName: "~p1/ws/calc"; the root project's, the
+// shared catalog, and every layer made before names were per project
+// under the plain name), and the owners bucket indexes which project has
+// which name (key edge.TrajKey(project, name); a plain name's record
+// keeps the owner it had before). A client names a layer by its plain
+// name: it means its project's own layer of that name, else its parent's,
+// and so on up to the shared catalog (resolveLayerName). A name only
+// another project has is answered as one nobody has.
+
+// resolvedLayer is what a layer name means for a project.
+type resolvedLayer struct {
+	stored string // the store's name
+	name   string // the name its project uses
+	owner  string
+	snap   bool // a snapshot's layer (snap/<id>), owned as the snapshot
+	// known: its owner is recorded (the index, a snapshot); else it is
+	// the shared catalog's or nobody's, as the store says.
+	known bool
 }
 
-// claimLayerName makes project the owner of layer name unless it has one;
-// a name another project owns is refused as missing (404) when p cannot
-// see it, 403 when it is the shared catalog.
-func (s *Server) claimLayerName(ctx context.Context, p *iam.Principal, name, project string) error {
-	missing := &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q belongs to a project you cannot see; choose another name", truncate(name))}
-	owner, snap, exists, err := s.layerOwner(ctx, name)
+// resolveLayerName finds what layer name (no version) means for a
+// sandbox of project: its own layer of that name, else its nearest
+// ancestor's, else the plain name (the shared catalog, or a layer made
+// before names were per project, owned as its record says). A qualified
+// name means itself.
+func (s *Server) resolveLayerName(ctx context.Context, project, name string) (resolvedLayer, error) {
+	if owner, rest := image.SplitLayerName(name); owner != "" {
+		return resolvedLayer{stored: name, name: rest, owner: owner, known: true}, nil
+	}
+	if !strings.HasPrefix(name, "snap/") {
+		for q := project; q != ""; q = parentProject(q) {
+			var rec layerOwnerRecord
+			found, _, err := s.layerOwners.Get(ctx, edge.TrajKey(q, name), &rec)
+			if err != nil {
+				return resolvedLayer{}, storeUnavailable("the layer owner store", err)
+			}
+			if !found {
+				continue
+			}
+			// The index may name a layer whose versions are gone (a
+			// failed first upload, a crash between delete and forget):
+			// the store decides.
+			stored := image.QualifiedLayerName(q, name)
+			if has, err := s.storeHas(ctx, stored); err != nil {
+				return resolvedLayer{}, err
+			} else if has {
+				return resolvedLayer{stored: stored, name: name, owner: q, known: true}, nil
+			}
+		}
+	}
+	owner, snap, known, err := s.layerOwner(ctx, name)
+	if err != nil {
+		return resolvedLayer{}, err
+	}
+	return resolvedLayer{stored: name, name: name, owner: owner, snap: snap, known: known}, nil
+}
+
+// parentProject is project's parent ("" for a top-level project).
+func parentProject(project string) string {
+	if i := strings.LastIndexByte(project, '.'); i >= 0 {
+		return project[:i]
+	}
+	return ""
+}
+
+// layerNotFound is the one answer for a layer the caller may not see and
+// for one that does not exist.
+func layerNotFound(ref string) error {
+	return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncate(ref))}
+}
+
+// resolveLayerRef resolves ref ("name" or "name@3") for p, as a sandbox
+// of project would use it: the store's reference, and what it resolved to.
+func (s *Server) resolveLayerRef(ctx context.Context, p *iam.Principal, project, ref string) (string, resolvedLayer, error) {
+	name, v, err := image.ParseLayerRef(ref)
+	if err != nil {
+		return "", resolvedLayer{}, invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
+	}
+	rl, err := s.resolveLayerName(ctx, project, name)
+	if err != nil {
+		return "", rl, err
+	}
+	if err := own(p, layerKind(rl.snap), rl.owner, layerNotFound(ref)); err != nil {
+		return "", rl, err
+	}
+	stored := rl.stored
+	if v > 0 {
+		stored += "@" + strconv.Itoa(v)
+	}
+	return stored, rl, nil
+}
+
+// claimLayerName records that project has layer name (a new version of it
+// is about to be made) and returns the store's name for it. A project's
+// names are its own: only the root project's plain names are shared, and
+// only root changes those.
+func (s *Server) claimLayerName(ctx context.Context, p *iam.Principal, name, project string) (string, error) {
+	if strings.HasPrefix(name, "snap/") {
+		return "", &api.Error{Code: api.CodeInvalid, Message: "layer names under snap/ are snapshots'; choose another name"}
+	}
+	if strings.HasPrefix(name, "~") {
+		return "", invalid("layer name %q: a new layer is named without its project (it is made in the project of the token or sandbox)", truncate(name))
+	}
+	if project == "" {
+		return name, s.claimCatalogName(ctx, p, name)
+	}
+	key := edge.TrajKey(project, name)
+	var rec layerOwnerRecord
+	found, _, err := s.layerOwners.Get(ctx, key, &rec)
+	if err != nil {
+		return "", storeUnavailable("the layer owner store", err)
+	}
+	if !found {
+		if cerr := s.layerOwners.Create(ctx, key, &layerOwnerRecord{Project: project}); cerr != nil {
+			// Another request claimed it first, or the store failed.
+			if found, _, gerr := s.layerOwners.Get(ctx, key, &rec); gerr != nil || !found {
+				return "", storeUnavailable("the layer owner store", cerr)
+			}
+		}
+	}
+	return image.QualifiedLayerName(project, name), nil
+}
+
+// claimCatalogName checks a new version of a root project's plain name:
+// one made by a project before names were per project stays its.
+func (s *Server) claimCatalogName(ctx context.Context, p *iam.Principal, name string) error {
+	owner, _, exists, err := s.layerOwner(ctx, name)
 	if err != nil {
 		return err
 	}
-	if snap {
-		return &api.Error{Code: api.CodeInvalid, Message: "layer names under snap/ are snapshots'; choose another name"}
-	}
 	if exists {
-		return ownChange(p, iam.KindLayer, owner, missing)
+		return ownChange(p, iam.KindLayer, owner, layerNotFound(name))
 	}
-	// A name with versions but no owner was made before layers had owners:
-	// it stays the shared catalog's, which only root changes.
+	return ownChange(p, iam.KindLayer, "", layerNotFound(name))
+}
+
+// storeHas reports whether the store has a version of layer stored.
+func (s *Server) storeHas(ctx context.Context, stored string) (bool, error) {
 	var l api.LayerList
-	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{Name: name}, &l); err != nil {
-		return err
+	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{Name: stored}, &l); err != nil {
+		return false, err
 	}
-	for _, x := range l.Layers {
-		if x.Name == name {
-			return ownChange(p, iam.KindLayer, "", missing)
-		}
+	return len(l.Layers) > 0, nil
+}
+
+// forgetLayerName drops project's name from the index once the store has
+// no version of it left (deleteLayer), so that the name resolves to an
+// ancestor's again.
+func (s *Server) forgetLayerName(ctx context.Context, rl resolvedLayer) {
+	if rl.snap || rl.owner == "" || rl.stored != image.QualifiedLayerName(rl.owner, rl.name) {
+		return
 	}
-	if cerr := s.layerOwners.Create(ctx, name, &layerOwnerRecord{Project: project}); cerr != nil {
-		// Another request claimed it first: decide by its owner.
-		var rec layerOwnerRecord
-		found, _, gerr := s.layerOwners.Get(ctx, name, &rec)
-		if gerr != nil || !found {
-			return storeUnavailable("the layer owner store", cerr)
-		}
-		return ownChange(p, iam.KindLayer, rec.Project, missing)
+	if has, err := s.storeHas(ctx, rl.stored); err != nil || has {
+		return
 	}
-	return nil
+	_ = s.layerOwners.Delete(ctx, edge.TrajKey(rl.owner, rl.name))
+}
+
+// showLayer turns a store's layer into what p is shown: its project's
+// name and its owner; a layer seen from below (an ancestor's, the shared
+// catalog) without its source, which names the owner's sandboxes.
+func showLayer(p *iam.Principal, l *api.Layer, owner string) {
+	_, l.Name = image.SplitLayerName(l.Name)
+	l.Project = owner
+	if !p.InScope(owner) {
+		l.Source = ""
+	}
 }
 
 // checkSpecUses refuses a create whose snapshot or layers p may not see.
@@ -179,10 +300,17 @@ func (s *Server) checkSpecUses(ctx context.Context, p *iam.Principal, spec *api.
 			return err
 		}
 	}
-	for _, a := range spec.Layers {
-		if err := s.checkLayerUse(ctx, p, a.Layer); err != nil {
+	for i, a := range spec.Layers {
+		if _, _, err := image.ParseLayerRef(a.Layer); err != nil {
+			continue // the edge answers a malformed reference
+		}
+		// The edge gets the store's name: it checks that a qualified name
+		// is the sandbox's project's or an ancestor's (edge.resolveLayer).
+		stored, _, err := s.resolveLayerRef(ctx, p, spec.Project, a.Layer)
+		if err != nil {
 			return err
 		}
+		spec.Layers[i].Layer = stored
 	}
 	return nil
 }

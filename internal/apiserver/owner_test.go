@@ -125,10 +125,18 @@ func randomTree(r *rand.Rand, top string, n int) *tree {
 
 // sees is the model of the rule: scope is owner or one of its ancestors,
 // found by walking parent pointers; the root sees everything, and a layer
-// without an owner is the shared catalog.
+// is seen below its owner too (one without an owner is the shared catalog).
 func (t *tree) sees(scope, owner, kind string) bool {
 	if scope == "" || (kind == iam.KindLayer && owner == "") {
 		return true
+	}
+	if kind == iam.KindLayer {
+		// A layer is a catalog for the projects below its owner.
+		for p := scope; p != ""; p = t.parent[p] {
+			if p == owner {
+				return true
+			}
+		}
 	}
 	for p := owner; p != ""; p = t.parent[p] {
 		if p == scope {
@@ -248,9 +256,9 @@ func checkOwnership(t *testing.T, seed uint64) {
 		switch {
 		case !want && code != http.StatusNotFound:
 			t.Fatalf("%s: %d %s, want 404", where, code, body)
-		case want && c.change && c.kind == iam.KindLayer && c.owner == "" && caller != "":
+		case want && c.change && c.kind == iam.KindLayer && !tr.sees(caller, c.owner, iam.KindSandbox):
 			if code != http.StatusForbidden {
-				t.Fatalf("%s: %d %s, want 403 (the shared catalog is root's)", where, code, body)
+				t.Fatalf("%s: %d %s, want 403 (an ancestor's layer, or the shared catalog, is read-only below)", where, code, body)
 			}
 		case want && (code == http.StatusNotFound || code == http.StatusForbidden):
 			t.Fatalf("%s: %d %s, want it past the ownership check", where, code, body)

@@ -34,29 +34,29 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 		req.Name = "pool-" + hex.EncodeToString(b[:])
 	}
 	pr := principal(r)
-	existing, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
-	if err != nil {
-		return err
-	}
-	old, exists := existing[req.Name]
 	if req.Project == "" {
 		req.Project = pr.Project
-		if exists && pr.Sees(iam.KindPool, old.Project) {
-			req.Project = old.Project // resizing a pool it sees, of a project below
+		// Resizing a pool it sees of a project below, named alone: when
+		// the caller's project has no pool of that name and exactly one
+		// project below has.
+		existing, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
+		if err != nil {
+			return err
+		}
+		if _, own := existing[edge.TrajKey(pr.Project, req.Name)]; !own {
+			if old := visiblePools(pr, existing, req.Name); len(old) == 1 {
+				req.Project = old[0].Project
+			}
 		}
 	}
 	if !pr.Sees(iam.KindProject, req.Project) {
 		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, pr.Project)}
 	}
-	if exists && old.Project != req.Project {
-		// Pool names are one namespace on the nodes: say no more than that.
-		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("pool name %s is taken by another project", req.Name)}
-	}
 	pools, err := s.eachNode(r.Context(), edge.OpPoolPut, &req)
 	if err != nil {
 		return err
 	}
-	p, ok := pools[req.Name]
+	p, ok := pools[edge.TrajKey(req.Project, req.Name)]
 	if !ok {
 		return &api.Error{Code: api.CodeUnavailable, Message: "no node took the pool"}
 	}
@@ -90,34 +90,58 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// poolOf reads pool name for the caller: 404 when it does not exist or the
-// caller may not see it.
+// poolOf reads pool name for the caller: its project's pool of that name
+// (or ?project='s, one it sees), else the one pool of that name of a
+// project below it; 404 when there is none (pool names are per project:
+// another project's pool of the same name is not there for it).
 func (s *Server) poolOf(r *http.Request, name string) (*api.Pool, error) {
 	pools, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
 	if err != nil {
 		return nil, err
 	}
 	missing := &api.Error{Code: api.CodeNotFound, Message: "pool " + truncate(name) + " not found"}
-	p, ok := pools[name]
-	if !ok {
-		return nil, missing
+	pr := principal(r)
+	if project := r.URL.Query().Get("project"); project != "" {
+		p, ok := pools[edge.TrajKey(project, name)]
+		if !ok {
+			return nil, missing
+		}
+		if err := own(pr, iam.KindPool, p.Project, missing); err != nil {
+			return nil, err
+		}
+		return &p, nil
 	}
-	if err := own(principal(r), iam.KindPool, p.Project, missing); err != nil {
-		return nil, err
+	if p, ok := pools[edge.TrajKey(pr.Project, name)]; ok {
+		return &p, nil
 	}
-	return &p, nil
+	if below := visiblePools(pr, pools, name); len(below) == 1 {
+		return &below[0], nil
+	}
+	return nil, missing
+}
+
+// visiblePools lists the pools named name that pr sees.
+func visiblePools(pr *iam.Principal, pools map[string]api.Pool, name string) []api.Pool {
+	var out []api.Pool
+	for _, p := range pools {
+		if p.Name == name && pr.Sees(iam.KindPool, p.Project) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func (s *Server) deletePool(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if _, err := s.poolOf(r, name); err != nil {
-		return err
-	}
-	pools, err := s.eachNode(r.Context(), edge.OpPoolDelete, &edge.PoolNameRequest{Name: name})
+	old, err := s.poolOf(r, name)
 	if err != nil {
 		return err
 	}
-	p, ok := pools[name]
+	pools, err := s.eachNode(r.Context(), edge.OpPoolDelete, &edge.PoolNameRequest{Name: name, Project: old.Project})
+	if err != nil {
+		return err
+	}
+	p, ok := pools[edge.TrajKey(old.Project, name)]
 	if !ok {
 		return &api.Error{Code: api.CodeNotFound, Message: "pool " + truncate(name) + " not found"}
 	}
@@ -126,7 +150,8 @@ func (s *Server) deletePool(w http.ResponseWriter, r *http.Request) error {
 }
 
 // eachNode sends a pool operation to every node that is up and merges the
-// answers (api.Pool or api.PoolList) by pool name. A 4xx from any node is
+// answers (api.Pool or api.PoolList) by edge.TrajKey(project, name):
+// pool names are per project. A 4xx from any node is
 // returned as is (not_found only when every node says so).
 func (s *Server) eachNode(ctx context.Context, op string, req any) (map[string]api.Pool, error) {
 	nodes := s.cfg.Watcher.Up()
@@ -163,7 +188,8 @@ func (s *Server) eachNode(ctx context.Context, op string, req any) (map[string]a
 				return
 			}
 			for _, p := range list.Pools {
-				if q, ok := out[p.Name]; ok {
+				k := edge.TrajKey(p.Project, p.Name)
+				if q, ok := out[k]; ok {
 					q.Ready += p.Ready
 					q.Creating += p.Creating
 					q.Claimed += p.Claimed
@@ -172,7 +198,7 @@ func (s *Server) eachNode(ctx context.Context, op string, req any) (map[string]a
 					}
 					p = q
 				}
-				out[p.Name] = p
+				out[k] = p
 			}
 		}(n.Name)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/placement"
@@ -48,7 +49,7 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 		return err
 	}
 	switch op {
-	case edge.OpExec, edge.OpFileWrite, edge.OpFileRemove, edge.OpFileMkdir, edge.OpFileRename, edge.OpTarPut:
+	case edge.OpExec, edge.OpFileWrite, edge.OpFileRemove, edge.OpFileMkdir, edge.OpFileRename, edge.OpTarPut, edge.OpFileUpload, edge.OpTarUpload:
 		// A recorded operation: the edge must know how far a fast-forward
 		// served here got first.
 		if err := s.endFastForward(ctx, id); err != nil {
@@ -67,8 +68,12 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 		}
 		h[bus.HeaderScope] = p.Project
 	}
-	err = s.cfg.Bus.Call(bus.WithHeaders(ctx, h), bus.EdgeSubject(node), op, req, out, onChunk)
-	if errors.Is(err, bus.ErrNoResponders) {
+	if addr := s.dataAddr(node, op); addr != "" {
+		err = s.callData(ctx, addr, id, op, req, out, onChunk, h)
+	} else {
+		err = s.cfg.Bus.Call(bus.WithHeaders(ctx, h), bus.EdgeSubject(node), op, req, out, onChunk)
+	}
+	if errors.Is(err, bus.ErrNoResponders) || errors.Is(err, dataplane.ErrUnreachable) {
 		if project, lost := s.cfg.Watcher.Lost(ctx, id, node); lost {
 			if !p.Sees(iam.KindSandbox, project) {
 				return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}

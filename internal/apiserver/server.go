@@ -21,6 +21,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/placement"
 	"github.com/warrenhq/warren/internal/watcher"
@@ -53,6 +54,7 @@ type Server struct {
 	placer *placement.Placer
 	idem   jetstream.KeyValue
 
+	data     *dataplane.Client // streams to edges' data listeners
 	trajMeta *bus.Records
 	snaps    *bus.Records
 	// layerOwners: which project owns each layer name (owner.go).
@@ -117,6 +119,8 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/trajectories/{name...}", handler: s.getTrajectory, role: api.RoleViewer},
 		{pattern: "POST /v1/trajectories:replay", handler: s.replayTrajectory},
 		{pattern: "POST /v1/images", handler: s.pullImage},
+		{pattern: "POST /v1/images:commit", handler: s.commitImage},
+		{pattern: "POST /v1/images:import", handler: s.importImage},
 		{pattern: "POST /v1/layers", handler: s.createLayer},
 		{pattern: "GET /v1/layers", handler: s.listLayers, role: api.RoleViewer},
 		{pattern: "POST /v1/layers:gc", handler: s.gcLayers},
@@ -164,6 +168,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}, []string{"route"}),
 	}
 	s.ff = newFFSessions()
+	key, err := cfg.Bus.DataPlaneKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.data = dataplane.NewClient(key)
 	if s.trajMeta, err = cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
 		return nil, err
 	}
@@ -223,6 +232,10 @@ func (s *Server) wrap(rt route) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
 			if rec := recover(); rec != nil {
+				if rec == http.ErrAbortHandler { // a broken stream (below): the server aborts the answer
+					s.requests.WithLabelValues(rt.pattern, "aborted").Inc()
+					panic(rec)
+				}
 				s.log.Error("handler panic", "route", rt.pattern, "panic", rec)
 				if sw.code == 0 {
 					writeError(sw, &api.Error{Code: api.CodeInternal, Message: "internal error"})
@@ -249,9 +262,12 @@ func (s *Server) wrap(rt route) http.Handler {
 		}
 		if err := rt.handler(sw, r); err != nil {
 			if sw.code != 0 {
-				// The answer had started (a stream); nothing more can be said.
-				s.log.Warn("request failed after its answer started", "route", rt.pattern, "err", err)
-				return
+				// The answer had started (a stream): it must not end as if
+				// it were whole. Abort it: HTTP/1.1 closes the connection
+				// without the last chunk, HTTP/2 resets the stream, and the
+				// client sees an error rather than a short 200.
+				s.log.Warn("request failed after its answer started; answer aborted", "route", rt.pattern, "err", err)
+				panic(http.ErrAbortHandler)
 			}
 			writeError(sw, s.toAPIError(err))
 		}
@@ -292,6 +308,8 @@ func (s *Server) toAPIError(err error) *api.Error {
 		return ae
 	case errors.As(err, new(*lostError)):
 		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
+	case errors.Is(err, dataplane.ErrBroken):
+		return &api.Error{Code: api.CodeUnavailable, Message: "the stream from the sandbox's node broke"}
 	case errors.Is(err, bus.ErrNoResponders):
 		return &api.Error{Code: api.CodeUnavailable, Message: "the sandbox's node is not available"}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -69,12 +69,17 @@ type Options struct {
 	// figure (skipped when empty or missing).
 	DebianTar string
 
+	// TransferMB is the size of the transfer figure's file; default 1024.
+	TransferMB int
+
 	cgroupParent string // the private server's sandboxes' cgroup (set by Run)
-	History      HistoryOptions
+	// apiURL and apiToken reach the private server (set by Run).
+	apiURL, apiToken string
+	History          HistoryOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -87,7 +92,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -141,6 +146,9 @@ func (o *Options) defaults() {
 	}
 	if o.PauseHoldMB == 0 {
 		o.PauseHoldMB = 64
+	}
+	if o.TransferMB == 0 {
+		o.TransferMB = 1024
 	}
 }
 
@@ -203,6 +211,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	c := warren.New(url, token)
 	rep := &Report{Started: time.Now().UTC()}
 	o.cgroupParent = serve.CgroupParent(dataDir)
+	o.apiURL, o.apiToken = url, token
 	if o.want("exec") || o.want("create") {
 		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
 			return nil, err
@@ -217,7 +226,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}} {
 		if !o.want(f.name) {
 			continue
 		}

@@ -49,9 +49,11 @@ const (
 
 // keepaliveEvery is how often a busy handler proves it is alive; a caller
 // gives up after idleLimit without any message.
+// A caller that has heard nothing for probeEvery pings the subject.
 const (
 	keepaliveEvery = 5 * time.Second
 	idleLimit      = 20 * time.Second
+	probeEvery     = 500 * time.Millisecond
 )
 
 // ErrNoResponders means nothing serves the subject (the node is not up).
@@ -242,23 +244,39 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 		return fmt.Errorf("bus: publish %s: %w", op, err)
 	}
 
-	idle := time.NewTimer(idleLimit)
-	defer idle.Stop()
+	// A call that stays silent is probed every probeEvery: a ping that
+	// nothing serves means the serving process is gone (killed with the
+	// call in flight), and the call fails at once rather than after
+	// idleLimit, which remains for a process that is alive but stuck.
+	tick := time.NewTimer(probeEvery)
+	defer tick.Stop()
+	last := time.Now()
+	var probe chan error // set while a probe is out
 	var chunkErr error
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-idle.C:
-			return &api.Error{Code: api.CodeUnavailable, Message: "node stopped answering"}
-		case m := <-ch:
-			if !idle.Stop() {
-				select {
-				case <-idle.C:
-				default:
-				}
+		case <-tick.C:
+			if time.Since(last) >= idleLimit {
+				return &api.Error{Code: api.CodeUnavailable, Message: "node stopped answering"}
 			}
-			idle.Reset(idleLimit)
+			if probe == nil && op != opPing {
+				probe = make(chan error, 1)
+				go func(probe chan error) {
+					pctx, cancel := context.WithTimeout(ctx, probeEvery)
+					defer cancel()
+					probe <- c.Ping(pctx, subject)
+				}(probe)
+			}
+			tick.Reset(probeEvery)
+		case err := <-probe:
+			probe = nil
+			if errors.Is(err, ErrNoResponders) {
+				return ErrNoResponders
+			}
+		case m := <-ch:
+			last = time.Now()
 			if m.Header.Get("Status") == "503" {
 				return ErrNoResponders
 			}
@@ -324,10 +342,20 @@ type Replier struct {
 	nc    *nats.Conn
 	reply string
 	mu    sync.Mutex
+	// fn, when set, takes the chunks instead (a call that came over the
+	// data plane, see FuncReplier).
+	fn func(stream string, data []byte) error
 }
+
+// FuncReplier is a Replier whose chunks go to fn: a handler written for
+// bus calls serves a data-plane call with it.
+func FuncReplier(fn func(stream string, data []byte) error) *Replier { return &Replier{fn: fn} }
 
 // Chunk sends one piece of streamed data.
 func (w *Replier) Chunk(stream string, data []byte) error {
+	if w.fn != nil {
+		return w.fn(stream, data)
+	}
 	m := nats.NewMsg(w.reply)
 	m.Header.Set(hdrKind, kindChunk)
 	if stream != "" {
@@ -514,6 +542,16 @@ type inHeadersKey struct{}
 // (the apiserver tells an edge on whose behalf it asks).
 func WithHeaders(ctx context.Context, h map[string]string) context.Context {
 	return context.WithValue(ctx, outHeadersKey{}, h)
+}
+
+// WithIncoming makes ctx carry h as the headers of the request a handler
+// serves (a data-plane call, whose grant says what a bus call's headers do).
+func WithIncoming(ctx context.Context, h map[string]string) context.Context {
+	nh := nats.Header{}
+	for k, v := range h {
+		nh.Set(k, v)
+	}
+	return context.WithValue(ctx, inHeadersKey{}, nh)
 }
 
 // HeaderOf returns a header of the request a handler serves ("" if absent)

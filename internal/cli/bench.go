@@ -53,6 +53,7 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.BurstPool, "burst-pool", 200, "pool-burst: warm pool size of the second run")
 	f.IntVar(&o.PauseCount, "pause-count", 100, "pause: sandboxes paused")
 	f.IntVar(&o.PauseHoldMB, "pause-hold-mb", 64, "pause: anonymous memory each holds")
+	f.IntVar(&o.TransferMB, "transfer-mb", 1024, "transfer: size of the file downloaded and uploaded (MiB)")
 	debianTar := os.Getenv("WARREN_DEBIAN_TAR")
 	if debianTar == "" {
 		debianTar = filepath.Join(DefaultDataDir, "cache", "debian-12.tar") // where `make run` builds it

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -467,7 +468,7 @@ func TestImageImport(t *testing.T) {
 	old := importImage
 	t.Cleanup(func() { importImage = old })
 	importImage = nil
-	if code, _, errs := f.run(t, "", "image", "import", "x.tar", "--name", "x"); code != 1 || !strings.Contains(errs, "not available") {
+	if code, _, errs := f.run(t, "", "image", "import", "x.tar", "--name", "x", "--store", "/s"); code != 1 || !strings.Contains(errs, "not available") {
 		t.Fatalf("nil importer: %d %q", code, errs)
 	}
 	var got []string
@@ -479,9 +480,18 @@ func TestImageImport(t *testing.T) {
 	if code != 0 || out != "busybox:1\n" || strings.Join(got, ",") != "/srv/w/images,/tmp/img.tar,busybox:1" {
 		t.Fatalf("%d %q %v", code, out, got)
 	}
-	f.run(t, "", "image", "import", "a", "--name", "n")
+	f.run(t, "", "image", "import", "a", "--name", "n", "--data-dir", DefaultDataDir)
 	if got[0] != DefaultDataDir+"/images" {
 		t.Fatalf("default store %q", got[0])
+	}
+	// Without --data-dir or --store: uploaded through the API.
+	tarFile := filepath.Join(t.TempDir(), "img.tar")
+	os.WriteFile(tarFile, []byte("tar bytes"), 0o644)
+	got = nil
+	f.run(t, "", "image", "import", tarFile, "--name", "up:1")
+	r := f.last("POST", "/v1/images:import")
+	if got != nil || url.Values(r.Query).Get("name") != "up:1" || string(r.Body) != "tar bytes" {
+		t.Fatalf("upload: local %v, query %v, body %q", got, r.Query, r.Body)
 	}
 	f.run(t, "", "image", "import", "a", "--name", "n", "--store", "/shared/store")
 	if got[0] != "/shared/store" {

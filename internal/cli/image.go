@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -27,7 +29,7 @@ func newImageCmd(g *globals) *cobra.Command {
 		Aliases: []string{"images"},
 		Short:   "manage images",
 	}
-	cmd.AddCommand(newImageLsCmd(g), newImageImportCmd(g), newImagePullCmd(g))
+	cmd.AddCommand(newImageLsCmd(g), newImageImportCmd(g), newImagePullCmd(g), newImageBuildCmd(g))
 	return cmd
 }
 
@@ -75,32 +77,80 @@ func shortDigest(d string) string {
 func newImageImportCmd(g *globals) *cobra.Command {
 	var name, dataDir, store string
 	cmd := &cobra.Command{
-		Use:   "import FILE|DIR --name NAME",
-		Short: "import an OCI archive or layout into the local image store",
-		Long: `Import an OCI image archive (a .tar file) or an OCI layout directory into the
-image store of this machine (--data-dir). This talks to the store directly,
-not to the API, so it runs on the node itself.`,
+		Use:   "import FILE|DIR --name NAME [--data-dir DIR | --store DIR]",
+		Short: "import an OCI archive or layout, a docker-save archive or a root filesystem",
+		Long: `Import an image: an OCI image archive (.tar), an OCI layout directory, a
+docker-save archive, or a root filesystem (a directory or a tarball, plain or
+gzip). By default it is uploaded through the API (POST /v1/images:import), so
+it works against a remote server. With --data-dir or --store it is written
+into the image store directory of this machine instead (no server needed:
+the node's own store, e.g. before its first start).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if importImage == nil {
-				return errors.New("image import is not available in this build")
+			src := args[0]
+			local := cmd.Flags().Changed("data-dir") || cmd.Flags().Changed("store")
+			if local {
+				if importImage == nil {
+					return errors.New("image import is not available in this build")
+				}
+				if store == "" {
+					store = filepath.Join(dataDir, "images")
+				}
+				if err := importImage(cmd.Context(), store, src, name); err != nil {
+					return fmt.Errorf("import %s: %w", src, err)
+				}
+				if g.json {
+					return printJSON(cmd.OutOrStdout(), map[string]string{"name": name, "source": src})
+				}
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), name)
+				return err
 			}
-			if store == "" {
-				store = filepath.Join(dataDir, "images")
-			}
-			if err := importImage(cmd.Context(), store, args[0], name); err != nil {
-				return fmt.Errorf("import %s: %w", args[0], err)
+			img, err := uploadImage(cmd, g, src, name)
+			if err != nil {
+				return fmt.Errorf("import %s: %w", src, err)
 			}
 			if g.json {
-				return printJSON(cmd.OutOrStdout(), map[string]string{"name": name, "source": args[0]})
+				return printJSON(cmd.OutOrStdout(), img)
 			}
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), name)
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.Name, shortDigest(img.Digest))
 			return err
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "image name (required)")
-	cmd.Flags().StringVar(&dataDir, "data-dir", DefaultDataDir, "warren's data directory")
-	cmd.Flags().StringVar(&store, "store", "", "layer store directory (default: DATA_DIR/images)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", DefaultDataDir, "import into the store of this data directory instead of uploading")
+	cmd.Flags().StringVar(&store, "store", "", "import into this layer store directory instead of uploading")
 	_ = cmd.MarkFlagRequired("name")
 	return cmd
+}
+
+// uploadImage sends a file (or a directory, as a tar) to POST
+// /v1/images:import, with progress on stderr.
+func uploadImage(cmd *cobra.Command, g *globals, src, name string) (*api.Image, error) {
+	st, err := os.Stat(src)
+	if err != nil {
+		return nil, err
+	}
+	var body io.Reader
+	var size int64
+	if st.IsDir() {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(writeTarOwners(pw, src, true)) }()
+		defer pr.Close()
+		body = pr
+	} else {
+		f, err := os.Open(src)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		body, size = f, st.Size()
+	}
+	p := newProgress(cmd.ErrOrStderr(), "uploading "+filepath.Base(src), size)
+	defer p.stop()
+	img, err := g.client().ImportImage(cmd.Context(), name, p.reader(body))
+	p.stop()
+	if err == nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "imported %s: %d layers, %s in %.1fs\n", name, len(img.Layers), humanBytes(img.Size), p.elapsed().Seconds())
+	}
+	return img, err
 }

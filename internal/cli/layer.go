@@ -53,14 +53,22 @@ result). Without --version the next version is created.`,
 			var err error
 			switch {
 			case fromSandbox != "":
+				p := newProgress(cmd.ErrOrStderr(), "packing the changes of "+fromSandbox+" (on the server)", 0)
 				l, err = c.CreateLayerFromSandbox(ctx, fromSandbox, name, version)
+				p.stop()
 			case fromTar != "":
 				f, ferr := os.Open(fromTar)
 				if ferr != nil {
 					return ferr
 				}
 				defer f.Close()
-				l, err = c.CreateLayerFromTar(ctx, name, version, f)
+				var size int64
+				if st, err := f.Stat(); err == nil {
+					size = st.Size()
+				}
+				p := newProgress(cmd.ErrOrStderr(), "uploading "+fromTar, size)
+				l, err = c.CreateLayerFromTar(ctx, name, version, p.reader(f))
+				p.stop()
 			default:
 				st, serr := os.Stat(fromDir)
 				if serr != nil {
@@ -71,7 +79,9 @@ result). Without --version the next version is created.`,
 				}
 				pr, pw := io.Pipe()
 				go func() { pw.CloseWithError(writeTarOwners(pw, fromDir, true)) }()
-				l, err = c.CreateLayerFromTar(ctx, name, version, pr)
+				p := newProgress(cmd.ErrOrStderr(), "packing "+fromDir, 0)
+				l, err = c.CreateLayerFromTar(ctx, name, version, p.reader(pr))
+				p.stop()
 				pr.Close()
 			}
 			if err != nil {
@@ -192,7 +202,9 @@ func newImagePullCmd(g *globals) *cobra.Command {
 		Short: "pull an image from an OCI registry into the store",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			p := newProgress(cmd.ErrOrStderr(), "pulling "+args[0]+" (on the server)", 0)
 			img, err := g.client().PullImage(cmd.Context(), args[0], name)
+			p.stop()
 			if err != nil {
 				return err
 			}

@@ -194,7 +194,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	var rootIDs, bindIDs, names []string
 	var binds []agentproto.Bind
 	for i, a := range spec.Layers {
-		l, err := e.cfg.Images.ResolveLayer(ctx, a.Layer)
+		l, err := e.resolveLayer(ctx, a.Layer)
 		if err != nil {
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
@@ -227,13 +227,17 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	// fresh root serves as it is when it has the same layers and disk
 	// limit; else it is rerooted again, into a root made here.
 	env := sandboxEnv(img.Env, spec.Env)
+	user := spec.User
+	if user == "" {
+		user = img.User // the image's USER
+	}
 	root := rootKey(layerIDs, spec.DiskMB)
 	var box *wipedBox
 	if len(binds) == 0 && !sb.stateless && e.recycler() != nil {
 		box = e.takeWiped(recycleKey(spec), root)
 	}
 	if box != nil && box.root == root {
-		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: spec.User}); inst != nil {
+		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: user, Cwd: img.WorkingDir}); inst != nil {
 			sb.mu.Lock()
 			sb.rec.Storage, sb.rec.Layer = box.store, box.layer
 			sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = layerIDs, box.upper, nil
@@ -283,7 +287,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: filepath.Join(stateDir, "root"),
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: env, User: spec.User, Priority: spec.Priority,
+		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs

@@ -24,6 +24,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 )
@@ -33,6 +34,10 @@ type ResolvedImage struct {
 	Digest string
 	Layers []string // layer diff ids ("sha256:<hex>"), top-most first
 	Env    []string // the image's KEY=VALUE environment
+	// WorkingDir and User are the image's defaults for exec (the create
+	// request's user wins over User).
+	WorkingDir string
+	User       string
 }
 
 // ImageResolver finds an image's layers and mounts them. Layers are
@@ -63,6 +68,11 @@ type ImageResolver interface {
 	PullImage(ctx context.Context, ref, name string) (*api.Image, error)
 	// StageFile creates a private file for an upload (on the store's filesystem).
 	StageFile() (*os.File, error)
+	// CommitImage stores an image made of a base image and named layers.
+	CommitImage(ctx context.Context, req *api.CommitImageRequest) (*api.Image, error)
+	// ImportImage stores the archive at path (OCI, docker-save or a root
+	// filesystem tarball) as the image name.
+	ImportImage(ctx context.Context, path, name string) (*api.Image, error)
 }
 
 // ErrImageNotFound is what an ImageResolver returns for unknown names.
@@ -138,6 +148,12 @@ type Config struct {
 	// TelemetryRefusals also records every syscall that fails with EPERM
 	// (telemetry.Options.Refusals: it slows every syscall of the host).
 	TelemetryRefusals bool
+	// DataListen is the address of the data listener (dataplane.go), which
+	// carries exec output and file and tar transfers; "" = none (those then
+	// travel on the bus). DataAdvertise is the address apiservers dial, in
+	// the heartbeat; "" = the listener's own address.
+	DataListen    string
+	DataAdvertise string
 }
 
 // Edge manages the sandboxes of one node.
@@ -154,7 +170,7 @@ type Edge struct {
 	// to date; the reaper drops those that have stopped since.
 	live    map[*sandbox]struct{}
 	closing bool
-	pools   map[string]*pool
+	pools   map[string]*pool       // by pool.id(): names are per project
 	wiped   map[string][]*wipedBox // recycled containers by shape (recycle.go)
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
@@ -192,6 +208,9 @@ type Edge struct {
 	wg     sync.WaitGroup
 
 	uploads uploads // layer tarballs arriving in chunks
+
+	data     *dataplane.Server // the data listener, when DataListen is set
+	dataAddr string            // its advertised address (in the heartbeat)
 
 	snaps    *bus.Records // snapshot records
 	trajMeta *bus.Records // trajectory records
@@ -330,6 +349,11 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	if err := e.startData(ctx); err != nil {
+		_ = sub.Unsubscribe()
+		cancel()
+		return err
+	}
 	e.subs = append(e.subs, sub)
 	e.wg.Add(2)
 	go e.heartbeatLoop(runCtx)
@@ -355,6 +379,9 @@ func (e *Edge) Close(ctx context.Context) error {
 	e.mu.Unlock()
 	for _, s := range e.subs {
 		_ = s.Unsubscribe()
+	}
+	if e.data != nil {
+		_ = e.data.Close() // streams in flight are reset: their callers see an error
 	}
 	if e.cancel != nil {
 		e.cancel()

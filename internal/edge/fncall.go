@@ -39,6 +39,11 @@ const (
 // FnCallRequest asks an edge to run one task.
 type FnCallRequest struct {
 	Call api.FnCallRequest `json:"call"`
+	// Project is the caller's (the apiserver sets it from the token):
+	// workers are per project and shape, so a worker that ran one
+	// project's task never serves another's (the reset is thorough, but
+	// what it may miss must not cross projects).
+	Project string `json:"project,omitempty"`
 }
 
 // fnShape is a set of interchangeable workers (same image and limits).
@@ -114,7 +119,9 @@ func (e *Edge) fncall(ctx context.Context, req *FnCallRequest) (*api.ExecResult,
 	if aerr != nil {
 		return nil, aerr
 	}
+	spec.Project = req.Project
 	key, _ := poolKey(&spec)
+	key = TrajKey(req.Project, key)
 	for attempt := 0; ; attempt++ {
 		w, shape, err := e.fnWorker(ctx, key, &spec)
 		if err != nil {
@@ -403,7 +410,7 @@ func (e *Edge) fnAgentError(w *sandbox, err error) error {
 func (e *Edge) fnViewLocked() []api.NodePool {
 	var out []api.NodePool
 	for _, sh := range e.fn {
-		out = append(out, api.NodePool{Name: fnPoolName(sh.spec.Image) + fmt.Sprintf("/%gcpu/%dmb", sh.spec.CPU, sh.spec.MemoryMB), Size: sh.total, Ready: len(sh.idle)})
+		out = append(out, api.NodePool{Name: fnPoolName(sh.spec.Image) + fmt.Sprintf("/%gcpu/%dmb", sh.spec.CPU, sh.spec.MemoryMB), Project: sh.spec.Project, Size: sh.total, Ready: len(sh.idle)})
 	}
 	return out
 }

@@ -36,6 +36,9 @@ func decode(body []byte, v any) error {
 func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replier) (any, error) {
 	// A request on behalf of a project-scoped principal reaches only the
 	// sandboxes of that project and below.
+	if err := checkSandboxHeader(ctx, op, body); err != nil {
+		return nil, err
+	}
 	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
 	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages && op != OpTrajReplay {
 		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
@@ -137,6 +140,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.cfg.Images.PullImage(ctx, req.Ref, req.Name)
+	case OpImageCommit:
+		var req api.CommitImageRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.cfg.Images.CommitImage(ctx, &req)
 	case OpLayerCreate, OpLayerUpload, OpLayerList, OpLayerGet, OpLayerDelete, OpLayerGC:
 		var req LayerRequest
 		if err := decode(body, &req); err != nil {
@@ -171,7 +180,7 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		return e.deletePool(req.Name)
+		return e.deletePool(req.Project, req.Name)
 	case OpFnCall:
 		var req FnCallRequest
 		if err := decode(body, &req); err != nil {
@@ -478,7 +487,7 @@ func (e *Edge) file(ctx context.Context, op string, req *FileRequest, w *bus.Rep
 		agentOp, body = agentproto.OpTarGet, &agentproto.PathRequest{Path: req.Path}
 		onChunk = func(r *agentproto.Response) error { return w.Chunk("data", r.Data) }
 	case OpTarPut:
-		agentOp, body, out = agentproto.OpTarPut, &agentproto.TarPutRequest{Path: req.Path, Handle: req.Handle, Data: req.Data, Final: req.Final}, &TarPutResult{}
+		agentOp, body, out = agentproto.OpTarPut, &agentproto.TarPutRequest{Path: req.Path, Handle: req.Handle, Data: req.Data, Final: req.Final, Abort: req.Abort}, &TarPutResult{}
 	}
 	if err := agent.Call(ctx, agentOp, body, out, onChunk); err != nil {
 		return nil, e.agentError(sb, err)

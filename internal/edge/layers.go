@@ -4,13 +4,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // MaxLayerUpload bounds one uploaded layer tarball.
@@ -24,6 +28,7 @@ type upload struct {
 	n     int64
 	name  string
 	ver   int
+	image string // an image archive to import as this name
 	last  time.Time
 	inUse bool
 }
@@ -66,6 +71,37 @@ func (e *Edge) layerOp(ctx context.Context, op string, req *LayerRequest) (any, 
 	return nil, badRequest("unknown layer operation %q", op)
 }
 
+// resolveLayer finds the layer that ref names in the store. Layer names
+// are per project (image.QualifiedLayerName); the apiserver resolves a
+// client's plain name to its project's, an ancestor's or the shared
+// catalog's (owner.go) and sends the qualified name ("~p/name", also what
+// a sandbox's spec pins), and a scoped create may name only layers its
+// scope sees (checkLayerScope). A plain name is the root project's shared
+// catalog, or a snapshot's snap/<id>.
+func (e *Edge) resolveLayer(ctx context.Context, ref string) (*api.Layer, error) {
+	l, err := e.cfg.Images.ResolveLayer(ctx, ref)
+	var ae *api.Error
+	if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncateName(ref))}
+	}
+	return l, err
+}
+
+// checkLayerScope refuses (404, as a name nobody has) a scoped create that
+// names a project's layer its scope does not see: the project's own, an
+// ancestor's (layers are catalogs for the projects below) or a
+// descendant's; the edge's own check behind the apiserver's.
+func checkLayerScope(spec *api.CreateSandboxRequest, scope string) error {
+	for _, a := range spec.Layers {
+		name, _, _ := strings.Cut(a.Layer, "@")
+		owner, _ := image.SplitLayerName(name)
+		if owner != "" && !sandboxspec.Within(scope, owner) && !sandboxspec.Within(owner, scope) {
+			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", truncateName(a.Layer))}
+		}
+	}
+	return nil
+}
+
 // upload appends a chunk of a layer tarball to a staging file beside the
 // store; the final chunk turns it into the layer.
 func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
@@ -92,7 +128,7 @@ func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		handle = hex.EncodeToString(b[:])
-		u = &upload{f: f, name: req.Name, ver: req.Version}
+		u = &upload{f: f, name: req.Name, ver: req.Version, image: req.Image}
 		e.uploads.m[handle] = u
 	} else if u = e.uploads.m[handle]; u == nil || u.inUse {
 		e.uploads.mu.Unlock()
@@ -131,7 +167,10 @@ func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
 	}
 	defer finish()
 	if u.n == 0 {
-		return nil, badRequest("the layer tarball is empty")
+		return nil, badRequest("the uploaded archive is empty")
+	}
+	if u.image != "" {
+		return e.cfg.Images.ImportImage(ctx, u.f.Name(), u.image)
 	}
 	return e.cfg.Images.CreateLayerFromTar(ctx, u.name, u.ver, u.f.Name())
 }

@@ -22,6 +22,7 @@ const (
 	OpTarPut      = "tar_put"
 	OpImages      = "images"
 	OpImagePull   = "image_pull"
+	OpImageCommit = "image_commit"   // api.CommitImageRequest -> api.Image
 	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
 	OpPause       = "pause"          // IDRequest -> api.Sandbox
 	OpResume      = "resume"         // ResumeSandboxRequest -> api.Sandbox
@@ -58,6 +59,9 @@ type LayerRequest struct {
 	Data    []byte `json:"data,omitempty"`
 	Final   bool   `json:"final,omitempty"`
 	Abort   bool   `json:"abort,omitempty"`
+	// Image makes an upload an image archive imported under this name
+	// (layer_upload; Name and Version are then unused).
+	Image string `json:"image,omitempty"`
 }
 
 // UploadResult answers a non-final upload chunk.
@@ -84,7 +88,8 @@ type CreateBatchItem struct {
 
 // PoolNameRequest names one warm pool.
 type PoolNameRequest struct {
-	Name string `json:"name"`
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"` // pool names are per project
 }
 
 // PauseMatchingRequest pauses (or, with Resume, resumes) every sandbox of
@@ -155,6 +160,7 @@ type FileRequest struct {
 	Data      []byte `json:"data,omitempty"`
 	Handle    string `json:"handle,omitempty"` // tar_put
 	Final     bool   `json:"final,omitempty"`  // tar_put
+	Abort     bool   `json:"abort,omitempty"`  // tar_put: the upload broke, extract nothing
 }
 
 // TarPutResult answers tar_put.

@@ -113,3 +113,31 @@ func TestLegacyTrajectoryKey(t *testing.T) {
 		}
 	}
 }
+
+// TestLayerScope: a scoped create names a project's layer (by its
+// qualified name) only when its scope sees it: its own project's, an
+// ancestor's or a descendant's; never a sibling's.
+func TestLayerScope(t *testing.T) {
+	for _, c := range []struct {
+		scope, layer string
+		ok           bool
+	}{
+		{"p1", "~p1/ws/calc@1", true},
+		{"p1.c", "~p1/ws/calc", true}, // the parent's: a catalog below it
+		{"p1", "~p1.c/ws/calc", true}, // the child's: the parent sees it
+		{"p2", "~p1/ws/calc@1", false},
+		{"p1x", "~p1/ws/calc", false},
+		{"p1", "~p1x/ws/calc", false},
+		{"p2", "ws/calc", true}, // the shared catalog
+		{"p2", "snap/snap-0123456789abcdef", true},
+	} {
+		spec := &api.CreateSandboxRequest{Image: "busybox", Project: c.scope, Layers: []api.LayerAttachment{{Layer: "toolkit/x"}, {Layer: c.layer}}}
+		err := checkLayerScope(spec, c.scope)
+		if c.ok != (err == nil) {
+			t.Errorf("scope %s, layer %s: %v, want ok=%v", c.scope, c.layer, err, c.ok)
+		}
+		if err != nil && (err.(*api.Error).Code != api.CodeNotFound || err.Error() != (&api.Error{Code: api.CodeNotFound, Message: `layer "` + c.layer + `" not found`}).Error()) {
+			t.Errorf("scope %s, layer %s: %v, want the answer for a name nobody has", c.scope, c.layer, err)
+		}
+	}
+}

@@ -52,6 +52,10 @@ type pool struct {
 	cancel   context.CancelFunc
 }
 
+// id is the pool's key in Edge.pools: pool names are per project, like
+// trajectories' (TrajKey).
+func (p *pool) id() string { return TrajKey(p.project, p.name) }
+
 // poolKey is what a create must match to be served from a pool.
 func poolKey(s *api.CreateSandboxRequest) (string, bool) {
 	if len(s.Env) > 0 || s.User != "" || s.Hostname != "sandbox" {
@@ -160,10 +164,7 @@ func (e *Edge) putPool(ctx context.Context, r *api.PoolRequest) (*api.Pool, erro
 	if e.closing {
 		return nil, &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonShuttingDown, Message: "node is shutting down"}
 	}
-	p := e.pools[r.Name]
-	if p != nil && p.project != r.Project {
-		return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("pool name %s is taken by another project", r.Name)}
-	}
+	p := e.pools[TrajKey(r.Project, r.Name)]
 	if p != nil && p.key != key {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("pool %s exists with another shape; delete it first", r.Name)}
 	}
@@ -174,7 +175,7 @@ func (e *Edge) putPool(ctx context.Context, r *api.PoolRequest) (*api.Pool, erro
 	}
 	if p == nil {
 		p = &pool{name: r.Name, project: r.Project, spec: spec, key: key, kick: make(chan struct{}, 1)}
-		e.pools[r.Name] = p
+		e.pools[p.id()] = p
 		fctx, cancel := context.WithCancel(e.runCtx)
 		p.cancel = cancel
 		e.wg.Add(1)
@@ -213,15 +214,15 @@ func (e *Edge) dropPoolMembers(sbs []*sandbox) {
 	}
 }
 
-func (e *Edge) deletePool(name string) (*api.Pool, error) {
+func (e *Edge) deletePool(project, name string) (*api.Pool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	p := e.pools[name]
+	p := e.pools[TrajKey(project, name)]
 	if p == nil {
 		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("pool %s not found", truncateName(name))}
 	}
 	v := e.poolViewLocked(p)
-	delete(e.pools, name)
+	delete(e.pools, p.id())
 	p.cancel()
 	e.dropPoolMembers(p.ready)
 	p.ready = nil
@@ -340,7 +341,7 @@ func (e *Edge) addPoolMember(ctx context.Context, p *pool) error {
 		e.dropLocked(id)
 		return err
 	}
-	if e.pools[p.name] != p || e.closing || len(p.ready) >= p.size {
+	if e.pools[p.id()] != p || e.closing || len(p.ready) >= p.size {
 		// The pool went away or shrank meanwhile.
 		e.dropPoolMembers([]*sandbox{sb})
 		return nil

@@ -207,8 +207,12 @@ func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest)
 
 // checkSnapshotScope refuses (404) a create on behalf of a project-scoped
 // caller whose snapshot, or a snap/ layer, belongs to a project outside its
-// scope: the edge's own check behind the apiserver's (ownership).
+// scope, or that names a project's layer the scope does not see: the
+// edge's own check behind the apiserver's (ownership).
 func (e *Edge) checkSnapshotScope(ctx context.Context, spec *api.CreateSandboxRequest, scope string) error {
+	if err := checkLayerScope(spec, scope); err != nil {
+		return err
+	}
 	sids := []string{}
 	if spec.Snapshot != "" {
 		sids = append(sids, spec.Snapshot)

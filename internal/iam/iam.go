@@ -82,14 +82,17 @@ const (
 // asks this before it reads, uses, changes or lists one.
 // A token reaches its own project and every project below it, never one
 // above it or beside it (the rule of sandboxes since the first IAM).
-// The one widening: a layer made by a root token (owner "") is the
-// operator's shared catalog, like an image: every project may read and
-// mount it, only root may change it (see Changes).
+// The one widening: layers are catalogs for the projects below. A layer
+// of the root project (owner "", made by a root token) is the operator's
+// shared catalog, like an image: every project may read and mount it; a
+// layer of project p is read and mounted by p's descendants too (a name
+// resolves to the project's own layer first, then its ancestors'). Only
+// the owner's scope changes one (see Changes).
 func (p *Principal) Sees(kind, owner string) bool {
 	if p == nil {
 		return false
 	}
-	if kind == KindLayer && owner == "" {
+	if kind == KindLayer && Within(p.Project, owner) {
 		return true
 	}
 	return p.InScope(owner)

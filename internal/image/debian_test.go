@@ -30,7 +30,13 @@ func TestImportDebianTarball(t *testing.T) {
 	if err != nil || string(out) != "42\n" {
 		t.Fatalf("python3 in the image: %q %v", out, err)
 	}
-	if _, err := os.Lstat(filepath.Join(dirs[0], "bin/bash")); err != nil {
-		t.Fatal(err)
+	// The tools an agent reaches for, and the byte-compiled standard
+	// library (docs/operations.md, "The bundled debian:12 image").
+	for _, p := range []string{"bin/bash", "usr/bin/git", "usr/bin/curl", "usr/bin/ps", "usr/bin/less", "usr/bin/patch",
+		"usr/bin/diff", "usr/lib/python3.11/venv/__init__.py", "usr/lib/python3.11/json/__pycache__/__init__.cpython-311.pyc",
+		"usr/lib/python3.11/unittest/__pycache__/main.cpython-311.pyc"} {
+		if _, err := os.Lstat(filepath.Join(dirs[0], p)); err != nil {
+			t.Error(err)
+		}
 	}
 }

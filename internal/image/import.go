@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -68,7 +69,10 @@ func (s *LocalStore) Import(ctx context.Context, src string, name string) (*Imag
 		var kind archiveKind
 		kind, err = sniffArchive(src)
 		if err != nil {
-			return nil, fmt.Errorf("image: import %s: %w", src, err)
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+				return nil, fmt.Errorf("image: import %s: %w", src, err)
+			}
+			return nil, fmt.Errorf("%w: import %s: %w", ErrBadContent, src, err)
 		}
 		switch kind {
 		case kindDocker:
@@ -88,6 +92,10 @@ func (s *LocalStore) Import(ctx context.Context, src string, name string) (*Imag
 		}
 	}
 	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, fs.ErrPermission) && !errors.Is(err, ErrNoSpace) && !errors.Is(err, ErrBadContent) {
+			// Not an archive this store can read: the caller's fault.
+			return nil, fmt.Errorf("%w: import %s: %w", ErrBadContent, src, err)
+		}
 		return nil, fmt.Errorf("image: import %s: %w", src, err)
 	}
 	return s.importLayers(ctx, name, cfg, srcs)

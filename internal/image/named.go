@@ -58,7 +58,20 @@ func (l *Layer) API() api.Layer {
 
 // ValidLayerName checks a layer name: 1 to 128 characters, segments of
 // [a-z0-9._-] starting with a letter or digit, joined by "/".
+//
+// A name may be qualified by its project, "~<project>/<name>" (see
+// QualifiedLayerName): names are per project.
 func ValidLayerName(name string) error {
+	if project, rest, ok := cutQualified(name); ok {
+		if !validProjectID(project) {
+			return fmt.Errorf("%w: layer name %q: %q is not a project", ErrInvalid, trunc(name), trunc(project))
+		}
+		return validPlainLayerName(rest)
+	}
+	return validPlainLayerName(name)
+}
+
+func validPlainLayerName(name string) error {
 	if name == "" || len(name) > 128 {
 		return fmt.Errorf("%w: layer name %q: length must be 1..128", ErrInvalid, trunc(name))
 	}
@@ -81,6 +94,55 @@ func ValidLayerName(name string) error {
 		return fmt.Errorf("%w: layer name %q: '..' not allowed", ErrInvalid, trunc(name))
 	}
 	return nil
+}
+
+// QualifiedLayerName is the store's name for layer name of project:
+// "~<project>/<name>", or name itself for the root project (whose layers
+// are the shared catalog, like every layer made before names were per
+// project). Layer names are unique per project: p1 and p2 may each have
+// their own ws/calc.
+func QualifiedLayerName(project, name string) string {
+	if project == "" {
+		return name
+	}
+	return "~" + project + "/" + name
+}
+
+// SplitLayerName splits a store name into its project ("" for the root
+// project) and the name its project uses.
+func SplitLayerName(stored string) (project, name string) {
+	if project, rest, ok := cutQualified(stored); ok {
+		return project, rest
+	}
+	return "", stored
+}
+
+func cutQualified(name string) (project, rest string, ok bool) {
+	q, ok := strings.CutPrefix(name, "~")
+	if !ok {
+		return "", "", false
+	}
+	project, rest, _ = strings.Cut(q, "/")
+	return project, rest, true
+}
+
+// validProjectID is sandboxspec.ValidProject's grammar (which imports
+// this package): names of a-z, 0-9 and '-' joined by '.'.
+func validProjectID(id string) bool {
+	if id == "" || len(id) > 512 {
+		return false
+	}
+	for _, seg := range strings.Split(id, ".") {
+		if seg == "" || seg[0] == '-' || seg[len(seg)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(seg); i++ {
+			if c := seg[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func trunc(s string) string {

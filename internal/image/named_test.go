@@ -296,3 +296,46 @@ func TestPrivateChangesEqualTarPath(t *testing.T) {
 		t.Fatalf("device node: %v", err)
 	}
 }
+
+// TestQualifiedLayerNames: a project's layer lives under its qualified
+// name, apart from the plain name of the same spelling and from another
+// project's; malformed qualifications are invalid.
+func TestQualifiedLayerNames(t *testing.T) {
+	requireRoot(t)
+	s := newStore(t)
+	ctx := context.Background()
+	for project, content := range map[string]string{"": "root", "p1": "one", "p2.c": "two"} {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, "f"), []byte(content), 0o644)
+		q := QualifiedLayerName(project, "ws/calc")
+		if p, n := SplitLayerName(q); p != project || n != "ws/calc" {
+			t.Fatalf("split %q: %q %q", q, p, n)
+		}
+		l, err := s.CreateLayerFromDir(ctx, q, 0, dir)
+		if err != nil || l.Name != q || l.Version != 1 {
+			t.Fatalf("create %q: %+v %v", q, l, err)
+		}
+	}
+	all, err := s.ListLayers(ctx, "")
+	if err != nil || len(all) != 3 {
+		t.Fatalf("list: %+v %v", all, err)
+	}
+	digests := map[string]bool{}
+	for _, l := range all {
+		digests[l.Digest] = true
+	}
+	if len(digests) != 3 {
+		t.Fatalf("three contents, %d digests", len(digests))
+	}
+	if l, err := s.ResolveLayer(ctx, "~p1/ws/calc@1"); err != nil || l.Name != "~p1/ws/calc" {
+		t.Fatalf("resolve the qualified name: %+v %v", l, err)
+	}
+	if ls, err := s.ListLayers(ctx, "~p2.c/ws/calc"); err != nil || len(ls) != 1 {
+		t.Fatalf("list one project's name: %+v %v", ls, err)
+	}
+	for _, bad := range []string{"~", "~/ws/x", "~p1", "~p1/", "~P1/x", "~p1/~p2/x", "~p1/../x", "~p1..x/y", "~.p1/x", "~p1-/x"} {
+		if _, _, err := ParseLayerRef(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%q: %v, want invalid", bad, err)
+		}
+	}
+}

@@ -65,6 +65,9 @@ type Config struct {
 	Cmd        []string `json:"cmd,omitempty"`
 	WorkingDir string   `json:"working_dir,omitempty"`
 	User       string   `json:"user,omitempty"`
+	// Recorded by image build (Dockerfile LABEL and EXPOSE); not used.
+	Labels       map[string]string `json:"labels,omitempty"`
+	ExposedPorts []string          `json:"exposed_ports,omitempty"`
 }
 
 // Image is one stored image.
@@ -81,7 +84,13 @@ type Image struct {
 
 // API returns the wire form of the image.
 func (i *Image) API() api.Image {
-	return api.Image{Name: i.Name, Digest: i.Digest, Layers: append([]string(nil), i.Layers...), Size: i.Size, CreatedAt: i.CreatedAt}
+	a := api.Image{Name: i.Name, Digest: i.Digest, Layers: append([]string(nil), i.Layers...), Size: i.Size, CreatedAt: i.CreatedAt}
+	c := i.Config
+	if len(c.Env) > 0 || c.WorkingDir != "" || c.User != "" || len(c.Cmd) > 0 || len(c.Entrypoint) > 0 || len(c.Labels) > 0 || len(c.ExposedPorts) > 0 {
+		a.Config = &api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Cmd: c.Cmd,
+			Entrypoint: c.Entrypoint, Labels: c.Labels, ExposedPorts: c.ExposedPorts}
+	}
+	return a
 }
 
 // digestOf is the image digest: sha256 over the canonical JSON of config

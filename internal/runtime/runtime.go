@@ -35,6 +35,9 @@ type Spec struct {
 	Pids     int64   // 0 = unlimited
 	Env      map[string]string
 	User     string
+	// Cwd is the default directory of exec (the image's WORKDIR); "" =
+	// the user's home directory.
+	Cwd string
 	// Stateless, when set, makes a reusable sandbox (the FnCall tier): a
 	// read-only root where only these directories (empty tmpfs) are
 	// writable; the agent's OpReset returns it to its initial state.

@@ -32,7 +32,8 @@ func (r imageResolver) ResolveLayers(ctx context.Context, name string) (*edge.Re
 	for i := len(img.Layers) - 1; i >= 0; i-- {
 		layers = append(layers, img.Layers[i])
 	}
-	return &edge.ResolvedImage{Digest: img.Digest, Layers: layers, Env: img.Config.Env}, nil
+	return &edge.ResolvedImage{Digest: img.Digest, Layers: layers, Env: img.Config.Env,
+		WorkingDir: img.Config.WorkingDir, User: img.Config.User}, nil
 }
 
 func (r imageResolver) MountLayers(holder string, ids []string) ([]string, error) {
@@ -187,3 +188,31 @@ func (r imageResolver) PullImage(ctx context.Context, ref, name string) (*api.Im
 }
 
 func (r imageResolver) StageFile() (*os.File, error) { return r.store.StageFile() }
+
+func (r imageResolver) CommitImage(ctx context.Context, req *api.CommitImageRequest) (*api.Image, error) {
+	var cfg image.Config
+	if c := req.Config; c != nil {
+		cfg = image.Config{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Cmd: c.Cmd, Entrypoint: c.Entrypoint,
+			Labels: c.Labels, ExposedPorts: c.ExposedPorts}
+	}
+	img, err := r.store.Commit(ctx, req.Name, req.Base, req.Layers, cfg)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	a := img.API()
+	return &a, nil
+}
+
+func (r imageResolver) ImportImage(ctx context.Context, path, name string) (*api.Image, error) {
+	img, err := r.store.Import(ctx, path, name)
+	if err != nil {
+		err = storeErr(err)
+		var ae *api.Error
+		if errors.As(err, &ae) { // the staging file means nothing to the client
+			ae.Message = strings.ReplaceAll(ae.Message, path, "the uploaded archive")
+		}
+		return nil, err
+	}
+	a := img.API()
+	return &a, nil
+}

@@ -230,8 +230,17 @@ type EdgeOptions struct {
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	NoTelemetry          bool          // see Options.NoTelemetry
 	TelemetryRefusals    bool          // see Options.TelemetryRefusals
-	Logger               *slog.Logger
+	// DataListen and DataAdvertise: the edge's data listener (see
+	// edge.Config); DataListen "" = DefaultDataListen.
+	DataListen    string
+	DataAdvertise string
+	Logger        *slog.Logger
 }
+
+// DefaultDataListen is the data listener of an edge: loopback, on a port
+// the kernel picks (advertised in the heartbeat). An edge on another host
+// than its apiservers listens on an address they can reach.
+const DefaultDataListen = "127.0.0.1:0"
 
 func (o *EdgeOptions) defaults() error {
 	so := Options{DataDir: o.DataDir, Node: o.Node, AgentPath: o.AgentPath, Logger: o.Logger,
@@ -241,6 +250,9 @@ func (o *EdgeOptions) defaults() error {
 	}
 	o.DataDir, o.Node, o.AgentPath, o.Logger = so.DataDir, so.Node, so.AgentPath, so.Logger
 	o.CPUOvercommit, o.MemoryOvercommit, o.DiskOvercommit = so.CPUOvercommit, so.MemoryOvercommit, so.DiskOvercommit
+	if o.DataListen == "" {
+		o.DataListen = DefaultDataListen
+	}
 	if o.Store == "" {
 		o.Store = filepath.Join(o.DataDir, "images")
 	}
@@ -352,6 +364,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals,
+		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
 	if err != nil {
 		stop()

@@ -448,6 +448,17 @@ func (w *Watcher) Known(node string) (known, up bool) {
 	return true, !e.down && w.now().Sub(e.received) <= DownAfter
 }
 
+// DataAddr is the address of node's data listener from its last
+// heartbeat ("" when unknown, or when the node has none).
+func (w *Watcher) DataAddr(node string) string {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if e := w.nodes[node]; e != nil {
+		return e.node.DataAddr
+	}
+	return ""
+}
+
 // WaitForNode blocks until node is up or the timeout passes.
 func (w *Watcher) WaitForNode(node string, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)

@@ -97,3 +97,26 @@ func (c *Client) PullImage(ctx context.Context, ref, name string) (*api.Image, e
 	}
 	return &img, nil
 }
+
+// CommitImage stores an image made of a base image and named layers
+// stacked above it, with config's settings over the base's (the last step
+// of an image build).
+func (c *Client) CommitImage(ctx context.Context, req api.CommitImageRequest) (*api.Image, error) {
+	var img api.Image
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/images:commit", json: &req, retry: true}, &img); err != nil {
+		return nil, err
+	}
+	return &img, nil
+}
+
+// ImportImage uploads an image archive (OCI archive, docker-save archive or
+// a root filesystem tarball, plain or gzip) and stores it as name. A
+// seekable r is replayed on retry.
+func (c *Client) ImportImage(ctx context.Context, name string, r io.Reader) (*api.Image, error) {
+	var img api.Image
+	q := url.Values{"name": {name}}
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/images:import", query: q, body: r, ctype: "application/x-tar", retry: true}, &img); err != nil {
+		return nil, err
+	}
+	return &img, nil
+}

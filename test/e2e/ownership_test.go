@@ -180,7 +180,7 @@ func TestOwnership(t *testing.T) {
 	})
 
 	t.Run("layer", func(t *testing.T) {
-		for name, c := range map[string]*warren.Client{"sibling": o.p2, "child": o.child} {
+		for name, c := range map[string]*warren.Client{"sibling": o.p2} {
 			_, err := c.Layer(ctx, o.layer)
 			mustCode(t, name+" reads p1's layer", err, api.CodeNotFound)
 			_, err = c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64,
@@ -197,9 +197,21 @@ func TestOwnership(t *testing.T) {
 					t.Fatalf("%s lists p1's layer %s", name, l.Name)
 				}
 			}
-			_, err = c.CreateLayerFromTar(ctx, o.layer, 0, strings.NewReader(""))
-			if code := warren.CodeOf(err); code != api.CodeForbidden && code != api.CodeNotFound && code != api.CodeConflict {
-				t.Fatalf("%s adds a version to p1's layer name: %v", name, err)
+		}
+		// The child project reads and mounts its parent's layers (they
+		// resolve after its own), and changes none of them.
+		if l, err := o.child.Layer(ctx, o.layer); err != nil || l.Project != "p1" {
+			t.Fatalf("p1.c reads p1's layer: %+v %v", l, err)
+		}
+		_, err := o.child.DeleteLayer(ctx, o.layer)
+		mustCode(t, "p1.c deletes p1's layer", err, api.CodeForbidden)
+		if ls, err := o.child.Layers(ctx, ""); err != nil {
+			t.Fatalf("p1.c lists layers: %v", err)
+		} else {
+			for _, l := range ls {
+				if strings.HasPrefix(l.Name, "snap/") {
+					t.Fatalf("p1.c lists p1's snapshot layer %s", l.Name)
+				}
 			}
 		}
 		if l, err := o.p1.Layer(ctx, o.layer); err != nil || l.Project != "p1" {
@@ -222,10 +234,173 @@ func TestOwnership(t *testing.T) {
 		if b, err := o.p2.ReadFileBytes(ctx, sb.ID, "/opt/shared/shared.txt"); err != nil || string(b) != "ok" {
 			t.Fatalf("p2 mounts the catalog layer: %q %v", b, err)
 		}
-		_, err := o.p2.CreateLayerFromTar(ctx, "toolkit/shared", 0, bytes.NewReader(tb.Bytes()))
-		mustCode(t, "p2 adds a version to the catalog layer", err, api.CodeForbidden)
 		_, err = o.p2.DeleteLayer(ctx, "toolkit/shared")
 		mustCode(t, "p2 deletes the catalog layer", err, api.CodeForbidden)
+	})
+
+	t.Run("layer-names-per-project", func(t *testing.T) {
+		tarOf := func(content string) *bytes.Reader {
+			var tb bytes.Buffer
+			tw := tar.NewWriter(&tb)
+			_ = tw.WriteHeader(&tar.Header{Name: "calc.txt", Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg})
+			_, _ = tw.Write([]byte(content))
+			_ = tw.Close()
+			return bytes.NewReader(tb.Bytes())
+		}
+		sees := func(who string, c *warren.Client, want string) *api.Sandbox {
+			t.Helper()
+			sb := o.mk(t, c, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Layers: []api.LayerAttachment{{Layer: "ws/calc", Mount: "/opt/calc"}}})
+			if b, err := c.ReadFileBytes(ctx, sb.ID, "/opt/calc/calc.txt"); err != nil || string(b) != want {
+				t.Fatalf("%s's sandbox mounts ws/calc: %q %v, want %q", who, b, err, want)
+			}
+			return sb
+		}
+		if _, err := o.p1.CreateLayerFromTar(ctx, "ws/calc", 0, tarOf("p1-calc")); err != nil {
+			t.Fatalf("p1 publishes ws/calc: %v", err)
+		}
+		// Before p2 publishes it, p2 cannot tell p1's name from no name.
+		_, errTaken := o.p2.Layer(ctx, "ws/calc")
+		_, errNone := o.p2.Layer(ctx, "ws/calc-none")
+		if warren.CodeOf(errTaken) != api.CodeNotFound || warren.CodeOf(errNone) != api.CodeNotFound ||
+			strings.ReplaceAll(errTaken.Error(), "ws/calc", "X") != strings.ReplaceAll(errNone.Error(), "ws/calc-none", "X") {
+			t.Fatalf("p2 reads p1's ws/calc: %v; a name nobody has: %v", errTaken, errNone)
+		}
+		_, errTaken = o.p2.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64, Layers: []api.LayerAttachment{{Layer: "ws/calc"}}})
+		mustCode(t, "p2 mounts p1's ws/calc", errTaken, api.CodeNotFound)
+		if ls, err := o.p2.Layers(ctx, "ws/calc"); err != nil || len(ls) != 0 {
+			t.Fatalf("p2 lists ws/calc: %+v %v", ls, err)
+		}
+		l2, err := o.p2.CreateLayerFromTar(ctx, "ws/calc", 0, tarOf("p2-calc"))
+		if err != nil || l2.Name != "ws/calc" || l2.Project != "p2" || l2.Version != 1 {
+			t.Fatalf("p2 publishes its own ws/calc: %+v %v", l2, err)
+		}
+		sees("p1", o.p1, "p1-calc")
+		sb2 := sees("p2", o.p2, "p2-calc")
+		// A snapshot pins p2's layer: its restore and fork mount it again.
+		snap2, err := o.p2.Snapshot(ctx, sb2.ID, api.CreateSnapshotRequest{})
+		if err != nil {
+			t.Fatalf("p2 snapshots its sandbox: %v", err)
+		}
+		t.Cleanup(func() { _ = o.s.C.DeleteSnapshot(context.Background(), snap2.ID) })
+		restored := o.mk(t, o.p2, api.CreateSandboxRequest{Snapshot: snap2.ID, CPU: 0.1, MemoryMB: 64})
+		if b, err := o.p2.ReadFileBytes(ctx, restored.ID, "/opt/calc/calc.txt"); err != nil || string(b) != "p2-calc" {
+			t.Fatalf("p2's restore mounts ws/calc: %q %v", b, err)
+		}
+		// Root restores it too (into the root project): the pinned layer
+		// is p2's, which root sees.
+		rootSB := o.mk(t, o.s.C, api.CreateSandboxRequest{Snapshot: snap2.ID, CPU: 0.1, MemoryMB: 64})
+		if b, err := o.s.C.ReadFileBytes(ctx, rootSB.ID, "/opt/calc/calc.txt"); err != nil || string(b) != "p2-calc" {
+			t.Fatalf("root's restore of p2's snapshot mounts ws/calc: %q %v", b, err)
+		}
+		// A trajectory keeps the resolved layer: its replay reads p2's.
+		tsb := o.mk(t, o.p2, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: "calc-run",
+			Layers: []api.LayerAttachment{{Layer: "ws/calc", Mount: "/opt/calc"}}})
+		if r, err := o.p2.Exec(ctx, tsb.ID, api.ExecRequest{Cmd: "cat /opt/calc/calc.txt"}); err != nil || r.Stdout != "p2-calc" {
+			t.Fatalf("p2's trajectory sandbox reads ws/calc: %+v %v", r, err)
+		}
+		if rep, err := o.p2.ReplayTrajectory(ctx, "calc-run", false); err != nil || !rep.Deterministic || rep.Steps < 1 {
+			t.Fatalf("p2 replays its trajectory over its ws/calc: %+v %v", rep, err)
+		}
+		for who, c := range map[string]*warren.Client{"p1": o.p1, "p2": o.p2} {
+			l, err := c.Layer(ctx, "ws/calc")
+			if err != nil || l.Name != "ws/calc" || l.Project != who {
+				t.Fatalf("%s reads ws/calc: %+v %v", who, l, err)
+			}
+			ls, err := c.Layers(ctx, "ws/calc")
+			if err != nil || len(ls) != 1 || ls[0].Project != who {
+				t.Fatalf("%s lists ws/calc: %+v %v", who, ls, err)
+			}
+		}
+		// A child project resolves its parent's name until it has its own.
+		if l, err := o.child.Layer(ctx, "ws/calc"); err != nil || l.Project != "p1" {
+			t.Fatalf("p1.c reads its parent's ws/calc: %+v %v", l, err)
+		}
+		sees("p1.c", o.child, "p1-calc")
+		_, err = o.child.DeleteLayer(ctx, "ws/calc")
+		mustCode(t, "p1.c deletes its parent's ws/calc", err, api.CodeForbidden)
+		if l, err := o.child.CreateLayerFromTar(ctx, "ws/calc", 0, tarOf("c-calc")); err != nil || l.Project != "p1.c" {
+			t.Fatalf("p1.c publishes its own ws/calc: %+v %v", l, err)
+		}
+		sees("p1.c", o.child, "c-calc")
+		sees("p1", o.p1, "p1-calc")
+		// The parent names its child's layer with ?project=.
+		if code, body := o.s.rawRequest(t, "GET", "/v1/layers/ws/calc?project=p1.c", o.tok1, nil, nil); code != 200 || !strings.Contains(body, `"project":"p1.c"`) {
+			t.Fatalf("p1 reads p1.c's ws/calc: %d %s", code, body)
+		}
+		if code, body := o.s.rawRequest(t, "GET", "/v1/layers/ws/calc?project=p1", o.tok2, nil, nil); code != 403 && code != 404 {
+			t.Fatalf("p2 reads ws/calc naming p1: %d %s", code, body)
+		}
+		if _, err := o.p2.DeleteLayer(ctx, "ws/calc"); err != nil {
+			t.Fatalf("p2 deletes its ws/calc: %v", err)
+		}
+		sees("p1", o.p1, "p1-calc")
+		_, err = o.p2.Layer(ctx, "ws/calc")
+		mustCode(t, "p2 reads ws/calc after deleting its own", err, api.CodeNotFound)
+	})
+
+	t.Run("pool-names-per-project", func(t *testing.T) {
+		p, err := o.p2.CreatePool(ctx, api.PoolRequest{Name: o.pool, Image: "busybox", CPU: 0.1, MemoryMB: 48, Size: 0})
+		if err != nil || p.Project != "p2" || p.MemoryMB != 48 {
+			t.Fatalf("p2 makes its own pool named like p1's: %+v %v", p, err)
+		}
+		if p, err := o.p1.Pool(ctx, o.pool); err != nil || p.Project != "p1" || p.MemoryMB != 32 {
+			t.Fatalf("p1 reads its pool: %+v %v", p, err)
+		}
+		if p, err := o.p2.Pool(ctx, o.pool); err != nil || p.Project != "p2" {
+			t.Fatalf("p2 reads its pool: %+v %v", p, err)
+		}
+		ps, err := o.p2.Pools(ctx)
+		if err != nil || len(ps) != 1 || ps[0].Project != "p2" {
+			t.Fatalf("p2 lists pools: %+v %v", ps, err)
+		}
+		if _, err := o.p2.DeletePool(ctx, o.pool); err != nil {
+			t.Fatalf("p2 deletes its pool: %v", err)
+		}
+		if p, err := o.p1.Pool(ctx, o.pool); err != nil || p.Project != "p1" {
+			t.Fatalf("p1's pool after p2 deleted its own: %+v %v", p, err)
+		}
+		_, err = o.p2.Pool(ctx, o.pool)
+		mustCode(t, "p2 reads the pool name after deleting its own", err, api.CodeNotFound)
+	})
+
+	t.Run("fncall-workers-per-project", func(t *testing.T) {
+		// A worker that ran one project's task never serves another's:
+		// the same shape keeps workers per project, each seen only by
+		// its project (and root).
+		shape := api.FnCallRequest{CPU: 0.15, MemoryMB: 72, Cmd: "echo ok"}
+		for who, c := range map[string]*warren.Client{"p1": o.p1, "p2": o.p2} {
+			if r, err := c.FnCall(ctx, shape); err != nil || r.Stdout != "ok\n" {
+				t.Fatalf("%s's task: %+v %v", who, r, err)
+			}
+		}
+		name := "fncall:busybox/0.15cpu/72mb"
+		pools := func(c *warren.Client) map[string]bool {
+			nodes, err := c.Nodes(ctx)
+			if err != nil {
+				t.Fatalf("nodes: %v", err)
+			}
+			out := map[string]bool{}
+			for _, n := range nodes {
+				for _, p := range n.Pools {
+					if p.Name == name {
+						out[p.Project] = true
+					}
+				}
+			}
+			return out
+		}
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			got := pools(o.s.C)
+			if got["p1"] && got["p2"] && len(got) == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the workers of %s are not per project: %v", name, got)
+			}
+		}
+		if got := pools(o.p2); !got["p2"] || got["p1"] || len(got) != 1 {
+			t.Fatalf("p2's view of the FnCall workers: %v", got)
+		}
 	})
 
 	t.Run("fork", func(t *testing.T) {
@@ -303,8 +478,6 @@ func TestOwnership(t *testing.T) {
 		if p, err := o.s.C.CreatePool(ctx, api.PoolRequest{Name: o.pool, Image: "busybox", CPU: 0.1, MemoryMB: 32, Size: 1}); err != nil || p.Project != "p1" {
 			t.Fatalf("root resizes p1's pool: %+v %v", p, err)
 		}
-		_, err := o.p2.CreatePool(ctx, api.PoolRequest{Name: o.pool, Image: "busybox", CPU: 0.1, MemoryMB: 32, Size: 1})
-		mustCode(t, "p2 takes p1's pool name", err, api.CodeForbidden)
 		// A p2 sandbox of the pool's shape is not served by p1's pool; a
 		// p1.c one is.
 		ready := func() {
@@ -467,6 +640,9 @@ func auditRoutes(t *testing.T, o *owned) {
 		// ok: the answer is right for a request that names no p1 object
 		// (lists, public data); nil means 403 or 404 is required.
 		ok func(code int, body string) bool
+		// child, when set, judges the answer to p1.c instead of ok: a
+		// child project reads and mounts its ancestors' layers.
+		child func(code int, body string) bool
 	}
 	listOK := func(code int, body string) bool { return code == 200 && !o.leaks(body) }
 	public := func(code int, body string) bool { return code < 500 && !o.leaks(body) }
@@ -478,6 +654,16 @@ func auditRoutes(t *testing.T, o *owned) {
 	ownOrNone := func(code int, body string) bool {
 		return code == 403 || code == 404 || (code < 300 && !o.leaks(body))
 	}
+	// notP1: the caller's own object of the same name (layer and pool
+	// names are per project), or none; never p1's.
+	notP1 := func(code int, body string) bool {
+		return (code < 300 || code == 400 || code == 403 || code == 404) && !strings.Contains(body, `"project":"p1"`) &&
+			!strings.Contains(body, o.secret) && !strings.Contains(body, o.sb) && !strings.Contains(body, o.snap)
+	}
+	// parentLayer: p1.c reads (or mounts) p1's layer, nothing else of p1.
+	parentLayer := func(code int, body string) bool {
+		return code < 300 && !strings.Contains(body, o.secret) && !strings.Contains(body, o.sb) && !strings.Contains(body, o.snap)
+	}
 	sb := "/v1/sandboxes/" + o.sb
 	cases := map[string][]attempt{
 		"GET /metrics": {{path: "/metrics", ok: public}},
@@ -488,9 +674,11 @@ func auditRoutes(t *testing.T, o *owned) {
 		}}},
 		"GET /v1/images":                              {{path: "/v1/images", ok: public}},
 		"POST /v1/images":                             {{path: "/v1/images", body: js(api.PullImageRequest{Ref: "127.0.0.1:1/none:latest"}), ok: public}},
+		"POST /v1/images:commit":                      {{path: "/v1/images:commit", body: js(api.CommitImageRequest{Name: "stolen", Base: "busybox", Layers: []string{o.layer}})}, {path: "/v1/images:commit", body: js(api.CommitImageRequest{Name: "busybox"})}},
+		"POST /v1/images:import":                      {{path: "/v1/images:import?name=busybox", body: []byte("not an archive")}},
 		"GET /v1/events":                              {{path: "/v1/events?limit=10000", ok: listOK}},
-		"POST /v1/sandboxes":                          {{path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Snapshot: o.snap})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: "snap/" + o.snap}}})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true}), ok: ownOrNone}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true, Project: "p1"})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Project: "p1"})}},
-		"POST /v1/sandboxes:batch":                    {{path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Snapshot: o.snap}})}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}}})}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Project: "p1"}})}},
+		"POST /v1/sandboxes":                          {{path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Snapshot: o.snap})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: "snap/" + o.snap}}})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}}), child: parentLayer}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true}), ok: ownOrNone}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true, Project: "p1"})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Project: "p1"})}},
+		"POST /v1/sandboxes:batch":                    {{path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Snapshot: o.snap}})}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}}}), child: parentLayer}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Project: "p1"}})}},
 		"GET /v1/sandboxes":                           {{path: "/v1/sandboxes", ok: listOK}, {path: "/v1/sandboxes?project=p1", ok: listOK}},
 		"GET /v1/sandboxes/{id}":                      {{path: sb}},
 		"DELETE /v1/sandboxes/{id}":                   {{path: sb}},
@@ -517,16 +705,16 @@ func auditRoutes(t *testing.T, o *owned) {
 		"DELETE /v1/snapshots/{sid}":                  {{path: "/v1/snapshots/" + o.snap}},
 		"GET /v1/trajectories/{name}":                 {{path: "/v1/trajectories/" + o.traj, ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?path=/work-secret", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}, {path: "/v1/trajectories/" + o.traj + "?audit=1&project=p1"}},
 		"POST /v1/trajectories:replay":                {{path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj}), ok: ownOrNone}, {path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj, Project: "p1"})}},
-		"POST /v1/layers":                             {{path: "/v1/layers", body: js(api.CreateLayerRequest{Name: "ws/stolen", FromSandbox: o.sb})}, {path: "/v1/layers?name=" + q(o.layer), body: []byte{}}},
-		"GET /v1/layers":                              {{path: "/v1/layers", ok: listOK}, {path: "/v1/layers?name=" + q(o.layer), ok: listOK}},
+		"POST /v1/layers":                             {{path: "/v1/layers", body: js(api.CreateLayerRequest{Name: "ws/stolen", FromSandbox: o.sb})}, {path: "/v1/layers?name=" + q(o.layer), body: []byte{}, ok: notP1}},
+		"GET /v1/layers":                              {{path: "/v1/layers", ok: listOK, child: parentLayer}, {path: "/v1/layers?name=" + q(o.layer), ok: listOK, child: parentLayer}},
 		"POST /v1/layers:gc":                          {{path: "/v1/layers:gc", ok: nothing}},
-		"GET /v1/layers/{ref}":                        {{path: "/v1/layers/" + o.layer}, {path: "/v1/layers/snap/" + o.snap}},
+		"GET /v1/layers/{ref}":                        {{path: "/v1/layers/" + o.layer, child: parentLayer}, {path: "/v1/layers/snap/" + o.snap}},
 		"DELETE /v1/layers/{ref}":                     {{path: "/v1/layers/" + o.layer}, {path: "/v1/layers/snap/" + o.snap}},
 		"POST /v1/fncall":                             {{path: "/v1/fncall", body: js(api.FnCallRequest{Image: "busybox", Cmd: "cat /secret 2>&1; ls /"}), ok: public}},
-		"POST /v1/pools":                              {{path: "/v1/pools", body: js(api.PoolRequest{Name: o.pool, Image: "busybox", Size: 0})}},
-		"GET /v1/pools":                               {{path: "/v1/pools", ok: listOK}},
-		"GET /v1/pools/{name}":                        {{path: "/v1/pools/" + o.pool}},
-		"DELETE /v1/pools/{name}":                     {{path: "/v1/pools/" + o.pool}},
+		"POST /v1/pools":                              {{path: "/v1/pools", body: js(api.PoolRequest{Name: o.pool, Image: "busybox", Size: 0}), ok: notP1}},
+		"GET /v1/pools":                               {{path: "/v1/pools", ok: notP1}},
+		"GET /v1/pools/{name}":                        {{path: "/v1/pools/" + o.pool, ok: notP1}},
+		"DELETE /v1/pools/{name}":                     {{path: "/v1/pools/" + o.pool, ok: notP1}},
 		"POST /v1/projects":                           {{path: "/v1/projects", body: js(api.CreateProjectRequest{Name: "x", Parent: "p1"})}},
 		"GET /v1/projects":                            {{path: "/v1/projects", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, `"id":"p1"`) }}},
 		"GET /v1/projects/{id}":                       {{path: "/v1/projects/p1"}},
@@ -548,7 +736,9 @@ func auditRoutes(t *testing.T, o *owned) {
 			for who, tok := range map[string]string{"p2": o.tok2, "p1.c": o.tokC} {
 				code, body := o.s.rawRequest(t, method, a.path, tok, a.body, map[string]string{"Content-Type": contentType(a.body)})
 				good := code == 403 || code == 404
-				if a.ok != nil {
+				if a.child != nil && who == "p1.c" {
+					good = a.child(code, body)
+				} else if a.ok != nil {
 					good = a.ok(code, body)
 				} else if strings.Contains(body, o.secret) {
 					good = false

@@ -160,7 +160,7 @@ func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runt
 
 // Resume implements runtime.Recycler.
 func (r *Runtime) Resume(ctx context.Context, inst *runtime.Instance, spec *runtime.Spec) error {
-	req := &agentproto.ResumeRequest{Env: spec.Env, User: spec.User}
+	req := &agentproto.ResumeRequest{Env: spec.Env, User: spec.User, Cwd: spec.Cwd}
 	if err := inst.Agent.Call(ctx, agentproto.OpResume, req, nil, nil); err != nil {
 		return fmt.Errorf("container: resume agent: %w", err)
 	}

@@ -206,6 +206,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		Hostname:  spec.Hostname,
 		Env:       spec.Env,
 		User:      spec.User,
+		Cwd:       spec.Cwd,
 		Stateless: spec.Stateless,
 		ShmMB:     confine.ShmMBFor(spec.MemoryMB),
 

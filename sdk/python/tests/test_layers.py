@@ -105,5 +105,41 @@ class LayersTest(unittest.TestCase):
         asyncio.run(main())
 
 
+class ImagesTest(unittest.TestCase):
+    def test_commit_and_import(self):
+        lay = C.create_layer(NS + "/img", tar=tar_of({"opt/app/marker": b"layer\n"}))
+        img = C.commit_image(NS + "-img:1", base="busybox", layers=[lay.ref],
+                             config={"env": ["APP=1"], "working_dir": "/opt/app", "user": "nobody"})
+        self.assertEqual(img.config.get("working_dir"), "/opt/app")
+        self.assertEqual(img.layers[-1], lay.digest)
+        sb = C.create(image=NS + "-img:1")
+        try:
+            r = sb.run("id -u; pwd; echo $APP; cat marker")
+            self.assertEqual(r.stdout, "65534\n/opt/app\n1\nlayer\n")
+        finally:
+            sb.stop()
+        # An upload of a root filesystem tarball through the API.
+        with open("/bin/busybox", "rb") as f:
+            bb = f.read()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, data, mode in (("bin/busybox", bb, 0o755), ("etc/marker", b"uploaded\n", 0o644)):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), mode
+                tf.addfile(info, io.BytesIO(data))
+            link = tarfile.TarInfo("bin/sh")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tf.addfile(link)
+        up = C.import_image(NS + "-up:1", buf.getvalue())
+        self.assertEqual(len(up.layers), 1)
+        sb = C.create(image=NS + "-up:1")
+        try:
+            self.assertEqual(sb.run("/bin/busybox cat /etc/marker").stdout, "uploaded\n")
+        finally:
+            sb.stop()
+        with self.assertRaises(warren.WarrenError):
+            C.import_image(NS + "-bad", b"not an archive" * 100)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -367,6 +367,17 @@ def pull_req(ref: str, name: Optional[str]) -> Req:
     return json_req("POST", "/v1/images", drop_none({"ref": ref, "name": name}), timeout=3600.0)
 
 
+def import_image_req(name: str, archive: bytes) -> Req:
+    return Req("POST", "/v1/images:import", params=[("name", name)], body=archive,
+               content_type="application/x-tar", timeout=3600.0)
+
+
+def commit_image_req(name: str, base: Optional[str], layers: Optional[List[str]],
+                     config: Optional[Dict[str, Any]]) -> Req:
+    return json_req("POST", "/v1/images:commit", drop_none(
+        {"name": name, "base": base, "layers": list(layers) if layers else None, "config": config}))
+
+
 # ---- events, projects, tokens (shared by the sync and async clients) -------------------
 
 #: How long a followed event stream may be silent before the client reconnects;

@@ -145,6 +145,17 @@ class AsyncClient:
     async def pull_image(self, ref: str, name: Optional[str] = None) -> Image:
         return Image.from_json(await self._json(_core.pull_req(ref, name)))
 
+    async def import_image(self, name: str, archive: Union[bytes, PathLike]) -> Image:
+        if not isinstance(archive, (bytes, bytearray)):
+            with open(archive, "rb") as f:
+                archive = f.read()
+        return Image.from_json(await self._json(_core.import_image_req(name, bytes(archive))))
+
+    async def commit_image(self, name: str, *, base: Optional[str] = None,
+                           layers: Optional[List[str]] = None,
+                           config: Optional[Dict[str, Any]] = None) -> Image:
+        return Image.from_json(await self._json(_core.commit_image_req(name, base, layers, config)))
+
     # ---- cluster: events, projects, tokens ----------------------------------------------
 
     async def events(self, after: int = 0, limit: Optional[int] = None,

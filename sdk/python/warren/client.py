@@ -155,6 +155,24 @@ class Client:
     def pull_image(self, ref: str, name: Optional[str] = None) -> Image:
         """Pull ``ref`` from its OCI registry into the store (as ``name``)."""
         return Image.from_json(self._json(_core.pull_req(ref, name)))
+
+    def import_image(self, name: str, archive: Union[bytes, PathLike]) -> Image:
+        """Upload an image archive (OCI archive, docker-save archive or root
+        filesystem tarball, plain or gzip; bytes or a file path) as ``name``.
+        Needs a root token (the image catalog is shared)."""
+        if not isinstance(archive, (bytes, bytearray)):
+            with open(archive, "rb") as f:
+                archive = f.read()
+        return Image.from_json(self._json(_core.import_image_req(name, bytes(archive))))
+
+    def commit_image(self, name: str, *, base: Optional[str] = None,
+                     layers: Optional[List[str]] = None,
+                     config: Optional[Dict[str, Any]] = None) -> Image:
+        """Store ``name`` as ``base``'s layers with the named ``layers``
+        (``name@version``, bottom first) above them; ``config`` (``env``,
+        ``working_dir``, ``user``, ``cmd``, ``entrypoint``, ``labels``,
+        ``exposed_ports``) over ``base``'s. Needs a root token."""
+        return Image.from_json(self._json(_core.commit_image_req(name, base, layers, config)))
     # ---- cluster: events, projects, tokens ----------------------------------------------
 
     def events(self, after: int = 0, limit: Optional[int] = None,

@@ -286,14 +286,19 @@ class Image:
     layers: List[str] = field(default_factory=list)
     size: int = 0
     created_at: Optional[_dt.datetime] = None
+    #: ``env``, ``working_dir``, ``user`` (its sandboxes' defaults) and what a
+    #: Dockerfile recorded; empty when the image has none.
+    config: Dict[str, Any] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Image":
         layers = d.get("layers")
+        config = d.get("config")
         return cls(name=_s(d, "name"), digest=_s(d, "digest"),
                    layers=[str(x) for x in layers] if isinstance(layers, list) else [],
-                   size=_i(d, "size"), created_at=parse_time(d.get("created_at")), raw=d)
+                   size=_i(d, "size"), created_at=parse_time(d.get("created_at")),
+                   config=config if isinstance(config, dict) else {}, raw=d)
 
 
 @dataclass

@@ -1,0 +1,170 @@
+package agentproto
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+)
+
+// Binary frames carry bulk bytes without JSON (no base64, no scanning).
+// Their length word has binaryFlag set (MaxFrame leaves that bit free):
+//
+//   - a binary chunk (agent → edge), sent only for a request with Binary:
+//     8-byte call id, 1 stream byte ('o', 'e', 'd'), then the data;
+//   - a binary request (edge → agent), sent only to an agent whose
+//     protocol is at least ProtoPayload: 4-byte length of the JSON
+//     Request, the Request, then its Payload.
+const binaryFlag = 1 << 31
+
+// Proto is the protocol version this agent speaks, in its answers to
+// OpSetup (SetupResult) and OpPing (PingResult). 0 (absent): an agent that
+// knows no binary frames, credits or cancels.
+const (
+	Proto        = 2
+	ProtoPayload = 2 // binary requests (Request.Payload) are understood
+)
+
+// PingResult answers OpPing.
+type PingResult struct {
+	Proto int `json:"proto,omitempty"`
+}
+
+func streamByte(s string) byte {
+	switch s {
+	case StreamStdout:
+		return 'o'
+	case StreamStderr:
+		return 'e'
+	}
+	return 'd'
+}
+
+func byteStream(b byte) string {
+	switch b {
+	case 'o':
+		return StreamStdout
+	case 'e':
+		return StreamStderr
+	}
+	return StreamData
+}
+
+// WriteChunk writes one chunk of call id as a binary frame. Callers
+// serialise writers.
+func WriteChunk(w io.Writer, id uint64, stream string, data []byte) error {
+	if 9+len(data) > MaxFrame {
+		return fmt.Errorf("agentproto: chunk of %d bytes exceeds a frame", len(data))
+	}
+	var hdr [13]byte
+	binary.BigEndian.PutUint32(hdr[:], uint32(9+len(data))|binaryFlag)
+	binary.BigEndian.PutUint64(hdr[4:], id)
+	hdr[12] = streamByte(stream)
+	if len(data) < 4<<10 {
+		_, err := w.Write(append(hdr[:], data...))
+		return err
+	}
+	bufs := net.Buffers{hdr[:], data} // one writev, no copy
+	_, err := bufs.WriteTo(w)
+	return err
+}
+
+// WriteRequestFrame writes req: a binary frame when it has a Payload, else JSON.
+func WriteRequestFrame(w io.Writer, req *Request) error {
+	if req.Payload == nil {
+		return WriteFrame(w, req)
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("agentproto: encode: %w", err)
+	}
+	n := 4 + len(b) + len(req.Payload)
+	if n > MaxFrame {
+		return fmt.Errorf("agentproto: frame of %d bytes exceeds %d", n, MaxFrame)
+	}
+	hdr := make([]byte, 8+len(b))
+	binary.BigEndian.PutUint32(hdr, uint32(n)|binaryFlag)
+	binary.BigEndian.PutUint32(hdr[4:], uint32(len(b)))
+	copy(hdr[8:], b)
+	if _, err := w.Write(hdr); err != nil {
+		return err
+	}
+	_, err = w.Write(req.Payload)
+	return err
+}
+
+// readHeader reads a frame's length word: its size, and whether it is binary.
+func readHeader(r io.Reader) (int, bool, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, false, err
+	}
+	v := binary.BigEndian.Uint32(hdr[:])
+	n := int(v &^ binaryFlag)
+	if n > MaxFrame {
+		return 0, false, fmt.Errorf("agentproto: frame of %d bytes exceeds %d", n, MaxFrame)
+	}
+	return n, v&binaryFlag != 0, nil
+}
+
+func readBody(r io.Reader, n int) ([]byte, error) {
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, fmt.Errorf("agentproto: short frame: %w", err)
+	}
+	return b, nil
+}
+
+// ReadResponse reads one answer frame, JSON or a binary chunk.
+func ReadResponse(r io.Reader, resp *Response) error {
+	n, bin, err := readHeader(r)
+	if err != nil {
+		return err
+	}
+	b, err := readBody(r, n)
+	if err != nil {
+		return err
+	}
+	if !bin {
+		if err := json.Unmarshal(b, resp); err != nil {
+			return fmt.Errorf("agentproto: decode: %w", err)
+		}
+		return nil
+	}
+	if n < 9 {
+		return fmt.Errorf("agentproto: binary chunk of %d bytes", n)
+	}
+	*resp = Response{ID: binary.BigEndian.Uint64(b), Kind: KindChunk, Stream: byteStream(b[8]), Data: b[9:]}
+	return nil
+}
+
+// ReadRequest reads one request frame, JSON or binary (with a Payload).
+func ReadRequest(r io.Reader, req *Request) error {
+	n, bin, err := readHeader(r)
+	if err != nil {
+		return err
+	}
+	b, err := readBody(r, n)
+	if err != nil {
+		return err
+	}
+	if bin {
+		if n < 4 {
+			return fmt.Errorf("agentproto: binary request of %d bytes", n)
+		}
+		jn := int(binary.BigEndian.Uint32(b))
+		if jn > n-4 {
+			return fmt.Errorf("agentproto: binary request's JSON of %d bytes exceeds its frame", jn)
+		}
+		if err := json.Unmarshal(b[4:4+jn], req); err != nil {
+			return fmt.Errorf("agentproto: decode: %w", err)
+		}
+		req.Payload = b[4+jn:]
+		return nil
+	}
+	if err := json.Unmarshal(b, req); err != nil {
+		return fmt.Errorf("agentproto: decode: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,163 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+// transfer is the "transfer" figure: a TransferMB file downloaded and
+// uploaded through the API (GET and PUT /v1/sandboxes/{id}/files), against
+// a plain net/http file server on the same host, in the same run, with the
+// same HTTP client (target: ≥ 50 % of its throughput).
+func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	size := int64(o.TransferMB) << 20
+	fmt.Fprintf(o.Out, "transfer: %d MiB download and upload, warren and plain net/http...\n", o.TransferMB)
+	dir, err := os.MkdirTemp("", "warren-bench-transfer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := writeZeros(filepath.Join(dir, "big"), size); err != nil {
+		return err
+	}
+	plainURL, stop, err := plainFileServer(dir)
+	if err != nil {
+		return err
+	}
+	defer stop()
+
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 512, DiskMB: 2*int64(o.TransferMB) + 256})
+	if err != nil {
+		return err
+	}
+	defer c.Delete(context.WithoutCancel(ctx), sb.ID)
+	if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: fmt.Sprintf("head -c %d /dev/zero > /big", size)}); err != nil || r.ExitCode != 0 {
+		return fmt.Errorf("write the file in the sandbox: %v %+v", err, r)
+	}
+	hc := &http.Client{}
+	auth := map[string]string{"Authorization": "Bearer " + o.apiToken}
+	files := o.apiURL + "/v1/sandboxes/" + sb.ID + "/files?"
+	type leg struct {
+		name, method, url string
+		hdr               map[string]string
+	}
+	legs := []leg{
+		{"plain download", http.MethodGet, plainURL + "/big", nil},
+		{"warren download", http.MethodGet, files + url.Values{"path": {"/big"}}.Encode(), auth},
+		{"plain upload", http.MethodPut, plainURL + "/up", nil},
+		{"warren upload", http.MethodPut, files + url.Values{"path": {"/up"}}.Encode(), auth},
+	}
+	rates := map[string]float64{}
+	for _, l := range legs {
+		rate, err := timeTransfer(ctx, hc, l.method, l.url, l.hdr, size)
+		if err != nil {
+			rep.add("transfer "+l.name, 0, "MB/s", "failed: "+err.Error())
+			continue
+		}
+		rates[l.name] = rate
+		rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), rate, "MB/s", "")
+	}
+	for _, dir := range []string{"download", "upload"} {
+		if p, w := rates["plain "+dir], rates["warren "+dir]; p > 0 && w > 0 {
+			rep.add("ratio warren / plain net/http "+dir, w/p, "×", "target ≥ 0.5")
+		}
+	}
+	return nil
+}
+
+// timeTransfer sends one request and reads its whole answer: a PUT sends
+// size zero bytes, a GET must receive size bytes. It returns MB/s.
+func timeTransfer(ctx context.Context, hc *http.Client, method, u string, hdr map[string]string, size int64) (float64, error) {
+	var body io.Reader
+	if method == http.MethodPut {
+		body = io.LimitReader(zeros{}, size)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return 0, err
+	}
+	if method == http.MethodPut {
+		req.ContentLength = size
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	start := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	if method == http.MethodGet && n != size {
+		return 0, fmt.Errorf("%d of %d bytes", n, size)
+	}
+	return float64(size) / 1e6 / time.Since(start).Seconds(), nil
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+func writeZeros(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, io.LimitReader(zeros{}, size)); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// plainFileServer serves dir with net/http on loopback: GET serves a
+// file, PUT writes one.
+func plainFileServer(dir string) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	fs := http.FileServer(http.Dir(dir))
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPut {
+			fs.ServeHTTP(w, r)
+			return
+		}
+		f, err := os.Create(filepath.Join(dir, filepath.Base(r.URL.Path)))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, err = io.Copy(f, r.Body)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}

@@ -1,0 +1,145 @@
+package dataplane
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// ErrUnreachable means the edge's data listener could not be reached at
+// all (nothing listens there: its process is gone). Nothing was sent.
+var ErrUnreachable = errors.New("dataplane: edge unreachable")
+
+// DialTimeout bounds connecting to an edge: a call to a node that is gone
+// fails within it.
+var DialTimeout = 2 * time.Second
+
+// Client makes calls to edges' data listeners (one HTTP/2 connection per
+// edge, shared by its calls).
+type Client struct {
+	key []byte
+	hc  *http.Client
+}
+
+// NewClient makes a client that signs its grants with key.
+func NewClient(key []byte) *Client {
+	d := &net.Dialer{Timeout: DialTimeout, KeepAlive: 15 * time.Second}
+	tr := &http.Transport{
+		DialContext: d.DialContext,
+		Protocols:   clientProtocols(),
+		// One connection per call in flight: keep enough of them.
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     2 * time.Minute,
+		HTTP2:               h2config(),
+		// The frames are already compact; never gzip.
+		DisableCompression: true,
+	}
+	return &Client{key: key, hc: &http.Client{Transport: tr}}
+}
+
+// Call is one operation on one sandbox.
+type Call struct {
+	Addr    string // the edge's data listener (host:port)
+	Sandbox string
+	Op      string
+	Scope   string
+	Scoped  bool
+	Body    []byte // the JSON request
+	// Upload, when set, is streamed after the request (with the flow
+	// control of the stream); an error reading it resets the stream, and
+	// the edge sees the upload broken, never complete.
+	Upload io.Reader
+}
+
+// Do runs c: chunks go to onChunk in order (its error ends the call and
+// cancels it on the edge), the result is decoded into out. An error the
+// edge answered comes back as *api.Error; a stream that ends before its
+// result is ErrBroken; an edge that cannot be reached is ErrUnreachable.
+// Cancelling ctx resets the stream, which cancels the work on the edge and
+// in the agent.
+func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream string, data []byte) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // an unfinished stream is reset
+	var hdr [4]byte
+	binary.BigEndian.PutUint32(hdr[:], uint32(len(c.Body)))
+	var body io.Reader = io.MultiReader(bytes.NewReader(hdr[:]), bytes.NewReader(c.Body))
+	if c.Upload != nil {
+		body = io.MultiReader(body, c.Upload)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.Addr+callPrefix+c.Op, body)
+	if err != nil {
+		return fmt.Errorf("dataplane: %w", err)
+	}
+	g := &Grant{Sandbox: c.Sandbox, Op: c.Op, Scope: c.Scope, Scoped: c.Scoped, Expires: time.Now().Add(GrantTTL).Unix()}
+	req.Header.Set(hdrGrant, Sign(cl.key, g))
+	if d, ok := ctx.Deadline(); ok {
+		req.Header.Set(hdrDeadline, d.UTC().Format(time.RFC3339Nano))
+	}
+	resp, err := cl.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return fmt.Errorf("%w: %w", ErrUnreachable, err)
+		}
+		// Sent, and the connection ended before the answer's head (the
+		// edge holds it back until the first frame).
+		return fmt.Errorf("%w: %s: %w", ErrBroken, c.Op, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb api.ErrorBody
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+			return &eb.Error
+		}
+		return fmt.Errorf("dataplane: %s: status %d", c.Op, resp.StatusCode)
+	}
+	var buf []byte
+	for {
+		kind, b, err := readFrame(resp.Body, buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		buf = b
+		switch kind {
+		case kindDone:
+			_, _ = io.Copy(io.Discard, resp.Body) // its end: the connection is reused
+			if out != nil && len(b) > 0 {
+				if err := json.Unmarshal(b, out); err != nil {
+					return fmt.Errorf("dataplane: decode %s answer: %w", c.Op, err)
+				}
+			}
+			return nil
+		case kindError:
+			_, _ = io.Copy(io.Discard, resp.Body)
+			e := new(api.Error)
+			if err := json.Unmarshal(b, e); err != nil || e.Code == "" {
+				return &api.Error{Code: api.CodeInternal, Message: "malformed error answer"}
+			}
+			return e
+		case kindStdout, kindStderr, kindData:
+			if onChunk != nil {
+				if err := onChunk(kindStream(kind), b); err != nil {
+					return err
+				}
+			}
+		default:
+			return fmt.Errorf("dataplane: frame of unknown kind %q", kind)
+		}
+	}
+}

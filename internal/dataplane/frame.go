@@ -1,0 +1,104 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Frame kinds. A frame is one kind byte, a 4-byte big-endian length and
+// that many bytes.
+const (
+	kindStdout = 'o'
+	kindStderr = 'e'
+	kindData   = 'd'
+	kindDone   = 'k' // the JSON result; the last frame
+	kindError  = 'x' // a JSON api.Error; the last frame
+)
+
+// maxFrame bounds one frame (a chunk is at most 256 KiB; a result is JSON).
+const maxFrame = 16 << 20
+
+// ErrBroken is a stream that ended before its last frame.
+var ErrBroken = errors.New("dataplane: stream broken before its end")
+
+func streamKind(stream string) byte {
+	switch stream {
+	case "stdout":
+		return kindStdout
+	case "stderr":
+		return kindStderr
+	}
+	return kindData
+}
+
+func kindStream(k byte) string {
+	switch k {
+	case kindStdout:
+		return "stdout"
+	case kindStderr:
+		return "stderr"
+	}
+	return "data"
+}
+
+// writeFrame writes one frame.
+func writeFrame(w io.Writer, kind byte, b []byte) error {
+	var hdr [5]byte
+	hdr[0] = kind
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(b)))
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+// readFrame reads one frame into buf (grown as needed). An end of the
+// body where a frame should start, or inside one, is ErrBroken: only the
+// done and error frames end a stream.
+func readFrame(r io.Reader, buf []byte) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, broken(err)
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > maxFrame {
+		return 0, nil, fmt.Errorf("dataplane: frame of %d bytes exceeds %d", n, maxFrame)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, broken(err)
+	}
+	return hdr[0], buf, nil
+}
+
+func broken(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return ErrBroken
+	}
+	return fmt.Errorf("%w: %w", ErrBroken, err)
+}
+
+// ReadChunk fills buf from an upload r. Unlike io.ReadFull it keeps what
+// r says: io.EOF (with the last bytes) only at the upload's clean end, and
+// io.ErrUnexpectedEOF (a body cut short: its sender went away) as the
+// error it is, never as a short last piece.
+func ReadChunk(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := r.Read(buf[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
