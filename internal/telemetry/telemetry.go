@@ -31,7 +31,6 @@ package telemetry
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,6 +38,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -282,12 +282,14 @@ func (c *Collector) Run(ctx context.Context, deliver func(Record)) error {
 			}
 			return fmt.Errorf("telemetry: read ring buffer: %w", err)
 		}
-		var ev execEvent
-		if err := binary.Read(bytes.NewReader(raw.RawSample), binary.NativeEndian, &ev); err != nil {
-			c.log.Warn("telemetry: short event", "bytes", len(raw.RawSample), "err", err)
+		if len(raw.RawSample) < int(unsafe.Sizeof(execEvent{})) {
+			c.log.Warn("telemetry: short event", "bytes", len(raw.RawSample))
 			continue
 		}
-		deliver(c.record(&ev))
+		// The sample is the kernel's struct event, in this host's layout
+		// (execEvent has structs.HostLayout): read it in place.
+		ev := (*execEvent)(unsafe.Pointer(&raw.RawSample[0]))
+		deliver(c.record(ev))
 	}
 }
 

@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,10 +26,27 @@ import (
 // then sends pid 1 SIGURG, and exits. The test starts it as pid 1 of a new
 // pid namespace: the signal is its own (Go's runtime takes SIGURG).
 func TestMain(m *testing.M) {
-	if os.Getenv("WARREN_TELEMETRY_HELPER") == "misbehave" {
+	switch os.Getenv("WARREN_TELEMETRY_HELPER") {
+	case "misbehave":
 		os.Exit(misbehave())
+	case "flood":
+		os.Exit(flood())
 	}
 	os.Exit(m.Run())
+}
+
+// flood sends itself (pid 1 of its namespace) WARREN_TELEMETRY_N ignored
+// SIGWINCHs as fast as it can: one signal record each.
+func flood() int {
+	n, _ := strconv.Atoi(os.Getenv("WARREN_TELEMETRY_N"))
+	signal.Ignore(unix.SIGWINCH)
+	for range n {
+		if err := unix.Kill(1, unix.SIGWINCH); err != nil {
+			fmt.Fprintln(os.Stderr, "kill:", err)
+			return 2
+		}
+	}
+	return 0
 }
 
 func misbehave() int {
@@ -391,4 +411,57 @@ func BenchmarkSyscall(b *testing.B) {
 			run(b)
 		})
 	}
+}
+
+// BenchmarkRecordsPerSecond floods the collector from one registered
+// cgroup (a process signalling its own pid 1, one record a signal, as
+// fast as it can) and reports how many records a second the kernel made
+// and how many of them the collector lost:
+//
+//	go test -run '^$' -bench BenchmarkRecordsPerSecond -benchtime 200000x ./internal/telemetry/
+func BenchmarkRecordsPerSecond(b *testing.B) {
+	root := v2Root()
+	if root == "" || os.Geteuid() != 0 {
+		b.Skip("SKIP: needs root and a cgroup v2 hierarchy")
+	}
+	d := filepath.Join(root, "warren-telemetry-bench-flood")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	defer os.Remove(d)
+	c, err := Open(nil, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Add(1, d); err != nil {
+		b.Fatal(err)
+	}
+	var got atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx, func(r Record) { got.Add(1) }) }()
+	f, err := os.Open(d)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	self, _ := os.Executable()
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), "WARREN_TELEMETRY_HELPER=flood", "WARREN_TELEMETRY_N="+strconv.Itoa(b.N))
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd()), Cloneflags: syscall.CLONE_NEWPID}
+	b.ResetTimer()
+	t0 := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("flood: %v: %s", err, out)
+	}
+	took := time.Since(t0)
+	b.StopTimer()
+	time.Sleep(4 * DrainEvery)
+	cancel()
+	<-done
+	lost := c.Lost()
+	b.ReportMetric(float64(b.N)/took.Seconds(), "made/s")
+	b.ReportMetric(float64(got.Load()), "delivered")
+	b.ReportMetric(float64(lost), "lost")
 }
