@@ -91,8 +91,9 @@ func (e *Edge) startTelemetry(ctx context.Context) {
 	if !e.cfg.Telemetry {
 		return
 	}
-	if _, ok := e.cfg.Runtime.(runtime.CgroupLister); !ok {
-		e.log.Info("edge: the runtime has no cgroup v2 directories: no telemetry")
+	if cl, ok := e.cfg.Runtime.(runtime.CgroupLister); !ok || cl.UnifiedRoot() == "" {
+		// The programs know sandboxes by their cgroup v2 ids.
+		e.log.Warn("edge: no cgroup v2 hierarchy: running without telemetry")
 		return
 	}
 	tel, err := telemetry.Open(e.log, telemetry.Options{Refusals: e.cfg.TelemetryRefusals})

@@ -151,6 +151,9 @@ type CgroupLister interface {
 	// hierarchy (its cgroup and the trust split's child), none when the
 	// host mounts no v2 hierarchy.
 	UnifiedCgroups(h Handle) []string
+	// UnifiedRoot is where the host mounts the cgroup v2 hierarchy, ""
+	// when nowhere.
+	UnifiedRoot() string
 }
 
 // SandboxUsageReporter is implemented by runtimes that can measure one

@@ -462,6 +462,9 @@ func (r *Runtime) UnifiedCgroups(h runtime.Handle) []string {
 	return splitDirs(u)
 }
 
+// UnifiedRoot implements runtime.CgroupLister.
+func (r *Runtime) UnifiedRoot() string { return r.cg.unified("") }
+
 // Freeze stops every process of the sandbox.
 func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
 	return r.freezeThaw(h, func(p string) error { return r.cg.freeze(p, freezeTimeout) })
