@@ -168,6 +168,20 @@ func TestAuditExecsPerStep(t *testing.T) {
 			t.Errorf("GET %s with pb's token: %d %s", p, code, body)
 		}
 	}
+	// What a background process executes after its operation answered is
+	// between steps (0).
+	bg, err := ca.Exec(ctx, a.ID, api.ExecRequest{Cmd: "sleep 0.3; /bin/echo between-steps", Background: true})
+	if err != nil {
+		t.Fatalf("background exec: %v", err)
+	}
+	for _, r := range execsOf(t, ca, a.ID, 0, "between-steps") {
+		if r.Step != 0 {
+			t.Errorf("between steps: %+v", r)
+		}
+	}
+	if _, err := ca.Command(ctx, a.ID, bg.CommandID, true); err != nil {
+		t.Fatalf("background command: %v", err)
+	}
 	// Bad input is a 400.
 	if code, body := s.rawRequest(t, "GET", "/v1/sandboxes/"+a.ID+"/audit?step=x", "", nil, nil); code != 400 {
 		t.Errorf("step=x: %d %s", code, body)
