@@ -139,7 +139,9 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 // auditStart registers the cgroups of sb's container (handle h) with the
 // node's telemetry.
 func (e *Edge) auditStart(sb *sandbox, h runtime.Handle) {
-	if e.audit.tel == nil {
+	if e.audit.tel == nil || sb.stateless {
+		// FnCall workers: nobody can read their audit, and their tasks
+		// would fill a ring each (up to ~5 MiB of argv).
 		return
 	}
 	dirs := e.cfg.Runtime.(runtime.CgroupLister).UnifiedCgroups(h)
