@@ -142,8 +142,7 @@ func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	}
 	rd, err := ringbuf.NewReader(c.objs.Events)
 	if err != nil {
-		_ = tp.Close()
-		_ = c.objs.Close()
+		_ = c.Close()
 		return nil, fmt.Errorf("telemetry: ring buffer: %w", err)
 	}
 	c.rd = rd
