@@ -891,6 +891,10 @@ type AuditRecord struct {
 	// sandbox numbers it: 1 (signal).
 	Signal int `json:"signal,omitempty"`
 	Target int `json:"target,omitempty"`
+	// Outcome is what the kernel did with the signal: delivered, ignored
+	// (PID 1 of a namespace ignores what it has no handler for),
+	// already_pending, overflow_fail, lose_info (signal).
+	Outcome string `json:"outcome,omitempty"`
 }
 
 // AuditList is a sandbox's audit, oldest first.

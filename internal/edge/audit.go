@@ -132,7 +132,7 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 	sb.audit.add(api.AuditRecord{
 		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: r.UID,
 		Path: r.Path, Argv: r.Argv, ArgvTruncated: r.ArgvTruncated,
-		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target,
+		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target, Outcome: r.Outcome,
 	})
 }
 

@@ -27,7 +27,7 @@ type execEvent struct {
 	ArgvTruncated uint32
 	Nr            int32
 	Target        int32
-	Pad           uint32
+	Result        int32
 	Path          [256]int8
 	Argv          [1024]int8
 }

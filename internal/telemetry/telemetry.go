@@ -80,7 +80,13 @@ type Record struct {
 	// Signal and Target: the signal and the pid it was sent to, as the
 	// target's namespace numbers it: 1 (signal).
 	Signal, Target int
+	// Outcome is what the kernel did with a signal: delivered, ignored,
+	// already_pending, overflow_fail, lose_info.
+	Outcome string
 }
+
+// signalOutcomes names the kernel's TRACE_SIGNAL_* results.
+var signalOutcomes = []string{"delivered", "ignored", "already_pending", "overflow_fail", "lose_info"}
 
 // Collector is the loaded programs of one node.
 type Collector struct {
@@ -304,6 +310,9 @@ func (c *Collector) record(ev *execEvent) Record {
 		return r
 	case KindSignal:
 		r.Signal, r.Target = int(ev.Nr), int(ev.Target)
+		if int(ev.Result) >= 0 && int(ev.Result) < len(signalOutcomes) {
+			r.Outcome = signalOutcomes[ev.Result]
+		}
 		return r
 	}
 	n := min(int(ev.ArgvLen), len(ev.Argv))

@@ -102,7 +102,7 @@ struct event {
 	u32 argv_truncated;
 	s32 nr;     // refused: the syscall; signal: the signal
 	s32 target; // signal: 1 (the target is its namespace's pid 1)
-	u32 pad;
+	s32 result; // signal: what the kernel did with it (TRACE_SIGNAL_*)
 	char path[PATH_CAP];
 	char argv[ARGV_CAP];
 };
@@ -196,7 +196,7 @@ static __always_inline struct event *reserve(struct slot *s, u32 kind)
 	ev->argv_len = 0;
 	ev->nr = 0;
 	ev->target = 0;
-	ev->pad = 0;
+	ev->result = 0;
 	ev->path[0] = 0;
 	return ev;
 }
@@ -284,6 +284,7 @@ int signal_generate(u64 *ctx)
 		return 0;
 	ev->nr = sig;
 	ev->target = 1;
+	ev->result = (int)ctx[4];
 	submit(ev);
 	return 0;
 }
