@@ -866,6 +866,7 @@ const (
 	AuditKindExec    = "exec"    // an execve that succeeded
 	AuditKindRefused = "refused" // a syscall that failed with EPERM (seccomp, capabilities)
 	AuditKindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
+	AuditKindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
 )
 
 // AuditRecord is one thing a sandbox's processes did, as the node's kernel
@@ -875,12 +876,14 @@ type AuditRecord struct {
 	// Step is the trajectory step that was running then (0: between
 	// steps, or the sandbox records no trajectory).
 	Step int64  `json:"step"`
-	Kind string `json:"kind"` // exec, refused, signal
+	Kind string `json:"kind"` // exec, refused, signal, file
 	// Pid and Ppid are in the sandbox's pid namespace; UID is the host's.
 	Pid  int `json:"pid"`
 	Ppid int `json:"ppid"`
 	UID  int `json:"uid"`
-	// Path is the file executed, as given to execve (exec).
+	// Path is the file executed, as given to execve (exec), or the file
+	// of a file operation, as the process named it (file: relative paths
+	// are relative to its working directory).
 	Path string   `json:"path,omitempty"`
 	Argv []string `json:"argv,omitempty"`
 	// ArgvTruncated: argv was longer than the cap (1 KiB) and was cut.
@@ -895,6 +898,10 @@ type AuditRecord struct {
 	// (PID 1 of a namespace ignores what it has no handler for),
 	// already_pending, overflow_fail, lose_info (signal).
 	Outcome string `json:"outcome,omitempty"`
+	// Op is a file operation (file): write (an open that writes, creates
+	// or truncates), rename, unlink, chmod; To is a rename's new name.
+	Op string `json:"op,omitempty"`
+	To string `json:"to,omitempty"`
 }
 
 // AuditList is a sandbox's audit, oldest first.

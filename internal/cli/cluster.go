@@ -130,6 +130,7 @@ func newEdgeCmd() *cobra.Command {
 	f.DurationVar(&o.RecycleIdle, "recycle-idle", edge.DefaultRecycleIdle, "how long a recycled container waits for a sandbox of its shape before it is destroyed")
 	f.BoolVar(&o.NoTelemetry, "no-telemetry", false, "do not load the node's BPF telemetry (the audit of sandboxes then records nothing)")
 	f.BoolVar(&o.TelemetryRefusals, "telemetry-refusals", false, "also audit every syscall of a sandbox refused with EPERM (slows every syscall of the host)")
+	f.BoolVar(&o.TelemetryFiles, "telemetry-files", false, "also audit the file writes, renames, unlinks and chmods of sandbox processes (slows every syscall of the host)")
 	f.StringVar(&o.DataListen, "data-listen", serve.DefaultDataListen, "address of the data listener, where apiservers stream exec output and files (HTTP/2, grants signed with the cluster's key)")
 	f.StringVar(&o.DataAdvertise, "data-advertise", "", "address apiservers dial for the data listener (default: the listener's address)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")

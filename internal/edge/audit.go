@@ -12,6 +12,7 @@ package edge
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,7 +97,7 @@ func (e *Edge) startTelemetry(ctx context.Context) {
 		e.log.Warn("edge: no cgroup v2 hierarchy: running without telemetry")
 		return
 	}
-	tel, err := telemetry.Open(e.log, telemetry.Options{Refusals: e.cfg.TelemetryRefusals})
+	tel, err := telemetry.Open(e.log, telemetry.Options{Refusals: e.cfg.TelemetryRefusals, Files: e.cfg.TelemetryFiles})
 	if err != nil {
 		e.log.Warn("edge: running without telemetry (the audit records nothing)", "err", err)
 		return
@@ -122,7 +123,15 @@ func (e *Edge) closeTelemetry() {
 	}
 }
 
+// sessionPlumbing is where the agent keeps the FIFOs and scripts of its
+// long-lived shells (confine.FIFODir): a session shell's redirections
+// into it, on every command, are not worth a record.
+const sessionPlumbing = "/dev/.warren/"
+
 func (e *Edge) deliverAudit(r telemetry.Record) {
+	if r.Kind == telemetry.KindFile && strings.HasPrefix(r.Path, sessionPlumbing) {
+		return
+	}
 	e.audit.mu.Lock()
 	sb := e.audit.by[r.Cookie]
 	e.audit.mu.Unlock()
@@ -132,7 +141,7 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 	sb.audit.add(api.AuditRecord{
 		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: r.UID,
 		Path: r.Path, Argv: r.Argv, ArgvTruncated: r.ArgvTruncated,
-		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target, Outcome: r.Outcome,
+		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target, Outcome: r.Outcome, Op: r.Op, To: r.To,
 	})
 }
 
@@ -156,7 +165,9 @@ func (e *Edge) auditStart(sb *sandbox, h runtime.Handle) {
 	}
 	e.audit.next++
 	cookie := e.audit.next
-	if err := e.audit.tel.Add(cookie, dirs...); err != nil {
+	// UnifiedCgroups lists children first: the last is the agent's.
+	last := len(dirs) - 1
+	if err := e.audit.tel.AddSandbox(cookie, dirs[last], dirs[:last]...); err != nil {
 		e.log.Warn("edge: register a sandbox with telemetry", "sandbox", h.ID, "err", err)
 		sb.cookie = 0
 		return
@@ -208,9 +219,9 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 		return nil, err
 	}
 	switch req.Kind {
-	case "", api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal:
+	case "", api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile:
 	default:
-		return nil, invalidf("kind %q is not one of: %s, %s, %s", truncateKind(req.Kind), api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal)
+		return nil, invalidf("kind %q is not one of: %s, %s, %s, %s", truncateKind(req.Kind), api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile)
 	}
 	recs, dropped := sb.audit.list(req)
 	return &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil}, nil

@@ -148,6 +148,10 @@ type Config struct {
 	// TelemetryRefusals also records every syscall that fails with EPERM
 	// (telemetry.Options.Refusals: it slows every syscall of the host).
 	TelemetryRefusals bool
+	// TelemetryFiles also records the file writes, renames, unlinks and
+	// chmods of sandbox processes (telemetry.Options.Files: it slows every
+	// syscall of the host).
+	TelemetryFiles bool
 	// DataListen is the address of the data listener (dataplane.go), which
 	// carries exec output and file and tar transfers; "" = none (those then
 	// travel on the bus). DataAdvertise is the address apiservers dial, in

@@ -64,8 +64,9 @@ type Options struct {
 	RecycleIdle time.Duration
 	// NoTelemetry: the node loads no BPF telemetry (edge.Config.Telemetry).
 	NoTelemetry bool
-	// TelemetryRefusals: see edge.Config.TelemetryRefusals.
+	// TelemetryRefusals, TelemetryFiles: see edge.Config.
 	TelemetryRefusals bool
+	TelemetryFiles    bool
 	Logger            *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
@@ -201,7 +202,7 @@ func Run(ctx context.Context, o Options) error {
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
-		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals,
+		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 	})
 	if err != nil {
 		return err
@@ -230,6 +231,7 @@ type EdgeOptions struct {
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	NoTelemetry          bool          // see Options.NoTelemetry
 	TelemetryRefusals    bool          // see Options.TelemetryRefusals
+	TelemetryFiles       bool          // see Options.TelemetryFiles
 	// DataListen and DataAdvertise: the edge's data listener (see
 	// edge.Config); DataListen "" = DefaultDataListen.
 	DataListen    string
@@ -363,7 +365,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
-		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals,
+		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
 	if err != nil {

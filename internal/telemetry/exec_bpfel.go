@@ -36,6 +36,8 @@ type execSlot struct {
 	_      structs.HostLayout
 	Cookie uint64
 	Step   int64
+	Flags  uint32
+	Pad    uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -47,6 +49,7 @@ const (
 	execMapSandboxes       = "sandboxes"
 	execProgExec           = "exec"
 	execProgSignalGenerate = "signal_generate"
+	execProgSysEnter       = "sys_enter"
 	execProgSysExit        = "sys_exit"
 	execVarUnusedEvent     = "unused_event"
 )
@@ -95,6 +98,7 @@ type execSpecs struct {
 type execProgramSpecs struct {
 	Exec           *ebpf.ProgramSpec `ebpf:"exec"`
 	SignalGenerate *ebpf.ProgramSpec `ebpf:"signal_generate"`
+	SysEnter       *ebpf.ProgramSpec `ebpf:"sys_enter"`
 	SysExit        *ebpf.ProgramSpec `ebpf:"sys_exit"`
 }
 
@@ -160,6 +164,7 @@ type execVariables struct {
 type execPrograms struct {
 	Exec           *ebpf.Program `ebpf:"exec"`
 	SignalGenerate *ebpf.Program `ebpf:"signal_generate"`
+	SysEnter       *ebpf.Program `ebpf:"sys_enter"`
 	SysExit        *ebpf.Program `ebpf:"sys_exit"`
 }
 
@@ -167,6 +172,7 @@ func (p *execPrograms) Close() error {
 	return _ExecClose(
 		p.Exec,
 		p.SignalGenerate,
+		p.SysEnter,
 		p.SysExit,
 	)
 }

@@ -14,7 +14,10 @@
 //   - refused: every syscall that fails with EPERM (tp_btf/sys_exit:
 //     seccomp's refusals, and what a missing capability refuses), by name;
 //   - signal: every signal but SIGCHLD sent to a task that is pid 1 of its
-//     pid namespace (tp_btf/signal_generate: the sandbox's agent).
+//     pid namespace (tp_btf/signal_generate: the sandbox's agent);
+//   - file (Options.Files): every syscall of a sandbox process (not of its
+//     agent's cgroup) that asks to write, create, truncate, rename, unlink
+//     or chmod a file (tp_btf/sys_enter), with the path as named.
 //
 // fentry/fexit programs are refused on this machine (EPERM), so the hooks
 // are BTF tracepoints only.
@@ -56,10 +59,11 @@ const (
 	KindExec    = "exec"    // an execve that succeeded
 	KindRefused = "refused" // a syscall failed with EPERM (seccomp, capabilities)
 	KindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
+	KindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
 )
 
 // kinds maps the programs' event kinds (exec.c) to names.
-var kinds = map[uint32]string{1: KindExec, 2: KindRefused, 3: KindSignal}
+var kinds = map[uint32]string{1: KindExec, 2: KindRefused, 3: KindSignal, 4: KindFile}
 
 // Record is one event of a sandbox, as the kernel saw it.
 type Record struct {
@@ -83,6 +87,10 @@ type Record struct {
 	// Outcome is what the kernel did with a signal: delivered, ignored,
 	// already_pending, overflow_fail, lose_info.
 	Outcome string
+	// Op is a file operation (file): write (an open for writing, creating
+	// or truncating), rename, unlink, chmod; Path is its file as the
+	// process named it, To a rename's new name.
+	Op, To string
 }
 
 // signalOutcomes names the kernel's TRACE_SIGNAL_* results.
@@ -97,9 +105,13 @@ type Collector struct {
 	// monoOff turns the kernel's CLOCK_MONOTONIC stamps into wall time.
 	monoOff time.Duration
 
-	mu  sync.Mutex
-	ids map[uint64][]uint64 // cookie -> its registered cgroup ids
+	mu    sync.Mutex
+	ids   map[uint64][]uint64 // cookie -> its registered cgroup ids
+	flags map[uint64]uint32   // cgroup id -> its slot's flags (slotAgent)
 }
+
+// slotAgent marks the cgroup of a sandbox's agent (exec.c SLOT_AGENT).
+const slotAgent = 1
 
 // Options choose what a Collector records besides execs and signals.
 type Options struct {
@@ -108,6 +120,11 @@ type Options struct {
 	// of the host on the kernel's slow path, +300 ns a syscall
 	// (docs/BENCHMARKS.md).
 	Refusals bool
+	// Files records every syscall of a sandbox's processes (not its
+	// agent's) that asks to write, create, truncate, rename, unlink or
+	// chmod a file, with the path as named. Off by default for the same
+	// reason (its hook is the sys_enter tracepoint).
+	Files bool
 }
 
 // Open loads and attaches the programs. It fails (and the node runs
@@ -119,7 +136,7 @@ func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return nil, fmt.Errorf("telemetry: kernel has no BTF: %w", err)
 	}
-	c := &Collector{log: log, ids: map[uint64][]uint64{}}
+	c := &Collector{log: log, ids: map[uint64][]uint64{}, flags: map[uint64]uint32{}}
 	if err := c.load(); err != nil {
 		return nil, err
 	}
@@ -134,6 +151,9 @@ func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	optional := map[string]*ebpf.Program{"signal_generate": c.objs.SignalGenerate}
 	if opts.Refusals {
 		optional["sys_exit"] = c.objs.SysExit
+	}
+	if opts.Files {
+		optional["sys_enter"] = c.objs.SysEnter
 	}
 	for name, p := range optional {
 		if p == nil {
@@ -204,6 +224,16 @@ func CgroupID(dir string) (uint64, error) {
 // record what runs in them (and below them) from now on. A cookie added
 // again replaces its directories.
 func (c *Collector) Add(cookie uint64, dirs ...string) error {
+	return c.AddSandbox(cookie, "", dirs...)
+}
+
+// AddSandbox is Add where agentDir (also registered) holds the sandbox's
+// agent and trusted commands: their execs and signals are recorded, their
+// file operations are not.
+func (c *Collector) AddSandbox(cookie uint64, agentDir string, dirs ...string) error {
+	if agentDir != "" {
+		dirs = append(dirs, agentDir)
+	}
 	ids := make([]uint64, 0, len(dirs))
 	for _, d := range dirs {
 		id, err := CgroupID(d)
@@ -215,8 +245,13 @@ func (c *Collector) Add(cookie uint64, dirs ...string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.removeLocked(cookie)
-	for _, id := range ids {
-		if err := c.objs.Sandboxes.Put(id, execSlot{Cookie: cookie}); err != nil {
+	for i, id := range ids {
+		var flags uint32
+		if agentDir != "" && i == len(ids)-1 {
+			flags = slotAgent
+		}
+		c.flags[id] = flags
+		if err := c.objs.Sandboxes.Put(id, execSlot{Cookie: cookie, Flags: flags}); err != nil {
 			c.removeLocked(cookie)
 			return fmt.Errorf("telemetry: register cgroup %d: %w", id, err)
 		}
@@ -237,6 +272,7 @@ func (c *Collector) removeLocked(cookie uint64) {
 		if err := c.objs.Sandboxes.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			c.log.Warn("telemetry: unregister cgroup", "id", id, "err", err)
 		}
+		delete(c.flags, id)
 	}
 	delete(c.ids, cookie)
 }
@@ -247,7 +283,7 @@ func (c *Collector) SetStep(cookie uint64, step int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range c.ids[cookie] {
-		if err := c.objs.Sandboxes.Update(id, execSlot{Cookie: cookie, Step: step}, ebpf.UpdateExist); err != nil {
+		if err := c.objs.Sandboxes.Update(id, execSlot{Cookie: cookie, Step: step, Flags: c.flags[id]}, ebpf.UpdateExist); err != nil {
 			c.log.Warn("telemetry: set step", "id", id, "err", err)
 		}
 	}
@@ -305,6 +341,16 @@ func (c *Collector) record(ev *execEvent) Record {
 		Path: cString(ev.Path[:]), ArgvTruncated: ev.ArgvTruncated != 0,
 	}
 	switch r.Kind {
+	case KindFile:
+		r.Syscall = syscallName(int(ev.Nr))
+		r.Op = fileOps[r.Syscall]
+		if r.Op == "" {
+			r.Op = "write" // open, openat, openat2, creat
+		}
+		if n := min(int(ev.ArgvLen), len(ev.Argv)); n > 0 {
+			r.To = cString(ev.Argv[:n])
+		}
+		return r
 	case KindRefused:
 		r.Syscall = syscallName(int(ev.Nr))
 		return r
@@ -329,6 +375,10 @@ func (c *Collector) record(ev *execEvent) Record {
 	}
 	return r
 }
+
+// fileOps names the file operations that are not an open for writing.
+var fileOps = map[string]string{"rename": "rename", "renameat": "rename", "renameat2": "rename",
+	"unlink": "unlink", "unlinkat": "unlink", "chmod": "chmod", "fchmodat": "chmod", "fchmodat2": "chmod"}
 
 // syscallNames are this architecture's syscall names by number.
 var syscallNames = func() map[int]string {

@@ -466,3 +466,66 @@ func BenchmarkRecordsPerSecond(b *testing.B) {
 	b.ReportMetric(float64(got.Load()), "delivered")
 	b.ReportMetric(float64(lost), "lost")
 }
+
+// TestFileOps: with Options.Files, writes, renames, unlinks and chmods of
+// a sandbox's processes are recorded with their paths; those of its
+// agent's cgroup, and reads, are not.
+func TestFileOps(t *testing.T) {
+	root := v2Root()
+	if root == "" {
+		t.Skip("SKIP: no cgroup v2 hierarchy mounted")
+	}
+	c := open(t, Options{Files: true})
+	if len(c.links) < 3 {
+		t.Fatalf("%d of 3 programs attached", len(c.links))
+	}
+	agent := cgroup(t, root, "warren-telemetry-test-files")
+	work := cgroup(t, agent, "work")
+	if err := c.AddSandbox(13, agent, work); err != nil {
+		t.Fatal(err)
+	}
+	recs := make(chan Record, 256)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx, func(r Record) { recs <- r }) }()
+	defer func() { cancel(); <-done }()
+
+	dir := t.TempDir()
+	runIn(t, work, "/bin/sh", "-c", "cd "+dir+" && echo x > w1 && cat w1 >/dev/null && mv w1 w2 && chmod 600 w2 && rm w2")
+	runIn(t, agent, "/bin/sh", "-c", "cd "+dir+" && echo x > agent-file && rm agent-file")
+	want := map[string]Record{"write w1": {}, "rename w1": {}, "chmod w2": {}, "unlink w2": {}}
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case r := <-recs:
+			if r.Kind != KindFile {
+				continue
+			}
+			if strings.Contains(r.Path, "agent-file") {
+				t.Errorf("the agent's cgroup's file operation was recorded: %+v", r)
+			}
+			k := r.Op + " " + r.Path
+			if _, ok := want[k]; ok {
+				if want[k].Kind != "" {
+					t.Errorf("%s recorded twice (a read recorded as a write?): %+v", k, r)
+				}
+				want[k] = r
+			}
+		case <-deadline:
+			t.Fatalf("after 10s: %+v", want)
+		}
+		if want["write w1"].Kind != "" && want["rename w1"].Kind != "" && want["chmod w2"].Kind != "" && want["unlink w2"].Kind != "" {
+			break
+		}
+	}
+	if r := want["rename w1"]; r.To != "w2" || r.Cookie != 13 {
+		t.Errorf("rename: %+v", r)
+	}
+	// Let the agent's records (if any) arrive, then look again.
+	time.Sleep(3 * DrainEvery)
+	for len(recs) > 0 {
+		if r := <-recs; strings.Contains(r.Path, "agent-file") {
+			t.Errorf("the agent's cgroup's file operation was recorded: %+v", r)
+		}
+	}
+}

@@ -287,3 +287,49 @@ func TestAuditAfterRestart(t *testing.T) {
 	}
 	execsOf(t, s.C, sb.ID, 2, "after-restart")
 }
+
+// TestAuditFiles: on a node started with --telemetry-files, what a
+// sandbox's command writes, renames, chmods and unlinks is in its audit at
+// its step; the agent's own file work (its session scripts) is not.
+func TestAuditFiles(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
+	}
+	s := startServer(t, "--telemetry-files")
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "audit-files", Checkpoint: "none"})
+	s.sh(t, sb.ID, "/bin/echo warm-up")
+	r := s.sh(t, sb.ID, "echo x > /etc/planted; mv /etc/planted /etc/planted2; chmod 700 /etc/planted2; rm /etc/planted2; cat /etc/hostname >/dev/null")
+	if r.Step != 2 || r.ExitCode != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		al, err := s.C.Audit(ctx, sb.ID, warren.AuditQuery{Kind: api.AuditKindFile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, rec := range al.Records {
+			if rec.Kind != api.AuditKindFile {
+				t.Fatalf("?kind=file answered %+v", rec)
+			}
+			if strings.HasPrefix(rec.Path, "/dev/.warren") {
+				t.Fatalf("the agent's own file work is in the audit: %+v", rec)
+			}
+			if rec.Path == "/etc/hostname" {
+				t.Fatalf("a read is in the audit: %+v", rec)
+			}
+			if rec.Step == 2 {
+				seen[rec.Op+" "+rec.Path+" "+rec.To] = true
+			}
+		}
+		if seen["write /etc/planted "] && seen["rename /etc/planted /etc/planted2"] && seen["chmod /etc/planted2 "] && seen["unlink /etc/planted2 "] {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step 2's file operations: %v\n%+v", seen, al.Records)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -67,6 +67,10 @@ struct task_struct {
 
 struct pt_regs {
 	unsigned long orig_ax;
+	unsigned long di;
+	unsigned long si;
+	unsigned long dx;
+	unsigned long r10;
 } __attribute__((preserve_access_index));
 
 struct linux_binprm {
@@ -81,13 +85,18 @@ struct linux_binprm {
 #define KIND_EXEC 1
 #define KIND_REFUSED 2 // a syscall failed with EPERM (seccomp, capabilities)
 #define KIND_SIGNAL 3  // a signal sent to the sandbox's PID 1 (its agent)
+#define KIND_FILE 4    // a syscall that asks to write, rename, unlink or chmod a file
 
 // slot is what the edge registers per sandbox cgroup: the sandbox's
 // cookie and the trajectory step running now (0 = between steps).
 struct slot {
 	u64 cookie;
 	s64 step;
+	u32 flags; // SLOT_AGENT: the cgroup of the sandbox's agent (and trusted commands)
+	u32 pad;
 };
+
+#define SLOT_AGENT 1
 
 struct event {
 	u64 cookie;
@@ -285,6 +294,103 @@ int signal_generate(u64 *ctx)
 	ev->nr = sig;
 	ev->target = 1;
 	ev->result = (int)ctx[4];
+	submit(ev);
+	return 0;
+}
+
+// x86_64 syscall numbers of the file operations sys_enter watches.
+#define NR_open 2
+#define NR_rename 82
+#define NR_creat 85
+#define NR_unlink 87
+#define NR_chmod 90
+#define NR_openat 257
+#define NR_unlinkat 263
+#define NR_renameat 264
+#define NR_fchmodat 268
+#define NR_renameat2 316
+#define NR_openat2 437
+#define NR_fchmodat2 452
+
+#define O_ACCMODE 3
+#define O_CREAT 0x40
+#define O_TRUNC 0x200
+
+struct open_how {
+	u64 flags;
+};
+
+// sys_enter sees every syscall's start on the host; only the file
+// operations above, from a sandbox's processes (not its agent's cgroup),
+// go further than a switch. It records the attempt with the path as the
+// process named it (relative paths are relative to its cwd).
+SEC("tp_btf/sys_enter")
+int sys_enter(u64 *ctx)
+{
+	long nr = (long)ctx[1];
+	struct pt_regs *regs = (struct pt_regs *)ctx[0];
+	const char *path = 0, *to = 0;
+	s64 flags = 0;
+	switch (nr) {
+	case NR_open:
+		flags = regs->si;
+		if (!(flags & (O_ACCMODE | O_CREAT | O_TRUNC)))
+			return 0;
+		path = (const char *)regs->di;
+		break;
+	case NR_openat:
+		flags = regs->dx;
+		if (!(flags & (O_ACCMODE | O_CREAT | O_TRUNC)))
+			return 0;
+		path = (const char *)regs->si;
+		break;
+	case NR_openat2: {
+		struct open_how how = {};
+		if (bpf_probe_read_user(&how, sizeof(how), (void *)regs->dx) < 0)
+			return 0;
+		flags = how.flags;
+		if (!(flags & (O_ACCMODE | O_CREAT | O_TRUNC)))
+			return 0;
+		path = (const char *)regs->si;
+		break;
+	}
+	case NR_creat:
+	case NR_unlink:
+	case NR_chmod:
+		path = (const char *)regs->di;
+		break;
+	case NR_unlinkat:
+	case NR_fchmodat:
+	case NR_fchmodat2:
+		path = (const char *)regs->si;
+		break;
+	case NR_rename:
+		path = (const char *)regs->di;
+		to = (const char *)regs->si;
+		break;
+	case NR_renameat:
+	case NR_renameat2:
+		path = (const char *)regs->si;
+		to = (const char *)regs->r10;
+		break;
+	default:
+		return 0;
+	}
+	struct slot *s = find();
+	if (!s || (s->flags & SLOT_AGENT))
+		return 0;
+	struct event *ev = reserve(s, KIND_FILE);
+	if (!ev)
+		return 0;
+	ev->nr = nr;
+	ev->result = flags;
+	if (bpf_probe_read_user_str(ev->path, sizeof(ev->path), path) < 0)
+		ev->path[0] = 0;
+	if (to) {
+		long n = bpf_probe_read_user_str(ev->argv, PATH_CAP, to);
+		if (n > 0)
+			ev->argv_len = n;
+	}
 	submit(ev);
 	return 0;
 }
