@@ -17,11 +17,12 @@ func newAuditCmd(g *globals) *cobra.Command {
 	var kind string
 	cmd := &cobra.Command{
 		Use:   "audit ID",
-		Short: "print what a sandbox's processes did (execs, signals to its agent, refusals), from its node's kernel",
+		Short: "print what a sandbox's processes did (execs, signals to its agent, refusals, file changes), from its node's kernel",
 		Long: `warren audit ID prints the sandbox's audit, oldest first: every exec of its processes,
-every signal sent to its PID 1 (its agent) and, on nodes started with --telemetry-refusals,
-every syscall refused with EPERM, each with the trajectory step that was running (0: between
-steps). --step K keeps step K's records, --kind one kind (exec, signal, refused).`,
+every signal sent to its PID 1 (its agent), on nodes started with --telemetry-refusals every
+syscall refused with EPERM, and on nodes started with --telemetry-files every file write,
+rename, unlink and chmod; each with the trajectory step that was running (0: between steps).
+--step K keeps step K's records, --kind one kind (exec, signal, refused, file).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			q := warren.AuditQuery{Kind: kind}
@@ -40,7 +41,7 @@ steps). --step K keeps step K's records, --kind one kind (exec, signal, refused)
 		},
 	}
 	cmd.Flags().Int64Var(&step, "step", 0, "only this trajectory step's records (0 = between steps)")
-	cmd.Flags().StringVar(&kind, "kind", "", "only records of this kind: exec, signal, refused")
+	cmd.Flags().StringVar(&kind, "kind", "", "only records of this kind: exec, signal, refused, file")
 	return cmd
 }
 
@@ -75,6 +76,11 @@ func auditWhat(r *api.AuditRecord) string {
 		return fmt.Sprintf("signal %d to pid %d", r.Signal, r.Target)
 	case api.AuditKindRefused:
 		return r.Syscall
+	case api.AuditKindFile:
+		if r.To != "" {
+			return fmt.Sprintf("%s %s -> %s", r.Op, r.Path, r.To)
+		}
+		return r.Op + " " + r.Path
 	}
 	return ""
 }
