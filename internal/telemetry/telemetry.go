@@ -117,8 +117,8 @@ const slotAgent = 1
 type Options struct {
 	// Refusals records every syscall of a sandbox that fails with EPERM.
 	// Off by default: its hook (the sys_exit tracepoint) puts every syscall
-	// of the host on the kernel's slow path, +300 ns a syscall
-	// (docs/BENCHMARKS.md).
+	// of the host on the kernel's slow path: a getppid takes ~75 ns more,
+	// +60 % (docs/BENCHMARKS.md).
 	Refusals bool
 	// Files records every syscall of a sandbox's processes (not its
 	// agent's) that asks to write, create, truncate, rename, unlink or

@@ -402,8 +402,8 @@ func BenchmarkSyscall(b *testing.B) {
 		}
 	}
 	b.Run("off", run)
-	for _, o := range []Options{{}, {Refusals: true}} {
-		b.Run(fmt.Sprintf("on-refusals-%v", o.Refusals), func(b *testing.B) {
+	for _, o := range []Options{{}, {Refusals: true}, {Files: true}} {
+		b.Run(fmt.Sprintf("on-refusals-%v-files-%v", o.Refusals, o.Files), func(b *testing.B) {
 			c, err := Open(nil, o)
 			if err != nil {
 				b.Fatal(err)
