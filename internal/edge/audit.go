@@ -7,7 +7,9 @@ package edge
 // when it happened (recorded sets the step in the kernel's map around
 // every live operation).
 //
-// Lock order: auditState.mu, then auditRing.mu (never sandbox.mu inside).
+// Lock order: traj.mu (recorded sets the step), then auditState.mu, then
+// telemetry.Collector.mu; auditRing.mu alone, or inside sandbox.mu (a
+// pool claim resets it); none of them is held while taking sandbox.mu.
 
 import (
 	"context"
