@@ -683,6 +683,12 @@ type NodeFeatures struct {
 	// Telemetry: the node's BPF programs are loaded, so the audit of its
 	// sandboxes (GET /v1/sandboxes/{id}/audit) records what they execute.
 	Telemetry bool `json:"telemetry"`
+	// SandboxRoot is who a container sandbox's root is on the host:
+	// "userns" (a range of unprivileged host ids of its own, in a user
+	// namespace) or "host-root" (this kernel cannot, and the operator
+	// passed --allow-host-root), with the reason or the ranges in use.
+	SandboxRoot       string `json:"sandbox_root,omitempty"`
+	SandboxRootDetail string `json:"sandbox_root_detail,omitempty"`
 }
 
 // Usage is what live sandboxes hold.

@@ -10,6 +10,14 @@ for c in /sys/fs/cgroup/*/warren* /sys/fs/cgroup/*/*/warren*; do
 done
 if ip netns list 2>/dev/null | grep -q warren; then echo "LEAK: netns"; leaks=1; fi
 if losetup -a 2>/dev/null | grep -E 'warren|scratch'; then echo "LEAK: loop devices"; leaks=1; fi
-if pgrep -f 'warren-agent' >/dev/null; then echo "LEAK: processes"; pgrep -af warren-agent | head; leaks=1; fi
+# A zombie does not count: an agent orphaned by a test's kill -9 of its edge
+# waits for the host's init to reap it.
+live_agents() {
+  local p
+  for p in $(pgrep -f 'warren-agent'); do
+    [[ $(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -c1) == Z ]] || echo "$p"
+  done
+}
+if [[ -n $(live_agents) ]]; then echo "LEAK: processes"; ps -o pid,stat,args -p "$(live_agents | paste -sd,)" | head; leaks=1; fi
 [ $leaks = 0 ] && echo "no leaks"
 exit $leaks

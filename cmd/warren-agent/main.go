@@ -2,6 +2,21 @@
 // with fd 3 a listening unix socket; see internal/agent.
 package main
 
-import "github.com/warrenhq/warren/internal/agent"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agent"
+)
+
+// init names the process (package init runs on the main thread, whose
+// name is the process's): started from a descriptor (/proc/self/fd/N, user
+// namespaces), the kernel named it "N", and its /proc files belong to host
+// root, so /proc/self/comm cannot be written.
+func init() {
+	name := []byte("warren-agent\x00")
+	_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0)
+}
 
 func main() { agent.Main() }

@@ -2,6 +2,14 @@ package agentproto
 
 import "time"
 
+// KeepFDsEnv is the agent's environment variable "N": the N descriptors
+// after the listener (fd 3) are the edge's (the trust split's cgroup files,
+// CgroupFDEnv, then the mounts it made for setup in a user namespace:
+// SetupConfig.RootFD, Bind.FD), kept, close-on-exec; the agent closes every
+// other inherited one. (Not an argument: the sandbox reads PID 1's command
+// line.)
+const KeepFDsEnv = "WARREN_AGENT_KEEP_FDS"
+
 // SetupConfig tells a freshly started agent how to build its sandbox. The
 // agent receives it while still privileged and in the host's root; it is
 // already in its cgroups and its new namespaces (pid, mount, uts, ipc, net).
@@ -16,6 +24,10 @@ type SetupConfig struct {
 	Work  string `json:"work"`
 	// Binds are read-only layer directories attached at paths of the root.
 	Binds []Bind `json:"binds,omitempty"`
+	// RootFD, when > 0, is an inherited descriptor of a detached mount the
+	// edge made of the root (user namespaces: the edge idmaps the layers,
+	// see confine.MountRoot); Lowers, Upper and Work are then not used.
+	RootFD int `json:"root_fd,omitempty"`
 	// Hostname of the sandbox (uts namespace).
 	Hostname string `json:"hostname"`
 	// Env is the base environment of every session.
@@ -55,7 +67,10 @@ type SetupConfig struct {
 // every ancestor directory of Target becomes a mount point of its own, so
 // none can be renamed or removed; trusted exec runs from it.
 type Bind struct {
-	Source    string `json:"source"`
+	Source string `json:"source"`
+	// FD, when > 0, is an inherited descriptor of a detached, read-only
+	// (idmapped) copy of Source that the edge made; it is used instead.
+	FD        int    `json:"fd,omitempty"`
 	Target    string `json:"target"`
 	Protected bool   `json:"protected,omitempty"`
 }

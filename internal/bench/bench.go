@@ -45,7 +45,11 @@ type Options struct {
 	Concurrency int           // clients; default 16
 	// Recycle is the private server's --recycle (negative: 0, no
 	// recycling); 0 = serve.DefaultRecycle.
-	Recycle     int
+	Recycle int
+	// HostRoot runs the private server's container sandboxes as host
+	// root instead of in user namespaces (--host-root: the figures
+	// without user namespaces).
+	HostRoot    bool
 	ExecSamples int // exec round trips; default 2000
 	AgentPath   string
 	Out         io.Writer // progress
@@ -194,6 +198,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
 			DiskOvercommit: BenchDiskOvercommit,
 			Recycle:        recycleOption(o.Recycle),
+			Userns:         serve.UsernsOptions{HostRoot: o.HostRoot},
 			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready:          func(url, token string) { ready <- [2]string{url, token} },
 		})

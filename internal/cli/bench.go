@@ -45,6 +45,7 @@ func newBenchCmd() *cobra.Command {
 	f.DurationVar(&o.Duration, "duration", 20*time.Second, "length of each throughput measurement")
 	f.IntVar(&o.Concurrency, "concurrency", 16, "concurrent clients")
 	f.IntVar(&o.Recycle, "recycle", 0, "the private server's --recycle (0: its default; -1: no recycling)")
+	f.BoolVar(&o.HostRoot, "host-root", false, "the private server runs container sandboxes as host root, without user namespaces (to compare)")
 	f.IntVar(&o.ExecSamples, "exec-samples", 2000, "exec round trips to time")
 	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
 	f.IntVar(&o.DensityMax, "density-max", 500, "density: stop at this many live sandboxes")

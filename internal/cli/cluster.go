@@ -133,6 +133,10 @@ func newEdgeCmd() *cobra.Command {
 	f.BoolVar(&o.TelemetryFiles, "telemetry-files", false, "also audit the file writes, renames, unlinks and chmods of sandbox processes (slows every syscall of the host)")
 	f.StringVar(&o.DataListen, "data-listen", serve.DefaultDataListen, "address of the data listener, where apiservers stream exec output and files (HTTP/2, grants signed with the cluster's key)")
 	f.StringVar(&o.DataAdvertise, "data-advertise", "", "address apiservers dial for the data listener (default: the listener's address)")
+	f.BoolVar(&o.Userns.AllowHostRoot, "allow-host-root", false, "where this kernel cannot run container sandboxes in user namespaces, run them as host root (without it the node refuses to start there)")
+	f.BoolVar(&o.Userns.HostRoot, "host-root", false, "run container sandboxes as host root even where user namespaces work (measurements only)")
+	f.Uint32Var(&o.Userns.IDBase, "id-base", 0, "first host uid/gid of the sandboxes' user namespaces (65,536 per sandbox; 0 = 1048576)")
+	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd

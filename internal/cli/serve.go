@@ -67,6 +67,10 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&o.NoTelemetry, "no-telemetry", false, "do not load the node's BPF telemetry (the audit of sandboxes then records nothing)")
 	f.BoolVar(&o.TelemetryRefusals, "telemetry-refusals", false, "also audit every syscall of a sandbox refused with EPERM (slows every syscall of the host)")
 	f.BoolVar(&o.TelemetryFiles, "telemetry-files", false, "also audit the file writes, renames, unlinks and chmods of sandbox processes (slows every syscall of the host)")
+	f.BoolVar(&o.Userns.AllowHostRoot, "allow-host-root", false, "where this kernel cannot run container sandboxes in user namespaces, run them as host root (without it the node refuses to start there)")
+	f.BoolVar(&o.Userns.HostRoot, "host-root", false, "run container sandboxes as host root even where user namespaces work (measurements only)")
+	f.Uint32Var(&o.Userns.IDBase, "id-base", 0, "first host uid/gid of the sandboxes' user namespaces (65,536 per sandbox; 0 = 1048576)")
+	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd
 }

@@ -28,6 +28,10 @@ func cloneBinds(binds []agentproto.Bind) ([]detachedBind, error) {
 			closeBinds(out)
 			return nil, fmt.Errorf("confine: bind target %q must be a clean absolute path", b.Target)
 		}
+		if b.FD > 0 { // the edge's copy (user namespaces), read-only already
+			out = append(out, detachedBind{fd: b.FD, target: b.Target, protected: b.Protected})
+			continue
+		}
 		fd, err := unix.OpenTree(unix.AT_FDCWD, b.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if err != nil {
 			closeBinds(out)

@@ -1,12 +1,17 @@
 // Package confine locks warren-agent into its sandbox.
 //
-// Enter runs inside the agent, which the edge started as PID 1 in new pid,
-// mount, uts, ipc, net and cgroup namespaces, already inside its cgroups, as
-// host root with every capability, still seeing the host's root filesystem.
+// Enter runs inside the agent, which the edge started as PID 1 in new user,
+// pid, mount, uts, ipc, net and cgroup namespaces (as root of its user
+// namespace, an unprivileged range of host ids: idmap.go; or as host root
+// where the operator allowed it), already inside its cgroups, with every
+// capability in its namespaces, still seeing the host's root filesystem.
 // In order it:
 //
 //  1. makes every mount rprivate and mounts the overlay root (nodev) at
-//     cfg.RootDir; the overlay exists only in the sandbox's mount namespace;
+//     cfg.RootDir; the overlay exists only in the sandbox's mount namespace.
+//     In a user namespace the edge has mounted the root (MountRoot) and the
+//     agent inherited it (cfg.RootFD): it is attached on "/" instead, and
+//     /proc and /sys are mounted in it before the pivot;
 //  2. takes detached copies of the host's null, zero, full, random, urandom
 //     and tty nodes (open_tree), then pivots into the new root
 //     (pivot_root(".", ".") and a lazy unmount of the old root, so no

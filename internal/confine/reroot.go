@@ -14,6 +14,11 @@ type RerootConfig struct {
 	Lowers      []string // read-only layer directories, top-most first
 	Upper, Work string   // the new, empty writable layer
 	ShmMB       int64    // sizes the new /dev/shm; 0: DefaultShmMB
+	// UsernsFD, when > 0, is a user namespace with the sandbox's id map:
+	// the layers are idmapped through it (see MountRoot), and IDBase is
+	// the host id of the sandbox's root, which gets its /dev.
+	UsernsFD int
+	IDBase   uint32
 }
 
 // RootID identifies a root directory (its device and inode), so that the
@@ -48,10 +53,7 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 	if len(cfg.Lowers) == 0 || cfg.Upper == "" || cfg.Work == "" {
 		return id, errors.New("confine: reroot: lowers, upper and work are required")
 	}
-	if err := checkOverlayPaths(append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...)); err != nil {
-		return id, err
-	}
-	mfd, err := fsmountOverlay(cfg)
+	mfd, err := MountRoot(&RootConfig{Lowers: cfg.Lowers, Upper: cfg.Upper, Work: cfg.Work, UsernsFD: cfg.UsernsFD})
 	if err != nil {
 		return id, err
 	}
@@ -70,7 +72,11 @@ func Reroot(pidfd int, cfg *RerootConfig) (RootID, error) {
 	if shm <= 0 {
 		shm = DefaultShmMB
 	}
-	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, shm) })
+	base := uint32(0)
+	if cfg.UsernsFD > 0 {
+		base = cfg.IDBase
+	}
+	return id, inNamespaces(pidfd, unix.CLONE_NEWNS, func() error { return rerootThread(mfd, nodes, shm, base) })
 }
 
 // checkOverlayPaths refuses the characters that separate overlay options
@@ -92,17 +98,22 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 		return -1, fmt.Errorf("confine: fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
-	// The layers by descriptor: see fdPaths.
-	paths, err := fdPaths(append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...))
+	// The layers by descriptor: see fdPaths. No upper and work directories:
+	// a read-only overlay (stateless sandboxes).
+	dirs := cfg.Lowers
+	if cfg.Upper != "" {
+		dirs = append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...)
+	}
+	paths, err := fdPaths(dirs)
 	if err != nil {
 		return -1, err
 	}
 	defer closeFDPaths(paths)
-	for _, kv := range [][2]string{
-		{"lowerdir", strings.Join(paths[2:], ":")},
-		{"upperdir", paths[0]},
-		{"workdir", paths[1]},
-	} {
+	opts := [][2]string{{"lowerdir", strings.Join(paths[len(paths)-len(cfg.Lowers):], ":")}}
+	if cfg.Upper != "" {
+		opts = append(opts, [2]string{"upperdir", paths[0]}, [2]string{"workdir", paths[1]})
+	}
+	for _, kv := range opts {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
 			return -1, fmt.Errorf("confine: overlay %s=%s: %w", kv[0], kv[1], err)
 		}
@@ -112,8 +123,10 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 	// sync or fsync): a sandbox's files do not outlive the host anyway,
 	// and its writable layer is deleted right after. The same upper and
 	// work directories are never mounted again.
-	if err := unix.FsconfigSetFlag(fsfd, "volatile"); err != nil {
-		return -1, fmt.Errorf("confine: overlay volatile: %w", err)
+	if cfg.Upper != "" {
+		if err := unix.FsconfigSetFlag(fsfd, "volatile"); err != nil {
+			return -1, fmt.Errorf("confine: overlay volatile: %w", err)
+		}
 	}
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return -1, fmt.Errorf("confine: create overlay: %w", err)
@@ -127,7 +140,7 @@ func fsmountOverlay(cfg *RerootConfig) (int, error) {
 
 // rerootThread is step 3 of Reroot, on a thread in the sandbox's mount
 // namespace.
-func rerootThread(mfd int, nodes map[string]int, shmMB int64) error {
+func rerootThread(mfd int, nodes map[string]int, shmMB int64, base uint32) error {
 	// The sandbox's /proc and /sys, opened before the new root covers them.
 	var moved []int
 	defer func() {
@@ -169,7 +182,7 @@ func rerootThread(mfd int, nodes map[string]int, shmMB int64) error {
 	if err := pivotHere(); err != nil {
 		return err
 	}
-	return mountDev(nodes, shmMB)
+	return mountDev(nodes, shmMB, base)
 }
 
 // mountPointIn opens directory name of the root behind rootfd as a mount

@@ -30,8 +30,10 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("confine: make mounts rprivate: %w", err)
 	}
-	if err := mountOverlay(cfg); err != nil {
-		return err
+	if cfg.RootFD <= 0 {
+		if err := mountOverlay(cfg); err != nil {
+			return err
+		}
 	}
 	// Detached copies of the host's device nodes, taken before the host
 	// root goes away.
@@ -45,17 +47,23 @@ func setupRoot(cfg *agentproto.SetupConfig) error {
 		return err
 	}
 	defer closeBinds(binds)
-	if err := pivot(cfg.RootDir); err != nil {
-		return err
-	}
-	if err := mountProcSys(); err != nil {
-		return err
+	if cfg.RootFD > 0 {
+		if err := pivotMounted(cfg.RootFD); err != nil {
+			return err
+		}
+	} else {
+		if err := pivot(cfg.RootDir); err != nil {
+			return err
+		}
+		if err := mountProcSys(""); err != nil {
+			return err
+		}
 	}
 	shm := cfg.ShmMB
 	if shm <= 0 {
 		shm = DefaultShmMB
 	}
-	if err := mountDev(nodes, shm); err != nil {
+	if err := mountDev(nodes, shm, 0); err != nil {
 		return err
 	}
 	if err := applyMasks(); err != nil {
@@ -179,16 +187,40 @@ func pivotHere() error {
 	return nil
 }
 
-func mountProcSys() error {
-	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	if err := mountAt("proc", "/proc", "proc", flags, ""); err != nil {
+// pivotMounted pivots into the root the edge mounted (rootFD, a detached
+// mount: user namespaces), which needs no host path: the mount is stacked
+// on "/" and entered through its descriptor. /proc and /sys are mounted
+// before the pivot: in a user namespace the kernel mounts a new proc or
+// sysfs only while one is fully visible in the mount namespace (the
+// host's, until the pivot detaches it).
+func pivotMounted(rootFD int) error {
+	defer unix.Close(rootFD)
+	if err := unix.MoveMount(rootFD, "", unix.AT_FDCWD, "/", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("confine: attach the root: %w", err)
+	}
+	if err := unix.Fchdir(rootFD); err != nil {
+		return fmt.Errorf("confine: chdir root: %w", err)
+	}
+	if err := mountProcSys("."); err != nil {
 		return err
 	}
-	return mountAt("sysfs", "/sys", "sysfs", flags|unix.MS_RDONLY, "")
+	return pivotHere()
 }
 
-func mountDev(nodes map[string]int, shmMB int64) error {
-	if err := mountAt("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"); err != nil {
+// mountProcSys mounts /proc and /sys of the root at dir ("" is "/").
+func mountProcSys(dir string) error {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := mountAt("proc", dir+"/proc", "proc", flags, ""); err != nil {
+		return err
+	}
+	return mountAt("sysfs", dir+"/sys", "sysfs", flags|unix.MS_RDONLY, "")
+}
+
+// mountDev builds /dev. base is the host id of the sandbox's root when the
+// caller is outside the sandbox's user namespace (Reroot), else 0.
+func mountDev(nodes map[string]int, shmMB int64, base uint32) error {
+	if err := mountAt("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC,
+		"mode=755,size=64k,nr_inodes=64"+idOptions("tmpfs", base)); err != nil {
 		return err
 	}
 	for _, n := range devNodes {
@@ -205,11 +237,11 @@ func mountDev(nodes map[string]int, shmMB int64) error {
 		}
 	}
 	if err := mountAt("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
-		"newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		"newinstance,ptmxmode=0666,mode=0620"+devptsGID(base)); err != nil {
 		return err
 	}
 	if err := mountAt("shm", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
-		"mode=1777,size="+strconv.FormatInt(shmMB, 10)+"m"); err != nil {
+		"mode=1777,size="+strconv.FormatInt(shmMB, 10)+"m"+idOptions("tmpfs", base)); err != nil {
 		return err
 	}
 	for _, l := range devLinks {

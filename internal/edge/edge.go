@@ -59,10 +59,13 @@ type ImageResolver interface {
 	ListLayers(ctx context.Context, name string) ([]api.Layer, error)
 	DeleteLayer(ctx context.Context, name string, version int) ([]api.Layer, error)
 	CreateLayerFromTar(ctx context.Context, name string, version int, path string) (*api.Layer, error)
-	CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, source string) (*api.Layer, error)
+	// CreateLayerFromChanges packs a sandbox's writable layer; idBase is
+	// the host id of the sandbox's root (runtime.Handle.IDBase), whose
+	// range is shifted back to the ids the sandbox saw.
+	CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, idBase uint32, source string) (*api.Layer, error)
 	// CreateLayerFromPrivateChanges is the same for a copy of an upper
 	// directory that nothing else uses: it may change it (faster).
-	CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, source string) (*api.Layer, error)
+	CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, idBase uint32, source string) (*api.Layer, error)
 	GC(ctx context.Context) (*api.GCResult, error)
 	// PullImage fetches ref from its registry and stores it as name.
 	PullImage(ctx context.Context, ref, name string) (*api.Image, error)
@@ -279,6 +282,9 @@ func New(cfg Config) (*Edge, error) {
 	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, wiped: map[string][]*wipedBox{}, fn: map[string]*fnShape{}}
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
+	if iso, ok := cfg.Runtime.(isolator); ok {
+		e.features.SandboxRoot, e.features.SandboxRootDetail = iso.Isolation()
+	}
 	for _, d := range []string{e.recordsDir(), e.runDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("edge: %w", err)
@@ -479,4 +485,20 @@ func NewSandboxID(node string) string {
 	var b [10]byte
 	_, _ = rand.Read(b[:])
 	return "sb-" + node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// isolator is a runtime that says who its sandboxes' root is on the host
+// (the container tier: user namespaces or host root).
+type isolator interface {
+	Isolation() (mode, detail string)
+}
+
+// nodeFeatures is the node's features, with the runtime's isolation as it
+// is now (the ranges in use change).
+func (e *Edge) nodeFeatures() api.NodeFeatures {
+	f := e.features
+	if iso, ok := e.cfg.Runtime.(isolator); ok {
+		f.SandboxRoot, f.SandboxRootDetail = iso.Isolation()
+	}
+	return f
 }

@@ -185,6 +185,10 @@ func (e *Edge) packSandbox(ctx context.Context, req *LayerRequest) (any, error) 
 	sb.mu.Lock()
 	upper := sb.rec.Upper
 	ids := append([]string(nil), sb.rec.Layers[:len(sb.rec.Layers)-len(sb.rec.Binds)]...)
+	var idBase uint32
+	if sb.rec.Handle != nil {
+		idBase = sb.rec.Handle.IDBase
+	}
 	sb.mu.Unlock()
 	if upper == "" {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to pack", req.ID)}
@@ -195,5 +199,5 @@ func (e *Edge) packSandbox(ctx context.Context, req *LayerRequest) (any, error) 
 		return nil, err
 	}
 	defer e.cfg.Images.ReleaseLayers(holder)
-	return e.cfg.Images.CreateLayerFromChanges(ctx, req.Name, req.Version, filepath.Clean(upper), lowers, "sandbox "+req.ID)
+	return e.cfg.Images.CreateLayerFromChanges(ctx, req.Name, req.Version, filepath.Clean(upper), lowers, idBase, "sandbox "+req.ID)
 }

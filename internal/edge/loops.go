@@ -93,7 +93,7 @@ func (e *Edge) NodeStatus() api.Node {
 		CPUOvercommit: e.cfg.CPUOvercommit, MemoryOvercommit: e.cfg.MemoryOvercommit,
 		DiskMB: e.cfg.DiskMB, DiskOvercommit: e.cfg.DiskOvercommit,
 		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
-		Pools: []api.NodePool{}, Features: e.features, DataAddr: e.dataAddr,
+		Pools: []api.NodePool{}, Features: e.nodeFeatures(), DataAddr: e.dataAddr,
 	}
 	e.measure(&n)
 	e.mu.Lock()

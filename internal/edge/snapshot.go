@@ -133,14 +133,14 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if cerr != nil {
 		_ = os.RemoveAll(copyDir)
 		e.log.Warn("snapshot copy failed; packing while frozen", "sandbox", id, "err", cerr)
-		l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, src, lowers, "snapshot of "+id)
+		l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, src, lowers, h.IDBase, "snapshot of "+id)
 	}
 	terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), *h)
 	frozen := time.Since(t0)
 	t1 := time.Now()
 	if cerr == nil {
 		if terr == nil {
-			l, perr = e.cfg.Images.CreateLayerFromPrivateChanges(ctx, SnapshotLayerName(snapID), 1, copyDir, lowers, "snapshot of "+id)
+			l, perr = e.cfg.Images.CreateLayerFromPrivateChanges(ctx, SnapshotLayerName(snapID), 1, copyDir, lowers, h.IDBase, "snapshot of "+id)
 		}
 	}
 	if terr != nil {

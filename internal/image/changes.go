@@ -19,11 +19,15 @@ import (
 // bits and security.capability are kept only where the layers below (lowers,
 // top-most first) had the same file with them, so a sandbox cannot mint a
 // privileged binary into a layer others will use.
-func tarChanges(upper string, lowers []string) io.ReadCloser {
+//
+// idBase, when not 0, is the host id of the sandbox's root (its user
+// namespace maps ids 0..65535 there): owners are written as the sandbox saw
+// them (shiftID).
+func tarChanges(upper string, lowers []string, idBase uint32) io.ReadCloser {
 	pr, pw := io.Pipe()
 	go func() {
 		tw := tar.NewWriter(pw)
-		err := writeChanges(tw, upper, lowers)
+		err := writeChanges(tw, upper, lowers, idBase)
 		if err == nil {
 			err = tw.Close()
 		}
@@ -32,7 +36,7 @@ func tarChanges(upper string, lowers []string) io.ReadCloser {
 	return pr
 }
 
-func writeChanges(tw *tar.Writer, root string, lowers []string) error {
+func writeChanges(tw *tar.Writer, root string, lowers []string, idBase uint32) error {
 	links := map[inodeKey]string{}
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -61,6 +65,9 @@ func writeChanges(tw *tar.Writer, root string, lowers []string) error {
 		if err != nil || hdr == nil {
 			return err
 		}
+		if idBase != 0 {
+			hdr.Uid, hdr.Gid = shiftID(hdr.Uid, idBase), shiftID(hdr.Gid, idBase)
+		}
 		privileged(hdr, rel, lowers)
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
@@ -76,6 +83,19 @@ func writeChanges(tw *tar.Writer, root string, lowers []string) error {
 		}
 		return nil
 	})
+}
+
+// idRange is the number of ids of a sandbox's user namespace.
+const idRange = 65536
+
+// shiftID is host id as the sandbox whose root is host id base saw it: in
+// its range, id - base; outside it (no file the sandbox made can be) the
+// overflow id nobody (65534).
+func shiftID(id int, base uint32) int {
+	if b := int(base); id >= b && id < b+idRange {
+		return id - b
+	}
+	return 65534
 }
 
 func isOpaque(p string) bool {

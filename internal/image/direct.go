@@ -27,25 +27,27 @@ import (
 // its tar (the diff id) in parallel: one pass of the data instead of three.
 // A directory it cannot take (a device node) goes the long way, which
 // reports it.
-func (s *LocalStore) CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, source string) (*Layer, error) {
+func (s *LocalStore) CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, idBase uint32, source string) (*Layer, error) {
 	if err := ValidLayerName(name); err != nil {
 		return nil, err
 	}
-	if err := normalizeChanges(dir, lowers); err != nil {
+	if err := normalizeChanges(dir, lowers, idBase); err != nil {
 		if errors.Is(err, errNotDirect) {
-			return s.CreateLayerFromChanges(ctx, name, version, dir, lowers, source)
+			return s.CreateLayerFromChanges(ctx, name, version, dir, lowers, idBase, source)
 		}
 		return nil, fmt.Errorf("image: layer %s: %w", name, err)
 	}
-	src := layerSource{direct: dir, open: func() (io.ReadCloser, error) { return tarChanges(dir, lowers), nil }}
+	// Shifted in place already: the archive records the ids as they are.
+	src := layerSource{direct: dir, open: func() (io.ReadCloser, error) { return tarChanges(dir, lowers, 0), nil }}
 	return s.createNamed(ctx, name, version, src, source)
 }
 
 var errNotDirect = errors.New("not packable directly")
 
 // normalizeChanges makes an upper directory look like the unpacked tree of
-// its own tarChanges archive.
-func normalizeChanges(root string, lowers []string) error {
+// its own tarChanges archive, with owners shifted back by idBase
+// (shiftID).
+func normalizeChanges(root string, lowers []string, idBase uint32) error {
 	// The root of an unpacked tree: a fresh directory.
 	if err := stripXattrs(root, false); err != nil {
 		return err
@@ -77,6 +79,20 @@ func normalizeChanges(root string, lowers []string) error {
 				return errNotDirect
 			}
 			return stripXattrs(p, false) // a whiteout
+		}
+		if idBase != 0 {
+			uid, gid := shiftID(int(st.Uid), idBase), shiftID(int(st.Gid), idBase)
+			if uid != int(st.Uid) || gid != int(st.Gid) {
+				// chown clears setuid/setgid: put the mode back.
+				if err := os.Lchown(p, uid, gid); err != nil {
+					return err
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFLNK && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+					if err := unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777, 0); err != nil {
+						return err
+					}
+				}
+			}
 		}
 		if err := stripXattrs(p, st.Mode&unix.S_IFMT == unix.S_IFDIR); err != nil {
 			return err

@@ -350,9 +350,11 @@ func (s *LocalStore) CreateLayerFromDir(ctx context.Context, name string, versio
 // CreateLayerFromChanges packs the writable (upper) directory of a sandbox:
 // overlay whiteouts become OCI whiteouts, setuid/setgid bits and file
 // capabilities are kept only where the layers below had them (lowers, top
-// most first, are the sandbox's mounted layers).
-func (s *LocalStore) CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, source string) (*Layer, error) {
-	src := layerSource{open: func() (io.ReadCloser, error) { return tarChanges(upper, lowers), nil }}
+// most first, are the sandbox's mounted layers). idBase, when not 0, is the
+// host id of the sandbox's root (user namespaces): owners in its range are
+// recorded as the sandbox saw them (host id - idBase).
+func (s *LocalStore) CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, idBase uint32, source string) (*Layer, error) {
+	src := layerSource{open: func() (io.ReadCloser, error) { return tarChanges(upper, lowers, idBase), nil }}
 	return s.createNamed(ctx, name, version, src, source)
 }
 

@@ -110,7 +110,7 @@ func TestTarChanges(t *testing.T) {
 	must(unix.Setxattr(filepath.Join(upper, "opq"), "trusted.overlay.opaque", []byte("y"), 0))
 	must(os.WriteFile(filepath.Join(upper, "opq/in"), nil, 0o644))
 	s := newStore(t)
-	l, err := s.CreateLayerFromChanges(ctx, "ws/c", 0, upper, []string{lower}, "sandbox sb-x")
+	l, err := s.CreateLayerFromChanges(ctx, "ws/c", 0, upper, []string{lower}, 0, "sandbox sb-x")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestTarChanges(t *testing.T) {
 		t.Fatal("opaque lost")
 	}
 	must(unix.Mknod(filepath.Join(upper, "disk"), unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))))
-	if _, err := s.CreateLayerFromChanges(ctx, "ws/c", 0, upper, []string{lower}, "sandbox sb-x"); !errors.Is(err, ErrBadContent) {
+	if _, err := s.CreateLayerFromChanges(ctx, "ws/c", 0, upper, []string{lower}, 0, "sandbox sb-x"); !errors.Is(err, ErrBadContent) {
 		t.Fatalf("device node: %v", err)
 	}
 }
@@ -239,9 +239,9 @@ func TestPrivateChangesEqualTarPath(t *testing.T) {
 		return upper
 	}
 	s := newStore(t)
-	a, err := s.CreateLayerFromChanges(ctx, "ws/a", 0, mkUpper(), []string{lower}, "tar")
+	a, err := s.CreateLayerFromChanges(ctx, "ws/a", 0, mkUpper(), []string{lower}, 0, "tar")
 	must(err)
-	b, err := s.CreateLayerFromPrivateChanges(ctx, "ws/b", 0, mkUpper(), []string{lower}, "direct")
+	b, err := s.CreateLayerFromPrivateChanges(ctx, "ws/b", 0, mkUpper(), []string{lower}, 0, "direct")
 	must(err)
 	if a.Digest != b.Digest || a.Entries != b.Entries || a.Size != b.Size {
 		t.Fatalf("diff ids differ: %+v / %+v", a, b)
@@ -249,7 +249,7 @@ func TestPrivateChangesEqualTarPath(t *testing.T) {
 	// The same digest: the store keeps one blob (the first). Compare the
 	// direct image with the tar path's by packing into a second store.
 	s2 := newStore(t)
-	b2, err := s2.CreateLayerFromPrivateChanges(ctx, "ws/b", 0, mkUpper(), []string{lower}, "direct")
+	b2, err := s2.CreateLayerFromPrivateChanges(ctx, "ws/b", 0, mkUpper(), []string{lower}, 0, "direct")
 	must(err)
 	tree := func(s *LocalStore, digest string) string {
 		m, _ := NewMounter(filepath.Join(t.TempDir(), "mnt"), s)
@@ -292,7 +292,7 @@ func TestPrivateChangesEqualTarPath(t *testing.T) {
 	// A device node goes the long way, which refuses it.
 	up := mkUpper()
 	must(unix.Mknod(filepath.Join(up, "disk"), unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))))
-	if _, err := s.CreateLayerFromPrivateChanges(ctx, "ws/c", 0, up, []string{lower}, "direct"); !errors.Is(err, ErrBadContent) {
+	if _, err := s.CreateLayerFromPrivateChanges(ctx, "ws/c", 0, up, []string{lower}, 0, "direct"); !errors.Is(err, ErrBadContent) {
 		t.Fatalf("device node: %v", err)
 	}
 }

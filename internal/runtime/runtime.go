@@ -54,6 +54,10 @@ type Handle struct {
 	PidStart uint64 `json:"pid_start"` // start time of that pid (from /proc/<pid>/stat), guards pid reuse
 	Socket   string `json:"socket"`    // the agent's listening socket, a host path
 	Cgroup   string `json:"cgroup"`    // cgroup path relative to each hierarchy's root
+	// IDBase is the host id that the sandbox's root is (its user namespace
+	// maps ids 0..65535 to IDBase..IDBase+65535); 0 when the sandbox runs
+	// as host root. Files in its writable layer carry these host ids.
+	IDBase uint32 `json:"id_base,omitempty"`
 }
 
 // Instance is a live sandbox with a connected agent.

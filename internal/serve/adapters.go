@@ -149,8 +149,8 @@ func (r imageResolver) CreateLayerFromTar(ctx context.Context, name string, vers
 	return &a, nil
 }
 
-func (r imageResolver) CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, source string) (*api.Layer, error) {
-	l, err := r.store.CreateLayerFromChanges(ctx, name, version, upper, lowers, source)
+func (r imageResolver) CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, idBase uint32, source string) (*api.Layer, error) {
+	l, err := r.store.CreateLayerFromChanges(ctx, name, version, upper, lowers, idBase, source)
 	if err != nil {
 		return nil, storeErr(err)
 	}
@@ -158,8 +158,8 @@ func (r imageResolver) CreateLayerFromChanges(ctx context.Context, name string, 
 	return &a, nil
 }
 
-func (r imageResolver) CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, source string) (*api.Layer, error) {
-	l, err := r.store.CreateLayerFromPrivateChanges(ctx, name, version, dir, lowers, source)
+func (r imageResolver) CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, idBase uint32, source string) (*api.Layer, error) {
+	l, err := r.store.CreateLayerFromPrivateChanges(ctx, name, version, dir, lowers, idBase, source)
 	if err != nil {
 		return nil, storeErr(err)
 	}

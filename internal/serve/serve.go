@@ -67,6 +67,7 @@ type Options struct {
 	// TelemetryRefusals, TelemetryFiles: see edge.Config.
 	TelemetryRefusals bool
 	TelemetryFiles    bool
+	Userns            UsernsOptions
 	Logger            *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
@@ -203,6 +204,7 @@ func Run(ctx context.Context, o Options) error {
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
+		Userns: o.Userns,
 	})
 	if err != nil {
 		return err
@@ -236,6 +238,7 @@ type EdgeOptions struct {
 	// edge.Config); DataListen "" = DefaultDataListen.
 	DataListen    string
 	DataAdvertise string
+	Userns        UsernsOptions
 	Logger        *slog.Logger
 }
 
@@ -243,6 +246,17 @@ type EdgeOptions struct {
 // the kernel picks (advertised in the heartbeat). An edge on another host
 // than its apiservers listens on an address they can reach.
 const DefaultDataListen = "127.0.0.1:0"
+
+// UsernsOptions are the user namespaces of container sandboxes
+// (container.Config). IDBase and IDRanges are their host ids (0: the
+// defaults). AllowHostRoot lets sandboxes run as host root where the
+// kernel cannot run them in user namespaces (without it, the node refuses
+// to start there); HostRoot runs them as host root anyway (measurements).
+type UsernsOptions struct {
+	IDBase                  uint32
+	IDRanges                int
+	AllowHostRoot, HostRoot bool
+}
 
 func (o *EdgeOptions) defaults() error {
 	so := Options{DataDir: o.DataDir, Node: o.Node, AgentPath: o.AgentPath, Logger: o.Logger,
@@ -341,7 +355,8 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		return nil, err
 	}
 	closers = append(closers, closeRunDir)
-	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir)})
+	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
+		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot})
 	if err != nil {
 		stop()
 		return nil, err

@@ -600,9 +600,16 @@ func traces(dataDir, id string) sandboxTraces {
 }
 
 // alive reports whether any of pids still runs in a cgroup of sandbox id
-// (a reused pid elsewhere does not count).
+// (a reused pid elsewhere does not count, nor does a zombie: an agent
+// orphaned by the edge's kill -9 waits for the host's init to reap it, and
+// its /proc/<pid>/cgroup still names its deleted cgroup v2).
 func alive(pids []string, id string) bool {
 	for _, p := range pids {
+		if st, err := os.ReadFile("/proc/" + p + "/stat"); err == nil {
+			if i := strings.LastIndexByte(string(st), ')'); i > 0 && strings.HasPrefix(string(st[i+1:]), " Z") {
+				continue
+			}
+		}
 		if b, err := os.ReadFile("/proc/" + p + "/cgroup"); err == nil && strings.Contains(string(b), "/"+id) {
 			return true
 		}

@@ -396,8 +396,14 @@ func TestLayerFromSandboxComposes(t *testing.T) {
 	if r.Stdout != "built\nonly\n755\nfifo\n" {
 		t.Fatalf("composed from a sandbox: %q %q", r.Stdout, r.Stderr)
 	}
-	// A device node in the changes cannot be packed.
-	s.sh(t, b.ID, "mknod /srv/app/disk b 7 0")
+	// A device node in the changes cannot be packed. In a user namespace
+	// the sandbox cannot make one at all.
+	if r := s.sh(t, b.ID, "mknod /srv/app/disk b 7 0"); r.ExitCode != 0 {
+		if !strings.Contains(r.Stderr, "not permitted") {
+			t.Fatalf("mknod: %+v", r)
+		}
+		return
+	}
 	if _, err := s.C.CreateLayerFromSandbox(ctx, b.ID, "ws/built", 0); !isCode(err, api.CodeInvalid) {
 		t.Fatalf("device node packed: %v", err)
 	}

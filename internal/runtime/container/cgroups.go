@@ -44,8 +44,9 @@ type cgroupDriver interface {
 	// create makes the cgroup path (relative to the hierarchy roots).
 	create(path string, lim limits) error
 	// start starts cmd so that it runs inside path from its first
-	// instruction; with idle, it is born under SCHED_IDLE.
-	start(path string, cmd *exec.Cmd, idle bool) error
+	// instruction; with idle, it is born under SCHED_IDLE; with owner > 0,
+	// from a thread whose effective uid is owner (startAs).
+	start(path string, cmd *exec.Cmd, idle bool, owner uint32) error
 	// dirs are path's directories that exist, one per hierarchy, the
 	// trust split's children (split.go) before their parent.
 	dirs(path string) []string
@@ -433,7 +434,7 @@ func (d *v1Driver) remove(path string) error {
 // never used (it is the memory cgroup's owner of the whole process); a
 // thread that cannot be moved back is left locked and so destroyed when its
 // goroutine ends, instead of running edge code in a sandbox's cgroup.
-func (d *v1Driver) start(path string, cmd *exec.Cmd, idle bool) error {
+func (d *v1Driver) start(path string, cmd *exec.Cmd, idle bool, owner uint32) error {
 	errc := make(chan error, 1)
 	var attempt func()
 	attempt = func() {
@@ -447,7 +448,7 @@ func (d *v1Driver) start(path string, cmd *exec.Cmd, idle bool) error {
 			runtime.UnlockOSThread()
 			return
 		}
-		err, restored := d.startFromThread(tid, path, cmd, idle)
+		err, restored := d.startFromThread(tid, path, cmd, idle, owner)
 		if restored {
 			runtime.UnlockOSThread()
 		}
@@ -460,7 +461,7 @@ func (d *v1Driver) start(path string, cmd *exec.Cmd, idle bool) error {
 // startFromThread moves thread tid into path, starts cmd and moves the
 // thread back. restored reports whether the thread is back in its own
 // cgroups.
-func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd, idle bool) (err error, restored bool) {
+func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd, idle bool, owner uint32) (err error, restored bool) {
 	orig, err := threadCgroups(tid)
 	if err != nil {
 		return err, true
@@ -498,9 +499,9 @@ func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd, idle boo
 		cmd.SysProcAttr.CgroupFD = int(f.Fd())
 	}
 	if !idle {
-		return cmd.Start(), true
+		return startAs(cmd, owner)
 	}
-	return startIdle(tid, cmd)
+	return startIdle(tid, cmd, owner)
 }
 
 // startIdle starts cmd from thread tid (the calling, locked thread) under
@@ -508,7 +509,7 @@ func (d *v1Driver) startFromThread(tid int, path string, cmd *exec.Cmd, idle boo
 // the agent and everything it ever starts run as SCHED_IDLE. The thread's
 // policy is restored afterwards; restored is false when that failed (the
 // caller then discards the thread).
-func startIdle(tid int, cmd *exec.Cmd) (err error, restored bool) {
+func startIdle(tid int, cmd *exec.Cmd, owner uint32) (err error, restored bool) {
 	orig, err := unix.SchedGetAttr(tid, 0)
 	if err != nil {
 		return fmt.Errorf("container: sched_getattr: %w", err), true
@@ -516,12 +517,12 @@ func startIdle(tid int, cmd *exec.Cmd) (err error, restored bool) {
 	if err := unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
 		return fmt.Errorf("container: SCHED_IDLE: %w", err), true
 	}
-	err = cmd.Start()
+	err, restored = startAs(cmd, owner)
 	orig.Size = unix.SizeofSchedAttr
 	if rerr := unix.SchedSetAttr(tid, orig, 0); rerr != nil {
 		return errors.Join(err, fmt.Errorf("container: restore scheduling policy: %w", rerr)), false
 	}
-	return err, true
+	return err, restored
 }
 
 // threadCgroups maps each v1 controller to the cgroup of thread tid.
@@ -588,7 +589,7 @@ func (d *v2Driver) create(path string, lim limits) error {
 	return makeSplit(dir, false)
 }
 
-func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool) error {
+func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool, owner uint32) error {
 	f, err := os.Open(filepath.Join(d.mount, path))
 	if err != nil {
 		return fmt.Errorf("container: open cgroup %s: %w", path, err)
@@ -596,11 +597,16 @@ func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool) error {
 	defer f.Close()
 	cmd.SysProcAttr.UseCgroupFD = true
 	cmd.SysProcAttr.CgroupFD = int(f.Fd())
-	if !idle {
+	if !idle && owner == 0 {
 		return cmd.Start()
 	}
 	runtime.LockOSThread()
-	err, restored := startIdle(unix.Gettid(), cmd)
+	var restored bool
+	if idle {
+		err, restored = startIdle(unix.Gettid(), cmd, owner)
+	} else {
+		err, restored = startAs(cmd, owner)
+	}
 	if restored {
 		runtime.UnlockOSThread()
 	}

@@ -145,9 +145,20 @@ func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runt
 		return err
 	}
 	defer unix.Close(pidfd)
-	id, err := confine.Reroot(pidfd, &confine.RerootConfig{
+	cfg := &confine.RerootConfig{
 		Lowers: spec.Lowers, Upper: spec.Upper, Work: spec.Work, ShmMB: confine.ShmMBFor(spec.MemoryMB),
-	})
+	}
+	if h.IDBase != 0 && r.ids != nil {
+		// The container keeps its user namespace and so its id range.
+		if cfg.UsernsFD, err = r.ids.usernsOf(h.IDBase); err != nil {
+			return err
+		}
+		cfg.IDBase = h.IDBase
+		if err := confine.OwnRoot(spec.Upper, h.IDBase); err != nil {
+			return err
+		}
+	}
+	id, err := confine.Reroot(pidfd, cfg)
 	if err != nil {
 		return err
 	}

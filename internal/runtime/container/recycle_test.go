@@ -193,6 +193,11 @@ func TestRecycleRefused(t *testing.T) {
 			installIPCHelper(t, spec)
 			inst := f.start(t, spec)
 			if o := sh(t, inst.Agent, tc.script); o.res.ExitCode != 0 {
+				if tc.name == "oom" && inst.Handle.IDBase != 0 && strings.Contains(o.stderr, "Permission denied") {
+					// In a user namespace the agent's /proc files are
+					// host root's (userns.go): nothing to detect.
+					return
+				}
 				t.Fatalf("%s: %+v", tc.script, o)
 			}
 			err := f.recycle(ctx, inst, f.recycleSpec(t, spec, "refused-"+tc.name))

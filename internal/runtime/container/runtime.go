@@ -33,6 +33,16 @@ type Config struct {
 	CgroupParent string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// IDBase and IDRanges are the host ids of sandboxes' user namespaces:
+	// IDRanges ranges of RangeSize ids from IDBase (userns.go); defaults
+	// DefaultIDBase and DefaultIDRanges.
+	IDBase   uint32
+	IDRanges int
+	// HostRoot runs sandboxes without user namespaces, as host root
+	// (measurements; never the default). AllowHostRoot permits that only
+	// when this kernel cannot run them in user namespaces: without it, New
+	// fails there.
+	HostRoot, AllowHostRoot bool
 }
 
 // SocketName is the agent's socket inside a sandbox's StateDir.
@@ -51,6 +61,12 @@ type Runtime struct {
 	cg  cgroupDriver
 
 	coreSched bool // the kernel offers core-scheduling cookies
+
+	// ids hands out the sandboxes' host id ranges; nil when sandboxes run
+	// as host root (hostRoot says why). agentExe is the agent binary, open.
+	ids      *idRanges
+	hostRoot string
+	agentExe *os.File
 
 	mu       sync.Mutex
 	children map[int]chan struct{} // agents this process started, closed when reaped
@@ -77,8 +93,59 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, coreSched: hoststat.CoreScheduling(),
-		children: map[int]chan struct{}{}, recycle: map[int]*recycleFDs{}}, nil
+	r := &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, coreSched: hoststat.CoreScheduling(),
+		children: map[int]chan struct{}{}, recycle: map[int]*recycleFDs{}}
+	if err := r.setupUserns(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// setupUserns decides whether sandboxes run in user namespaces (see
+// userns.go): always, unless HostRoot says otherwise or the kernel cannot
+// and AllowHostRoot permits host root.
+func (r *Runtime) setupUserns() error {
+	if r.cfg.HostRoot {
+		r.hostRoot = "configured (HostRoot)"
+		return nil
+	}
+	if r.cfg.IDBase == 0 {
+		r.cfg.IDBase = DefaultIDBase
+	}
+	if r.cfg.IDRanges == 0 {
+		r.cfg.IDRanges = DefaultIDRanges
+	}
+	ids, err := newIDRanges(r.cfg.IDBase, r.cfg.IDRanges, r.cfg.AgentPath)
+	if err != nil {
+		return err
+	}
+	if err := probeUsernsFn(ids); err != nil {
+		if !r.cfg.AllowHostRoot {
+			return fmt.Errorf("container: this kernel cannot run sandboxes in user namespaces (%v); "+
+				"they would run as host root: pass --allow-host-root to accept that", err)
+		}
+		r.hostRoot = "user namespaces unavailable: " + err.Error()
+		r.log.Warn("container: sandboxes run as host root (--allow-host-root)", "reason", err)
+		return nil
+	}
+	exe, err := agentFD(r.cfg.AgentPath)
+	if err != nil {
+		return err
+	}
+	r.ids, r.agentExe = ids, exe
+	go ids.refill()
+	return nil
+}
+
+// Isolation says how sandboxes' root relates to the host: "userns" (each
+// sandbox's root is an unprivileged range of host ids) or "host-root",
+// with the reason.
+func (r *Runtime) Isolation() (mode, reason string) {
+	if r.ids != nil {
+		return "userns", fmt.Sprintf("%d ranges of %d host ids from %d, %d in use",
+			r.ids.count, RangeSize, r.ids.base, r.ids.inUse())
+	}
+	return "host-root", r.hostRoot
 }
 
 // Name is the tier.
@@ -160,6 +227,21 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	tCgroup := time.Now()
 
+	setup := &agentproto.SetupConfig{
+		RootDir:   spec.RootDir,
+		Lowers:    spec.Lowers,
+		Binds:     spec.Binds,
+		Upper:     spec.Upper,
+		Work:      spec.Work,
+		Hostname:  spec.Hostname,
+		Env:       spec.Env,
+		User:      spec.User,
+		Cwd:       spec.Cwd,
+		Stateless: spec.Stateless,
+		ShmMB:     confine.ShmMBFor(spec.MemoryMB),
+
+		SpawnerCgroups: r.cg.spawnerCgroups(h.Cgroup),
+	}
 	extra, env, err := r.splitFiles(h.Cgroup)
 	if err != nil {
 		return nil, err
@@ -181,7 +263,20 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 			Pdeathsig: 0, // sandboxes outlive the edge
 		},
 	}
-	if err := r.cg.start(h.Cgroup, cmd, idle); err != nil {
+	if r.ids != nil {
+		if h.IDBase, err = r.ids.alloc(spec.ID); err != nil {
+			return nil, err
+		}
+		// The mounts follow the listener and the trust split's files.
+		mounts, err := r.userRoot(spec, h.IDBase, setup, agentListenFD+1+len(extra))
+		if err != nil {
+			return nil, err
+		}
+		defer closeFiles(mounts)
+		r.inUserns(cmd, h.IDBase, mounts)
+	}
+	tRoot := time.Now()
+	if err := r.cg.start(h.Cgroup, cmd, idle, h.IDBase); err != nil {
 		return nil, fmt.Errorf("container: start agent: %w", err)
 	}
 	tFork := time.Now()
@@ -197,21 +292,6 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	lf.Close() // only the agent holds the listener now: its death resets our connection
 
 	client = agentproto.NewClient(conn)
-	setup := &agentproto.SetupConfig{
-		RootDir:   spec.RootDir,
-		Lowers:    spec.Lowers,
-		Binds:     spec.Binds,
-		Upper:     spec.Upper,
-		Work:      spec.Work,
-		Hostname:  spec.Hostname,
-		Env:       spec.Env,
-		User:      spec.User,
-		Cwd:       spec.Cwd,
-		Stateless: spec.Stateless,
-		ShmMB:     confine.ShmMBFor(spec.MemoryMB),
-
-		SpawnerCgroups: r.cg.spawnerCgroups(h.Cgroup),
-	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
 		return nil, fmt.Errorf("container: agent setup: %w", err)
@@ -224,7 +304,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	tSetup := time.Now()
 	r.log.Debug("container: started", "id", spec.ID, "pid", h.Pid,
-		"listen", tListen.Sub(t0), "cgroup", tCgroup.Sub(tListen), "fork", tFork.Sub(tCgroup),
+		"listen", tListen.Sub(t0), "cgroup", tCgroup.Sub(tListen), "root", tRoot.Sub(tCgroup), "fork", tFork.Sub(tRoot),
 		"setup", tSetup.Sub(tFork), "total", tSetup.Sub(t0))
 	return &runtime.Instance{Handle: h, Agent: client}, nil
 }
@@ -292,6 +372,11 @@ func (r *Runtime) Attach(ctx context.Context, h runtime.Handle) (*runtime.Instan
 	if !sameProcess(h.Pid, h.PidStart) {
 		return nil, fmt.Errorf("%w: agent pid %d", runtime.ErrGone, h.Pid)
 	}
+	if r.ids != nil && h.IDBase != 0 {
+		if err := r.ids.reserve(h.IDBase, h.ID); err != nil {
+			return nil, err
+		}
+	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", h.Socket)
 	if err != nil {
@@ -349,6 +434,9 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 		if err := os.Remove(h.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
+	}
+	if r.ids != nil && h.IDBase != 0 && len(errs) == 0 {
+		r.ids.free(h.IDBase, h.ID) // no process of the range is left
 	}
 	return errors.Join(errs...)
 }
@@ -442,6 +530,7 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 		}
 		if h.Pid > 0 {
 			h.PidStart, _ = pidStart(h.Pid)
+			r.reserveRange(&h)
 		}
 		out = append(out, h)
 	}
@@ -491,6 +580,9 @@ func (r *Runtime) freezeThaw(h runtime.Handle, fn func(string) error) error {
 // ancestors ("warren" above a per-data-dir parent) once nothing else of
 // another instance is in them.
 func (r *Runtime) Close() error {
+	if r.ids != nil {
+		r.ids.close()
+	}
 	names, err := r.cg.children(r.cfg.CgroupParent)
 	if err != nil || len(names) > 0 {
 		return err

@@ -358,7 +358,7 @@ class Node:
     sandboxes_by_state: Dict[str, int] = field(default_factory=dict)
     sandboxes_by_priority: Dict[str, int] = field(default_factory=dict)
     pools: List[Dict[str, Any]] = field(default_factory=list)
-    features: Dict[str, bool] = field(default_factory=dict)
+    features: Dict[str, Any] = field(default_factory=dict)  # booleans, and sandbox_root (userns or host-root)
     #: containers of deleted sandboxes reused for new ones: ``waiting``, ``kept``,
     #: ``reused``, ``refused`` (docs/architecture.md, "Recycled containers")
     recycling: Dict[str, int] = field(default_factory=dict)

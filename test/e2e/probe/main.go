@@ -153,7 +153,26 @@ func main() {
 		}
 	}
 	report("agent-fds", linkErr, "(followed a link in /proc/1/fd)")
-	_, err := os.Readlink("/proc/1/exe")
+	// Listing them is refused too: in a user namespace the agent's /proc
+	// files belong to host root, not to the sandbox's root.
+	_, err := os.ReadDir("/proc/1/fd")
+	report("agent-fd-list", err, "(listed /proc/1/fd)")
+	// open_by_handle_at must be refused outright (EPERM), not reach the
+	// filesystem; a handle of "/" made by hand where name_to_handle_at
+	// refuses.
+	h, _, herr := unix.NameToHandleAt(unix.AT_FDCWD, "/", 0)
+	if herr != nil {
+		h = unix.NewFileHandle(1, []byte{2, 0, 0, 0, 0, 0, 0, 0})
+	}
+	if fd, err := unix.OpenByHandleAt(unix.AT_FDCWD, h, unix.O_RDONLY); err == nil {
+		unix.Close(fd)
+		fmt.Println("open_by_handle_at: ALLOWED (opened)")
+	} else if err == unix.EPERM {
+		fmt.Printf("open_by_handle_at: blocked (%v)\n", err)
+	} else {
+		fmt.Printf("open_by_handle_at: ALLOWED (reached the kernel: %v)\n", err)
+	}
+	_, err = os.Readlink("/proc/1/exe")
 	report("agent-exe", err, "(read /proc/1/exe)")
 	_, err = os.Open("/proc/1/mem")
 	report("agent-mem", err, "(opened /proc/1/mem)")
