@@ -883,10 +883,12 @@ type AuditRecord struct {
 	// steps, or the sandbox records no trajectory).
 	Step int64  `json:"step"`
 	Kind string `json:"kind"` // exec, refused, signal, file
-	// Pid and Ppid are in the sandbox's pid namespace; UID is the host's.
-	Pid  int `json:"pid"`
-	Ppid int `json:"ppid"`
-	UID  int `json:"uid"`
+	// Pid and Ppid are in the sandbox's pid namespace; UID is as the
+	// sandbox's user namespace numbers it, HostUID as the host does.
+	Pid     int `json:"pid"`
+	Ppid    int `json:"ppid"`
+	UID     int `json:"uid"`
+	HostUID int `json:"host_uid"`
 	// Path is the file executed, as given to execve (exec), or the file
 	// of a file operation, as the process named it (file: relative paths
 	// are relative to its working directory).

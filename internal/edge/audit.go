@@ -78,13 +78,24 @@ func (a *auditRing) list(req *AuditRequest) ([]api.AuditRecord, int64) {
 	return out, a.dropped
 }
 
+// audited is a registered sandbox: where its records go, and the host id
+// its user namespace maps its root to (0: it runs as host root).
+type audited struct {
+	sb     *sandbox
+	idBase uint32
+}
+
+// sandboxIDs is how many host ids a sandbox's user namespace maps
+// (runtime.Handle.IDBase).
+const sandboxIDs = 65536
+
 // auditState is the node's telemetry: nil collector when the kernel
 // cannot run it.
 type auditState struct {
 	tel  *telemetry.Collector
 	mu   sync.Mutex
 	next uint64
-	by   map[uint64]*sandbox // cookie -> sandbox
+	by   map[uint64]audited // cookie -> sandbox
 }
 
 // startTelemetry loads the node's programs and reads what they record
@@ -105,7 +116,7 @@ func (e *Edge) startTelemetry(ctx context.Context) {
 		return
 	}
 	e.audit.tel = tel
-	e.audit.by = map[uint64]*sandbox{}
+	e.audit.by = map[uint64]audited{}
 	e.features.Telemetry = true
 	e.wg.Add(1)
 	go func() {
@@ -135,13 +146,17 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 		return
 	}
 	e.audit.mu.Lock()
-	sb := e.audit.by[r.Cookie]
+	a, ok := e.audit.by[r.Cookie]
 	e.audit.mu.Unlock()
-	if sb == nil {
+	if !ok {
 		return // its sandbox stopped meanwhile
 	}
-	sb.audit.add(api.AuditRecord{
-		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: r.UID,
+	uid := r.UID
+	if a.idBase != 0 && uid >= int(a.idBase) && uid < int(a.idBase)+sandboxIDs {
+		uid -= int(a.idBase) // as the sandbox's user namespace numbers it
+	}
+	a.sb.audit.add(api.AuditRecord{
+		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: uid, HostUID: r.UID,
 		Path: r.Path, Argv: r.Argv, ArgvTruncated: r.ArgvTruncated,
 		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target, Outcome: r.Outcome, Op: r.Op, To: r.To,
 	})
@@ -175,7 +190,7 @@ func (e *Edge) auditStart(sb *sandbox, h runtime.Handle) {
 		return
 	}
 	sb.cookie = cookie
-	e.audit.by[cookie] = sb
+	e.audit.by[cookie] = audited{sb: sb, idBase: h.IDBase}
 }
 
 // auditStop unregisters sb's cgroups (its container stops or serves

@@ -126,6 +126,11 @@ func TestAuditExecsPerStep(t *testing.T) {
 		if r.Pid <= 0 || r.Time.IsZero() || r.Path == "" {
 			t.Errorf("incomplete record: %+v", r)
 		}
+		// Commands run as the sandbox's root: uid 0 in its user namespace,
+		// whatever host id that is.
+		if r.UID != 0 {
+			t.Errorf("uid %d (host %d), want 0 as the sandbox sees it: %+v", r.UID, r.HostUID, r)
+		}
 		switch {
 		case path.Base(r.Path) == "true" && slices.Equal(r.Argv, []string{"/bin/true", "step-two"}):
 			sawTrue = true
