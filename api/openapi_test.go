@@ -413,6 +413,7 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"NodeFeatures":         api.NodeFeatures{},
 		"AuditRecord":          api.AuditRecord{},
 		"AuditList":            api.AuditList{},
+		"AuditStepSummary":     api.AuditStepSummary{},
 		"Error":                api.Error{},
 		"ErrorBody":            api.ErrorBody{},
 		"Usage":                api.Usage{},

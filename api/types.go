@@ -920,4 +920,13 @@ type AuditList struct {
 	Dropped int64 `json:"dropped"`
 	// Telemetry is false when the sandbox's node collects nothing (no BPF).
 	Telemetry bool `json:"telemetry"`
+	// Summary (with ?summary=1, instead of the records): per step, how
+	// many records of each kind, steps in order.
+	Summary []AuditStepSummary `json:"summary,omitempty"`
+}
+
+// AuditStepSummary counts one step's audit records by kind.
+type AuditStepSummary struct {
+	Step   int64            `json:"step"`
+	Counts map[string]int64 `json:"counts"`
 }

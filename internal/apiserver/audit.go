@@ -18,6 +18,7 @@ func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	q := r.URL.Query()
 	req := &edge.AuditRequest{ID: id, Kind: q.Get("kind")}
+	req.Summary, _ = strconv.ParseBool(q.Get("summary"))
 	if v := q.Get("step"); v != "" {
 		step, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || step < 0 {

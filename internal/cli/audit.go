@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,6 +17,7 @@ import (
 func newAuditCmd(g *globals) *cobra.Command {
 	var step int64
 	var kind string
+	var summary bool
 	cmd := &cobra.Command{
 		Use:   "audit ID",
 		Short: "print what a sandbox's processes did (execs, signals to its agent, refusals, file changes), from its node's kernel",
@@ -25,7 +28,7 @@ rename, unlink and chmod; each with the trajectory step that was running (0: bet
 --step K keeps step K's records, --kind one kind (exec, signal, refused, file).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			q := warren.AuditQuery{Kind: kind}
+			q := warren.AuditQuery{Kind: kind, Summary: summary}
 			if cmd.Flags().Changed("step") {
 				q.Step, q.HasStep = step, true
 			}
@@ -42,12 +45,25 @@ rename, unlink and chmod; each with the trajectory step that was running (0: bet
 	}
 	cmd.Flags().Int64Var(&step, "step", 0, "only this trajectory step's records (0 = between steps)")
 	cmd.Flags().StringVar(&kind, "kind", "", "only records of this kind: exec, signal, refused, file")
+	cmd.Flags().BoolVar(&summary, "summary", false, "per step, how many records of each kind")
 	return cmd
 }
 
 func printAudit(w io.Writer, al *api.AuditList) error {
 	if !al.Telemetry {
 		fmt.Fprintln(w, "(the sandbox's node records nothing: no telemetry)")
+	}
+	if al.Summary != nil {
+		t := newTable(w, "STEP", "COUNTS")
+		for _, st := range al.Summary {
+			kinds := slices.Sorted(maps.Keys(st.Counts))
+			parts := make([]string, 0, len(kinds))
+			for _, k := range kinds {
+				parts = append(parts, fmt.Sprintf("%s=%d", k, st.Counts[k]))
+			}
+			t.row(strconv.FormatInt(st.Step, 10), strings.Join(parts, " "))
+		}
+		return t.flush()
 	}
 	t := newTable(w, "TIME", "STEP", "KIND", "PID", "PPID", "UID", "WHAT")
 	for _, r := range al.Records {

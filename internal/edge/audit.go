@@ -12,8 +12,10 @@ package edge
 // pool claim resets it); none of them is held while taking sandbox.mu.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +36,8 @@ type AuditRequest struct {
 	Step    int64  `json:"step,omitempty"`
 	HasStep bool   `json:"has_step,omitempty"`
 	Kind    string `json:"kind,omitempty"`
+	// Summary answers counts per step and kind instead of the records.
+	Summary bool `json:"summary,omitempty"`
 }
 
 // auditRing is one sandbox's records, oldest first, at most AuditRingSize.
@@ -241,7 +245,28 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 		return nil, invalidf("kind %q is not one of: %s, %s, %s, %s", truncateKind(req.Kind), api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile)
 	}
 	recs, dropped := sb.audit.list(req)
-	return &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil}, nil
+	out := &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil}
+	if req.Summary {
+		out.Records, out.Summary = []api.AuditRecord{}, summarize(recs)
+	}
+	return out, nil
+}
+
+// summarize counts records (in step order) per step and kind.
+func summarize(recs []api.AuditRecord) []api.AuditStepSummary {
+	at := map[int64]int{}
+	out := []api.AuditStepSummary{}
+	for _, r := range recs {
+		i, ok := at[r.Step]
+		if !ok {
+			i = len(out)
+			at[r.Step] = i
+			out = append(out, api.AuditStepSummary{Step: r.Step, Counts: map[string]int64{}})
+		}
+		out[i].Counts[r.Kind]++
+	}
+	slices.SortFunc(out, func(a, b api.AuditStepSummary) int { return cmp.Compare(a.Step, b.Step) })
+	return out
 }
 
 func truncateKind(s string) string {

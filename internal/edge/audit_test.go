@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/warrenhq/warren/api"
@@ -39,5 +40,15 @@ func TestAuditRingDropsOldest(t *testing.T) {
 	a.reset()
 	if recs, dropped := a.list(&AuditRequest{}); len(recs) != 0 || dropped != 0 {
 		t.Fatalf("after reset: %d records, %d dropped", len(recs), dropped)
+	}
+}
+
+// TestAuditSummary: counts per step and kind, steps in order.
+func TestAuditSummary(t *testing.T) {
+	recs := []api.AuditRecord{{Step: 2, Kind: "exec"}, {Step: 0, Kind: "exec"}, {Step: 2, Kind: "exec"}, {Step: 2, Kind: "file"}, {Step: 1, Kind: "signal"}}
+	got := summarize(recs)
+	want := []api.AuditStepSummary{{Step: 0, Counts: map[string]int64{"exec": 1}}, {Step: 1, Counts: map[string]int64{"signal": 1}}, {Step: 2, Counts: map[string]int64{"exec": 2, "file": 1}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("summary %+v, want %+v", got, want)
 	}
 }

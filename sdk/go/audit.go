@@ -16,6 +16,9 @@ type AuditQuery struct {
 	Step    int64
 	HasStep bool
 	Kind    string // "" = every kind
+	// Summary asks for counts per step and kind (AuditList.Summary)
+	// instead of the records.
+	Summary bool
 }
 
 // Audit returns what a sandbox's processes did (every execve), as its
@@ -27,6 +30,9 @@ func (c *Client) Audit(ctx context.Context, id string, q AuditQuery) (*api.Audit
 	}
 	if q.Kind != "" {
 		v.Set("kind", q.Kind)
+	}
+	if q.Summary {
+		v.Set("summary", "1")
 	}
 	var out api.AuditList
 	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id) + "/audit", query: v, retry: true}, &out); err != nil {

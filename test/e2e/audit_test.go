@@ -157,6 +157,20 @@ func TestAuditExecsPerStep(t *testing.T) {
 			t.Errorf("sandbox b's audit holds a's exec: %+v", r)
 		}
 	}
+	// The summary counts step 2's execs (at least 8 trues, ls, echo, sh).
+	sum, err := ca.Audit(ctx, a.ID, warren.AuditQuery{Summary: true})
+	if err != nil || len(sum.Records) != 0 {
+		t.Fatalf("summary: %+v %v", sum, err)
+	}
+	var step2 int64
+	for _, st := range sum.Summary {
+		if st.Step == 2 {
+			step2 = st.Counts[api.AuditKindExec]
+		}
+	}
+	if step2 < 11 {
+		t.Errorf("summary: %d execs at step 2, want ≥ 11: %+v", step2, sum.Summary)
+	}
 	// The trajectory's page carries each step's audit.
 	page, err := ca.TrajectoryAudit(ctx, "audit-run", 0, 0)
 	if err != nil || len(page.Steps) != 2 {

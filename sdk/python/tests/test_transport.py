@@ -716,6 +716,8 @@ class AuditTest(FakeCase):
         self.assertEqual(srv.seen[-1].query, [("step", "2"), ("kind", "exec")])
         sb.audit()
         self.assertEqual(srv.seen[-1].query, [])
+        sb.audit(summary=True)
+        self.assertEqual(srv.seen[-1].query, [("summary", "1")])
 
         async def go():
             async with afast(srv.url) as c:
