@@ -878,6 +878,8 @@ const (
 // AuditRecord is one thing a sandbox's processes did, as the node's kernel
 // saw it (GET /v1/sandboxes/{id}/audit).
 type AuditRecord struct {
+	// Seq numbers the sandbox's records from 1, in order (?after=, follow).
+	Seq  int64     `json:"seq"`
 	Time time.Time `json:"time"`
 	// Step is the trajectory step that was running then (0: between
 	// steps, or the sandbox records no trajectory).
@@ -920,6 +922,8 @@ type AuditList struct {
 	Dropped int64 `json:"dropped"`
 	// Telemetry is false when the sandbox's node collects nothing (no BPF).
 	Telemetry bool `json:"telemetry"`
+	// Live: the sandbox still runs, so more records may come.
+	Live bool `json:"live"`
 	// Summary (with ?summary=1, instead of the records): per step, how
 	// many records of each kind, steps in order.
 	Summary []AuditStepSummary `json:"summary,omitempty"`

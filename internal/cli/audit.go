@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -17,7 +18,7 @@ import (
 func newAuditCmd(g *globals) *cobra.Command {
 	var step int64
 	var kind string
-	var summary bool
+	var summary, follow bool
 	cmd := &cobra.Command{
 		Use:   "audit ID",
 		Short: "print what a sandbox's processes did (execs, signals to its agent, refusals, file changes), from its node's kernel",
@@ -25,9 +26,13 @@ func newAuditCmd(g *globals) *cobra.Command {
 every signal sent to its PID 1 (its agent), on nodes started with --telemetry-refusals every
 syscall refused with EPERM, and on nodes started with --telemetry-files every file write,
 rename, unlink and chmod; each with the trajectory step that was running (0: between steps).
---step K keeps step K's records, --kind one kind (exec, signal, refused, file).`,
+--step K keeps step K's records, --kind one kind (exec, signal, refused, file), --summary
+counts them per step, -f follows them as they come until the sandbox stops.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if follow {
+				return followAudit(cmd, g, args[0])
+			}
 			q := warren.AuditQuery{Kind: kind, Summary: summary}
 			if cmd.Flags().Changed("step") {
 				q.Step, q.HasStep = step, true
@@ -46,7 +51,25 @@ rename, unlink and chmod; each with the trajectory step that was running (0: bet
 	cmd.Flags().Int64Var(&step, "step", 0, "only this trajectory step's records (0 = between steps)")
 	cmd.Flags().StringVar(&kind, "kind", "", "only records of this kind: exec, signal, refused, file")
 	cmd.Flags().BoolVar(&summary, "summary", false, "per step, how many records of each kind")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "print records as they come, until the sandbox stops (--json: NDJSON)")
 	return cmd
+}
+
+// followAudit prints a sandbox's records as they come, one a line.
+func followAudit(cmd *cobra.Command, g *globals, id string) error {
+	out := cmd.OutOrStdout()
+	return g.client().FollowAudit(cmd.Context(), id, 0, func(r api.AuditRecord) error {
+		if g.json {
+			b, err := json.Marshal(&r)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(out, "%s\n", b)
+			return err
+		}
+		_, err := fmt.Fprintf(out, "%s\t%d\t%s\t%d\t%d\t%d\t%s\n", r.Time.Format("15:04:05.000"), r.Step, r.Kind, r.Pid, r.Ppid, r.UID, auditWhat(&r))
+		return err
+	})
 }
 
 func printAudit(w io.Writer, al *api.AuditList) error {

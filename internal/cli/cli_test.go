@@ -107,6 +107,10 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		reply(w, 200, api.Sandbox{ID: parts[1], State: api.StateStopped})
+	case r.Method == "GET" && len(parts) == 3 && parts[2] == "audit" && q.Get("follow") == "1":
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(200)
+		_, _ = w.Write([]byte("{\"seq\":1,\"step\":2,\"kind\":\"exec\",\"pid\":7,\"path\":\"/bin/true\",\"argv\":[\"true\"]}\n\n{\"seq\":2,\"kind\":\"signal\",\"signal\":15,\"target\":1}\n"))
 	case r.Method == "GET" && len(parts) == 3 && parts[2] == "audit":
 		reply(w, 200, api.AuditList{Telemetry: true, Dropped: 2, Records: []api.AuditRecord{
 			{Time: time.Now(), Step: 3, Kind: api.AuditKindExec, Pid: 7, Ppid: 6, Path: "/bin/ls", Argv: []string{"ls", "/"}},
@@ -932,6 +936,10 @@ func TestAudit(t *testing.T) {
 	code, out, _ = f.run(t, "", "audit", "sb-n1-a")
 	if q := f.last("GET", "/v1/sandboxes/sb-n1-a/audit").Query; code != 0 || len(q["step"]) != 0 {
 		t.Fatalf("audit without --step asked %v (%d: %s)", q, code, out)
+	}
+	code, out, _ = f.run(t, "", "audit", "-f", "sb-n1-a")
+	if code != 0 || strings.Count(out, "\n") != 2 || !strings.Contains(out, "/bin/true") || !strings.Contains(out, "signal 15 to pid 1") {
+		t.Fatalf("audit -f %d:\n%s", code, out)
 	}
 	code, out, _ = f.run(t, "", "--json", "audit", "sb-n1-a")
 	var al api.AuditList

@@ -38,6 +38,8 @@ type AuditRequest struct {
 	Kind    string `json:"kind,omitempty"`
 	// Summary answers counts per step and kind instead of the records.
 	Summary bool `json:"summary,omitempty"`
+	// After keeps the records after this seq.
+	After int64 `json:"after,omitempty"`
 }
 
 // auditRing is one sandbox's records, oldest first, at most AuditRingSize.
@@ -46,11 +48,14 @@ type auditRing struct {
 	recs    []api.AuditRecord
 	head    int // index of the oldest once the ring is full
 	dropped int64
+	seq     int64 // of the newest record
 }
 
 func (a *auditRing) add(r api.AuditRecord) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.seq++
+	r.Seq = a.seq
 	if len(a.recs) < AuditRingSize {
 		a.recs = append(a.recs, r)
 		return
@@ -64,7 +69,7 @@ func (a *auditRing) add(r api.AuditRecord) {
 func (a *auditRing) reset() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.recs, a.head, a.dropped = nil, 0, 0
+	a.recs, a.head, a.dropped, a.seq = nil, 0, 0, 0
 }
 
 // list returns the records that req selects, oldest first.
@@ -74,7 +79,7 @@ func (a *auditRing) list(req *AuditRequest) ([]api.AuditRecord, int64) {
 	out := []api.AuditRecord{}
 	for i := range a.recs {
 		r := a.recs[(a.head+i)%len(a.recs)]
-		if (req.HasStep && r.Step != req.Step) || (req.Kind != "" && r.Kind != req.Kind) {
+		if r.Seq <= req.After || (req.HasStep && r.Step != req.Step) || (req.Kind != "" && r.Kind != req.Kind) {
 			continue
 		}
 		out = append(out, r)
@@ -245,7 +250,10 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 		return nil, invalidf("kind %q is not one of: %s, %s, %s, %s", truncateKind(req.Kind), api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile)
 	}
 	recs, dropped := sb.audit.list(req)
-	out := &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil}
+	sb.mu.Lock()
+	live := !sb.stopping && (sb.rec.Sandbox.State == api.StateRunning || sb.rec.Sandbox.State == api.StatePaused || sb.rec.Sandbox.State == api.StateCreating)
+	sb.mu.Unlock()
+	out := &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil, Live: live}
 	if req.Summary {
 		out.Records, out.Summary = []api.AuditRecord{}, summarize(recs)
 	}

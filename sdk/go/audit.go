@@ -1,7 +1,11 @@
 package warren
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -56,4 +60,46 @@ func (c *Client) TrajectoryAudit(ctx context.Context, name string, after int64, 
 		return nil, err
 	}
 	return &p, nil
+}
+
+// FollowAudit streams a sandbox's audit records after seq after, calling
+// fn for each as it is recorded, until the sandbox has stopped and its
+// last records came (nil), ctx ends, fn fails (its error), or the stream
+// fails (GET /v1/sandboxes/{id}/audit?follow=1). Resume with the last
+// record's Seq.
+func (c *Client) FollowAudit(ctx context.Context, id string, after int64, fn func(api.AuditRecord) error) error {
+	q := url.Values{"follow": {"1"}}
+	if after > 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
+	}
+	resp, err := c.do(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id) + "/audit", query: q, accept: "application/x-ndjson"})
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue // keepalive
+		}
+		var msg struct {
+			api.AuditRecord
+			Error *api.Error `json:"error"`
+		}
+		if err := json.Unmarshal(line, &msg); err != nil {
+			return fmt.Errorf("warren: audit: decode: %w", err)
+		}
+		if msg.Error != nil {
+			return fmt.Errorf("warren: audit stream: %s: %s", msg.Error.Code, msg.Error.Message)
+		}
+		if err := fn(msg.AuditRecord); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("warren: audit stream: %w", err)
+	}
+	return ctx.Err()
 }

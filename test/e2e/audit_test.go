@@ -352,3 +352,69 @@ func TestAuditFiles(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestAuditFollow: ?follow=1 streams records as they come, in seq order,
+// and ends once the sandbox stopped; ?after= resumes.
+func TestAuditFollow(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
+	}
+	s := startServer(t)
+	ctx := context.Background()
+	sb, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.ID) })
+	recs := make(chan api.AuditRecord, 256)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.C.FollowAudit(ctx, sb.ID, 0, func(r api.AuditRecord) error { recs <- r; return nil })
+	}()
+	waitFor := func(marker string) api.AuditRecord {
+		t.Helper()
+		deadline := time.After(15 * time.Second)
+		for {
+			select {
+			case r := <-recs:
+				if n := len(r.Argv); n > 0 && r.Argv[n-1] == marker {
+					return r
+				}
+			case err := <-done:
+				t.Fatalf("the stream ended early: %v", err)
+			case <-deadline:
+				t.Fatalf("no record of %s in 15s", marker)
+			}
+		}
+	}
+	s.sh(t, sb.ID, "/bin/echo follow-1")
+	first := waitFor("follow-1")
+	s.sh(t, sb.ID, "/bin/echo follow-2")
+	second := waitFor("follow-2")
+	if second.Seq <= first.Seq {
+		t.Errorf("seq %d then %d", first.Seq, second.Seq)
+	}
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the stream of a stopped sandbox ended with %v, want its end", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the stream did not end after the sandbox stopped")
+	}
+	al, err := s.C.Audit(ctx, sb.ID, warren.AuditQuery{})
+	if err != nil || al.Live {
+		t.Fatalf("audit of the stopped sandbox: %+v %v", al, err)
+	}
+	// after= resumes past what was seen.
+	var again []api.AuditRecord
+	if err := s.C.FollowAudit(ctx, sb.ID, first.Seq, func(r api.AuditRecord) error { again = append(again, r); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(again) == 0 || again[0].Seq != first.Seq+1 {
+		t.Fatalf("after=%d: %+v", first.Seq, again)
+	}
+}
