@@ -560,6 +560,9 @@ type TrajectoryStep struct {
 	Error  *Error      `json:"error,omitempty"`
 	// Checkpoint is the snapshot taken after this step, if any.
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// Audit is what the sandbox's processes did during the step, on
+	// GET /v1/trajectories/{name}?audit=1 only (never in the log).
+	Audit []AuditRecord `json:"audit,omitempty"`
 }
 
 // TrajectoryPage is the body of GET /v1/trajectories/{name}.
@@ -726,6 +729,9 @@ type NodeFeatures struct {
 	PSI            bool `json:"psi"`             // /proc/pressure
 	Freezer        bool `json:"freezer"`         // cgroup freezer: pause works
 	Swap           bool `json:"swap"`            // swap is on: pause pushes memory out
+	// Telemetry: the node's BPF programs are loaded, so the audit of its
+	// sandboxes (GET /v1/sandboxes/{id}/audit) records what they execute.
+	Telemetry bool `json:"telemetry"`
 	// SandboxRoot is who a container sandbox's root is on the host:
 	// "userns" (a range of unprivileged host ids of its own, in a user
 	// namespace) or "host-root" (this kernel cannot, and the operator
@@ -913,4 +919,72 @@ type BatchCreateResult struct {
 type BatchError struct {
 	Count int   `json:"count"`
 	Error Error `json:"error"`
+}
+
+// Kinds of audit records.
+const (
+	AuditKindExec    = "exec"    // an execve that succeeded
+	AuditKindRefused = "refused" // a syscall that failed with EPERM (seccomp, capabilities)
+	AuditKindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
+	AuditKindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
+)
+
+// AuditRecord is one thing a sandbox's processes did, as the node's kernel
+// saw it (GET /v1/sandboxes/{id}/audit).
+type AuditRecord struct {
+	// Seq numbers the sandbox's records from 1, in order (?after=, follow).
+	Seq  int64     `json:"seq"`
+	Time time.Time `json:"time"`
+	// Step is the trajectory step that was running then (0: between
+	// steps, or the sandbox records no trajectory).
+	Step int64  `json:"step"`
+	Kind string `json:"kind"` // exec, refused, signal, file
+	// Pid and Ppid are in the sandbox's pid namespace; UID is as the
+	// sandbox's user namespace numbers it, HostUID as the host does.
+	Pid     int `json:"pid"`
+	Ppid    int `json:"ppid"`
+	UID     int `json:"uid"`
+	HostUID int `json:"host_uid"`
+	// Path is the file executed, as given to execve (exec), or the file
+	// of a file operation, as the process named it (file: relative paths
+	// are relative to its working directory).
+	Path string   `json:"path,omitempty"`
+	Argv []string `json:"argv,omitempty"`
+	// ArgvTruncated: argv was longer than the cap (1 KiB) and was cut.
+	ArgvTruncated bool `json:"argv_truncated,omitempty"`
+	// Syscall is the refused syscall's name (refused).
+	Syscall string `json:"syscall,omitempty"`
+	// Signal is the signal's number and Target the pid it went to, as the
+	// sandbox numbers it: 1 (signal).
+	Signal int `json:"signal,omitempty"`
+	Target int `json:"target,omitempty"`
+	// Outcome is what the kernel did with the signal: delivered, ignored
+	// (PID 1 of a namespace ignores what it has no handler for),
+	// already_pending, overflow_fail, lose_info (signal).
+	Outcome string `json:"outcome,omitempty"`
+	// Op is a file operation (file): write (an open that writes, creates
+	// or truncates), rename, unlink, chmod; To is a rename's new name.
+	Op string `json:"op,omitempty"`
+	To string `json:"to,omitempty"`
+}
+
+// AuditList is a sandbox's audit, oldest first.
+type AuditList struct {
+	Records []AuditRecord `json:"records"`
+	// Dropped counts the oldest records dropped from the sandbox's ring
+	// (it keeps the newest).
+	Dropped int64 `json:"dropped"`
+	// Telemetry is false when the sandbox's node collects nothing (no BPF).
+	Telemetry bool `json:"telemetry"`
+	// Live: the sandbox still runs, so more records may come.
+	Live bool `json:"live"`
+	// Summary (with ?summary=1, instead of the records): per step, how
+	// many records of each kind, steps in order.
+	Summary []AuditStepSummary `json:"summary,omitempty"`
+}
+
+// AuditStepSummary counts one step's audit records by kind.
+type AuditStepSummary struct {
+	Step   int64            `json:"step"`
+	Counts map[string]int64 `json:"counts"`
 }

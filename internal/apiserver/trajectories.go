@@ -268,6 +268,9 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 		}
 		page.Steps = append(page.Steps, st)
 	}
+	if audit, _ := strconv.ParseBool(q.Get("audit")); audit && len(page.Steps) > 0 {
+		s.attachAudit(r.Context(), rec.Sandbox, page.Steps)
+	}
 	writeJSON(w, http.StatusOK, &page)
 	return nil
 }

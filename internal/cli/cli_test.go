@@ -107,6 +107,15 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		reply(w, 200, api.Sandbox{ID: parts[1], State: api.StateStopped})
+	case r.Method == "GET" && len(parts) == 3 && parts[2] == "audit" && q.Get("follow") == "1":
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(200)
+		_, _ = w.Write([]byte("{\"seq\":1,\"step\":2,\"kind\":\"exec\",\"pid\":7,\"path\":\"/bin/true\",\"argv\":[\"true\"]}\n\n{\"seq\":2,\"kind\":\"signal\",\"signal\":15,\"target\":1}\n"))
+	case r.Method == "GET" && len(parts) == 3 && parts[2] == "audit":
+		reply(w, 200, api.AuditList{Telemetry: true, Dropped: 2, Records: []api.AuditRecord{
+			{Time: time.Now(), Step: 3, Kind: api.AuditKindExec, Pid: 7, Ppid: 6, Path: "/bin/ls", Argv: []string{"ls", "/"}},
+			{Time: time.Now(), Step: 3, Kind: api.AuditKindSignal, Pid: 8, Signal: 15, Target: 1},
+		}})
 	case r.Method == "POST" && len(parts) == 3 && parts[2] == "exec":
 		f.exec(w, r, body)
 	case len(parts) == 3 && parts[2] == "files":
@@ -912,5 +921,29 @@ func TestDocumentedImageImportRuns(t *testing.T) {
 	args := append([]string{"image", "import"}, strings.Fields(cmdline)...)
 	if code, _, errs := f.run(t, "", args...); code != 0 || len(got) != 2 || got[0] != "OUT.tar" || got[1] != "debian:12" {
 		t.Fatalf("documented %q: %d %q, imported %v", args, code, errs, got)
+	}
+}
+
+func TestAudit(t *testing.T) {
+	f := newFakeAPI(t)
+	code, out, errs := f.run(t, "", "audit", "sb-n1-a", "--step", "3", "--kind", "exec")
+	if code != 0 || !strings.Contains(out, "/bin/ls  \"ls /\"") || !strings.Contains(out, "signal 15 to pid 1") || !strings.Contains(out, "2 older records dropped") {
+		t.Fatalf("audit %d:\n%s%s", code, out, errs)
+	}
+	if q := f.last("GET", "/v1/sandboxes/sb-n1-a/audit").Query; q["step"][0] != "3" || q["kind"][0] != "exec" {
+		t.Fatalf("audit asked %v", q)
+	}
+	code, out, _ = f.run(t, "", "audit", "sb-n1-a")
+	if q := f.last("GET", "/v1/sandboxes/sb-n1-a/audit").Query; code != 0 || len(q["step"]) != 0 {
+		t.Fatalf("audit without --step asked %v (%d: %s)", q, code, out)
+	}
+	code, out, _ = f.run(t, "", "audit", "-f", "sb-n1-a")
+	if code != 0 || strings.Count(out, "\n") != 2 || !strings.Contains(out, "/bin/true") || !strings.Contains(out, "signal 15 to pid 1") {
+		t.Fatalf("audit -f %d:\n%s", code, out)
+	}
+	code, out, _ = f.run(t, "", "--json", "audit", "sb-n1-a")
+	var al api.AuditList
+	if code != 0 || json.Unmarshal([]byte(out), &al) != nil || len(al.Records) != 2 || al.Records[0].Argv[1] != "/" {
+		t.Fatalf("audit --json %d: %q", code, out)
 	}
 }

@@ -77,6 +77,7 @@ func NewRootCmd() *cobra.Command {
 		newLogsCmd(g),
 		newStatsCmd(g),
 		newTrajCmd(g),
+		newAuditCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),
 	)

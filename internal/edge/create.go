@@ -347,8 +347,10 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	e.cpuOpenLocked(sb)
 	rec := sb.rec
 	sb.mu.Unlock()
+	e.auditStart(sb, h)
 	if !pooled {
 		if err := e.persist(&rec); err != nil {
+			e.auditStop(sb)
 			_ = inst.Agent.Close()
 			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h)
 			return err

@@ -149,6 +149,17 @@ type Config struct {
 	// RecycleIdle is how long a wiped container waits for a create; 0 =
 	// DefaultRecycleIdle.
 	RecycleIdle time.Duration
+	// Telemetry loads the node's BPF programs (internal/telemetry) so the
+	// audit of each sandbox records what its processes execute. Where the
+	// kernel cannot run them the node runs without (features.telemetry).
+	Telemetry bool
+	// TelemetryRefusals also records every syscall that fails with EPERM
+	// (telemetry.Options.Refusals: it slows every syscall of the host).
+	TelemetryRefusals bool
+	// TelemetryFiles also records the file writes, renames, unlinks and
+	// chmods of sandbox processes (telemetry.Options.Files: it slows every
+	// syscall of the host).
+	TelemetryFiles bool
 	// DataListen is the address of the data listener (dataplane.go), which
 	// carries exec output and file and tar transfers; "" = none (those then
 	// travel on the bus). DataAdvertise is the address apiservers dial, in
@@ -217,6 +228,8 @@ type Edge struct {
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
 	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
+
+	audit auditState // the node's telemetry (audit.go)
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
@@ -326,6 +339,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	e.startTelemetry(runCtx)
 	err = e.reconcile(ctx)
 	close(e.reconciled)
 	if err != nil {
@@ -391,6 +405,7 @@ func (e *Edge) Close(ctx context.Context) error {
 		e.cancel()
 	}
 	e.wg.Wait()
+	defer e.closeTelemetry()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
 	for _, sb := range all {

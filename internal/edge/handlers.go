@@ -226,6 +226,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.resumeTrajectory(ctx, &req)
+	case OpAudit:
+		var req AuditRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.auditOf(&req)
 	case OpTrajAdvance:
 		var req AdvanceRequest
 		if err := decode(body, &req); err != nil {

@@ -42,6 +42,7 @@ const (
 	OpTrajResume  = "traj_resume"  // ResumeRequest → api.Sandbox
 	OpTrajReplay  = "traj_replay"  // ReplayRequest → api.TrajectoryReplay
 	OpTrajAdvance = "traj_advance" // AdvanceRequest → StepResult
+	OpAudit       = "audit"        // AuditRequest → api.AuditList
 	OpCommands    = "commands"     // IDRequest → api.CommandHistory
 	OpStats       = "stats"        // IDRequest → api.SandboxStats
 )

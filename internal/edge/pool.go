@@ -394,6 +394,7 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 		sb.lastActive = now
 		sb.pool = ""
 		sb.mu.Unlock()
+		sb.audit.reset() // what ran while it waited in the pool is nobody's
 		e.dropLocked(internal)
 		e.putLocked(id, sb)
 		p.claimed++

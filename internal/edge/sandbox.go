@@ -82,6 +82,11 @@ type sandbox struct {
 	traj       *traj         // nil unless the sandbox records a trajectory
 	hist       cmdHistory    // recent commands (its own lock)
 	cpu        cpuState      // its CPU gate: full CPU only while operations run (elastic.go)
+	// cookie names the sandbox to the node's telemetry while its cgroups
+	// are registered (audit.go, under auditState.mu); audit holds what it
+	// recorded.
+	cookie uint64
+	audit  auditRing
 
 	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
 	// as of its last command (kills.go).
@@ -324,6 +329,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 				e.cpuOpenLocked(sb)
 				sb.mu.Unlock()
 				e.put(id, sb)
+				e.auditStart(sb, inst.Handle)
 				adopted[store] = true
 				adopted[rec.layer()] = true
 				holders[rec.layer()] = rec.Layers
@@ -476,6 +482,7 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	}
 	recycle := e.recyclableLocked(sb, state)
 	sb.mu.Unlock()
+	e.auditStop(sb)
 
 	if recycle && e.keepContainer(ctx, sb, inst) {
 		// The container waits for another sandbox (recycle.go), with this

@@ -402,7 +402,9 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		t.resumeAt = time.Now()
 		if t.cursor >= t.reexec {
 			// Rebuilt sandbox: run it again; the log has it already.
+			e.auditStep(sb, logged.Step)
 			out, err := ro.run()
+			e.auditStep(sb, 0)
 			if err != nil && unknownOutcome(err) {
 				return nil, err // perhaps not done: the client may retry it
 			}
@@ -449,7 +451,9 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	op.Step = t.last + 1
 	op.Sandbox = sb.rec.Sandbox.ID
 	op.At = time.Now().UTC()
+	e.auditStep(sb, op.Step)
 	out, err := ro.run()
+	e.auditStep(sb, 0)
 	if err != nil {
 		var ae *api.Error
 		if unknownOutcome(err) || !errors.As(err, &ae) || ae.Code == api.CodeInvalid {

@@ -171,6 +171,19 @@ type CPUGate interface {
 	Close() error
 }
 
+// CgroupLister is implemented by runtimes whose sandboxes live in cgroup v2
+// directories: the edge registers them with the node's telemetry
+// (internal/telemetry), which recognises a sandbox's processes by them.
+type CgroupLister interface {
+	// UnifiedCgroups are the sandbox's directories in the cgroup v2
+	// hierarchy (its cgroup and the trust split's child), none when the
+	// host mounts no v2 hierarchy.
+	UnifiedCgroups(h Handle) []string
+	// UnifiedRoot is where the host mounts the cgroup v2 hierarchy, ""
+	// when nowhere.
+	UnifiedRoot() string
+}
+
 // SandboxUsageReporter is implemented by runtimes that can measure one
 // sandbox (its container's cgroup: CPU time since the container started,
 // memory charged now).

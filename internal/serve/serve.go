@@ -63,8 +63,13 @@ type Options struct {
 	// one waits (0 = edge.DefaultRecycleIdle).
 	Recycle     int
 	RecycleIdle time.Duration
-	Userns      UsernsOptions
-	Logger      *slog.Logger
+	// NoTelemetry: the node loads no BPF telemetry (edge.Config.Telemetry).
+	NoTelemetry bool
+	// TelemetryRefusals, TelemetryFiles: see edge.Config.
+	TelemetryRefusals bool
+	TelemetryFiles    bool
+	Userns            UsernsOptions
+	Logger            *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 }
@@ -199,7 +204,8 @@ func Run(ctx context.Context, o Options) error {
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
-		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, Userns: o.Userns,
+		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
+		Userns: o.Userns,
 	})
 	if err != nil {
 		return err
@@ -227,6 +233,9 @@ type EdgeOptions struct {
 	MaxCPUPressure       float64       // see edge.Config
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
+	NoTelemetry          bool          // see Options.NoTelemetry
+	TelemetryRefusals    bool          // see Options.TelemetryRefusals
+	TelemetryFiles       bool          // see Options.TelemetryFiles
 	// DataListen and DataAdvertise: the edge's data listener (see
 	// edge.Config); DataListen "" = DefaultDataListen.
 	DataListen    string
@@ -373,6 +382,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
+		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
 	if err != nil {

@@ -537,6 +537,23 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 	return out, nil
 }
 
+// UnifiedCgroups implements runtime.CgroupLister: the sandbox's cgroup
+// and its work child in the cgroup v2 hierarchy.
+func (r *Runtime) UnifiedCgroups(h runtime.Handle) []string {
+	cg := h.Cgroup
+	if cg == "" {
+		cg = r.cgroupPath(h.ID)
+	}
+	u := r.cg.unified(cg)
+	if u == "" {
+		return nil
+	}
+	return splitDirs(u)
+}
+
+// UnifiedRoot implements runtime.CgroupLister.
+func (r *Runtime) UnifiedRoot() string { return r.cg.unified("") }
+
 // Freeze stops every process of the sandbox.
 func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
 	return r.freezeThaw(h, func(p string) error { return r.cg.freeze(p, freezeTimeout) })

@@ -697,3 +697,31 @@ class HelpersTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class AuditTest(FakeCase):
+    AUDIT = {"records": [{"time": "2026-12-01T15:34:32Z", "step": 2, "kind": "exec", "pid": 7,
+                          "ppid": 6, "uid": 0, "path": "/bin/true", "argv": ["/bin/true"]}],
+             "dropped": 0, "telemetry": True}
+
+    def route(self, h, seen, idx):
+        assert seen.method == "GET" and seen.path == "/v1/sandboxes/sb-n1-abc/audit", seen.path
+        h.send_json(200, self.AUDIT)
+
+    def test_audit_sync_and_async(self):
+        srv = self.serve(self.route)
+        sb = fast(srv.url).sandbox("sb-n1-abc")
+        got = sb.audit(step=2, kind="exec")
+        self.assertEqual(got["records"][0]["argv"], ["/bin/true"])
+        self.assertEqual(srv.seen[-1].query, [("step", "2"), ("kind", "exec")])
+        sb.audit()
+        self.assertEqual(srv.seen[-1].query, [])
+        sb.audit(summary=True)
+        self.assertEqual(srv.seen[-1].query, [("summary", "1")])
+
+        async def go():
+            async with afast(srv.url) as c:
+                return await c.sandbox("sb-n1-abc").audit(step=0)
+        got = asyncio.run(go())
+        self.assertTrue(got["telemetry"])
+        self.assertEqual(srv.seen[-1].query, [("step", "0")])

@@ -504,6 +504,14 @@ class AsyncSandbox:
         """What the sandbox uses now (see Sandbox.stats)."""
         return dict(await self.client._json(json_req("GET", self._path("stats"))))
 
+    async def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
+              summary: bool = False) -> Dict[str, Any]:
+        """What the sandbox's processes did (see Sandbox.audit)."""
+        params = [(k, str(v)) for k, v in (("step", step), ("kind", kind)) if v is not None]
+        if summary:
+            params.append(("summary", "1"))
+        return dict(await self.client._json(json_req("GET", self._path("audit"), params=params)))
+
     async def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         body = _core.drop_none({"name": name})
         body.update(_core.drop_none(extra))

@@ -561,6 +561,18 @@ class Sandbox:
         ``memory_bytes``, its limits ``cpu`` and ``memory_mb``, ``commands``."""
         return dict(self.client._json(json_req("GET", self._path("stats"))))
 
+    def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
+              summary: bool = False) -> Dict[str, Any]:
+        """What the sandbox's processes did, from its node's kernel (``GET .../audit``):
+        ``records`` oldest first (each with ``time``, ``step``, ``kind``: exec, signal or
+        refused, ``pid``, ``ppid``, ``uid``, and ``path``/``argv``, ``signal``/``target`` or
+        ``syscall``), ``dropped``, ``telemetry``. ``step`` and ``kind`` filter; ``summary=True``
+        answers ``summary`` (per step, counts by kind) instead of the records."""
+        params = [(k, str(v)) for k, v in (("step", step), ("kind", kind)) if v is not None]
+        if summary:
+            params.append(("summary", "1"))
+        return dict(self.client._json(json_req("GET", self._path("audit"), params=params)))
+
     def snapshot(self, name: Optional[str] = None, **extra: Any) -> Snapshot:
         """Snapshot the sandbox's filesystem (``POST .../snapshots``)."""
         body = _core.drop_none({"name": name})
