@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"path"
 	"sort"
 	"strconv"
@@ -343,7 +344,7 @@ func (a *Agent) list(dir string) *agentproto.FileList {
 }
 
 // exec runs one command of the fake's little language: "true", "false",
-// "exit N", "echo WORDS", "printenv NAME", "cat PATH" and "sleep SECONDS"
+// "exit N", "echo WORDS" (with $NAME expanded), "cat PATH" and "sleep SECONDS"
 // (which a cancel or the request's timeout ends, exit code 137). Output is
 // collected or sent in chunks as the request asks.
 func (a *Agent) exec(ctx context.Context, r *agentproto.ExecRequest, out *writer) (any, error) {
@@ -369,16 +370,10 @@ func (a *Agent) exec(ctx context.Context, r *agentproto.ExecRequest, out *writer
 			res.ExitCode, _ = strconv.Atoi(argv[1])
 		}
 	case "echo":
-		stdout = []byte(strings.Join(argv[1:], " ") + "\n")
-	case "printenv":
 		a.mu.Lock()
-		v, ok := a.env[strings.Join(argv[1:], "")]
+		line := os.Expand(strings.Join(argv[1:], " "), func(k string) string { return a.env[k] })
 		a.mu.Unlock()
-		if ok {
-			stdout = []byte(v + "\n")
-		} else {
-			res.ExitCode = 1
-		}
+		stdout = []byte(line + "\n")
 	case "cat":
 		for _, p := range argv[1:] {
 			b, ok := a.File(p)

@@ -29,7 +29,7 @@ type Runtime struct {
 	// StartErr, when set, fails every Start (after nothing was made).
 	StartErr error
 	// WipeErr, when set, fails every Wipe (the container is not reusable).
-	WipeErr error
+	WipeErr                 error
 	starts, destroys, wipes int
 }
 
