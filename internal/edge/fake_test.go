@@ -1,0 +1,201 @@
+package edge_test
+
+// Unit tests of the edge that need no root: the edge runs on the embedded
+// NATS server with the fake runtime and the in-memory image store
+// (internal/edge/edgetest), and is called on the bus as the apiserver does.
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edge/edgetest"
+)
+
+func wantRefusal(t *testing.T, err error, reason, word string) {
+	t.Helper()
+	ae := edgetest.APIError(err)
+	if ae == nil || ae.Code != api.CodeUnavailable || ae.Reason != reason || !strings.Contains(ae.Message, word) {
+		t.Fatalf("got %v (%+v), want a %s refusal for %s naming %q", err, ae, api.CodeUnavailable, reason, word)
+	}
+}
+
+// TestFakeAdmission: a create beyond the node's cpu, memory, disk or
+// sandbox count is refused with the short resource named, starts nothing,
+// and fits again once a sandbox is gone.
+func TestFakeAdmission(t *testing.T) {
+	n := edgetest.Start(t, func(c *edge.Config) {
+		c.CPUCapacity, c.MemoryMB, c.DiskMB, c.MaxSandboxes = 2, 1024, 2048, 2
+	})
+	a, err := n.Create(api.CreateSandboxRequest{CPU: 1.5, MemoryMB: 512, DiskMB: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts, _, _ := n.Runtime.Counts()
+	_, err = n.Create(api.CreateSandboxRequest{CPU: 1, MemoryMB: 256, DiskMB: 256})
+	wantRefusal(t, err, api.ReasonCPU, "cpu")
+	_, err = n.Create(api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 768, DiskMB: 256})
+	wantRefusal(t, err, api.ReasonMemory, "memory")
+	_, err = n.Create(api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 256, DiskMB: 1536})
+	wantRefusal(t, err, api.ReasonDisk, "disk")
+	if _, err := n.Create(api.CreateSandboxRequest{CPU: 0.25, MemoryMB: 256, DiskMB: 256}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.Create(api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, DiskMB: 64})
+	wantRefusal(t, err, api.ReasonSandboxes, "sandboxes")
+	if s, _, _ := n.Runtime.Counts(); s != starts+1 {
+		t.Fatalf("refused creates started sandboxes: %d starts, want %d", s, starts+1)
+	}
+	if err := n.Delete(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	b, err := n.Create(api.CreateSandboxRequest{CPU: 1, MemoryMB: 512, DiskMB: 1024})
+	if err != nil {
+		t.Fatalf("after a delete the create must fit: %v", err)
+	}
+	if res, err := n.Exec(b.ID, "echo admitted"); err != nil || res.Stdout != "admitted\n" {
+		t.Fatalf("exec in the admitted sandbox: %+v %v", res, err)
+	}
+}
+
+// TestFakeFnCallReclaim: idle FnCall workers hold their resources only
+// until a create needs them: it stops as many as it must and is admitted.
+func TestFakeFnCallReclaim(t *testing.T) {
+	n := edgetest.Start(t, func(c *edge.Config) { c.CPUCapacity, c.MemoryMB = 4, 2048 })
+	var res api.ExecResult
+	if err := n.Call(edge.OpFnCall, &edge.FnCallRequest{Call: api.FnCallRequest{Image: edgetest.Image, Cmd: "echo fn", CPU: 1, MemoryMB: 512}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 || res.Stdout != "fn\n" {
+		t.Fatalf("fncall: %+v", res)
+	}
+	// The shape keeps fnMinIdle (2) idle workers once used: 2 cores, 1 GiB.
+	var workers []string
+	deadline := time.Now().Add(20 * time.Second)
+	for workers = n.Runtime.IDs(); len(workers) < 2; workers = n.Runtime.IDs() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after one call: workers %v, want 2 idle", workers)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// 3.5 cores fit only without both idle workers.
+	sb, err := n.Create(api.CreateSandboxRequest{CPU: 3.5, MemoryMB: 1024})
+	if err != nil {
+		t.Fatalf("a create that fits once the idle workers are reclaimed: %v", err)
+	}
+	for _, w := range workers {
+		for n.Runtime.Agent(w) != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("the idle worker %s still runs", w)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The node is now full: nothing to reclaim, the refusal names cpu.
+	_, err = n.Create(api.CreateSandboxRequest{CPU: 1, MemoryMB: 128})
+	wantRefusal(t, err, api.ReasonCPU, "cpu")
+	if ids := n.Runtime.IDs(); len(ids) != 1 || ids[0] != sb.ID {
+		t.Errorf("containers on a full node: %v, want only %s", ids, sb.ID)
+	}
+	if err := n.Delete(sb.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFakeReaper: a sandbox past its TTL, or idle past its idle timeout,
+// is stopped with the reason, and its container destroyed; one in use is
+// not reaped for idleness.
+func TestFakeReaper(t *testing.T) {
+	n := edgetest.Start(t)
+	ttl, err := n.Create(api.CreateSandboxRequest{TTL: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := n.Create(api.CreateSandboxRequest{TTL: 3600, IdleTimeout: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := n.Create(api.CreateSandboxRequest{TTL: 3600, IdleTimeout: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopBusy := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stopBusy:
+				return
+			default:
+			}
+			_, _ = n.Exec(busy.ID, "sleep 0.2")
+		}
+	}()
+	for _, c := range []struct{ id, reason string }{{ttl.ID, "ttl expired"}, {idle.ID, "idle timeout"}} {
+		v := n.WaitState(c.id, api.StateStopped)
+		if v.Reason != c.reason {
+			t.Errorf("%s stopped for %q, want %q", c.id, v.Reason, c.reason)
+		}
+		if n.Runtime.Agent(c.id) != nil {
+			t.Errorf("%s stopped but its container is still there", c.id)
+		}
+	}
+	close(stopBusy)
+	<-done
+	if v, err := n.Get(busy.ID); err != nil || v.State != api.StateRunning {
+		t.Errorf("a sandbox in use was reaped: %+v %v", v, err)
+	}
+}
+
+// TestFakeScope: a scoped request reaches only its project's sandboxes
+// (another's is 404, as if it did not exist), and a request whose body
+// names another sandbox than its header is refused, not carried out on
+// the body's.
+func TestFakeScope(t *testing.T) {
+	n := edgetest.Start(t)
+	mine, err := n.Create(api.CreateSandboxRequest{Project: "p1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := n.Create(api.CreateSandboxRequest{Project: "p2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scoped := func(id string) map[string]string {
+		return map[string]string{bus.HeaderScope: "p1", bus.HeaderSandbox: id}
+	}
+	var v api.Sandbox
+	if err := n.Call(edge.OpGet, &edge.IDRequest{ID: mine.ID}, &v, scoped(mine.ID)); err != nil || v.ID != mine.ID {
+		t.Fatalf("own sandbox: %+v %v", v, err)
+	}
+	err = n.Call(edge.OpGet, &edge.IDRequest{ID: theirs.ID}, &v, scoped(theirs.ID))
+	if ae := edgetest.APIError(err); ae == nil || ae.Code != api.CodeNotFound {
+		t.Fatalf("another project's sandbox: %v, want not_found", err)
+	}
+	// The header names p1's sandbox (which passes the scope check), the
+	// body p2's: the delete must not reach p2's.
+	err = n.Call(edge.OpDelete, &edge.IDRequest{ID: theirs.ID}, nil, scoped(mine.ID))
+	if ae := edgetest.APIError(err); ae == nil || ae.Code != api.CodeBadRequest {
+		t.Fatalf("header/body mismatch: %v, want bad_request", err)
+	}
+	err = n.Call(edge.OpExec, &edge.ExecRequest{ID: theirs.ID, Exec: api.ExecRequest{Cmd: "true"}}, nil, scoped(mine.ID))
+	if ae := edgetest.APIError(err); ae == nil || ae.Code != api.CodeBadRequest {
+		t.Fatalf("exec with a header/body mismatch: %v, want bad_request", err)
+	}
+	if a := n.Runtime.Agent(theirs.ID); a == nil || a.Execs() != 0 {
+		t.Fatalf("p2's sandbox was reached: agent %v", a)
+	}
+	if v, err := n.Get(theirs.ID); err != nil || v.State != api.StateRunning {
+		t.Fatalf("p2's sandbox after the refused calls: %+v %v", v, err)
+	}
+	// A scoped create outside the scope is forbidden.
+	err = n.Call(edge.OpCreate, &edge.CreateRequest{ID: edge.NewSandboxID(n.Name), Spec: api.CreateSandboxRequest{Image: edgetest.Image, Project: "p2"}}, nil,
+		map[string]string{bus.HeaderScope: "p1"})
+	if ae := edgetest.APIError(err); ae == nil || ae.Code != api.CodeForbidden {
+		t.Fatalf("scoped create in another project: %v, want forbidden", err)
+	}
+}
