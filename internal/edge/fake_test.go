@@ -5,6 +5,8 @@ package edge_test
 // (internal/edge/edgetest), and is called on the bus as the apiserver does.
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/edge/edgetest"
+	"github.com/warrenhq/warren/internal/runtime"
 )
 
 func wantRefusal(t *testing.T, err error, reason, word string) {
@@ -197,5 +200,182 @@ func TestFakeScope(t *testing.T) {
 		map[string]string{bus.HeaderScope: "p1"})
 	if ae := edgetest.APIError(err); ae == nil || ae.Code != api.CodeForbidden {
 		t.Fatalf("scoped create in another project: %v, want forbidden", err)
+	}
+}
+
+// TestFakeReconcile: after the edge went down (its sandboxes left
+// running, as a kill -9 or an upgrade leaves them), the next edge adopts
+// the sandboxes that survived, records the one that died while it was
+// down as failed, and destroys what it has no record of: a container, a
+// writable layer.
+func TestFakeReconcile(t *testing.T) {
+	n := edgetest.Start(t, func(c *edge.Config) { c.KeepOnShutdown = true })
+	alive, err := n.Create(api.CreateSandboxRequest{Project: "p1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	died, err := n.Create(api.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Stop()
+	if ids := n.Runtime.IDs(); len(ids) != 2 {
+		t.Fatalf("containers after a stop that keeps them: %v", ids)
+	}
+	if !n.Runtime.Kill(died.ID) {
+		t.Fatalf("no container %s to kill", died.ID)
+	}
+	ctx := context.Background()
+	leftover := edge.NewSandboxID(n.Name)
+	inst, err := n.Runtime.Start(ctx, &runtime.Spec{ID: leftover, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Agent.Close()
+	orphan := edge.NewSandboxID(n.Name)
+	if _, err := n.Writable.Alloc(orphan, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	n.Restart(func(c *edge.Config) { c.KeepOnShutdown = false })
+	v, err := n.Get(alive.ID)
+	if err != nil || v.State != api.StateRunning || v.Project != "p1" {
+		t.Fatalf("the surviving sandbox: %+v %v", v, err)
+	}
+	if res, err := n.Exec(alive.ID, "echo adopted"); err != nil || res.Stdout != "adopted\n" {
+		t.Fatalf("exec in the adopted sandbox: %+v %v", res, err)
+	}
+	v, err = n.Get(died.ID)
+	if err != nil || v.State != api.StateFailed || !strings.Contains(v.Reason, "lost while the edge was down") {
+		t.Fatalf("the sandbox that died while the edge was down: %+v %v", v, err)
+	}
+	if ids := n.Runtime.IDs(); len(ids) != 1 || ids[0] != alive.ID {
+		t.Errorf("containers after reconcile: %v, want only %s (the leftover %s destroyed)", ids, alive.ID, leftover)
+	}
+	layers, err := n.Writable.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(layers) != 1 || layers[0] != alive.ID {
+		t.Errorf("writable layers after reconcile: %v, want only %s", layers, alive.ID)
+	}
+	if h := n.Images.Holders(); len(h) != 1 || h[0] != alive.ID {
+		t.Errorf("layer holders after reconcile: %v, want only %s", h, alive.ID)
+	}
+}
+
+// TestFakePoolClaim: a create of a warm pool's shape in its project takes
+// a ready member (no start) under the create's id, the pool fills up
+// again, and a create of another shape or project starts its own.
+func TestFakePoolClaim(t *testing.T) {
+	n := edgetest.Start(t)
+	var p api.Pool
+	if err := n.Call(edge.OpPoolPut, &api.PoolRequest{Name: "warm", Project: "p1", Image: edgetest.Image, CPU: 0.5, MemoryMB: 256, Size: 2}, &p); err != nil {
+		t.Fatal(err)
+	}
+	waitContainers(t, n, 2)
+	starts, _, _ := n.Runtime.Counts()
+	members := n.Runtime.IDs()
+	sb, err := n.Create(api.CreateSandboxRequest{Project: "p1", CPU: 0.5, MemoryMB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Pool != "warm" || sb.State != api.StateRunning {
+		t.Fatalf("claim: %+v, want a running sandbox from pool warm", sb)
+	}
+	if res, err := n.Exec(sb.ID, "echo claimed"); err != nil || res.Stdout != "claimed\n" {
+		t.Fatalf("exec in the claimed sandbox: %+v %v", res, err)
+	}
+	claimedFrom := ""
+	for _, m := range members {
+		if a := n.Runtime.Agent(m); a != nil && a.Execs() > 0 {
+			claimedFrom = m
+		}
+	}
+	if claimedFrom == "" {
+		t.Fatalf("the claimed sandbox's exec ran in none of the members %v", members)
+	}
+	waitContainers(t, n, 3) // the pool fills up again
+	if s, _, _ := n.Runtime.Counts(); s != starts+1 {
+		t.Errorf("starts after one claim: %d, want %d (the refill only)", s, starts+1)
+	}
+	for _, spec := range []api.CreateSandboxRequest{
+		{Project: "p1", CPU: 1, MemoryMB: 256},   // another shape
+		{Project: "p2", CPU: 0.5, MemoryMB: 256}, // another project
+	} {
+		other, err := n.Create(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other.Pool != "" {
+			t.Errorf("create %+v was served from pool %s", spec, other.Pool)
+		}
+	}
+	if s, _, _ := n.Runtime.Counts(); s != starts+3 {
+		t.Errorf("starts: %d, want %d", s, starts+3)
+	}
+}
+
+func waitContainers(t *testing.T, n *edgetest.Node, want int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(n.Runtime.IDs()) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("containers: %v, want %d", n.Runtime.IDs(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestFakeRecycleRefusal: a deleted sandbox's container is kept and reused
+// by the next create of its shape; one the runtime refuses to wipe is
+// destroyed, counted as refused, and never served again.
+func TestFakeRecycleRefusal(t *testing.T) {
+	n := edgetest.Start(t, func(c *edge.Config) { c.Recycle = 1 })
+	a, err := n.Create(api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Delete(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitRecycling(t, n, func(r api.NodeRecycling) bool { return r.Kept == 1 && r.Waiting == 1 })
+	starts, _, _ := n.Runtime.Counts()
+	b, err := n.Create(api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _, _ := n.Runtime.Counts(); s != starts {
+		t.Fatalf("a create of a kept shape started a container (%d starts, want %d)", s, starts)
+	}
+	if r := n.Edge.NodeStatus().Recycling; r.Reused != 1 {
+		t.Fatalf("recycling after the reuse: %+v", r)
+	}
+	n.Runtime.SetWipeErr(errors.New("a socket is left in its network namespace"))
+	if err := n.Delete(b.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitRecycling(t, n, func(r api.NodeRecycling) bool { return r.Refused == 1 })
+	waitContainers(t, n, 0)
+	if r := n.Edge.NodeStatus().Recycling; r.Kept != 1 || r.Waiting != 0 {
+		t.Fatalf("recycling after a refusal: %+v, want nothing kept", r)
+	}
+	c, err := n.Create(api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _, _ := n.Runtime.Counts(); s != starts+1 || n.Runtime.Agent(c.ID) == nil {
+		t.Fatalf("after a refusal the next create must start its own container: %d starts, want %d", s, starts+1)
+	}
+}
+
+func waitRecycling(t *testing.T, n *edgetest.Node, ok func(api.NodeRecycling) bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok(n.Edge.NodeStatus().Recycling) {
+		if time.Now().After(deadline) {
+			t.Fatalf("recycling: %+v", n.Edge.NodeStatus().Recycling)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

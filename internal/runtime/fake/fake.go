@@ -26,10 +26,9 @@ type Runtime struct {
 	mu    sync.Mutex
 	boxes map[string]*Agent
 	pid   int
-	// StartErr, when set, fails every Start (after nothing was made).
-	StartErr error
-	// WipeErr, when set, fails every Wipe (the container is not reusable).
-	WipeErr                 error
+	// startErr, when set, fails every Start (SetStartErr); wipeErr every
+	// Wipe (SetWipeErr).
+	startErr, wipeErr       error
 	starts, destroys, wipes int
 }
 
@@ -51,8 +50,8 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (*runtime.Insta
 		return nil, errors.New("fake: spec without an id")
 	}
 	r.mu.Lock()
-	if r.StartErr != nil {
-		err := r.StartErr
+	if r.startErr != nil {
+		err := r.startErr
 		r.mu.Unlock()
 		return nil, err
 	}
@@ -155,7 +154,7 @@ func (r *Runtime) get(h runtime.Handle) (*Agent, error) {
 func (r *Runtime) Wipe(ctx context.Context, inst *runtime.Instance) error {
 	r.mu.Lock()
 	r.wipes++
-	werr := r.WipeErr
+	werr := r.wipeErr
 	r.mu.Unlock()
 	if werr != nil {
 		return fmt.Errorf("%w: %v", runtime.ErrNotReusable, werr)
@@ -186,6 +185,21 @@ func (r *Runtime) Resume(ctx context.Context, inst *runtime.Instance, spec *runt
 
 // Usage is nothing: fake sandboxes use no host resources.
 func (r *Runtime) Usage() (runtime.Usage, error) { return runtime.Usage{}, nil }
+
+// SetStartErr makes every Start fail with err (nil: succeed again).
+func (r *Runtime) SetStartErr(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.startErr = err
+}
+
+// SetWipeErr makes every Wipe fail with err, wrapped in
+// runtime.ErrNotReusable (nil: succeed again).
+func (r *Runtime) SetWipeErr(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wipeErr = err
+}
 
 // Kill ends a sandbox behind its edge's back (its agent's channels close),
 // as an OOM kill of its agent or a crash would. It reports whether the
