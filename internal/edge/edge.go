@@ -5,6 +5,22 @@
 // per sandbox) to adopt live sandboxes again after a kill -9.
 package edge
 
+// Lock order of the edge (outermost first; a lock is only taken while
+// holding locks that come before it in this list):
+//
+//  1. traj.mu (trajectory.go): held over one whole logged operation, which
+//     may snapshot, branch (create) or stop a sandbox;
+//  2. sandbox.snapMu (one snapshot at a time) or sandbox.pmu (pause and
+//     resume): never both, and each is held over runtime calls (freeze);
+//  3. Edge.mu: the edge's maps (sandboxes, live, pools, wiped, fn);
+//  4. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
+//     admission, the reaper, pool claims and the node view; Edge.mu is
+//     never taken under it);
+//  5. leaves, under which nothing else is locked: Edge.spareMu,
+//     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
+//     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
+//     see audit.go).
+
 import (
 	"context"
 	"crypto/rand"

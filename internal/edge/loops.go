@@ -1,5 +1,8 @@
 package edge
 
+// Lock order: Edge.mu, then sandbox.mu (reap, NodeStatus); Edge.usageMu
+// is a leaf (the whole order is in edge.go).
+
 import (
 	"context"
 	"sort"

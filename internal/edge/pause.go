@@ -1,5 +1,8 @@
 package edge
 
+// Lock order: sandbox.pmu (held over the freeze), then sandbox.mu; Edge.mu
+// is not taken under sandbox.mu (the whole order is in edge.go).
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,8 @@
 package edge
 
+// Lock order: Edge.mu, then sandbox.mu (claimLocked); auditRing.mu is a
+// leaf (the whole order is in edge.go).
+
 import (
 	"context"
 	"encoding/json"

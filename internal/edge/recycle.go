@@ -1,5 +1,7 @@
 package edge
 
+// Lock order: Edge.mu, then sandbox.mu (the whole order is in edge.go).
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,8 @@
 package edge
 
+// Lock order: sandbox.snapMu or sandbox.pmu, then Edge.mu, then sandbox.mu
+// (the whole order is in edge.go).
+
 import (
 	"bytes"
 	"context"

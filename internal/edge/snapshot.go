@@ -1,5 +1,8 @@
 package edge
 
+// Lock order: sandbox.snapMu (held over the freeze and the copy), then
+// sandbox.mu (the whole order is in edge.go).
+
 import (
 	"context"
 	"crypto/rand"

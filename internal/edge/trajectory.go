@@ -1,5 +1,8 @@
 package edge
 
+// Lock order: traj.mu first (held over a whole logged operation, which
+// may snapshot, branch or stop), then what edge.go lists after it.
+
 import (
 	"bytes"
 	"context"
