@@ -41,6 +41,12 @@ func TestMain(m *testing.M) {
 	for out, pkg := range map[string]string{bins.warren: "../../cmd/warren", bins.agent: "../../cmd/warren-agent", bins.probe: "./probe"} {
 		cmd := exec.Command("go", "build", "-o", out, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out == bins.warren && os.Getenv("WARREN_E2E_RACE") != "" {
+			// The server under the race detector (cgo); the agent stays
+			// static. Each server's log is checked for race reports.
+			cmd = exec.Command("go", "build", "-race", "-o", out, pkg)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+		}
 		if b, err := cmd.CombinedOutput(); err != nil {
 			fmt.Printf("build %s: %v\n%s", pkg, err, b)
 			os.Exit(1)
@@ -179,12 +185,24 @@ func (s *server) stop() {
 		<-s.done
 		s.t.Errorf("warren serve did not stop on SIGTERM:\n%s", s.logs.String())
 	}
+	s.checkRaces()
 }
 
 // kill9 kills the whole server process without any cleanup.
 func (s *server) kill9() {
 	_ = s.cmd.Process.Kill()
 	<-s.done
+	s.checkRaces()
+}
+
+// checkRaces fails the test when the server (built with -race:
+// WARREN_E2E_RACE) reported a data race.
+func (s *server) checkRaces() {
+	logs := s.logs.String()
+	if i := strings.Index(logs, "WARNING: DATA RACE"); i >= 0 {
+		report := strings.SplitN(logs[i:], "\n", 81)
+		s.t.Errorf("warren serve reported a data race:\n%s", strings.Join(report[:min(len(report), 80)], "\n"))
+	}
 }
 
 func (s *server) create(t *testing.T, req api.CreateSandboxRequest) *api.Sandbox {
