@@ -379,3 +379,50 @@ func waitRecycling(t *testing.T, n *edgetest.Node, ok func(api.NodeRecycling) bo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestFakeStartFailure: a sandbox that fails to start is a 503 that holds
+// nothing: no container, writable layer, layer mount or capacity.
+func TestFakeStartFailure(t *testing.T) {
+	n := edgetest.Start(t, func(c *edge.Config) { c.CPUCapacity = 1 })
+	n.Runtime.SetStartErr(errors.New("no agent"))
+	_, err := n.Create(api.CreateSandboxRequest{CPU: 1})
+	if ae := edgetest.APIError(err); ae == nil || ae.Code != api.CodeUnavailable || !strings.Contains(ae.Message, "no agent") {
+		t.Fatalf("a failed start: %v, want unavailable naming the cause", err)
+	}
+	if layers, _ := n.Writable.List(); len(layers) != 0 {
+		t.Errorf("writable layers after a failed start: %v", layers)
+	}
+	if h := n.Images.Holders(); len(h) != 0 {
+		t.Errorf("layer holders after a failed start: %v", h)
+	}
+	n.Runtime.SetStartErr(nil)
+	if _, err := n.Create(api.CreateSandboxRequest{CPU: 1}); err != nil {
+		t.Fatalf("the failed start still holds capacity: %v", err)
+	}
+}
+
+// TestFakeAgentDies: a sandbox whose agent goes away behind the edge's
+// back is failed with the reason, and what it held is freed.
+func TestFakeAgentDies(t *testing.T) {
+	n := edgetest.Start(t)
+	sb, err := n.Create(api.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Runtime.Kill(sb.ID)
+	v := n.WaitState(sb.ID, api.StateFailed)
+	if !strings.Contains(v.Reason, "agent exited") {
+		t.Errorf("reason %q", v.Reason)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		layers, _ := n.Writable.List()
+		if len(layers) == 0 && len(n.Images.Holders()) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the agent died: writable %v, holders %v", layers, n.Images.Holders())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
