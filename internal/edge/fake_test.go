@@ -426,3 +426,38 @@ func TestFakeAgentDies(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestFakePause: a paused sandbox's processes are frozen and its record
+// says paused; any operation resumes it first, and an idle timeout with
+// the pause action pauses rather than stops.
+func TestFakePause(t *testing.T) {
+	n := edgetest.Start(t)
+	sb, err := n.Create(api.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v api.Sandbox
+	if err := n.Call(edge.OpPause, &edge.ResumeSandboxRequest{ID: sb.ID}, &v); err != nil || v.State != api.StatePaused {
+		t.Fatalf("pause: %+v %v", v, err)
+	}
+	if !n.Runtime.Agent(sb.ID).Frozen() {
+		t.Fatal("a paused sandbox's agent is not frozen")
+	}
+	if res, err := n.Exec(sb.ID, "echo awake"); err != nil || res.Stdout != "awake\n" {
+		t.Fatalf("exec in a paused sandbox: %+v %v", res, err)
+	}
+	if n.Runtime.Agent(sb.ID).Frozen() {
+		t.Fatal("the exec did not thaw the sandbox")
+	}
+	if v, err := n.Get(sb.ID); err != nil || v.State != api.StateRunning {
+		t.Fatalf("after the exec: %+v %v", v, err)
+	}
+	idle, err := n.Create(api.CreateSandboxRequest{IdleTimeout: 1, IdleTimeoutAction: api.IdleActionPause})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.WaitState(idle.ID, api.StatePaused)
+	if !n.Runtime.Agent(idle.ID).Frozen() {
+		t.Fatal("paused for idleness but not frozen")
+	}
+}
