@@ -225,6 +225,12 @@ type PauseRequest struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
+// TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
+type TimeoutRequest struct {
+	// TTL: the sandbox now expires this many seconds from now.
+	TTL int64 `json:"ttl"`
+}
+
 // ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume.
 type ResumeRequest struct {
 	// Prefetch reads the sandbox's swapped-out memory back ahead of use

@@ -85,6 +85,7 @@ func (s *Server) routes() []route {
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/pause", handler: s.pauseSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/resume", handler: s.resumeSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/timeout", handler: s.setTimeout},
 		{pattern: "POST /v1/sandboxes:pause", handler: s.pauseMatching},
 		{pattern: "POST /v1/sandboxes:resume", handler: s.resumeMatching},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},

@@ -196,3 +196,34 @@ func (e *Edge) pauseMatching(ctx context.Context, req *PauseMatchingRequest) (*a
 	wg.Wait()
 	return out, nil
 }
+
+// setTimeout makes a live sandbox expire TTL seconds from now (E2B's
+// setTimeout): its TTL becomes its lifetime so far plus that.
+func (e *Edge) setTimeout(req *TimeoutRequest) (any, error) {
+	if req.TTL <= 0 {
+		return nil, badRequest("ttl must be positive, got %d", req.TTL)
+	}
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	now := time.Now().UTC()
+	sb.mu.Lock()
+	st := sb.rec.Sandbox.State
+	if (st != api.StateRunning && st != api.StatePaused) || sb.stopping {
+		sb.mu.Unlock()
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", req.ID, stateWord(sb))}
+	}
+	expires := now.Add(time.Duration(req.TTL) * time.Second)
+	sb.rec.Sandbox.ExpiresAt = &expires
+	sb.rec.Sandbox.TTL = int64(expires.Sub(sb.rec.Sandbox.CreatedAt).Round(time.Second) / time.Second)
+	sb.rec.Spec.TTL = sb.rec.Sandbox.TTL
+	rec := sb.rec
+	sb.mu.Unlock()
+	if err := e.persist(&rec); err != nil {
+		return nil, fmt.Errorf("edge: persist timeout of %s: %w", req.ID, err)
+	}
+	v := sb.view()
+	return &v, nil
+}

@@ -1,0 +1,427 @@
+package e2b
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"errors"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+// NewSandbox is the body of POST /sandboxes and /v2/sandboxes. Fields the
+// SDKs send that warren does not use (secure, allow_internet_access,
+// network, mcp, volumeMounts, …) are ignored.
+type NewSandbox struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout,omitempty"` // seconds
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	EnvVars    map[string]string `json:"envVars,omitempty"`
+	AutoPause  bool              `json:"autoPause,omitempty"`
+}
+
+// Sandbox is E2B's answer to create and connect.
+type Sandbox struct {
+	TemplateID  string  `json:"templateID"`
+	SandboxID   string  `json:"sandboxID"`
+	ClientID    string  `json:"clientID"`
+	EnvdVersion string  `json:"envdVersion"`
+	Alias       string  `json:"alias,omitempty"`
+	Domain      *string `json:"domain"`
+}
+
+// SandboxDetail is E2B's answer to GET /sandboxes/{id} and one element of
+// the list (ListedSandbox has the same fields minus domain).
+type SandboxDetail struct {
+	TemplateID  string            `json:"templateID"`
+	SandboxID   string            `json:"sandboxID"`
+	ClientID    string            `json:"clientID"`
+	Alias       string            `json:"alias,omitempty"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	EnvdVersion string            `json:"envdVersion"`
+	CPUCount    int64             `json:"cpuCount"`
+	MemoryMB    int64             `json:"memoryMB"`
+	DiskSizeMB  int64             `json:"diskSizeMB"`
+	State       string            `json:"state"` // running or paused
+	Metadata    map[string]string `json:"metadata"`
+}
+
+// Metric is one element of GET /sandboxes/{id}/metrics.
+type Metric struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int64     `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+// timeoutBody is the body of /timeout and /connect.
+type timeoutBody struct {
+	Timeout *int64 `json:"timeout,omitempty"`
+}
+
+func checkTimeout(t *int64) (int64, error) {
+	if t == nil {
+		return DefaultTimeout, nil
+	}
+	if *t <= 0 || *t > MaxTimeout {
+		return 0, errorf(http.StatusBadRequest, "timeout must be between 1 and %d seconds, got %d", MaxTimeout, *t)
+	}
+	return *t, nil
+}
+
+func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	var req NewSandbox
+	if err := decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	if req.TemplateID == "" {
+		return errorf(http.StatusBadRequest, "templateID is required (a warren image name)")
+	}
+	if req.AutoPause {
+		return errorf(http.StatusBadRequest, "autoPause is not supported by warren yet: create without it and pause explicitly")
+	}
+	ttl, err := checkTimeout(req.Timeout)
+	if err != nil {
+		return err
+	}
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: req.TemplateID, TTL: ttl, Labels: req.Metadata, Env: req.EnvVars})
+	if err != nil {
+		var ae *warren.APIError
+		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+			return errorf(http.StatusNotFound, "template %q not found: %s", req.TemplateID, ae.Message)
+		}
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toSandbox(sb))
+	return nil
+}
+
+func toSandbox(sb *api.Sandbox) *Sandbox {
+	return &Sandbox{TemplateID: sb.Image, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: sb.Image}
+}
+
+// e2bState is the E2B state of a warren sandbox, "" for one E2B no longer
+// knows (stopped, failed, lost).
+func e2bState(state string) string {
+	switch state {
+	case api.StateRunning, api.StateCreating:
+		return "running"
+	case api.StatePaused:
+		return "paused"
+	}
+	return ""
+}
+
+func toDetail(sb *api.Sandbox) SandboxDetail {
+	end := sb.CreatedAt.Add(time.Duration(sb.TTL) * time.Second)
+	if sb.ExpiresAt != nil {
+		end = *sb.ExpiresAt
+	}
+	md := sb.Labels
+	if md == nil {
+		md = map[string]string{}
+	}
+	return SandboxDetail{
+		TemplateID: sb.Image, SandboxID: sb.ID, ClientID: ClientID, Alias: sb.Image,
+		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), EnvdVersion: EnvdVersion,
+		CPUCount: cpuCount(sb.CPU), MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
+		State: e2bState(sb.State), Metadata: md,
+	}
+}
+
+// cpuCount is E2B's integer CPU count for warren's fractional cores.
+func cpuCount(cpu float64) int64 { return max(1, int64(math.Ceil(cpu))) }
+
+// live returns the sandbox if E2B would still know it (running or
+// paused); any other state is E2B's 404.
+func live(ctx context.Context, c *warren.Client, id string) (*api.Sandbox, error) {
+	sb, err := c.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if e2bState(sb.State) == "" {
+		return nil, errorf(http.StatusNotFound, "sandbox %q not found (it is %s)", id, sb.State)
+	}
+	return sb, nil
+}
+
+func (s *Server) get(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	sb, err := live(ctx, c, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toDetail(sb))
+	return nil
+}
+
+func (s *Server) kill(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if _, err := live(ctx, c, id); err != nil {
+		return err
+	}
+	if _, err := c.Delete(ctx, id); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) setTimeout(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	var req timeoutBody
+	if err := decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	if req.Timeout == nil {
+		return errorf(http.StatusBadRequest, "timeout (seconds) is required")
+	}
+	ttl, err := checkTimeout(req.Timeout)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if _, err := live(ctx, c, id); err != nil {
+		return err
+	}
+	if _, err := c.SetTimeout(ctx, id, ttl); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) pause(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	var req struct{}
+	if err := decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	sb, err := live(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	if sb.State == api.StatePaused {
+		return errorf(http.StatusConflict, "sandbox %q is already paused", id)
+	}
+	if _, err := c.Pause(ctx, id); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// connect answers 200 for a running sandbox and 201 after resuming a
+// paused one; a timeout in the body resets its lifetime from now.
+func (s *Server) connect(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	var req timeoutBody
+	if err := decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	sb, err := live(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if sb.State == api.StatePaused {
+		if sb, err = c.Resume(ctx, id); err != nil {
+			return err
+		}
+		status = http.StatusCreated
+	}
+	if req.Timeout != nil {
+		ttl, err := checkTimeout(req.Timeout)
+		if err != nil {
+			return err
+		}
+		if sb, err = c.SetTimeout(ctx, id, ttl); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, status, toSandbox(sb))
+	return nil
+}
+
+func (s *Server) metrics(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	sb, err := live(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	st, err := c.Stats(ctx, id)
+	if err != nil {
+		return err
+	}
+	now := time.Now().UTC()
+	// warren samples on demand: one point, whose CPU share is the average
+	// since the sandbox started.
+	pct := 0.0
+	if el := now.Sub(sb.CreatedAt).Seconds(); el > 0 && sb.CPU > 0 {
+		pct = min(100, 100*st.CPUSeconds/el/sb.CPU)
+	}
+	writeJSON(w, http.StatusOK, []Metric{{
+		Timestamp: now, TimestampUnix: now.Unix(), CPUCount: cpuCount(sb.CPU), CPUUsedPct: pct,
+		MemUsed: st.MemoryBytes, MemTotal: sb.MemoryMB << 20, DiskTotal: sb.DiskMB << 20,
+	}})
+	return nil
+}
+
+// listV1 is the old GET /sandboxes: every running sandbox, one page.
+func (s *Server) listV1(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	q.Set("state", "running")
+	q.Set("limit", strconv.Itoa(maxListLimit))
+	return s.listWith(ctx, c, w, q)
+}
+
+func (s *Server) list(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error {
+	return s.listWith(ctx, c, w, r.URL.Query())
+}
+
+// listWith answers GET /v2/sandboxes: filters state (comma-joined),
+// metadata (url-encoded k=v&k2=v2) and limit; ordered by start time then
+// id (order=asc, the default, or desc); X-Next-Token names the last
+// sandbox of the page, so creations and deletions between pages neither
+// repeat nor skip the others.
+func (s *Server) listWith(ctx context.Context, c *warren.Client, w http.ResponseWriter, q url.Values) error {
+	states := map[string]bool{"running": true, "paused": true}
+	if v := q.Get("state"); v != "" {
+		states = map[string]bool{}
+		for _, st := range strings.Split(v, ",") {
+			if st != "running" && st != "paused" {
+				return errorf(http.StatusBadRequest, "state %q is not running or paused", st)
+			}
+			states[st] = true
+		}
+	}
+	labels := map[string]string{}
+	if v := q.Get("metadata"); v != "" {
+		md, err := url.ParseQuery(v)
+		if err != nil {
+			return errorf(http.StatusBadRequest, "metadata %q is not k=v&k2=v2: %v", v, err)
+		}
+		for k, vs := range md {
+			labels[k] = vs[len(vs)-1]
+		}
+	}
+	limit := defaultLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return errorf(http.StatusBadRequest, "limit must be between 1 and %d, got %q", maxListLimit, v)
+		}
+		limit = n
+	}
+	desc := false
+	switch q.Get("order") {
+	case "", "asc":
+	case "desc":
+		desc = true
+	default:
+		return errorf(http.StatusBadRequest, "order must be asc or desc, got %q", q.Get("order"))
+	}
+	var after *pageKey
+	if v := q.Get("nextToken"); v != "" {
+		k, err := parsePageKey(v)
+		if err != nil {
+			return err
+		}
+		after = &k
+	}
+	var startedAfter time.Time
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return errorf(http.StatusBadRequest, "startedAfter %q is not an RFC 3339 time", v)
+		}
+		startedAfter = t
+	}
+	all, err := c.List(ctx, warren.ListOptions{Labels: labels})
+	if err != nil {
+		return err
+	}
+	tmpl := q.Get("template")
+	var keep []api.Sandbox
+	for _, sb := range all {
+		st := e2bState(sb.State)
+		if st == "" || !states[st] || (tmpl != "" && sb.Image != tmpl) || sb.CreatedAt.Before(startedAfter) {
+			continue
+		}
+		keep = append(keep, sb)
+	}
+	slices.SortFunc(keep, func(a, b api.Sandbox) int {
+		c := cmpKey(keyOf(&a), keyOf(&b))
+		if desc {
+			return -c
+		}
+		return c
+	})
+	out := make([]SandboxDetail, 0, min(limit, len(keep)))
+	var last *api.Sandbox
+	more := false
+	for i := range keep {
+		if after != nil {
+			c := cmpKey(keyOf(&keep[i]), *after)
+			if (!desc && c <= 0) || (desc && c >= 0) {
+				continue
+			}
+		}
+		if len(out) == limit {
+			more = true
+			break
+		}
+		out = append(out, toDetail(&keep[i]))
+		last = &keep[i]
+	}
+	if more && last != nil {
+		w.Header().Set(nextTokenHdr, keyOf(last).String())
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// pageKey orders the list: start time, then id.
+type pageKey struct {
+	at int64 // unix nanoseconds
+	id string
+}
+
+func keyOf(sb *api.Sandbox) pageKey { return pageKey{at: sb.CreatedAt.UnixNano(), id: sb.ID} }
+
+func cmpKey(a, b pageKey) int {
+	if c := cmp.Compare(a.at, b.at); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.id, b.id)
+}
+
+func (k pageKey) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(k.at, 10) + "/" + k.id))
+}
+
+func parsePageKey(s string) (pageKey, error) {
+	bad := errorf(http.StatusBadRequest, "nextToken %q is not a token this server gave", s)
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return pageKey{}, bad
+	}
+	at, id, ok := strings.Cut(string(b), "/")
+	n, err := strconv.ParseInt(at, 10, 64)
+	if !ok || err != nil || id == "" {
+		return pageKey{}, bad
+	}
+	return pageKey{at: n, id: id}, nil
+}
