@@ -3,6 +3,7 @@ GO        ?= go
 BIN       := bin
 DATA_DIR  ?= /var/lib/warren
 LISTEN    ?= 127.0.0.1:7070
+E2B_LISTEN ?= 127.0.0.1:3000
 export CGO_ENABLED := 0
 
 .PHONY: all deps build run test test-go test-python bench images debian-image lint fmt clean
@@ -22,7 +23,7 @@ debian-image: build
 	@$(BIN)/warren image import $(DATA_DIR)/cache/debian-12.tar --name debian:12 --data-dir $(DATA_DIR)
 
 run: deps build debian-image
-	$(BIN)/warren serve --data-dir $(DATA_DIR) --listen $(LISTEN)
+	$(BIN)/warren serve --data-dir $(DATA_DIR) --listen $(LISTEN) --e2b-listen $(E2B_LISTEN)
 
 test: deps build
 	@bash scripts/test.sh

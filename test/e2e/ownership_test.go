@@ -684,6 +684,7 @@ func auditRoutes(t *testing.T, o *owned) {
 		"DELETE /v1/sandboxes/{id}":                   {{path: sb}},
 		"POST /v1/sandboxes/{id}/pause":               {{path: sb + "/pause"}},
 		"POST /v1/sandboxes/{id}/resume":              {{path: sb + "/resume"}},
+		"POST /v1/sandboxes/{id}/timeout":             {{path: sb + "/timeout", body: js(api.TimeoutRequest{TTL: 5})}},
 		"POST /v1/sandboxes:pause":                    {{path: "/v1/sandboxes:pause", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes:resume":                   {{path: "/v1/sandboxes:resume", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes/{id}/exec":                {{path: sb + "/exec", body: js(api.ExecRequest{Cmd: "cat /secret"})}},
