@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/internal/apiserver"
-	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
