@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -208,10 +209,15 @@ func TestE2BControlPlane(t *testing.T) {
 		}
 		return tk.Secret
 	}
-	tokA, tokB := tok("ea"), tok("eb")
-	// The Python SDK insists on ^e2b_[0-9a-f]+$: the token in hex.
+	tokA := tok("ea")
+	// The Python SDK insists on ^e2b_[0-9a-f]+$: the token in hex, as
+	// `warren token create --e2b` prints it.
 	a := &e2bClient{base: base, key: "e2b_" + hex.EncodeToString([]byte(tokA))}
-	b := &e2bClient{base: base, key: "e2b_" + hex.EncodeToString([]byte(tokB))}
+	keyB := strings.TrimSpace(s.cliOK(t, "token", "create", "e2b-eb", "--project", "eb", "--e2b"))
+	if !regexp.MustCompile(`^e2b_[0-9a-f]+$`).MatchString(keyB) {
+		t.Fatalf("token create --e2b printed %q", keyB)
+	}
+	b := &e2bClient{base: base, key: keyB}
 	aRaw := &e2bClient{base: base, key: tokA} // JS accepts any key: the token itself
 	cleanup := func(id string) { t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), id) }) }
 
