@@ -18,6 +18,8 @@ const (
 	BucketTrajectories = "warren-trajectories"
 	// BucketLayerOwners maps a named layer to the project that owns it.
 	BucketLayerOwners  = "warren-layer-owners"
+	// BucketTemplates holds named sandbox templates, keyed "project/name".
+	BucketTemplates    = "warren-templates"
 	streamTrajectories = "warren-trajectories"
 	subjectTrajPrefix  = "warren.traj."
 )

@@ -98,7 +98,17 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 	if err != nil {
 		return err
 	}
-	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: req.TemplateID, TTL: ttl, Labels: req.Metadata, Env: req.EnvVars})
+	spec, err := specFor(ctx, c, req.TemplateID)
+	if err != nil {
+		return err
+	}
+	spec.TTL = ttl
+	spec.Labels = merge(spec.Labels, req.Metadata)
+	if spec.Image != req.TemplateID {
+		spec.Labels = merge(spec.Labels, map[string]string{TemplateLabel: req.TemplateID})
+	}
+	spec.Env = merge(spec.Env, req.EnvVars)
+	sb, err := c.Create(ctx, spec)
 	if err != nil {
 		var ae *warren.APIError
 		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
@@ -110,8 +120,48 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 	return nil
 }
 
+// specFor is the sandbox spec of a templateID: the named template's
+// (warren template create), else the image of that name.
+func specFor(ctx context.Context, c *warren.Client, templateID string) (api.CreateSandboxRequest, error) {
+	t, err := c.GetTemplate(ctx, templateID)
+	if err == nil {
+		return t.Spec, nil
+	}
+	if warren.IsNotFound(err) {
+		return api.CreateSandboxRequest{Image: templateID}, nil
+	}
+	return api.CreateSandboxRequest{}, err
+}
+
+// merge is base with over's entries on top (nil when both are empty).
+func merge(base, over map[string]string) map[string]string {
+	if len(base) == 0 && len(over) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(base)+len(over))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range over {
+		out[k] = v
+	}
+	return out
+}
+
+// TemplateLabel records the template a sandbox was made from, when that
+// is not simply its image; it is not shown in E2B's metadata.
+const TemplateLabel = "e2b/template"
+
+func templateOf(sb *api.Sandbox) string {
+	if t := sb.Labels[TemplateLabel]; t != "" {
+		return t
+	}
+	return sb.Image
+}
+
 func toSandbox(sb *api.Sandbox) *Sandbox {
-	return &Sandbox{TemplateID: sb.Image, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: sb.Image}
+	t := templateOf(sb)
+	return &Sandbox{TemplateID: t, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: t}
 }
 
 // e2bState is the E2B state of a warren sandbox, "" for one E2B no longer
@@ -131,12 +181,15 @@ func toDetail(sb *api.Sandbox) SandboxDetail {
 	if sb.ExpiresAt != nil {
 		end = *sb.ExpiresAt
 	}
-	md := sb.Labels
-	if md == nil {
-		md = map[string]string{}
+	md := map[string]string{}
+	for k, v := range sb.Labels {
+		if k != TemplateLabel {
+			md[k] = v
+		}
 	}
+	t := templateOf(sb)
 	return SandboxDetail{
-		TemplateID: sb.Image, SandboxID: sb.ID, ClientID: ClientID, Alias: sb.Image,
+		TemplateID: t, SandboxID: sb.ID, ClientID: ClientID, Alias: t,
 		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), EnvdVersion: EnvdVersion,
 		CPUCount: cpuCount(sb.CPU), MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 		State: e2bState(sb.State), Metadata: md,
@@ -357,7 +410,7 @@ func (s *Server) listWith(ctx context.Context, c *warren.Client, w http.Response
 	var keep []api.Sandbox
 	for _, sb := range all {
 		st := e2bState(sb.State)
-		if st == "" || !states[st] || (tmpl != "" && sb.Image != tmpl) || sb.CreatedAt.Before(startedAfter) {
+		if st == "" || !states[st] || (tmpl != "" && templateOf(&sb) != tmpl) || sb.CreatedAt.Before(startedAfter) {
 			continue
 		}
 		keep = append(keep, sb)

@@ -346,6 +346,49 @@ func TestE2BControlPlane(t *testing.T) {
 		t.Fatalf("metrics memory: %s", ans.body)
 	}
 
+	// A named template (warren template create, in project ea): its image,
+	// resources and env, E2B's metadata and envVars on top; templateID and
+	// metadata answer as E2B sent them. Root's templates are everyone's.
+	cliA := func(args ...string) string {
+		t.Helper()
+		out, errs, code := s.cli(t, append(args, "--token", tokA)...)
+		if code != 0 {
+			t.Fatalf("warren %v: %d %s %s", args, code, out, errs)
+		}
+		return out
+	}
+	cliA("template", "create", "small", "--image", "busybox", "--memory", "96m", "--disk", "300m", "-e", "TPL=yes", "-e", "FOO=tpl")
+	s.cliOK(t, "template", "create", "rootbase", "--image", "busybox", "--memory", "80m")
+	ans = a.do(t, "POST", "/v2/sandboxes", `{"templateID":"small","metadata":{"k":"v"},"envVars":{"FOO":"e2b"}}`)
+	ans.wantStatus(t, "create from a template", 201)
+	var fromT e2bSandbox
+	ans.decode(t, &fromT)
+	idT := fromT.check(t, "small")
+	cleanup(idT)
+	dT := a.detail(t, idT)
+	if dT.TemplateID != "small" || *dT.MemoryMB != 96 || *dT.DiskSizeMB != 300 || len(dT.Metadata) != 1 || dT.Metadata["k"] != "v" {
+		t.Fatalf("sandbox from template: %+v", dT)
+	}
+	if ids, _ := a.listAll(t, "template=small"); len(ids) != 1 || ids[0] != idT {
+		t.Fatalf("template filter: %v", ids)
+	}
+	if res, err := native.Exec(ctx, idT, api.ExecRequest{Cmd: "echo $TPL $FOO"}); err != nil || strings.TrimSpace(res.Stdout) != "yes e2b" {
+		t.Fatalf("template env under envVars: %+v %v", res, err)
+	}
+	ans = a.do(t, "POST", "/sandboxes", `{"templateID":"rootbase"}`)
+	ans.wantStatus(t, "create from root's template", 201)
+	var fromRoot e2bSandbox
+	ans.decode(t, &fromRoot)
+	idR := fromRoot.check(t, "rootbase")
+	cleanup(idR)
+	if dR := a.detail(t, idR); *dR.MemoryMB != 80 {
+		t.Fatalf("sandbox from root's template: %+v", dR)
+	}
+	// Another project does not see ea's template.
+	b.do(t, "POST", "/v2/sandboxes", `{"templateID":"small"}`).wantStatus(t, "another project's template", 404)
+	a.do(t, "DELETE", "/sandboxes/"+idT, "").wantStatus(t, "kill template sandbox", 204)
+	a.do(t, "DELETE", "/sandboxes/"+idR, "").wantStatus(t, "kill root template sandbox", 204)
+
 	// Errors, each E2B's JSON.
 	a.do(t, "POST", "/v2/sandboxes", `{"templateID":"no-such-template"}`).wantStatus(t, "unknown template", 404)
 	a.do(t, "POST", "/v2/sandboxes", `{"templateID":`).wantStatus(t, "malformed body", 400)
