@@ -244,7 +244,10 @@ type TemplateList struct {
 // TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
 type TimeoutRequest struct {
 	// TTL: the sandbox now expires this many seconds from now.
-	TTL int64 `json:"ttl"`
+	TTL int64 `json:"ttl,omitempty"`
+	// IdleTimeout, when set, replaces the idle timeout (seconds without
+	// an operation, counted from now; 0 = none). At least one is given.
+	IdleTimeout *int64 `json:"idle_timeout,omitempty"`
 }
 
 // ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume.

@@ -45,12 +45,18 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if req.TTL < 1 || req.TTL > sandboxspec.MaxTTL {
+	if req.TTL == 0 && req.IdleTimeout == nil {
+		return &api.Error{Code: api.CodeInvalid, Message: "ttl or idle_timeout is required"}
+	}
+	if req.TTL < 0 || req.TTL > sandboxspec.MaxTTL {
 		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("ttl must be between 1 and %d seconds, got %d", sandboxspec.MaxTTL, req.TTL)}
+	}
+	if it := req.IdleTimeout; it != nil && (*it < 0 || *it > sandboxspec.MaxTTL) {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("idle_timeout must be between 0 and %d seconds, got %d", sandboxspec.MaxTTL, *it)}
 	}
 	id := r.PathValue("id")
 	var sb api.Sandbox
-	if err := s.callEdge(r.Context(), id, edge.OpTimeout, &edge.TimeoutRequest{ID: id, TTL: req.TTL}, &sb, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edge.OpTimeout, &edge.TimeoutRequest{ID: id, TTL: req.TTL, IdleTimeout: req.IdleTimeout}, &sb, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &sb)

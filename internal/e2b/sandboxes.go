@@ -91,9 +91,6 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 	if req.TemplateID == "" {
 		return errorf(http.StatusBadRequest, "templateID is required (a warren image name)")
 	}
-	if req.AutoPause {
-		return errorf(http.StatusBadRequest, "autoPause is not supported by warren yet: create without it and pause explicitly")
-	}
 	ttl, err := checkTimeout(req.Timeout)
 	if err != nil {
 		return err
@@ -103,6 +100,11 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 		return err
 	}
 	spec.TTL = ttl
+	if req.AutoPause {
+		// On timeout E2B pauses instead of killing: warren's idle timeout
+		// with the pause action, and the longest lifetime.
+		spec.TTL, spec.IdleTimeout, spec.IdleTimeoutAction = AutoPauseTTL, ttl, api.IdleActionPause
+	}
 	spec.Labels = merge(spec.Labels, req.Metadata)
 	if spec.Image != req.TemplateID {
 		spec.Labels = merge(spec.Labels, map[string]string{TemplateLabel: req.TemplateID})
@@ -164,6 +166,25 @@ func toSandbox(sb *api.Sandbox) *Sandbox {
 	return &Sandbox{TemplateID: t, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: t}
 }
 
+// AutoPauseTTL is the lifetime of an autoPause sandbox (30 days, as long
+// as E2B keeps paused sandboxes): its timeout pauses it instead.
+const AutoPauseTTL = 30 * 24 * 60 * 60
+
+// autoPaused reports whether the sandbox's timeout pauses it (autoPause):
+// its idle timeout with the pause action.
+func autoPaused(sb *api.Sandbox) bool {
+	return sb.IdleAction == api.IdleActionPause && sb.IdleTimeout > 0
+}
+
+// applyTimeout is E2B's timeout, counted from now: the idle timeout of an
+// autoPause sandbox, else its expiry.
+func applyTimeout(ctx context.Context, c *warren.Client, sb *api.Sandbox, ttl int64) (*api.Sandbox, error) {
+	if autoPaused(sb) {
+		return c.SetTimeouts(ctx, sb.ID, api.TimeoutRequest{IdleTimeout: &ttl})
+	}
+	return c.SetTimeout(ctx, sb.ID, ttl)
+}
+
 // e2bState is the E2B state of a warren sandbox, "" for one E2B no longer
 // knows (stopped, failed, lost).
 func e2bState(state string) string {
@@ -178,7 +199,10 @@ func e2bState(state string) string {
 
 func toDetail(sb *api.Sandbox) SandboxDetail {
 	end := sb.CreatedAt.Add(time.Duration(sb.TTL) * time.Second)
-	if sb.ExpiresAt != nil {
+	switch {
+	case autoPaused(sb) && !sb.LastActive.IsZero():
+		end = sb.LastActive.Add(time.Duration(sb.IdleTimeout) * time.Second) // when it pauses
+	case sb.ExpiresAt != nil:
 		end = *sb.ExpiresAt
 	}
 	md := map[string]string{}
@@ -246,10 +270,11 @@ func (s *Server) setTimeout(ctx context.Context, c *warren.Client, w http.Respon
 		return err
 	}
 	id := r.PathValue("id")
-	if _, err := live(ctx, c, id); err != nil {
+	sb, err := live(ctx, c, id)
+	if err != nil {
 		return err
 	}
-	if _, err := c.SetTimeout(ctx, id, ttl); err != nil {
+	if _, err := applyTimeout(ctx, c, sb, ttl); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -300,7 +325,7 @@ func (s *Server) connect(ctx context.Context, c *warren.Client, w http.ResponseW
 		if err != nil {
 			return err
 		}
-		if sb, err = c.SetTimeout(ctx, id, ttl); err != nil {
+		if sb, err = applyTimeout(ctx, c, sb, ttl); err != nil {
 			return err
 		}
 	}

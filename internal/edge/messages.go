@@ -117,10 +117,12 @@ type IDRequest struct {
 	ID string `json:"id"`
 }
 
-// TimeoutRequest sets when a sandbox expires: TTL seconds from now.
+// TimeoutRequest sets when a sandbox expires (TTL seconds from now) and
+// its idle timeout.
 type TimeoutRequest struct {
-	ID  string `json:"id"`
-	TTL int64  `json:"ttl"`
+	ID          string `json:"id"`
+	TTL         int64  `json:"ttl,omitempty"`          // 0 = unchanged
+	IdleTimeout *int64 `json:"idle_timeout,omitempty"` // nil = unchanged, 0 = none
 }
 
 // ResumeSandboxRequest names a sandbox to resume.

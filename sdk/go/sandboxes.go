@@ -112,8 +112,14 @@ func (c *Client) ResumeWith(ctx context.Context, id string, opts api.ResumeReque
 // SetTimeout makes a sandbox expire ttl seconds from now, whatever its
 // lifetime was.
 func (c *Client) SetTimeout(ctx context.Context, id string, ttl int64) (*api.Sandbox, error) {
+	return c.SetTimeouts(ctx, id, api.TimeoutRequest{TTL: ttl})
+}
+
+// SetTimeouts moves a sandbox's expiry and/or replaces its idle timeout
+// (both counted from now).
+func (c *Client) SetTimeouts(ctx context.Context, id string, req api.TimeoutRequest) (*api.Sandbox, error) {
 	var sb api.Sandbox
-	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/timeout", json: api.TimeoutRequest{TTL: ttl}, retry: true}, &sb); err != nil {
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/timeout", json: req, retry: true}, &sb); err != nil {
 		return nil, err
 	}
 	return &sb, nil

@@ -389,10 +389,48 @@ func TestE2BControlPlane(t *testing.T) {
 	a.do(t, "DELETE", "/sandboxes/"+idT, "").wantStatus(t, "kill template sandbox", 204)
 	a.do(t, "DELETE", "/sandboxes/"+idR, "").wantStatus(t, "kill root template sandbox", 204)
 
+	// autoPause: the timeout pauses the sandbox instead of killing it;
+	// connect resumes it, and setTimeout moves the pause.
+	ans = a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","timeout":2,"autoPause":true}`)
+	ans.wantStatus(t, "create autoPause", 201)
+	var ap e2bSandbox
+	ans.decode(t, &ap)
+	idP := ap.check(t, "busybox")
+	cleanup(idP)
+	for deadline := time.Now().Add(60 * time.Second); a.detail(t, idP).State != "paused"; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the autoPause sandbox did not pause after its timeout: %+v", a.detail(t, idP))
+		}
+	}
+	a.do(t, "POST", "/v2/sandboxes/"+idP+"/connect", `{"timeout":60}`).wantStatus(t, "connect autoPaused", 201)
+	dP := a.detail(t, idP)
+	if dP.State != "running" {
+		t.Fatalf("after connect: %+v", dP)
+	}
+	a.do(t, "POST", "/sandboxes/"+idP+"/timeout", `{"timeout":120}`).wantStatus(t, "timeout autoPause", 204)
+	dP = a.detail(t, idP)
+	if until := time.Until(dP.EndAt); dP.State != "running" || until < 110*time.Second || until > 121*time.Second {
+		t.Fatalf("autoPause setTimeout(120): %+v ends in %v", dP, until)
+	}
+	if nsb, err := native.Get(ctx, idP); err != nil || nsb.IdleTimeout != 120 || nsb.IdleAction != api.IdleActionPause || nsb.ExpiresAt == nil || time.Until(*nsb.ExpiresAt) < 29*24*time.Hour {
+		t.Fatalf("native view of the autoPause sandbox: %+v %v", nsb, err)
+	}
+	a.do(t, "DELETE", "/sandboxes/"+idP, "").wantStatus(t, "kill autoPause", 204)
+
+	// The old list path: running sandboxes, one page.
+	ans = a.do(t, "GET", "/sandboxes", "")
+	ans.wantStatus(t, "list v1", 200)
+	var v1 []e2bDetail
+	ans.decode(t, &v1)
+	if len(v1) != 2 {
+		t.Fatalf("GET /sandboxes: %s", ans.body)
+	}
+
 	// Errors, each E2B's JSON.
 	a.do(t, "POST", "/v2/sandboxes", `{"templateID":"no-such-template"}`).wantStatus(t, "unknown template", 404)
 	a.do(t, "POST", "/v2/sandboxes", `{"templateID":`).wantStatus(t, "malformed body", 400)
-	a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","autoPause":true}`).wantStatus(t, "autoPause", 400)
+	a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","metadata":{"bad key!":"x"}}`).wantStatus(t, "bad metadata key", 400)
+	a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","timeout":999999}`).wantStatus(t, "timeout too long", 400)
 	(&e2bClient{base: base, key: "e2b_00ff"}).do(t, "GET", "/v2/sandboxes", "").wantStatus(t, "wrong key", 401)
 	(&e2bClient{base: base, key: "wrn_notatokenatall0000"}).do(t, "GET", "/sandboxes/"+id1, "").wantStatus(t, "wrong raw key", 401)
 	(&e2bClient{base: base}).do(t, "DELETE", "/sandboxes/"+id1, "").wantStatus(t, "no key", 401)
