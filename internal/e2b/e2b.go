@@ -9,8 +9,8 @@
 //
 // The wire facts (paths, field names, status codes, the {"code","message"}
 // error body) follow ../shared/reference/e2b.md, which records what the
-// official SDKs send and expect. The envd part (process and filesystem RPC
-// inside a sandbox) is not served here.
+// official SDKs send and expect. envd.go serves part of the in-sandbox API
+// (filesystem, /files, /health) on the same origin.
 package e2b
 
 import (
@@ -60,9 +60,10 @@ type Config struct {
 
 // Server is the E2B control plane. It is safe for concurrent use.
 type Server struct {
-	hc  *http.Client
-	log *slog.Logger
-	mux *http.ServeMux
+	hc   *http.Client
+	log  *slog.Logger
+	mux  *http.ServeMux
+	envd http.Handler // envd.go
 }
 
 // New returns the control plane over cfg.API.
@@ -76,11 +77,19 @@ func New(cfg Config) *Server {
 		mux: http.NewServeMux(),
 	}
 	s.routes()
+	s.envd = s.newEnvd()
 	return s
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler: envd traffic (by its E2b-Sandbox-Id
+// header) or the control plane.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if isEnvd(r) {
+		s.envd.ServeHTTP(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 type handler func(ctx context.Context, c *warren.Client, w http.ResponseWriter, r *http.Request) error
 

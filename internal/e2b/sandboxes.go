@@ -36,6 +36,9 @@ type Sandbox struct {
 	EnvdVersion string  `json:"envdVersion"`
 	Alias       string  `json:"alias,omitempty"`
 	Domain      *string `json:"domain"`
+	// EnvdAccessToken is the caller's own key: the SDK sends it as
+	// X-Access-Token with every envd request, which runs as that key.
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
 }
 
 // SandboxDetail is E2B's answer to GET /sandboxes/{id} and one element of
@@ -118,7 +121,7 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 		}
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toSandbox(sb))
+	writeJSON(w, http.StatusCreated, toSandbox(sb, r.Header.Get(apiKeyHeader)))
 	return nil
 }
 
@@ -161,9 +164,9 @@ func templateOf(sb *api.Sandbox) string {
 	return sb.Image
 }
 
-func toSandbox(sb *api.Sandbox) *Sandbox {
+func toSandbox(sb *api.Sandbox, key string) *Sandbox {
 	t := templateOf(sb)
-	return &Sandbox{TemplateID: t, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: t}
+	return &Sandbox{TemplateID: t, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: t, EnvdAccessToken: strings.TrimSpace(key)}
 }
 
 // AutoPauseTTL is the lifetime of an autoPause sandbox (30 days, as long
@@ -329,7 +332,7 @@ func (s *Server) connect(ctx context.Context, c *warren.Client, w http.ResponseW
 			return err
 		}
 	}
-	writeJSON(w, status, toSandbox(sb))
+	writeJSON(w, status, toSandbox(sb, r.Header.Get(apiKeyHeader)))
 	return nil
 }
 

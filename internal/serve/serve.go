@@ -493,8 +493,7 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(ln) }()
-	url := "http://" + ln.Addr().String()
+	// The E2B front first: once the native API answers, both are up.
 	if e2bLn != nil {
 		e2bSrv := &http.Server{Handler: e2b.New(e2b.Config{API: api, Logger: log}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 		go func() { errc <- e2bSrv.Serve(e2bLn) }()
@@ -509,6 +508,8 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 			o.E2BReady(e2bURL, token)
 		}
 	}
+	go func() { errc <- srv.Serve(ln) }()
+	url := "http://" + ln.Addr().String()
 	if token != "" {
 		log.Info("warren is serving", "url", url, "data_dir", o.DataDir, "admin_token_file", filepath.Join(o.DataDir, "admin-token"))
 	} else {

@@ -193,8 +193,10 @@ func TestE2BControlPlane(t *testing.T) {
 	base := "http://" + e2bAddr
 	// warren serve prints what an E2B user exports.
 	for _, want := range []string{"export E2B_API_URL=" + base + "\n", "export E2B_SANDBOX_URL=" + base + "\n", "export E2B_API_KEY=e2b_" + hex.EncodeToString([]byte(s.Token)) + "\n"} {
-		if !strings.Contains(s.logs.String(), want) {
-			t.Fatalf("warren serve did not print %q:\n%s", want, tail(s.logs.String(), 20))
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(s.logs.String(), want); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("warren serve did not print %q:\n%s", want, tail(s.logs.String(), 20))
+			}
 		}
 	}
 	for _, p := range []string{"ea", "eb"} {
