@@ -40,7 +40,7 @@ e2b-proto:
 	GOBIN=$(abspath $(BIN))/protoc $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(abspath $(BIN))/protoc $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
 	PATH=$(abspath $(BIN))/protoc:$$PATH protoc -I api/e2b -I /usr/include --go_out=api/e2b --go_opt=paths=source_relative \
-		--connect-go_out=api/e2b --connect-go_opt=paths=source_relative api/e2b/filesystem/filesystem.proto
+		--connect-go_out=api/e2b --connect-go_opt=paths=source_relative api/e2b/filesystem/filesystem.proto api/e2b/process/process.proto
 
 lint:
 	@test -z "$$(gofmt -l . | grep -v '^sdk/python')" || (gofmt -l .; exit 1)

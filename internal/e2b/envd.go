@@ -4,7 +4,8 @@ package e2b
 // control plane (E2B_SANDBOX_URL) and routed by the E2b-Sandbox-Id header
 // (e2b.md §1, §4). Served here: filesystem.Filesystem/{Stat, ListDir,
 // MakeDir, Move, Remove} (Connect RPC, generated handlers), GET/POST
-// /files and GET /health. Not yet: process.Process and WatchDir.
+// /files and GET /health; process.go serves process.Process/{Start,
+// Connect, List, SendSignal}. Not yet: WatchDir, stdin, PTY.
 //
 // Authorisation: create and connect answer envdAccessToken = the caller's
 // own API key, so the SDK sends it as X-Access-Token on every envd
@@ -31,6 +32,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	efs "github.com/warrenhq/warren/api/e2b/filesystem"
 	"github.com/warrenhq/warren/api/e2b/filesystem/filesystemconnect"
+	"github.com/warrenhq/warren/api/e2b/process/processconnect"
 	warren "github.com/warrenhq/warren/sdk/go"
 )
 
@@ -70,11 +72,8 @@ func (s *Server) newEnvd() http.Handler {
 	mux := http.NewServeMux()
 	p, h := filesystemconnect.NewFilesystemHandler(&fsService{s: s})
 	mux.Handle(p, h)
-	mux.HandleFunc("/process.Process/", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", contentJSON)
-		w.WriteHeader(http.StatusNotImplemented)
-		_, _ = io.WriteString(w, `{"code":"unimplemented","message":"warren does not serve envd's process service yet: run commands through warren's API (docs/e2b.md)"}`)
-	})
+	pp, ph := processconnect.NewProcessHandler(&procService{s: s})
+	mux.Handle(pp, ph)
 	mux.HandleFunc("GET /health", s.envdHealth)
 	mux.HandleFunc("GET /files", s.envdRead)
 	mux.HandleFunc("POST /files", s.envdWrite)

@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
 	"compress/gzip"
 	"context"
 	"encoding/hex"
@@ -12,6 +16,7 @@ import (
 	"net/textproto"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -226,10 +231,191 @@ func TestE2BEnvdFiles(t *testing.T) {
 	anon.rpc(t, "Stat", `{"path":"/work"}`, 401, "unauthenticated")
 	anon.req(t, "GET", "/health", "", nil, nil).wantStatus(t, "health without token", 401)
 	(&envdClient{base: base, id: "sb-e2e-nosuchsandbox00", token: keyA}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "unknown sandbox health", 502)
-	if r := e.req(t, "POST", "/process.Process/List", "application/json", strings.NewReader(`{}`), map[string]string{"Connect-Protocol-Version": "1"}); r.status != 501 || !strings.Contains(string(r.body), `"unimplemented"`) {
-		t.Fatalf("process service: %d %s", r.status, r.body)
+	if r := other.req(t, "POST", "/process.Process/List", "application/json", strings.NewReader(`{}`), map[string]string{"Connect-Protocol-Version": "1"}); r.status != 404 || !strings.Contains(string(r.body), `"not_found"`) {
+		t.Fatalf("another project's process list: %d %s", r.status, r.body)
 	}
 	if b, err := s.C.ReadFileBytes(ctx, sb.SandboxID, "/work/dir/moved.txt"); err != nil || string(b) != "hello" {
 		t.Fatalf("after the other project's calls: %q %v", b, err)
+	}
+}
+
+// envdStream is one server-streaming Connect call (application/connect+json):
+// the request is one enveloped message; frames are read as they come.
+type envdStream struct {
+	resp *http.Response
+	rd   *bufio.Reader
+}
+
+func (c *envdClient) stream(t *testing.T, method, body string, hdr map[string]string) *envdStream {
+	t.Helper()
+	var env bytes.Buffer
+	env.WriteByte(0)
+	_ = binary.Write(&env, binary.BigEndian, uint32(len(body)))
+	env.WriteString(body)
+	req, err := http.NewRequest("POST", c.base+"/process.Process/"+method, &env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("E2b-Sandbox-Id", c.id)
+	req.Header.Set("X-Access-Token", c.token)
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("Connect-Protocol-Version", "1")
+	req.Header.Set("Keepalive-Ping-Interval", "50")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/connect+json" {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s: %d %q %s", method, resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	return &envdStream{resp: resp, rd: bufio.NewReader(resp.Body)}
+}
+
+// next reads one frame: its flags and JSON.
+func (st *envdStream) next(t *testing.T) (byte, map[string]any) {
+	t.Helper()
+	var hdr [5]byte
+	if _, err := io.ReadFull(st.rd, hdr[:]); err != nil {
+		t.Fatalf("reading a frame: %v", err)
+	}
+	b := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
+	if _, err := io.ReadFull(st.rd, b); err != nil {
+		t.Fatalf("reading a frame: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("frame %q: %v", b, err)
+	}
+	return hdr[0], m
+}
+
+// event reads the next data frame's event, skipping keepalives.
+func (st *envdStream) event(t *testing.T) map[string]any {
+	t.Helper()
+	for {
+		flags, m := st.next(t)
+		if flags != 0 {
+			t.Fatalf("end of stream before an event: %v", m)
+		}
+		ev := m["event"].(map[string]any)
+		if _, ok := ev["keepalive"]; !ok {
+			return ev
+		}
+	}
+}
+
+// rest reads data events until the end-of-stream frame, which must be {}.
+func (st *envdStream) rest(t *testing.T) (stdout, stderr string, end map[string]any) {
+	t.Helper()
+	for {
+		flags, m := st.next(t)
+		if flags == 2 {
+			if len(m) != 0 {
+				t.Fatalf("end of stream with an error: %v", m)
+			}
+			if end == nil {
+				t.Fatal("the stream ended without an end event")
+			}
+			return stdout, stderr, end
+		}
+		ev := m["event"].(map[string]any)
+		if d, ok := ev["data"].(map[string]any); ok {
+			for k, v := range d {
+				b, _ := base64.StdEncoding.DecodeString(v.(string))
+				if k == "stdout" {
+					stdout += string(b)
+				} else {
+					stderr += string(b)
+				}
+			}
+		}
+		if e, ok := ev["end"].(map[string]any); ok {
+			end = e
+		}
+	}
+}
+
+// TestE2BEnvdProcess runs commands through envd's process service as the
+// SDK does: commands.run (exit code, stdout, stderr, envs, cwd), a
+// background command listed and killed by pid, Connect to it, and
+// Connect-Timeout-Ms killing a command.
+func TestE2BEnvdProcess(t *testing.T) {
+	e2bAddr := freePort(t)
+	s := startServer(t, "--e2b-listen", e2bAddr)
+	base := "http://" + e2bAddr
+	a := &e2bClient{base: base, key: s.Token}
+	ans := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","envVars":{"SBX":"sandbox"}}`)
+	ans.wantStatus(t, "create", 201)
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	ans.decode(t, &sb)
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.SandboxID) })
+	e := &envdClient{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}
+
+	st := e.stream(t, "Start", `{"process":{"cmd":"/bin/sh","args":["-c","echo hi $SBX $FOO; pwd; echo oops >&2; exit 3"],"envs":{"FOO":"bar"}},"stdin":false}`, map[string]string{"Connect-Timeout-Ms": "60000"})
+	ev := st.event(t)
+	start, ok := ev["start"].(map[string]any)
+	if !ok || start["pid"] == nil || start["pid"].(float64) <= 0 {
+		t.Fatalf("the first event is not start with a pid: %v", ev)
+	}
+	out, errOut, end := st.rest(t)
+	if out != "hi sandbox bar\n/root\n" || errOut != "oops\n" {
+		t.Fatalf("run: stdout %q stderr %q", out, errOut)
+	}
+	if end["exitCode"] != float64(3) || end["exited"] != true || end["status"] != "exit status 3" || end["error"] != "exit status 3" {
+		t.Fatalf("end event: %v", end)
+	}
+
+	// A background command: listed, reachable by Connect, killed by pid;
+	// its stream ends with "signal: killed".
+	bg := e.stream(t, "Start", `{"process":{"cmd":"/bin/sh","args":["-c","sleep 600"]},"stdin":false}`, nil)
+	pid := bg.event(t)["start"].(map[string]any)["pid"].(float64)
+	list := e.req(t, "POST", "/process.Process/List", "application/json", strings.NewReader(`{}`), map[string]string{"Connect-Protocol-Version": "1"})
+	if list.status != 200 || !strings.Contains(string(list.body), fmt.Sprintf(`"pid":%d`, int64(pid))) || !strings.Contains(string(list.body), "sleep 600") {
+		t.Fatalf("List: %d %s", list.status, list.body)
+	}
+	cn := e.stream(t, "Connect", fmt.Sprintf(`{"process":{"pid":%d}}`, int64(pid)), nil)
+	if got := cn.event(t)["start"].(map[string]any)["pid"].(float64); got != pid {
+		t.Fatalf("Connect started with pid %v, want %v", got, pid)
+	}
+	sig := e.req(t, "POST", "/process.Process/SendSignal", "application/json", strings.NewReader(fmt.Sprintf(`{"process":{"pid":%d},"signal":"SIGNAL_SIGKILL"}`, int64(pid))), map[string]string{"Connect-Protocol-Version": "1"})
+	if sig.status != 200 || string(bytes.TrimSpace(sig.body)) != "{}" {
+		t.Fatalf("SendSignal: %d %s", sig.status, sig.body)
+	}
+	for _, stm := range []*envdStream{bg, cn} {
+		if _, _, end := stm.rest(t); end["status"] != "signal: killed" || end["exited"] == true || end["exitCode"] != float64(-1) {
+			t.Fatalf("killed command's end: %v", end)
+		}
+	}
+	sig = e.req(t, "POST", "/process.Process/SendSignal", "application/json", strings.NewReader(fmt.Sprintf(`{"process":{"pid":%d},"signal":"SIGNAL_SIGKILL"}`, int64(pid))), map[string]string{"Connect-Protocol-Version": "1"})
+	if sig.status != 404 || !strings.Contains(string(sig.body), `"not_found"`) {
+		t.Fatalf("SendSignal to an ended process: %d %s", sig.status, sig.body)
+	}
+
+	// Connect-Timeout-Ms: the command is killed when the deadline passes.
+	t0 := time.Now()
+	dl := e.stream(t, "Start", `{"process":{"cmd":"/bin/sh","args":["-c","sleep 60; echo late"]},"stdin":false}`, map[string]string{"Connect-Timeout-Ms": "2000"})
+	dl.event(t)
+	for {
+		flags, m := dl.next(t)
+		if flags == 2 {
+			if !strings.Contains(fmt.Sprint(m), "deadline_exceeded") && !strings.Contains(fmt.Sprint(m), "signal: killed") {
+				t.Fatalf("end of a command past its deadline: %v", m)
+			}
+			break
+		}
+	}
+	if el := time.Since(t0); el > 20*time.Second {
+		t.Fatalf("the deadline took %v", el)
+	}
+	if l := e.req(t, "POST", "/process.Process/List", "application/json", strings.NewReader(`{}`), map[string]string{"Connect-Protocol-Version": "1"}); strings.Contains(string(l.body), "sleep 60") {
+		t.Fatalf("the command past its deadline still runs: %s", l.body)
 	}
 }
