@@ -225,6 +225,31 @@ type PauseRequest struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
+// Template is a named sandbox shape (image, layers, resources, env) of a
+// project: POST /v1/templates creates one, and E2B's templateID names one.
+type Template struct {
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"`
+	// Spec is what a sandbox made from the template gets; its image is
+	// required, snapshot, trajectory, resume and project are not allowed.
+	Spec      CreateSandboxRequest `json:"spec"`
+	CreatedAt time.Time            `json:"created_at"`
+}
+
+// TemplateList is the body of GET /v1/templates.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}
+
+// TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
+type TimeoutRequest struct {
+	// TTL: the sandbox now expires this many seconds from now.
+	TTL int64 `json:"ttl,omitempty"`
+	// IdleTimeout, when set, replaces the idle timeout (seconds without
+	// an operation, counted from now; 0 = none). At least one is given.
+	IdleTimeout *int64 `json:"idle_timeout,omitempty"`
+}
+
 // ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume.
 type ResumeRequest struct {
 	// Prefetch reads the sandbox's swapped-out memory back ahead of use

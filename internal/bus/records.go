@@ -17,7 +17,9 @@ const (
 	BucketSnapshots    = "warren-snapshots"
 	BucketTrajectories = "warren-trajectories"
 	// BucketLayerOwners maps a named layer to the project that owns it.
-	BucketLayerOwners  = "warren-layer-owners"
+	BucketLayerOwners = "warren-layer-owners"
+	// BucketTemplates holds named sandbox templates, keyed "project/name".
+	BucketTemplates    = "warren-templates"
 	streamTrajectories = "warren-trajectories"
 	subjectTrajPrefix  = "warren.traj."
 )

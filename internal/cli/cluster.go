@@ -77,6 +77,7 @@ func newAPIServerCmd() *cobra.Command {
 					fmt.Fprintf(out, "warren apiserver is ready\n  URL:   %s\n", url)
 				}
 			}
+			o.E2BReady = func(url, token string) { printE2B(out, url, token) }
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return serve.RunAPIServer(ctx, o)
@@ -86,6 +87,7 @@ func newAPIServerCmd() *cobra.Command {
 	natsFlags(f, &o.NATS)
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "state directory (the bootstrap admin token is written here)")
+	f.StringVar(&o.E2BListen, "e2b-listen", "", "also serve E2B's control plane (the official e2b SDKs' E2B_API_URL) on this address (default: off)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd

@@ -261,7 +261,7 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 var sandboxOps = map[string]bool{
 	OpGet: true, OpDelete: true, OpExec: true, OpCommandGet: true, OpCommandKill: true,
 	OpFileRead: true, OpFileWrite: true, OpFileList: true, OpFileStat: true, OpFileMkdir: true,
-	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true,
+	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true, OpTimeout: true,
 	OpFileUpload: true, OpTarUpload: true,
 }
 

@@ -164,6 +164,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return e.pauseOne(ctx, req.ID)
 		}
 		return e.resumeOne(ctx, req.ID, !req.NoPrefetch)
+	case OpTimeout:
+		var req TimeoutRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.setTimeout(&req)
 	case OpPauseMatch:
 		var req PauseMatchingRequest
 		if err := decode(body, &req); err != nil {

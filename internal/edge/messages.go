@@ -26,6 +26,7 @@ const (
 	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
 	OpPause       = "pause"          // IDRequest -> api.Sandbox
 	OpResume      = "resume"         // ResumeSandboxRequest -> api.Sandbox
+	OpTimeout     = "timeout"        // TimeoutRequest -> api.Sandbox
 	OpPauseMatch  = "pause_matching" // PauseMatchingRequest -> api.PauseResult
 	OpPoolPut     = "pool_put"       // api.PoolRequest -> api.Pool
 	OpPoolList    = "pool_list"      // {} -> api.PoolList
@@ -114,6 +115,14 @@ type CreateRequest struct {
 // IDRequest names one sandbox.
 type IDRequest struct {
 	ID string `json:"id"`
+}
+
+// TimeoutRequest sets when a sandbox expires (TTL seconds from now) and
+// its idle timeout.
+type TimeoutRequest struct {
+	ID          string `json:"id"`
+	TTL         int64  `json:"ttl,omitempty"`          // 0 = unchanged
+	IdleTimeout *int64 `json:"idle_timeout,omitempty"` // nil = unchanged, 0 = none
 }
 
 // ResumeSandboxRequest names a sandbox to resume.

@@ -70,6 +70,7 @@ const (
 	KindSnapshot   = "snapshot"
 	KindLayer      = "layer"
 	KindPool       = "pool"
+	KindTemplate   = "template"
 	KindCommand    = "command"
 	KindEvent      = "event"
 	KindProject    = "project"
@@ -87,12 +88,13 @@ const (
 // shared catalog, like an image: every project may read and mount it; a
 // layer of project p is read and mounted by p's descendants too (a name
 // resolves to the project's own layer first, then its ancestors'). Only
-// the owner's scope changes one (see Changes).
+// the owner's scope changes one (see Changes). Templates are catalogs in
+// the same way.
 func (p *Principal) Sees(kind, owner string) bool {
 	if p == nil {
 		return false
 	}
-	if kind == KindLayer && Within(p.Project, owner) {
+	if (kind == KindLayer || kind == KindTemplate) && Within(p.Project, owner) {
 		return true
 	}
 	return p.InScope(owner)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
@@ -72,6 +73,11 @@ type Options struct {
 	Logger            *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
+	// E2BListen, when set, also serves E2B's control plane there
+	// (internal/e2b); E2BReady is then called with its URL and the admin
+	// token before Ready.
+	E2BListen string
+	E2BReady  func(url, token string)
 }
 
 func (o *Options) defaults() error {
@@ -211,7 +217,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer stopEdge()
-	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node})
+	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node,
+		E2BListen: o.E2BListen, E2BReady: o.E2BReady})
 }
 
 // EdgeOptions configure one edge (`warren edge`, or the edge of `warren serve`).
@@ -412,6 +419,11 @@ type APIOptions struct {
 	Ready func(url, token string)
 	// WaitForNode, when set, delays serving until that node reported in.
 	WaitForNode string
+	// E2BListen, when set, also serves E2B's control plane there
+	// (internal/e2b) over this apiserver; E2BReady is then called with its
+	// URL and the admin token ("" as for Ready) before Ready.
+	E2BListen string
+	E2BReady  func(url, token string)
 }
 
 // RunAPIServer runs one apiserver replica (`warren apiserver`) against an
@@ -446,6 +458,14 @@ func RunAPIServer(ctx context.Context, o APIOptions) error {
 // serveAPI runs the watcher, IAM and HTTP API on conn and ln until ctx ends.
 func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions) error {
 	log := o.Logger
+	var e2bLn net.Listener
+	if o.E2BListen != "" {
+		var err error
+		if e2bLn, err = net.Listen("tcp", o.E2BListen); err != nil {
+			return fmt.Errorf("serve: e2b listen %s: %w", o.E2BListen, err)
+		}
+		defer e2bLn.Close()
+	}
 	if addr := os.Getenv("WARREN_PPROF"); addr != "" {
 		// Profiling for measurements (warren sim): the default mux carries net/http/pprof.
 		go func() { _ = http.ListenAndServe(addr, nil) }()
@@ -472,7 +492,22 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 		return errors.New("serve: the edge did not report in")
 	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
+	// The E2B front first: once the native API answers, both are up.
+	if e2bLn != nil {
+		e2bSrv := &http.Server{Handler: e2b.New(e2b.Config{API: api, Logger: log}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+		go func() { errc <- e2bSrv.Serve(e2bLn) }()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = e2bSrv.Shutdown(sctx)
+		}()
+		e2bURL := "http://" + e2bLn.Addr().String()
+		log.Info("serving E2B's control plane", "url", e2bURL)
+		if o.E2BReady != nil {
+			o.E2BReady(e2bURL, token)
+		}
+	}
 	go func() { errc <- srv.Serve(ln) }()
 	url := "http://" + ln.Addr().String()
 	if token != "" {

@@ -109,6 +109,22 @@ func (c *Client) ResumeWith(ctx context.Context, id string, opts api.ResumeReque
 	return &sb, nil
 }
 
+// SetTimeout makes a sandbox expire ttl seconds from now, whatever its
+// lifetime was.
+func (c *Client) SetTimeout(ctx context.Context, id string, ttl int64) (*api.Sandbox, error) {
+	return c.SetTimeouts(ctx, id, api.TimeoutRequest{TTL: ttl})
+}
+
+// SetTimeouts moves a sandbox's expiry and/or replaces its idle timeout
+// (both counted from now).
+func (c *Client) SetTimeouts(ctx context.Context, id string, req api.TimeoutRequest) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/timeout", json: req, retry: true}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
 // PauseMatching pauses every sandbox whose labels all match (the
 // job-level pause of a preempted job).
 func (c *Client) PauseMatching(ctx context.Context, labels map[string]string) (*api.PauseResult, error) {
