@@ -98,6 +98,9 @@ type DialConfig struct {
 	TLSCert  string // client certificate (mutual TLS), with TLSKey
 	TLSKey   string
 	Replicas int // replication of buckets and streams this process creates; 0 = 1
+	// Role (RoleAPIServer or RoleEdge) and Node (an edge's name) choose the
+	// connection's inbox prefix, which the role's permissions allow.
+	Role, Node string
 }
 
 // DialPatience is how long Dial retries when no server answers yet.
@@ -119,6 +122,9 @@ func Dial(cfg DialConfig, extra ...nats.Option) (*Conn, error) {
 			return nil, fmt.Errorf("bus: nkey seed: %w", err)
 		}
 		opts = append(opts, o)
+	}
+	if cfg.Role != "" {
+		opts = append(opts, nats.CustomInboxPrefix(InboxPrefix(cfg.Role, cfg.Node)))
 	}
 	if cfg.User != "" {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
@@ -234,10 +240,12 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 	msg := nats.NewMsg(subject + "." + op)
 	msg.Reply = inbox
 	msg.Header.Set(hdrOp, op)
-	if h, ok := ctx.Value(outHeadersKey{}).(map[string]string); ok {
-		for k, v := range h {
-			msg.Header.Set(k, v)
-		}
+	h, _ := ctx.Value(outHeadersKey{}).(map[string]string)
+	for k, v := range h {
+		msg.Header.Set(k, v)
+	}
+	if _, scoped := h[HeaderScope]; !scoped {
+		msg.Header.Set(HeaderRoot, "1") // a call that names no scope is made as root
 	}
 	msg.Data = body
 	if err := c.nc.PublishMsg(msg); err != nil {
@@ -575,4 +583,16 @@ const (
 	HeaderScope = "Warren-Scope"
 	// HeaderSandbox names the sandbox a request is about.
 	HeaderSandbox = "Warren-Sandbox"
+	// HeaderRoot marks a request made without a scope (cluster admins,
+	// internal callers): an edge refuses a request that carries neither a
+	// scope nor this marker. Only apiservers may publish to edges (see
+	// auth.go), so the headers an edge sees were set by an apiserver.
+	HeaderRoot = "Warren-Root"
 )
+
+// Unscoped reports whether the request a handler serves was explicitly
+// made without a scope (HeaderRoot set).
+func Unscoped(ctx context.Context) bool {
+	v, ok := HeaderOf(ctx, HeaderRoot)
+	return ok && v == "1"
+}

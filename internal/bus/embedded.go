@@ -4,6 +4,7 @@
 package bus
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -35,15 +36,25 @@ type EmbeddedConfig struct {
 	ClusterListen string
 	Routes        []string
 	Log           bool // write the server's own log to stderr
+
+	// Auth is the credentials every client must present (see auth.go).
+	// Without it the server refuses to start unless NoAuth is set (a
+	// benchmark of authentication's cost).
+	Auth   *Auth
+	NoAuth bool
 }
 
 // Embedded is a running in-process NATS server with JetStream.
 type Embedded struct {
-	srv *server.Server
+	srv  *server.Server
+	auth *Auth
 }
 
 // StartEmbedded starts NATS with JetStream on local disk.
 func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.Auth == nil && !cfg.NoAuth {
+		return nil, errors.New("bus: a NATS server needs an auth directory (or NoAuth)")
+	}
 	storeDir := filepath.Join(cfg.DataDir, "nats")
 	if err := os.MkdirAll(storeDir, 0o700); err != nil {
 		return nil, fmt.Errorf("bus: %w", err)
@@ -89,6 +100,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
+	if cfg.Auth != nil {
+		cfg.Auth.apply(opts)
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("bus: nats server: %w", err)
@@ -103,13 +117,22 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("bus: nats server did not become ready")
 	}
-	return &Embedded{srv: srv}, nil
+	return &Embedded{srv: srv, auth: cfg.Auth}, nil
 }
 
-// Connect opens an in-process client connection.
-func (e *Embedded) Connect(name string) (*Conn, error) {
-	nc, err := nats.Connect("", nats.InProcessServer(e.srv), nats.Name(name),
-		nats.MaxReconnects(-1), nats.ReconnectBufSize(64<<20))
+// Connect opens an in-process client connection with the credentials of
+// role (node: the edge's node name).
+func (e *Embedded) Connect(name, role, node string) (*Conn, error) {
+	seed := ""
+	if e.auth != nil {
+		seed = e.auth.Path(role, node)
+	}
+	auth, err := ConnectOptions(seed, role, node)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect("", append([]nats.Option{nats.InProcessServer(e.srv), nats.Name(name),
+		nats.MaxReconnects(-1), nats.ReconnectBufSize(64 << 20)}, auth...)...)
 	if err != nil {
 		return nil, fmt.Errorf("bus: connect in-process: %w", err)
 	}

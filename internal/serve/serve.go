@@ -184,17 +184,23 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer ln.Close()
 
-	nats, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: o.DataDir, Listen: o.NATSListen, Logger: log})
+	// Every part connects with its own credentials, kept in the data dir
+	// (other processes on --nats-listen use them: see docs/operations.md).
+	auth, err := bus.EnsureAuth(filepath.Join(o.DataDir, "nats-auth"), []string{o.Node})
+	if err != nil {
+		return err
+	}
+	nats, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: o.DataDir, Listen: o.NATSListen, Logger: log, Auth: auth})
 	if err != nil {
 		return err
 	}
 	defer nats.Shutdown()
-	edgeConn, err := nats.Connect("warren-edge")
+	edgeConn, err := nats.Connect("warren-edge", bus.RoleEdge, o.Node)
 	if err != nil {
 		return err
 	}
 	defer edgeConn.Close()
-	apiConn, err := nats.Connect("warren-apiserver")
+	apiConn, err := nats.Connect("warren-apiserver", bus.RoleAPIServer, "")
 	if err != nil {
 		return err
 	}
@@ -298,6 +304,7 @@ func RunEdge(ctx context.Context, o EdgeOptions) error {
 		return fmt.Errorf("edge: data dir: %w", err)
 	}
 	o.NATS.Name = "warren-edge-" + o.Node
+	o.NATS.Role, o.NATS.Node = bus.RoleEdge, o.Node
 	conn, err := bus.Dial(o.NATS)
 	if err != nil {
 		return err
@@ -435,6 +442,7 @@ func RunAPIServer(ctx context.Context, o APIOptions) error {
 	}
 	defer ln.Close()
 	o.NATS.Name = "warren-apiserver"
+	o.NATS.Role = bus.RoleAPIServer
 	conn, err := bus.Dial(o.NATS)
 	if err != nil {
 		return err
