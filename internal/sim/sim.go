@@ -136,7 +136,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var natsProcs []*proc
 	for i := 0; i < cfg.NATSServers; i++ {
-		args := []string{"nats", "--name", fmt.Sprintf("n%d", i), "--listen", strings.TrimPrefix(clientURLs[i], "nats://"),
+		// --no-auth: the simulated edges share a few connections for many
+		// nodes, which per-node credentials do not allow.
+		args := []string{"nats", "--no-auth", "--name", fmt.Sprintf("n%d", i), "--listen", strings.TrimPrefix(clientURLs[i], "nats://"),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("nats%d", i))}
 		if cfg.NATSServers > 1 {
 			args = append(args, "--cluster-listen", strings.TrimPrefix(routes[i], "nats-route://"), "--routes", strings.Join(routes, ","))

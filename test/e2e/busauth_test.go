@@ -85,12 +85,43 @@ func TestBusAuth(t *testing.T) {
 	}
 
 	// 3. The edge's credentials.
+	checkEdgeCredentials(t, url, filepath.Join(authDir, "edge-e2e.nk"), "e2e")
+
+	// The API still works end to end (the apiserver sets the marker).
+	sb := s.create(t, api.CreateSandboxRequest{})
+	if r := s.sh(t, sb.ID, "echo ok"); strings.TrimSpace(r.Stdout) != "ok" {
+		t.Errorf("exec through the API: %+v", r)
+	}
+}
+
+// drain empties ch of what arrived so far.
+func drain(ch chan error) chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		for {
+			select {
+			case <-ch:
+			default:
+				close(done)
+				return
+			}
+		}
+	}()
+	return done
+}
+
+// checkEdgeCredentials: the credentials of the edge node (seedFile) reach
+// neither warren-iam, nor another node's subjects, nor anyone's replies,
+// and cannot send requests to an edge.
+func checkEdgeCredentials(t *testing.T, url, seedFile, node string) {
+	t.Helper()
 	errs, onErr := permErrs()
-	seed, err := nats.NkeyOptionFromSeed(filepath.Join(authDir, "edge-e2e.nk"))
+	seed, err := nats.NkeyOptionFromSeed(seedFile)
 	if err != nil {
 		t.Fatalf("edge credentials: %v", err)
 	}
-	edge, err := nats.Connect(url, seed, onErr, nats.CustomInboxPrefix("_INBOX_edge.e2e"))
+	edge, err := nats.Connect(url, seed, onErr, nats.CustomInboxPrefix("_INBOX_edge."+node))
 	if err != nil {
 		t.Fatalf("connect with the edge's credentials: %v", err)
 	}
@@ -115,7 +146,7 @@ func TestBusAuth(t *testing.T) {
 	if err := edge.Publish("warren.edge.other.list", []byte(`{}`)); err == nil {
 		wantViolation(t, errs, "edge publishes to another node")
 	}
-	if err := edge.Publish("warren.edge.e2e.list", []byte(`{}`)); err == nil {
+	if err := edge.Publish("warren.edge."+node+".list", []byte(`{}`)); err == nil {
 		wantViolation(t, errs, "edge publishes to its own request subject (as an apiserver)")
 	}
 	for _, subj := range []string{"_INBOX.>", "_INBOX_apiserver.>", "warren.edge.other.>", ">"} {
@@ -125,26 +156,4 @@ func TestBusAuth(t *testing.T) {
 		}
 	}
 
-	// The API still works end to end (the apiserver sets the marker).
-	sb := s.create(t, api.CreateSandboxRequest{})
-	if r := s.sh(t, sb.ID, "echo ok"); strings.TrimSpace(r.Stdout) != "ok" {
-		t.Errorf("exec through the API: %+v", r)
-	}
-}
-
-// drain empties ch of what arrived so far.
-func drain(ch chan error) chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		time.Sleep(500 * time.Millisecond)
-		for {
-			select {
-			case <-ch:
-			default:
-				close(done)
-				return
-			}
-		}
-	}()
-	return done
 }
