@@ -22,6 +22,7 @@ package bus
 // seed file in it.
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -237,7 +238,8 @@ func apiserverPermissions() *server.Permissions {
 func edgePermissions(node string) *server.Permissions {
 	pub := []string{SubjectHeartbeat, SubjectEvents + ".>", subjectTrajPrefix + ">", inboxAPIServer + ".>",
 		"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$O." + bucketTrajInputs + ".>"}
-	for _, b := range []string{BucketSnapshots, BucketTrajectories, BucketLost, BucketRoster, BucketDataPlane} {
+	// The data-plane key is read-only to edges (the apiserver makes it).
+	for _, b := range []string{BucketSnapshots, BucketTrajectories, BucketLost, BucketRoster} {
 		pub = append(pub, "$KV."+b+".>")
 	}
 	for _, s := range edgeStreams() {
@@ -245,11 +247,43 @@ func edgePermissions(node string) *server.Permissions {
 			"$JS.ACK."+s+".>", "$JS.FC."+s+".>")
 	}
 	return &server.Permissions{
-		Publish: &server.SubjectPermission{Allow: pub,
-			// A stream's sources could copy another's messages into it.
-			Deny: []string{"$JS.API.STREAM.UPDATE.>"}},
+		// Apiservers make the streams (EnsureBuckets); an edge that could
+		// remove and make one again could give it sources that copy
+		// warren-iam's messages into it.
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: edgeStreamDeny},
 		Subscribe: &server.SubjectPermission{Allow: []string{EdgeSubject(node) + ".>", InboxPrefix(RoleEdge, node) + ".>"}},
 	}
+}
+
+var edgeStreamDeny = []string{"$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", "$JS.API.STREAM.DELETE.>",
+	"$JS.API.STREAM.RESTORE.>"}
+
+// EnsureBuckets makes (with an apiserver's credentials) the buckets and
+// streams edges use, which edges may open and use but not make, remove or
+// reconfigure, and the data-plane key, which edges only read.
+func (c *Conn) EnsureBuckets(ctx context.Context) error {
+	for _, b := range []string{BucketSnapshots, BucketTrajectories} {
+		if _, err := c.Records(ctx, b); err != nil {
+			return err
+		}
+	}
+	if _, err := c.TrajectoryLog(ctx); err != nil {
+		return err
+	}
+	if _, err := c.TrajectoryInputs(ctx); err != nil {
+		return err
+	}
+	if _, err := c.OpenLost(ctx); err != nil {
+		return err
+	}
+	if _, err := c.OpenEvents(ctx); err != nil {
+		return err
+	}
+	if _, err := c.KeyValue(ctx, BucketRoster, 0); err != nil {
+		return err
+	}
+	_, err := c.DataPlaneKey(ctx)
+	return err
 }
 
 // ConnectOptions are the client options of a role's connection: its

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -60,6 +61,9 @@ func TestAuthRolesWork(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	if err := apic.EnsureBuckets(ctx); err != nil {
+		t.Fatalf("apiserver makes the buckets: %v", err)
+	}
 	for _, b := range []string{BucketSnapshots, BucketTrajectories} {
 		r, err := edge.Records(ctx, b)
 		if err != nil {
@@ -97,6 +101,28 @@ func TestAuthRolesWork(t *testing.T) {
 	}
 	if _, err := edge.DataPlaneKey(ctx); err != nil {
 		t.Fatalf("edge reads the data-plane key: %v", err)
+	}
+
+	// The edge cannot make, remove or reconfigure streams: a stream it
+	// made could source warren-iam's messages into one it may read.
+	js := edge.JetStream()
+	short, cancelShort := context.WithTimeout(ctx, 3*time.Second)
+	if _, err := js.CreateStream(short, jetstream.StreamConfig{Name: "KV_warren-steal",
+		Sources: []*jetstream.StreamSource{{Name: "KV_warren-iam"}}}); err == nil {
+		t.Error("the edge created a stream")
+	}
+	cancelShort()
+	short, cancelShort = context.WithTimeout(ctx, 3*time.Second)
+	if err := js.DeleteStream(short, "KV_"+BucketRoster); err == nil {
+		t.Error("the edge deleted the roster's stream")
+	}
+	cancelShort()
+	if kv, err := edge.KeyValue(ctx, BucketDataPlane, 0); err == nil {
+		short, cancelShort := context.WithTimeout(ctx, 3*time.Second)
+		if _, err := kv.Put(short, dataPlaneKey, []byte("0123456789abcdef0123")); err == nil {
+			t.Error("the edge replaced the data-plane key")
+		}
+		cancelShort()
 	}
 
 	// The apiserver calls the edge (its replies reach the apiserver's inbox).

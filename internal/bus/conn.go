@@ -71,6 +71,9 @@ type Conn struct {
 	muxPrefix string
 	muxCalls  sync.Map // token -> chan *nats.Msg
 	muxSeq    atomic.Uint64
+	// edge: the connection has an edge's credentials (it opens buckets
+	// and streams but does not make them).
+	edge bool
 	// Replicas is the replication factor of the KV buckets and streams this
 	// connection creates (1 on one server; 3 on a three-server cluster).
 	Replicas int
@@ -162,6 +165,7 @@ func Dial(cfg DialConfig, extra ...nats.Option) (*Conn, error) {
 		return nil, err
 	}
 	c.Replicas = cfg.Replicas
+	c.edge = cfg.Role == RoleEdge
 	return c, nil
 }
 
@@ -488,7 +492,7 @@ func (c *Conn) Subscribe(subject string, fn func(data []byte)) (*nats.Subscripti
 // that is still electing its leaders answers late: it retries for a minute.
 func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (jetstream.KeyValue, error) {
 	cfg := jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage, Replicas: c.replicas()}
-	kv, err := openOrCreate(ctx,
+	kv, err := openOrCreate(ctx, c,
 		func(ctx context.Context) (jetstream.KeyValue, error) { return c.js.KeyValue(ctx, bucket) },
 		func(ctx context.Context) (jetstream.KeyValue, error) { return c.js.CreateKeyValue(ctx, cfg) },
 		jetstream.ErrBucketExists)
@@ -501,12 +505,14 @@ func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (
 // openOrCreate returns what open finds, else what create makes (a create
 // that lost the race to another process opens the winner's), retrying as
 // at start-up.
-func openOrCreate[T any](ctx context.Context, open, create func(context.Context) (T, error), exists error) (T, error) {
+// An edge's connection only opens: an apiserver makes (EnsureBuckets)
+// what edges may not (see auth.go), and the edge waits for it.
+func openOrCreate[T any](ctx context.Context, c *Conn, open, create func(context.Context) (T, error), exists error) (T, error) {
 	var v T
 	err := RetryStartup(ctx, func(ctx context.Context) error {
 		var err error
-		if v, err = open(ctx); err == nil {
-			return nil
+		if v, err = open(ctx); err == nil || c.edge {
+			return err
 		}
 		v, err = create(ctx)
 		if errors.Is(err, exists) {

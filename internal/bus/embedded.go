@@ -136,7 +136,12 @@ func (e *Embedded) Connect(name, role, node string) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus: connect in-process: %w", err)
 	}
-	return newConn(nc)
+	c, err := newConn(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.edge = role == RoleEdge
+	return c, nil
 }
 
 // ClientURL is the URL external clients use, or "" when not listening.

@@ -205,6 +205,10 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer apiConn.Close()
+	// The apiserver makes the buckets the edge uses (it may not).
+	if err := apiConn.EnsureBuckets(ctx); err != nil {
+		return err
+	}
 
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
@@ -448,6 +452,9 @@ func RunAPIServer(ctx context.Context, o APIOptions) error {
 		return err
 	}
 	defer conn.Close()
+	if err := conn.EnsureBuckets(ctx); err != nil {
+		return err
+	}
 	return serveAPI(ctx, conn, ln, o)
 }
 
