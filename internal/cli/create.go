@@ -18,6 +18,7 @@ func newCreateCmd(g *globals) *cobra.Command {
 		envs, labels []string
 		layers       []string
 		selector     []string
+		idleCPU      float64
 	)
 	cmd := &cobra.Command{
 		Use:   "create (--image IMAGE | --snapshot ID | --trajectory T --resume) [flags]",
@@ -52,6 +53,12 @@ func newCreateCmd(g *globals) *cobra.Command {
 			}
 			if req.NodeSelector, err = parseKV("node-selector", selector); err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("idle-cpu") {
+				if idleCPU < 0 {
+					return fmt.Errorf("--idle-cpu must be 0 or more cores")
+				}
+				req.IdleCPU = &idleCPU
 			}
 			for _, l := range layers {
 				a, err := parseLayer(l)
@@ -94,6 +101,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Priority, "priority", "", "QoS class: best-effort (default) or latency")
 	f.StringVar(&req.IdleTimeoutAction, "idle-action", "", "what --idle-timeout does: stop (default) or pause")
 	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label K=V (repeatable)")
+	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
+	f.BoolVar(&req.AlwaysOn, "always-on", false, "keep the full --cpu between operations too (a sandbox serving a port, a long job)")
 	return cmd
 }
 
