@@ -42,6 +42,11 @@ type EmbeddedConfig struct {
 	// benchmark of authentication's cost).
 	Auth   *Auth
 	NoAuth bool
+
+	// TLSCert and TLSKey, when set, make clients and routes speak TLS
+	// (between hosts). TLSCA, when set too, is the CA that signs the other
+	// servers' route certificates, which are then verified.
+	TLSCert, TLSKey, TLSCA string
 }
 
 // Embedded is a running in-process NATS server with JetStream.
@@ -102,6 +107,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if cfg.Auth != nil {
 		cfg.Auth.apply(opts)
+	}
+	if err := applyTLS(cfg, opts); err != nil {
+		return nil, err
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -170,4 +178,35 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("bus: listen port %q: %w", p, err)
 	}
 	return host, port, nil
+}
+
+// applyTLS makes the client port and the routes speak TLS.
+func applyTLS(cfg EmbeddedConfig, opts *server.Options) error {
+	if cfg.TLSCert == "" && cfg.TLSKey == "" {
+		if cfg.TLSCA != "" {
+			return errors.New("bus: a TLS CA needs the server's certificate and key too")
+		}
+		return nil
+	}
+	if cfg.TLSCert == "" || cfg.TLSKey == "" {
+		return errors.New("bus: TLS needs both the certificate and the key")
+	}
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey})
+	if err != nil {
+		return fmt.Errorf("bus: tls: %w", err)
+	}
+	opts.TLSConfig, opts.TLS, opts.TLSTimeout = tc, true, 5
+	if cfg.ClusterListen != "" {
+		if cfg.TLSCA == "" {
+			return errors.New("bus: TLS routes need the CA that signs the servers' certificates")
+		}
+		rc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey,
+			CaFile: cfg.TLSCA, Verify: cfg.TLSCA != ""})
+		if err != nil {
+			return fmt.Errorf("bus: route tls: %w", err)
+		}
+		rc.RootCAs = rc.ClientCAs // a route is a client of the other server too
+		opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = rc, 5
+	}
+	return nil
 }

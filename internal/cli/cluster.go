@@ -201,6 +201,9 @@ func newNATSCmd() *cobra.Command {
 	f.BoolVar(&cfg.Log, "log", false, "write the NATS server log to stderr")
 	f.StringVar(&authDir, "auth-dir", "", "credentials directory: apiserver.nk, edge-<node>.nk (NKey seeds, made when missing) and the route secret; share it between the servers of a cluster (default: <data-dir>/auth)")
 	f.StringVar(&nodes, "nodes", "", "edge nodes to make credentials for, comma-separated (each edge runs with --nats-nkey <auth-dir>/edge-<node>.nk)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate: clients (tls:// URLs, --nats-tls-ca) and routes speak TLS")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "the certificate's key")
+	f.StringVar(&cfg.TLSCA, "tls-ca", "", "CA that signs the other servers' certificates (routes verify each other)")
 	f.BoolVar(&cfg.NoAuth, "no-auth", false, "accept clients without credentials, with every permission (benchmarks of authentication's cost only)")
 	f.StringVar(&routes, "routes", "", "routes to the other servers, comma-separated (nats-route://host:port)")
 	return cmd
