@@ -166,6 +166,12 @@ func TestAuthRolesWork(t *testing.T) {
 
 	// The edge of n1 cannot serve n2's subject, and an apiserver cannot
 	// publish heartbeats.
+	if err := apic.NATS().Publish(SubjectHeartbeat, []byte(`"n1"`)); err == nil {
+		_ = apic.NATS().Flush()
+		if le := apic.NATS().LastError(); le == nil || !strings.Contains(strings.ToLower(le.Error()), "permissions violation") {
+			t.Errorf("an apiserver published a heartbeat (last error %v)", le)
+		}
+	}
 	if _, err := edge.NATS().Subscribe(EdgeSubject("n2")+".>", func(*nats.Msg) {}); err == nil {
 		if err := edge.NATS().Flush(); err == nil {
 			if le := edge.NATS().LastError(); le == nil || !strings.Contains(strings.ToLower(le.Error()), "permissions violation") {
