@@ -201,6 +201,14 @@ func (a *Auth) Nodes() []string {
 	return n
 }
 
+// PublicKey is the public NKey of a role's credentials ("" if none).
+func (a *Auth) PublicKey(role, node string) string {
+	if role == RoleEdge {
+		return a.edges[node]
+	}
+	return a.apiserver
+}
+
 // Path is the seed file of a role in the auth directory.
 func (a *Auth) Path(role, node string) string { return filepath.Join(a.Dir, SeedFile(role, node)) }
 

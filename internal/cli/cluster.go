@@ -206,5 +206,37 @@ func newNATSCmd() *cobra.Command {
 	f.StringVar(&cfg.TLSCA, "tls-ca", "", "CA that signs the other servers' certificates (routes verify each other)")
 	f.BoolVar(&cfg.NoAuth, "no-auth", false, "accept clients without credentials, with every permission (benchmarks of authentication's cost only)")
 	f.StringVar(&routes, "routes", "", "routes to the other servers, comma-separated (nats-route://host:port)")
+	cmd.AddCommand(newNATSKeysCmd())
+	return cmd
+}
+
+// newNATSKeysCmd makes the bus's credentials without running a server (for
+// the official nats-server: deploy/systemd/nats.conf takes the public keys).
+func newNATSKeysCmd() *cobra.Command {
+	var authDir, nodes string
+	cmd := &cobra.Command{
+		Use:   "keys",
+		Short: "make the missing NKey seeds of the apiservers and of each node in --auth-dir, and print their public keys",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var names []string
+			if nodes != "" {
+				names = strings.Split(nodes, ",")
+			}
+			auth, err := bus.EnsureAuth(authDir, names)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "apiserver\t%s\t%s\n", auth.PublicKey(bus.RoleAPIServer, ""), auth.Path(bus.RoleAPIServer, ""))
+			for _, n := range auth.Nodes() {
+				fmt.Fprintf(out, "edge %s\t%s\t%s\n", n, auth.PublicKey(bus.RoleEdge, n), auth.Path(bus.RoleEdge, n))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&authDir, "auth-dir", "", "credentials directory")
+	cmd.Flags().StringVar(&nodes, "nodes", "", "nodes to make credentials for, comma-separated")
+	_ = cmd.MarkFlagRequired("auth-dir")
 	return cmd
 }
