@@ -82,6 +82,8 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 	h := map[string]string{bus.HeaderSandbox: g.Sandbox}
 	if g.Scoped {
 		h[bus.HeaderScope] = g.Scope
+	} else {
+		h[bus.HeaderRoot] = "1" // the signed grant says so
 	}
 	if dataUploads[op] {
 		var req FileRequest

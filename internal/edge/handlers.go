@@ -40,6 +40,10 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		return nil, err
 	}
 	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
+	if !scoped && !bus.Unscoped(ctx) {
+		// A missing scope is no access, not root: root is said explicitly.
+		return nil, &api.Error{Code: api.CodeForbidden, Message: "a request to an edge must carry a scope or the root marker"}
+	}
 	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages && op != OpTrajReplay {
 		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
 		if !ok {

@@ -190,21 +190,31 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer ln.Close()
 
-	nats, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: o.DataDir, Listen: o.NATSListen, Logger: log})
+	// Every part connects with its own credentials, kept in the data dir
+	// (other processes on --nats-listen use them: see docs/operations.md).
+	auth, err := bus.EnsureAuth(filepath.Join(o.DataDir, "nats-auth"), []string{o.Node})
+	if err != nil {
+		return err
+	}
+	nats, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: o.DataDir, Listen: o.NATSListen, Logger: log, Auth: auth})
 	if err != nil {
 		return err
 	}
 	defer nats.Shutdown()
-	edgeConn, err := nats.Connect("warren-edge")
+	edgeConn, err := nats.Connect("warren-edge", bus.RoleEdge, o.Node)
 	if err != nil {
 		return err
 	}
 	defer edgeConn.Close()
-	apiConn, err := nats.Connect("warren-apiserver")
+	apiConn, err := nats.Connect("warren-apiserver", bus.RoleAPIServer, "")
 	if err != nil {
 		return err
 	}
 	defer apiConn.Close()
+	// The apiserver makes the buckets the edge uses (it may not).
+	if err := apiConn.EnsureBuckets(ctx); err != nil {
+		return err
+	}
 
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
@@ -305,6 +315,7 @@ func RunEdge(ctx context.Context, o EdgeOptions) error {
 		return fmt.Errorf("edge: data dir: %w", err)
 	}
 	o.NATS.Name = "warren-edge-" + o.Node
+	o.NATS.Role, o.NATS.Node = bus.RoleEdge, o.Node
 	conn, err := bus.Dial(o.NATS)
 	if err != nil {
 		return err
@@ -447,11 +458,15 @@ func RunAPIServer(ctx context.Context, o APIOptions) error {
 	}
 	defer ln.Close()
 	o.NATS.Name = "warren-apiserver"
+	o.NATS.Role = bus.RoleAPIServer
 	conn, err := bus.Dial(o.NATS)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	if err := conn.EnsureBuckets(ctx); err != nil {
+		return err
+	}
 	return serveAPI(ctx, conn, ln, o)
 }
 
