@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,8 +23,8 @@ import (
 // while others fork and the background refill makes user namespaces.)
 func TestConcurrentStarts(t *testing.T) {
 	f := newFixture(t)
-	const workers = 8
-	deadline := time.Now().Add(4 * time.Second)
+	const workers = 4
+	deadline := time.Now().Add(3 * time.Second)
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -124,4 +126,18 @@ func TestAgentExecWhateverFDs(t *testing.T) {
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
+
+	// A started agent keeps no descriptor of its copy (nothing inside
+	// may inherit it).
+	inst := f.start(t, f.spec(t, "sb-fds2"))
+	dir := "/proc/" + strconv.Itoa(inst.Handle.Pid) + "/fd"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.Contains(l, "warren-agent") {
+			t.Errorf("the agent keeps descriptor %s: %s", e.Name(), l)
+		}
+	}
 }
