@@ -1,0 +1,314 @@
+// Package sandboxnet gives a networked sandbox its interface and enforces
+// its egress allowlist in the host's kernel (docs/architecture.md,
+// "Network").
+//
+// Each networked sandbox gets a veth pair: the host end (wn<hash>, its
+// alias the sandbox id) holds the gateway address, the sandbox end
+// ("eth0", created directly in the sandbox's network namespace) the
+// sandbox's address, both of one /31 of a node-local pool. The policy is
+// one nftables table per sandbox (warren_<id>, family inet) in the host's
+// network namespace, where root in the sandbox (no CAP_NET_ADMIN there)
+// cannot change it: forwarded packets from the sandbox pass only to
+// allowlisted destinations, never to link-local/metadata addresses or to
+// other sandboxes; packets to the host itself are refused; everything
+// refused is counted per rule; what passes is masqueraded.
+//
+// Lock order: Manager.mu only (never held across netlink calls that wait
+// on the kernel for long; nftables and link calls are short).
+package sandboxnet
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Names of what this package creates on the host; reconcile and the leak
+// check look for them.
+const (
+	LinkPrefix  = "wn"
+	TablePrefix = "warren_"
+	// DefaultPool is the node-local pool of sandbox addresses.
+	DefaultPool = "10.213.0.0/16"
+	// SandboxLink is the sandbox's interface name.
+	SandboxLink = "eth0"
+)
+
+// MetadataPrefix is never reachable from a sandbox (cloud metadata,
+// link-local).
+var MetadataPrefix = netip.MustParsePrefix("169.254.0.0/16")
+
+// Manager attaches and detaches sandboxes' networks.
+type Manager struct {
+	pool netip.Prefix
+
+	mu      sync.Mutex
+	used    map[int]string // /31 index -> sandbox id
+	byID    map[string]int
+	loaded  bool
+	forward bool
+}
+
+// New makes a Manager over pool (DefaultPool when empty).
+func New(pool string) (*Manager, error) {
+	if pool == "" {
+		pool = DefaultPool
+	}
+	p, err := netip.ParsePrefix(pool)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		return nil, fmt.Errorf("sandboxnet: pool %q: want an IPv4 CIDR of /30 or larger", pool)
+	}
+	return &Manager{pool: p.Masked(), used: map[int]string{}, byID: map[string]int{}}, nil
+}
+
+// Pool is the prefix sandbox addresses come from.
+func (m *Manager) Pool() netip.Prefix { return m.pool }
+
+// LinkName is the host end of id's veth pair.
+func LinkName(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return LinkPrefix + hex.EncodeToString(h[:6])
+}
+
+// TableName is id's nftables table.
+func TableName(id string) string { return TablePrefix + id }
+
+// Attachment is a sandbox's network as attached.
+type Attachment struct {
+	ID      string
+	Link    string     // host end
+	Address netip.Addr // the sandbox's
+	Gateway netip.Addr // the host end's
+	Egress  []api.EgressRule
+}
+
+func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
+	b := m.pool.Addr().As4()
+	base := binary.BigEndian.Uint32(b[:]) + uint32(2*i)
+	var g, s [4]byte
+	binary.BigEndian.PutUint32(g[:], base)
+	binary.BigEndian.PutUint32(s[:], base+1)
+	return netip.AddrFrom4(g), netip.AddrFrom4(s)
+}
+
+func (m *Manager) size() int { return 1 << (32 - m.pool.Bits() - 1) }
+
+// loadLocked learns the /31s of links that outlive a restart of the edge
+// (adopted sandboxes keep theirs).
+func (m *Manager) loadLocked() {
+	if m.loaded {
+		return
+	}
+	m.loaded = true
+	links, err := netlink.LinkList()
+	if err != nil {
+		return
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		if !strings.HasPrefix(a.Name, LinkPrefix) || a.Alias == "" {
+			continue
+		}
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
+		for _, ad := range addrs {
+			ip, ok := netip.AddrFromSlice(ad.IP.To4())
+			if !ok || !m.pool.Contains(ip) {
+				continue
+			}
+			b := ip.As4()
+			p := m.pool.Addr().As4()
+			i := int(binary.BigEndian.Uint32(b[:])-binary.BigEndian.Uint32(p[:])) / 2
+			m.used[i], m.byID[a.Alias] = a.Alias, i
+		}
+	}
+}
+
+func (m *Manager) alloc(id string) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
+	if i, ok := m.byID[id]; ok {
+		return i, nil
+	}
+	for i := 0; i < m.size(); i++ {
+		if _, ok := m.used[i]; !ok {
+			m.used[i], m.byID[id] = id, i
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("sandboxnet: address pool %s is exhausted", m.pool)
+}
+
+func (m *Manager) release(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i, ok := m.byID[id]; ok {
+		delete(m.used, i)
+		delete(m.byID, id)
+	}
+}
+
+// enableForwarding turns on IPv4 forwarding on the host once.
+func (m *Manager) enableForwarding() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.forward {
+		return nil
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("sandboxnet: enable forwarding: %w", err)
+	}
+	m.forward = true
+	return nil
+}
+
+// Attach gives the sandbox whose network namespace is pid's an interface,
+// an address and a default route, and installs its policy. On an error
+// nothing of it is left.
+func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attachment, err error) {
+	if err := m.enableForwarding(); err != nil {
+		return nil, err
+	}
+	i, err := m.alloc(id)
+	if err != nil {
+		return nil, err
+	}
+	gw, addr := m.addrs(i)
+	a = &Attachment{ID: id, Link: LinkName(id), Address: addr, Gateway: gw, Egress: egress}
+	defer func() {
+		if err != nil {
+			_ = m.Detach(id)
+		}
+	}()
+	// The policy comes first: the sandbox's end is never up without it.
+	if err := installPolicy(a, m.pool); err != nil {
+		return nil, err
+	}
+	if err := m.link(a, pid); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (m *Manager) link(a *Attachment, pid int) error {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a.Link, Alias: a.ID},
+		PeerName: SandboxLink, PeerNamespace: netlink.NsPid(pid)}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("sandboxnet: add veth %s: %w", a.Link, err)
+	}
+	host, err := netlink.LinkByName(a.Link)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: find %s: %w", a.Link, err)
+	}
+	// No IPv6 on the host end: the sandbox's IPv6 is closed.
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+a.Link+"/disable_ipv6", []byte("1"), 0o644)
+	if err := netlink.LinkSetAlias(host, a.ID); err != nil {
+		return fmt.Errorf("sandboxnet: alias %s: %w", a.Link, err)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(a.Gateway, 31)}); err != nil {
+		return fmt.Errorf("sandboxnet: address %s: %w", a.Link, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("sandboxnet: up %s: %w", a.Link, err)
+	}
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: netns of %d: %w", pid, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: netlink in netns of %d: %w", pid, err)
+	}
+	defer h.Close()
+	in, err := h.LinkByName(SandboxLink)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: find sandbox end: %w", err)
+	}
+	if err := h.AddrAdd(in, &netlink.Addr{IPNet: ipnet(a.Address, 31)}); err != nil {
+		return fmt.Errorf("sandboxnet: sandbox address: %w", err)
+	}
+	if err := h.LinkSetUp(in); err != nil {
+		return fmt.Errorf("sandboxnet: sandbox end up: %w", err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: in.Attrs().Index, Gw: net.IP(a.Gateway.AsSlice())}); err != nil {
+		return fmt.Errorf("sandboxnet: default route: %w", err)
+	}
+	return nil
+}
+
+func ipnet(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+}
+
+// Detach removes id's veth pair and table and frees its address. Missing
+// parts are no error.
+func (m *Manager) Detach(id string) error {
+	var errs []error
+	if l, err := netlink.LinkByName(LinkName(id)); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("sandboxnet: delete %s: %w", LinkName(id), err))
+		}
+	}
+	if err := deleteTable(TableName(id)); err != nil {
+		errs = append(errs, err)
+	}
+	m.release(id)
+	return errors.Join(errs...)
+}
+
+// Attached says whether id has a network here.
+func (m *Manager) Attached(id string) bool {
+	_, err := netlink.LinkByName(LinkName(id))
+	return err == nil
+}
+
+// Sweep removes every warren link and table whose sandbox id live does not
+// hold (reconcile at start). It returns the ids it removed.
+func (m *Manager) Sweep(live func(id string) bool) ([]string, error) {
+	seen := map[string]bool{}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list links: %w", err)
+	}
+	var errs []error
+	var gone []string
+	for _, l := range links {
+		a := l.Attrs()
+		if !strings.HasPrefix(a.Name, LinkPrefix) || a.Alias == "" || a.Name != LinkName(a.Alias) || live(a.Alias) {
+			continue
+		}
+		if err := m.Detach(a.Alias); err != nil {
+			errs = append(errs, err)
+		}
+		seen[a.Alias] = true
+		gone = append(gone, a.Alias)
+	}
+	tables, err := listTables()
+	if err != nil {
+		return gone, errors.Join(append(errs, err)...)
+	}
+	for _, t := range tables {
+		id := strings.TrimPrefix(t, TablePrefix)
+		if seen[id] || live(id) {
+			continue
+		}
+		if err := m.Detach(id); err != nil {
+			errs = append(errs, err)
+		}
+		gone = append(gone, id)
+	}
+	return gone, errors.Join(errs...)
+}

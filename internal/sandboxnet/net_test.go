@@ -1,0 +1,344 @@
+package sandboxnet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// nsProc is a process alone in a new network namespace (a stand-in for a
+// sandbox's agent, or the test's "internet").
+func nsProc(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("SKIP: cannot make a network namespace: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd.Process.Pid
+}
+
+// inNS runs f on a thread in pid's network namespace.
+func inNS(t *testing.T, pid int, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.GetFromPid(pid)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			t.Error(err)
+			return
+		}
+		f()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread() // else the thread dies with the goroutine
+		}
+	}()
+	<-done
+}
+
+func mustParse(t *testing.T, s ...string) []api.EgressRule {
+	var out []api.EgressRule
+	for _, e := range s {
+		r, err := api.ParseEgress(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// fakeInternet makes a namespace holding 10.1.2.3, 10.9.9.9 and
+// 169.254.169.254, each with TCP listeners on 80 and 443, routed from the
+// host through a veth the test owns. Nothing is routed off the machine.
+func fakeInternet(t *testing.T) {
+	t.Helper()
+	pid := nsProc(t)
+	name := fmt.Sprintf("wtinet%d", os.Getpid()%100000)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "inet0", PeerNamespace: netlink.NsPid(pid)}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("fake internet veth: %v", err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(name); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	host, _ := netlink.LinkByName(name)
+	mustNL(t, netlink.AddrAdd(host, &netlink.Addr{IPNet: cidr("10.1.2.1/24")}))
+	mustNL(t, netlink.LinkSetUp(host))
+	for _, dst := range []string{"10.9.9.9/32", "169.254.169.254/32"} {
+		mustNL(t, netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: cidr(dst), Gw: net.ParseIP("10.1.2.3")}))
+	}
+	inNS(t, pid, func() {
+		l, err := netlink.LinkByName("inet0")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, a := range []string{"10.1.2.3/24", "10.9.9.9/32", "169.254.169.254/32"} {
+			mustNL(t, netlink.AddrAdd(l, &netlink.Addr{IPNet: cidr(a)}))
+		}
+		lo, _ := netlink.LinkByName("lo")
+		mustNL(t, netlink.LinkSetUp(lo))
+		mustNL(t, netlink.LinkSetUp(l))
+		for _, port := range []string{"80", "443"} {
+			ln, err := net.Listen("tcp4", "0.0.0.0:"+port)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			t.Cleanup(func() { ln.Close() })
+			go serve(ln)
+		}
+	})
+}
+
+func serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = c.Write([]byte("hello"))
+		c.Close()
+	}
+}
+
+func mustNL(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func cidr(s string) *net.IPNet {
+	ip, n, _ := net.ParseCIDR(s)
+	n.IP = ip
+	return n
+}
+
+// dial connects from inside pid's namespace; nil when it reads the
+// server's greeting.
+func dial(t *testing.T, pid int, addr string) error {
+	var err error
+	inNS(t, pid, func() {
+		var c net.Conn
+		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		b := make([]byte, 5)
+		_, err = c.Read(b)
+	})
+	return err
+}
+
+func needRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: needs root (veth pairs, nftables)")
+	}
+}
+
+func TestEgressAllowlist(t *testing.T) {
+	needRoot(t)
+	fakeInternet(t)
+	m, err := New("10.213.128.0/24") // a corner of the pool of its own: tests run beside an edge
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbPid, otherPid := nsProc(t), nsProc(t)
+	id, other := fmt.Sprintf("sb-test-a%d", os.Getpid()), fmt.Sprintf("sb-test-b%d", os.Getpid())
+	a, err := m.Attach(id, sbPid, mustParse(t, "10.1.2.0/24:443/tcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(id) })
+	b, err := m.Attach(other, otherPid, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(other) })
+	inNS(t, otherPid, func() {
+		ln, err := net.Listen("tcp4", b.Address.String()+":443")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		t.Cleanup(func() { ln.Close() })
+		go serve(ln)
+	})
+	// A host listener on every address.
+	hl, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hl.Close()
+	go serve(hl)
+	hostPort := hl.Addr().(*net.TCPAddr).Port
+
+	if err := dial(t, sbPid, "10.1.2.3:443"); err != nil {
+		t.Fatalf("allowed 10.1.2.3:443: %v", err)
+	}
+	denied := map[string]string{
+		"10.1.2.3:80":               DenyNotAllowed,
+		"10.9.9.9:443":              DenyNotAllowed,
+		"169.254.169.254:80":        DenyMetadata,
+		b.Address.String() + ":443": DenySandbox,
+		a.Gateway.String() + fmt.Sprint(":", hostPort): DenyHost,
+		fmt.Sprint("10.1.2.1:", hostPort):              DenyHost,
+	}
+	for addr, why := range denied {
+		err := dial(t, sbPid, addr)
+		if err == nil {
+			t.Errorf("%s (%s) reachable", addr, why)
+			continue
+		}
+		if !errors.Is(err, unix.EHOSTUNREACH) {
+			t.Errorf("%s (%s): %v, want EHOSTUNREACH (refused at once)", addr, why, err)
+		}
+	}
+	got, err := Denied(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{DenyNotAllowed: 2, DenyMetadata: 1, DenySandbox: 1, DenyHost: 2}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("denied[%s] = %d, want %d (all %v)", k, got[k], v, got)
+		}
+	}
+
+	// Root inside the sandbox's namespace flushes every table it can see:
+	// the policy lives in the host's namespace and holds.
+	inNS(t, sbPid, func() {
+		c, err := nftables.New()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		ts, _ := c.ListTables()
+		if len(ts) != 0 {
+			t.Errorf("sandbox sees %d nftables tables", len(ts))
+		}
+		c.FlushRuleset()
+		_ = c.Flush()
+	})
+	if err := dial(t, sbPid, "10.9.9.9:443"); err == nil {
+		t.Error("10.9.9.9:443 reachable after the sandbox flushed its ruleset")
+	}
+	// Its interfaces: lo and eth0 only.
+	inNS(t, sbPid, func() {
+		ls, _ := netlink.LinkList()
+		var names []string
+		for _, l := range ls {
+			names = append(names, l.Attrs().Name)
+		}
+		if strings.Join(names, ",") != "lo,eth0" {
+			t.Errorf("sandbox links %v, want lo,eth0", names)
+		}
+	})
+
+	for _, x := range []string{id, other} {
+		if err := m.Detach(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertGone(t, id, other)
+}
+
+func assertGone(t *testing.T, ids ...string) {
+	t.Helper()
+	tables, err := listTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if _, err := netlink.LinkByName(LinkName(id)); err == nil {
+			t.Errorf("link %s of %s left", LinkName(id), id)
+		}
+		for _, tb := range tables {
+			if tb == TableName(id) {
+				t.Errorf("table %s left", tb)
+			}
+		}
+	}
+}
+
+func TestSweepRemovesLeftovers(t *testing.T) {
+	needRoot(t)
+	m, err := New("10.213.129.0/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := nsProc(t)
+	id := fmt.Sprintf("sb-test-c%d", os.Getpid())
+	if _, err := m.Attach(id, pid, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(id) })
+	// A new manager (an edge after kill -9) learns the address in use.
+	m2, _ := New("10.213.129.0/24")
+	i, err := m2.alloc("sb-test-other")
+	if err != nil || i == 0 {
+		t.Errorf("a restarted manager reuses a live /31: index %d, %v", i, err)
+	}
+	gone, err := m2.Sweep(func(x string) bool { return x != id })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gone) != 1 || gone[0] != id {
+		t.Errorf("swept %v, want [%s]", gone, id)
+	}
+	assertGone(t, id)
+}
+
+func TestParseEgress(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.1.2.0/24:443/tcp": "10.1.2.0/24:443/tcp",
+		"10.1.2.9/24":         "10.1.2.0/24",
+		"10.1.2.3":            "10.1.2.3/32",
+		"10.1.2.3:53/udp":     "10.1.2.3/32:53/udp",
+		"10.0.0.0/8:443":      "10.0.0.0/8:443",
+	} {
+		r, err := api.ParseEgress(in)
+		if err != nil || r.String() != want {
+			t.Errorf("%s: %v %v, want %s", in, r, err, want)
+		}
+	}
+	for _, bad := range []string{"", "10.1.2.0/33", "10.1.2.3:0", "10.1.2.3:70000", "::1", "10.0.0.0/8/tcp", "x:1", "10.1.2.3:http"} {
+		if _, err := api.ParseEgress(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
