@@ -22,6 +22,19 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// sandboxNetwork answers a sandbox's address, allowlist and refusals,
+// read on its node (owned like every sandbox route: the edge answers a
+// sandbox of another project as missing).
+func (s *Server) sandboxNetwork(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var n api.SandboxNetwork
+	if err := s.callEdge(r.Context(), id, edge.OpNetwork, &edge.IDRequest{ID: id}, &n, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &n)
+	return nil
+}
+
 // sandboxStats answers what a sandbox uses now, measured on its node.
 func (s *Server) sandboxStats(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")

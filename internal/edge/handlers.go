@@ -122,13 +122,16 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		e.stop(ctx, sb, api.StateStopped, "deleted")
 		v := sb.view()
 		return &v, nil
-	case OpCommands, OpStats:
+	case OpCommands, OpStats, OpNetwork:
 		var req IDRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		if op == OpCommands {
+		switch op {
+		case OpCommands:
 			return e.commands(req.ID)
+		case OpNetwork:
+			return e.network(req.ID)
 		}
 		return e.stats(ctx, req.ID)
 	case OpImages:

@@ -45,6 +45,7 @@ const (
 	OpAudit       = "audit"        // AuditRequest → api.AuditList
 	OpCommands    = "commands"     // IDRequest → api.CommandHistory
 	OpStats       = "stats"        // IDRequest → api.SandboxStats
+	OpNetwork     = "network"      // IDRequest → api.SandboxNetwork
 )
 
 // LayerRequest is the body of the layer operations. Upload chunks carry

@@ -3,10 +3,10 @@
 // "Network").
 //
 // Each networked sandbox gets a veth pair: the host end (wn<hash>, its
-// alias the sandbox id) holds the gateway address, the sandbox end
+// alias "<owner> <sandbox id>") holds the gateway address, the sandbox end
 // ("eth0", created directly in the sandbox's network namespace) the
 // sandbox's address, both of one /31 of a node-local pool. The policy is
-// one nftables table per sandbox (warren_<id>, family inet) in the host's
+// one nftables table per sandbox (warren_<owner>_<id>, family inet) in the host's
 // network namespace, where root in the sandbox (no CAP_NET_ADMIN there)
 // cannot change it: forwarded packets from the sandbox pass only to
 // allowlisted destinations, never to link-local/metadata addresses or to
@@ -50,9 +50,13 @@ const (
 // link-local).
 var MetadataPrefix = netip.MustParsePrefix("169.254.0.0/16")
 
-// Manager attaches and detaches sandboxes' networks.
+// Manager attaches and detaches sandboxes' networks. Its owner tag (a
+// hash of the edge's cgroup parent, i.e. of its data directory) is in the
+// name of everything it makes, so that two edges on one host (tests) never
+// sweep each other's networks.
 type Manager struct {
-	pool netip.Prefix
+	pool  netip.Prefix
+	owner string
 
 	mu      sync.Mutex
 	used    map[int]string // /31 index -> sandbox id
@@ -61,8 +65,9 @@ type Manager struct {
 	forward bool
 }
 
-// New makes a Manager over pool (DefaultPool when empty).
-func New(pool string) (*Manager, error) {
+// New makes a Manager over pool (DefaultPool when empty) for the edge
+// named by owner.
+func New(pool, owner string) (*Manager, error) {
 	if pool == "" {
 		pool = DefaultPool
 	}
@@ -70,25 +75,29 @@ func New(pool string) (*Manager, error) {
 	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
 		return nil, fmt.Errorf("sandboxnet: pool %q: want an IPv4 CIDR of /30 or larger", pool)
 	}
-	return &Manager{pool: p.Masked(), used: map[int]string{}, byID: map[string]int{}}, nil
+	h := sha256.Sum256([]byte(owner))
+	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
 func (m *Manager) Pool() netip.Prefix { return m.pool }
 
 // LinkName is the host end of id's veth pair.
-func LinkName(id string) string {
-	h := sha256.Sum256([]byte(id))
+func (m *Manager) LinkName(id string) string {
+	h := sha256.Sum256([]byte(m.alias(id)))
 	return LinkPrefix + hex.EncodeToString(h[:6])
 }
 
+func (m *Manager) alias(id string) string { return m.owner + " " + id }
+
 // TableName is id's nftables table.
-func TableName(id string) string { return TablePrefix + id }
+func (m *Manager) TableName(id string) string { return TablePrefix + m.owner + "_" + id }
 
 // Attachment is a sandbox's network as attached.
 type Attachment struct {
 	ID      string
 	Link    string     // host end
+	Table   string     // nftables table
 	Address netip.Addr // the sandbox's
 	Gateway netip.Addr // the host end's
 	Egress  []api.EgressRule
@@ -118,7 +127,8 @@ func (m *Manager) loadLocked() {
 	}
 	for _, l := range links {
 		a := l.Attrs()
-		if !strings.HasPrefix(a.Name, LinkPrefix) || a.Alias == "" {
+		id, ok := strings.CutPrefix(a.Alias, m.owner+" ")
+		if !strings.HasPrefix(a.Name, LinkPrefix) || !ok {
 			continue
 		}
 		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
@@ -130,12 +140,22 @@ func (m *Manager) loadLocked() {
 			b := ip.As4()
 			p := m.pool.Addr().As4()
 			i := int(binary.BigEndian.Uint32(b[:])-binary.BigEndian.Uint32(p[:])) / 2
-			m.used[i], m.byID[a.Alias] = a.Alias, i
+			m.used[i], m.byID[id] = id, i
 		}
 	}
 }
 
+// alloc picks a free /31 for id: one no sandbox of this manager holds and
+// no address of the host is in (another edge's sandboxes on this host).
 func (m *Manager) alloc(id string) (int, error) {
+	taken := map[netip.Addr]bool{}
+	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4); err == nil {
+		for _, ad := range addrs {
+			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && m.pool.Contains(ip) {
+				taken[ip] = true
+			}
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.loadLocked()
@@ -143,7 +163,8 @@ func (m *Manager) alloc(id string) (int, error) {
 		return i, nil
 	}
 	for i := 0; i < m.size(); i++ {
-		if _, ok := m.used[i]; !ok {
+		gw, sb := m.addrs(i)
+		if _, ok := m.used[i]; !ok && !taken[gw] && !taken[sb] {
 			m.used[i], m.byID[id] = id, i
 			return i, nil
 		}
@@ -186,7 +207,7 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 		return nil, err
 	}
 	gw, addr := m.addrs(i)
-	a = &Attachment{ID: id, Link: LinkName(id), Address: addr, Gateway: gw, Egress: egress}
+	a = &Attachment{ID: id, Link: m.LinkName(id), Table: m.TableName(id), Address: addr, Gateway: gw, Egress: egress}
 	defer func() {
 		if err != nil {
 			_ = m.Detach(id)
@@ -203,7 +224,7 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 }
 
 func (m *Manager) link(a *Attachment, pid int) error {
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a.Link, Alias: a.ID},
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a.Link},
 		PeerName: SandboxLink, PeerNamespace: netlink.NsPid(pid)}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("sandboxnet: add veth %s: %w", a.Link, err)
@@ -214,7 +235,7 @@ func (m *Manager) link(a *Attachment, pid int) error {
 	}
 	// No IPv6 on the host end: the sandbox's IPv6 is closed.
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+a.Link+"/disable_ipv6", []byte("1"), 0o644)
-	if err := netlink.LinkSetAlias(host, a.ID); err != nil {
+	if err := netlink.LinkSetAlias(host, m.alias(a.ID)); err != nil {
 		return fmt.Errorf("sandboxnet: alias %s: %w", a.Link, err)
 	}
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(a.Gateway, 31)}); err != nil {
@@ -257,12 +278,12 @@ func ipnet(a netip.Addr, bits int) *net.IPNet {
 // parts are no error.
 func (m *Manager) Detach(id string) error {
 	var errs []error
-	if l, err := netlink.LinkByName(LinkName(id)); err == nil {
+	if l, err := netlink.LinkByName(m.LinkName(id)); err == nil {
 		if err := netlink.LinkDel(l); err != nil {
-			errs = append(errs, fmt.Errorf("sandboxnet: delete %s: %w", LinkName(id), err))
+			errs = append(errs, fmt.Errorf("sandboxnet: delete %s: %w", m.LinkName(id), err))
 		}
 	}
-	if err := deleteTable(TableName(id)); err != nil {
+	if err := deleteTable(m.TableName(id)); err != nil {
 		errs = append(errs, err)
 	}
 	m.release(id)
@@ -271,7 +292,7 @@ func (m *Manager) Detach(id string) error {
 
 // Attached says whether id has a network here.
 func (m *Manager) Attached(id string) bool {
-	_, err := netlink.LinkByName(LinkName(id))
+	_, err := netlink.LinkByName(m.LinkName(id))
 	return err == nil
 }
 
@@ -287,22 +308,23 @@ func (m *Manager) Sweep(live func(id string) bool) ([]string, error) {
 	var gone []string
 	for _, l := range links {
 		a := l.Attrs()
-		if !strings.HasPrefix(a.Name, LinkPrefix) || a.Alias == "" || a.Name != LinkName(a.Alias) || live(a.Alias) {
+		id, ok := strings.CutPrefix(a.Alias, m.owner+" ")
+		if !ok || a.Name != m.LinkName(id) || live(id) {
 			continue
 		}
-		if err := m.Detach(a.Alias); err != nil {
+		if err := m.Detach(id); err != nil {
 			errs = append(errs, err)
 		}
-		seen[a.Alias] = true
-		gone = append(gone, a.Alias)
+		seen[id] = true
+		gone = append(gone, id)
 	}
 	tables, err := listTables()
 	if err != nil {
 		return gone, errors.Join(append(errs, err)...)
 	}
 	for _, t := range tables {
-		id := strings.TrimPrefix(t, TablePrefix)
-		if seen[id] || live(id) {
+		id, ok := strings.CutPrefix(t, TablePrefix+m.owner+"_")
+		if !ok || seen[id] || live(id) {
 			continue
 		}
 		if err := m.Detach(id); err != nil {

@@ -173,7 +173,7 @@ func needRoot(t *testing.T) {
 func TestEgressAllowlist(t *testing.T) {
 	needRoot(t)
 	fakeInternet(t)
-	m, err := New("10.213.128.0/24") // a corner of the pool of its own: tests run beside an edge
+	m, err := New("10.213.128.0/24", t.Name()) // a corner of the pool of its own: tests run beside an edge
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,11 +224,11 @@ func TestEgressAllowlist(t *testing.T) {
 			t.Errorf("%s (%s) reachable", addr, why)
 			continue
 		}
-		if !errors.Is(err, unix.EHOSTUNREACH) {
-			t.Errorf("%s (%s): %v, want EHOSTUNREACH (refused at once)", addr, why, err)
+		if !errors.Is(err, unix.ECONNREFUSED) {
+			t.Errorf("%s (%s): %v, want ECONNREFUSED (refused at once)", addr, why, err)
 		}
 	}
-	got, err := Denied(id)
+	got, err := m.Denied(id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,6 +237,17 @@ func TestEgressAllowlist(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("denied[%s] = %d, want %d (all %v)", k, got[k], v, got)
 		}
+	}
+
+	// A scan: every refused connect counts once (a reset is never
+	// rate-limited, so none is retried).
+	for i := 0; i < 50; i++ {
+		if err := dial(t, sbPid, fmt.Sprintf("10.9.9.9:%d", 1000+i)); !errors.Is(err, unix.ECONNREFUSED) {
+			t.Fatalf("scan port %d: %v", 1000+i, err)
+		}
+	}
+	if got2, _ := m.Denied(id); got2[DenyNotAllowed] != got[DenyNotAllowed]+50 {
+		t.Errorf("after 50 refused connects denied[not-allowed] = %d, want %d", got2[DenyNotAllowed], got[DenyNotAllowed]+50)
 	}
 
 	// Root inside the sandbox's namespace flushes every table it can see:
@@ -274,21 +285,21 @@ func TestEgressAllowlist(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	assertGone(t, id, other)
+	assertGone(t, m, id, other)
 }
 
-func assertGone(t *testing.T, ids ...string) {
+func assertGone(t *testing.T, m *Manager, ids ...string) {
 	t.Helper()
 	tables, err := listTables()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		if _, err := netlink.LinkByName(LinkName(id)); err == nil {
-			t.Errorf("link %s of %s left", LinkName(id), id)
+		if _, err := netlink.LinkByName(m.LinkName(id)); err == nil {
+			t.Errorf("link %s of %s left", m.LinkName(id), id)
 		}
 		for _, tb := range tables {
-			if tb == TableName(id) {
+			if tb == m.TableName(id) {
 				t.Errorf("table %s left", tb)
 			}
 		}
@@ -297,7 +308,7 @@ func assertGone(t *testing.T, ids ...string) {
 
 func TestSweepRemovesLeftovers(t *testing.T) {
 	needRoot(t)
-	m, err := New("10.213.129.0/24")
+	m, err := New("10.213.129.0/24", t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,10 +319,18 @@ func TestSweepRemovesLeftovers(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = m.Detach(id) })
 	// A new manager (an edge after kill -9) learns the address in use.
-	m2, _ := New("10.213.129.0/24")
+	m2, _ := New("10.213.129.0/24", t.Name())
 	i, err := m2.alloc("sb-test-other")
 	if err != nil || i == 0 {
 		t.Errorf("a restarted manager reuses a live /31: index %d, %v", i, err)
+	}
+	// Another edge on this host (another owner) leaves it alone.
+	m3, _ := New("10.213.129.0/24", "another edge")
+	if gone, err := m3.Sweep(func(string) bool { return false }); err != nil || len(gone) != 0 {
+		t.Errorf("another owner swept %v (%v)", gone, err)
+	}
+	if i, err := m3.alloc("sb-x"); err != nil || i == 0 {
+		t.Errorf("another owner takes a /31 in use on the host: index %d, %v", i, err)
 	}
 	gone, err := m2.Sweep(func(x string) bool { return x != id })
 	if err != nil {
@@ -320,7 +339,7 @@ func TestSweepRemovesLeftovers(t *testing.T) {
 	if len(gone) != 1 || gone[0] != id {
 		t.Errorf("swept %v, want [%s]", gone, id)
 	}
-	assertGone(t, id)
+	assertGone(t, m2, id)
 }
 
 func TestParseEgress(t *testing.T) {

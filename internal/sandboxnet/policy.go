@@ -76,6 +76,11 @@ func established() []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)}}
 }
 
+func isTCP() []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}}
+}
+
 func rejectAdmin() expr.Any {
 	return &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}
 }
@@ -123,7 +128,7 @@ func installPolicy(a *Attachment, pool netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(a.ID)})
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: a.Table})
 	accept := nftables.ChainPolicyAccept
 	fwd := c.AddChain(&nftables.Chain{Name: chainForward, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -144,6 +149,15 @@ func installPolicy(a *Attachment, pool netip.Prefix) error {
 		c.AddRule(r)
 	}
 	counted := func(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
+	// refuse counts and refuses what match selects: a TCP connect with a
+	// reset (never rate-limited, unlike ICMP errors, so a refused connect
+	// is not retried and counts once), anything else with an ICMP
+	// administratively-prohibited.
+	refuse := func(ch *nftables.Chain, reason string, match ...[]expr.Any) {
+		m := cat(match...)
+		add(ch, reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
+		add(ch, reason, cat(m, counted(rejectAdmin())))
+	}
 	self := netip.PrefixFrom(a.Address, 32)
 
 	// Into the sandbox: replies only.
@@ -154,26 +168,26 @@ func installPolicy(a *Attachment, pool netip.Prefix) error {
 	add(fwd, DenyIPv6, cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), counted(rejectAdmin())))
 	add(fwd, DenySpoofed, cat(ip4(12, expr.CmpOpNeq, self), counted(verdict(expr.VerdictDrop))))
 	add(fwd, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
-	add(fwd, DenyMetadata, cat(ip4(16, expr.CmpOpEq, MetadataPrefix), counted(rejectAdmin())))
-	add(fwd, DenySandbox, cat(ip4(16, expr.CmpOpEq, pool), counted(rejectAdmin())))
+	refuse(fwd, DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
+	refuse(fwd, DenySandbox, ip4(16, expr.CmpOpEq, pool))
 	for _, r := range a.Egress {
 		for _, ex := range allowRules(r) {
 			add(fwd, "", ex)
 		}
 	}
-	add(fwd, DenyNotAllowed, counted(rejectAdmin()))
+	refuse(fwd, DenyNotAllowed)
 
 	// The host itself (every address it has, the gateway too) is never
 	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
 	// uncounted: the host end has no IPv6.
 	add(in, "", cat(iif(expr.CmpOpEq, a.Link), nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), []expr.Any{verdict(expr.VerdictDrop)}))
-	add(in, DenyHost, cat(iif(expr.CmpOpEq, a.Link), counted(rejectAdmin())))
+	refuse(in, DenyHost, iif(expr.CmpOpEq, a.Link))
 
 	// What leaves through any other interface leaves as the host.
 	add(post, "", cat(nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), ip4(12, expr.CmpOpEq, self),
 		oif(expr.CmpOpNeq, a.Link), []expr.Any{&expr.Masq{}}))
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("sandboxnet: install table %s: %w", TableName(a.ID), err)
+		return fmt.Errorf("sandboxnet: install table %s: %w", a.Table, err)
 	}
 	return nil
 }
@@ -209,12 +223,12 @@ func listTables() ([]string, error) {
 }
 
 // Denied reads id's refusal counters by reason (packets).
-func Denied(id string) (map[string]int64, error) {
+func (m *Manager) Denied(id string) (map[string]int64, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(id)}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: m.TableName(id)}
 	out := map[string]int64{}
 	for _, ch := range []string{chainForward, chainInput} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: ch, Table: t})
