@@ -334,3 +334,32 @@ func (m *Manager) Sweep(live func(id string) bool) ([]string, error) {
 	}
 	return gone, errors.Join(errs...)
 }
+
+// Owned lists the host links and nftables tables that the edge named by
+// owner has made and not removed (leak checks).
+func Owned(owner string) ([]string, error) {
+	m, err := New("", owner)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list links: %w", err)
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Alias, m.owner+" ") {
+			out = append(out, "link "+l.Attrs().Name+" ("+l.Attrs().Alias+")")
+		}
+	}
+	tables, err := listTables()
+	if err != nil {
+		return out, err
+	}
+	for _, t := range tables {
+		if strings.HasPrefix(t, TablePrefix+m.owner+"_") {
+			out = append(out, "nftables table "+t)
+		}
+	}
+	return out, nil
+}

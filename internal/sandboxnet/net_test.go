@@ -5,164 +5,16 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"runtime"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/sandboxnet/nettest"
 )
-
-// nsProc is a process alone in a new network namespace (a stand-in for a
-// sandbox's agent, or the test's "internet").
-func nsProc(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("sleep", "600")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	if err := cmd.Start(); err != nil {
-		t.Skipf("SKIP: cannot make a network namespace: %v", err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return cmd.Process.Pid
-}
-
-// inNS runs f on a thread in pid's network namespace.
-func inNS(t *testing.T, pid int, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.GetFromPid(pid)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			t.Error(err)
-			return
-		}
-		f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread() // else the thread dies with the goroutine
-		}
-	}()
-	<-done
-}
-
-func mustParse(t *testing.T, s ...string) []api.EgressRule {
-	var out []api.EgressRule
-	for _, e := range s {
-		r, err := api.ParseEgress(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// fakeInternet makes a namespace holding 10.1.2.3, 10.9.9.9 and
-// 169.254.169.254, each with TCP listeners on 80 and 443, routed from the
-// host through a veth the test owns. Nothing is routed off the machine.
-func fakeInternet(t *testing.T) {
-	t.Helper()
-	pid := nsProc(t)
-	name := fmt.Sprintf("wtinet%d", os.Getpid()%100000)
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "inet0", PeerNamespace: netlink.NsPid(pid)}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("fake internet veth: %v", err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(name); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-	host, _ := netlink.LinkByName(name)
-	mustNL(t, netlink.AddrAdd(host, &netlink.Addr{IPNet: cidr("10.1.2.1/24")}))
-	mustNL(t, netlink.LinkSetUp(host))
-	for _, dst := range []string{"10.9.9.9/32", "169.254.169.254/32"} {
-		mustNL(t, netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: cidr(dst), Gw: net.ParseIP("10.1.2.3")}))
-	}
-	inNS(t, pid, func() {
-		l, err := netlink.LinkByName("inet0")
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		for _, a := range []string{"10.1.2.3/24", "10.9.9.9/32", "169.254.169.254/32"} {
-			mustNL(t, netlink.AddrAdd(l, &netlink.Addr{IPNet: cidr(a)}))
-		}
-		lo, _ := netlink.LinkByName("lo")
-		mustNL(t, netlink.LinkSetUp(lo))
-		mustNL(t, netlink.LinkSetUp(l))
-		for _, port := range []string{"80", "443"} {
-			ln, err := net.Listen("tcp4", "0.0.0.0:"+port)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			t.Cleanup(func() { ln.Close() })
-			go serve(ln)
-		}
-	})
-}
-
-func serve(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		_, _ = c.Write([]byte("hello"))
-		c.Close()
-	}
-}
-
-func mustNL(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func cidr(s string) *net.IPNet {
-	ip, n, _ := net.ParseCIDR(s)
-	n.IP = ip
-	return n
-}
-
-// dial connects from inside pid's namespace; nil when it reads the
-// server's greeting.
-func dial(t *testing.T, pid int, addr string) error {
-	var err error
-	inNS(t, pid, func() {
-		var c net.Conn
-		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-		b := make([]byte, 5)
-		_, err = c.Read(b)
-	})
-	return err
-}
 
 func needRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -172,12 +24,12 @@ func needRoot(t *testing.T) {
 
 func TestEgressAllowlist(t *testing.T) {
 	needRoot(t)
-	fakeInternet(t)
+	nettest.FakeInternet(t)
 	m, err := New("10.213.128.0/24", t.Name()) // a corner of the pool of its own: tests run beside an edge
 	if err != nil {
 		t.Fatal(err)
 	}
-	sbPid, otherPid := nsProc(t), nsProc(t)
+	sbPid, otherPid := nettest.NSProc(t), nettest.NSProc(t)
 	id, other := fmt.Sprintf("sb-test-a%d", os.Getpid()), fmt.Sprintf("sb-test-b%d", os.Getpid())
 	a, err := m.Attach(id, sbPid, mustParse(t, "10.1.2.0/24:443/tcp"))
 	if err != nil {
@@ -189,14 +41,14 @@ func TestEgressAllowlist(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Detach(other) })
-	inNS(t, otherPid, func() {
+	nettest.InNS(t, otherPid, func() {
 		ln, err := net.Listen("tcp4", b.Address.String()+":443")
 		if err != nil {
 			t.Error(err)
 			return
 		}
 		t.Cleanup(func() { ln.Close() })
-		go serve(ln)
+		go nettest.Serve(ln)
 	})
 	// A host listener on every address.
 	hl, err := net.Listen("tcp4", "0.0.0.0:0")
@@ -204,10 +56,10 @@ func TestEgressAllowlist(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hl.Close()
-	go serve(hl)
+	go nettest.Serve(hl)
 	hostPort := hl.Addr().(*net.TCPAddr).Port
 
-	if err := dial(t, sbPid, "10.1.2.3:443"); err != nil {
+	if err := nettest.Dial(t, sbPid, "10.1.2.3:443"); err != nil {
 		t.Fatalf("allowed 10.1.2.3:443: %v", err)
 	}
 	denied := map[string]string{
@@ -219,7 +71,7 @@ func TestEgressAllowlist(t *testing.T) {
 		fmt.Sprint("10.1.2.1:", hostPort):              DenyHost,
 	}
 	for addr, why := range denied {
-		err := dial(t, sbPid, addr)
+		err := nettest.Dial(t, sbPid, addr)
 		if err == nil {
 			t.Errorf("%s (%s) reachable", addr, why)
 			continue
@@ -242,7 +94,7 @@ func TestEgressAllowlist(t *testing.T) {
 	// A scan: every refused connect counts once (a reset is never
 	// rate-limited, so none is retried).
 	for i := 0; i < 50; i++ {
-		if err := dial(t, sbPid, fmt.Sprintf("10.9.9.9:%d", 1000+i)); !errors.Is(err, unix.ECONNREFUSED) {
+		if err := nettest.Dial(t, sbPid, fmt.Sprintf("10.9.9.9:%d", 1000+i)); !errors.Is(err, unix.ECONNREFUSED) {
 			t.Fatalf("scan port %d: %v", 1000+i, err)
 		}
 	}
@@ -252,7 +104,7 @@ func TestEgressAllowlist(t *testing.T) {
 
 	// Root inside the sandbox's namespace flushes every table it can see:
 	// the policy lives in the host's namespace and holds.
-	inNS(t, sbPid, func() {
+	nettest.InNS(t, sbPid, func() {
 		c, err := nftables.New()
 		if err != nil {
 			t.Error(err)
@@ -265,11 +117,11 @@ func TestEgressAllowlist(t *testing.T) {
 		c.FlushRuleset()
 		_ = c.Flush()
 	})
-	if err := dial(t, sbPid, "10.9.9.9:443"); err == nil {
+	if err := nettest.Dial(t, sbPid, "10.9.9.9:443"); err == nil {
 		t.Error("10.9.9.9:443 reachable after the sandbox flushed its ruleset")
 	}
 	// Its interfaces: lo and eth0 only.
-	inNS(t, sbPid, func() {
+	nettest.InNS(t, sbPid, func() {
 		ls, _ := netlink.LinkList()
 		var names []string
 		for _, l := range ls {
@@ -312,7 +164,7 @@ func TestSweepRemovesLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := nsProc(t)
+	pid := nettest.NSProc(t)
 	id := fmt.Sprintf("sb-test-c%d", os.Getpid())
 	if _, err := m.Attach(id, pid, nil); err != nil {
 		t.Fatal(err)
@@ -360,4 +212,16 @@ func TestParseEgress(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+}
+
+func mustParse(t *testing.T, s ...string) []api.EgressRule {
+	var out []api.EgressRule
+	for _, e := range s {
+		r, err := api.ParseEgress(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	return out
 }

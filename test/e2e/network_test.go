@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/sandboxnet/nettest"
+)
+
+// TestNetworkEgress: a sandbox created without network has loopback only;
+// one created with an egress allowlist reaches what it lists (in a fake
+// internet this test makes: nothing leaves the machine) and nothing else:
+// not another port, not the metadata address, not the host; every refusal
+// is counted in GET …/network; deleting it leaves no veth or table.
+func TestNetworkEgress(t *testing.T) {
+	nettest.FakeInternet(t)
+	pool := fmt.Sprintf("10.213.%d.0/24", 20+os.Getpid()%100)
+	s := startServer(t, "--net-pool", pool)
+
+	plain := s.create(t, api.CreateSandboxRequest{})
+	if r := s.sh(t, plain.ID, "cat /proc/net/dev"); strings.Contains(r.Stdout, "eth0") || !strings.Contains(r.Stdout, "lo:") {
+		t.Errorf("a sandbox without network has interfaces:\n%s", r.Stdout)
+	}
+	code, body := s.rawRequest(t, "GET", "/v1/sandboxes/"+plain.ID+"/network", "", nil, nil)
+	if code != 200 || !strings.Contains(body, `"enabled":false`) {
+		t.Errorf("network of a plain sandbox: %d %s", code, body)
+	}
+
+	// Bad entries are the client's error, with the entry in the message.
+	for _, bad := range []string{"10.1.2.0/33", "10.1.2.3:0", "10.1.2.3:70000/tcp", "::1"} {
+		b, _ := json.Marshal(map[string]any{"image": "busybox", "network": map[string]any{"egress": []string{bad}}})
+		code, body := s.rawRequest(t, "POST", "/v1/sandboxes", "", b, map[string]string{"Content-Type": "application/json"})
+		if code != 422 || !strings.Contains(body, bad) {
+			t.Errorf("egress %q: %d %s, want 422 naming it", bad, code, body)
+		}
+	}
+
+	sb := s.create(t, api.CreateSandboxRequest{Network: &api.NetworkSpec{Egress: []string{nettest.Mirror + "/24:443/tcp"}}})
+	if sb.Network == nil || len(sb.Network.Egress) != 1 || sb.Network.Egress[0] != "10.1.2.0/24:443/tcp" {
+		t.Errorf("created sandbox's network: %+v", sb.Network)
+	}
+	if r := s.sh(t, sb.ID, "cat /proc/net/dev"); !strings.Contains(r.Stdout, "eth0") {
+		t.Errorf("a networked sandbox has no eth0:\n%s", r.Stdout)
+	}
+	if r := s.sh(t, sb.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.ExitCode != 0 || r.Stdout != "hello" {
+		t.Fatalf("allowed %s:443: exit %d, %q %q", nettest.Mirror, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	hl, err := net.Listen("tcp4", "0.0.0.0:0") // the host, on every address
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hl.Close()
+	go nettest.Serve(hl)
+	hostPort := hl.Addr().(*net.TCPAddr).Port
+	var n api.SandboxNetwork
+	code, body = s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/network", "", nil, nil)
+	if code != 200 || json.Unmarshal([]byte(body), &n) != nil || !n.Enabled || n.Address == "" {
+		t.Fatalf("network: %d %s", code, body)
+	}
+	for _, dst := range []string{nettest.Mirror + " 80", nettest.Elsewhere + " 443", nettest.Metadata + " 80",
+		fmt.Sprint(nettest.HostEnd, " ", hostPort), fmt.Sprint(n.Gateway, " ", hostPort)} {
+		if r := s.sh(t, sb.ID, "nc -w 5 "+dst+" </dev/null"); r.ExitCode == 0 || strings.Contains(r.Stdout, "hello") {
+			t.Errorf("%s reachable: exit %d %q", dst, r.ExitCode, r.Stdout)
+		}
+	}
+	code, body = s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/network", "", nil, nil)
+	if code != 200 || json.Unmarshal([]byte(body), &n) != nil {
+		t.Fatalf("network: %d %s", code, body)
+	}
+	want := map[string]int64{"not-allowed": 2, "metadata": 1, "host": 2}
+	for k, v := range want {
+		if n.DeniedBy[k] != v {
+			t.Errorf("denied_by[%s] = %d, want %d: %s", k, n.DeniedBy[k], v, body)
+		}
+	}
+	if n.Denied != 5 {
+		t.Errorf("denied = %d, want 5: %s", n.Denied, body)
+	}
+	if _, err := s.C.Delete(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if l := netLeaks(s.dataDir); len(l) > 0 {
+		t.Errorf("deleted networked sandbox left: %v", l)
+	}
+}
