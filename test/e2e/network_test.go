@@ -6,7 +6,9 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/sandboxnet/nettest"
@@ -68,6 +70,16 @@ func TestNetworkEgress(t *testing.T) {
 			t.Errorf("%s reachable: exit %d %q", dst, r.ExitCode, r.Stdout)
 		}
 	}
+	// Root inside has no CAP_NET_ADMIN, even over its own namespace: it
+	// cannot take another address or change its link.
+	for _, cmd := range []string{"ip addr add 10.1.2.77/24 dev eth0", "ip link set eth0 down", "ip route del default"} {
+		if r := s.sh(t, sb.ID, cmd); r.ExitCode == 0 || !strings.Contains(r.Stderr, "not permitted") {
+			t.Errorf("root inside: %q: exit %d %q, want EPERM", cmd, r.ExitCode, r.Stderr)
+		}
+	}
+	if r := s.sh(t, sb.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.Stdout != "hello" {
+		t.Errorf("allowed destination lost after the attempts: %q %q", r.Stdout, r.Stderr)
+	}
 	code, body = s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/network", "", nil, nil)
 	if code != 200 || json.Unmarshal([]byte(body), &n) != nil {
 		t.Fatalf("network: %d %s", code, body)
@@ -87,4 +99,47 @@ func TestNetworkEgress(t *testing.T) {
 	if l := netLeaks(s.dataDir); len(l) > 0 {
 		t.Errorf("deleted networked sandbox left: %v", l)
 	}
+}
+
+// TestNetworkRestart: after kill -9 of the edge, a live networked sandbox
+// is adopted with its network working, a dead one's link and table are
+// swept, a new sandbox gets another address, and stopping leaves nothing.
+func TestNetworkRestart(t *testing.T) {
+	nettest.FakeInternet(t)
+	pool := fmt.Sprintf("10.213.%d.0/24", 130+os.Getpid()%100)
+	s := startServer(t, "--net-pool", pool)
+	spec := api.CreateSandboxRequest{Network: &api.NetworkSpec{Egress: []string{nettest.Mirror + ":443/tcp"}}}
+	alive, doomed := s.create(t, spec), s.create(t, spec)
+	doomedPid := agentPid(t, s, doomed.ID)
+	s.kill9()
+	if err := syscall.Kill(doomedPid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	s.start()
+	if r := s.sh(t, alive.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.Stdout != "hello" {
+		t.Fatalf("adopted sandbox lost its network: %q %q\n%s", r.Stdout, r.Stderr, tail(s.logs.String(), 30))
+	}
+	left := netLeaks(s.dataDir)
+	for _, l := range left {
+		if strings.Contains(l, doomed.ID) {
+			t.Errorf("dead sandbox's network not swept: %v", left)
+		}
+	}
+	var a api.SandboxNetwork
+	code, body := s.rawRequest(t, "GET", "/v1/sandboxes/"+alive.ID+"/network", "", nil, nil)
+	if code != 200 || json.Unmarshal([]byte(body), &a) != nil || a.Address == "" {
+		t.Fatalf("network of the adopted sandbox: %d %s", code, body)
+	}
+	fresh := s.create(t, spec)
+	var f api.SandboxNetwork
+	_, body = s.rawRequest(t, "GET", "/v1/sandboxes/"+fresh.ID+"/network", "", nil, nil)
+	if json.Unmarshal([]byte(body), &f) != nil || f.Address == "" || f.Address == a.Address {
+		t.Errorf("new sandbox after the restart got %q; the adopted one has %q", f.Address, a.Address)
+	}
+	if r := s.sh(t, fresh.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.Stdout != "hello" {
+		t.Errorf("new sandbox after the restart: %q %q", r.Stdout, r.Stderr)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
 }
