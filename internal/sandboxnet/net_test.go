@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -100,6 +101,24 @@ func TestEgressAllowlist(t *testing.T) {
 	}
 	if got2, _ := m.Denied(id); got2[DenyNotAllowed] != got[DenyNotAllowed]+50 {
 		t.Errorf("after 50 refused connects denied[not-allowed] = %d, want %d", got2[DenyNotAllowed], got[DenyNotAllowed]+50)
+	}
+
+	// A forged source (here: a second address, which a sandbox's root
+	// could not add, but could forge with a raw socket) is dropped.
+	nettest.InNS(t, sbPid, func() {
+		l, _ := netlink.LinkByName(SandboxLink)
+		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("10.1.2.77"), Mask: net.CIDRMask(32, 32)}}); err != nil {
+			t.Error(err)
+			return
+		}
+		d := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP("10.1.2.77")}}
+		if c, err := d.Dial("tcp4", nettest.Mirror+":443"); err == nil {
+			c.Close()
+			t.Error("a connection from a forged source went through")
+		}
+	})
+	if got3, _ := m.Denied(id); got3[DenySpoofed] == 0 {
+		t.Errorf("forged source not counted: %v", got3)
 	}
 
 	// Root inside the sandbox's namespace flushes every table it can see:
@@ -224,4 +243,31 @@ func mustParse(t *testing.T, s ...string) []api.EgressRule {
 		out = append(out, r)
 	}
 	return out
+}
+
+// BenchmarkAttachDetach is what a network adds to a sandbox's start and
+// stop (veth pair, addresses, route, nftables table, and their removal).
+func BenchmarkAttachDetach(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("SKIP: needs root")
+	}
+	m, err := New("10.213.130.0/24", b.Name())
+	if err != nil {
+		b.Fatal(err)
+	}
+	rules := []api.EgressRule{}
+	for _, e := range []string{"10.1.2.0/24:443/tcp", "10.9.0.0/16"} {
+		r, _ := api.ParseEgress(e)
+		rules = append(rules, r)
+	}
+	pid := nettest.NSProc(b)
+	for i := 0; i < b.N; i++ {
+		id := fmt.Sprintf("sb-bench-%d", i)
+		if _, err := m.Attach(id, pid, rules); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Detach(id); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
