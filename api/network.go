@@ -95,7 +95,7 @@ type SandboxNetwork struct {
 	// connection: each refused connect is one (the refusal answers it at
 	// once, so it is not retried). DeniedBy splits it by the rule that
 	// refused: "not-allowed", "metadata", "host", "sandbox", "spoofed",
-	// "ipv6", "inbound".
+	// "ipv6", "conn-limit".
 	Denied   int64            `json:"denied"`
 	DeniedBy map[string]int64 `json:"denied_by"`
 }

@@ -57,6 +57,9 @@ var MetadataPrefix = netip.MustParsePrefix("169.254.0.0/16")
 type Manager struct {
 	pool  netip.Prefix
 	owner string
+	// MaxConns is each sandbox's limit of open connections (set before
+	// use; 0 = DefaultMaxConns).
+	MaxConns uint32
 
 	mu      sync.Mutex
 	used    map[int]string // /31 index -> sandbox id
@@ -101,6 +104,8 @@ type Attachment struct {
 	Address netip.Addr // the sandbox's
 	Gateway netip.Addr // the host end's
 	Egress  []api.EgressRule
+	// MaxConns bounds the sandbox's open connections.
+	MaxConns uint32
 }
 
 func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
@@ -207,7 +212,11 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 		return nil, err
 	}
 	gw, addr := m.addrs(i)
-	a = &Attachment{ID: id, Link: m.LinkName(id), Table: m.TableName(id), Address: addr, Gateway: gw, Egress: egress}
+	a = &Attachment{ID: id, Link: m.LinkName(id), Table: m.TableName(id), Address: addr, Gateway: gw, Egress: egress,
+		MaxConns: m.MaxConns}
+	if a.MaxConns == 0 {
+		a.MaxConns = DefaultMaxConns
+	}
 	defer func() {
 		if err != nil {
 			_ = m.Detach(id)

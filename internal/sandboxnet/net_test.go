@@ -271,3 +271,71 @@ func BenchmarkAttachDetach(b *testing.B) {
 		}
 	}
 }
+
+// TestConnLimit: a sandbox's open connections are bounded by its own
+// conntrack list; one past the limit is refused and counted, and closing
+// one makes room.
+func TestConnLimit(t *testing.T) {
+	needRoot(t)
+	nettest.FakeInternet(t)
+	m, err := New("10.213.132.0/24", t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.MaxConns = 3
+	pid := nettest.NSProc(t)
+	id := fmt.Sprintf("sb-test-d%d", os.Getpid())
+	if _, err := m.Attach(id, pid, mustParse(t, nettest.Mirror)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(id) })
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	dialHold := func() (net.Conn, error) {
+		var c net.Conn
+		var err error
+		nettest.InNS(t, pid, func() {
+			c, err = net.DialTimeout("tcp4", nettest.Mirror+":"+nettest.HoldPort, 3*time.Second)
+			if err == nil {
+				b := make([]byte, 5)
+				_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+				if _, err = c.Read(b); err != nil {
+					c.Close()
+				}
+			}
+		})
+		return c, err
+	}
+	for i := 0; i < 3; i++ {
+		c, err := dialHold()
+		if err != nil {
+			t.Fatalf("connection %d of 3: %v", i+1, err)
+		}
+		conns = append(conns, c)
+	}
+	if c, err := dialHold(); err == nil {
+		c.Close()
+		t.Fatal("a 4th connection past a limit of 3 went through")
+	}
+	if d, _ := m.Denied(id); d[DenyConnLimit] == 0 {
+		t.Errorf("conn-limit refusal not counted: %v", d)
+	}
+	conns[0].Close()
+	conns = conns[1:]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := dialHold()
+		if err == nil {
+			conns = append(conns, c)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("closing a connection made no room: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -24,13 +24,19 @@ const (
 	DenySandbox    = "sandbox"
 	DenySpoofed    = "spoofed"
 	DenyIPv6       = "ipv6"
+	DenyConnLimit  = "conn-limit"
 )
+
+// DefaultMaxConns is a sandbox's limit of open connections (tracked by
+// the host's conntrack) when the Manager sets none.
+const DefaultMaxConns = 4096
 
 const (
 	chainForward = "forward"
 	chainInbound = "forward-in"
 	chainInput   = "input"
 	chainNAT     = "postrouting"
+	chainAllowed = "allowed"
 )
 
 func ifname(n string) []byte {
@@ -170,8 +176,16 @@ func installPolicy(a *Attachment, pool netip.Prefix) error {
 	add(fwd, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
 	refuse(fwd, DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
 	refuse(fwd, DenySandbox, ip4(16, expr.CmpOpEq, pool))
+	// Allowed destinations jump to one rule that counts the sandbox's
+	// open connections (its own list, so a scan or a flood fills its
+	// share of the host's connection tracking, not the host's).
+	allowed := c.AddChain(&nftables.Chain{Name: chainAllowed, Table: t})
+	add(allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
+		&expr.Counter{}, rejectAdmin()})
+	add(allowed, "", []expr.Any{verdict(expr.VerdictAccept)})
 	for _, r := range a.Egress {
 		for _, ex := range allowRules(r) {
+			ex[len(ex)-1] = &expr.Verdict{Kind: expr.VerdictJump, Chain: chainAllowed}
 			add(fwd, "", ex)
 		}
 	}
@@ -230,7 +244,7 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: m.TableName(id)}
 	out := map[string]int64{}
-	for _, ch := range []string{chainForward, chainInput} {
+	for _, ch := range []string{chainForward, chainInput, chainAllowed} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: ch, Table: t})
 		if err != nil {
 			return nil, fmt.Errorf("sandboxnet: read %s/%s: %w", t.Name, ch, err)

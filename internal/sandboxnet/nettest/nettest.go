@@ -1,13 +1,14 @@
 // Package nettest builds, for tests, a stand-in for the internet inside a
 // network namespace the test owns, so that no test sends a packet off the
 // machine: a namespace holding 10.1.2.3, 10.9.9.9 and 169.254.169.254,
-// each with TCP listeners (greeting "hello") on 80 and 443, reached from
+// each with TCP listeners (greeting "hello") on 80 and 443 (and HoldPort), reached from
 // the host through a veth (host end 10.1.2.1/24) with routes for the
 // other two addresses. Everything is removed when the test ends.
 package nettest
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -105,16 +106,37 @@ func FakeInternet(t testing.TB) {
 		lo, _ := netlink.LinkByName("lo")
 		must(t, netlink.LinkSetUp(lo))
 		must(t, netlink.LinkSetUp(l))
-		for _, port := range []string{"80", "443"} {
+		for _, port := range []string{"80", "443", HoldPort} {
 			ln, err := net.Listen("tcp4", "0.0.0.0:"+port)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			t.Cleanup(func() { ln.Close() })
-			go Serve(ln)
+			if port == HoldPort {
+				go hold(ln)
+			} else {
+				go Serve(ln)
+			}
 		}
 	})
+}
+
+// HoldPort greets and keeps the connection open until the client closes.
+const HoldPort = "8080"
+
+func hold(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_, _ = c.Write([]byte("hello"))
+			_, _ = io.Copy(io.Discard, c)
+		}()
+	}
 }
 
 // Serve greets every connection with "hello" and closes it.
