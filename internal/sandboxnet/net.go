@@ -299,6 +299,17 @@ func (m *Manager) Detach(id string) error {
 	return errors.Join(errs...)
 }
 
+// Release is Detach for a sandbox whose network namespace has no process
+// left: the kernel removes the veth pair with the namespace (its cleanup
+// is batched and off this path, where deleting the link here waits ~30 ms
+// for RCU), so only the table goes here. The /31 is free at once: alloc
+// skips any pair whose address a host link still holds.
+func (m *Manager) Release(id string) error {
+	err := deleteTable(m.TableName(id))
+	m.release(id)
+	return err
+}
+
 // Attached says whether id has a network here.
 func (m *Manager) Attached(id string) bool {
 	_, err := netlink.LinkByName(m.LinkName(id))

@@ -96,8 +96,14 @@ func TestNetworkEgress(t *testing.T) {
 	if _, err := s.C.Delete(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if l := netLeaks(s.dataDir); len(l) > 0 {
-		t.Errorf("deleted networked sandbox left: %v", l)
+	// The table goes with the delete; the veth pair with the sandbox's
+	// namespace, which the kernel tears down right after.
+	deadline := time.Now().Add(5 * time.Second)
+	for l := netLeaks(s.dataDir); len(l) > 0; l = netLeaks(s.dataDir) {
+		if time.Now().After(deadline) {
+			t.Fatalf("deleted networked sandbox left: %v", l)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -455,7 +455,9 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 		}
 	}
 	if h.Net != nil {
-		if err := r.net.Detach(h.ID); err != nil {
+		// Its processes are gone (reaped or killed with the cgroup), so
+		// its namespace and the veth pair in it go with them.
+		if err := r.net.Release(h.ID); err != nil {
 			errs = append(errs, fmt.Errorf("container: %w", err))
 		}
 	}
