@@ -5,9 +5,10 @@
 // Each networked sandbox gets a veth pair: the host end (wn<hash>, its
 // alias "<owner> <sandbox id>") holds the gateway address, the sandbox end
 // ("eth0", created directly in the sandbox's network namespace) the
-// sandbox's address, both of one /31 of a node-local pool. The policy is
-// one nftables table per sandbox (warren_<owner>_<id>, family inet) in the host's
-// network namespace, where root in the sandbox (no CAP_NET_ADMIN there)
+// sandbox's address, both of one /31 of a node-local pool. The policy
+// lives in the edge's nftables table (warren_<owner>, family inet; chains
+// o_<id>, h_<id>, a_<id> per sandbox, policy.go) in the host's network
+// namespace, where root in the sandbox (no CAP_NET_ADMIN there)
 // cannot change it: forwarded packets from the sandbox pass only to
 // allowlisted destinations, never to link-local/metadata addresses or to
 // other sandboxes; packets to the host itself are refused; everything
@@ -66,6 +67,7 @@ type Manager struct {
 	byID    map[string]int
 	loaded  bool
 	forward bool
+	tableUp bool // the edge's table exists (removed with its last sandbox)
 }
 
 // New makes a Manager over pool (DefaultPool when empty) for the edge
@@ -93,14 +95,13 @@ func (m *Manager) LinkName(id string) string {
 
 func (m *Manager) alias(id string) string { return m.owner + " " + id }
 
-// TableName is id's nftables table.
-func (m *Manager) TableName(id string) string { return TablePrefix + m.owner + "_" + id }
+// tableName is the edge's nftables table.
+func (m *Manager) tableName() string { return TablePrefix + m.owner }
 
 // Attachment is a sandbox's network as attached.
 type Attachment struct {
 	ID      string
 	Link    string     // host end
-	Table   string     // nftables table
 	Address netip.Addr // the sandbox's
 	Gateway netip.Addr // the host end's
 	Egress  []api.EgressRule
@@ -126,6 +127,11 @@ func (m *Manager) loadLocked() {
 		return
 	}
 	m.loaded = true
+	if ts, err := listTables(); err == nil {
+		for _, t := range ts {
+			m.tableUp = m.tableUp || t == m.tableName()
+		}
+	}
 	links, err := netlink.LinkList()
 	if err != nil {
 		return
@@ -177,13 +183,35 @@ func (m *Manager) alloc(id string) (int, error) {
 	return 0, fmt.Errorf("sandboxnet: address pool %s is exhausted", m.pool)
 }
 
-func (m *Manager) release(id string) {
+// release frees id's /31, and removes the edge's table with its last
+// sandbox (a node without networked sandboxes has no hooks at all).
+func (m *Manager) release(id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if i, ok := m.byID[id]; ok {
 		delete(m.used, i)
 		delete(m.byID, id)
 	}
+	if len(m.byID) > 0 || !m.tableUp {
+		return nil
+	}
+	m.tableUp = false
+	return deleteTable(m.tableName())
+}
+
+// ensureTable makes the edge's table unless it exists.
+func (m *Manager) ensureTable() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
+	if m.tableUp {
+		return nil
+	}
+	if err := m.createTable(); err != nil {
+		return err
+	}
+	m.tableUp = true
+	return nil
 }
 
 // enableForwarding turns on IPv4 forwarding on the host once.
@@ -212,7 +240,7 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 		return nil, err
 	}
 	gw, addr := m.addrs(i)
-	a = &Attachment{ID: id, Link: m.LinkName(id), Table: m.TableName(id), Address: addr, Gateway: gw, Egress: egress,
+	a = &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
 		MaxConns: m.MaxConns}
 	if a.MaxConns == 0 {
 		a.MaxConns = DefaultMaxConns
@@ -223,7 +251,10 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 		}
 	}()
 	// The policy comes first: the sandbox's end is never up without it.
-	if err := installPolicy(a, m.pool); err != nil {
+	if err := m.ensureTable(); err != nil {
+		return nil, err
+	}
+	if err := m.installPolicy(a); err != nil {
 		return nil, err
 	}
 	if err := m.link(a, pid); err != nil {
@@ -292,22 +323,22 @@ func (m *Manager) Detach(id string) error {
 			errs = append(errs, fmt.Errorf("sandboxnet: delete %s: %w", m.LinkName(id), err))
 		}
 	}
-	if err := deleteTable(m.TableName(id)); err != nil {
+	if err := m.removePolicy(id); err != nil {
 		errs = append(errs, err)
 	}
-	m.release(id)
+	if err := m.release(id); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
 // Release is Detach for a sandbox whose network namespace has no process
 // left: the kernel removes the veth pair with the namespace (its cleanup
 // is batched and off this path, where deleting the link here waits ~30 ms
-// for RCU), so only the table goes here. The /31 is free at once: alloc
+// for RCU), so only its chains go here. The /31 is free at once: alloc
 // skips any pair whose address a host link still holds.
 func (m *Manager) Release(id string) error {
-	err := deleteTable(m.TableName(id))
-	m.release(id)
-	return err
+	return errors.Join(m.removePolicy(id), m.release(id))
 }
 
 // Attached says whether id has a network here.
@@ -338,19 +369,28 @@ func (m *Manager) Sweep(live func(id string) bool) ([]string, error) {
 		seen[id] = true
 		gone = append(gone, id)
 	}
-	tables, err := listTables()
+	ids, err := m.chainIDs()
 	if err != nil {
 		return gone, errors.Join(append(errs, err)...)
 	}
-	for _, t := range tables {
-		id, ok := strings.CutPrefix(t, TablePrefix+m.owner+"_")
-		if !ok || seen[id] || live(id) {
+	for _, id := range ids {
+		if seen[id] || live(id) {
 			continue
 		}
 		if err := m.Detach(id); err != nil {
 			errs = append(errs, err)
 		}
 		gone = append(gone, id)
+	}
+	// A table left without sandboxes (a crash after the last one went).
+	m.mu.Lock()
+	m.loadLocked()
+	empty := len(m.byID) == 0 && m.tableUp
+	m.mu.Unlock()
+	if empty {
+		if err := m.release(""); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return gone, errors.Join(errs...)
 }
@@ -377,7 +417,7 @@ func Owned(owner string) ([]string, error) {
 		return out, err
 	}
 	for _, t := range tables {
-		if strings.HasPrefix(t, TablePrefix+m.owner+"_") {
+		if t == m.tableName() {
 			out = append(out, "nftables table "+t)
 		}
 	}

@@ -170,7 +170,7 @@ func assertGone(t *testing.T, m *Manager, ids ...string) {
 			t.Errorf("link %s of %s left", m.LinkName(id), id)
 		}
 		for _, tb := range tables {
-			if tb == m.TableName(id) {
+			if tb == m.tableName() {
 				t.Errorf("table %s left", tb)
 			}
 		}
@@ -195,6 +195,7 @@ func TestSweepRemovesLeftovers(t *testing.T) {
 	if err != nil || i == 0 {
 		t.Errorf("a restarted manager reuses a live /31: index %d, %v", i, err)
 	}
+	_ = m2.release("sb-test-other")
 	// Another edge on this host (another owner) leaves it alone.
 	m3, _ := New("10.213.129.0/24", "another edge")
 	if gone, err := m3.Sweep(func(string) bool { return false }); err != nil || len(gone) != 0 {

@@ -36,23 +36,12 @@ const (
 	chainInbound = "forward-in"
 	chainInput   = "input"
 	chainNAT     = "postrouting"
-	chainAllowed = "allowed"
 )
 
 func ifname(n string) []byte {
 	b := make([]byte, 16)
 	copy(b, n)
 	return b
-}
-
-func iif(op expr.CmpOp, name string) []expr.Any {
-	return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: op, Register: 1, Data: ifname(name)}}
-}
-
-func oif(op expr.CmpOp, name string) []expr.Any {
-	return []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: op, Register: 1, Data: ifname(name)}}
 }
 
 func nfproto(op expr.CmpOp, p byte) []expr.Any {
@@ -128,25 +117,91 @@ func allowRules(r api.EgressRule) [][]expr.Any {
 	return out
 }
 
-// installPolicy writes a's table in one transaction.
-func installPolicy(a *Attachment, pool netip.Prefix) error {
+// The edge's table (warren_<owner>, family inet) holds the hooks, shared
+// by its sandboxes; each sandbox has regular chains of its own, reached
+// through verdict maps keyed by its link's name, so a packet costs one
+// lookup however many sandboxes run, and a start or stop adds or removes
+// chains and map elements without hooking or unhooking anything (which
+// waits for RCU).
+const (
+	mapOut   = "out_by_link"  // iifname -> jump o_<id>
+	mapHost  = "host_by_link" // iifname -> jump h_<id>
+	setLinks = "links"        // every sandbox link
+)
+
+func outChain(id string) string     { return "o_" + id }
+func hostChain(id string) string    { return "h_" + id }
+func allowedChain(id string) string { return "a_" + id }
+
+func (m *Manager) table() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: m.tableName()}
+}
+
+func (m *Manager) sets(t *nftables.Table) (out, host, links *nftables.Set) {
+	out = &nftables.Set{Table: t, Name: mapOut, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+	host = &nftables.Set{Table: t, Name: mapHost, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+	links = &nftables.Set{Table: t, Name: setLinks, KeyType: nftables.TypeIFName}
+	return out, host, links
+}
+
+// createTable makes the edge's table: its hooks and generic rules.
+func (m *Manager) createTable() error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: a.Table})
+	t := c.AddTable(m.table())
+	out, host, links := m.sets(t)
+	for _, s := range []*nftables.Set{out, host, links} {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+		}
+	}
 	accept := nftables.ChainPolicyAccept
 	fwd := c.AddChain(&nftables.Chain{Name: chainForward, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	// Into the sandbox runs after every sandbox's own outbound chain, so
+	// Into sandboxes runs after every sandbox's own outbound chain, so
 	// that a sandbox reaching another is refused (and counted) as the
-	// sender's, not silently dropped as the receiver's.
+	// sender's, not silently dropped here.
 	into := c.AddChain(&nftables.Chain{Name: chainInbound, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityRef(10), Policy: &accept})
 	in := c.AddChain(&nftables.Chain{Name: chainInput, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	post := c.AddChain(&nftables.Chain{Name: chainNAT, Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	add := func(ch *nftables.Chain, ex []expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ex}) }
+	meta := func(k expr.MetaKey) expr.Any { return &expr.Meta{Key: k, Register: 1} }
+	vmap := func(s *nftables.Set) expr.Any {
+		return &expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: s.Name, SetID: s.ID}
+	}
+	member := func(s *nftables.Set, invert bool) expr.Any {
+		return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID, Invert: invert}
+	}
+	add(fwd, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(out)})
+	add(in, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(host)})
+	// Into a sandbox: replies only.
+	add(into, cat([]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false)}, established(), []expr.Any{verdict(expr.VerdictAccept)}))
+	add(into, []expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false), verdict(expr.VerdictDrop)})
+	// What leaves a sandbox through another interface leaves as the host.
+	add(post, cat(nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), ip4(12, expr.CmpOpEq, m.pool),
+		[]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, true), &expr.Masq{}}))
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: create table %s: %w", m.tableName(), err)
+	}
+	return nil
+}
+
+// installPolicy adds a's chains and map elements in one transaction.
+func (m *Manager) installPolicy(a *Attachment) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	outMap, hostMap, links := m.sets(t)
+	fwd := c.AddChain(&nftables.Chain{Name: outChain(a.ID), Table: t})
+	in := c.AddChain(&nftables.Chain{Name: hostChain(a.ID), Table: t})
+	allowed := c.AddChain(&nftables.Chain{Name: allowedChain(a.ID), Table: t})
 	add := func(ch *nftables.Chain, reason string, ex []expr.Any) {
 		r := &nftables.Rule{Table: t, Chain: ch, Exprs: ex}
 		if reason != "" {
@@ -166,26 +221,20 @@ func installPolicy(a *Attachment, pool netip.Prefix) error {
 	}
 	self := netip.PrefixFrom(a.Address, 32)
 
-	// Into the sandbox: replies only.
-	add(into, "", cat(oif(expr.CmpOpEq, a.Link), established(), []expr.Any{verdict(expr.VerdictAccept)}))
-	add(into, "", cat(oif(expr.CmpOpEq, a.Link), []expr.Any{verdict(expr.VerdictDrop)}))
-	// Out of it: everything else in this chain is about the sandbox's packets.
-	add(fwd, "", cat(iif(expr.CmpOpNeq, a.Link), []expr.Any{verdict(expr.VerdictReturn)}))
 	add(fwd, DenyIPv6, cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), counted(rejectAdmin())))
 	add(fwd, DenySpoofed, cat(ip4(12, expr.CmpOpNeq, self), counted(verdict(expr.VerdictDrop))))
 	add(fwd, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
 	refuse(fwd, DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
-	refuse(fwd, DenySandbox, ip4(16, expr.CmpOpEq, pool))
+	refuse(fwd, DenySandbox, ip4(16, expr.CmpOpEq, m.pool))
 	// Allowed destinations jump to one rule that counts the sandbox's
 	// open connections (its own list, so a scan or a flood fills its
 	// share of the host's connection tracking, not the host's).
-	allowed := c.AddChain(&nftables.Chain{Name: chainAllowed, Table: t})
 	add(allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
 		&expr.Counter{}, rejectAdmin()})
 	add(allowed, "", []expr.Any{verdict(expr.VerdictAccept)})
 	for _, r := range a.Egress {
 		for _, ex := range allowRules(r) {
-			ex[len(ex)-1] = &expr.Verdict{Kind: expr.VerdictJump, Chain: chainAllowed}
+			ex[len(ex)-1] = &expr.Verdict{Kind: expr.VerdictJump, Chain: allowedChain(a.ID)}
 			add(fwd, "", ex)
 		}
 	}
@@ -194,16 +243,88 @@ func installPolicy(a *Attachment, pool netip.Prefix) error {
 	// The host itself (every address it has, the gateway too) is never
 	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
 	// uncounted: the host end has no IPv6.
-	add(in, "", cat(iif(expr.CmpOpEq, a.Link), nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), []expr.Any{verdict(expr.VerdictDrop)}))
-	refuse(in, DenyHost, iif(expr.CmpOpEq, a.Link))
+	add(in, "", cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), []expr.Any{verdict(expr.VerdictDrop)}))
+	refuse(in, DenyHost)
 
-	// What leaves through any other interface leaves as the host.
-	add(post, "", cat(nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), ip4(12, expr.CmpOpEq, self),
-		oif(expr.CmpOpNeq, a.Link), []expr.Any{&expr.Masq{}}))
+	key := ifname(a.Link)
+	if err := c.SetAddElements(outMap, []nftables.SetElement{{Key: key,
+		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: outChain(a.ID)}}}); err != nil {
+		return fmt.Errorf("sandboxnet: map %s: %w", mapOut, err)
+	}
+	if err := c.SetAddElements(hostMap, []nftables.SetElement{{Key: key,
+		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: hostChain(a.ID)}}}); err != nil {
+		return fmt.Errorf("sandboxnet: map %s: %w", mapHost, err)
+	}
+	if err := c.SetAddElements(links, []nftables.SetElement{{Key: key}}); err != nil {
+		return fmt.Errorf("sandboxnet: set %s: %w", setLinks, err)
+	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("sandboxnet: install table %s: %w", a.Table, err)
+		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
 	}
 	return nil
+}
+
+// removePolicy removes id's map elements and chains (missing ones are no
+// error).
+func (m *Manager) removePolicy(id string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	outMap, hostMap, links := m.sets(t)
+	key := ifname(m.LinkName(id))
+	// One transaction; when it fails (something of it is gone already:
+	// a sweep after a crash), each step alone, so that one missing part
+	// does not keep the others.
+	steps := []func(){
+		func() { _ = c.SetDeleteElements(outMap, []nftables.SetElement{{Key: key}}) },
+		func() { _ = c.SetDeleteElements(hostMap, []nftables.SetElement{{Key: key}}) },
+		func() { _ = c.SetDeleteElements(links, []nftables.SetElement{{Key: key}}) },
+		func() {
+			for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+				c.FlushChain(&nftables.Chain{Name: ch, Table: t})
+			}
+		},
+		func() {
+			for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+				c.DelChain(&nftables.Chain{Name: ch, Table: t})
+			}
+		},
+	}
+	for _, step := range steps {
+		step()
+	}
+	if err := c.Flush(); err == nil {
+		return nil
+	}
+	var errs []error
+	for _, step := range steps {
+		step()
+		if err := c.Flush(); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandboxnet: remove %s's policy: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// chainIDs lists the sandboxes that have chains in the edge's table.
+func (m *Manager) chainIDs() ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list chains: %w", err)
+	}
+	var ids []string
+	for _, ch := range chains {
+		if ch.Table.Name == m.tableName() && strings.HasPrefix(ch.Name, "o_") {
+			ids = append(ids, strings.TrimPrefix(ch.Name, "o_"))
+		}
+	}
+	return ids, nil
 }
 
 func deleteTable(name string) error {
@@ -242,9 +363,9 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: m.TableName(id)}
+	t := m.table()
 	out := map[string]int64{}
-	for _, ch := range []string{chainForward, chainInput, chainAllowed} {
+	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: ch, Table: t})
 		if err != nil {
 			return nil, fmt.Errorf("sandboxnet: read %s/%s: %w", t.Name, ch, err)
