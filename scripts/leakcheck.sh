@@ -10,7 +10,7 @@ for c in /sys/fs/cgroup/*/warren* /sys/fs/cgroup/*/*/warren*; do
 done
 if ip netns list 2>/dev/null | grep -q warren; then echo "LEAK: netns"; leaks=1; fi
 # Networked sandboxes: host ends of their veths (wn + 12 hex digits, alias
-# "<owner> <sandbox id>") and their nftables tables (warren_<owner>_<id>).
+# "<owner> <sandbox id>") and their edge's nftables table (warren_<owner>).
 if ip -o link show 2>/dev/null | grep -E '^[0-9]+: wn[0-9a-f]{12}[@:]'; then echo "LEAK: veth"; leaks=1; fi
 if command -v nft >/dev/null && nft list tables 2>/dev/null | grep -E 'inet warren_'; then echo "LEAK: nftables tables"; leaks=1; fi
 if losetup -a 2>/dev/null | grep -E 'warren|scratch'; then echo "LEAK: loop devices"; leaks=1; fi
