@@ -14,8 +14,10 @@
 // other sandboxes; packets to the host itself are refused; everything
 // refused is counted per rule; what passes is masqueraded.
 //
-// Lock order: Manager.mu only (never held across netlink calls that wait
-// on the kernel for long; nftables and link calls are short).
+// Lock order: Manager.mu only. It is held across making and removing the
+// edge's table (with the first and the last networked sandbox only), so
+// that no sandbox's chains go into a table being removed; a sandbox's own
+// link and chains are made and removed without it.
 package sandboxnet
 
 import (
