@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -339,4 +340,65 @@ func TestConnLimit(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestConcurrentAttach: sandboxes started and stopped at once get distinct
+// addresses, all work, and the last one out removes the edge's table.
+func TestConcurrentAttach(t *testing.T) {
+	needRoot(t)
+	nettest.FakeInternet(t)
+	m, err := New("10.213.133.0/24", t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 12
+	pids := make([]int, n)
+	for i := range pids {
+		pids[i] = nettest.NSProc(t)
+	}
+	addrs := make([]string, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			a, err := m.Attach(fmt.Sprintf("sb-conc-%d", i), pids[i], mustParse(t, nettest.Mirror+":443/tcp"))
+			if err != nil {
+				errs <- err
+				return
+			}
+			addrs[i] = a.Address.String()
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, a := range addrs {
+		if seen[a] {
+			t.Errorf("address %s given twice", a)
+		}
+		seen[a] = true
+		if err := nettest.Dial(t, pids[i], nettest.Mirror+":443"); err != nil {
+			t.Errorf("sandbox %d: %v", i, err)
+		}
+	}
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if err := m.Detach(fmt.Sprintf("sb-conc-%d", i)); err != nil {
+				t.Error(err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("sb-conc-%d", i)
+	}
+	assertGone(t, m, ids...)
 }
