@@ -59,11 +59,11 @@ func TestNetworkEgress(t *testing.T) {
 	defer hl.Close()
 	go nettest.Serve(hl)
 	hostPort := hl.Addr().(*net.TCPAddr).Port
-	var n api.SandboxNetwork
-	code, body = s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/network", "", nil, nil)
-	if code != 200 || json.Unmarshal([]byte(body), &n) != nil || !n.Enabled || n.Address == "" {
-		t.Fatalf("network: %d %s", code, body)
+	n0, err := s.C.Network(t.Context(), sb.ID) // the Go SDK
+	if err != nil || !n0.Enabled || n0.Address == "" || n0.Gateway == "" || n0.Denied != 0 {
+		t.Fatalf("network: %+v %v", n0, err)
 	}
+	n := *n0
 	for _, dst := range []string{nettest.Mirror + " 80", nettest.Elsewhere + " 443", nettest.Metadata + " 80",
 		fmt.Sprint(nettest.HostEnd, " ", hostPort), fmt.Sprint(n.Gateway, " ", hostPort)} {
 		if r := s.sh(t, sb.ID, "nc -w 5 "+dst+" </dev/null"); r.ExitCode == 0 || strings.Contains(r.Stdout, "hello") {
