@@ -402,3 +402,56 @@ func TestConcurrentAttach(t *testing.T) {
 	}
 	assertGone(t, m, ids...)
 }
+
+// TestSetEgress: replacing the list takes effect for new connections when
+// it returns, cuts an open connection to a destination no longer listed,
+// and keeps the counts.
+func TestSetEgress(t *testing.T) {
+	needRoot(t)
+	nettest.FakeInternet(t)
+	m, err := New("10.213.134.0/24", t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := nettest.NSProc(t)
+	id := fmt.Sprintf("sb-test-e%d", os.Getpid())
+	if _, err := m.Attach(id, pid, mustParse(t, nettest.Mirror+":"+nettest.HoldPort+"/tcp")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(id) })
+	var held net.Conn
+	nettest.InNS(t, pid, func() {
+		held, err = net.DialTimeout("tcp4", nettest.Mirror+":"+nettest.HoldPort, 3*time.Second)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	b := make([]byte, 5)
+	_ = held.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := held.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); !errors.Is(err, unix.ECONNREFUSED) {
+		t.Fatalf("443 before the change: %v", err)
+	}
+	if err := m.SetEgress(id, mustParse(t, nettest.Mirror+":443/tcp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); err != nil {
+		t.Errorf("443 after the change: %v", err)
+	}
+	// The open connection's next packet is refused with a reset.
+	_, _ = held.Write([]byte("more"))
+	_ = held.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := held.Read(b); !errors.Is(err, unix.ECONNRESET) {
+		t.Errorf("connection to a destination taken off the list: read %v, want ECONNRESET", err)
+	}
+	d, err := m.Denied(id)
+	if err != nil || d[DenyNotAllowed] < 2 {
+		t.Errorf("counts after the change: %v %v (want the refusal before it and the cut)", d, err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":"+nettest.HoldPort); !errors.Is(err, unix.ECONNREFUSED) {
+		t.Errorf("%s after it was taken off: %v", nettest.HoldPort, err)
+	}
+}

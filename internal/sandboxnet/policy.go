@@ -219,26 +219,15 @@ func (m *Manager) installPolicy(a *Attachment) error {
 		add(ch, reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
 		add(ch, reason, cat(m, counted(rejectAdmin())))
 	}
-	self := netip.PrefixFrom(a.Address, 32)
-
-	add(fwd, DenyIPv6, cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), counted(rejectAdmin())))
-	add(fwd, DenySpoofed, cat(ip4(12, expr.CmpOpNeq, self), counted(verdict(expr.VerdictDrop))))
-	add(fwd, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
-	refuse(fwd, DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
-	refuse(fwd, DenySandbox, ip4(16, expr.CmpOpEq, m.pool))
-	// Allowed destinations jump to one rule that counts the sandbox's
-	// open connections (its own list, so a scan or a flood fills its
-	// share of the host's connection tracking, not the host's).
+	// Allowed destinations jump to a_<id>: replies pass, and a new
+	// connection passes one rule that counts the sandbox's open
+	// connections (its own list, so a scan or a flood fills its share of
+	// the host's connection tracking, not the host's).
+	add(allowed, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
 	add(allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
 		&expr.Counter{}, rejectAdmin()})
 	add(allowed, "", []expr.Any{verdict(expr.VerdictAccept)})
-	for _, r := range a.Egress {
-		for _, ex := range allowRules(r) {
-			ex[len(ex)-1] = &expr.Verdict{Kind: expr.VerdictJump, Chain: allowedChain(a.ID)}
-			add(fwd, "", ex)
-		}
-	}
-	refuse(fwd, DenyNotAllowed)
+	m.outRules(c, fwd, a.ID, a.Address, a.Egress)
 
 	// The host itself (every address it has, the gateway too) is never
 	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
@@ -260,6 +249,75 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
+	}
+	return nil
+}
+
+// outRules writes o_<id>: what leaves the sandbox. Every packet of it,
+// not only a connection's first, must be allowed by the list, so that a
+// connection to a destination taken off the list (SetEgress) is cut at
+// its next packet.
+func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, addr netip.Addr, egress []api.EgressRule) {
+	t := fwd.Table
+	add := func(reason string, ex []expr.Any) {
+		r := &nftables.Rule{Table: t, Chain: fwd, Exprs: ex}
+		if reason != "" {
+			r.UserData = []byte(reason)
+		}
+		c.AddRule(r)
+	}
+	counted := func(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
+	refuse := func(reason string, match ...[]expr.Any) {
+		m := cat(match...)
+		add(reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
+		add(reason, cat(m, counted(rejectAdmin())))
+	}
+	add(DenyIPv6, cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), counted(rejectAdmin())))
+	add(DenySpoofed, cat(ip4(12, expr.CmpOpNeq, netip.PrefixFrom(addr, 32)), counted(verdict(expr.VerdictDrop))))
+	refuse(DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
+	refuse(DenySandbox, ip4(16, expr.CmpOpEq, m.pool))
+	for _, r := range egress {
+		for _, ex := range allowRules(r) {
+			ex[len(ex)-1] = &expr.Verdict{Kind: expr.VerdictJump, Chain: allowedChain(id)}
+			add("", ex)
+		}
+	}
+	refuse(DenyNotAllowed)
+}
+
+// SetEgress replaces a running sandbox's allowlist in one transaction:
+// new connections obey it when this returns, and a connection to a
+// destination no longer listed is refused (a TCP reset) at its next
+// packet. The counters of the old rules carry over.
+func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
+	m.mu.Lock()
+	i, ok := m.byID[id]
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("sandboxnet: %s has no network here", id)
+	}
+	_, addr := m.addrs(i)
+	before, err := m.Denied(id)
+	if err != nil {
+		return err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	fwd := &nftables.Chain{Name: outChain(id), Table: m.table()}
+	c.FlushChain(fwd)
+	m.outRules(c, fwd, id, addr, egress)
+	// The old counts go into a rule that matches nothing, so that Denied
+	// keeps summing them.
+	for reason, n := range before {
+		if n > 0 && reason != DenyConnLimit && reason != DenyHost {
+			c.AddRule(&nftables.Rule{Table: fwd.Table, Chain: fwd, UserData: []byte(reason),
+				Exprs: cat(nfproto(expr.CmpOpEq, 255), []expr.Any{&expr.Counter{Packets: uint64(n)}})})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: set %s's egress: %w", id, err)
 	}
 	return nil
 }
