@@ -158,6 +158,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.layerOp(ctx, op, &req)
+	case OpNetworkSet:
+		var req NetworkSetRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.setNetwork(&req)
 	case OpPause, OpResume:
 		var req ResumeSandboxRequest
 		if err := decode(body, &req); err != nil {

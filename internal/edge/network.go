@@ -5,6 +5,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // runtimeNetwork parses a create request's network (validated already by
@@ -62,4 +63,52 @@ func (e *Edge) network(id string) (*api.SandboxNetwork, error) {
 		out.Denied += v
 	}
 	return out, nil
+}
+
+// setNetwork answers OpNetworkSet: the running sandbox's egress list is
+// replaced (new connections obey it when this returns; open ones to
+// destinations no longer listed are cut) and recorded.
+func (e *Edge) setNetwork(req *NetworkSetRequest) (*api.SandboxNetwork, error) {
+	n := req.Network
+	if aerr := sandboxspec.CheckNetwork(&n); aerr != nil {
+		return nil, aerr
+	}
+	rules, err := runtimeNetwork(&n)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	ns, ok := e.cfg.Runtime.(runtime.NetworkSetter)
+	if !ok {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: "this node's runtime cannot change a sandbox's network"}
+	}
+	if err := e.setNetworkLocked(sb, ns, req.ID, &n, rules.Egress); err != nil {
+		return nil, err
+	}
+	return e.network(req.ID)
+}
+
+// setNetworkLocked changes and records sb's list under sb.mu, so that two
+// changes land in the order they are recorded.
+func (e *Edge) setNetworkLocked(sb *sandbox, ns runtime.NetworkSetter, id string, n *api.NetworkSpec, egress []api.EgressRule) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch {
+	case sb.rec.Spec.Network == nil:
+		return &api.Error{Code: api.CodeConflict, Message: "sandbox " + id + " was created without network (loopback only): its network cannot be changed"}
+	case sb.inst == nil || sb.inst.Handle.Net == nil || (sb.rec.Sandbox.State != api.StateRunning && sb.rec.Sandbox.State != api.StatePaused):
+		return &api.Error{Code: api.CodeConflict, Message: "sandbox " + id + " is " + sb.rec.Sandbox.State + ": its network cannot be changed"}
+	}
+	if err := ns.SetEgress(sb.inst.Handle, egress); err != nil {
+		return fmt.Errorf("set network of %s: %w", id, err)
+	}
+	sb.rec.Spec.Network = n
+	if err := e.persist(&sb.rec); err != nil {
+		e.log.Warn("record network change", "id", id, "err", err)
+	}
+	return nil
 }

@@ -136,6 +136,12 @@ type NetworkReporter interface {
 	NetworkDenied(h Handle) (map[string]int64, error)
 }
 
+// NetworkSetter is implemented by runtimes that can replace a running
+// sandbox's egress list.
+type NetworkSetter interface {
+	SetEgress(h Handle, egress []api.EgressRule) error
+}
+
 // ErrNotReusable means a sandbox's container cannot be recycled (something
 // of it could outlive it); destroy it instead.
 var ErrNotReusable = errors.New("runtime: sandbox cannot be reused")

@@ -166,7 +166,7 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	default:
 		return invalid("idle_timeout_action %q is unknown (want %q or %q)", truncate(req.IdleTimeoutAction), api.IdleActionStop, api.IdleActionPause)
 	}
-	if aerr := checkNetwork(req.Network); aerr != nil {
+	if aerr := CheckNetwork(req.Network); aerr != nil {
 		return aerr
 	}
 	if len(req.Env) > MaxEnv {
@@ -307,10 +307,11 @@ func Within(project, scope string) bool {
 	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
 }
 
-// checkNetwork validates the opt-in network: every egress entry parses
-// and there are at most api.MaxEgressRules. Entries are rewritten to their
-// canonical form ("10.1.2.9/24" becomes "10.1.2.0/24").
-func checkNetwork(n *api.NetworkSpec) *api.Error {
+// CheckNetwork validates the opt-in network (of a create, or of a change
+// of a running sandbox's): every egress entry parses and there are at most
+// api.MaxEgressRules. Entries are rewritten to their canonical form
+// ("10.1.2.9/24" becomes "10.1.2.0/24").
+func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	if n == nil {
 		return nil
 	}

@@ -138,6 +138,20 @@ func (c *Client) Network(ctx context.Context, id string) (*api.SandboxNetwork, e
 	return &n, nil
 }
 
+// SetNetwork replaces a running networked sandbox's egress list; new
+// connections obey it when this returns, open ones to destinations no
+// longer listed are cut.
+func (c *Client) SetNetwork(ctx context.Context, id string, egress []string) (*api.SandboxNetwork, error) {
+	if egress == nil {
+		egress = []string{}
+	}
+	var n api.SandboxNetwork
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPut, path: "/v1/sandboxes/" + esc(id) + "/network", json: api.NetworkSpec{Egress: egress}, retry: true}, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
 // Stats returns what the sandbox uses now (CPU time, memory) beside its limits.
 func (c *Client) Stats(ctx context.Context, id string) (*api.SandboxStats, error) {
 	var st api.SandboxStats

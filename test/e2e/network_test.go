@@ -59,6 +59,7 @@ func TestNetworkEgress(t *testing.T) {
 	defer hl.Close()
 	go nettest.Serve(hl)
 	hostPort := hl.Addr().(*net.TCPAddr).Port
+	var deadline time.Time
 	n0, err := s.C.Network(t.Context(), sb.ID) // the Go SDK
 	if err != nil || !n0.Enabled || n0.Address == "" || n0.Gateway == "" || n0.Denied != 0 {
 		t.Fatalf("network: %+v %v", n0, err)
@@ -93,12 +94,69 @@ func TestNetworkEgress(t *testing.T) {
 	if n.Denied != 5 {
 		t.Errorf("denied = %d, want 5: %s", n.Denied, body)
 	}
+	// Setup → solving: the mirror allowed, then nothing. A download open
+	// across the switch is cut at its next packet.
+	hold := nettest.Mirror + " " + nettest.HoldPort
+	if r := s.sh(t, sb.ID, "nc -w 3 "+hold+" </dev/null"); r.ExitCode == 0 {
+		t.Errorf("hold port reachable before it was allowed: %q", r.Stdout)
+	}
+	if _, err := s.C.SetNetwork(t.Context(), plain.ID, []string{"10.0.0.0/8"}); err == nil || !strings.Contains(err.Error(), "without network") {
+		t.Errorf("setting a plain sandbox's network: %v, want 409", err)
+	}
+	if _, err := s.C.SetNetwork(t.Context(), sb.ID, []string{"10.1.2.0/33"}); err == nil || !strings.Contains(err.Error(), "10.1.2.0/33") {
+		t.Errorf("a bad entry: %v, want 422", err)
+	}
+	after, err := s.C.SetNetwork(t.Context(), sb.ID, []string{nettest.Mirror + ":" + nettest.HoldPort + "/tcp"})
+	if err != nil || len(after.Egress) != 1 || after.Denied < n.Denied {
+		t.Fatalf("set network: %+v %v (counts before %d)", after, err, n.Denied)
+	}
+	// nc sends its next bytes 8 s after it connected.
+	if _, err := s.C.Exec(t.Context(), sb.ID, api.ExecRequest{Cmd: "(sleep 8; echo more) | nc " + hold + " > /tmp/held 2>&1; echo exit $? >> /tmp/held", Background: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for !strings.Contains(s.sh(t, sb.ID, "cat /tmp/held").Stdout, "hello") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no download over the newly allowed port: %q", s.sh(t, sb.ID, "cat /tmp/held").Stdout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := s.sh(t, sb.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.ExitCode == 0 {
+		t.Errorf("443 reachable after it was taken off the list: %q", r.Stdout)
+	}
+	if _, err := s.C.SetNetwork(t.Context(), sb.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.sh(t, sb.ID, "nc -w 5 "+hold+" </dev/null"); r.ExitCode == 0 {
+		t.Errorf("hold port reachable after the list was emptied: %q", r.Stdout)
+	}
+	mid, err := s.C.Network(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	held := ""
+	for held = s.sh(t, sb.ID, "cat /tmp/held").Stdout; !strings.Contains(held, "exit"); held = s.sh(t, sb.ID, "cat /tmp/held").Stdout {
+		if time.Now().After(deadline) {
+			t.Fatalf("the open download did not end: %q", held)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// busybox nc ends quietly on a reset; the refusal of its bytes after
+	// the switch is what shows the cut.
+	if end, err := s.C.Network(t.Context(), sb.ID); err != nil || end.DeniedBy["not-allowed"] <= mid.DeniedBy["not-allowed"] {
+		t.Errorf("the open download's bytes after the switch were not refused: %d then %d (%v); nc: %q",
+			mid.DeniedBy["not-allowed"], end.DeniedBy["not-allowed"], err, held)
+	}
+	if got, _ := s.C.Get(t.Context(), sb.ID); got == nil || got.Network == nil || len(got.Network.Egress) != 0 {
+		t.Errorf("sandbox view after the change: %+v", got)
+	}
 	if _, err := s.C.Delete(t.Context(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The table goes with the delete; the veth pair with the sandbox's
 	// namespace, which the kernel tears down right after.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(5 * time.Second)
 	for l := netLeaks(s.dataDir); len(l) > 0; l = netLeaks(s.dataDir) {
 		if time.Now().After(deadline) {
 			t.Fatalf("deleted networked sandbox left: %v", l)

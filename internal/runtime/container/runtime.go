@@ -642,3 +642,11 @@ func (r *Runtime) NetworkDenied(h runtime.Handle) (map[string]int64, error) {
 	}
 	return r.net.Denied(h.ID)
 }
+
+// SetEgress replaces a networked sandbox's egress list.
+func (r *Runtime) SetEgress(h runtime.Handle, egress []api.EgressRule) error {
+	if h.Net == nil {
+		return errors.New("container: the sandbox has no network")
+	}
+	return r.net.SetEgress(h.ID, egress)
+}

@@ -567,6 +567,12 @@ class Sandbox:
         ``denied`` and ``denied_by`` (by reason)."""
         return dict(self.client._json(json_req("GET", self._path("network"))))
 
+    def set_network(self, egress: List[str]) -> Dict[str, Any]:
+        """Replace the egress list (``PUT .../network``): new connections
+        obey it on return; open ones to destinations taken off are cut."""
+        return dict(self.client._json(json_req("PUT", self._path("network"),
+                                               {"egress": list(egress)})))
+
     def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:
         """What the sandbox's processes did, from its node's kernel (``GET .../audit``):
