@@ -20,6 +20,7 @@ func newCreateCmd(g *globals) *cobra.Command {
 		selector     []string
 		allow        []string
 		network      bool
+		idleCPU      float64
 	)
 	cmd := &cobra.Command{
 		Use:   "create (--image IMAGE | --snapshot ID | --trajectory T --resume) [flags]",
@@ -54,6 +55,12 @@ func newCreateCmd(g *globals) *cobra.Command {
 			}
 			if req.NodeSelector, err = parseKV("node-selector", selector); err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("idle-cpu") {
+				if idleCPU < 0 {
+					return fmt.Errorf("--idle-cpu must be 0 or more cores")
+				}
+				req.IdleCPU = &idleCPU
 			}
 			for _, l := range layers {
 				a, err := parseLayer(l)
@@ -101,6 +108,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label K=V (repeatable)")
 	f.StringArrayVar(&allow, "allow", nil, "give the sandbox a network and allow this destination: CIDR or ADDR[:PORT][/tcp|/udp] (repeatable; implies --network)")
 	f.BoolVar(&network, "network", false, "give the sandbox a network interface (nothing reachable beyond --allow)")
+	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
+	f.BoolVar(&req.AlwaysOn, "always-on", false, "keep the full --cpu between operations too (a sandbox serving a port, a long job)")
 	return cmd
 }
 

@@ -146,7 +146,7 @@ func Open(ctx context.Context, conn *bus.Conn) (*IAM, error) {
 		return nil, err
 	}
 	m := &IAM{kv: kv, tokens: map[string]*tokenRecord{}, projects: map[string]*projectRecord{}, now: time.Now}
-	w, err := kv.WatchAll(context.Background())
+	w, err := watchAll(ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("iam: watch: %w", err)
 	}
@@ -737,4 +737,23 @@ func (m *IAM) RevokeToken(ctx context.Context, caller *Principal, id string) err
 	delete(m.tokens, hash)
 	m.mu.Unlock()
 	return nil
+}
+
+// watchAll starts the bucket's watcher, trying again for up to 30 s: in a
+// cluster whose NATS servers have just started (or are busy), creating the
+// watcher's consumer can time out before the stream has a leader, and an
+// apiserver that gave up then would not start at all.
+func watchAll(ctx context.Context, kv jetstream.KeyValue) (jetstream.KeyWatcher, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w, err := kv.WatchAll(context.Background())
+		if err == nil || time.Now().After(deadline) {
+			return w, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
