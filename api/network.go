@@ -98,4 +98,16 @@ type SandboxNetwork struct {
 	// "ipv6", "conn-limit".
 	Denied   int64            `json:"denied"`
 	DeniedBy map[string]int64 `json:"denied_by"`
+	// DeniedDestinations are the distinct destinations refused so far
+	// (at most 1024; past that, refusals are counted in Denied only), most
+	// refused first.
+	DeniedDestinations []NetworkDenial `json:"denied_destinations"`
+}
+
+// NetworkDenial is one refused destination of a sandbox and how often.
+type NetworkDenial struct {
+	Destination string `json:"destination"` // "10.9.9.9:443", or an address for other protocols
+	Protocol    string `json:"protocol"`    // "tcp", "udp", "icmp" or a protocol number
+	Reason      string `json:"reason"`      // as in DeniedBy
+	Count       int64  `json:"count"`       // packets
 }

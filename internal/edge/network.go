@@ -41,7 +41,7 @@ func (e *Edge) network(id string) (*api.SandboxNetwork, error) {
 	}
 	state := sb.rec.Sandbox.State
 	sb.mu.Unlock()
-	out := &api.SandboxNetwork{ID: id, Egress: []string{}, DeniedBy: map[string]int64{}}
+	out := &api.SandboxNetwork{ID: id, Egress: []string{}, DeniedBy: map[string]int64{}, DeniedDestinations: []api.NetworkDenial{}}
 	if spec == nil {
 		return out, nil
 	}
@@ -62,6 +62,11 @@ func (e *Edge) network(id string) (*api.SandboxNetwork, error) {
 		out.DeniedBy[k] = v
 		out.Denied += v
 	}
+	dd, err := nr.NetworkDeniedDestinations(*h)
+	if err != nil {
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s (%s): network record cannot be read now: %v", id, state, err)}
+	}
+	out.DeniedDestinations = append(out.DeniedDestinations, dd...)
 	return out, nil
 }
 

@@ -134,6 +134,9 @@ type KillCounter interface {
 // what each one's policy refused so far, by reason (sandboxnet.Deny*).
 type NetworkReporter interface {
 	NetworkDenied(h Handle) (map[string]int64, error)
+	// NetworkDeniedDestinations is the bounded record of what was
+	// refused: destination, protocol, reason and count.
+	NetworkDeniedDestinations(h Handle) ([]api.NetworkDenial, error)
 }
 
 // NetworkSetter is implemented by runtimes that can replace a running

@@ -93,6 +93,20 @@ func TestEgressAllowlist(t *testing.T) {
 		}
 	}
 
+	dd, err := m.DeniedDestinations(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotDD := map[string]string{}
+	for _, d := range dd {
+		gotDD[d.Destination+"/"+d.Protocol] = fmt.Sprint(d.Reason, " ", d.Count)
+	}
+	for addr, why := range denied {
+		if gotDD[addr+"/tcp"] != why+" 1" {
+			t.Errorf("denied destination %s: %q, want %q (all %v)", addr, gotDD[addr+"/tcp"], why+" 1", dd)
+		}
+	}
+
 	// A scan: every refused connect counts once (a reset is never
 	// rate-limited, so none is retried).
 	for i := 0; i < 50; i++ {

@@ -1,9 +1,12 @@
 package sandboxnet
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -129,7 +132,36 @@ const (
 	setLinks = "links"        // every sandbox link
 )
 
-func outChain(id string) string     { return "o_" + id }
+func outChain(id string) string  { return "o_" + id }
+func deniedSet(id string) string { return "d_" + id }
+
+// MaxDeniedDestinations bounds a sandbox's record of refused destinations
+// (one element per destination, protocol, port and reason, with a count);
+// past it refusals are still counted by reason, not by destination.
+const MaxDeniedDestinations = 1024
+
+// Reason codes in the denied set's keys.
+var reasonCodes = map[string]byte{DenyNotAllowed: 1, DenyMetadata: 2, DenySandbox: 3, DenyHost: 4}
+
+func deniedSetOf(t *nftables.Table, id string) *nftables.Set {
+	return &nftables.Set{Table: t, Name: deniedSet(id), Concatenation: true, Dynamic: true, Counter: true,
+		Size:    MaxDeniedDestinations,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)}
+}
+
+// recordDenied adds (or counts again) the packet's destination, protocol,
+// port and reason in the sandbox's denied set. A rule of its own before
+// the refusal: when the set is full, this rule stops and the next still
+// refuses.
+func recordDenied(id, reason string) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 8, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
+		&expr.Payload{DestRegister: 10, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Immediate{Register: 11, Data: []byte{reasonCodes[reason], 0, 0, 0}},
+		&expr.Dynset{SrcRegKey: 8, SetName: deniedSet(id), Operation: unix.NFT_DYNSET_OP_UPDATE},
+	}
+}
 func hostChain(id string) string    { return "h_" + id }
 func allowedChain(id string) string { return "a_" + id }
 
@@ -202,6 +234,9 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	fwd := c.AddChain(&nftables.Chain{Name: outChain(a.ID), Table: t})
 	in := c.AddChain(&nftables.Chain{Name: hostChain(a.ID), Table: t})
 	allowed := c.AddChain(&nftables.Chain{Name: allowedChain(a.ID), Table: t})
+	if err := c.AddSet(deniedSetOf(t, a.ID), nil); err != nil {
+		return fmt.Errorf("sandboxnet: set %s: %w", deniedSet(a.ID), err)
+	}
 	add := func(ch *nftables.Chain, reason string, ex []expr.Any) {
 		r := &nftables.Rule{Table: t, Chain: ch, Exprs: ex}
 		if reason != "" {
@@ -233,6 +268,7 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
 	// uncounted: the host end has no IPv6.
 	add(in, "", cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), []expr.Any{verdict(expr.VerdictDrop)}))
+	add(in, "", recordDenied(a.ID, DenyHost))
 	refuse(in, DenyHost)
 
 	key := ifname(a.Link)
@@ -269,6 +305,7 @@ func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, add
 	counted := func(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
 	refuse := func(reason string, match ...[]expr.Any) {
 		m := cat(match...)
+		add("", cat(m, recordDenied(id, reason)))
 		add(reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
 		add(reason, cat(m, counted(rejectAdmin())))
 	}
@@ -349,6 +386,7 @@ func (m *Manager) removePolicy(id string) error {
 				c.DelChain(&nftables.Chain{Name: ch, Table: t})
 			}
 		},
+		func() { c.DelSet(&nftables.Set{Table: t, Name: deniedSet(id)}) },
 	}
 	for _, step := range steps {
 		step()
@@ -439,5 +477,51 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 			}
 		}
 	}
+	return out, nil
+}
+
+// DeniedDestinations reads id's record of refused destinations, most
+// refused first.
+func (m *Manager) DeniedDestinations(id string) ([]api.NetworkDenial, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	els, err := c.GetSetElements(deniedSetOf(m.table(), id))
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: read %s: %w", deniedSet(id), err)
+	}
+	reasons := map[byte]string{}
+	for r, code := range reasonCodes {
+		reasons[code] = r
+	}
+	var out []api.NetworkDenial
+	for _, el := range els {
+		k := el.Key
+		if len(k) < 13 {
+			continue
+		}
+		d := api.NetworkDenial{Reason: reasons[k[12]]}
+		ip := netip.AddrFrom4([4]byte(k[0:4]))
+		switch k[4] {
+		case unix.IPPROTO_TCP, unix.IPPROTO_UDP:
+			d.Protocol = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[k[4]]
+			d.Destination = netip.AddrPortFrom(ip, binary.BigEndian.Uint16(k[8:10])).String()
+		case unix.IPPROTO_ICMP:
+			d.Protocol, d.Destination = "icmp", ip.String()
+		default:
+			d.Protocol, d.Destination = strconv.Itoa(int(k[4])), ip.String()
+		}
+		if el.Counter != nil {
+			d.Count = int64(el.Counter.Packets)
+		}
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Count != out[j].Count {
+			return out[i].Count > out[j].Count
+		}
+		return out[i].Destination < out[j].Destination
+	})
 	return out, nil
 }

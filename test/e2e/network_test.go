@@ -94,6 +94,13 @@ func TestNetworkEgress(t *testing.T) {
 	if n.Denied != 5 {
 		t.Errorf("denied = %d, want 5: %s", n.Denied, body)
 	}
+	tried := map[string]string{}
+	for _, d := range n.DeniedDestinations {
+		tried[d.Destination] = d.Protocol + " " + d.Reason
+	}
+	if tried[nettest.Metadata+":80"] != "tcp metadata" || tried[nettest.Elsewhere+":443"] != "tcp not-allowed" || len(tried) != 5 {
+		t.Errorf("denied destinations: %+v", n.DeniedDestinations)
+	}
 	// Setup → solving: the mirror allowed, then nothing. A download open
 	// across the switch is cut at its next packet.
 	hold := nettest.Mirror + " " + nettest.HoldPort

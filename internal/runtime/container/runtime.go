@@ -650,3 +650,12 @@ func (r *Runtime) SetEgress(h runtime.Handle, egress []api.EgressRule) error {
 	}
 	return r.net.SetEgress(h.ID, egress)
 }
+
+// NetworkDeniedDestinations reads a networked sandbox's record of refused
+// destinations.
+func (r *Runtime) NetworkDeniedDestinations(h runtime.Handle) ([]api.NetworkDenial, error) {
+	if h.Net == nil {
+		return nil, nil
+	}
+	return r.net.DeniedDestinations(h.ID)
+}
