@@ -154,6 +154,20 @@ func TestEgressAllowlist(t *testing.T) {
 	if err := nettest.Dial(t, sbPid, "10.9.9.9:443"); err == nil {
 		t.Error("10.9.9.9:443 reachable after the sandbox flushed its ruleset")
 	}
+	// IPv6 is closed: the host end has none, and nothing answers from it.
+	if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + a.Link + "/disable_ipv6"); err == nil && strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("the host end %s has IPv6", a.Link)
+	}
+	nettest.InNS(t, sbPid, func() {
+		if c, err := net.DialTimeout("tcp6", "[ff02::1%eth0]:80", time.Second); err == nil {
+			c.Close()
+			t.Error("an IPv6 connection from the sandbox went through")
+		}
+		if c, err := net.DialTimeout("tcp6", "[2001:db8::1]:443", time.Second); err == nil {
+			c.Close()
+			t.Error("an IPv6 connection from the sandbox went through")
+		}
+	})
 	// Its interfaces: lo and eth0 only.
 	nettest.InNS(t, sbPid, func() {
 		ls, _ := netlink.LinkList()
