@@ -15,8 +15,8 @@
 // refused is counted per rule; what passes is masqueraded.
 //
 // Lock order: Manager.mu only. It is held across making and removing the
-// edge's table (with the first and the last networked sandbox only), so
-// that no sandbox's chains go into a table being removed; a sandbox's own
+// edge's table (with the first networked sandbox, and at Close), so that
+// no sandbox's chains go into a table being removed; a sandbox's own
 // link and chains are made and removed without it.
 package sandboxnet
 
@@ -34,6 +34,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -185,8 +186,7 @@ func (m *Manager) alloc(id string) (int, error) {
 	return 0, fmt.Errorf("sandboxnet: address pool %s is exhausted", m.pool)
 }
 
-// release frees id's /31, and removes the edge's table with its last
-// sandbox (a node without networked sandboxes has no hooks at all).
+// release frees id's /31.
 func (m *Manager) release(id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -194,6 +194,17 @@ func (m *Manager) release(id string) error {
 		delete(m.used, i)
 		delete(m.byID, id)
 	}
+	return nil
+}
+
+// Close removes the edge's table when no sandbox of it has a network left
+// (the edge stops). The table lives from the first networked sandbox to
+// here: making and removing it (hooks, RCU) with every sandbox would cost
+// more than the sandbox's own chains.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
 	if len(m.byID) > 0 || !m.tableUp {
 		return nil
 	}
@@ -291,7 +302,7 @@ func (m *Manager) link(a *Attachment, pid int) error {
 		return fmt.Errorf("sandboxnet: netns of %d: %w", pid, err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE) // one socket, not one per family
 	if err != nil {
 		return fmt.Errorf("sandboxnet: netlink in netns of %d: %w", pid, err)
 	}
@@ -385,14 +396,8 @@ func (m *Manager) Sweep(live func(id string) bool) ([]string, error) {
 		gone = append(gone, id)
 	}
 	// A table left without sandboxes (a crash after the last one went).
-	m.mu.Lock()
-	m.loadLocked()
-	empty := len(m.byID) == 0 && m.tableUp
-	m.mu.Unlock()
-	if empty {
-		if err := m.release(""); err != nil {
-			errs = append(errs, err)
-		}
+	if err := m.Close(); err != nil {
+		errs = append(errs, err)
 	}
 	return gone, errors.Join(errs...)
 }
@@ -421,6 +426,13 @@ func Owned(owner string) ([]string, error) {
 	for _, t := range tables {
 		if t == m.tableName() {
 			out = append(out, "nftables table "+t)
+			ids, err := m.chainIDs()
+			if err != nil {
+				return out, err
+			}
+			for _, id := range ids {
+				out = append(out, "nftables chains of "+id)
+			}
 		}
 	}
 	return out, nil

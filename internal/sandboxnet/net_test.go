@@ -185,6 +185,9 @@ func TestEgressAllowlist(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
 	assertGone(t, m, id, other)
 }
 
@@ -424,6 +427,9 @@ func TestConcurrentAttach(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("sb-conc-%d", i)

@@ -622,6 +622,9 @@ func (r *Runtime) Close() error {
 	if r.ids != nil {
 		r.ids.close()
 	}
+	if err := r.net.Close(); err != nil {
+		return err
+	}
 	names, err := r.cg.children(r.cfg.CgroupParent)
 	if err != nil || len(names) > 0 {
 		return err
