@@ -623,7 +623,7 @@ func (r *Runtime) Close() error {
 		r.ids.close()
 	}
 	if err := r.net.Close(); err != nil {
-		return err
+		r.log.Warn("container: remove the network table", "err", err) // the next start's sweep retries
 	}
 	names, err := r.cg.children(r.cfg.CgroupParent)
 	if err != nil || len(names) > 0 {
