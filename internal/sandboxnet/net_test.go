@@ -27,10 +27,7 @@ func needRoot(t *testing.T) {
 func TestEgressAllowlist(t *testing.T) {
 	needRoot(t)
 	nettest.FakeInternet(t)
-	m, err := New("10.213.128.0/24", t.Name()) // a corner of the pool of its own: tests run beside an edge
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newManager(t, "10.213.128.0/24") // a corner of the pool of its own: tests run beside an edge
 	sbPid, otherPid := nettest.NSProc(t), nettest.NSProc(t)
 	id, other := fmt.Sprintf("sb-test-a%d", os.Getpid()), fmt.Sprintf("sb-test-b%d", os.Getpid())
 	a, err := m.Attach(id, sbPid, mustParse(t, "10.1.2.0/24:443/tcp"))
@@ -191,6 +188,25 @@ func TestEgressAllowlist(t *testing.T) {
 	assertGone(t, m, id, other)
 }
 
+// newManager is a Manager of the test's own; when the test ends (after
+// its sandboxes' cleanups) its table is removed, and none may be left.
+func newManager(t *testing.T, pool string) *Manager {
+	t.Helper()
+	m, err := New(pool, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+		if l, err := Owned(t.Name()); err != nil || len(l) > 0 {
+			t.Errorf("left on the host: %v %v", l, err)
+		}
+	})
+	return m
+}
+
 func assertGone(t *testing.T, m *Manager, ids ...string) {
 	t.Helper()
 	tables, err := listTables()
@@ -288,6 +304,7 @@ func BenchmarkAttachDetach(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer m.Close()
 	rules := []api.EgressRule{}
 	for _, e := range []string{"10.1.2.0/24:443/tcp", "10.9.0.0/16"} {
 		r, _ := api.ParseEgress(e)
@@ -311,10 +328,7 @@ func BenchmarkAttachDetach(b *testing.B) {
 func TestConnLimit(t *testing.T) {
 	needRoot(t)
 	nettest.FakeInternet(t)
-	m, err := New("10.213.132.0/24", t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newManager(t, "10.213.132.0/24")
 	m.MaxConns = 3
 	pid := nettest.NSProc(t)
 	id := fmt.Sprintf("sb-test-d%d", os.Getpid())
@@ -378,10 +392,7 @@ func TestConnLimit(t *testing.T) {
 func TestConcurrentAttach(t *testing.T) {
 	needRoot(t)
 	nettest.FakeInternet(t)
-	m, err := New("10.213.133.0/24", t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newManager(t, "10.213.133.0/24")
 	const n = 12
 	pids := make([]int, n)
 	for i := range pids {
@@ -443,10 +454,7 @@ func TestConcurrentAttach(t *testing.T) {
 func TestSetEgress(t *testing.T) {
 	needRoot(t)
 	nettest.FakeInternet(t)
-	m, err := New("10.213.134.0/24", t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newManager(t, "10.213.134.0/24")
 	pid := nettest.NSProc(t)
 	id := fmt.Sprintf("sb-test-e%d", os.Getpid())
 	if _, err := m.Attach(id, pid, mustParse(t, nettest.Mirror+":"+nettest.HoldPort+"/tcp")); err != nil {
@@ -454,6 +462,7 @@ func TestSetEgress(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = m.Detach(id) })
 	var held net.Conn
+	var err error
 	nettest.InNS(t, pid, func() {
 		held, err = net.DialTimeout("tcp4", nettest.Mirror+":"+nettest.HoldPort, 3*time.Second)
 	})
