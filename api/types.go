@@ -84,6 +84,9 @@ type CreateSandboxRequest struct {
 	// AlwaysOn keeps the full cpu between operations too (a sandbox that
 	// serves a port, a long training job).
 	AlwaysOn bool `json:"always_on,omitempty"`
+	// Network opts into a network interface with an egress allowlist
+	// enforced on the host (NetworkSpec). Absent: loopback only.
+	Network *NetworkSpec `json:"network,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -133,6 +136,9 @@ type Sandbox struct {
 	// IdleCPU and AlwaysOn are the sandbox's CPU policy between operations.
 	IdleCPU  float64 `json:"idle_cpu"`
 	AlwaysOn bool    `json:"always_on,omitempty"`
+	// Network is the sandbox's network as created (absent: loopback only);
+	// GET /v1/sandboxes/{id}/network adds its address and refusals.
+	Network *NetworkSpec `json:"network,omitempty"`
 	// CPU is what the sandbox used, measured on its node (GET of one
 	// sandbox only).
 	CPUStats *SandboxCPU `json:"cpu_stats,omitempty"`

@@ -92,6 +92,8 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
 		{pattern: "GET /v1/sandboxes/{id}/commands", handler: s.listCommands, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/stats", handler: s.sandboxStats, role: api.RoleViewer},
+		{pattern: "GET /v1/sandboxes/{id}/network", handler: s.sandboxNetwork, role: api.RoleViewer},
+		{pattern: "PUT /v1/sandboxes/{id}/network", handler: s.setSandboxNetwork},
 		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/audit", handler: s.getAudit, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},

@@ -18,6 +18,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 		envs, labels []string
 		layers       []string
 		selector     []string
+		allow        []string
+		network      bool
 		idleCPU      float64
 	)
 	cmd := &cobra.Command{
@@ -67,6 +69,9 @@ func newCreateCmd(g *globals) *cobra.Command {
 				}
 				req.Layers = append(req.Layers, a)
 			}
+			if network || len(allow) > 0 {
+				req.Network = &api.NetworkSpec{Egress: append([]string{}, allow...)}
+			}
 			sb, err := g.client().Create(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -101,6 +106,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Priority, "priority", "", "QoS class: best-effort (default) or latency")
 	f.StringVar(&req.IdleTimeoutAction, "idle-action", "", "what --idle-timeout does: stop (default) or pause")
 	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label K=V (repeatable)")
+	f.StringArrayVar(&allow, "allow", nil, "give the sandbox a network and allow this destination: CIDR or ADDR[:PORT][/tcp|/udp] (repeatable; implies --network)")
+	f.BoolVar(&network, "network", false, "give the sandbox a network interface (nothing reachable beyond --allow)")
 	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
 	f.BoolVar(&req.AlwaysOn, "always-on", false, "keep the full --cpu between operations too (a sandbox serving a port, a long job)")
 	return cmd

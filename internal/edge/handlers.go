@@ -126,13 +126,16 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		e.stop(ctx, sb, api.StateStopped, "deleted")
 		v := sb.view()
 		return &v, nil
-	case OpCommands, OpStats:
+	case OpCommands, OpStats, OpNetwork:
 		var req IDRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		if op == OpCommands {
+		switch op {
+		case OpCommands:
 			return e.commands(req.ID)
+		case OpNetwork:
+			return e.network(req.ID)
 		}
 		return e.stats(ctx, req.ID)
 	case OpImages:
@@ -159,6 +162,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.layerOp(ctx, op, &req)
+	case OpNetworkSet:
+		var req NetworkSetRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.setNetwork(&req)
 	case OpPause, OpResume:
 		var req ResumeSandboxRequest
 		if err := decode(body, &req); err != nil {

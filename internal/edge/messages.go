@@ -46,7 +46,15 @@ const (
 	OpAudit       = "audit"        // AuditRequest → api.AuditList
 	OpCommands    = "commands"     // IDRequest → api.CommandHistory
 	OpStats       = "stats"        // IDRequest → api.SandboxStats
+	OpNetwork     = "network"      // IDRequest → api.SandboxNetwork
+	OpNetworkSet  = "network_set"  // NetworkSetRequest → api.SandboxNetwork
 )
+
+// NetworkSetRequest replaces a running sandbox's egress list.
+type NetworkSetRequest struct {
+	ID      string          `json:"id"`
+	Network api.NetworkSpec `json:"network"`
+}
 
 // LayerRequest is the body of the layer operations. Upload chunks carry
 // Data; the first has no Handle and its answer names one; the one with

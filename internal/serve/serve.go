@@ -271,10 +271,13 @@ const DefaultDataListen = "127.0.0.1:0"
 // defaults). AllowHostRoot lets sandboxes run as host root where the
 // kernel cannot run them in user namespaces (without it, the node refuses
 // to start there); HostRoot runs them as host root anyway (measurements).
+// NetPool is where networked sandboxes' addresses come from
+// (container.Config.NetPool).
 type UsernsOptions struct {
 	IDBase                  uint32
 	IDRanges                int
 	AllowHostRoot, HostRoot bool
+	NetPool                 string
 }
 
 func (o *EdgeOptions) defaults() error {
@@ -376,7 +379,8 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	}
 	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
-		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot})
+		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
+		NetPool: o.Userns.NetPool})
 	if err != nil {
 		stop()
 		return nil, err

@@ -144,6 +144,30 @@ func (c *Client) ResumeMatching(ctx context.Context, labels map[string]string) (
 	return &res, nil
 }
 
+// Network returns the sandbox's network (address, allowlist) and what its
+// policy refused so far, by reason.
+func (c *Client) Network(ctx context.Context, id string) (*api.SandboxNetwork, error) {
+	var n api.SandboxNetwork
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id) + "/network", retry: true}, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// SetNetwork replaces a running networked sandbox's egress list; new
+// connections obey it when this returns, open ones to destinations no
+// longer listed are cut.
+func (c *Client) SetNetwork(ctx context.Context, id string, egress []string) (*api.SandboxNetwork, error) {
+	if egress == nil {
+		egress = []string{}
+	}
+	var n api.SandboxNetwork
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPut, path: "/v1/sandboxes/" + esc(id) + "/network", json: api.NetworkSpec{Egress: egress}, retry: true}, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
 // Stats returns what the sandbox uses now (CPU time, memory) beside its limits.
 func (c *Client) Stats(ctx context.Context, id string) (*api.SandboxStats, error) {
 	var st api.SandboxStats

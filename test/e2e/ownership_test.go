@@ -693,6 +693,8 @@ func auditRoutes(t *testing.T, o *owned) {
 		"POST /v1/sandboxes/{id}/exec":                {{path: sb + "/exec", body: js(api.ExecRequest{Cmd: "cat /secret"})}},
 		"GET /v1/sandboxes/{id}/commands":             {{path: sb + "/commands"}},
 		"GET /v1/sandboxes/{id}/stats":                {{path: sb + "/stats"}},
+		"GET /v1/sandboxes/{id}/network":              {{path: sb + "/network"}},
+		"PUT /v1/sandboxes/{id}/network":              {{path: sb + "/network", body: js(api.NetworkSpec{Egress: []string{"10.0.0.0/8"}})}},
 		"GET /v1/sandboxes/{id}/commands/{cid}":       {{path: sb + "/commands/" + o.cmd}},
 		"GET /v1/sandboxes/{id}/audit":                {{path: sb + "/audit"}, {path: sb + "/audit?step=1&kind=exec"}, {path: sb + "/audit?follow=1"}, {path: sb + "/audit?summary=1"}},
 		"POST /v1/sandboxes/{id}/commands/{cid}/kill": {{path: sb + "/commands/" + o.cmd + "/kill", body: js(map[string]int{"signal": 9})}},
