@@ -3,9 +3,10 @@ GO        ?= go
 BIN       := bin
 DATA_DIR  ?= /var/lib/warren
 LISTEN    ?= 127.0.0.1:7070
+E2B_LISTEN ?= 127.0.0.1:3000
 export CGO_ENABLED := 0
 
-.PHONY: all deps build run test test-go test-python bench images debian-image lint fmt clean
+.PHONY: all deps build run test test-go test-python bench images debian-image lint fmt clean e2b-proto
 
 all: build
 
@@ -22,13 +23,24 @@ debian-image: build
 	@$(BIN)/warren image import $(DATA_DIR)/cache/debian-12.tar --name debian:12 --data-dir $(DATA_DIR)
 
 run: deps build debian-image
-	$(BIN)/warren serve --data-dir $(DATA_DIR) --listen $(LISTEN)
+	$(BIN)/warren serve --data-dir $(DATA_DIR) --listen $(LISTEN) --e2b-listen $(E2B_LISTEN)
 
 test: deps build
 	@bash scripts/test.sh
 
 bench: deps build
 	$(BIN)/warren bench --out docs/BENCHMARKS.md
+
+# E2B's envd services (api/e2b/): the generated code is checked in; this
+# regenerates it (protoc from Debian's protobuf-compiler, pinned plugins).
+PROTOC_GEN_GO_VERSION ?= v1.36.12
+PROTOC_GEN_CONNECT_GO_VERSION ?= v1.19.1
+e2b-proto:
+	@mkdir -p $(BIN)/protoc
+	GOBIN=$(abspath $(BIN))/protoc $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(abspath $(BIN))/protoc $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+	PATH=$(abspath $(BIN))/protoc:$$PATH protoc -I api/e2b -I /usr/include --go_out=api/e2b --go_opt=paths=source_relative \
+		--connect-go_out=api/e2b --connect-go_opt=paths=source_relative api/e2b/filesystem/filesystem.proto api/e2b/process/process.proto
 
 lint:
 	@test -z "$$(gofmt -l . | grep -v '^sdk/python')" || (gofmt -l .; exit 1)

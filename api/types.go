@@ -84,6 +84,9 @@ type CreateSandboxRequest struct {
 	// AlwaysOn keeps the full cpu between operations too (a sandbox that
 	// serves a port, a long training job).
 	AlwaysOn bool `json:"always_on,omitempty"`
+	// Network opts into a network interface with an egress allowlist
+	// enforced on the host (NetworkSpec). Absent: loopback only.
+	Network *NetworkSpec `json:"network,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -133,6 +136,9 @@ type Sandbox struct {
 	// IdleCPU and AlwaysOn are the sandbox's CPU policy between operations.
 	IdleCPU  float64 `json:"idle_cpu"`
 	AlwaysOn bool    `json:"always_on,omitempty"`
+	// Network is the sandbox's network as created (absent: loopback only);
+	// GET /v1/sandboxes/{id}/network adds its address and refusals.
+	Network *NetworkSpec `json:"network,omitempty"`
 	// CPU is what the sandbox used, measured on its node (GET of one
 	// sandbox only).
 	CPUStats *SandboxCPU `json:"cpu_stats,omitempty"`
@@ -223,6 +229,31 @@ type FnCallRequest struct {
 type PauseRequest struct {
 	Label  string            `json:"label,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Template is a named sandbox shape (image, layers, resources, env) of a
+// project: POST /v1/templates creates one, and E2B's templateID names one.
+type Template struct {
+	Name    string `json:"name"`
+	Project string `json:"project,omitempty"`
+	// Spec is what a sandbox made from the template gets; its image is
+	// required, snapshot, trajectory, resume and project are not allowed.
+	Spec      CreateSandboxRequest `json:"spec"`
+	CreatedAt time.Time            `json:"created_at"`
+}
+
+// TemplateList is the body of GET /v1/templates.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}
+
+// TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
+type TimeoutRequest struct {
+	// TTL: the sandbox now expires this many seconds from now.
+	TTL int64 `json:"ttl,omitempty"`
+	// IdleTimeout, when set, replaces the idle timeout (seconds without
+	// an operation, counted from now; 0 = none). At least one is given.
+	IdleTimeout *int64 `json:"idle_timeout,omitempty"`
 }
 
 // ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume.

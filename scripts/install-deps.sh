@@ -12,6 +12,7 @@ packages=(
   btrfs-progs      # per-sandbox disk quota where XFS quota is missing (mkfs.btrfs for btrfs qgroups)
   erofs-utils      # read-only layer images
   iproute2
+  nftables         # the leak check lists leftover nftables tables of networked sandboxes
   python3          # Python SDK tests
   python3-pip      # the docs test installs the SDK as a user would
   curl jq          # the docs test runs the shell examples of README and docs/

@@ -5,6 +5,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // listCommands answers a sandbox's recent command history (its owner's:
@@ -19,6 +20,37 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 		h.Commands = []api.CommandRecord{}
 	}
 	writeJSON(w, http.StatusOK, &h)
+	return nil
+}
+
+// sandboxNetwork answers a sandbox's address, allowlist and refusals,
+// read on its node (owned like every sandbox route: the edge answers a
+// sandbox of another project as missing).
+func (s *Server) sandboxNetwork(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var n api.SandboxNetwork
+	if err := s.callEdge(r.Context(), id, edge.OpNetwork, &edge.IDRequest{ID: id}, &n, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &n)
+	return nil
+}
+
+// setSandboxNetwork replaces a running networked sandbox's egress list.
+func (s *Server) setSandboxNetwork(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var req api.NetworkSpec
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if aerr := sandboxspec.CheckNetwork(&req); aerr != nil {
+		return aerr
+	}
+	var n api.SandboxNetwork
+	if err := s.callEdge(r.Context(), id, edge.OpNetworkSet, &edge.NetworkSetRequest{ID: id, Network: req}, &n, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &n)
 	return nil
 }
 

@@ -1,10 +1,7 @@
 package apiserver
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 
@@ -100,44 +97,10 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > MaxLayerUpload {
 		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("image archive exceeds %d bytes", int64(MaxLayerUpload))}
 	}
-	node, err := s.anyNode()
-	if err != nil {
+	var img api.Image
+	if err := s.uploadToStore(w, r, edge.LayerRequest{Image: name}, &img); err != nil {
 		return err
 	}
-	ctx := r.Context()
-	body := http.MaxBytesReader(w, r.Body, MaxLayerUpload)
-	buf := make([]byte, uploadChunk)
-	handle := ""
-	abort := func() {
-		if handle != "" {
-			_ = s.callStoreOn(context.WithoutCancel(ctx), node, edge.OpLayerUpload, &edge.LayerRequest{Handle: handle, Abort: true}, nil)
-		}
-	}
-	for {
-		n, rerr := io.ReadFull(body, buf)
-		final := rerr != nil
-		if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
-			abort()
-			var mbe *http.MaxBytesError
-			if errors.As(rerr, &mbe) {
-				return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("image archive exceeds %d bytes", int64(MaxLayerUpload))}
-			}
-			return rerr
-		}
-		req := &edge.LayerRequest{Image: name, Handle: handle, Data: buf[:n], Final: final}
-		if final {
-			var img api.Image
-			if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &img); err != nil {
-				return err
-			}
-			writeJSON(w, http.StatusCreated, &img)
-			return nil
-		}
-		var res edge.UploadResult
-		if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &res); err != nil {
-			abort()
-			return err
-		}
-		handle = res.Handle
-	}
+	writeJSON(w, http.StatusCreated, &img)
+	return nil
 }

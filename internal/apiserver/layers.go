@@ -134,10 +134,25 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	var l api.Layer
+	if err := s.uploadToStore(w, r, edge.LayerRequest{Name: stored, Version: version}, &l); err != nil {
+		return err
+	}
+	showLayer(p, &l, p.Project)
+	writeJSON(w, http.StatusCreated, &l)
+	return nil
+}
+
+// uploadToStore sends the request body to one node's store in
+// uploadChunk messages of base (a layer or an image upload) and decodes
+// the last message's answer into out. A body that fails midway (too large,
+// cut short) aborts the upload on the node, so nothing half-written stays.
+func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edge.LayerRequest, out any) error {
 	node, err := s.anyNode()
 	if err != nil {
 		return err
 	}
+	ctx := r.Context()
 	body := http.MaxBytesReader(w, r.Body, MaxLayerUpload)
 	buf := make([]byte, uploadChunk)
 	handle := ""
@@ -151,20 +166,15 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		final := rerr != nil
 		if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
 			abort()
-			return rerr
+			return rerr // a MaxBytesError answers 413 (writeError)
 		}
-		req := &edge.LayerRequest{Name: stored, Version: version, Handle: handle, Data: buf[:n], Final: final}
+		req := base
+		req.Handle, req.Data, req.Final = handle, buf[:n], final
 		if final {
-			var l api.Layer
-			if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &l); err != nil {
-				return err
-			}
-			showLayer(p, &l, p.Project)
-			writeJSON(w, http.StatusCreated, &l)
-			return nil
+			return s.callStoreOn(ctx, node, edge.OpLayerUpload, &req, out)
 		}
 		var res edge.UploadResult
-		if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, req, &res); err != nil {
+		if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, &req, &res); err != nil {
 			abort()
 			return err
 		}

@@ -58,12 +58,12 @@ func ownerServer(t testing.TB) *ownerRig {
 			rigErr = err
 			return
 		}
-		srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: dir})
+		srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: dir, NoAuth: true})
 		if err != nil {
 			rigErr = err
 			return
 		}
-		conn, err := srv.Connect("owner-test")
+		conn, err := srv.Connect("owner-test", bus.RoleAPIServer, "")
 		if err != nil {
 			rigErr = err
 			return

@@ -11,6 +11,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -32,6 +33,30 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 	var sb api.Sandbox
 	ereq := &edge.ResumeSandboxRequest{ID: id, NoPrefetch: req.Prefetch != nil && !*req.Prefetch}
 	if err := s.callEdge(r.Context(), id, edge.OpResume, ereq, &sb, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &sb)
+	return nil
+}
+
+// setTimeout makes a sandbox expire ttl seconds from now.
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	var req api.TimeoutRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.TTL == 0 && req.IdleTimeout == nil {
+		return &api.Error{Code: api.CodeInvalid, Message: "ttl or idle_timeout is required"}
+	}
+	if req.TTL < 0 || req.TTL > sandboxspec.MaxTTL {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("ttl must be between 1 and %d seconds, got %d", sandboxspec.MaxTTL, req.TTL)}
+	}
+	if it := req.IdleTimeout; it != nil && (*it < 0 || *it > sandboxspec.MaxTTL) {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("idle_timeout must be between 0 and %d seconds, got %d", sandboxspec.MaxTTL, *it)}
+	}
+	id := r.PathValue("id")
+	var sb api.Sandbox
+	if err := s.callEdge(r.Context(), id, edge.OpTimeout, &edge.TimeoutRequest{ID: id, TTL: req.TTL, IdleTimeout: req.IdleTimeout}, &sb, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &sb)

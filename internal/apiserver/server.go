@@ -59,6 +59,7 @@ type Server struct {
 	snaps    *bus.Records
 	// layerOwners: which project owns each layer name (owner.go).
 	layerOwners *bus.Records
+	templates   *bus.Records // templates.go
 	ff          *ffSessions
 	tlog        *bus.TrajLog
 	mux         *http.ServeMux
@@ -85,11 +86,14 @@ func (s *Server) routes() []route {
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/pause", handler: s.pauseSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/resume", handler: s.resumeSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/timeout", handler: s.setTimeout},
 		{pattern: "POST /v1/sandboxes:pause", handler: s.pauseMatching},
 		{pattern: "POST /v1/sandboxes:resume", handler: s.resumeMatching},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
 		{pattern: "GET /v1/sandboxes/{id}/commands", handler: s.listCommands, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/stats", handler: s.sandboxStats, role: api.RoleViewer},
+		{pattern: "GET /v1/sandboxes/{id}/network", handler: s.sandboxNetwork, role: api.RoleViewer},
+		{pattern: "PUT /v1/sandboxes/{id}/network", handler: s.setSandboxNetwork},
 		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/audit", handler: s.getAudit, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},
@@ -128,6 +132,10 @@ func (s *Server) routes() []route {
 		{pattern: "DELETE /v1/layers/{ref...}", handler: s.deleteLayer},
 		{pattern: "POST /v1/fncall", handler: s.fncall},
 		{pattern: "POST /v1/pools", handler: s.createPool},
+		{pattern: "POST /v1/templates", handler: s.createTemplate},
+		{pattern: "GET /v1/templates", handler: s.listTemplates, role: api.RoleViewer},
+		{pattern: "GET /v1/templates/{name}", handler: s.getTemplate, role: api.RoleViewer},
+		{pattern: "DELETE /v1/templates/{name}", handler: s.deleteTemplate},
 		{pattern: "GET /v1/pools", handler: s.listPools, role: api.RoleViewer},
 		{pattern: "GET /v1/pools/{name}", handler: s.getPool, role: api.RoleViewer},
 		{pattern: "DELETE /v1/pools/{name}", handler: s.deletePool},
@@ -183,6 +191,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if s.layerOwners, err = cfg.Bus.Records(ctx, bus.BucketLayerOwners); err != nil {
+		return nil, err
+	}
+	if s.templates, err = cfg.Bus.Records(ctx, bus.BucketTemplates); err != nil {
 		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency)

@@ -71,6 +71,9 @@ type Conn struct {
 	muxPrefix string
 	muxCalls  sync.Map // token -> chan *nats.Msg
 	muxSeq    atomic.Uint64
+	// edge: the connection has an edge's credentials (it opens buckets
+	// and streams but does not make them).
+	edge bool
 	// Replicas is the replication factor of the KV buckets and streams this
 	// connection creates (1 on one server; 3 on a three-server cluster).
 	Replicas int
@@ -98,6 +101,9 @@ type DialConfig struct {
 	TLSCert  string // client certificate (mutual TLS), with TLSKey
 	TLSKey   string
 	Replicas int // replication of buckets and streams this process creates; 0 = 1
+	// Role (RoleAPIServer or RoleEdge) and Node (an edge's name) choose the
+	// connection's inbox prefix, which the role's permissions allow.
+	Role, Node string
 }
 
 // DialPatience is how long Dial retries when no server answers yet.
@@ -119,6 +125,9 @@ func Dial(cfg DialConfig, extra ...nats.Option) (*Conn, error) {
 			return nil, fmt.Errorf("bus: nkey seed: %w", err)
 		}
 		opts = append(opts, o)
+	}
+	if cfg.Role != "" {
+		opts = append(opts, nats.CustomInboxPrefix(InboxPrefix(cfg.Role, cfg.Node)))
 	}
 	if cfg.User != "" {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
@@ -156,6 +165,7 @@ func Dial(cfg DialConfig, extra ...nats.Option) (*Conn, error) {
 		return nil, err
 	}
 	c.Replicas = cfg.Replicas
+	c.edge = cfg.Role == RoleEdge
 	return c, nil
 }
 
@@ -234,10 +244,12 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 	msg := nats.NewMsg(subject + "." + op)
 	msg.Reply = inbox
 	msg.Header.Set(hdrOp, op)
-	if h, ok := ctx.Value(outHeadersKey{}).(map[string]string); ok {
-		for k, v := range h {
-			msg.Header.Set(k, v)
-		}
+	h, _ := ctx.Value(outHeadersKey{}).(map[string]string)
+	for k, v := range h {
+		msg.Header.Set(k, v)
+	}
+	if _, scoped := h[HeaderScope]; !scoped {
+		msg.Header.Set(HeaderRoot, "1") // a call that names no scope is made as root
 	}
 	msg.Data = body
 	if err := c.nc.PublishMsg(msg); err != nil {
@@ -480,7 +492,7 @@ func (c *Conn) Subscribe(subject string, fn func(data []byte)) (*nats.Subscripti
 // that is still electing its leaders answers late: it retries for a minute.
 func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (jetstream.KeyValue, error) {
 	cfg := jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Storage: jetstream.FileStorage, Replicas: c.replicas()}
-	kv, err := openOrCreate(ctx,
+	kv, err := openOrCreate(ctx, c,
 		func(ctx context.Context) (jetstream.KeyValue, error) { return c.js.KeyValue(ctx, bucket) },
 		func(ctx context.Context) (jetstream.KeyValue, error) { return c.js.CreateKeyValue(ctx, cfg) },
 		jetstream.ErrBucketExists)
@@ -493,12 +505,14 @@ func (c *Conn) KeyValue(ctx context.Context, bucket string, ttl time.Duration) (
 // openOrCreate returns what open finds, else what create makes (a create
 // that lost the race to another process opens the winner's), retrying as
 // at start-up.
-func openOrCreate[T any](ctx context.Context, open, create func(context.Context) (T, error), exists error) (T, error) {
+// An edge's connection only opens: an apiserver makes (EnsureBuckets)
+// what edges may not (see auth.go), and the edge waits for it.
+func openOrCreate[T any](ctx context.Context, c *Conn, open, create func(context.Context) (T, error), exists error) (T, error) {
 	var v T
 	err := RetryStartup(ctx, func(ctx context.Context) error {
 		var err error
-		if v, err = open(ctx); err == nil {
-			return nil
+		if v, err = open(ctx); err == nil || c.edge {
+			return err
 		}
 		v, err = create(ctx)
 		if errors.Is(err, exists) {
@@ -575,4 +589,16 @@ const (
 	HeaderScope = "Warren-Scope"
 	// HeaderSandbox names the sandbox a request is about.
 	HeaderSandbox = "Warren-Sandbox"
+	// HeaderRoot marks a request made without a scope (cluster admins,
+	// internal callers): an edge refuses a request that carries neither a
+	// scope nor this marker. Only apiservers may publish to edges (see
+	// auth.go), so the headers an edge sees were set by an apiserver.
+	HeaderRoot = "Warren-Root"
 )
+
+// Unscoped reports whether the request a handler serves was explicitly
+// made without a scope (HeaderRoot set).
+func Unscoped(ctx context.Context) bool {
+	v, ok := HeaderOf(ctx, HeaderRoot)
+	return ok && v == "1"
+}

@@ -16,8 +16,9 @@ const BucketDataPlane = "warren-dataplane"
 const dataPlaneKey = "grant-key"
 
 // DataPlaneKey returns the cluster's data-plane grant key, made (32 random
-// bytes) by the first process that asks. Whoever can read it can call any
-// edge's data listener, as whoever can publish on the bus can call any edge.
+// bytes) by the first apiserver that asks (edges only read it). Whoever can
+// read it can call any edge's data listener, as whoever can publish to
+// the edges' subjects can call any edge: apiservers only (see auth.go).
 func (c *Conn) DataPlaneKey(ctx context.Context) ([]byte, error) {
 	kv, err := c.KeyValue(ctx, BucketDataPlane, 0)
 	if err != nil {
@@ -30,6 +31,9 @@ func (c *Conn) DataPlaneKey(ctx context.Context) ([]byte, error) {
 			return nil
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return err
+		}
+		if c.edge {
+			return errors.New("no key yet (an apiserver makes it)")
 		}
 		fresh := make([]byte, 32)
 		if _, err := rand.Read(fresh); err != nil {

@@ -4,6 +4,7 @@
 package bus
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -35,15 +36,30 @@ type EmbeddedConfig struct {
 	ClusterListen string
 	Routes        []string
 	Log           bool // write the server's own log to stderr
+
+	// Auth is the credentials every client must present (see auth.go).
+	// Without it the server refuses to start unless NoAuth is set (a
+	// benchmark of authentication's cost).
+	Auth   *Auth
+	NoAuth bool
+
+	// TLSCert and TLSKey, when set, make clients and routes speak TLS
+	// (between hosts). TLSCA, when set too, is the CA that signs the other
+	// servers' route certificates, which are then verified.
+	TLSCert, TLSKey, TLSCA string
 }
 
 // Embedded is a running in-process NATS server with JetStream.
 type Embedded struct {
-	srv *server.Server
+	srv  *server.Server
+	auth *Auth
 }
 
 // StartEmbedded starts NATS with JetStream on local disk.
 func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.Auth == nil && !cfg.NoAuth {
+		return nil, errors.New("bus: a NATS server needs an auth directory (or NoAuth)")
+	}
 	storeDir := filepath.Join(cfg.DataDir, "nats")
 	if err := os.MkdirAll(storeDir, 0o700); err != nil {
 		return nil, fmt.Errorf("bus: %w", err)
@@ -89,6 +105,12 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
+	if cfg.Auth != nil {
+		cfg.Auth.apply(opts)
+	}
+	if err := applyTLS(cfg, opts); err != nil {
+		return nil, err
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("bus: nats server: %w", err)
@@ -103,17 +125,31 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("bus: nats server did not become ready")
 	}
-	return &Embedded{srv: srv}, nil
+	return &Embedded{srv: srv, auth: cfg.Auth}, nil
 }
 
-// Connect opens an in-process client connection.
-func (e *Embedded) Connect(name string) (*Conn, error) {
-	nc, err := nats.Connect("", nats.InProcessServer(e.srv), nats.Name(name),
-		nats.MaxReconnects(-1), nats.ReconnectBufSize(64<<20))
+// Connect opens an in-process client connection with the credentials of
+// role (node: the edge's node name).
+func (e *Embedded) Connect(name, role, node string) (*Conn, error) {
+	seed := ""
+	if e.auth != nil {
+		seed = e.auth.Path(role, node)
+	}
+	auth, err := ConnectOptions(seed, role, node)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect("", append([]nats.Option{nats.InProcessServer(e.srv), nats.Name(name),
+		nats.MaxReconnects(-1), nats.ReconnectBufSize(64 << 20)}, auth...)...)
 	if err != nil {
 		return nil, fmt.Errorf("bus: connect in-process: %w", err)
 	}
-	return newConn(nc)
+	c, err := newConn(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.edge = role == RoleEdge
+	return c, nil
 }
 
 // ClientURL is the URL external clients use, or "" when not listening.
@@ -142,4 +178,35 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("bus: listen port %q: %w", p, err)
 	}
 	return host, port, nil
+}
+
+// applyTLS makes the client port and the routes speak TLS.
+func applyTLS(cfg EmbeddedConfig, opts *server.Options) error {
+	if cfg.TLSCert == "" && cfg.TLSKey == "" {
+		if cfg.TLSCA != "" {
+			return errors.New("bus: a TLS CA needs the server's certificate and key too")
+		}
+		return nil
+	}
+	if cfg.TLSCert == "" || cfg.TLSKey == "" {
+		return errors.New("bus: TLS needs both the certificate and the key")
+	}
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey})
+	if err != nil {
+		return fmt.Errorf("bus: tls: %w", err)
+	}
+	opts.TLSConfig, opts.TLS, opts.TLSTimeout = tc, true, 5
+	if cfg.ClusterListen != "" {
+		if cfg.TLSCA == "" {
+			return errors.New("bus: TLS routes need the CA that signs the servers' certificates")
+		}
+		rc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey,
+			CaFile: cfg.TLSCA, Verify: cfg.TLSCA != ""})
+		if err != nil {
+			return fmt.Errorf("bus: route tls: %w", err)
+		}
+		rc.RootCAs = rc.ClientCAs // a route is a client of the other server too
+		opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = rc, 5
+	}
+	return nil
 }

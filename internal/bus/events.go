@@ -30,7 +30,7 @@ func (c *Conn) OpenEvents(ctx context.Context) (*Events, error) {
 		Name: StreamEvents, Subjects: []string{SubjectEvents + ".>"}, Storage: jetstream.FileStorage,
 		Replicas: c.replicas(), MaxAge: EventsMaxAge, Duplicates: 10 * time.Minute, MaxMsgs: 10_000_000,
 	}
-	st, err := openOrCreate(ctx,
+	st, err := openOrCreate(ctx, c,
 		func(ctx context.Context) (jetstream.Stream, error) { return c.js.Stream(ctx, StreamEvents) },
 		func(ctx context.Context) (jetstream.Stream, error) { return c.js.CreateStream(ctx, cfg) },
 		jetstream.ErrStreamNameAlreadyInUse)

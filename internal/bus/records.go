@@ -17,7 +17,9 @@ const (
 	BucketSnapshots    = "warren-snapshots"
 	BucketTrajectories = "warren-trajectories"
 	// BucketLayerOwners maps a named layer to the project that owns it.
-	BucketLayerOwners  = "warren-layer-owners"
+	BucketLayerOwners = "warren-layer-owners"
+	// BucketTemplates holds named sandbox templates, keyed "project/name".
+	BucketTemplates    = "warren-templates"
 	streamTrajectories = "warren-trajectories"
 	subjectTrajPrefix  = "warren.traj."
 )
@@ -163,7 +165,7 @@ func (c *Conn) TrajectoryLog(ctx context.Context) (*TrajLog, error) {
 		MaxMsgsPerSubject: -1,
 		Replicas:          c.replicas(),
 	}
-	st, err := openOrCreate(ctx,
+	st, err := openOrCreate(ctx, c,
 		func(ctx context.Context) (jetstream.Stream, error) { return c.js.Stream(ctx, streamTrajectories) },
 		func(ctx context.Context) (jetstream.Stream, error) { return c.js.CreateStream(ctx, cfg) },
 		jetstream.ErrStreamNameAlreadyInUse)
@@ -307,7 +309,7 @@ type Inputs struct{ os jetstream.ObjectStore }
 // operations' inputs.
 func (c *Conn) TrajectoryInputs(ctx context.Context) (*Inputs, error) {
 	cfg := jetstream.ObjectStoreConfig{Bucket: bucketTrajInputs, Storage: jetstream.FileStorage, Replicas: c.replicas()}
-	os, err := openOrCreate(ctx,
+	os, err := openOrCreate(ctx, c,
 		func(ctx context.Context) (jetstream.ObjectStore, error) {
 			return c.js.ObjectStore(ctx, bucketTrajInputs)
 		},

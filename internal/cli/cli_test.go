@@ -303,6 +303,19 @@ func TestCreate(t *testing.T) {
 	if r.Header.Get("Idempotency-Key") == "" {
 		t.Fatal("no idempotency key")
 	}
+	if req.Network != nil {
+		t.Fatalf("a create without --network/--allow asked for a network: %+v", req.Network)
+	}
+	for args, want := range map[string]string{"--allow 10.1.2.0/24:443/tcp --allow 10.9.9.9": `{"egress":["10.1.2.0/24:443/tcp","10.9.9.9"]}`,
+		"--network": `{"egress":[]}`} {
+		if code, _, errs := f.run(t, "", append([]string{"create", "--image", "busybox"}, strings.Fields(args)...)...); code != 0 {
+			t.Fatalf("%s: %d %s", args, code, errs)
+		}
+		var raw struct{ Network json.RawMessage }
+		if err := json.Unmarshal(f.last("POST", "/v1/sandboxes").Body, &raw); err != nil || string(raw.Network) != want {
+			t.Errorf("%s: network %s, want %s", args, raw.Network, want)
+		}
+	}
 	code, out, _ = f.run(t, "", "--json", "create", "--image", "busybox")
 	var sb api.Sandbox
 	if code != 0 || json.Unmarshal([]byte(out), &sb) != nil || sb.ID != "sb-n1-new" {

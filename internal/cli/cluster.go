@@ -77,6 +77,7 @@ func newAPIServerCmd() *cobra.Command {
 					fmt.Fprintf(out, "warren apiserver is ready\n  URL:   %s\n", url)
 				}
 			}
+			o.E2BReady = func(url, token string) { printE2B(out, url, token) }
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return serve.RunAPIServer(ctx, o)
@@ -86,6 +87,7 @@ func newAPIServerCmd() *cobra.Command {
 	natsFlags(f, &o.NATS)
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "state directory (the bootstrap admin token is written here)")
+	f.StringVar(&o.E2BListen, "e2b-listen", "", "also serve E2B's control plane (the official e2b SDKs' E2B_API_URL) on this address (default: off)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd
@@ -137,6 +139,7 @@ func newEdgeCmd() *cobra.Command {
 	f.BoolVar(&o.Userns.HostRoot, "host-root", false, "run container sandboxes as host root even where user namespaces work (measurements only)")
 	f.Uint32Var(&o.Userns.IDBase, "id-base", 0, "first host uid/gid of the sandboxes' user namespaces (65,536 per sandbox; 0 = 1048576)")
 	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
+	f.StringVar(&o.Userns.NetPool, "net-pool", "", "node-local IPv4 pool of networked sandboxes' addresses, a /31 each (default 10.213.0.0/16)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd
@@ -144,7 +147,7 @@ func newEdgeCmd() *cobra.Command {
 
 func newNATSCmd() *cobra.Command {
 	var cfg bus.EmbeddedConfig
-	var routes string
+	var routes, authDir, nodes string
 	cmd := &cobra.Command{
 		Use:   "nats",
 		Short: "run a NATS server with JetStream (for development clusters and tests; use the official nats-server in production)",
@@ -157,11 +160,34 @@ func newNATSCmd() *cobra.Command {
 				cfg.ServerName = "warren-nats-" + strings.NewReplacer(":", "-", ".", "-").Replace(cfg.Listen)
 			}
 			cfg.DataDir = filepath.Clean(cfg.DataDir)
+			if !cfg.NoAuth {
+				if authDir == "" {
+					authDir = filepath.Join(cfg.DataDir, "auth")
+				}
+				var names []string
+				if nodes != "" {
+					names = strings.Split(nodes, ",")
+				}
+				auth, err := bus.EnsureAuth(authDir, names)
+				if err != nil {
+					return err
+				}
+				cfg.Auth = auth
+			}
 			srv, err := bus.StartEmbedded(cfg)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "nats is ready\n  URL: %s\n", srv.ClientURL())
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "nats is ready\n  URL: %s\n", srv.ClientURL())
+			if cfg.Auth != nil {
+				fmt.Fprintf(out, "  apiserver credentials: %s\n", cfg.Auth.Path(bus.RoleAPIServer, ""))
+				for _, n := range cfg.Auth.Nodes() {
+					fmt.Fprintf(out, "  edge %s credentials: %s\n", n, cfg.Auth.Path(bus.RoleEdge, n))
+				}
+			} else {
+				fmt.Fprintln(out, "  WARNING: no authentication (--no-auth): anyone who reaches this port controls the cluster")
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			<-ctx.Done()
@@ -176,6 +202,44 @@ func newNATSCmd() *cobra.Command {
 	f.StringVar(&cfg.ClusterName, "cluster-name", "warren", "cluster name")
 	f.StringVar(&cfg.ClusterListen, "cluster-listen", "", "route listen address (host:port); empty: no cluster")
 	f.BoolVar(&cfg.Log, "log", false, "write the NATS server log to stderr")
+	f.StringVar(&authDir, "auth-dir", "", "credentials directory: apiserver.nk, edge-<node>.nk (NKey seeds, made when missing) and the route secret; share it between the servers of a cluster (default: <data-dir>/auth)")
+	f.StringVar(&nodes, "nodes", "", "edge nodes to make credentials for, comma-separated (each edge runs with --nats-nkey <auth-dir>/edge-<node>.nk)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate: clients (tls:// URLs, --nats-tls-ca) and routes speak TLS")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "the certificate's key")
+	f.StringVar(&cfg.TLSCA, "tls-ca", "", "CA that signs the other servers' certificates (routes verify each other)")
+	f.BoolVar(&cfg.NoAuth, "no-auth", false, "accept clients without credentials, with every permission (benchmarks of authentication's cost only)")
 	f.StringVar(&routes, "routes", "", "routes to the other servers, comma-separated (nats-route://host:port)")
+	cmd.AddCommand(newNATSKeysCmd())
+	return cmd
+}
+
+// newNATSKeysCmd makes the bus's credentials without running a server (for
+// the official nats-server: deploy/systemd/nats.conf takes the public keys).
+func newNATSKeysCmd() *cobra.Command {
+	var authDir, nodes string
+	cmd := &cobra.Command{
+		Use:   "keys",
+		Short: "make the missing NKey seeds of the apiservers and of each node in --auth-dir, and print their public keys",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var names []string
+			if nodes != "" {
+				names = strings.Split(nodes, ",")
+			}
+			auth, err := bus.EnsureAuth(authDir, names)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "apiserver\t%s\t%s\n", auth.PublicKey(bus.RoleAPIServer, ""), auth.Path(bus.RoleAPIServer, ""))
+			for _, n := range auth.Nodes() {
+				fmt.Fprintf(out, "edge %s\t%s\t%s\n", n, auth.PublicKey(bus.RoleEdge, n), auth.Path(bus.RoleEdge, n))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&authDir, "auth-dir", "", "credentials directory")
+	cmd.Flags().StringVar(&nodes, "nodes", "", "nodes to make credentials for, comma-separated")
+	_ = cmd.MarkFlagRequired("auth-dir")
 	return cmd
 }

@@ -18,6 +18,9 @@ func newCreateCmd(g *globals) *cobra.Command {
 		envs, labels []string
 		layers       []string
 		selector     []string
+		allow        []string
+		network      bool
+		idleCPU      float64
 	)
 	cmd := &cobra.Command{
 		Use:   "create (--image IMAGE | --snapshot ID | --trajectory T --resume) [flags]",
@@ -53,12 +56,21 @@ func newCreateCmd(g *globals) *cobra.Command {
 			if req.NodeSelector, err = parseKV("node-selector", selector); err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("idle-cpu") {
+				if idleCPU < 0 {
+					return fmt.Errorf("--idle-cpu must be 0 or more cores")
+				}
+				req.IdleCPU = &idleCPU
+			}
 			for _, l := range layers {
 				a, err := parseLayer(l)
 				if err != nil {
 					return err
 				}
 				req.Layers = append(req.Layers, a)
+			}
+			if network || len(allow) > 0 {
+				req.Network = &api.NetworkSpec{Egress: append([]string{}, allow...)}
 			}
 			sb, err := g.client().Create(cmd.Context(), req)
 			if err != nil {
@@ -94,6 +106,10 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Priority, "priority", "", "QoS class: best-effort (default) or latency")
 	f.StringVar(&req.IdleTimeoutAction, "idle-action", "", "what --idle-timeout does: stop (default) or pause")
 	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label K=V (repeatable)")
+	f.StringArrayVar(&allow, "allow", nil, "give the sandbox a network and allow this destination: CIDR or ADDR[:PORT][/tcp|/udp] (repeatable; implies --network)")
+	f.BoolVar(&network, "network", false, "give the sandbox a network interface (nothing reachable beyond --allow)")
+	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
+	f.BoolVar(&req.AlwaysOn, "always-on", false, "keep the full --cpu between operations too (a sandbox serving a port, a long job)")
 	return cmd
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/e2b"
 )
 
 func quotaString(q api.Quota) string {
@@ -115,6 +116,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Aliases: []string{"tokens"}, Short: "manage API tokens"}
 	var req api.CreateTokenRequest
 	var expires time.Duration
+	var e2bKey bool
 	create := &cobra.Command{
 		Use:   "create PRINCIPAL",
 		Short: "issue a token (its secret is printed once)",
@@ -129,13 +131,18 @@ func newTokenCmd(g *globals) *cobra.Command {
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), t)
 			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), t.Secret)
+			secret := t.Secret
+			if e2bKey {
+				secret = e2b.E2BKey(secret)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), secret)
 			return err
 		},
 	}
 	create.Flags().StringVar(&req.Project, "project", "", "project (default: the caller's)")
 	create.Flags().StringVar(&req.Role, "role", "", "admin, member (default) or viewer")
 	create.Flags().DurationVar(&expires, "expires-in", 0, "lifetime (default: as long as the caller's token)")
+	create.Flags().BoolVar(&e2bKey, "e2b", false, "print the secret as an E2B API key (e2b_<hex>, for E2B_API_KEY; docs/e2b.md)")
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "list the tokens this token manages",

@@ -74,6 +74,7 @@ func NewRootCmd() *cobra.Command {
 		newPauseCmd(g, true),
 		newFnCallCmd(g),
 		newPoolCmd(g),
+		newTemplateCmd(g),
 		newLogsCmd(g),
 		newStatsCmd(g),
 		newTrajCmd(g),

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/serve"
@@ -44,6 +46,7 @@ func newServeCmd() *cobra.Command {
 				fmt.Fprintf(out, "warren is ready\n  URL:   %s\n  token: %s\n  try:   curl -s -H 'Authorization: Bearer %s' -d '{\"image\":\"busybox\"}' %s/v1/sandboxes\n",
 					url, token, token, url)
 			}
+			o.E2BReady = func(url, token string) { printE2B(out, url, token) }
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return serve.Run(ctx, o)
@@ -52,6 +55,7 @@ func newServeCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "state directory (NATS store, images, sandboxes, admin token)")
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
+	f.StringVar(&o.E2BListen, "e2b-listen", "", "also serve E2B's control plane (the official e2b SDKs' E2B_API_URL) on this address (default: off)")
 	f.StringVar(&o.Node, "node", "", "node name (default: the hostname)")
 	f.StringVar(&o.AgentPath, "agent", "", "path of warren-agent (default: beside this binary)")
 	f.StringVar(&o.Store, "store", "", "layer store directory, shared by every node of a cluster (default: DATA_DIR/images)")
@@ -72,6 +76,16 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&o.Userns.HostRoot, "host-root", false, "run container sandboxes as host root even where user namespaces work (measurements only)")
 	f.Uint32Var(&o.Userns.IDBase, "id-base", 0, "first host uid/gid of the sandboxes' user namespaces (65,536 per sandbox; 0 = 1048576)")
 	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
+	f.StringVar(&o.Userns.NetPool, "net-pool", "", "node-local IPv4 pool of networked sandboxes' addresses, a /31 each (default 10.213.0.0/16)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd
+}
+
+// printE2B prints the environment an E2B SDK user sets to reach warren's
+// E2B front.
+func printE2B(out io.Writer, url, token string) {
+	fmt.Fprintf(out, "E2B front is ready (docs/e2b.md)\n  export E2B_API_URL=%s\n  export E2B_SANDBOX_URL=%s\n", url, url)
+	if token != "" {
+		fmt.Fprintf(out, "  export E2B_API_KEY=%s\n", e2b.E2BKey(token))
+	}
 }

@@ -64,6 +64,7 @@ process. The defaults are a short run; the full scale is
 	f.IntVar(&cfg.BatchSize, "batch", 256, "sandboxes per call in the batch phase")
 	f.IntVar(&cfg.Hold, "hold", 40000, "live sandboxes to hold (full scale: 400000)")
 	f.StringVar(&out, "out", "", "append the report to this Markdown file (docs/BENCHMARKS.md)")
+	f.BoolVar(&cfg.NoAuth, "no-auth", false, "run NATS without credentials (to measure what the bus's authentication costs)")
 	f.IntVar(&cfg.Burst, "burst", 4096, "sandboxes in the final one-call burst (full scale: 32768)")
 	return cmd
 }
@@ -91,5 +92,6 @@ func newSimEdgesCmd() *cobra.Command {
 	f.Int64Var(&cfg.MemoryMB, "memory-mb", 1<<40, "memory each node offers")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", 10000, "sandboxes each node admits")
 	f.IntVar(&cfg.Conns, "conns", 8, "NATS connections shared by the nodes")
+	f.StringVar(&cfg.AuthDir, "auth-dir", "", "credentials directory with edge-<node>.nk for every node (each node then has its own connection)")
 	return cmd
 }

@@ -233,7 +233,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	root := rootKey(layerIDs, spec.DiskMB)
 	var box *wipedBox
-	if len(binds) == 0 && !sb.stateless && e.recycler() != nil {
+	if len(binds) == 0 && !sb.stateless && spec.Network == nil && e.recycler() != nil {
 		box = e.takeWiped(recycleKey(spec), root)
 	}
 	if box != nil && box.root == root {
@@ -291,6 +291,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
+	}
+	if rspec.Network, err = runtimeNetwork(spec.Network); err != nil {
+		return err
 	}
 	var inst *runtime.Instance
 	if box != nil {

@@ -82,6 +82,8 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 	h := map[string]string{bus.HeaderSandbox: g.Sandbox}
 	if g.Scoped {
 		h[bus.HeaderScope] = g.Scope
+	} else {
+		h[bus.HeaderRoot] = "1" // the signed grant says so
 	}
 	if dataUploads[op] {
 		var req FileRequest
@@ -261,7 +263,7 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 var sandboxOps = map[string]bool{
 	OpGet: true, OpDelete: true, OpExec: true, OpCommandGet: true, OpCommandKill: true,
 	OpFileRead: true, OpFileWrite: true, OpFileList: true, OpFileStat: true, OpFileMkdir: true,
-	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true,
+	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true, OpTimeout: true,
 	OpFileUpload: true, OpTarUpload: true,
 }
 

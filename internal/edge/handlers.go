@@ -40,6 +40,10 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		return nil, err
 	}
 	scope, scoped := bus.HeaderOf(ctx, bus.HeaderScope)
+	if !scoped && !bus.Unscoped(ctx) {
+		// A missing scope is no access, not root: root is said explicitly.
+		return nil, &api.Error{Code: api.CodeForbidden, Message: "a request to an edge must carry a scope or the root marker"}
+	}
 	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages && op != OpTrajReplay {
 		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
 		if !ok {
@@ -122,13 +126,16 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		e.stop(ctx, sb, api.StateStopped, "deleted")
 		v := sb.view()
 		return &v, nil
-	case OpCommands, OpStats:
+	case OpCommands, OpStats, OpNetwork:
 		var req IDRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		if op == OpCommands {
+		switch op {
+		case OpCommands:
 			return e.commands(req.ID)
+		case OpNetwork:
+			return e.network(req.ID)
 		}
 		return e.stats(ctx, req.ID)
 	case OpImages:
@@ -155,6 +162,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return nil, err
 		}
 		return e.layerOp(ctx, op, &req)
+	case OpNetworkSet:
+		var req NetworkSetRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.setNetwork(&req)
 	case OpPause, OpResume:
 		var req ResumeSandboxRequest
 		if err := decode(body, &req); err != nil {
@@ -164,6 +177,12 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return e.pauseOne(ctx, req.ID)
 		}
 		return e.resumeOne(ctx, req.ID, !req.NoPrefetch)
+	case OpTimeout:
+		var req TimeoutRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return e.setTimeout(&req)
 	case OpPauseMatch:
 		var req PauseMatchingRequest
 		if err := decode(body, &req); err != nil {

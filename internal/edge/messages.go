@@ -26,6 +26,7 @@ const (
 	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
 	OpPause       = "pause"          // IDRequest -> api.Sandbox
 	OpResume      = "resume"         // ResumeSandboxRequest -> api.Sandbox
+	OpTimeout     = "timeout"        // TimeoutRequest -> api.Sandbox
 	OpPauseMatch  = "pause_matching" // PauseMatchingRequest -> api.PauseResult
 	OpPoolPut     = "pool_put"       // api.PoolRequest -> api.Pool
 	OpPoolList    = "pool_list"      // {} -> api.PoolList
@@ -45,7 +46,15 @@ const (
 	OpAudit       = "audit"        // AuditRequest → api.AuditList
 	OpCommands    = "commands"     // IDRequest → api.CommandHistory
 	OpStats       = "stats"        // IDRequest → api.SandboxStats
+	OpNetwork     = "network"      // IDRequest → api.SandboxNetwork
+	OpNetworkSet  = "network_set"  // NetworkSetRequest → api.SandboxNetwork
 )
+
+// NetworkSetRequest replaces a running sandbox's egress list.
+type NetworkSetRequest struct {
+	ID      string          `json:"id"`
+	Network api.NetworkSpec `json:"network"`
+}
 
 // LayerRequest is the body of the layer operations. Upload chunks carry
 // Data; the first has no Handle and its answer names one; the one with
@@ -114,6 +123,14 @@ type CreateRequest struct {
 // IDRequest names one sandbox.
 type IDRequest struct {
 	ID string `json:"id"`
+}
+
+// TimeoutRequest sets when a sandbox expires (TTL seconds from now) and
+// its idle timeout.
+type TimeoutRequest struct {
+	ID          string `json:"id"`
+	TTL         int64  `json:"ttl,omitempty"`          // 0 = unchanged
+	IdleTimeout *int64 `json:"idle_timeout,omitempty"` // nil = unchanged, 0 = none
 }
 
 // ResumeSandboxRequest names a sandbox to resume.

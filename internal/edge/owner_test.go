@@ -13,12 +13,12 @@ import (
 // TestSnapshotScope: a scoped create reaches only snapshots (and snap/
 // layers) of its scope, whatever the apiserver let through.
 func TestSnapshotScope(t *testing.T) {
-	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir()})
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir(), NoAuth: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	conn, err := srv.Connect("edge-owner-test")
+	conn, err := srv.Connect("edge-owner-test", bus.RoleAPIServer, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,12 +80,12 @@ func TestTrajKey(t *testing.T) {
 // TestLegacyTrajectoryKey: a trajectory recorded before trajectories had
 // owners (under its bare name) keeps its record and log for its sandbox.
 func TestLegacyTrajectoryKey(t *testing.T) {
-	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir()})
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir(), NoAuth: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	conn, err := srv.Connect("edge-legacy-test")
+	conn, err := srv.Connect("edge-legacy-test", bus.RoleAPIServer, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,3 +199,42 @@ func (e *Edge) pauseMatching(ctx context.Context, req *PauseMatchingRequest) (*a
 	wg.Wait()
 	return out, nil
 }
+
+// setTimeout makes a live sandbox expire TTL seconds from now (E2B's
+// setTimeout): its TTL becomes its lifetime so far plus that; and/or
+// replaces its idle timeout, counted from now.
+func (e *Edge) setTimeout(req *TimeoutRequest) (any, error) {
+	if req.TTL < 0 || (req.TTL == 0 && req.IdleTimeout == nil) || (req.IdleTimeout != nil && *req.IdleTimeout < 0) {
+		return nil, badRequest("want a positive ttl or an idle_timeout of 0 or more")
+	}
+	sb, err := e.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	<-sb.ready
+	now := time.Now().UTC()
+	sb.mu.Lock()
+	st := sb.rec.Sandbox.State
+	if (st != api.StateRunning && st != api.StatePaused) || sb.stopping {
+		sb.mu.Unlock()
+		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", req.ID, stateWord(sb))}
+	}
+	if req.TTL > 0 {
+		expires := now.Add(time.Duration(req.TTL) * time.Second)
+		sb.rec.Sandbox.ExpiresAt = &expires
+		sb.rec.Sandbox.TTL = int64(expires.Sub(sb.rec.Sandbox.CreatedAt).Round(time.Second) / time.Second)
+		sb.rec.Spec.TTL = sb.rec.Sandbox.TTL
+	}
+	if req.IdleTimeout != nil {
+		// Counted from now: this call is the sandbox's latest operation.
+		sb.rec.Spec.IdleTimeout, sb.rec.Sandbox.IdleTimeout = *req.IdleTimeout, *req.IdleTimeout
+		sb.lastActive = now
+	}
+	rec := sb.rec
+	sb.mu.Unlock()
+	if err := e.persist(&rec); err != nil {
+		return nil, fmt.Errorf("edge: persist timeout of %s: %w", req.ID, err)
+	}
+	v := sb.view()
+	return &v, nil
+}

@@ -68,7 +68,8 @@ func (e *Edge) recycler() runtime.Recycler {
 func (e *Edge) recyclableLocked(sb *sandbox, state string) bool {
 	return e.recycler() != nil && state == api.StateStopped && sb.inst != nil && sb.rec.Handle != nil &&
 		!sb.stateless && sb.pool == "" && sb.inflight == 0 && !sb.pausing &&
-		sb.rec.Sandbox.State == api.StateRunning && len(sb.rec.Binds) == 0
+		sb.rec.Sandbox.State == api.StateRunning && len(sb.rec.Binds) == 0 &&
+		sb.rec.Spec.Network == nil // a network is never handed on (runtime.NetHandle)
 }
 
 // roomFor says whether the shelf of shape key has room for one more.

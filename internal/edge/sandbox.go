@@ -104,6 +104,7 @@ func (sb *sandbox) view() api.Sandbox {
 	v.LastActive = sb.lastActive
 	v.IdleCPU, v.AlwaysOn = idleCPU(&sb.rec.Spec), sb.rec.Spec.AlwaysOn
 	v.Labels = copyMap(v.Labels)
+	v.Network = sb.rec.Spec.Network
 	return v
 }
 

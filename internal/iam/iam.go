@@ -70,6 +70,7 @@ const (
 	KindSnapshot   = "snapshot"
 	KindLayer      = "layer"
 	KindPool       = "pool"
+	KindTemplate   = "template"
 	KindCommand    = "command"
 	KindEvent      = "event"
 	KindProject    = "project"
@@ -87,12 +88,13 @@ const (
 // shared catalog, like an image: every project may read and mount it; a
 // layer of project p is read and mounted by p's descendants too (a name
 // resolves to the project's own layer first, then its ancestors'). Only
-// the owner's scope changes one (see Changes).
+// the owner's scope changes one (see Changes). Templates are catalogs in
+// the same way.
 func (p *Principal) Sees(kind, owner string) bool {
 	if p == nil {
 		return false
 	}
-	if kind == KindLayer && Within(p.Project, owner) {
+	if (kind == KindLayer || kind == KindTemplate) && Within(p.Project, owner) {
 		return true
 	}
 	return p.InScope(owner)
@@ -146,7 +148,7 @@ func Open(ctx context.Context, conn *bus.Conn) (*IAM, error) {
 		return nil, err
 	}
 	m := &IAM{kv: kv, tokens: map[string]*tokenRecord{}, projects: map[string]*projectRecord{}, now: time.Now}
-	w, err := kv.WatchAll(context.Background())
+	w, err := watchAll(ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("iam: watch: %w", err)
 	}
@@ -737,4 +739,23 @@ func (m *IAM) RevokeToken(ctx context.Context, caller *Principal, id string) err
 	delete(m.tokens, hash)
 	m.mu.Unlock()
 	return nil
+}
+
+// watchAll starts the bucket's watcher, trying again for up to 30 s: in a
+// cluster whose NATS servers have just started (or are busy), creating the
+// watcher's consumer can time out before the stream has a leader, and an
+// apiserver that gave up then would not start at all.
+func watchAll(ctx context.Context, kv jetstream.KeyValue) (jetstream.KeyWatcher, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w, err := kv.WatchAll(context.Background())
+		if err == nil || time.Now().After(deadline) {
+			return w, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }

@@ -17,14 +17,14 @@ import (
 func twoReplicas(t *testing.T) (*IAM, *IAM, string) {
 	t.Helper()
 	dir := t.TempDir()
-	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: dir})
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: dir, NoAuth: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
 	var out []*IAM
 	for i := 0; i < 2; i++ {
-		c, err := srv.Connect("iam-test")
+		c, err := srv.Connect("iam-test", bus.RoleAPIServer, "")
 		if err != nil {
 			t.Fatal(err)
 		}

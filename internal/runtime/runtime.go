@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
 )
 
@@ -45,6 +46,21 @@ type Spec struct {
 	// Priority is the QoS class (api.PriorityBestEffort or
 	// api.PriorityLatency; "" = latency, i.e. normal scheduling).
 	Priority string
+	// Network, when set, gives the sandbox an interface, an address and a
+	// default route, and lets it reach the destinations of Egress only
+	// (internal/sandboxnet). Nil: loopback only.
+	Network *NetworkSpec
+}
+
+// NetworkSpec is a sandbox's opt-in network, parsed.
+type NetworkSpec struct {
+	Egress []api.EgressRule
+}
+
+// NetHandle is a networked sandbox's addresses.
+type NetHandle struct {
+	Address string `json:"address"`
+	Gateway string `json:"gateway"`
 }
 
 // Handle is what the edge persists to find a sandbox again after it restarts.
@@ -58,6 +74,8 @@ type Handle struct {
 	// maps ids 0..65535 to IDBase..IDBase+65535); 0 when the sandbox runs
 	// as host root. Files in its writable layer carry these host ids.
 	IDBase uint32 `json:"id_base,omitempty"`
+	// Net is set when the sandbox has a network (Spec.Network).
+	Net *NetHandle `json:"net,omitempty"`
 }
 
 // Instance is a live sandbox with a connected agent.
@@ -110,6 +128,21 @@ type KillCounter interface {
 	OOMKills(h Handle) (int64, error)
 	// PidsRefused is how many forks its pids limit refused so far.
 	PidsRefused(h Handle) (int64, error)
+}
+
+// NetworkReporter is implemented by runtimes that give sandboxes networks:
+// what each one's policy refused so far, by reason (sandboxnet.Deny*).
+type NetworkReporter interface {
+	NetworkDenied(h Handle) (map[string]int64, error)
+	// NetworkDeniedDestinations is the bounded record of what was
+	// refused: destination, protocol, reason and count.
+	NetworkDeniedDestinations(h Handle) ([]api.NetworkDenial, error)
+}
+
+// NetworkSetter is implemented by runtimes that can replace a running
+// sandbox's egress list.
+type NetworkSetter interface {
+	SetEgress(h Handle, egress []api.EgressRule) error
 }
 
 // ErrNotReusable means a sandbox's container cannot be recycled (something

@@ -166,6 +166,9 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	default:
 		return invalid("idle_timeout_action %q is unknown (want %q or %q)", truncate(req.IdleTimeoutAction), api.IdleActionStop, api.IdleActionPause)
 	}
+	if aerr := CheckNetwork(req.Network); aerr != nil {
+		return aerr
+	}
 	if len(req.Env) > MaxEnv {
 		return invalid("at most %d env variables", MaxEnv)
 	}
@@ -302,4 +305,31 @@ func ValidProject(id string) bool {
 // the root: everything is within it).
 func Within(project, scope string) bool {
 	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
+}
+
+// CheckNetwork validates the opt-in network (of a create, or of a change
+// of a running sandbox's): every egress entry parses and there are at most
+// api.MaxEgressRules. Entries are rewritten to their canonical form
+// ("10.1.2.9/24" becomes "10.1.2.0/24").
+func CheckNetwork(n *api.NetworkSpec) *api.Error {
+	if n == nil {
+		return nil
+	}
+	if len(n.Egress) > api.MaxEgressRules {
+		return invalid("network.egress: at most %d entries", api.MaxEgressRules)
+	}
+	for i, e := range n.Egress {
+		if len(e) > 64 {
+			return invalid("network.egress[%d] %q is too long", i, truncate(e))
+		}
+		r, err := api.ParseEgress(e)
+		if err != nil {
+			return invalid("network.%v", err)
+		}
+		n.Egress[i] = r.String()
+	}
+	if n.Egress == nil {
+		n.Egress = []string{}
+	}
+	return nil
 }

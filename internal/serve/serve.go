@@ -20,6 +20,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
@@ -72,6 +73,11 @@ type Options struct {
 	Logger            *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
+	// E2BListen, when set, also serves E2B's control plane there
+	// (internal/e2b); E2BReady is then called with its URL and the admin
+	// token before Ready.
+	E2BListen string
+	E2BReady  func(url, token string)
 }
 
 func (o *Options) defaults() error {
@@ -184,21 +190,31 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer ln.Close()
 
-	nats, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: o.DataDir, Listen: o.NATSListen, Logger: log})
+	// Every part connects with its own credentials, kept in the data dir
+	// (other processes on --nats-listen use them: see docs/operations.md).
+	auth, err := bus.EnsureAuth(filepath.Join(o.DataDir, "nats-auth"), []string{o.Node})
+	if err != nil {
+		return err
+	}
+	nats, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: o.DataDir, Listen: o.NATSListen, Logger: log, Auth: auth})
 	if err != nil {
 		return err
 	}
 	defer nats.Shutdown()
-	edgeConn, err := nats.Connect("warren-edge")
+	edgeConn, err := nats.Connect("warren-edge", bus.RoleEdge, o.Node)
 	if err != nil {
 		return err
 	}
 	defer edgeConn.Close()
-	apiConn, err := nats.Connect("warren-apiserver")
+	apiConn, err := nats.Connect("warren-apiserver", bus.RoleAPIServer, "")
 	if err != nil {
 		return err
 	}
 	defer apiConn.Close()
+	// The apiserver makes the buckets the edge uses (it may not).
+	if err := apiConn.EnsureBuckets(ctx); err != nil {
+		return err
+	}
 
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
@@ -211,7 +227,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer stopEdge()
-	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node})
+	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node,
+		E2BListen: o.E2BListen, E2BReady: o.E2BReady})
 }
 
 // EdgeOptions configure one edge (`warren edge`, or the edge of `warren serve`).
@@ -254,10 +271,13 @@ const DefaultDataListen = "127.0.0.1:0"
 // defaults). AllowHostRoot lets sandboxes run as host root where the
 // kernel cannot run them in user namespaces (without it, the node refuses
 // to start there); HostRoot runs them as host root anyway (measurements).
+// NetPool is where networked sandboxes' addresses come from
+// (container.Config.NetPool).
 type UsernsOptions struct {
 	IDBase                  uint32
 	IDRanges                int
 	AllowHostRoot, HostRoot bool
+	NetPool                 string
 }
 
 func (o *EdgeOptions) defaults() error {
@@ -298,6 +318,7 @@ func RunEdge(ctx context.Context, o EdgeOptions) error {
 		return fmt.Errorf("edge: data dir: %w", err)
 	}
 	o.NATS.Name = "warren-edge-" + o.Node
+	o.NATS.Role, o.NATS.Node = bus.RoleEdge, o.Node
 	conn, err := bus.Dial(o.NATS)
 	if err != nil {
 		return err
@@ -358,7 +379,8 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	}
 	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
-		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot})
+		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
+		NetPool: o.Userns.NetPool})
 	if err != nil {
 		stop()
 		return nil, err
@@ -412,6 +434,11 @@ type APIOptions struct {
 	Ready func(url, token string)
 	// WaitForNode, when set, delays serving until that node reported in.
 	WaitForNode string
+	// E2BListen, when set, also serves E2B's control plane there
+	// (internal/e2b) over this apiserver; E2BReady is then called with its
+	// URL and the admin token ("" as for Ready) before Ready.
+	E2BListen string
+	E2BReady  func(url, token string)
 }
 
 // RunAPIServer runs one apiserver replica (`warren apiserver`) against an
@@ -435,17 +462,29 @@ func RunAPIServer(ctx context.Context, o APIOptions) error {
 	}
 	defer ln.Close()
 	o.NATS.Name = "warren-apiserver"
+	o.NATS.Role = bus.RoleAPIServer
 	conn, err := bus.Dial(o.NATS)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	if err := conn.EnsureBuckets(ctx); err != nil {
+		return err
+	}
 	return serveAPI(ctx, conn, ln, o)
 }
 
 // serveAPI runs the watcher, IAM and HTTP API on conn and ln until ctx ends.
 func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions) error {
 	log := o.Logger
+	var e2bLn net.Listener
+	if o.E2BListen != "" {
+		var err error
+		if e2bLn, err = net.Listen("tcp", o.E2BListen); err != nil {
+			return fmt.Errorf("serve: e2b listen %s: %w", o.E2BListen, err)
+		}
+		defer e2bLn.Close()
+	}
 	if addr := os.Getenv("WARREN_PPROF"); addr != "" {
 		// Profiling for measurements (warren sim): the default mux carries net/http/pprof.
 		go func() { _ = http.ListenAndServe(addr, nil) }()
@@ -472,7 +511,22 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 		return errors.New("serve: the edge did not report in")
 	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
+	// The E2B front first: once the native API answers, both are up.
+	if e2bLn != nil {
+		e2bSrv := &http.Server{Handler: e2b.New(e2b.Config{API: api, Logger: log}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+		go func() { errc <- e2bSrv.Serve(e2bLn) }()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = e2bSrv.Shutdown(sctx)
+		}()
+		e2bURL := "http://" + e2bLn.Addr().String()
+		log.Info("serving E2B's control plane", "url", e2bURL)
+		if o.E2BReady != nil {
+			o.E2BReady(e2bURL, token)
+		}
+	}
 	go func() { errc <- srv.Serve(ln) }()
 	url := "http://" + ln.Addr().String()
 	if token != "" {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -27,7 +28,10 @@ type EdgesConfig struct {
 	MemoryMB     int64
 	MaxSandboxes int
 	Conns        int // NATS connections shared by the nodes
-	Logger       *slog.Logger
+	// AuthDir, when set, holds each node's credentials (edge-<name>.nk):
+	// every node then has its own connection, with its own permissions.
+	AuthDir string
+	Logger  *slog.Logger
 }
 
 type fakeSandbox struct {
@@ -59,10 +63,18 @@ func RunEdges(ctx context.Context, cfg EdgesConfig) error {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "sim"
 	}
+	if cfg.AuthDir != "" {
+		cfg.Conns = cfg.Nodes
+	}
 	var conns []*bus.Conn
 	for i := 0; i < cfg.Conns; i++ {
 		c := cfg.NATS
 		c.Name = fmt.Sprintf("warren-sim-edges-%d", i)
+		if cfg.AuthDir != "" {
+			node := fmt.Sprintf("%s%d", cfg.Prefix, i)
+			c.NKeySeed = filepath.Join(cfg.AuthDir, bus.SeedFile(bus.RoleEdge, node))
+			c.Role, c.Node = bus.RoleEdge, node
+		}
 		conn, err := bus.Dial(c)
 		if err != nil {
 			return err

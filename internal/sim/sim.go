@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
 	warren "github.com/warrenhq/warren/sdk/go"
 )
 
@@ -33,7 +34,10 @@ type Config struct {
 	BatchSize   int           // sandboxes per call in the sustained batch phase
 	Hold        int           // live sandboxes to reach (filled by batch creates)
 	Burst       int           // sandboxes in the final one-call burst
-	Out         io.Writer
+	// NoAuth runs NATS without credentials (to measure what they cost);
+	// otherwise every part, each simulated node too, has its own NKey.
+	NoAuth bool
+	Out    io.Writer
 }
 
 // proc is one process of the simulation.
@@ -134,10 +138,29 @@ func Run(ctx context.Context, cfg Config) error {
 		clientURLs = append(clientURLs, "nats://"+freeAddr())
 		routes = append(routes, "nats-route://"+freeAddr())
 	}
+	// Credentials: one per simulated node (each then has its own
+	// connection), one for the apiservers.
+	authDir := filepath.Join(dir, "nats-auth")
+	authArgs := []string{"--no-auth"}
+	apiAuth := []string{}
+	edgeAuth := []string{"--conns", "8"}
+	if !cfg.NoAuth {
+		var names []string
+		for i := 0; i < cfg.Nodes; i++ {
+			names = append(names, fmt.Sprintf("sim%d", i))
+		}
+		if _, err := bus.EnsureAuth(authDir, names); err != nil {
+			return err
+		}
+		authArgs = []string{"--auth-dir", authDir}
+		apiAuth = []string{"--nats-nkey", filepath.Join(authDir, bus.SeedFile(bus.RoleAPIServer, ""))}
+		edgeAuth = []string{"--auth-dir", authDir}
+	}
 	var natsProcs []*proc
 	for i := 0; i < cfg.NATSServers; i++ {
 		args := []string{"nats", "--name", fmt.Sprintf("n%d", i), "--listen", strings.TrimPrefix(clientURLs[i], "nats://"),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("nats%d", i))}
+		args = append(args, authArgs...)
 		if cfg.NATSServers > 1 {
 			args = append(args, "--cluster-listen", strings.TrimPrefix(routes[i], "nats-route://"), "--routes", strings.Join(routes, ","))
 		}
@@ -158,8 +181,8 @@ func Run(ctx context.Context, cfg Config) error {
 	for i := 0; i < cfg.APIServers; i++ {
 		addr := freeAddr()
 		urls = append(urls, "http://"+addr)
-		p, err := start(fmt.Sprintf("apiserver%d", i), "apiserver", "--nats", natsURL, "--replicas", replicas,
-			"--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprintf("api%d", i)))
+		p, err := start(fmt.Sprintf("apiserver%d", i), append([]string{"apiserver", "--nats", natsURL, "--replicas", replicas,
+			"--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprintf("api%d", i))}, apiAuth...)...)
 		if err != nil {
 			return err
 		}
@@ -167,8 +190,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// Simulated edges: capacity for Hold + everything else, spread evenly.
 	per := (cfg.Hold+cfg.Burst+cfg.Clients*100000)/max(1, cfg.Nodes) + 1000
-	edges, err := start("edges", "sim-edges", "--nats", natsURL, "--nodes", strconv.Itoa(cfg.Nodes),
-		"--max-sandboxes", strconv.Itoa(per))
+	edges, err := start("edges", append([]string{"sim-edges", "--nats", natsURL, "--nodes", strconv.Itoa(cfg.Nodes),
+		"--max-sandboxes", strconv.Itoa(per)}, edgeAuth...)...)
 	if err != nil {
 		return err
 	}

@@ -14,12 +14,12 @@ import (
 // is marked down, and its sandboxes are recorded lost (for it to destroy
 // when it returns) before they are reported.
 func TestSilentNodeProbedThenLost(t *testing.T) {
-	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir()})
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir(), NoAuth: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	conn, err := srv.Connect("watcher-test")
+	conn, err := srv.Connect("watcher-test", bus.RoleAPIServer, "")
 	if err != nil {
 		t.Fatal(err)
 	}

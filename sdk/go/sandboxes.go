@@ -109,6 +109,22 @@ func (c *Client) ResumeWith(ctx context.Context, id string, opts api.ResumeReque
 	return &sb, nil
 }
 
+// SetTimeout makes a sandbox expire ttl seconds from now, whatever its
+// lifetime was.
+func (c *Client) SetTimeout(ctx context.Context, id string, ttl int64) (*api.Sandbox, error) {
+	return c.SetTimeouts(ctx, id, api.TimeoutRequest{TTL: ttl})
+}
+
+// SetTimeouts moves a sandbox's expiry and/or replaces its idle timeout
+// (both counted from now).
+func (c *Client) SetTimeouts(ctx context.Context, id string, req api.TimeoutRequest) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/timeout", json: req, retry: true}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
 // PauseMatching pauses every sandbox whose labels all match (the
 // job-level pause of a preempted job).
 func (c *Client) PauseMatching(ctx context.Context, labels map[string]string) (*api.PauseResult, error) {
@@ -126,6 +142,30 @@ func (c *Client) ResumeMatching(ctx context.Context, labels map[string]string) (
 		return nil, err
 	}
 	return &res, nil
+}
+
+// Network returns the sandbox's network (address, allowlist) and what its
+// policy refused so far, by reason.
+func (c *Client) Network(ctx context.Context, id string) (*api.SandboxNetwork, error) {
+	var n api.SandboxNetwork
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/sandboxes/" + esc(id) + "/network", retry: true}, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// SetNetwork replaces a running networked sandbox's egress list; new
+// connections obey it when this returns, open ones to destinations no
+// longer listed are cut.
+func (c *Client) SetNetwork(ctx context.Context, id string, egress []string) (*api.SandboxNetwork, error) {
+	if egress == nil {
+		egress = []string{}
+	}
+	var n api.SandboxNetwork
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPut, path: "/v1/sandboxes/" + esc(id) + "/network", json: api.NetworkSpec{Egress: egress}, retry: true}, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
 }
 
 // Stats returns what the sandbox uses now (CPU time, memory) beside its limits.

@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/serve"
 	warren "github.com/warrenhq/warren/sdk/go"
 )
@@ -85,6 +88,7 @@ type cluster struct {
 	apiURL  []string
 	edges   map[string]*proc
 	natsURL string
+	auth    string // the credentials directory
 	token   string
 	C       *warren.Client
 }
@@ -103,8 +107,14 @@ func startCluster(t *testing.T, edges ...string) *cluster {
 		routes = append(routes, "nats-route://"+freePort(t))
 	}
 	c.natsURL = strings.Join(client, ",")
+	// One credentials directory for the cluster: a seed per role (each
+	// edge its own), shared by the three servers with the route secret.
+	c.auth = filepath.Join(dir, "nats-auth")
+	if _, err := bus.EnsureAuth(c.auth, edges); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 3; i++ {
-		c.nats = append(c.nats, startProc(t, fmt.Sprintf("nats%d", i), "nats",
+		c.nats = append(c.nats, startProc(t, fmt.Sprintf("nats%d", i), "nats", "--auth-dir", c.auth,
 			"--name", fmt.Sprintf("n%d", i), "--listen", strings.TrimPrefix(client[i], "nats://"),
 			"--cluster-listen", strings.TrimPrefix(routes[i], "nats-route://"), "--routes", strings.Join(routes, ","),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("nats%d", i))))
@@ -113,6 +123,7 @@ func startCluster(t *testing.T, edges ...string) *cluster {
 		addr := freePort(t)
 		c.apiURL = append(c.apiURL, "http://"+addr)
 		c.api = append(c.api, startProc(t, fmt.Sprintf("apiserver%d", i), "apiserver", "--nats", c.natsURL, "--replicas", "3",
+			"--nats-nkey", filepath.Join(c.auth, "apiserver.nk"),
 			"--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprintf("api%d", i))))
 	}
 	for _, name := range edges {
@@ -173,6 +184,7 @@ func (c *cluster) startEdge(name string) {
 		return
 	}
 	c.edges[name] = startProc(c.t, "edge-"+name, "edge", "--nats", c.natsURL, "--replicas", "3", "--node", name,
+		"--nats-nkey", filepath.Join(c.auth, "edge-"+name+".nk"),
 		"--data-dir", dataDir, "--store", filepath.Join(c.dir, "store"), "--agent", bins.agent, "--label", "zone="+name)
 }
 
@@ -217,6 +229,15 @@ func TestClusterFaults(t *testing.T) {
 	t.Cleanup(func() { assertNoLeaks(t) })
 	c := startCluster(t, "ea", "eb", "ec")
 	ctx := context.Background()
+
+	// The bus of the cluster: no anonymous client, and an edge's
+	// credentials reach only that edge's own subjects.
+	first := strings.Split(c.natsURL, ",")[0]
+	if nc, err := nats.Connect(first, nats.Timeout(5*time.Second)); err == nil {
+		nc.Close()
+		t.Errorf("a client without credentials connected to the cluster's NATS")
+	}
+	checkEdgeCredentials(t, first, filepath.Join(c.auth, "edge-ea.nk"), "ea")
 	defer func() {
 		if t.Failed() {
 			c.dump()

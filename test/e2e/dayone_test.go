@@ -52,9 +52,10 @@ func TestFnCallWorkersYieldToSandboxes(t *testing.T) {
 	time.Sleep(time.Second) // the pool's background top-up settles
 
 	// The idle workers give their room to sandboxes: two sandboxes of 2
-	// cores fill the node.
+	// cores fill the node (always_on: a waiting best-effort sandbox would
+	// count at its idle_cpu and leave room).
 	for i := 0; i < 2; i++ {
-		s.create(t, api.CreateSandboxRequest{CPU: 2, MemoryMB: 64})
+		s.create(t, api.CreateSandboxRequest{CPU: 2, MemoryMB: 64, AlwaysOn: true})
 	}
 	// The node is full now: the 503 says of what.
 	_, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1, MemoryMB: 64})

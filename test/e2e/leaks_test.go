@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/internal/hoststat"
+	"github.com/warrenhq/warren/internal/sandboxnet"
 	"github.com/warrenhq/warren/internal/serve"
 )
 
@@ -49,6 +50,7 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 					leaks = append(leaks, "cgroup "+d)
 				}
 			}
+			leaks = append(leaks, netLeaks(dataDir)...)
 		}
 		if out, _ := exec.Command("pgrep", "-f", bins.agent).Output(); agentCheck && len(strings.TrimSpace(string(out))) > 0 {
 			leaks = append(leaks, "agent processes "+strings.TrimSpace(string(out)))
@@ -74,6 +76,16 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 	}
 }
 
+// netLeaks lists the veths and nftables tables that the server of
+// dataDir made for networked sandboxes and left.
+func netLeaks(dataDir string) []string {
+	l, err := sandboxnet.Owned(serve.CgroupParent(dataDir))
+	if err != nil {
+		return []string{"network: " + err.Error()}
+	}
+	return l
+}
+
 // assertNoLeaksOf is assertNoLeaks for the one server s (other servers of
 // this process may still run): its cgroups, and so its processes, and its
 // mounts are gone.
@@ -88,6 +100,7 @@ func assertNoLeaksOf(t *testing.T, s *server) {
 				leaks = append(leaks, "cgroup "+d)
 			}
 		}
+		leaks = append(leaks, netLeaks(s.dataDir)...)
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		for _, l := range strings.Split(string(mi), "\n") {
 			if strings.Contains(l, s.dataDir) {

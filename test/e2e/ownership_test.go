@@ -107,6 +107,9 @@ func newOwned(t *testing.T) *owned {
 		t.Fatalf("pool: %v", err)
 	}
 	o.pool = pool.Name
+	if _, err := o.p1.CreateTemplate(ctx, api.Template{Name: "p1-tmpl", Spec: api.CreateSandboxRequest{Image: "busybox", Labels: map[string]string{"t": "p1-tmpl-label"}}}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _, _ = admin.DeletePool(context.Background(), o.pool) })
 	return o
 }
@@ -684,11 +687,14 @@ func auditRoutes(t *testing.T, o *owned) {
 		"DELETE /v1/sandboxes/{id}":                   {{path: sb}},
 		"POST /v1/sandboxes/{id}/pause":               {{path: sb + "/pause"}},
 		"POST /v1/sandboxes/{id}/resume":              {{path: sb + "/resume"}},
+		"POST /v1/sandboxes/{id}/timeout":             {{path: sb + "/timeout", body: js(api.TimeoutRequest{TTL: 5})}},
 		"POST /v1/sandboxes:pause":                    {{path: "/v1/sandboxes:pause", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes:resume":                   {{path: "/v1/sandboxes:resume", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes/{id}/exec":                {{path: sb + "/exec", body: js(api.ExecRequest{Cmd: "cat /secret"})}},
 		"GET /v1/sandboxes/{id}/commands":             {{path: sb + "/commands"}},
 		"GET /v1/sandboxes/{id}/stats":                {{path: sb + "/stats"}},
+		"GET /v1/sandboxes/{id}/network":              {{path: sb + "/network"}},
+		"PUT /v1/sandboxes/{id}/network":              {{path: sb + "/network", body: js(api.NetworkSpec{Egress: []string{"10.0.0.0/8"}})}},
 		"GET /v1/sandboxes/{id}/commands/{cid}":       {{path: sb + "/commands/" + o.cmd}},
 		"GET /v1/sandboxes/{id}/audit":                {{path: sb + "/audit"}, {path: sb + "/audit?step=1&kind=exec"}, {path: sb + "/audit?follow=1"}, {path: sb + "/audit?summary=1"}},
 		"POST /v1/sandboxes/{id}/commands/{cid}/kill": {{path: sb + "/commands/" + o.cmd + "/kill", body: js(map[string]int{"signal": 9})}},
@@ -723,6 +729,12 @@ func auditRoutes(t *testing.T, o *owned) {
 		"POST /v1/tokens":                             {{path: "/v1/tokens", body: js(api.CreateTokenRequest{Principal: "x", Project: "p1"})}},
 		"GET /v1/tokens":                              {{path: "/v1/tokens", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, o.tok1ID) }}},
 		"DELETE /v1/tokens/{id}":                      {{path: "/v1/tokens/" + o.tok1ID}},
+		// Templates are catalogs for the projects below, like layers.
+		"POST /v1/templates": {{path: "/v1/templates", body: js(api.Template{Name: "p1-tmpl", Project: "p1", Spec: api.CreateSandboxRequest{Image: "busybox"}})}},
+		"GET /v1/templates": {{path: "/v1/templates", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, "p1-tmpl") },
+			child: func(code int, body string) bool { return code == 200 && strings.Contains(body, "p1-tmpl-label") }}},
+		"GET /v1/templates/{name}":    {{path: "/v1/templates/p1-tmpl", child: parentLayer}},
+		"DELETE /v1/templates/{name}": {{path: "/v1/templates/p1-tmpl"}, {path: "/v1/templates/p1-tmpl?project=p1"}},
 	}
 	for _, route := range specPaths(t) {
 		method, path, _ := strings.Cut(route, " ")
@@ -753,6 +765,9 @@ func auditRoutes(t *testing.T, o *owned) {
 	b, err := o.p1.ReadFileBytes(context.Background(), o.sb, "/secret")
 	if err != nil || string(b) != o.secret {
 		t.Fatalf("p1's sandbox after the audit: %q %v", b, err)
+	}
+	if tp, err := o.p1.GetTemplate(context.Background(), "p1-tmpl"); err != nil || tp.Project != "p1" || tp.Spec.Labels["t"] != "p1-tmpl-label" {
+		t.Fatalf("p1's template after the audit: %+v %v", tp, err)
 	}
 }
 

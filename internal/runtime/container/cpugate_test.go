@@ -102,7 +102,10 @@ func TestCPUGate(t *testing.T) {
 	if err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"}, &burn, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, th1, _ := g.Sample(); th1-th0 > int64(50*time.Millisecond) {
+	// The bound leaves room for ordinary throttling of the sandbox's own
+	// spinner at the full quota on a loaded host (61-90 ms seen), far
+	// below what the stale period timer cost.
+	if _, th1, _ := g.Sample(); th1-th0 > int64(250*time.Millisecond) {
 		t.Errorf("a command after a raise was throttled for %v (it ran %.0f ms)", time.Duration(th1-th0), burn.Duration)
 	}
 

@@ -89,10 +89,13 @@
 //   - Device nodes: mknod is refused in a user namespace; /dev holds
 //     read-only bind mounts of the host's nodes, as before.
 //   - The agent is exec'd from a sealed, execute-only (0711) memfd copy of
-//     its binary through /proc/self/fd/N: the new user may not search the
-//     directories on the way to the real binary, and a binary its user
-//     cannot read makes exec tie the agent's memory to the host's user
-//     namespace (would_dump), so the agent is not dumpable and its /proc
+//     its binary through /proc/self/fd/N, N the copy's number in the child
+//     (passed as the last extra file, so os/exec's shuffle of descriptors
+//     cannot put another file there; the agent closes it first thing, as
+//     every inherited descriptor it does not keep): the new user may not
+//     search the directories on the way to the real binary, and a binary
+//     its user cannot read makes exec tie the agent's memory to the host's
+//     user namespace (would_dump), so the agent is not dumpable and its /proc
 //     files belong to host root: the sandbox's root cannot list /proc/1/fd,
 //     read /proc/1/environ, write /proc/1/oom_score_adj or trace it.
 //     open_by_handle_at needs CAP_DAC_READ_SEARCH in the host's namespace

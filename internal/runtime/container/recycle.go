@@ -101,6 +101,10 @@ func (r *Runtime) dropFDs(pid int) {
 // Wipe implements runtime.Recycler.
 func (r *Runtime) Wipe(ctx context.Context, inst *runtime.Instance) error {
 	h := inst.Handle
+	if h.Net != nil {
+		// Its address, policy and counters are its own: never handed on.
+		return fmt.Errorf("%w: it has a network", runtime.ErrNotReusable)
+	}
 	if err := inst.Agent.Call(ctx, agentproto.OpWipe, nil, nil, nil); err != nil {
 		return fmt.Errorf("%w: wipe: %v", runtime.ErrNotReusable, err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/warrenhq/warren/internal/confine"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/sandboxnet"
 )
 
 // Config configures the container runtime.
@@ -43,6 +44,9 @@ type Config struct {
 	// when this kernel cannot run them in user namespaces: without it, New
 	// fails there.
 	HostRoot, AllowHostRoot bool
+	// NetPool is the node-local IPv4 pool networked sandboxes get their
+	// /31s from; default sandboxnet.DefaultPool.
+	NetPool string
 }
 
 // SocketName is the agent's socket inside a sandbox's StateDir.
@@ -67,6 +71,10 @@ type Runtime struct {
 	ids      *idRanges
 	hostRoot string
 	agentExe *os.File
+
+	// net attaches networked sandboxes (Spec.Network); it holds no state
+	// a sandbox without a network pays for.
+	net *sandboxnet.Manager
 
 	mu       sync.Mutex
 	children map[int]chan struct{} // agents this process started, closed when reaped
@@ -96,6 +104,9 @@ func New(cfg Config) (*Runtime, error) {
 	r := &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, coreSched: hoststat.CoreScheduling(),
 		children: map[int]chan struct{}{}, recycle: map[int]*recycleFDs{}}
 	if err := r.setupUserns(); err != nil {
+		return nil, err
+	}
+	if r.net, err = sandboxnet.New(cfg.NetPool, cfg.CgroupParent); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -290,6 +301,14 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, fmt.Errorf("container: agent start time: %w", err)
 	}
 	lf.Close() // only the agent holds the listener now: its death resets our connection
+	if spec.Network != nil {
+		// Before setup: the sandbox's first command finds its network up.
+		a, err := r.net.Attach(spec.ID, h.Pid, spec.Network.Egress)
+		if err != nil {
+			return nil, fmt.Errorf("container: network: %w", err)
+		}
+		h.Net = &runtime.NetHandle{Address: a.Address.String(), Gateway: a.Gateway.String()}
+	}
 
 	client = agentproto.NewClient(conn)
 	var res agentproto.SetupResult
@@ -435,6 +454,13 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 			errs = append(errs, err)
 		}
 	}
+	if h.Net != nil {
+		// Its processes are gone (reaped or killed with the cgroup), so
+		// its namespace and the veth pair in it go with them.
+		if err := r.net.Release(h.ID); err != nil {
+			errs = append(errs, fmt.Errorf("container: %w", err))
+		}
+	}
 	if r.ids != nil && h.IDBase != 0 && len(errs) == 0 {
 		r.ids.free(h.IDBase, h.ID) // no process of the range is left
 	}
@@ -532,7 +558,20 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 			h.PidStart, _ = pidStart(h.Pid)
 			r.reserveRange(&h)
 		}
+		if r.net.Attached(id) {
+			h.Net = &runtime.NetHandle{}
+		}
 		out = append(out, h)
+	}
+	// Networks whose sandbox has no cgroup left (a crash between them).
+	live := map[string]bool{}
+	for _, h := range out {
+		live[h.ID] = true
+	}
+	if gone, err := r.net.Sweep(func(id string) bool { return live[id] }); err != nil {
+		return out, fmt.Errorf("container: sweep networks: %w", err)
+	} else if len(gone) > 0 {
+		r.log.Info("container: removed leftover networks", "ids", gone)
 	}
 	return out, nil
 }
@@ -583,6 +622,9 @@ func (r *Runtime) Close() error {
 	if r.ids != nil {
 		r.ids.close()
 	}
+	if err := r.net.Close(); err != nil {
+		r.log.Warn("container: remove the network table", "err", err) // the next start's sweep retries
+	}
 	names, err := r.cg.children(r.cfg.CgroupParent)
 	if err != nil || len(names) > 0 {
 		return err
@@ -594,4 +636,29 @@ func (r *Runtime) Close() error {
 		removeDirs(r.cg.dirs(p)) // fails (and keeps it) while another instance uses it
 	}
 	return nil
+}
+
+// NetworkDenied reads what a networked sandbox's policy refused so far.
+func (r *Runtime) NetworkDenied(h runtime.Handle) (map[string]int64, error) {
+	if h.Net == nil {
+		return nil, nil
+	}
+	return r.net.Denied(h.ID)
+}
+
+// SetEgress replaces a networked sandbox's egress list.
+func (r *Runtime) SetEgress(h runtime.Handle, egress []api.EgressRule) error {
+	if h.Net == nil {
+		return errors.New("container: the sandbox has no network")
+	}
+	return r.net.SetEgress(h.ID, egress)
+}
+
+// NetworkDeniedDestinations reads a networked sandbox's record of refused
+// destinations.
+func (r *Runtime) NetworkDeniedDestinations(h runtime.Handle) ([]api.NetworkDenial, error) {
+	if h.Net == nil {
+		return nil, nil
+	}
+	return r.net.DeniedDestinations(h.ID)
 }

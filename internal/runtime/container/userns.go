@@ -324,8 +324,8 @@ func rangeOf(pid int) (uint32, bool) {
 //     not to the sandbox's root: the sandbox's root cannot list /proc/1/fd
 //     (or trace or read the agent). Sealed, nothing can change the copy.
 //
-// The descriptor is close-on-exec (the kernel resolves the path before it
-// closes them) and numbered high, above the descriptors exec.Cmd sets up.
+// The descriptor is close-on-exec; each start passes it to the agent's
+// child at a known number (inUserns).
 func agentFD(path string) (*os.File, error) {
 	src, err := os.Open(path)
 	if err != nil {
@@ -354,12 +354,7 @@ func agentFD(path string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("container: reopen the agent's copy: %w", err)
 	}
-	defer unix.Close(ro)
-	fd, err := unix.FcntlInt(uintptr(ro), unix.F_DUPFD_CLOEXEC, 100)
-	if err != nil {
-		return nil, fmt.Errorf("container: dup agent descriptor: %w", err)
-	}
-	return os.NewFile(uintptr(fd), "warren-agent"), nil
+	return os.NewFile(uintptr(ro), "warren-agent"), nil
 }
 
 // probeUsernsFn is probeUserns (tests replace it with a kernel that cannot).
@@ -447,11 +442,21 @@ func (r *Runtime) userRoot(spec *runtime.Spec, base uint32, setup *agentproto.Se
 // inUserns makes cmd start the agent in a new user namespace mapped to the
 // range at base, as its root, with mounts inherited after its other extra
 // files (the agent keeps all of them: agentproto.KeepFDsEnv).
+//
+// The agent is exec'd from its sealed copy passed as the last extra file,
+// through the number it gets in the child (3 + its index), not through
+// the edge's own number: os/exec's child moves its status pipe to one past
+// the highest descriptor passed, over whatever the edge has there (it was
+// the copy when a passed file happened to be numbered right below it: the
+// exec then found a pipe, "permission denied"). The agent closes the copy
+// first thing (it is not among the kept ones and not close-on-exec).
 func (r *Runtime) inUserns(cmd *exec.Cmd, base uint32, mounts []*os.File) {
 	cmd.ExtraFiles = append(cmd.ExtraFiles, mounts...)
-	cmd.Path = "/proc/self/fd/" + strconv.Itoa(int(r.agentExe.Fd()))
+	keep := len(cmd.ExtraFiles) - 1 // after the listener
+	cmd.ExtraFiles = append(cmd.ExtraFiles, r.agentExe)
+	cmd.Path = "/proc/self/fd/" + strconv.Itoa(3+len(cmd.ExtraFiles)-1)
 	cmd.Args = []string{"warren-agent"}
-	cmd.Env = append(cmd.Env, agentproto.KeepFDsEnv+"="+strconv.Itoa(len(cmd.ExtraFiles)-1))
+	cmd.Env = append(cmd.Env, agentproto.KeepFDsEnv+"="+strconv.Itoa(keep))
 	a := cmd.SysProcAttr
 	a.Cloneflags |= syscall.CLONE_NEWUSER
 	a.UidMappings, a.GidMappings = idMaps(base), idMaps(base)

@@ -504,6 +504,15 @@ class AsyncSandbox:
         """What the sandbox uses now (see Sandbox.stats)."""
         return dict(await self.client._json(json_req("GET", self._path("stats"))))
 
+    async def network(self) -> Dict[str, Any]:
+        """The sandbox's network and its refusals (see Sandbox.network)."""
+        return dict(await self.client._json(json_req("GET", self._path("network"))))
+
+    async def set_network(self, egress: List[str]) -> Dict[str, Any]:
+        """Replace the egress list (see Sandbox.set_network)."""
+        return dict(await self.client._json(json_req("PUT", self._path("network"),
+                                                     {"egress": list(egress)})))
+
     async def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:
         """What the sandbox's processes did (see Sandbox.audit)."""

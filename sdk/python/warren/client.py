@@ -561,6 +561,18 @@ class Sandbox:
         ``memory_bytes``, its limits ``cpu`` and ``memory_mb``, ``commands``."""
         return dict(self.client._json(json_req("GET", self._path("stats"))))
 
+    def network(self) -> Dict[str, Any]:
+        """The sandbox's network (``GET .../network``): ``enabled``,
+        ``address``, ``gateway``, ``egress`` and the refusals so far,
+        ``denied`` and ``denied_by`` (by reason)."""
+        return dict(self.client._json(json_req("GET", self._path("network"))))
+
+    def set_network(self, egress: List[str]) -> Dict[str, Any]:
+        """Replace the egress list (``PUT .../network``): new connections
+        obey it on return; open ones to destinations taken off are cut."""
+        return dict(self.client._json(json_req("PUT", self._path("network"),
+                                               {"egress": list(egress)})))
+
     def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:
         """What the sandbox's processes did, from its node's kernel (``GET .../audit``):

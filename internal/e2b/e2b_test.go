@@ -1,0 +1,45 @@
+package e2b
+
+import (
+	"testing"
+)
+
+func TestTokenFromKey(t *testing.T) {
+	tok := "wrn_abcdefghijklmnopqrstuvwxyz234567"
+	for _, c := range []struct {
+		key, want string
+		ok        bool
+	}{
+		{E2BKey(tok), tok, true},
+		{tok, tok, true},
+		{" " + tok + " ", tok, true},
+		{"", "", false},
+		{"e2b_", "", false},
+		{"e2b_zz", "", false},
+		{"e2b_abc", "", false}, // odd length
+	} {
+		got, err := TokenFromKey(c.key)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("TokenFromKey(%q) = %q, %v; want %q ok=%v", c.key, got, err, c.want, c.ok)
+		}
+	}
+	if k := E2BKey(tok); k[:4] != "e2b_" {
+		t.Fatalf("E2BKey = %q", k)
+	}
+}
+
+func TestPageKey(t *testing.T) {
+	k := pageKey{at: 1764600000123456789, id: "e2e-0000abc"}
+	got, err := parsePageKey(k.String())
+	if err != nil || got != k {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	for _, bad := range []string{"", "!!", "eHh4", "MTIz", "YWJjL3g"} {
+		if _, err := parsePageKey(bad); err == nil {
+			t.Errorf("parsePageKey(%q) accepted", bad)
+		}
+	}
+	if cmpKey(pageKey{1, "b"}, pageKey{1, "a"}) <= 0 || cmpKey(pageKey{1, "z"}, pageKey{2, "a"}) >= 0 {
+		t.Fatal("order is start time, then id")
+	}
+}

@@ -1,0 +1,439 @@
+// Package sandboxnet gives a networked sandbox its interface and enforces
+// its egress allowlist in the host's kernel (docs/architecture.md,
+// "Network").
+//
+// Each networked sandbox gets a veth pair: the host end (wn<hash>, its
+// alias "<owner> <sandbox id>") holds the gateway address, the sandbox end
+// ("eth0", created directly in the sandbox's network namespace) the
+// sandbox's address, both of one /31 of a node-local pool. The policy
+// lives in the edge's nftables table (warren_<owner>, family inet; chains
+// o_<id>, h_<id>, a_<id> per sandbox, policy.go) in the host's network
+// namespace, where root in the sandbox (no CAP_NET_ADMIN there)
+// cannot change it: forwarded packets from the sandbox pass only to
+// allowlisted destinations, never to link-local/metadata addresses or to
+// other sandboxes; packets to the host itself are refused; everything
+// refused is counted per rule; what passes is masqueraded.
+//
+// Lock order: Manager.mu only. It is held across making and removing the
+// edge's table (with the first networked sandbox, and at Close), so that
+// no sandbox's chains go into a table being removed; a sandbox's own
+// link and chains are made and removed without it.
+package sandboxnet
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Names of what this package creates on the host; reconcile and the leak
+// check look for them.
+const (
+	LinkPrefix  = "wn"
+	TablePrefix = "warren_"
+	// DefaultPool is the node-local pool of sandbox addresses.
+	DefaultPool = "10.213.0.0/16"
+	// SandboxLink is the sandbox's interface name.
+	SandboxLink = "eth0"
+)
+
+// MetadataPrefix is never reachable from a sandbox (cloud metadata,
+// link-local).
+var MetadataPrefix = netip.MustParsePrefix("169.254.0.0/16")
+
+// Manager attaches and detaches sandboxes' networks. Its owner tag (a
+// hash of the edge's cgroup parent, i.e. of its data directory) is in the
+// name of everything it makes, so that two edges on one host (tests) never
+// sweep each other's networks.
+type Manager struct {
+	pool  netip.Prefix
+	owner string
+	// MaxConns is each sandbox's limit of open connections (set before
+	// use; 0 = DefaultMaxConns).
+	MaxConns uint32
+
+	mu      sync.Mutex
+	used    map[int]string // /31 index -> sandbox id
+	byID    map[string]int
+	loaded  bool
+	forward bool
+	tableUp bool // the edge's table exists (removed with its last sandbox)
+}
+
+// New makes a Manager over pool (DefaultPool when empty) for the edge
+// named by owner.
+func New(pool, owner string) (*Manager, error) {
+	if pool == "" {
+		pool = DefaultPool
+	}
+	p, err := netip.ParsePrefix(pool)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		return nil, fmt.Errorf("sandboxnet: pool %q: want an IPv4 CIDR of /30 or larger", pool)
+	}
+	h := sha256.Sum256([]byte(owner))
+	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{}}, nil
+}
+
+// Pool is the prefix sandbox addresses come from.
+func (m *Manager) Pool() netip.Prefix { return m.pool }
+
+// LinkName is the host end of id's veth pair.
+func (m *Manager) LinkName(id string) string {
+	h := sha256.Sum256([]byte(m.alias(id)))
+	return LinkPrefix + hex.EncodeToString(h[:6])
+}
+
+func (m *Manager) alias(id string) string { return m.owner + " " + id }
+
+// tableName is the edge's nftables table.
+func (m *Manager) tableName() string { return TablePrefix + m.owner }
+
+// Attachment is a sandbox's network as attached.
+type Attachment struct {
+	ID      string
+	Link    string     // host end
+	Address netip.Addr // the sandbox's
+	Gateway netip.Addr // the host end's
+	Egress  []api.EgressRule
+	// MaxConns bounds the sandbox's open connections.
+	MaxConns uint32
+}
+
+func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
+	b := m.pool.Addr().As4()
+	base := binary.BigEndian.Uint32(b[:]) + uint32(2*i)
+	var g, s [4]byte
+	binary.BigEndian.PutUint32(g[:], base)
+	binary.BigEndian.PutUint32(s[:], base+1)
+	return netip.AddrFrom4(g), netip.AddrFrom4(s)
+}
+
+func (m *Manager) size() int { return 1 << (32 - m.pool.Bits() - 1) }
+
+// loadLocked learns the /31s of links that outlive a restart of the edge
+// (adopted sandboxes keep theirs).
+func (m *Manager) loadLocked() {
+	if m.loaded {
+		return
+	}
+	m.loaded = true
+	if ts, err := listTables(); err == nil {
+		for _, t := range ts {
+			m.tableUp = m.tableUp || t == m.tableName()
+		}
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		id, ok := strings.CutPrefix(a.Alias, m.owner+" ")
+		if !strings.HasPrefix(a.Name, LinkPrefix) || !ok {
+			continue
+		}
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
+		for _, ad := range addrs {
+			ip, ok := netip.AddrFromSlice(ad.IP.To4())
+			if !ok || !m.pool.Contains(ip) {
+				continue
+			}
+			b := ip.As4()
+			p := m.pool.Addr().As4()
+			i := int(binary.BigEndian.Uint32(b[:])-binary.BigEndian.Uint32(p[:])) / 2
+			m.used[i], m.byID[id] = id, i
+		}
+	}
+}
+
+// alloc picks a free /31 for id: one no sandbox of this manager holds and
+// no address of the host is in (another edge's sandboxes on this host).
+func (m *Manager) alloc(id string) (int, error) {
+	taken := map[netip.Addr]bool{}
+	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4); err == nil {
+		for _, ad := range addrs {
+			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && m.pool.Contains(ip) {
+				taken[ip] = true
+			}
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
+	if i, ok := m.byID[id]; ok {
+		return i, nil
+	}
+	for i := 0; i < m.size(); i++ {
+		gw, sb := m.addrs(i)
+		if _, ok := m.used[i]; !ok && !taken[gw] && !taken[sb] {
+			m.used[i], m.byID[id] = id, i
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("sandboxnet: address pool %s is exhausted", m.pool)
+}
+
+// release frees id's /31.
+func (m *Manager) release(id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i, ok := m.byID[id]; ok {
+		delete(m.used, i)
+		delete(m.byID, id)
+	}
+	return nil
+}
+
+// Close removes the edge's table when no sandbox of it has a network left
+// (the edge stops). The table lives from the first networked sandbox to
+// here: making and removing it (hooks, RCU) with every sandbox would cost
+// more than the sandbox's own chains.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
+	if len(m.byID) > 0 || !m.tableUp {
+		return nil
+	}
+	m.tableUp = false
+	return deleteTable(m.tableName())
+}
+
+// ensureTable makes the edge's table unless it exists.
+func (m *Manager) ensureTable() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
+	if m.tableUp {
+		return nil
+	}
+	if err := m.createTable(); err != nil {
+		return err
+	}
+	m.tableUp = true
+	return nil
+}
+
+// enableForwarding turns on IPv4 forwarding on the host once.
+func (m *Manager) enableForwarding() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.forward {
+		return nil
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("sandboxnet: enable forwarding: %w", err)
+	}
+	m.forward = true
+	return nil
+}
+
+// Attach gives the sandbox whose network namespace is pid's an interface,
+// an address and a default route, and installs its policy. On an error
+// nothing of it is left.
+func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attachment, err error) {
+	if err := m.enableForwarding(); err != nil {
+		return nil, err
+	}
+	i, err := m.alloc(id)
+	if err != nil {
+		return nil, err
+	}
+	gw, addr := m.addrs(i)
+	a = &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
+		MaxConns: m.MaxConns}
+	if a.MaxConns == 0 {
+		a.MaxConns = DefaultMaxConns
+	}
+	defer func() {
+		if err != nil {
+			_ = m.Detach(id)
+		}
+	}()
+	// The policy comes first: the sandbox's end is never up without it.
+	if err := m.ensureTable(); err != nil {
+		return nil, err
+	}
+	if err := m.installPolicy(a); err != nil {
+		return nil, err
+	}
+	if err := m.link(a, pid); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (m *Manager) link(a *Attachment, pid int) error {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a.Link},
+		PeerName: SandboxLink, PeerNamespace: netlink.NsPid(pid)}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("sandboxnet: add veth %s: %w", a.Link, err)
+	}
+	host, err := netlink.LinkByName(a.Link)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: find %s: %w", a.Link, err)
+	}
+	// No IPv6 on the host end: the sandbox's IPv6 is closed.
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+a.Link+"/disable_ipv6", []byte("1"), 0o644)
+	if err := netlink.LinkSetAlias(host, m.alias(a.ID)); err != nil {
+		return fmt.Errorf("sandboxnet: alias %s: %w", a.Link, err)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(a.Gateway, 31)}); err != nil {
+		return fmt.Errorf("sandboxnet: address %s: %w", a.Link, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("sandboxnet: up %s: %w", a.Link, err)
+	}
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: netns of %d: %w", pid, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE) // one socket, not one per family
+	if err != nil {
+		return fmt.Errorf("sandboxnet: netlink in netns of %d: %w", pid, err)
+	}
+	defer h.Close()
+	in, err := h.LinkByName(SandboxLink)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: find sandbox end: %w", err)
+	}
+	if err := h.AddrAdd(in, &netlink.Addr{IPNet: ipnet(a.Address, 31)}); err != nil {
+		return fmt.Errorf("sandboxnet: sandbox address: %w", err)
+	}
+	if err := h.LinkSetUp(in); err != nil {
+		return fmt.Errorf("sandboxnet: sandbox end up: %w", err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: in.Attrs().Index, Gw: net.IP(a.Gateway.AsSlice())}); err != nil {
+		return fmt.Errorf("sandboxnet: default route: %w", err)
+	}
+	return nil
+}
+
+func ipnet(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+}
+
+// Detach removes id's veth pair and table and frees its address. Missing
+// parts are no error.
+func (m *Manager) Detach(id string) error {
+	var errs []error
+	if l, err := netlink.LinkByName(m.LinkName(id)); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("sandboxnet: delete %s: %w", m.LinkName(id), err))
+		}
+	}
+	if err := m.removePolicy(id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.release(id); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Release is Detach for a sandbox whose network namespace has no process
+// left: the kernel removes the veth pair with the namespace (its cleanup
+// is batched and off this path, where deleting the link here waits ~30 ms
+// for RCU), so only its chains go here. The /31 is free at once: alloc
+// skips any pair whose address a host link still holds.
+func (m *Manager) Release(id string) error {
+	return errors.Join(m.removePolicy(id), m.release(id))
+}
+
+// Attached says whether id has a network here.
+func (m *Manager) Attached(id string) bool {
+	_, err := netlink.LinkByName(m.LinkName(id))
+	return err == nil
+}
+
+// Sweep removes every warren link and table whose sandbox id live does not
+// hold (reconcile at start). It returns the ids it removed.
+func (m *Manager) Sweep(live func(id string) bool) ([]string, error) {
+	seen := map[string]bool{}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list links: %w", err)
+	}
+	var errs []error
+	var gone []string
+	for _, l := range links {
+		a := l.Attrs()
+		id, ok := strings.CutPrefix(a.Alias, m.owner+" ")
+		if !ok || a.Name != m.LinkName(id) || live(id) {
+			continue
+		}
+		if err := m.Detach(id); err != nil {
+			errs = append(errs, err)
+		}
+		seen[id] = true
+		gone = append(gone, id)
+	}
+	ids, err := m.chainIDs()
+	if err != nil {
+		return gone, errors.Join(append(errs, err)...)
+	}
+	for _, id := range ids {
+		if seen[id] || live(id) {
+			continue
+		}
+		if err := m.Detach(id); err != nil {
+			errs = append(errs, err)
+		}
+		gone = append(gone, id)
+	}
+	// A table left without sandboxes (a crash after the last one went).
+	if err := m.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return gone, errors.Join(errs...)
+}
+
+// Owned lists the host links and nftables tables that the edge named by
+// owner has made and not removed (leak checks).
+func Owned(owner string) ([]string, error) {
+	m, err := New("", owner)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list links: %w", err)
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Alias, m.owner+" ") {
+			out = append(out, "link "+l.Attrs().Name+" ("+l.Attrs().Alias+")")
+		}
+	}
+	tables, err := listTables()
+	if err != nil {
+		return out, err
+	}
+	for _, t := range tables {
+		if t == m.tableName() {
+			out = append(out, "nftables table "+t)
+			ids, err := m.chainIDs()
+			if err != nil {
+				return out, err
+			}
+			for _, id := range ids {
+				out = append(out, "nftables chains of "+id)
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,527 @@
+package sandboxnet
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Reasons a packet is refused: the UserData of the counting rules and the
+// keys of api.SandboxNetwork.DeniedBy.
+const (
+	DenyNotAllowed = "not-allowed"
+	DenyMetadata   = "metadata"
+	DenyHost       = "host"
+	DenySandbox    = "sandbox"
+	DenySpoofed    = "spoofed"
+	DenyIPv6       = "ipv6"
+	DenyConnLimit  = "conn-limit"
+)
+
+// DefaultMaxConns is a sandbox's limit of open connections (tracked by
+// the host's conntrack) when the Manager sets none.
+const DefaultMaxConns = 4096
+
+const (
+	chainForward = "forward"
+	chainInbound = "forward-in"
+	chainInput   = "input"
+	chainNAT     = "postrouting"
+)
+
+func ifname(n string) []byte {
+	b := make([]byte, 16)
+	copy(b, n)
+	return b
+}
+
+func nfproto(op expr.CmpOp, p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: op, Register: 1, Data: []byte{p}}}
+}
+
+// ip4 matches the IPv4 source (offset 12) or destination (16) against p.
+func ip4(offset uint32, op expr.CmpOp, p netip.Prefix) []expr.Any {
+	a := p.Addr().As4()
+	ex := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4}}
+	if p.Bits() < 32 {
+		mask := make([]byte, 4)
+		for i := 0; i < p.Bits(); i++ {
+			mask[i/8] |= 0x80 >> (i % 8)
+		}
+		ex = append(ex, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)})
+	}
+	return append(ex, &expr.Cmp{Op: op, Register: 1, Data: a[:]})
+}
+
+func established() []expr.Any {
+	return []expr.Any{&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)}}
+}
+
+func isTCP() []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}}
+}
+
+func rejectAdmin() expr.Any {
+	return &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}
+}
+
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+
+func cat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// allowRules turns one egress rule into the expressions that accept it.
+// A port without a protocol allows it on TCP and UDP.
+func allowRules(r api.EgressRule) [][]expr.Any {
+	dst := ip4(16, expr.CmpOpEq, r.Prefix)
+	if r.Port == 0 && r.Proto == "" {
+		return [][]expr.Any{cat(dst, []expr.Any{verdict(expr.VerdictAccept)})}
+	}
+	protos := []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP}
+	switch r.Proto {
+	case "tcp":
+		protos = protos[:1]
+	case "udp":
+		protos = protos[1:]
+	}
+	var out [][]expr.Any
+	for _, p := range protos {
+		ex := cat(dst, []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}})
+		if r.Port != 0 {
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Port)})
+		}
+		out = append(out, append(ex, verdict(expr.VerdictAccept)))
+	}
+	return out
+}
+
+// The edge's table (warren_<owner>, family inet) holds the hooks, shared
+// by its sandboxes; each sandbox has regular chains of its own, reached
+// through verdict maps keyed by its link's name, so a packet costs one
+// lookup however many sandboxes run, and a start or stop adds or removes
+// chains and map elements without hooking or unhooking anything (which
+// waits for RCU).
+const (
+	mapOut   = "out_by_link"  // iifname -> jump o_<id>
+	mapHost  = "host_by_link" // iifname -> jump h_<id>
+	setLinks = "links"        // every sandbox link
+)
+
+func outChain(id string) string  { return "o_" + id }
+func deniedSet(id string) string { return "d_" + id }
+
+// MaxDeniedDestinations bounds a sandbox's record of refused destinations
+// (one element per destination, protocol, port and reason, with a count);
+// past it refusals are still counted by reason, not by destination.
+const MaxDeniedDestinations = 1024
+
+// Reason codes in the denied set's keys.
+var reasonCodes = map[string]byte{DenyNotAllowed: 1, DenyMetadata: 2, DenySandbox: 3, DenyHost: 4}
+
+func deniedSetOf(t *nftables.Table, id string) *nftables.Set {
+	return &nftables.Set{Table: t, Name: deniedSet(id), Concatenation: true, Dynamic: true, Counter: true,
+		Size:    MaxDeniedDestinations,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark)}
+}
+
+// recordDenied adds (or counts again) the packet's destination, protocol,
+// port and reason in the sandbox's denied set. A rule of its own before
+// the refusal: when the set is full, this rule stops and the next still
+// refuses.
+func recordDenied(id, reason string) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 8, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
+		&expr.Payload{DestRegister: 10, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Immediate{Register: 11, Data: []byte{reasonCodes[reason], 0, 0, 0}},
+		&expr.Dynset{SrcRegKey: 8, SetName: deniedSet(id), Operation: unix.NFT_DYNSET_OP_UPDATE},
+	}
+}
+func hostChain(id string) string    { return "h_" + id }
+func allowedChain(id string) string { return "a_" + id }
+
+func (m *Manager) table() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: m.tableName()}
+}
+
+func (m *Manager) sets(t *nftables.Table) (out, host, links *nftables.Set) {
+	out = &nftables.Set{Table: t, Name: mapOut, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+	host = &nftables.Set{Table: t, Name: mapHost, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+	links = &nftables.Set{Table: t, Name: setLinks, KeyType: nftables.TypeIFName}
+	return out, host, links
+}
+
+// createTable makes the edge's table: its hooks and generic rules.
+func (m *Manager) createTable() error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := c.AddTable(m.table())
+	out, host, links := m.sets(t)
+	for _, s := range []*nftables.Set{out, host, links} {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+		}
+	}
+	accept := nftables.ChainPolicyAccept
+	fwd := c.AddChain(&nftables.Chain{Name: chainForward, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	// Into sandboxes runs after every sandbox's own outbound chain, so
+	// that a sandbox reaching another is refused (and counted) as the
+	// sender's, not silently dropped here.
+	into := c.AddChain(&nftables.Chain{Name: chainInbound, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityRef(10), Policy: &accept})
+	in := c.AddChain(&nftables.Chain{Name: chainInput, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	post := c.AddChain(&nftables.Chain{Name: chainNAT, Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	add := func(ch *nftables.Chain, ex []expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ex}) }
+	meta := func(k expr.MetaKey) expr.Any { return &expr.Meta{Key: k, Register: 1} }
+	vmap := func(s *nftables.Set) expr.Any {
+		return &expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: s.Name, SetID: s.ID}
+	}
+	member := func(s *nftables.Set, invert bool) expr.Any {
+		return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID, Invert: invert}
+	}
+	add(fwd, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(out)})
+	add(in, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(host)})
+	// Into a sandbox: replies only.
+	add(into, cat([]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false)}, established(), []expr.Any{verdict(expr.VerdictAccept)}))
+	add(into, []expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false), verdict(expr.VerdictDrop)})
+	// What leaves a sandbox through another interface leaves as the host.
+	add(post, cat(nfproto(expr.CmpOpEq, unix.NFPROTO_IPV4), ip4(12, expr.CmpOpEq, m.pool),
+		[]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, true), &expr.Masq{}}))
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: create table %s: %w", m.tableName(), err)
+	}
+	return nil
+}
+
+// installPolicy adds a's chains and map elements in one transaction.
+func (m *Manager) installPolicy(a *Attachment) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	outMap, hostMap, links := m.sets(t)
+	fwd := c.AddChain(&nftables.Chain{Name: outChain(a.ID), Table: t})
+	in := c.AddChain(&nftables.Chain{Name: hostChain(a.ID), Table: t})
+	allowed := c.AddChain(&nftables.Chain{Name: allowedChain(a.ID), Table: t})
+	if err := c.AddSet(deniedSetOf(t, a.ID), nil); err != nil {
+		return fmt.Errorf("sandboxnet: set %s: %w", deniedSet(a.ID), err)
+	}
+	add := func(ch *nftables.Chain, reason string, ex []expr.Any) {
+		r := &nftables.Rule{Table: t, Chain: ch, Exprs: ex}
+		if reason != "" {
+			r.UserData = []byte(reason)
+		}
+		c.AddRule(r)
+	}
+	counted := func(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
+	// refuse counts and refuses what match selects: a TCP connect with a
+	// reset (never rate-limited, unlike ICMP errors, so a refused connect
+	// is not retried and counts once), anything else with an ICMP
+	// administratively-prohibited.
+	refuse := func(ch *nftables.Chain, reason string, match ...[]expr.Any) {
+		m := cat(match...)
+		add(ch, reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
+		add(ch, reason, cat(m, counted(rejectAdmin())))
+	}
+	// Allowed destinations jump to a_<id>: replies pass, and a new
+	// connection passes one rule that counts the sandbox's open
+	// connections (its own list, so a scan or a flood fills its share of
+	// the host's connection tracking, not the host's).
+	add(allowed, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
+	add(allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
+		&expr.Counter{}, rejectAdmin()})
+	add(allowed, "", []expr.Any{verdict(expr.VerdictAccept)})
+	m.outRules(c, fwd, a.ID, a.Address, a.Egress)
+
+	// The host itself (every address it has, the gateway too) is never
+	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
+	// uncounted: the host end has no IPv6.
+	add(in, "", cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), []expr.Any{verdict(expr.VerdictDrop)}))
+	add(in, "", recordDenied(a.ID, DenyHost))
+	refuse(in, DenyHost)
+
+	key := ifname(a.Link)
+	if err := c.SetAddElements(outMap, []nftables.SetElement{{Key: key,
+		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: outChain(a.ID)}}}); err != nil {
+		return fmt.Errorf("sandboxnet: map %s: %w", mapOut, err)
+	}
+	if err := c.SetAddElements(hostMap, []nftables.SetElement{{Key: key,
+		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: hostChain(a.ID)}}}); err != nil {
+		return fmt.Errorf("sandboxnet: map %s: %w", mapHost, err)
+	}
+	if err := c.SetAddElements(links, []nftables.SetElement{{Key: key}}); err != nil {
+		return fmt.Errorf("sandboxnet: set %s: %w", setLinks, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
+	}
+	return nil
+}
+
+// outRules writes o_<id>: what leaves the sandbox. Every packet of it,
+// not only a connection's first, must be allowed by the list, so that a
+// connection to a destination taken off the list (SetEgress) is cut at
+// its next packet.
+func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, addr netip.Addr, egress []api.EgressRule) {
+	t := fwd.Table
+	add := func(reason string, ex []expr.Any) {
+		r := &nftables.Rule{Table: t, Chain: fwd, Exprs: ex}
+		if reason != "" {
+			r.UserData = []byte(reason)
+		}
+		c.AddRule(r)
+	}
+	counted := func(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
+	refuse := func(reason string, match ...[]expr.Any) {
+		m := cat(match...)
+		add("", cat(m, recordDenied(id, reason)))
+		add(reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
+		add(reason, cat(m, counted(rejectAdmin())))
+	}
+	add(DenyIPv6, cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), counted(rejectAdmin())))
+	add(DenySpoofed, cat(ip4(12, expr.CmpOpNeq, netip.PrefixFrom(addr, 32)), counted(verdict(expr.VerdictDrop))))
+	refuse(DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
+	refuse(DenySandbox, ip4(16, expr.CmpOpEq, m.pool))
+	for _, r := range egress {
+		for _, ex := range allowRules(r) {
+			ex[len(ex)-1] = &expr.Verdict{Kind: expr.VerdictJump, Chain: allowedChain(id)}
+			add("", ex)
+		}
+	}
+	refuse(DenyNotAllowed)
+}
+
+// SetEgress replaces a running sandbox's allowlist in one transaction:
+// new connections obey it when this returns, and a connection to a
+// destination no longer listed is refused (a TCP reset) at its next
+// packet. The counters of the old rules carry over.
+func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
+	m.mu.Lock()
+	i, ok := m.byID[id]
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("sandboxnet: %s has no network here", id)
+	}
+	_, addr := m.addrs(i)
+	before, err := m.Denied(id)
+	if err != nil {
+		return err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	fwd := &nftables.Chain{Name: outChain(id), Table: m.table()}
+	c.FlushChain(fwd)
+	m.outRules(c, fwd, id, addr, egress)
+	// The old counts go into a rule that matches nothing, so that Denied
+	// keeps summing them.
+	for reason, n := range before {
+		if n > 0 && reason != DenyConnLimit && reason != DenyHost {
+			c.AddRule(&nftables.Rule{Table: fwd.Table, Chain: fwd, UserData: []byte(reason),
+				Exprs: cat(nfproto(expr.CmpOpEq, 255), []expr.Any{&expr.Counter{Packets: uint64(n)}})})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: set %s's egress: %w", id, err)
+	}
+	return nil
+}
+
+// removePolicy removes id's map elements and chains (missing ones are no
+// error).
+func (m *Manager) removePolicy(id string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	outMap, hostMap, links := m.sets(t)
+	key := ifname(m.LinkName(id))
+	// One transaction; when it fails (something of it is gone already:
+	// a sweep after a crash), each step alone, so that one missing part
+	// does not keep the others.
+	steps := []func(){
+		func() { _ = c.SetDeleteElements(outMap, []nftables.SetElement{{Key: key}}) },
+		func() { _ = c.SetDeleteElements(hostMap, []nftables.SetElement{{Key: key}}) },
+		func() { _ = c.SetDeleteElements(links, []nftables.SetElement{{Key: key}}) },
+		func() {
+			for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+				c.FlushChain(&nftables.Chain{Name: ch, Table: t})
+			}
+		},
+		func() {
+			for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+				c.DelChain(&nftables.Chain{Name: ch, Table: t})
+			}
+		},
+		func() { c.DelSet(&nftables.Set{Table: t, Name: deniedSet(id)}) },
+	}
+	for _, step := range steps {
+		step()
+	}
+	if err := c.Flush(); err == nil {
+		return nil
+	}
+	var errs []error
+	for _, step := range steps {
+		step()
+		if err := c.Flush(); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandboxnet: remove %s's policy: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// chainIDs lists the sandboxes that have chains in the edge's table.
+func (m *Manager) chainIDs() ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list chains: %w", err)
+	}
+	var ids []string
+	for _, ch := range chains {
+		if ch.Table.Name == m.tableName() && strings.HasPrefix(ch.Name, "o_") {
+			ids = append(ids, strings.TrimPrefix(ch.Name, "o_"))
+		}
+	}
+	return ids, nil
+}
+
+func deleteTable(name string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: name})
+	if err := c.Flush(); err != nil && !errors.Is(err, syscall.ENOENT) {
+		return fmt.Errorf("sandboxnet: delete table %s: %w", name, err)
+	}
+	return nil
+}
+
+func listTables() ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list tables: %w", err)
+	}
+	var out []string
+	for _, t := range ts {
+		if strings.HasPrefix(t.Name, TablePrefix) {
+			out = append(out, t.Name)
+		}
+	}
+	return out, nil
+}
+
+// Denied reads id's refusal counters by reason (packets).
+func (m *Manager) Denied(id string) (map[string]int64, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	out := map[string]int64{}
+	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+		rules, err := c.GetRules(t, &nftables.Chain{Name: ch, Table: t})
+		if err != nil {
+			return nil, fmt.Errorf("sandboxnet: read %s/%s: %w", t.Name, ch, err)
+		}
+		for _, r := range rules {
+			if len(r.UserData) == 0 {
+				continue
+			}
+			for _, e := range r.Exprs {
+				if cn, ok := e.(*expr.Counter); ok {
+					out[string(r.UserData)] += int64(cn.Packets)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// DeniedDestinations reads id's record of refused destinations, most
+// refused first.
+func (m *Manager) DeniedDestinations(id string) ([]api.NetworkDenial, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	els, err := c.GetSetElements(deniedSetOf(m.table(), id))
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: read %s: %w", deniedSet(id), err)
+	}
+	reasons := map[byte]string{}
+	for r, code := range reasonCodes {
+		reasons[code] = r
+	}
+	var out []api.NetworkDenial
+	for _, el := range els {
+		k := el.Key
+		if len(k) < 13 {
+			continue
+		}
+		d := api.NetworkDenial{Reason: reasons[k[12]]}
+		ip := netip.AddrFrom4([4]byte(k[0:4]))
+		switch k[4] {
+		case unix.IPPROTO_TCP, unix.IPPROTO_UDP:
+			d.Protocol = map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[k[4]]
+			d.Destination = netip.AddrPortFrom(ip, binary.BigEndian.Uint16(k[8:10])).String()
+		case unix.IPPROTO_ICMP:
+			d.Protocol, d.Destination = "icmp", ip.String()
+		default:
+			d.Protocol, d.Destination = strconv.Itoa(int(k[4])), ip.String()
+		}
+		if el.Counter != nil {
+			d.Count = int64(el.Counter.Packets)
+		}
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Count != out[j].Count {
+			return out[i].Count > out[j].Count
+		}
+		return out[i].Destination < out[j].Destination
+	})
+	return out, nil
+}

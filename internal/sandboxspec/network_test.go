@@ -1,0 +1,37 @@
+package sandboxspec
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+)
+
+func TestNormalizeNetwork(t *testing.T) {
+	req := api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkSpec{Egress: []string{"10.1.2.9/24:443/tcp", "10.9.9.9"}}}
+	if err := Normalize(&req); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(req.Network.Egress, ","); got != "10.1.2.0/24:443/tcp,10.9.9.9/32" {
+		t.Errorf("canonical egress %q", got)
+	}
+	req = api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkSpec{}}
+	if err := Normalize(&req); err != nil || req.Network.Egress == nil {
+		t.Errorf("empty network: %v %#v", err, req.Network)
+	}
+	req = api.CreateSandboxRequest{Image: "busybox"}
+	if err := Normalize(&req); err != nil || req.Network != nil {
+		t.Errorf("no network: %v %#v", err, req.Network)
+	}
+	many := make([]string, 100000)
+	for i := range many {
+		many[i] = "10.0.0.1"
+	}
+	for _, bad := range [][]string{{"10.1.2.0/33"}, {"10.1.2.3:0"}, {"10.1.2.3:70000"}, {"::1"}, {"pypi"}, {strings.Repeat("1", 100000)}, many} {
+		req := api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkSpec{Egress: bad}}
+		err := Normalize(&req)
+		if err == nil || err.Code != api.CodeInvalid || len(err.Message) > 200 {
+			t.Errorf("egress %.40q: %v", bad, err)
+		}
+	}
+}
