@@ -75,15 +75,16 @@ func TestFakeFnCallReclaim(t *testing.T) {
 	if res.ExitCode != 0 || res.Stdout != "fn\n" {
 		t.Fatalf("fncall: %+v", res)
 	}
-	// The shape keeps fnMinIdle (2) idle workers once used: 2 cores, 1 GiB.
-	var workers []string
+	// The shape keeps fnMinIdle (2) idle workers once used: 2 cores, 1 GiB
+	// (a worker still starting counts, but is not idle: not reclaimable).
 	deadline := time.Now().Add(20 * time.Second)
-	for workers = n.Runtime.IDs(); len(workers) < 2; workers = n.Runtime.IDs() {
+	for !fnIdle(n, 2) {
 		if time.Now().After(deadline) {
-			t.Fatalf("after one call: workers %v, want 2 idle", workers)
+			t.Fatalf("after one call: %+v, want 2 idle workers", n.Edge.NodeStatus().Pools)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	workers := n.Runtime.IDs()
 	// 3.5 cores fit only without both idle workers.
 	sb, err := n.Create(api.CreateSandboxRequest{CPU: 3.5, MemoryMB: 1024})
 	if err != nil {
@@ -314,6 +315,16 @@ func TestFakePoolClaim(t *testing.T) {
 	if s, _, _ := n.Runtime.Counts(); s != starts+3 {
 		t.Errorf("starts: %d, want %d", s, starts+3)
 	}
+}
+
+// fnIdle says whether the node's FnCall workers are want, all idle.
+func fnIdle(n *edgetest.Node, want int) bool {
+	for _, p := range n.Edge.NodeStatus().Pools {
+		if p.Size == want && p.Ready == want {
+			return true
+		}
+	}
+	return false
 }
 
 func waitContainers(t *testing.T, n *edgetest.Node, want int) {

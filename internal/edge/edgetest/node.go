@@ -41,7 +41,14 @@ type Node struct {
 func Start(t *testing.T, edit ...func(*edge.Config)) *Node {
 	t.Helper()
 	dir := t.TempDir()
-	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: filepath.Join(dir, "nats")})
+	// The bus with its real permissions: the edge and the caller connect
+	// with their role's credentials, and the caller (as the apiserver)
+	// makes the buckets the edge may only open.
+	auth, err := bus.EnsureAuth(filepath.Join(dir, "auth"), []string{"n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: filepath.Join(dir, "nats"), Auth: auth})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,10 +56,15 @@ func Start(t *testing.T, edit ...func(*edge.Config)) *Node {
 	n := &Node{t: t, Name: "n1", Bus: srv, Runtime: fake.New(), Images: NewImages(filepath.Join(dir, "images")),
 		Writable: NewWritable(filepath.Join(dir, "writable")), DataDir: filepath.Join(dir, "data")}
 	n.Images.Add(Image, []string{"base"}, "FROM_IMAGE=yes")
-	if n.Conn, err = srv.Connect("edgetest-caller"); err != nil {
+	if n.Conn, err = srv.Connect("edgetest-caller", bus.RoleAPIServer, ""); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Conn.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.Conn.EnsureBuckets(ctx); err != nil {
+		t.Fatal(err)
+	}
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("WARREN_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -80,7 +92,7 @@ func Start(t *testing.T, edit ...func(*edge.Config)) *Node {
 
 func (n *Node) startEdge() {
 	n.t.Helper()
-	conn, err := n.Bus.Connect("edgetest-" + n.Name)
+	conn, err := n.Bus.Connect("edgetest-"+n.Name, bus.RoleEdge, n.Name)
 	if err != nil {
 		n.t.Fatal(err)
 	}
