@@ -14,6 +14,7 @@ packages=(
   iproute2
   nftables         # the leak check lists leftover nftables tables of networked sandboxes
   python3          # Python SDK tests
+  gcc libc6-dev    # cgo for the race detector (make test runs -race)
   python3-pip      # the docs test installs the SDK as a user would
   curl jq          # the docs test runs the shell examples of README and docs/
 )
