@@ -75,12 +75,15 @@ func TestBootstrapOnceAndRevocationReachesReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Only the hash is stored.
+	// Only the hash is stored (b's watcher applies updates meanwhile).
+	b.mu.RLock()
 	for _, r := range b.tokens {
 		if strings.Contains(r.ID, nt.Secret) {
+			b.mu.RUnlock()
 			t.Fatal("secret stored")
 		}
 	}
+	b.mu.RUnlock()
 	eventually(t, "new token on the other replica", func() bool { _, err := b.Authenticate(ctx, nt.Secret); return err == nil })
 	bot, _ := b.Authenticate(ctx, nt.Secret)
 	// Nesting cannot raise anything.
