@@ -336,6 +336,20 @@ func entryOf(fi *api.FileInfo) *efs.EntryInfo {
 	return e
 }
 
+// callerAt authenticates a filesystem call and resolves its path in the
+// sandbox (a relative path against the default user's home).
+func (f *fsService) callerAt(ctx context.Context, h http.Header, p string) (*envdCaller, string, error) {
+	ec, err := f.caller(h)
+	if err != nil {
+		return nil, "", err
+	}
+	abs, err := resolve(ctx, ec, p)
+	if err != nil {
+		return nil, "", rpcError(err)
+	}
+	return ec, abs, nil
+}
+
 func (f *fsService) stat(ctx context.Context, ec *envdCaller, p string) (*efs.EntryInfo, string, error) {
 	abs, err := resolve(ctx, ec, p)
 	if err != nil {
@@ -403,13 +417,9 @@ func (f *fsService) ListDir(ctx context.Context, req *connect.Request[efs.ListDi
 }
 
 func (f *fsService) MakeDir(ctx context.Context, req *connect.Request[efs.MakeDirRequest]) (*connect.Response[efs.MakeDirResponse], error) {
-	ec, err := f.caller(req.Header())
+	ec, abs, err := f.callerAt(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
-	}
-	abs, err := resolve(ctx, ec, req.Msg.GetPath())
-	if err != nil {
-		return nil, rpcError(err)
 	}
 	if _, err := ec.c.Stat(ctx, ec.id, abs); err == nil {
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s already exists", abs))
@@ -424,13 +434,9 @@ func (f *fsService) MakeDir(ctx context.Context, req *connect.Request[efs.MakeDi
 }
 
 func (f *fsService) Move(ctx context.Context, req *connect.Request[efs.MoveRequest]) (*connect.Response[efs.MoveResponse], error) {
-	ec, err := f.caller(req.Header())
+	ec, src, err := f.callerAt(ctx, req.Header(), req.Msg.GetSource())
 	if err != nil {
 		return nil, err
-	}
-	src, err := resolve(ctx, ec, req.Msg.GetSource())
-	if err != nil {
-		return nil, rpcError(err)
 	}
 	dst, err := resolve(ctx, ec, req.Msg.GetDestination())
 	if err != nil {
@@ -447,13 +453,9 @@ func (f *fsService) Move(ctx context.Context, req *connect.Request[efs.MoveReque
 }
 
 func (f *fsService) Remove(ctx context.Context, req *connect.Request[efs.RemoveRequest]) (*connect.Response[efs.RemoveResponse], error) {
-	ec, err := f.caller(req.Header())
+	ec, abs, err := f.callerAt(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
-	}
-	abs, err := resolve(ctx, ec, req.Msg.GetPath())
-	if err != nil {
-		return nil, rpcError(err)
 	}
 	if err := ec.c.Remove(ctx, ec.id, abs, true); err != nil {
 		return nil, rpcError(err)

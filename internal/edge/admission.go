@@ -108,33 +108,41 @@ func (e *Edge) reclaimLocked(u *usage, spec *api.CreateSandboxRequest) bool {
 	}
 	all := *u
 	for _, sh := range e.fn {
-		k := len(sh.idle)
-		all.n -= k
-		all.cpu -= float64(k) * sh.spec.CPU
-		all.mem -= int64(k) * sh.spec.MemoryMB
-		all.disk -= int64(k) * sh.spec.DiskMB
+		all.drop(&sh.spec, len(sh.idle))
 	}
 	if e.shortLocked(all, spec) != nil {
 		return false
 	}
 	for _, sh := range e.fn {
 		for e.shortLocked(*u, spec) != nil {
-			var w *sandbox
-			select {
-			case w = <-sh.idle:
-			default:
-			}
+			w := takeIdle(sh)
 			if w == nil {
 				break
 			}
 			e.reclaimWorkerLocked(sh, w, "reclaimed for a sandbox")
-			u.n--
-			u.cpu -= sh.spec.CPU
-			u.mem -= sh.spec.MemoryMB
-			u.disk -= sh.spec.DiskMB
+			u.drop(&sh.spec, 1)
 		}
 	}
 	return e.shortLocked(*u, spec) == nil
+}
+
+// drop takes k sandboxes of spec out of u.
+func (u *usage) drop(spec *api.CreateSandboxRequest, k int) {
+	u.n -= k
+	u.cpu -= float64(k) * spec.CPU
+	u.mem -= int64(k) * spec.MemoryMB
+	u.disk -= int64(k) * spec.DiskMB
+}
+
+// takeIdle takes an idle worker off sh's queue without waiting; nil when
+// none is idle.
+func takeIdle(sh *fnShape) *sandbox {
+	select {
+	case w := <-sh.idle:
+		return w
+	default:
+		return nil
+	}
 }
 
 // reclaimWorkerLocked stops an idle worker taken off its shape's queue;
@@ -185,11 +193,7 @@ func (e *Edge) fnShrink(now time.Time) {
 			keep = min(keep, fnMinIdle)
 		}
 		for len(sh.idle) > keep {
-			var w *sandbox
-			select {
-			case w = <-sh.idle:
-			default:
-			}
+			w := takeIdle(sh)
 			if w == nil {
 				break
 			}
