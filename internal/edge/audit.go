@@ -14,6 +14,7 @@ package edge
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/auditpolicy"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/telemetry"
 )
@@ -150,6 +152,119 @@ func (e *Edge) closeTelemetry() {
 // into it, on every command, are not worth a record.
 const sessionPlumbing = "/dev/.warren/"
 
+// stepCancels are the operations of a sandbox running now, each with
+// the cancel of its context: an audit policy's kill-step cancels them
+// (the agent then kills their commands). Its mu is a leaf lock.
+type stepCancels struct {
+	mu   sync.Mutex
+	next int
+	m    map[int]context.CancelCauseFunc
+}
+
+// errPolicyKill is the cause of an operation cancelled by a kill-step or
+// fail-sandbox hook.
+var errPolicyKill = errors.New("ended by an audit policy hook")
+
+// enter registers an operation; leave (always called) unregisters it.
+func (s *stepCancels) enter(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[int]context.CancelCauseFunc{}
+	}
+	s.next++
+	k := s.next
+	s.m[k] = cancel
+	s.mu.Unlock()
+	return ctx, func() {
+		s.mu.Lock()
+		delete(s.m, k)
+		s.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// cancelAll cancels every registered operation with errPolicyKill.
+func (s *stepCancels) cancelAll() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.m {
+		c(errPolicyKill)
+	}
+	return len(s.m)
+}
+
+// killedByPolicy reports whether ctx (of enter) was cancelled by a hook.
+func killedByPolicy(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), errPolicyKill)
+}
+
+// addAudit files r in sb's audit, after the create's workspace filter,
+// and applies the create's policy hooks to it.
+func (e *Edge) addAudit(sb *sandbox, r api.AuditRecord) {
+	p := sb.policy.Load()
+	if p.Empty() {
+		sb.audit.add(r)
+		return
+	}
+	if p.Skip(&r) {
+		return
+	}
+	on, do := p.Match(&r)
+	r.Rule, r.Action = on, do
+	sb.audit.add(r)
+	switch do {
+	case api.AuditDoKillStep:
+		n := sb.steps.cancelAll()
+		e.log.Info("audit policy: step killed", "sandbox", sandboxID(sb), "rule", on, "operations", n)
+	case api.AuditDoFailSandbox:
+		sb.steps.cancelAll()
+		e.log.Warn("audit policy: sandbox failed", "sandbox", sandboxID(sb), "rule", on)
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.stop(context.Background(), sb, api.StateFailed, "audit policy: "+on)
+		}()
+	}
+}
+
+// setPolicy compiles a create's audit options for sb (checked at create:
+// a spec that no longer compiles, from an older record, applies nothing).
+func setPolicy(sb *sandbox, spec *api.AuditSpec) {
+	p, err := auditpolicy.Compile(spec)
+	if err != nil {
+		p = &auditpolicy.Policy{}
+	}
+	sb.policy.Store(p)
+}
+
+// sandboxID reads sb's id (a pool claim changes it, under sb.mu).
+func sandboxID(sb *sandbox) string {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.Sandbox.ID
+}
+
+// auditLimits records the limits a finished command hit (kind limit).
+func (e *Edge) auditLimits(sb *sandbox, r *api.ExecResult) {
+	var ops []string
+	if r.OOMKilled {
+		ops = append(ops, api.AuditLimitOOM)
+	}
+	if r.PidsLimited {
+		ops = append(ops, api.AuditLimitPids)
+	}
+	if r.DiskFull {
+		ops = append(ops, api.AuditLimitDisk)
+	}
+	if r.Truncated {
+		ops = append(ops, api.AuditLimitOutput)
+	}
+	for _, op := range ops {
+		e.addAudit(sb, api.AuditRecord{Time: time.Now(), Step: sb.auditStepNow.Load(), Kind: api.AuditKindLimit, Op: op})
+	}
+}
+
 func (e *Edge) deliverAudit(r telemetry.Record) {
 	if r.Kind == telemetry.KindFile && strings.HasPrefix(r.Path, sessionPlumbing) {
 		return
@@ -164,10 +279,11 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 	if a.idBase != 0 && uid >= int(a.idBase) && uid < int(a.idBase)+sandboxIDs {
 		uid -= int(a.idBase) // as the sandbox's user namespace numbers it
 	}
-	a.sb.audit.add(api.AuditRecord{
+	e.addAudit(a.sb, api.AuditRecord{
 		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: uid, HostUID: r.UID,
 		Path: r.Path, Argv: r.Argv, ArgvTruncated: r.ArgvTruncated,
 		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target, Outcome: r.Outcome, Op: r.Op, To: r.To,
+		Dest: r.Dest,
 	})
 }
 
@@ -228,6 +344,7 @@ func (e *Edge) auditStop(sb *sandbox) {
 // auditStep stamps what sb's processes do from now on with step (0 =
 // between steps).
 func (e *Edge) auditStep(sb *sandbox, step int64) {
+	sb.auditStepNow.Store(step)
 	if e.audit.tel == nil {
 		return
 	}
@@ -245,9 +362,11 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 		return nil, err
 	}
 	switch req.Kind {
-	case "", api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile:
 	default:
-		return nil, invalidf("kind %q is not one of: %s, %s, %s, %s", truncateKind(req.Kind), api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile)
+		if !slices.Contains(api.AuditKinds, req.Kind) {
+			return nil, invalidf("kind %q is not one of: %s", truncateKind(req.Kind), strings.Join(api.AuditKinds, ", "))
+		}
+	case "":
 	}
 	recs, dropped := sb.audit.list(req)
 	sb.mu.Lock()

@@ -438,9 +438,17 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	}
 	var res agentproto.ExecResult
 	start := time.Now()
+	// An audit policy's kill-step cancels ctx; the agent then kills the
+	// command (the agent protocol's cancel).
+	ctx, leave := sb.steps.enter(ctx)
+	defer leave()
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
 		return chunk(r.Stream, r.Data)
 	})
+	if err != nil && killedByPolicy(ctx) {
+		err = nil
+		res = agentproto.ExecResult{ExitCode: 128 + 9, Signal: "SIGKILL", Duration: time.Since(start).Seconds() * 1000}
+	}
 	if err != nil {
 		err = e.agentError(sb, err)
 		sb.hist.note(x, start, nil, err)
@@ -450,8 +458,11 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 		ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
 		DurationMs: res.Duration, CommandID: res.CommandID,
 	}
-	if !x.Background {
+	if killedByPolicy(ctx) {
+		out.KilledBy = api.KilledByPolicy
+	} else if !x.Background {
 		e.explainEnd(sb, out)
+		e.auditLimits(sb, out)
 	} else if x.KeepCPU && res.CommandID != "" {
 		e.holdCPU(sb, agent, res.CommandID)
 	}

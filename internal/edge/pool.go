@@ -398,6 +398,7 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 		sb.pool = ""
 		sb.mu.Unlock()
 		sb.audit.reset() // what ran while it waited in the pool is nobody's
+		setPolicy(sb, spec.Audit)
 		e.dropLocked(internal)
 		e.putLocked(id, sb)
 		p.claimed++

@@ -4,6 +4,7 @@ package sandboxspec
 
 import (
 	"fmt"
+	"github.com/warrenhq/warren/internal/auditpolicy"
 	"path"
 	"regexp"
 	"strings"
@@ -168,6 +169,9 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	}
 	if aerr := CheckNetwork(req.Network); aerr != nil {
 		return aerr
+	}
+	if _, err := auditpolicy.Compile(req.Audit); err != nil {
+		return invalid("%v", err)
 	}
 	if len(req.Env) > MaxEnv {
 		return invalid("at most %d env variables", MaxEnv)
