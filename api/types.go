@@ -829,7 +829,7 @@ const (
 	ReasonMemory       = "memory" // requested memory beyond capacity
 	ReasonMemPressure  = "memory_pressure"
 	ReasonDisk         = "disk"          // disk space
-	ReasonPids         = "pids"          // the host's pids/threads
+	ReasonPids         = "pids"          // the host's pids/threads (503), or the sandbox's own pids limit (429)
 	ReasonSandboxes    = "sandboxes"     // the node's sandbox count limit
 	ReasonTier         = "tier"          // no node offers the tier
 	ReasonNodeSelector = "node_selector" // no node has the labels asked for

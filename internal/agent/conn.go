@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 
 	"github.com/warrenhq/warren/internal/agentproto"
 )
@@ -110,7 +111,12 @@ func (r *call) done(v any) {
 func (r *call) fail(err error) {
 	var pe *agentproto.Error
 	if !errors.As(err, &pe) {
-		pe = &agentproto.Error{Code: agentproto.ErrInternal, Message: err.Error()}
+		code := agentproto.ErrInternal
+		if errors.Is(err, syscall.EAGAIN) {
+			// Starting a process failed at the sandbox's pids limit.
+			code = agentproto.ErrPidsLimit
+		}
+		pe = &agentproto.Error{Code: code, Message: err.Error()}
 	}
 	_ = r.conn.send(&agentproto.Response{ID: r.id, Kind: agentproto.KindError, Error: pe})
 }

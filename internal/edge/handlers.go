@@ -383,6 +383,10 @@ func (e *Edge) agentError(sb *sandbox, err error) error {
 			code = api.CodeTooLarge
 		case agentproto.ErrNoSpace:
 			code = api.CodeTooLarge
+		case agentproto.ErrPidsLimit:
+			e.addAudit(sb, api.AuditRecord{Time: time.Now(), Step: sb.auditStepNow.Load(), Kind: api.AuditKindLimit, Op: api.AuditLimitPids})
+			return &api.Error{Code: api.CodeTooManyRequests, Reason: api.ReasonPids,
+				Message: ae.Message + ": the sandbox is at its pids limit (its processes hold every pid it may use); retry when some have ended"}
 		}
 		return &api.Error{Code: code, Message: ae.Message}
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -96,12 +97,15 @@ func TestAuditMisbehaviour(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Step 4: a fork bomb at the pids limit and a flood at the output cap.
-	r4, err := s.C.Exec(ctx, a.ID, api.ExecRequest{Cmd: "for i in $(seq 60); do sleep 3 & done; wait; yes | head -c 3000000", OutputCap: 4096})
+	// Step 4: a flood at the output cap and a fork bomb at the pids limit
+	// (the shell gives up at its first refused fork, its sleeps live on).
+	r4, err := s.C.Exec(ctx, a.ID, api.ExecRequest{Argv: []string{"sh", "-c", "yes | head -c 3000000; for i in $(seq 60); do sleep 4 & done"}, OutputCap: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Step 5 starts a background writer that acts between steps.
+	// The fork bomb's sleeps (4 s) hold the sandbox's pids until they end.
+	time.Sleep(5 * time.Second)
+	// The next step starts a background writer that acts between steps.
 	r5, err := s.C.Exec(ctx, a.ID, api.ExecRequest{Cmd: "sleep 1; echo bg > /etc/bg-marker", Background: true})
 	if err != nil {
 		t.Fatal(err)
@@ -240,4 +244,45 @@ func TestAuditPolicyKillsStep(t *testing.T) {
 		_, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Audit: &bad})
 		mustCode(t, "create with a bad audit spec", err, api.CodeInvalid)
 	}
+}
+
+// TestPidsLimitAnswers429: a command that cannot start because the
+// sandbox's processes hold every pid it may use answers 429 with reason
+// pids (it was a 500), and the audit records the limit.
+func TestPidsLimitAnswers429(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Pids: 30})
+	probe, err := os.ReadFile(bins.probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.WriteFileBytes(ctx, sb.ID, "/probe", probe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"/probe", "hold", "20"}, Background: true}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"/bin/true"}})
+		if err == nil {
+			if time.Now().After(deadline) {
+				t.Fatal("the probe never filled the pids limit")
+			}
+			continue
+		}
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != api.CodeTooManyRequests || ae.Reason != api.ReasonPids {
+			t.Fatalf("exec at the pids limit: %v (want 429, reason pids)", err)
+		}
+		break
+	}
+	auditUntil(t, s.C, sb.ID, "a limit record", func(recs []api.AuditRecord) bool {
+		for _, r := range recs {
+			if r.Kind == api.AuditKindLimit && r.Op == api.AuditLimitPids {
+				return true
+			}
+		}
+		return false
+	})
 }
