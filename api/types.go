@@ -1077,4 +1077,7 @@ type AuditList struct {
 type AuditStepSummary struct {
 	Step   int64            `json:"step"`
 	Counts map[string]int64 `json:"counts"`
+	// Matched counts the step's records that a policy rule of the create
+	// matched (flagged, or acted on).
+	Matched int64 `json:"matched,omitempty"`
 }

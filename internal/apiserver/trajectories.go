@@ -219,9 +219,20 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	ctx := r.Context()
 	q := r.URL.Query()
+	summary := q.Get("audit") == "summary"
+	if base, ok := strings.CutSuffix(name, auditSummarySuffix); ok && sandboxspec.ValidTrajectory(base) {
+		// GET /v1/trajectories/{name}/audit/summary, unless a trajectory
+		// has that whole name.
+		if _, err := s.trajectoryRecord(ctx, principal(r), q.Get("project"), name); err != nil {
+			name, summary = base, true
+		}
+	}
 	rec, err := s.trajectoryRecord(ctx, principal(r), q.Get("project"), name)
 	if err != nil {
 		return err
+	}
+	if summary {
+		return s.trajectoryAuditSummary(w, r, rec)
 	}
 	after, limit := int64(0), defaultTrajPage
 	if v := q.Get("after"); v != "" {
@@ -269,11 +280,14 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 		page.Steps = append(page.Steps, st)
 	}
 	if audit, _ := strconv.ParseBool(q.Get("audit")); audit && len(page.Steps) > 0 {
-		s.attachAudit(r.Context(), rec.Sandbox, page.Steps)
+		s.attachAudit(r.Context(), rec, page.Steps)
 	}
 	writeJSON(w, http.StatusOK, &page)
 	return nil
 }
+
+// auditSummarySuffix ends the path of a trajectory's audit summary.
+const auditSummarySuffix = "/audit/summary"
 
 // touches reports whether a file operation changed p (or something under it).
 func touches(st *api.TrajectoryStep, p string) bool {

@@ -14,6 +14,7 @@ package edge
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -87,6 +88,78 @@ func (a *auditRing) list(req *AuditRequest) ([]api.AuditRecord, int64) {
 		out = append(out, r)
 	}
 	return out, a.dropped
+}
+
+// unsaved returns the records after seq after that belong to step or to
+// no step (between steps), at most limit (the newest dropped beyond it,
+// counted), and the newest seq looked at.
+func (a *auditRing) unsaved(after, step int64, limit int) ([]api.AuditRecord, int64, int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []api.AuditRecord
+	var over int64
+	last := after
+	for i := range a.recs {
+		r := a.recs[(a.head+i)%len(a.recs)]
+		if r.Seq <= after {
+			continue
+		}
+		last = max(last, r.Seq)
+		if r.Step != step && r.Step != 0 {
+			continue
+		}
+		if len(out) == limit {
+			over++
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, last, over
+}
+
+// AuditEntry is one entry of a trajectory's persisted audit: the records
+// of one step and those between steps before it ended.
+type AuditEntry struct {
+	Step    int64             `json:"step"`
+	Records []api.AuditRecord `json:"records"`
+	// Dropped counts records of the step beyond MaxSavedAudit.
+	Dropped int64 `json:"dropped,omitempty"`
+}
+
+// MaxSavedAudit bounds the records persisted per step.
+const MaxSavedAudit = 1024
+
+// auditSaveDelay: a step's last records reach the ring a few drain rounds
+// after it ended.
+const auditSaveDelay = 4 * telemetry.DrainEvery
+
+// saveAudit persists, a moment after step ended, the step's records (and
+// those between steps) with trajectory key's log, so that they outlive
+// the sandbox (GET /v1/trajectories/{name}?audit=1).
+func (e *Edge) saveAudit(sb *sandbox, key string, step int64) {
+	if e.audit.tel == nil && sb.policy.Load().Empty() {
+		return // nothing records anything but limits: kept live only
+	}
+	e.wg.Add(1)
+	time.AfterFunc(auditSaveDelay, func() {
+		defer e.wg.Done()
+		sb.auditSaveMu.Lock()
+		defer sb.auditSaveMu.Unlock()
+		recs, last, over := sb.audit.unsaved(sb.auditSaved, step, MaxSavedAudit)
+		sb.auditSaved = last
+		if len(recs) == 0 {
+			return
+		}
+		b, err := json.Marshal(&AuditEntry{Step: step, Records: recs, Dropped: over})
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := e.tlog.AppendAudit(ctx, key, b); err != nil {
+			e.log.Warn("edge: persist a step's audit", "trajectory", key, "step", step, "err", err)
+		}
+	})
 }
 
 // audited is a registered sandbox: where its records go, and the host id
@@ -374,13 +447,14 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 	sb.mu.Unlock()
 	out := &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil, Live: live}
 	if req.Summary {
-		out.Records, out.Summary = []api.AuditRecord{}, summarize(recs)
+		out.Records, out.Summary = []api.AuditRecord{}, SummarizeAudit(recs)
 	}
 	return out, nil
 }
 
-// summarize counts records (in step order) per step and kind.
-func summarize(recs []api.AuditRecord) []api.AuditStepSummary {
+// SummarizeAudit counts records per step (in step order) and kind, and
+// those a policy rule matched.
+func SummarizeAudit(recs []api.AuditRecord) []api.AuditStepSummary {
 	at := map[int64]int{}
 	out := []api.AuditStepSummary{}
 	for _, r := range recs {
@@ -391,6 +465,9 @@ func summarize(recs []api.AuditRecord) []api.AuditStepSummary {
 			out = append(out, api.AuditStepSummary{Step: r.Step, Counts: map[string]int64{}})
 		}
 		out[i].Counts[r.Kind]++
+		if r.Rule != "" {
+			out[i].Matched++
+		}
 	}
 	slices.SortFunc(out, func(a, b api.AuditStepSummary) int { return cmp.Compare(a.Step, b.Step) })
 	return out

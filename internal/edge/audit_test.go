@@ -46,7 +46,7 @@ func TestAuditRingDropsOldest(t *testing.T) {
 // TestAuditSummary: counts per step and kind, steps in order.
 func TestAuditSummary(t *testing.T) {
 	recs := []api.AuditRecord{{Step: 2, Kind: "exec"}, {Step: 0, Kind: "exec"}, {Step: 2, Kind: "exec"}, {Step: 2, Kind: "file"}, {Step: 1, Kind: "signal"}}
-	got := summarize(recs)
+	got := SummarizeAudit(recs)
 	want := []api.AuditStepSummary{{Step: 0, Counts: map[string]int64{"exec": 1}}, {Step: 1, Counts: map[string]int64{"signal": 1}}, {Step: 2, Counts: map[string]int64{"exec": 2, "file": 1}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("summary %+v, want %+v", got, want)

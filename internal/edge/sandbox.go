@@ -99,6 +99,10 @@ type sandbox struct {
 	// auditStepNow is the trajectory step running now (0: between steps),
 	// for the records the edge itself adds (limits).
 	auditStepNow atomic.Int64
+	// auditSaved is the seq of the newest record persisted with the
+	// trajectory (saveAudit, under auditSaveMu, a leaf lock).
+	auditSaveMu sync.Mutex
+	auditSaved  int64
 
 	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
 	// as of its last command (kills.go).

@@ -493,6 +493,7 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("the operation ran but the trajectory log could not record step %d: %v", op.Step, aerr)}
 	}
 	t.last = op.Step
+	e.saveAudit(sb, t.key, op.Step)
 	if op.Checkpoint != "" {
 		// Only while the record still names this sandbox, and only over
 		// the revision read (a resume may rebuild it elsewhere meanwhile).

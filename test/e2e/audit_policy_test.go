@@ -180,6 +180,46 @@ func TestAuditMisbehaviour(t *testing.T) {
 	if counts[3][api.AuditKindRefused] < 3 || counts[4][api.AuditKindLimit] < 2 || counts[1][api.AuditKindConnect] < 1 {
 		t.Errorf("summary: %+v", al.Summary)
 	}
+
+	// The audit is kept with the trajectory: the summary and each step's
+	// records outlive the sandbox.
+	time.Sleep(time.Second) // the last step's records are persisted a moment after it
+	if _, err := s.C.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := s.C.TrajectoryAuditSummary(ctx, "misbehave")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := map[int64]api.AuditStepSummary{}
+	for _, st := range sum.Summary {
+		kept[st.Step] = st
+	}
+	if kept[3].Counts[api.AuditKindRefused] < 3 || kept[4].Counts[api.AuditKindLimit] < 2 || kept[1].Matched < 1 || kept[1].Counts[api.AuditKindExec] < 1 {
+		t.Errorf("the trajectory's summary after its sandbox was deleted: %+v", sum.Summary)
+	}
+	code, body := s.rawRequest(t, "GET", "/v1/trajectories/misbehave/audit/summary", "", nil, nil)
+	if code != 200 || !strings.Contains(body, `"matched":`) {
+		t.Errorf("GET .../audit/summary: %d %s", code, body)
+	}
+	page, err := s.C.TrajectoryAudit(ctx, "misbehave", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var probeRefusals int
+	for _, st := range page.Steps {
+		for _, r := range st.Audit {
+			if st.Step == 3 && r.Kind == api.AuditKindRefused {
+				probeRefusals++
+			}
+			if r.Step != st.Step {
+				t.Errorf("step %d carries a record of step %d", st.Step, r.Step)
+			}
+		}
+	}
+	if probeRefusals < 3 {
+		t.Errorf("step 3's records after the sandbox was deleted: %d refusals", probeRefusals)
+	}
 }
 
 // TestAuditPolicyKillsStep: a hook on writes into the toolkit ends the
