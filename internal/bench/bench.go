@@ -87,7 +87,7 @@ type Options struct {
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -100,7 +100,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && f != "transfer" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -235,7 +235,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}} {
 		if !o.want(f.name) {
 			continue
 		}

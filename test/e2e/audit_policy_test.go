@@ -326,3 +326,25 @@ func TestPidsLimitAnswers429(t *testing.T) {
 		return false
 	})
 }
+
+// TestSessionZombiesDoNotHoldPids: background jobs of a session's command
+// that have ended are zombies of its idle shell; at the pids limit they
+// must not refuse the sandbox's next process (they did, for good: the
+// shell reaps only when it runs its next command).
+func TestSessionZombiesDoNotHoldPids(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Pids: 40})
+	r := s.sh(t, sb.ID, "for i in $(seq 36); do sleep 1 & done; echo started")
+	if !strings.Contains(r.Stdout, "started") {
+		t.Fatalf("session command: %+v", r)
+	}
+	time.Sleep(3 * time.Second) // the sleeps have ended: zombies of the idle session shell
+	for i := 0; i < 3; i++ {
+		// Each takes six pids beside the 36 zombies (of 40).
+		res, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"sh", "-c", "/bin/true & /bin/true & /bin/true & /bin/true & /bin/true & wait"}})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("a new process beside the session's ended jobs: %+v %v", res, err)
+		}
+	}
+}
