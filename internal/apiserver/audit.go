@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // getAudit answers GET /v1/sandboxes/{id}/audit?step=&kind=: what the
@@ -19,7 +19,7 @@ import (
 func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	q := r.URL.Query()
-	req := &edge.AuditRequest{ID: id, Kind: q.Get("kind")}
+	req := &edgeproto.AuditRequest{ID: id, Kind: q.Get("kind")}
 	req.Summary, _ = strconv.ParseBool(q.Get("summary"))
 	if v := q.Get("after"); v != "" {
 		after, err := strconv.ParseInt(v, 10, 64)
@@ -47,7 +47,7 @@ func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) error {
 		return &api.Error{Code: api.CodeBadRequest, Message: "follow streams records: it does not go with summary"}
 	}
 	var out api.AuditList
-	if err := s.callEdge(r.Context(), id, edge.OpAudit, req, &out, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpAudit, req, &out, nil); err != nil {
 		return err
 	}
 	if follow {
@@ -65,7 +65,7 @@ var auditPoll = 250 * time.Millisecond
 // (the answer already read), polling its node until the sandbox stopped
 // and its last records were sent, or the client left. Empty lines are
 // keepalives; a failure after the stream began ends it with an error line.
-func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edge.AuditRequest, first *api.AuditList) error {
+func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edgeproto.AuditRequest, first *api.AuditList) error {
 	fl, _ := w.(http.Flusher)
 	h := w.Header()
 	h.Set("Content-Type", "application/x-ndjson")
@@ -115,7 +115,7 @@ func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edge.A
 			lastLine = time.Now()
 		}
 		var next api.AuditList
-		if err := s.callEdge(ctx, req.ID, edge.OpAudit, req, &next, nil); err != nil {
+		if err := s.callEdge(ctx, req.ID, edgeproto.OpAudit, req, &next, nil); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -131,7 +131,7 @@ func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edge.A
 // id (the trajectory's sandbox now; nothing once it is gone).
 func (s *Server) attachAudit(ctx context.Context, id string, steps []api.TrajectoryStep) {
 	var out api.AuditList
-	if err := s.callEdge(ctx, id, edge.OpAudit, &edge.AuditRequest{ID: id}, &out, nil); err != nil {
+	if err := s.callEdge(ctx, id, edgeproto.OpAudit, &edgeproto.AuditRequest{ID: id}, &out, nil); err != nil {
 		s.log.Debug("trajectory audit", "sandbox", id, "err", err)
 		return
 	}

@@ -29,19 +29,6 @@ import (
 // are dropped (and counted).
 const AuditRingSize = 4096
 
-// AuditRequest is the body of OpAudit.
-type AuditRequest struct {
-	ID string `json:"id"`
-	// Step, when HasStep, keeps the records of that step only.
-	Step    int64  `json:"step,omitempty"`
-	HasStep bool   `json:"has_step,omitempty"`
-	Kind    string `json:"kind,omitempty"`
-	// Summary answers counts per step and kind instead of the records.
-	Summary bool `json:"summary,omitempty"`
-	// After keeps the records after this seq.
-	After int64 `json:"after,omitempty"`
-}
-
 // auditRing is one sandbox's records, oldest first, at most AuditRingSize.
 type auditRing struct {
 	mu      sync.Mutex

@@ -21,20 +21,6 @@ import (
 	"github.com/warrenhq/warren/internal/dataplane"
 )
 
-// OpFileUpload writes a file from a stream (data plane only): a
-// FileRequest (ID, Path, Mode) with the file's bytes as the call's upload;
-// -> api.FileInfo. The file appears whole (renamed into place) or not at
-// all.
-const OpFileUpload = "file_upload"
-
-// OpTarUpload extracts a tar stream into a directory (data plane only): a
-// FileRequest (ID, Path) with the archive as the call's upload; ->
-// TarPutResult (Files).
-const OpTarUpload = "tar_upload"
-
-// DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true}
-
 // dataUploads are the DataOps that read an upload.
 var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
 

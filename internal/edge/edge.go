@@ -23,15 +23,11 @@ package edge
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -247,11 +243,6 @@ type Edge struct {
 
 	audit auditState // the node's telemetry (audit.go)
 }
-
-var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
-
-// ValidNodeName reports whether name can be a node name.
-func ValidNodeName(name string) bool { return nodeNameRE.MatchString(name) }
 
 // New checks cfg and prepares directories; Start brings the edge up.
 func New(cfg Config) (*Edge, error) {
@@ -480,36 +471,6 @@ func (e *Edge) dropLocked(id string) {
 
 // newID returns sb-<node>-<random>; the random part has no '-'.
 func (e *Edge) newID() string { return NewSandboxID(e.cfg.Node) }
-
-// NodeOf extracts the node name from a sandbox id, or "" if id is malformed.
-func NodeOf(id string) string {
-	if len(id) > 80 || !strings.HasPrefix(id, "sb-") {
-		return ""
-	}
-	rest := id[3:]
-	i := strings.LastIndexByte(rest, '-')
-	if i <= 0 || i == len(rest)-1 {
-		return ""
-	}
-	node, random := rest[:i], rest[i+1:]
-	if !ValidNodeName(node) {
-		return ""
-	}
-	for _, c := range random {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return ""
-		}
-	}
-	return node
-}
-
-// NewSandboxID makes a fresh id for node (used by the apiserver, which
-// chooses ids so that creates are idempotent).
-func NewSandboxID(node string) string {
-	var b [10]byte
-	_, _ = rand.Read(b[:])
-	return "sb-" + node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
-}
 
 // isolator is a runtime that says who its sandboxes' root is on the host
 // (the container tier: user namespaces or host root).
