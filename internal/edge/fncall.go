@@ -254,7 +254,11 @@ func (e *Edge) fnIdle(sh *fnShape, w *sandbox) {
 	case sh.idle <- w:
 	default:
 		sh.total--
-		go e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
+		}()
 	}
 }
 

@@ -439,7 +439,9 @@ func (e *Edge) watch(sb *sandbox) {
 	sb.mu.Lock()
 	sb.stopWatch = stop
 	sb.mu.Unlock()
+	e.watches.Add(1)
 	go func() {
+		defer e.watches.Done()
 		select {
 		case <-inst.Agent.Done():
 		case <-stop:
