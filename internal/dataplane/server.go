@@ -1,5 +1,8 @@
 package dataplane
 
+// Locks: Server.mu alone (srv, closed); the calls group's own lock is
+// never taken under it.
+
 import (
 	"context"
 	"encoding/binary"

@@ -7,6 +7,8 @@
 // waited on more than once.
 package lifetime
 
+// Locks: Group.mu alone; nothing is called while it is held.
+
 import (
 	"context"
 	"sync"
