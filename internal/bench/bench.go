@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -470,6 +471,17 @@ func (r *Report) Markdown(command string) string {
 		fmt.Fprintf(&b, "| %s | %.2f | %s | %s |\n", res.Name, res.Value, res.Unit, res.Note)
 	}
 	return b.String()
+}
+
+// Rows renders the report as CSV rows: date, command, machine, figure,
+// value, unit, note (docs/benchmarks-history.csv).
+func (r *Report) Rows(command string) [][]string {
+	date, m := r.Started.Format("2006-01-02 15:04"), machine()
+	rows := make([][]string, 0, len(r.Results))
+	for _, res := range r.Results {
+		rows = append(rows, []string{date, command, m, res.Name, strconv.FormatFloat(res.Value, 'f', 2, 64), res.Unit, res.Note})
+	}
+	return rows
 }
 
 func machine() string {

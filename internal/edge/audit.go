@@ -12,7 +12,6 @@ package edge
 // pool claim resets it); none of them is held while taking sandbox.mu.
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/auditpolicy"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/telemetry"
 )
@@ -31,19 +31,6 @@ import (
 // AuditRingSize bounds the records kept per sandbox: beyond it the oldest
 // are dropped (and counted).
 const AuditRingSize = 4096
-
-// AuditRequest is the body of OpAudit.
-type AuditRequest struct {
-	ID string `json:"id"`
-	// Step, when HasStep, keeps the records of that step only.
-	Step    int64  `json:"step,omitempty"`
-	HasStep bool   `json:"has_step,omitempty"`
-	Kind    string `json:"kind,omitempty"`
-	// Summary answers counts per step and kind instead of the records.
-	Summary bool `json:"summary,omitempty"`
-	// After keeps the records after this seq.
-	After int64 `json:"after,omitempty"`
-}
 
 // auditRing is one sandbox's records, oldest first, at most AuditRingSize.
 type auditRing struct {
@@ -117,18 +104,6 @@ func (a *auditRing) unsaved(after, step int64, limit int) ([]api.AuditRecord, in
 	return out, last, over
 }
 
-// AuditEntry is one entry of a trajectory's persisted audit: the records
-// of one step and those between steps before it ended.
-type AuditEntry struct {
-	Step    int64             `json:"step"`
-	Records []api.AuditRecord `json:"records"`
-	// Dropped counts records of the step beyond MaxSavedAudit.
-	Dropped int64 `json:"dropped,omitempty"`
-}
-
-// MaxSavedAudit bounds the records persisted per step.
-const MaxSavedAudit = 1024
-
 // auditSaveDelay: a step's last records reach the ring a few drain rounds
 // after it ended.
 const auditSaveDelay = 4 * telemetry.DrainEvery
@@ -145,12 +120,12 @@ func (e *Edge) saveAudit(sb *sandbox, key string, step int64) {
 		defer e.wg.Done()
 		sb.auditSaveMu.Lock()
 		defer sb.auditSaveMu.Unlock()
-		recs, last, over := sb.audit.unsaved(sb.auditSaved, step, MaxSavedAudit)
+		recs, last, over := sb.audit.unsaved(sb.auditSaved, step, edgeproto.MaxSavedAudit)
 		sb.auditSaved = last
 		if len(recs) == 0 {
 			return
 		}
-		b, err := json.Marshal(&AuditEntry{Step: step, Records: recs, Dropped: over})
+		b, err := json.Marshal(&edgeproto.AuditEntry{Step: step, Records: recs, Dropped: over})
 		if err != nil {
 			return
 		}
@@ -447,30 +422,9 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 	sb.mu.Unlock()
 	out := &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil, Live: live}
 	if req.Summary {
-		out.Records, out.Summary = []api.AuditRecord{}, SummarizeAudit(recs)
+		out.Records, out.Summary = []api.AuditRecord{}, edgeproto.SummarizeAudit(recs)
 	}
 	return out, nil
-}
-
-// SummarizeAudit counts records per step (in step order) and kind, and
-// those a policy rule matched.
-func SummarizeAudit(recs []api.AuditRecord) []api.AuditStepSummary {
-	at := map[int64]int{}
-	out := []api.AuditStepSummary{}
-	for _, r := range recs {
-		i, ok := at[r.Step]
-		if !ok {
-			i = len(out)
-			at[r.Step] = i
-			out = append(out, api.AuditStepSummary{Step: r.Step, Counts: map[string]int64{}})
-		}
-		out[i].Counts[r.Kind]++
-		if r.Rule != "" {
-			out[i].Matched++
-		}
-	}
-	slices.SortFunc(out, func(a, b api.AuditStepSummary) int { return cmp.Compare(a.Step, b.Step) })
-	return out
 }
 
 func truncateKind(s string) string {

@@ -453,7 +453,9 @@ func (e *Edge) watch(sb *sandbox) {
 	sb.mu.Lock()
 	sb.stopWatch = stop
 	sb.mu.Unlock()
+	e.watches.Add(1)
 	go func() {
+		defer e.watches.Done()
 		select {
 		case <-inst.Agent.Done():
 		case <-stop:

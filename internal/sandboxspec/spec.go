@@ -11,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/image"
 )
 
 // Defaults and bounds.
@@ -225,7 +224,7 @@ func checkLayers(ls []api.LayerAttachment) *api.Error {
 	}
 	mounts := map[string]bool{}
 	for i, l := range ls {
-		if _, _, err := image.ParseLayerRef(l.Layer); err != nil {
+		if _, _, err := api.ParseLayerRef(l.Layer); err != nil {
 			return invalid("layers[%d]: %s", i, strings.TrimPrefix(err.Error(), "invalid: "))
 		}
 		if l.Mount == "" {
