@@ -115,7 +115,9 @@ func (e *Edge) saveAudit(sb *sandbox, key string, step int64) {
 	if e.audit.tel == nil && sb.policy.Load().Empty() {
 		return // nothing records anything but limits: kept live only
 	}
-	e.wg.Add(1)
+	if !e.wg.Enter() {
+		return // the edge is closing
+	}
 	time.AfterFunc(auditSaveDelay, func() {
 		defer e.wg.Done()
 		sb.auditSaveMu.Lock()
@@ -268,11 +270,7 @@ func (e *Edge) addAudit(sb *sandbox, r api.AuditRecord) {
 	case api.AuditDoFailSandbox:
 		sb.steps.cancelAll()
 		e.log.Warn("audit policy: sandbox failed", "sandbox", sandboxID(sb), "rule", on)
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			e.stop(context.Background(), sb, api.StateFailed, "audit policy: "+on)
-		}()
+		e.wg.Go(func() { e.stop(context.Background(), sb, api.StateFailed, "audit policy: "+on) })
 	}
 }
 
