@@ -21,6 +21,8 @@ type conn struct {
 	ctx  context.Context // cancelled when the connection ends
 	wmu  sync.Mutex
 	werr error
+	// inputs are the execs with live input (pty.go).
+	inputs inputs
 }
 
 // send writes one frame; after the first write error every send fails fast.
@@ -309,6 +311,15 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 		return nil, err
 	}
 	switch req.Op {
+	case agentproto.OpInput:
+		var r agentproto.InputRequest
+		if err := decode(req, &r); err != nil {
+			return nil, err
+		}
+		if req.Payload != nil {
+			r.Data = req.Payload
+		}
+		return nil, a.input(ctx, cl.conn, &r)
 	case agentproto.OpReset:
 		return a.reset(ctx)
 	case agentproto.OpExec:
