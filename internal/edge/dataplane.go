@@ -33,10 +33,14 @@ const OpFileUpload = "file_upload"
 const OpTarUpload = "tar_upload"
 
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true}
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true}
 
 // dataUploads are the DataOps that read an upload.
 var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
+
+// duplexOps read an upload while their answer streams: the uploads, and
+// the input of a command with live input.
+var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -57,7 +61,7 @@ func (e *Edge) startData(ctx context.Context) error {
 	if e.dataAddr == "" {
 		e.dataAddr = ln.Addr().String()
 	}
-	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: dataUploads, Logger: e.log}
+	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: duplexOps, Logger: e.log}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -84,6 +88,16 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 		h[bus.HeaderScope] = g.Scope
 	} else {
 		h[bus.HeaderRoot] = "1" // the signed grant says so
+	}
+	if op == OpExecLive {
+		var req ExecLiveRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		if err := e.inScope(g); err != nil {
+			return nil, err
+		}
+		return e.execLive(ctx, &req, in, chunk)
 	}
 	if dataUploads[op] {
 		var req FileRequest
@@ -264,7 +278,7 @@ var sandboxOps = map[string]bool{
 	OpGet: true, OpDelete: true, OpExec: true, OpCommandGet: true, OpCommandKill: true,
 	OpFileRead: true, OpFileWrite: true, OpFileList: true, OpFileStat: true, OpFileMkdir: true,
 	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true, OpTimeout: true,
-	OpFileUpload: true, OpTarUpload: true,
+	OpFileUpload: true, OpTarUpload: true, OpExecLive: true,
 }
 
 // checkSandboxHeader refuses a request whose Warren-Sandbox header (the
