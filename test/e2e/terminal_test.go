@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/warrenhq/warren/api"
 	warren "github.com/warrenhq/warren/sdk/go"
@@ -278,5 +281,51 @@ func TestTerminalTypingKeepsCPU(t *testing.T) {
 	time.Sleep(6 * time.Second)
 	if r := cpuRateOf(t, pid, 2*time.Second); r > 0.04 {
 		t.Errorf("after the typing stopped: %.3f cores, want the idle budget", r)
+	}
+}
+
+// TestCLIShell: `warren shell` on a local terminal (as over SSH) puts it in
+// raw mode, follows its window size (SIGWINCH), and exits with the remote
+// exit code; with stdin a pipe it feeds the program and ends its input.
+func TestCLIShell(t *testing.T) {
+	s := sharedServer(t)
+	sb := s.create(t, api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 128})
+
+	// On a terminal.
+	cmd := exec.Command(bins.warren, "--url", s.URL, "--token", s.Token, "shell", sb.ID, "--",
+		"sh", "-c", "stty size; read x; echo got:$x; stty size; exit 7")
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: 100, Rows: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	scr := &screen{}
+	go func() { _, _ = io.Copy(scr, ptmx) }() // ends when ptmx closes
+	at := scr.waitFor(t, "30 100", 0)
+	// Raw mode: the local terminal no longer echoes or cooks; the remote
+	// one does.
+	if err := pty.Setsize(ptmx, &pty.Winsize{Cols: 120, Rows: 40}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the resize travels before the line
+	if _, err := ptmx.Write([]byte("typed\r")); err != nil {
+		t.Fatal(err)
+	}
+	at = scr.waitFor(t, "got:typed", at)
+	scr.waitFor(t, "40 120", at)
+	werr := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(werr, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("warren shell: %v, want exit code 7; screen %q", werr, scr.String())
+	}
+
+	// Stdin a pipe: no raw mode; its end is the program's end of input.
+	c2 := exec.Command(bins.warren, "--url", s.URL, "--token", s.Token, "shell", sb.ID, "cat; exit 9")
+	c2.Stdin = strings.NewReader("piped line\n")
+	var out bytes.Buffer
+	c2.Stdout = &out
+	werr = c2.Run()
+	if !errors.As(werr, &ee) || ee.ExitCode() != 9 || !strings.Contains(out.String(), "piped line") {
+		t.Fatalf("warren shell with a pipe: %v %q", werr, out.String())
 	}
 }
