@@ -24,6 +24,7 @@ from ._version import __version__
 from .aio import (AsyncBackgroundCommand, AsyncClient, AsyncFiles, AsyncPools, AsyncSandbox,
                   AsyncSession)
 from .client import BackgroundCommand, Client, Files, Pools, Sandbox, Session
+from ._ws import Terminal, WebSocketClosed
 from .errors import (BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
                      QuotaExceeded, SandboxFailed, ServerError, Timeout, TooLarge, Unauthorized,
                      Unavailable, WarrenError)
@@ -33,7 +34,7 @@ from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Po
 __all__ = [
     "__version__",
     # clients and handles
-    "Client", "Sandbox", "Session", "Files", "BackgroundCommand", "Pools",
+    "Client", "Sandbox", "Session", "Files", "BackgroundCommand", "Pools", "Terminal",
     "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncFiles", "AsyncBackgroundCommand",
     "AsyncPools",
     # data
@@ -42,5 +43,5 @@ __all__ = [
     # errors
     "WarrenError", "BadRequest", "TooLarge", "Unauthorized", "Forbidden", "NotFound",
     "Conflict", "QuotaExceeded", "Timeout", "SandboxFailed", "ServerError", "Unavailable",
-    "ConnectionFailed", "CommandFailed",
+    "ConnectionFailed", "CommandFailed", "WebSocketClosed",
 ]
