@@ -155,6 +155,18 @@ func TestTerminal(t *testing.T) {
 		}
 	})
 
+	t.Run("user", func(t *testing.T) {
+		// As the user asked (or the sandbox's), who owns the terminal, in
+		// the directory asked, with TERM set.
+		term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{
+			Cmd: `echo "u=$(id -u) term=$TERM cwd=$(pwd)"; stat -c 'owner=%u' "$(tty)"`, User: "nobody", Cwd: "/tmp"})
+		at := scr.waitFor(t, "u=65534 term=xterm cwd=/tmp", 0)
+		scr.waitFor(t, "owner=65534", at)
+		if res := waitExit(t, term); res.ExitCode != 0 {
+			t.Fatalf("exit: %+v", res)
+		}
+	})
+
 	t.Run("stdin", func(t *testing.T) {
 		var stderr screen
 		term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{
