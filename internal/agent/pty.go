@@ -64,8 +64,10 @@ func (t *inputs) drop(id uint64) {
 }
 
 // find waits (up to inputWait, while ctx lasts) for call id's live input to
-// be registered and started.
-func (t *inputs) find(ctx context.Context, id uint64) (*liveInput, error) {
+// be registered and started. A call that is not being served (running
+// says) has none: the connection's reader adds a call to its table before
+// it reads the next request, so an input never overtakes its exec there.
+func (t *inputs) find(ctx context.Context, id uint64, running func(uint64) bool) (*liveInput, error) {
 	deadline := time.Now().Add(inputWait)
 	for {
 		t.mu.Lock()
@@ -82,7 +84,7 @@ func (t *inputs) find(ctx context.Context, id uint64) (*liveInput, error) {
 				return nil, ctx.Err()
 			}
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) || !running(id) {
 			return nil, errf(agentproto.ErrNotFound, "input: no running command with live input for call %d", id)
 		}
 		select {
@@ -101,7 +103,7 @@ func (a *Agent) input(ctx context.Context, c *conn, req *agentproto.InputRequest
 	if req.Signal < 0 || req.Signal > 64 {
 		return errf(agentproto.ErrInvalid, "input: signal must be between 1 and 64")
 	}
-	li, err := c.inputs.find(ctx, req.Call)
+	li, err := c.inputs.find(ctx, req.Call, c.calls.has)
 	if err != nil {
 		return err
 	}

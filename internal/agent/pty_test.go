@@ -83,7 +83,7 @@ func (lc *liveCall) wait() error {
 func TestPTYExec(t *testing.T) {
 	a := startAgent(t, agentproto.SetupConfig{})
 	lc := startLive(t, a, ctx(t), &agentproto.ExecRequest{
-		Cmd: `test -t 0 && echo tty-yes; stty size; trap 'echo winch' WINCH; read x; echo "got:$x"; stty size; exit 3`,
+		Cmd: `test -t 0 && echo tty-yes; stty size; read x; echo "got:$x"; stty size; exit 3`,
 		PTY: &agentproto.WinSize{Cols: 100, Rows: 30},
 	})
 	at := lc.waitFor("tty-yes", 0)
@@ -97,6 +97,17 @@ func TestPTYExec(t *testing.T) {
 	}
 	if lc.res.ExitCode != 3 {
 		t.Fatalf("exit code %d, want 3", lc.res.ExitCode)
+	}
+	// The resize signals the terminal's foreground process group.
+	w := startLive(t, a, ctx(t), &agentproto.ExecRequest{
+		Cmd: `trap 'echo winched; exit 0' WINCH; echo armed; while :; do sleep 0.05; done`,
+		PTY: &agentproto.WinSize{Cols: 80, Rows: 24},
+	})
+	w.waitFor("armed", 0)
+	w.input(&agentproto.InputRequest{Resize: &agentproto.WinSize{Cols: 81, Rows: 25}})
+	w.waitFor("winched", 0)
+	if err := w.wait(); err != nil || w.res.ExitCode != 0 {
+		t.Fatalf("SIGWINCH: %v %+v", err, w.res)
 	}
 	// Its input is gone with it.
 	err := a.c.Call(ctx(t), agentproto.OpInput, &agentproto.InputRequest{Call: lc.call, Data: []byte("x")}, nil, nil)

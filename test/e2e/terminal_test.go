@@ -125,7 +125,7 @@ func TestTerminal(t *testing.T) {
 
 	t.Run("resize", func(t *testing.T) {
 		term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{
-			Cmd: `trap 'echo winched' WINCH; stty size; read x; stty size; exit 3`, Cols: 100, Rows: 30})
+			Cmd: `stty size; read x; stty size; exit 3`, Cols: 100, Rows: 30})
 		at := scr.waitFor(t, "30 100", 0)
 		if err := term.Resize(ctx, 132, 43); err != nil {
 			t.Fatal(err)
@@ -339,5 +339,43 @@ func TestCLIShell(t *testing.T) {
 	werr = c2.Run()
 	if !errors.As(werr, &ee) || ee.ExitCode() != 9 || !strings.Contains(out.String(), "piped line") {
 		t.Fatalf("warren shell with a pipe: %v %q", werr, out.String())
+	}
+}
+
+// TestTerminalTypingIsActivity: typing in a terminal restarts the idle
+// timer; an open terminal nobody types in does not keep its sandbox.
+func TestTerminalTypingIsActivity(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 64, IdleTimeout: 2})
+	term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{Cmd: "cat"})
+	for i := 0; i < 12; i++ { // 4.8 s, more than twice the idle timeout
+		if _, err := term.Write([]byte("k\r")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond)
+	}
+	if v, err := s.C.Get(ctx, sb.ID); err != nil || v.State != api.StateRunning {
+		t.Fatalf("typed in every 0.4 s, a sandbox with a 2 s idle timeout: %+v %v (screen %q)", v, err, scr.String())
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		v, err := s.C.Get(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.State == api.StateStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an open terminal nobody types in kept its sandbox: %s", v.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The terminal ended with its sandbox.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := term.Wait(wctx); errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal("the terminal outlived its stopped sandbox")
 	}
 }
