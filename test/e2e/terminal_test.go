@@ -187,6 +187,75 @@ func TestTerminal(t *testing.T) {
 		}
 	})
 
+	t.Run("signal", func(t *testing.T) {
+		for _, noTTY := range []bool{false, true} {
+			term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{Cmd: "echo up; exec sleep 1000", NoTTY: noTTY})
+			scr.waitFor(t, "up", 0)
+			if err := term.Signal(ctx, 15); err != nil {
+				t.Fatal(err)
+			}
+			if res := waitExit(t, term); res.ExitCode != 143 || res.Signal != "SIGTERM" {
+				t.Fatalf("tty=%v: SIGTERM: %+v", !noTTY, res)
+			}
+		}
+	})
+
+	t.Run("flow control", func(t *testing.T) {
+		// A client that does not read stops the program at its terminal:
+		// its writes stall (wchar stands still) until the client reads.
+		// (always_on: at the idle CPU budget the program would be too slow
+		// to fill the buffers on the way.)
+		sb := s.create(t, api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 64, AlwaysOn: true})
+		term, err := s.C.Terminal(ctx, sb.ID, warren.TerminalOptions{Cmd: "echo $$ > /tmp/yes.pid; exec yes"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer term.Close()
+		var pid string
+		for deadline := time.Now().Add(10 * time.Second); pid == ""; time.Sleep(20 * time.Millisecond) {
+			pid = strings.TrimSpace(s.sh(t, sb.ID, "cat /tmp/yes.pid 2>/dev/null").Stdout)
+			if time.Now().After(deadline) {
+				t.Fatal("no pid")
+			}
+		}
+		wchar := func() int64 {
+			r := s.sh(t, sb.ID, "awk '/^wchar/ {print $2}' /proc/"+pid+"/io")
+			n, err := strconv.ParseInt(strings.TrimSpace(r.Stdout), 10, 64)
+			if err != nil {
+				t.Fatalf("wchar of %s: %+v", pid, r)
+			}
+			return n
+		}
+		var w0, w1 int64
+		began := time.Now()
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			w0 = wchar()
+			time.Sleep(time.Second)
+			if w1 = wchar(); w1 == w0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the program's output never stalled: %d then %d bytes", w0, w1)
+			}
+		}
+		t.Logf("stalled after %d bytes written while the client did not read (%v)", w1, time.Since(began))
+		if w1 > 256<<20 {
+			t.Errorf("%d bytes were taken before the stall: the buffers are not bounded", w1)
+		}
+		buf := make([]byte, 1<<20)
+		for read := 0; read < 8<<20; { // more than the buffers on the way hold
+			n, err := term.Read(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			read += n
+		}
+		if w2 := wchar(); w2 <= w1 {
+			t.Errorf("reading did not let the program go on: %d then %d", w1, w2)
+		}
+		t.Logf("read 8 MiB (%v)", time.Since(began))
+	})
+
 	t.Run("disconnect", func(t *testing.T) {
 		term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{Cmd: "echo $$ > /tmp/term.pid; sleep 1000 & echo ready; wait"})
 		scr.waitFor(t, "ready", 0)
