@@ -145,3 +145,34 @@ class TerminalTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class AsyncTerminalTest(unittest.TestCase):
+    def test_async_terminal(self):
+        import asyncio
+
+        async def main():
+            ac = warren.AsyncClient(SRV.url, token=SRV.token, timeout=60)
+            try:
+                sb = await ac.create(image=_support.IMAGE, labels=LABELS)
+                try:
+                    async with await sb.terminal("stty size; read x; echo got:$x; exit 4", cols=90, rows=20) as t:
+                        await t.expect("20 90")
+                        await t.resize(91, 21)
+                        await t.write("async\r")
+                        await t.expect("got:async")
+                        r = await t.wait(timeout=30)
+                        self.assertEqual(r.exit_code, 4)
+                    async with await sb.terminal(["sh", "-c", "cat; echo e >&2"], tty=False) as t:
+                        await t.write("piped\n")
+                        await t.close_input()
+                        r = await t.wait(timeout=30)
+                        self.assertEqual((r.exit_code, r.stdout, r.stderr), (0, "piped\n", "e\n"))
+                    with self.assertRaises(warren.WarrenError):
+                        await sb.terminal("true", cols=0)
+                finally:
+                    await sb.stop()
+            finally:
+                await ac.aclose()
+
+        asyncio.run(main())

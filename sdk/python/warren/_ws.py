@@ -429,3 +429,254 @@ def terminal_query(cmd: Union[None, str, Sequence[str]], cols: Optional[int], ro
     if timeout:
         q.append(("timeout", repr(float(timeout))))
     return urllib.parse.urlencode(q)
+
+
+# ---- asyncio ---------------------------------------------------------------------------
+
+
+class AsyncWebSocket:
+    """The asyncio twin of :class:`WebSocket` (asyncio streams)."""
+
+    def __init__(self, reader: Any, writer: Any) -> None:
+        self._r = reader
+        self._w = writer
+        self._frag_op = 0
+        self._frag = bytearray()
+        self.closed = False
+        self.close_code: Optional[int] = None
+        self.close_reason = ""
+
+    @classmethod
+    async def connect(cls, cfg: Config, path: str, timeout: Optional[float] = None,
+                      ssl_context: Optional[ssl.SSLContext] = None) -> "AsyncWebSocket":
+        import asyncio
+
+        timeout = cfg.timeout if timeout is None else timeout
+        ctx = None
+        if cfg.scheme == "https":
+            ctx = ssl_context or ssl.create_default_context()
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(cfg.host, cfg.port, ssl=ctx, limit=MAX_MESSAGE + 16),
+                timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise ConnectionFailed("warren: connect to %s: %s" % (cfg.url, e)) from e
+        try:
+            key = base64.b64encode(os.urandom(16)).decode("ascii")
+            lines = ["GET %s%s HTTP/1.1" % (cfg.base_path, path), "Host: %s" % cfg.host_header,
+                     "Upgrade: websocket", "Connection: Upgrade",
+                     "Sec-WebSocket-Key: " + key, "Sec-WebSocket-Version: 13",
+                     "User-Agent: " + cfg.user_agent]
+            if cfg.token:
+                lines.append("Authorization: Bearer " + cfg.token)
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+            status, hdrs, _ = _parse_head(head)
+            if status != 101:
+                n = int(hdrs.get("content-length", "0") or 0)
+                body = await asyncio.wait_for(reader.read(min(n, 64 << 10)), timeout) if n else b""
+                raise error_from_body(status, body)
+            if hdrs.get("upgrade", "").lower() != "websocket" or \
+                    hdrs.get("sec-websocket-accept") != accept_key(key):
+                raise WarrenError("warren: the server's WebSocket handshake is wrong")
+            return cls(reader, writer)
+        except BaseException:
+            writer.close()
+            raise
+
+    async def send(self, opcode: int, payload: bytes) -> None:
+        if self.closed and opcode != OP_CLOSE:
+            raise WebSocketClosed("warren: the WebSocket is closed", self.close_code)
+        try:
+            self._w.write(encode_frame(opcode, payload))
+            await self._w.drain()
+        except OSError as e:
+            raise WebSocketClosed("warren: WebSocket write: %s" % e) from e
+
+    async def _frame(self) -> Tuple[bool, int, bytes]:
+        import asyncio
+
+        try:
+            b0, b1 = await self._r.readexactly(2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = struct.unpack("!H", await self._r.readexactly(2))[0]
+            elif n == 127:
+                n = struct.unpack("!Q", await self._r.readexactly(8))[0]
+            if n > MAX_MESSAGE:
+                raise WarrenError("warren: WebSocket frame of %d bytes" % n)
+            key = await self._r.readexactly(4) if b1 & 0x80 else b""
+            payload = await self._r.readexactly(n)
+        except asyncio.IncompleteReadError:
+            raise WebSocketClosed("warren: the WebSocket connection ended", self.close_code)
+        if key:
+            payload = _mask(payload, key)
+        return bool(b0 & 0x80), b0 & 0x0F, payload
+
+    async def recv(self) -> Tuple[int, bytes]:
+        while True:
+            fin, op, payload = await self._frame()
+            if op == OP_PING:
+                await self.send(OP_PONG, payload)
+                continue
+            if op == OP_PONG:
+                continue
+            if op == OP_CLOSE:
+                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
+                self.close_code, self.close_reason = code, payload[2:].decode("utf-8", "replace")
+                try:
+                    await self.send(OP_CLOSE, payload[:2])
+                except WarrenError:
+                    pass
+                self.closed = True
+                raise WebSocketClosed("warren: WebSocket closed (%d %s)" % (code, self.close_reason), code)
+            if op == OP_CONT:
+                self._frag += payload
+            else:
+                self._frag_op, self._frag = op, bytearray(payload)
+            if len(self._frag) > MAX_MESSAGE:
+                raise WarrenError("warren: WebSocket message too large")
+            if fin:
+                msg, self._frag = bytes(self._frag), bytearray()
+                return self._frag_op, msg
+
+    async def close(self, code: int = 1000) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self._w.write(encode_frame(OP_CLOSE, struct.pack("!H", code)))
+                await self._w.drain()
+            except (OSError, RuntimeError):
+                pass
+        self._w.close()
+
+
+def _parse_head(buf: bytes) -> Tuple[int, Dict[str, str], bytes]:
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    try:
+        status = int(parts[1])
+    except (IndexError, ValueError):
+        raise WarrenError("warren: bad HTTP status line %r" % lines[0])
+    hdrs: Dict[str, str] = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    return status, hdrs, rest
+
+
+class AsyncTerminal:
+    """The asyncio twin of :class:`Terminal` (made by
+    :meth:`AsyncSandbox.terminal`): ``await write()``, ``await read()``,
+    ``await expect()``, ``await resize()``, ``await signal()``,
+    ``await close_input()``, ``await wait()``, ``await close()``."""
+
+    def __init__(self, ws: AsyncWebSocket, tty: bool = True) -> None:
+        self._ws = ws
+        self.tty = tty
+        self.output = bytearray()
+        self.stderr = bytearray()
+        self.result: Optional[ExecResult] = None
+        self._error: Optional[WarrenError] = None
+        self._mark = 0
+
+    async def __aenter__(self) -> "AsyncTerminal":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self._error is not None
+
+    async def write(self, data: Union[bytes, str]) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if data:
+            await self._ws.send(OP_BINARY, bytes(data))
+
+    async def _control(self, msg: Dict[str, Any]) -> None:
+        await self._ws.send(OP_TEXT, json.dumps(msg).encode("utf-8"))
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._control({"type": "resize", "cols": int(cols), "rows": int(rows)})
+
+    async def signal(self, sig: int) -> None:
+        await self._control({"type": "signal", "signal": int(sig)})
+
+    async def close_input(self) -> None:
+        await self._control({"type": "eof"})
+
+    async def read(self, timeout: Optional[float] = None) -> bytes:
+        """The next piece of output; ``b""`` once the command ended."""
+        import asyncio
+
+        while not self.done:
+            try:
+                op, payload = await asyncio.wait_for(self._ws.recv(), timeout)
+            except asyncio.TimeoutError:
+                raise error_for("timeout", "warren: no terminal output in %ss" % timeout, 504)
+            except WebSocketClosed as e:
+                self._error = e
+                raise
+            data = self._take(op, payload)
+            if data:
+                return data
+        if self._error is not None:
+            raise self._error
+        return b""
+
+    def _take(self, op: int, payload: bytes) -> bytes:
+        if op == OP_BINARY:
+            if not self.tty:
+                if not payload:
+                    return b""
+                if payload[0] == 2:
+                    self.stderr += payload[1:]
+                    return b""
+                payload = payload[1:]
+            self.output += payload
+            return payload
+        try:
+            msg = json.loads(payload.decode("utf-8"))
+        except ValueError:
+            return b""
+        if msg.get("type") == "exit":
+            res = msg.get("result") or {"exit_code": msg.get("code", -1)}
+            self.result = ExecResult.from_json(res, stdout=self.output.decode("utf-8", "replace"),
+                                               stderr=self.stderr.decode("utf-8", "replace"))
+        elif msg.get("type") == "error":
+            err = msg.get("error") or {}
+            self._error = error_for(err.get("code"), str(err.get("message") or "terminal failed"), 0)
+        return b""
+
+    async def expect(self, text: Union[str, bytes], timeout: float = 30.0) -> bytes:
+        want = text.encode("utf-8") if isinstance(text, str) else text
+        deadline = time.monotonic() + timeout
+        while True:
+            i = bytes(self.output).find(want, self._mark)
+            if i >= 0:
+                self._mark = i + len(want)
+                return bytes(self.output)
+            left = deadline - time.monotonic()
+            if left <= 0 or self.done:
+                raise error_for("timeout", "warren: %r not in the terminal's output: %r" % (
+                    want, bytes(self.output[-500:])), 504)
+            await self.read(timeout=left)
+
+    async def wait(self, timeout: Optional[float] = None) -> ExecResult:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            await self.read(timeout=left)
+        await self._ws.close()
+        if self._error is not None:
+            raise self._error
+        assert self.result is not None
+        return self.result
+
+    async def close(self) -> None:
+        await self._ws.close()
