@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/api"
@@ -48,6 +50,9 @@ func CheckLive(req *ExecLiveRequest) error {
 	}
 	if x.Cmd != "" && len(x.Argv) > 0 || req.PTY == nil && x.Cmd == "" && len(x.Argv) == 0 {
 		return &api.Error{Code: api.CodeInvalid, Message: "exactly one of cmd and argv is required (a terminal may have neither: the sandbox's shell)"}
+	}
+	if strings.IndexByte(x.Cmd, 0) >= 0 || slices.ContainsFunc(x.Argv, func(a string) bool { return strings.IndexByte(a, 0) >= 0 }) {
+		return &api.Error{Code: api.CodeInvalid, Message: "cmd and argv must not contain a NUL byte"}
 	}
 	if req.PTY != nil && !req.PTY.Valid() {
 		return &api.Error{Code: api.CodeInvalid, Message: "a terminal's cols and rows must be between 1 and 4096"}

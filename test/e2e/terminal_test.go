@@ -282,7 +282,7 @@ func TestTerminal(t *testing.T) {
 	})
 
 	t.Run("bad input", func(t *testing.T) {
-		for _, q := range []string{"cols=0", "rows=100000", "cols=x", "tty=maybe", "env=NOEQUALS", "timeout=-1"} {
+		for _, q := range []string{"cols=0", "rows=100000", "cols=x", "tty=maybe", "env=NOEQUALS", "timeout=-1", "cmd=a%00b", "tty=false"} {
 			code, body := s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/pty?"+q, "", nil, nil)
 			if code != 400 && code != 422 {
 				t.Errorf("%s: %d %s", q, code, body)
