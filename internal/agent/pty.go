@@ -181,18 +181,30 @@ func (a *Agent) execLive(cl *call, p *execPlan) (any, error) {
 		return nil, err
 	}
 	li.r = r
+	// The request's stdin goes first, before any input call, without
+	// holding up the answer: a program that does not read it must not
+	// keep the call from being withdrawn.
+	li.mu.Lock()
 	close(li.started)
+	go func(data []byte) {
+		defer li.mu.Unlock()
+		if len(data) > 0 {
+			_, _ = li.w.Write(data)
+		}
+	}(req.Stdin)
 	// A caller that goes away (OpCancel) takes the command with it.
 	stop := context.AfterFunc(cl.withdrawn, r.abort)
 	defer stop()
 	res := a.finish(p, r)
-	li.mu.Lock()
-	li.closed = true
 	if li.pty {
 		// Hang up: what the command left on the terminal gets SIGHUP, and
-		// the output reader ends.
+		// the output reader ends. (Not under li.mu: a write blocked on a
+		// terminal nobody reads ends with the close.) finish closed a
+		// stdin pipe already.
 		li.w.Close()
 	}
+	li.mu.Lock()
+	li.closed = true
 	li.mu.Unlock()
 	return res, nil
 }
@@ -243,9 +255,6 @@ func (a *Agent) startPTY(p *execPlan, emit func(string, []byte)) (*running, *os.
 	}
 	r := &running{pid: pid, exit: exit, start: time.Now(), session: true}
 	r.armTimeout(p.req.Timeout)
-	if len(p.req.Stdin) > 0 {
-		_, _ = master.Write(p.req.Stdin)
-	}
 	// The output stream reads (and at its end closes) a duplicate, so that
 	// the input side can close its master (the hangup) on its own.
 	out, err := dupFile(master, "pty")
@@ -276,7 +285,7 @@ func dupFile(f *os.File, name string) (*os.File, error) {
 }
 
 // startArgvLive starts p (argv, or cmd through the shell) with pipes, its
-// stdin left open for OpInput.
+// stdin left open for OpInput (execLive writes the request's Stdin).
 func (a *Agent) startArgvLive(p *execPlan, emit func(string, []byte)) (*running, error) {
 	q := *p
 	rq := *p.req
@@ -285,16 +294,7 @@ func (a *Agent) startArgvLive(p *execPlan, emit func(string, []byte)) (*running,
 	}
 	rq.Stdin = nil
 	q.req = &rq
-	r, err := a.startArgvOpen(&q, p.limit, emit)
-	if err != nil {
-		return nil, err
-	}
-	if len(p.req.Stdin) > 0 {
-		if _, err := r.stdin.Write(p.req.Stdin); err != nil {
-			a.log.Debug("agent: live stdin", "err", err)
-		}
-	}
-	return r, nil
+	return a.startArgvOpen(&q, p.limit, emit)
 }
 
 // killSession kills every process of session sid (the terminal's): a

@@ -177,3 +177,42 @@ func TestPTYCancelKillsSession(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A command that never reads the stdin it was given is still killed when
+// its caller goes away (the stdin is written beside the call, not before
+// it can be withdrawn), with and without a terminal.
+func TestLiveStdinUnreadCancels(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{})
+	big := bytes.Repeat([]byte("x"), 4<<20)
+	pidf := filepath.Join(t.TempDir(), "pid")
+	cmd := "echo $$ > " + pidf + "; exec sleep 1000"
+	for _, req := range []agentproto.ExecRequest{
+		{Cmd: cmd, LiveStdin: true, Stdin: big},
+		{Cmd: cmd, PTY: &agentproto.WinSize{Cols: 80, Rows: 24}, Stdin: big},
+	} {
+		os.Remove(pidf)
+		cctx, cancel := context.WithCancel(context.Background())
+		lc := startLive(t, a, cctx, &req)
+		var pid int
+		for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(10 * time.Millisecond) {
+			if b, err := os.ReadFile(pidf); err == nil && strings.HasSuffix(string(b), "\n") {
+				pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the command did not start")
+			}
+		}
+		cancel()
+		if err := lc.wait(); err != context.Canceled {
+			t.Fatalf("pty=%v: %v", req.PTY != nil, err)
+		}
+		gone := time.Now()
+		for syscall.Kill(pid, 0) == nil {
+			if time.Since(gone) > time.Second {
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("pty=%v: the command outlived its withdrawn call by 1s", req.PTY != nil)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
