@@ -212,12 +212,20 @@ func (t *Terminal) StderrReader() io.Reader {
 	return t.errR
 }
 
+// inputMessage bounds one input message (the server takes at most 1 MiB).
+const inputMessage = 64 << 10
+
 // Write sends input (keystrokes) to the command.
 func (t *Terminal) Write(p []byte) (int, error) {
-	if err := t.ws.Write(t.ctx, websocket.MessageBinary, p); err != nil {
-		return 0, fmt.Errorf("warren: terminal input: %w", err)
+	n := 0
+	for n < len(p) {
+		m := min(len(p)-n, inputMessage)
+		if err := t.ws.Write(t.ctx, websocket.MessageBinary, p[n:n+m]); err != nil {
+			return n, fmt.Errorf("warren: terminal input: %w", err)
+		}
+		n += m
 	}
-	return len(p), nil
+	return n, nil
 }
 
 func (t *Terminal) control(ctx context.Context, m *api.TermMessage) error {

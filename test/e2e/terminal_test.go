@@ -187,6 +187,20 @@ func TestTerminal(t *testing.T) {
 		}
 	})
 
+	t.Run("big input", func(t *testing.T) {
+		// More than one WebSocket message and one input frame hold.
+		term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{Argv: []string{"wc", "-c"}, NoTTY: true})
+		if _, err := term.Write(bytes.Repeat([]byte("0123456789abcdef"), 3<<16)); err != nil {
+			t.Fatal(err)
+		}
+		if err := term.CloseInput(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if res := waitExit(t, term); res.ExitCode != 0 || strings.TrimSpace(scr.String()) != "3145728" {
+			t.Fatalf("3 MiB of input: %+v %q", res, scr.String())
+		}
+	})
+
 	t.Run("signal", func(t *testing.T) {
 		for _, noTTY := range []bool{false, true} {
 			term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{Cmd: "echo up; exec sleep 1000", NoTTY: noTTY})

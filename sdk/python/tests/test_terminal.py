@@ -122,6 +122,13 @@ class TerminalTest(unittest.TestCase):
             r = t.wait(timeout=30)
             self.assertEqual((r.exit_code, r.stdout, r.stderr), (2, "no terminal\n", "bye\n"))
 
+    def test_big_input(self):
+        with self.sb.terminal(["wc", "-c"], tty=False) as t:
+            t.write(b"x" * (1536 << 10))  # more than the server's 1 MiB a message
+            t.close_input()
+            r = t.wait(timeout=60)
+            self.assertEqual((r.exit_code, r.stdout.strip()), (0, str(1536 << 10)))
+
     def test_disconnect_kills(self):
         t = self.sb.terminal("echo $$ > /tmp/py.pid; echo ready; sleep 1000")
         t.expect("ready")

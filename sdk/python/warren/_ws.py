@@ -31,6 +31,7 @@ _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 
 MAX_MESSAGE = 16 << 20
+INPUT_MESSAGE = 64 << 10
 
 
 class WebSocketClosed(WarrenError):
@@ -303,8 +304,8 @@ class Terminal:
         """Send input: bytes as they are, text as UTF-8."""
         if isinstance(data, str):
             data = data.encode("utf-8")
-        if data:
-            self._ws.send_binary(bytes(data))
+        for i in range(0, len(data), INPUT_MESSAGE):  # the server takes 1 MiB a message
+            self._ws.send_binary(bytes(data[i:i + INPUT_MESSAGE]))
 
     def _control(self, msg: Dict[str, Any]) -> None:
         self._ws.send_text(json.dumps(msg))
@@ -595,8 +596,8 @@ class AsyncTerminal:
     async def write(self, data: Union[bytes, str]) -> None:
         if isinstance(data, str):
             data = data.encode("utf-8")
-        if data:
-            await self._ws.send(OP_BINARY, bytes(data))
+        for i in range(0, len(data), INPUT_MESSAGE):
+            await self._ws.send(OP_BINARY, bytes(data[i:i + INPUT_MESSAGE]))
 
     async def _control(self, msg: Dict[str, Any]) -> None:
         await self._ws.send(OP_TEXT, json.dumps(msg).encode("utf-8"))
