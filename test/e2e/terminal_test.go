@@ -201,6 +201,25 @@ func TestTerminal(t *testing.T) {
 		}
 	})
 
+	t.Run("pause", func(t *testing.T) {
+		// Input to a paused sandbox's terminal resumes it, as any operation.
+		term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{Cmd: "cat"})
+		if _, err := term.Write([]byte("before\r")); err != nil {
+			t.Fatal(err)
+		}
+		at := scr.waitFor(t, "before\r\n", 0)
+		if v, err := s.C.Pause(ctx, sb.ID); err != nil || v.State != api.StatePaused {
+			t.Fatalf("pause: %+v %v", v, err)
+		}
+		if _, err := term.Write([]byte("after\r")); err != nil {
+			t.Fatal(err)
+		}
+		scr.waitFor(t, "after\r\n", at)
+		if v, err := s.C.Get(ctx, sb.ID); err != nil || v.State != api.StateRunning {
+			t.Fatalf("after typing: %+v %v", v, err)
+		}
+	})
+
 	t.Run("signal", func(t *testing.T) {
 		for _, noTTY := range []bool{false, true} {
 			term, scr := openTerm(t, s.C, sb.ID, warren.TerminalOptions{Cmd: "echo up; exec sleep 1000", NoTTY: noTTY})
