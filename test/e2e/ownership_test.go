@@ -691,6 +691,7 @@ func auditRoutes(t *testing.T, o *owned) {
 		"POST /v1/sandboxes:pause":                    {{path: "/v1/sandboxes:pause", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes:resume":                   {{path: "/v1/sandboxes:resume", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes/{id}/exec":                {{path: sb + "/exec", body: js(api.ExecRequest{Cmd: "cat /secret"})}},
+		"GET /v1/sandboxes/{id}/pty":                  {{path: sb + "/pty?cmd=cat+/secret"}},
 		"GET /v1/sandboxes/{id}/commands":             {{path: sb + "/commands"}},
 		"GET /v1/sandboxes/{id}/stats":                {{path: sb + "/stats"}},
 		"GET /v1/sandboxes/{id}/network":              {{path: sb + "/network"}},
