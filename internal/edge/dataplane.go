@@ -33,10 +33,10 @@ const OpFileUpload = "file_upload"
 const OpTarUpload = "tar_upload"
 
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true}
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpPort: true}
 
 // dataUploads are the DataOps that read an upload.
-var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
+var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -84,6 +84,9 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 		h[bus.HeaderScope] = g.Scope
 	} else {
 		h[bus.HeaderRoot] = "1" // the signed grant says so
+	}
+	if op == OpPort {
+		return e.servePort(ctx, g, body, in, chunk)
 	}
 	if dataUploads[op] {
 		var req FileRequest

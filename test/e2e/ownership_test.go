@@ -82,6 +82,11 @@ func newOwned(t *testing.T) *owned {
 		t.Fatal(err)
 	}
 	o.cmd = r.CommandID
+	// A server on port 8000 that would hand out the secret to whoever
+	// reaches it: the port routes must not let p2 do so.
+	if _, err := o.p1.Exec(ctx, o.sb, api.ExecRequest{Cmd: "busybox httpd -f -p 8000 -h /", Background: true}); err != nil {
+		t.Fatal(err)
+	}
 	o.traj = "run-42"
 	tsb := o.mk(t, o.p1, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: o.traj})
 	o.trajSB = tsb.ID
@@ -675,27 +680,41 @@ func auditRoutes(t *testing.T, o *owned) {
 			// The fleet is public; other projects' usage and jobs are not.
 			return code == 200 && !o.leaks(body) && !strings.Contains(body, `"p1":`) && !strings.Contains(body, "p1-job")
 		}}},
-		"GET /v1/images":                              {{path: "/v1/images", ok: public}},
-		"POST /v1/images":                             {{path: "/v1/images", body: js(api.PullImageRequest{Ref: "127.0.0.1:1/none:latest"}), ok: public}},
-		"POST /v1/images:commit":                      {{path: "/v1/images:commit", body: js(api.CommitImageRequest{Name: "stolen", Base: "busybox", Layers: []string{o.layer}})}, {path: "/v1/images:commit", body: js(api.CommitImageRequest{Name: "busybox"})}},
-		"POST /v1/images:import":                      {{path: "/v1/images:import?name=busybox", body: []byte("not an archive")}},
-		"GET /v1/events":                              {{path: "/v1/events?limit=10000", ok: listOK}},
-		"POST /v1/sandboxes":                          {{path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Snapshot: o.snap})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: "snap/" + o.snap}}})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}}), child: parentLayer}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true}), ok: ownOrNone}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true, Project: "p1"})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Project: "p1"})}},
-		"POST /v1/sandboxes:batch":                    {{path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Snapshot: o.snap}})}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}}}), child: parentLayer}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Project: "p1"}})}},
-		"GET /v1/sandboxes":                           {{path: "/v1/sandboxes", ok: listOK}, {path: "/v1/sandboxes?project=p1", ok: listOK}},
-		"GET /v1/sandboxes/{id}":                      {{path: sb}},
-		"DELETE /v1/sandboxes/{id}":                   {{path: sb}},
-		"POST /v1/sandboxes/{id}/pause":               {{path: sb + "/pause"}},
-		"POST /v1/sandboxes/{id}/resume":              {{path: sb + "/resume"}},
-		"POST /v1/sandboxes/{id}/timeout":             {{path: sb + "/timeout", body: js(api.TimeoutRequest{TTL: 5})}},
-		"POST /v1/sandboxes:pause":                    {{path: "/v1/sandboxes:pause", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
-		"POST /v1/sandboxes:resume":                   {{path: "/v1/sandboxes:resume", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
-		"POST /v1/sandboxes/{id}/exec":                {{path: sb + "/exec", body: js(api.ExecRequest{Cmd: "cat /secret"})}},
-		"GET /v1/sandboxes/{id}/commands":             {{path: sb + "/commands"}},
-		"GET /v1/sandboxes/{id}/stats":                {{path: sb + "/stats"}},
-		"GET /v1/sandboxes/{id}/network":              {{path: sb + "/network"}},
-		"PUT /v1/sandboxes/{id}/network":              {{path: sb + "/network", body: js(api.NetworkSpec{Egress: []string{"10.0.0.0/8"}})}},
-		"GET /v1/sandboxes/{id}/commands/{cid}":       {{path: sb + "/commands/" + o.cmd}},
+		"GET /v1/images":                                {{path: "/v1/images", ok: public}},
+		"POST /v1/images":                               {{path: "/v1/images", body: js(api.PullImageRequest{Ref: "127.0.0.1:1/none:latest"}), ok: public}},
+		"POST /v1/images:commit":                        {{path: "/v1/images:commit", body: js(api.CommitImageRequest{Name: "stolen", Base: "busybox", Layers: []string{o.layer}})}, {path: "/v1/images:commit", body: js(api.CommitImageRequest{Name: "busybox"})}},
+		"POST /v1/images:import":                        {{path: "/v1/images:import?name=busybox", body: []byte("not an archive")}},
+		"GET /v1/events":                                {{path: "/v1/events?limit=10000", ok: listOK}},
+		"POST /v1/sandboxes":                            {{path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Snapshot: o.snap})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: "snap/" + o.snap}}})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}}), child: parentLayer}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true}), ok: ownOrNone}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Trajectory: o.traj, Resume: true, Project: "p1"})}, {path: "/v1/sandboxes", body: js(api.CreateSandboxRequest{Image: "busybox", Project: "p1"})}},
+		"POST /v1/sandboxes:batch":                      {{path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Snapshot: o.snap}})}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Layers: []api.LayerAttachment{{Layer: o.layer}}}}), child: parentLayer}, {path: "/v1/sandboxes:batch", body: js(api.BatchCreateRequest{Count: 1, Spec: api.CreateSandboxRequest{Image: "busybox", Project: "p1"}})}},
+		"GET /v1/sandboxes":                             {{path: "/v1/sandboxes", ok: listOK}, {path: "/v1/sandboxes?project=p1", ok: listOK}},
+		"GET /v1/sandboxes/{id}":                        {{path: sb}},
+		"DELETE /v1/sandboxes/{id}":                     {{path: sb}},
+		"POST /v1/sandboxes/{id}/pause":                 {{path: sb + "/pause"}},
+		"POST /v1/sandboxes/{id}/resume":                {{path: sb + "/resume"}},
+		"POST /v1/sandboxes/{id}/timeout":               {{path: sb + "/timeout", body: js(api.TimeoutRequest{TTL: 5})}},
+		"POST /v1/sandboxes:pause":                      {{path: "/v1/sandboxes:pause", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
+		"POST /v1/sandboxes:resume":                     {{path: "/v1/sandboxes:resume", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
+		"POST /v1/sandboxes/{id}/exec":                  {{path: sb + "/exec", body: js(api.ExecRequest{Cmd: "cat /secret"})}},
+		"GET /v1/sandboxes/{id}/commands":               {{path: sb + "/commands"}},
+		"GET /v1/sandboxes/{id}/stats":                  {{path: sb + "/stats"}},
+		"GET /v1/sandboxes/{id}/network":                {{path: sb + "/network"}},
+		"PUT /v1/sandboxes/{id}/network":                {{path: sb + "/network", body: js(api.NetworkSpec{Egress: []string{"10.0.0.0/8"}})}},
+		"GET /v1/sandboxes/{id}/commands/{cid}":         {{path: sb + "/commands/" + o.cmd}},
+		"GET /v1/sandboxes/{id}/ports/{port}":           {{path: sb + "/ports/8000"}, {path: sb + "/ports/8000?raw=1"}},
+		"POST /v1/sandboxes/{id}/ports/{port}":          {{path: sb + "/ports/8000", body: js(api.PortRequest{Public: true})}},
+		"DELETE /v1/sandboxes/{id}/ports/{port}":        {{path: sb + "/ports/8000"}},
+		"GET /v1/sandboxes/{id}/ports/{port}/{path}":    {{path: sb + "/ports/8000/secret"}},
+		"POST /v1/sandboxes/{id}/ports/{port}/{path}":   {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"PUT /v1/sandboxes/{id}/ports/{port}/{path}":    {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"PATCH /v1/sandboxes/{id}/ports/{port}/{path}":  {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"DELETE /v1/sandboxes/{id}/ports/{port}/{path}": {{path: sb + "/ports/8000/secret"}},
+		// A made-up secret reaches nothing (p1's port is not public).
+		"GET /p/{secret}/{path}":                      {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
+		"POST /p/{secret}/{path}":                     {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"PUT /p/{secret}/{path}":                      {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"PATCH /p/{secret}/{path}":                    {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"DELETE /p/{secret}/{path}":                   {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
 		"GET /v1/sandboxes/{id}/audit":                {{path: sb + "/audit"}, {path: sb + "/audit?step=1&kind=exec"}, {path: sb + "/audit?follow=1"}, {path: sb + "/audit?summary=1"}},
 		"POST /v1/sandboxes/{id}/commands/{cid}/kill": {{path: sb + "/commands/" + o.cmd + "/kill", body: js(map[string]int{"signal": 9})}},
 		"PUT /v1/sandboxes/{id}/files":                {{path: sb + "/files?path=/x", body: []byte("x")}},
@@ -760,6 +779,11 @@ func auditRoutes(t *testing.T, o *owned) {
 				}
 			}
 		}
+	}
+	// The port routes had something to leak: p1 itself reads the secret
+	// through its port.
+	if code, body := o.s.rawRequest(t, "GET", sb+"/ports/8000/secret", o.tok1, nil, nil); code != 200 || body != o.secret {
+		t.Errorf("p1 through its own port: %d %q", code, tail(body, 3))
 	}
 	// Nothing of p1 changed: its sandbox still runs and holds the secret.
 	b, err := o.p1.ReadFileBytes(context.Background(), o.sb, "/secret")

@@ -1,0 +1,348 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/websocket"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+var portsrv struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// portsrvBinary builds test/e2e/portsrv (static) once per run.
+func portsrvBinary(t *testing.T) []byte {
+	t.Helper()
+	portsrv.once.Do(func() {
+		portsrv.path = filepath.Join(bins.dir, "portsrv")
+		cmd := exec.Command("go", "build", "-o", portsrv.path, "./portsrv")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			portsrv.err = fmt.Errorf("build portsrv: %v\n%s", err, b)
+		}
+	})
+	if portsrv.err != nil {
+		t.Fatal(portsrv.err)
+	}
+	b, err := os.ReadFile(portsrv.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// startPortsrv copies portsrv into sandbox id and starts "portsrv MODE
+// PORT" for each of modes ("http:8000"), in the background.
+func startPortsrv(t *testing.T, c *warren.Client, id string, modes ...string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.WriteFileBytes(ctx, id, "/tmp/portsrv", portsrvBinary(t), 0o755); err != nil {
+		t.Fatalf("upload portsrv: %v", err)
+	}
+	for _, m := range modes {
+		mode, port, _ := strings.Cut(m, ":")
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Argv: []string{"/tmp/portsrv", mode, port}, Background: true}); err != nil {
+			t.Fatalf("start portsrv %s: %v", m, err)
+		}
+	}
+}
+
+// portGet is an HTTP request through the API with token (none for "-").
+func portReq(t *testing.T, method, url, token string, body io.Reader, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "-" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read answer: %v", err)
+	}
+	return string(b)
+}
+
+// waitPort waits until url answers 200 (the server inside has started).
+func waitPort(t *testing.T, url, token string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp := portReq(t, "GET", url, token, nil, nil)
+		body := readAll(t, resp)
+		if resp.StatusCode == 200 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never answered: %d %s", url, resp.StatusCode, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// pattern is what portsrv's /big sends: byte i is 'a'+(i%65536)%26.
+func bigDigest(n int64) string {
+	buf := make([]byte, 64<<10)
+	for i := range buf {
+		buf[i] = byte('a' + i%26)
+	}
+	h := sha256.New()
+	for n > 0 {
+		k := min(n, int64(len(buf)))
+		h.Write(buf[:k])
+		n -= k
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// TestPorts: a server listening inside a sandbox without a network is
+// reached through the API with the caller's token (which it never sees),
+// with streaming bodies both ways, a WebSocket echo, a public URL that
+// works without a token until revoked, and raw TCP (warren port-forward).
+// Bad ports are 400, a port nobody listens on 502, no token 401, another
+// project's token 404.
+func TestPorts(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{})
+	startPortsrv(t, s.C, sb.ID, "http:8000", "echo:9000")
+	base := s.URL + "/v1/sandboxes/" + sb.ID + "/ports/8000"
+	waitPort(t, base+"/info", s.Token)
+
+	// The request as the server inside saw it: path rewritten, the token
+	// gone, other headers kept.
+	resp := portReq(t, "GET", base+"/info?q=1&r=%2F", s.Token, nil, map[string]string{"X-Test": "kept"})
+	body := readAll(t, resp)
+	var info map[string]string
+	if err := json.Unmarshal([]byte(body), &info); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("info: %d %s", resp.StatusCode, body)
+	}
+	if info["uri"] != "/info?q=1&r=%2F" || info["authorization"] != "" || info["x"] != "kept" ||
+		info["prefix"] != "/v1/sandboxes/"+sb.ID+"/ports/8000" || info["method"] != "GET" {
+		t.Errorf("the server inside saw %v", info)
+	}
+	if c, b := s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/ports/8000/info", "-", nil, nil); c != 401 {
+		t.Errorf("without a token: %d %s", c, b)
+	}
+	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := s.C.CreateToken(ctx, api.CreateTokenRequest{Principal: "o", Project: "other", Role: api.RoleAdmin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/ports/8000/info", "/ports/8000?raw=1"} {
+		if c, b := s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+path, tk.Secret, nil, map[string]string{"Connection": "Upgrade", "Upgrade": "tcp"}); c != 404 || strings.Contains(b, "sandbox saw") {
+			t.Errorf("another project's token, %s: %d %s", path, c, b)
+		}
+	}
+	if c, b := s.rawRequest(t, "POST", "/v1/sandboxes/"+sb.ID+"/ports/8000", tk.Secret, []byte(`{"public":true}`), nil); c != 404 {
+		t.Errorf("another project makes the port public: %d %s", c, b)
+	}
+	for _, p := range []string{"0", "70000", "http", "-1"} {
+		if c, b := s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/ports/"+p+"/info", "", nil, nil); c != 400 || !strings.Contains(b, p) {
+			t.Errorf("port %s: %d %s, want 400 naming it", p, c, b)
+		}
+	}
+	if c, b := s.rawRequest(t, "GET", "/v1/sandboxes/"+sb.ID+"/ports/8001/", "", nil, nil); c != 502 || !strings.Contains(b, "nothing listens on port 8001") {
+		t.Errorf("a port nobody listens on: %d %s, want 502 with a message", c, b)
+	}
+
+	t.Run("download", func(t *testing.T) {
+		// 64 MiB, chunked, read slowly at first: whole, byte for byte.
+		const n = 64 << 20
+		resp := portReq(t, "GET", base+fmt.Sprintf("/big?n=%d", n), s.Token, nil, nil)
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 || resp.ContentLength != -1 {
+			t.Fatalf("big: %d, length %d", resp.StatusCode, resp.ContentLength)
+		}
+		h := sha256.New()
+		buf := make([]byte, 16<<10)
+		var got int64
+		for i := 0; ; i++ {
+			if i < 100 {
+				time.Sleep(10 * time.Millisecond) // a slow reader: the sender waits
+			}
+			k, err := resp.Body.Read(buf)
+			h.Write(buf[:k])
+			got += int64(k)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("after %d bytes: %v", got, err)
+			}
+		}
+		if got != n || hex.EncodeToString(h.Sum(nil)) != bigDigest(n) {
+			t.Fatalf("downloaded %d bytes (want %d), digest ok: %v", got, n, hex.EncodeToString(h.Sum(nil)) == bigDigest(n))
+		}
+	})
+	t.Run("upload", func(t *testing.T) {
+		// 48 MiB of random bytes, chunked (no length), streamed.
+		data := make([]byte, 48<<20)
+		_, _ = rand.Read(data)
+		pr, pw := io.Pipe()
+		go func() {
+			for b := data; len(b) > 0; b = b[min(len(b), 1<<20):] {
+				if _, err := pw.Write(b[:min(len(b), 1<<20)]); err != nil {
+					return
+				}
+			}
+			pw.Close()
+		}()
+		resp := portReq(t, "POST", base+"/sum", s.Token, pr, nil)
+		body := readAll(t, resp)
+		sum := sha256.Sum256(data)
+		if want := fmt.Sprintf("%d %s", len(data), hex.EncodeToString(sum[:])); resp.StatusCode != 200 || body != want {
+			t.Fatalf("upload: %d %q, want %q", resp.StatusCode, body, want)
+		}
+	})
+	t.Run("websocket", func(t *testing.T) {
+		cfg, err := websocket.NewConfig("ws"+strings.TrimPrefix(base, "http")+"/ws", s.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Header = http.Header{"Authorization": {"Bearer " + s.Token}}
+		ws, err := websocket.DialConfig(cfg)
+		if err != nil {
+			t.Fatalf("websocket through the API: %v", err)
+		}
+		defer ws.Close()
+		for i, msg := range []string{"hello", strings.Repeat("x", 1<<20), "bye"} {
+			if err := websocket.Message.Send(ws, msg); err != nil {
+				t.Fatalf("send %d: %v", i, err)
+			}
+			// The echo server sends a long message back in several frames.
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(ws, got); err != nil || string(got) != msg {
+				t.Fatalf("echo %d: %v", i, err)
+			}
+		}
+		// Without the token the upgrade is refused.
+		cfg.Header = nil
+		if _, err := websocket.DialConfig(cfg); err == nil {
+			t.Error("a WebSocket without a token was let through")
+		}
+	})
+	t.Run("public", func(t *testing.T) {
+		p, err := s.C.ExposePort(ctx, sb.ID, 8000)
+		if err != nil || !p.Public || !strings.HasPrefix(p.URL, s.URL+"/p/") || len(p.Path) < 40 {
+			t.Fatalf("expose: %+v %v", p, err)
+		}
+		resp := portReq(t, "GET", p.URL+"info", "-", nil, nil)
+		body := readAll(t, resp)
+		if resp.StatusCode != 200 || !strings.Contains(body, `"path":"/info"`) {
+			t.Fatalf("public URL without a token: %d %s", resp.StatusCode, body)
+		}
+		// The CLI makes a second URL, which revokes the first.
+		out := strings.TrimSpace(s.cliOK(t, "expose", sb.ID, "8000"))
+		if !strings.HasPrefix(out, s.URL+"/p/") || out == p.URL {
+			t.Fatalf("warren expose: %q", out)
+		}
+		if resp := portReq(t, "GET", p.URL+"info", "-", nil, nil); resp.StatusCode != 404 {
+			t.Errorf("the first URL after a second: %d %s", resp.StatusCode, readAll(t, resp))
+		}
+		if resp := portReq(t, "GET", out+"info", "-", nil, nil); resp.StatusCode != 200 {
+			t.Errorf("the second URL: %d %s", resp.StatusCode, readAll(t, resp))
+		}
+		s.cliOK(t, "expose", "--revoke", sb.ID, "8000")
+		resp = portReq(t, "GET", out+"info", "-", nil, nil)
+		if body := readAll(t, resp); resp.StatusCode != 404 || strings.Contains(body, "/info") {
+			t.Errorf("public URL after revoke: %d %s", resp.StatusCode, body)
+		}
+		if resp := portReq(t, "GET", s.URL+"/p/"+strings.Repeat("A", 43)+"/info", "-", nil, nil); resp.StatusCode != 404 {
+			t.Errorf("a made-up secret: %d", resp.StatusCode)
+		}
+	})
+	t.Run("raw", func(t *testing.T) {
+		// The SDK's raw stream, with a half close: the echo server sends
+		// everything back and then closes its side.
+		pc, err := s.C.DialPort(ctx, sb.ID, 9000)
+		if err != nil {
+			t.Fatalf("dial port: %v", err)
+		}
+		data := make([]byte, 8<<20)
+		_, _ = rand.Read(data)
+		go func() {
+			_, _ = pc.Write(data)
+			_ = pc.CloseWrite()
+		}()
+		got, err := io.ReadAll(pc)
+		pc.Close()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Logf("server log:\n%s", tail(s.logs.String(), 30))
+			t.Fatalf("raw echo: %d of %d bytes, equal %v, %v", len(got), len(data), bytes.Equal(got, data), err)
+		}
+		if _, err := s.C.DialPort(ctx, sb.ID, 9001); warren.StatusOf(err) != 502 {
+			t.Errorf("raw to a port nobody listens on: %v", err)
+		}
+		// warren port-forward LOCAL:9000, used by a plain TCP client.
+		local := freePort(t)
+		_, lport, _ := net.SplitHostPort(local)
+		cmd := exec.Command(bins.warren, "--url", s.URL, "--token", s.Token, "port-forward", sb.ID, lport+":9000")
+		stdout, _ := cmd.StdoutPipe()
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil || !strings.Contains(line, "forwarding 127.0.0.1:"+lport) {
+			t.Fatalf("port-forward said %q %v %s", line, err, stderr.String())
+		}
+		for i := 0; i < 3; i++ {
+			c, err := net.Dial("tcp", local)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg := []byte(fmt.Sprintf("round trip %d", i))
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			got, err := io.ReadAll(c)
+			c.Close()
+			if err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("port-forward round trip %d: %q %v (stderr %s)", i, got, err, stderr.String())
+			}
+		}
+	})
+}
