@@ -13,12 +13,12 @@ type PortRequest struct {
 // Port is a sandbox port's exposure. URL and Path are set only in the
 // answer that made them: warren keeps only a hash of the URL's secret.
 type Port struct {
-	Sandbox string    `json:"sandbox"`
-	Port    int       `json:"port"`
-	Public  bool      `json:"public"`
-	URL     string    `json:"url,omitempty"`  // absolute, as the caller reached the API
-	Path    string    `json:"path,omitempty"` // /p/<secret>/
-	Project string    `json:"project,omitempty"`
+	Sandbox string     `json:"sandbox"`
+	Port    int        `json:"port"`
+	Public  bool       `json:"public"`
+	URL     string     `json:"url,omitempty"`  // absolute, as the caller reached the API
+	Path    string     `json:"path,omitempty"` // /p/<secret>/
+	Project string     `json:"project,omitempty"`
 	Created *time.Time `json:"created,omitempty"`
 }
 
