@@ -346,3 +346,117 @@ func TestPorts(t *testing.T) {
 		}
 	})
 }
+
+// TestPortActivity: an open port connection is activity. While it is open
+// (even silent) the sandbox's CPU gate stays at its full level and its
+// idle timer does not stop it; once it closes the sandbox gets its idle
+// budget again and the idle timer runs.
+func TestPortActivity(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	idle := 0.02
+	sb := s.create(t, api.CreateSandboxRequest{CPU: 1, IdleCPU: &idle, IdleTimeout: 2, Priority: api.PriorityLatency})
+	startPortsrv(t, s.C, sb.ID, "echo:9000")
+	pid := agentPid(t, s, sb.ID)
+	spin(t, s, sb.ID)
+	var pc *warren.PortConn
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var err error
+		if pc, err = s.C.DialPort(ctx, sb.ID, 9000); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("dial the echo port: %v", err)
+		}
+	}
+	if _, err := pc.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(pc, b); err != nil || string(b) != "ping" {
+		t.Fatalf("echo: %q %v", b, err)
+	}
+	// Silent but open, for longer than the idle timeout.
+	time.Sleep(time.Second)
+	open := cpuRateOf(t, pid, 3*time.Second)
+	if got, err := s.C.Get(ctx, sb.ID); err != nil || got.State != api.StateRunning {
+		t.Fatalf("with a port connection open past its idle timeout: %+v %v", got, err)
+	}
+	pc.Close()
+	time.Sleep(500 * time.Millisecond)
+	closed := cpuRateOf(t, pid, time.Second)
+	t.Logf("spinner with a port connection open: %.3f cores; after it closed: %.3f", open, closed)
+	if open < 0.1 {
+		t.Errorf("with a port connection open the sandbox got %.3f cores, not its full CPU", open)
+	}
+	if closed > 0.05 {
+		t.Errorf("after the port connection closed the sandbox still got %.3f cores (idle budget 0.02)", closed)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, err := s.C.Get(ctx, sb.ID)
+		if err != nil || got.State != api.StateRunning {
+			break // stopped by its idle timer (or gone)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle timer never stopped the sandbox after its port connection closed")
+		}
+	}
+}
+
+// TestClusterPorts: in cluster mode (separate apiserver and edge
+// processes) a port is reached through every apiserver replica, over the
+// edge's data listener: HTTP, a WebSocket, raw TCP, and a public URL made
+// on one replica and used on another.
+func TestClusterPorts(t *testing.T) {
+	t.Cleanup(func() { assertNoLeaks(t) })
+	c := startCluster(t, "pa")
+	ctx := context.Background()
+	sb, err := c.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.2, MemoryMB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = c.C.Delete(context.Background(), sb.ID) }()
+	startPortsrv(t, c.C, sb.ID, "http:8000", "echo:9000")
+	for _, u := range c.apiURL {
+		waitPort(t, u+"/v1/sandboxes/"+sb.ID+"/ports/8000/info", c.token)
+	}
+	cfg, err := websocket.NewConfig("ws"+strings.TrimPrefix(c.apiURL[1], "http")+"/v1/sandboxes/"+sb.ID+"/ports/8000/ws", c.apiURL[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Header = http.Header{"Authorization": {"Bearer " + c.token}}
+	ws, err := websocket.DialConfig(cfg)
+	if err != nil {
+		t.Fatalf("websocket through apiserver 1: %v", err)
+	}
+	if err := websocket.Message.Send(ws, "over the cluster"); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := websocket.Message.Receive(ws, &got); err != nil || got != "over the cluster" {
+		t.Fatalf("websocket echo: %q %v", got, err)
+	}
+	ws.Close()
+	pc, err := warren.New(c.apiURL[0], c.token).DialPort(ctx, sb.ID, 9000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = pc.Write([]byte("raw")); _ = pc.CloseWrite() }()
+	if b, err := io.ReadAll(pc); err != nil || string(b) != "raw" {
+		t.Fatalf("raw echo through apiserver 0: %q %v", b, err)
+	}
+	pc.Close()
+	p, err := warren.New(c.apiURL[0], c.token).ExposePort(ctx, sb.ID, 8000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := portReq(t, "GET", c.apiURL[1]+p.Path+"info", "-", nil, nil)
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, `"path":"/info"`) {
+		t.Fatalf("public URL made on replica 0, used on replica 1: %d %s", resp.StatusCode, body)
+	}
+	if _, err := warren.New(c.apiURL[1], c.token).UnexposePort(ctx, sb.ID, 8000); err != nil {
+		t.Fatal(err)
+	}
+	if resp := portReq(t, "GET", c.apiURL[0]+p.Path+"info", "-", nil, nil); resp.StatusCode != 404 {
+		t.Fatalf("public URL revoked on replica 1, used on replica 0: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+}
