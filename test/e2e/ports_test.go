@@ -290,6 +290,56 @@ func TestPorts(t *testing.T) {
 			t.Errorf("a made-up secret: %d", resp.StatusCode)
 		}
 	})
+	t.Run("python", func(t *testing.T) {
+		script := `
+import asyncio, json, socket, sys, urllib.request, urllib.error
+import warren
+c = warren.Client()
+sb = c.sandbox(sys.argv[1])
+req = urllib.request.Request(sb.url(8000) + "info?a=b", headers={"Authorization": "Bearer " + c._cfg.token})
+info = json.load(urllib.request.urlopen(req))
+assert info["uri"] == "/info?a=b" and info["authorization"] == "", info
+p = sb.expose(8000)
+assert json.load(urllib.request.urlopen(p["url"] + "info"))["path"] == "/info"
+sb.unexpose(8000)
+try:
+    urllib.request.urlopen(p["url"] + "info")
+    raise SystemExit("a revoked public URL still answers")
+except urllib.error.HTTPError as e:
+    assert e.code == 404, e.code
+s = sb.connect_port(9000)
+s.sendall(b"x" * 100000)
+s.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+assert got == b"x" * 100000, len(got)
+try:
+    sb.connect_port(9001)
+    raise SystemExit("connect to a port nobody listens on")
+except warren.BadGateway as e:
+    assert "nothing listens" in str(e), e
+async def main():
+    async with warren.AsyncClient() as ac:
+        asb = await ac.get(sys.argv[1])
+        r, w = await asb.connect_port(9000)
+        w.write(b"async")
+        w.write_eof()
+        assert await r.read() == b"async"
+        w.close()
+asyncio.run(main())
+print("ok")
+`
+		cmd := exec.Command("python3", "-c", script, sb.ID)
+		cmd.Env = append(os.Environ(), "PYTHONPATH=../../sdk/python", "WARREN_URL="+s.URL, "WARREN_TOKEN="+s.Token)
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "ok" {
+			t.Fatalf("python SDK: %v\n%s", err, out)
+		}
+	})
 	t.Run("raw", func(t *testing.T) {
 		// The SDK's raw stream, with a half close: the echo server sends
 		// everything back and then closes its side.

@@ -24,7 +24,7 @@ from ._version import __version__
 from .aio import (AsyncBackgroundCommand, AsyncClient, AsyncFiles, AsyncPools, AsyncSandbox,
                   AsyncSession)
 from .client import BackgroundCommand, Client, Files, Pools, Sandbox, Session
-from .errors import (BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
+from .errors import (BadGateway, BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
                      QuotaExceeded, SandboxFailed, ServerError, Timeout, TooLarge, Unauthorized,
                      Unavailable, WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
@@ -42,5 +42,5 @@ __all__ = [
     # errors
     "WarrenError", "BadRequest", "TooLarge", "Unauthorized", "Forbidden", "NotFound",
     "Conflict", "QuotaExceeded", "Timeout", "SandboxFailed", "ServerError", "Unavailable",
-    "ConnectionFailed", "CommandFailed",
+    "ConnectionFailed", "CommandFailed", "BadGateway",
 ]
