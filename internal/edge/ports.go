@@ -33,7 +33,7 @@ type PortRequest struct {
 }
 
 // portChunk is the most one data frame carries.
-const portChunk = 64 << 10
+const portChunk = 256 << 10
 
 // servePort serves one port stream.
 func (e *Edge) servePort(ctx context.Context, g *dataplane.Grant, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
