@@ -21,7 +21,6 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge"
-	"github.com/warrenhq/warren/internal/iam"
 )
 
 // Ports in (issue 16, item 6; docs/architecture.md, "Ports"). A request to
@@ -165,7 +164,6 @@ func (s *Server) proxyHTTP(w http.ResponseWriter, r *http.Request, id string, po
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeError(w, s.proxyError(err, id, port))
 		},
-		ErrorLog: nil,
 	}
 	rp.ServeHTTP(w, r)
 }
@@ -406,7 +404,6 @@ func (s *Server) proxyPublic(w http.ResponseWriter, r *http.Request) error {
 	if !found {
 		return missing
 	}
-	ctx := context.WithValue(r.Context(), principalKey{}, &iam.Principal{Role: api.RoleMember, Project: rec.Project})
-	s.proxyHTTP(w, r.WithContext(ctx), rec.Sandbox, rec.Port, rec.Project, true, restPath(r.URL.EscapedPath(), 2), false)
+	s.proxyHTTP(w, r, rec.Sandbox, rec.Port, rec.Project, true, restPath(r.URL.EscapedPath(), 2), false)
 	return nil
 }

@@ -152,7 +152,10 @@ func (s *Stream) Write(p []byte) (int, error) {
 // stream); reading goes on.
 func (s *Stream) CloseWrite() error { return s.pw.Close() }
 
-// Close ends the stream both ways: the edge closes its connection.
+// Close ends the stream both ways: the request is reset, and the edge's
+// handler sees its upload broken (an HTTP/1.1 server does not watch a
+// connection while it reads the request's body, so its context may end
+// only later) and closes its connection.
 func (s *Stream) Close() error {
 	s.closeOnce.Do(func() {
 		s.pw.CloseWithError(net.ErrClosed)
