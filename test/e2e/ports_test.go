@@ -184,6 +184,41 @@ func TestPorts(t *testing.T) {
 		t.Errorf("a port nobody listens on: %d %s, want 502 with a message", c, b)
 	}
 
+	t.Run("paused", func(t *testing.T) {
+		// A request to a paused sandbox's port resumes it.
+		if _, err := s.C.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		resp := portReq(t, "GET", base+"/info", s.Token, nil, nil)
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("a paused sandbox's port: %d %s", resp.StatusCode, body)
+		}
+		if got, err := s.C.Get(ctx, sb.ID); err != nil || got.State != api.StateRunning {
+			t.Fatalf("after a port request: %+v %v", got, err)
+		}
+	})
+	t.Run("client-leaves", func(t *testing.T) {
+		// A client that leaves mid-download closes the connection inside
+		// the sandbox too (every hop ends): no established connection to
+		// port 8000 is left.
+		resp := portReq(t, "GET", base+"/big?n=100000000000", s.Token, nil, nil)
+		if _, err := io.CopyN(io.Discard, resp.Body, 4<<20); err != nil {
+			t.Fatal(err)
+		}
+		if r := s.sh(t, sb.ID, "grep -c ':1F40 [0-9A-F:]* 01 ' /proc/net/tcp /proc/net/tcp6 | awk -F: '{n+=$2} END {print n}'"); strings.TrimSpace(r.Stdout) == "0" {
+			t.Fatalf("no established connection to 8000 during the download: %q %q", r.Stdout, r.Stderr)
+		}
+		resp.Body.Close()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			r := s.sh(t, sb.ID, "grep -c ':1F40 [0-9A-F:]* 01 ' /proc/net/tcp /proc/net/tcp6 | awk -F: '{n+=$2} END {print n}'")
+			if strings.TrimSpace(r.Stdout) == "0" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the connection inside outlived its client by 10 s: %q", r.Stdout)
+			}
+		}
+	})
 	t.Run("download", func(t *testing.T) {
 		// 64 MiB, chunked, read slowly at first: whole, byte for byte.
 		const n = 64 << 20
