@@ -21,6 +21,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/iam"
 )
 
 // Ports in (issue 16, item 6; docs/architecture.md, "Ports"). A request to
@@ -100,7 +101,7 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	project, scoped := callerScope(r)
-	s.proxyHTTP(w, r, id, port, project, scoped, restPath(r.URL.EscapedPath(), 5), true)
+	s.proxyHTTP(w, r, id, port, project, scoped, restPath(r.URL.EscapedPath(), 5), true, nil)
 	return nil
 }
 
@@ -115,8 +116,8 @@ func restPath(escaped string, skip int) string {
 
 // proxyHTTP forwards r to path on the sandbox's port through a stream of
 // its own. stripAuth drops the Authorization header (the caller's warren
-// token).
-func (s *Server) proxyHTTP(w http.ResponseWriter, r *http.Request, id string, port int, project string, scoped bool, path string, stripAuth bool) {
+// token); fail, when set, may replace the answer to a failure.
+func (s *Server) proxyHTTP(w http.ResponseWriter, r *http.Request, id string, port int, project string, scoped bool, path string, stripAuth bool, fail func(*api.Error) *api.Error) {
 	prefix := strings.TrimSuffix(r.URL.EscapedPath(), strings.TrimPrefix(path, "/"))
 	prefix = strings.TrimSuffix(prefix, "/")
 	tr := &http.Transport{
@@ -162,7 +163,11 @@ func (s *Server) proxyHTTP(w http.ResponseWriter, r *http.Request, id string, po
 		Transport:     tr,
 		FlushInterval: -1, // streamed as it comes
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeError(w, s.proxyError(err, id, port))
+			ae := s.proxyError(err, id, port)
+			if fail != nil {
+				ae = fail(ae)
+			}
+			writeError(w, ae)
 		},
 	}
 	rp.ServeHTTP(w, r)
@@ -404,6 +409,33 @@ func (s *Server) proxyPublic(w http.ResponseWriter, r *http.Request) error {
 	if !found {
 		return missing
 	}
-	s.proxyHTTP(w, r, rec.Sandbox, rec.Port, rec.Project, true, restPath(r.URL.EscapedPath(), 2), false)
+	// A sandbox that ended takes its public URLs with it (ids are never
+	// reused; the records go at their first use after its end).
+	fail := func(ae *api.Error) *api.Error {
+		if ae.Code != api.CodeNotFound && (ae.Code != api.CodeConflict || !s.sandboxEnded(r.Context(), rec.Sandbox, rec.Project)) {
+			return ae
+		}
+		if err := s.dropPublic(context.WithoutCancel(r.Context()), rec.Sandbox, rec.Port); err != nil {
+			s.log.Warn("drop the public port of an ended sandbox", "sandbox", rec.Sandbox, "port", rec.Port, "err", err)
+		}
+		return missing
+	}
+	s.proxyHTTP(w, r, rec.Sandbox, rec.Port, rec.Project, true, restPath(r.URL.EscapedPath(), 2), false, fail)
 	return nil
+}
+
+// sandboxEnded reports whether sandbox id (of project) has ended: stopped,
+// failed or lost (its tombstone answers 409 for a while).
+func (s *Server) sandboxEnded(ctx context.Context, id, project string) bool {
+	ctx = context.WithValue(ctx, principalKey{}, &iam.Principal{Role: api.RoleViewer, Project: project})
+	sb, err := s.ownSandbox(ctx, id)
+	if err != nil {
+		var ae *api.Error
+		return errors.As(err, &ae) && ae.Code == api.CodeNotFound
+	}
+	switch sb.State {
+	case api.StateStopped, api.StateFailed, api.StateLost:
+		return true
+	}
+	return false
 }

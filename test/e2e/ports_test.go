@@ -324,6 +324,23 @@ func TestPorts(t *testing.T) {
 		if resp := portReq(t, "GET", s.URL+"/p/"+strings.Repeat("A", 43)+"/info", "-", nil, nil); resp.StatusCode != 404 {
 			t.Errorf("a made-up secret: %d", resp.StatusCode)
 		}
+		// A sandbox's end ends its public URLs.
+		other := s.create(t, api.CreateSandboxRequest{})
+		op, err := s.C.ExposePort(ctx, other.ID, 8000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp := portReq(t, "GET", op.URL, "-", nil, nil); resp.StatusCode != 502 {
+			t.Errorf("public URL of a port nobody listens on: %d %s", resp.StatusCode, readAll(t, resp))
+		}
+		if _, err := s.C.Delete(ctx, other.ID); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2; i++ { // the first use drops the record, the second finds none
+			if resp := portReq(t, "GET", op.URL, "-", nil, nil); resp.StatusCode != 404 {
+				t.Errorf("public URL of a deleted sandbox: %d %s", resp.StatusCode, readAll(t, resp))
+			}
+		}
 	})
 	t.Run("python", func(t *testing.T) {
 		script := `
