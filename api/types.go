@@ -852,6 +852,7 @@ const (
 	CodeInvalid         = "invalid"           // 422
 	CodeTooManyRequests = "too_many_requests" // 429
 	CodeInternal        = "internal"          // 500
+	CodeBadGateway      = "bad_gateway"       // 502: a sandbox's port did not answer
 	CodeUnavailable     = "unavailable"       // 503
 	CodeTimeout         = "timeout"           // 504
 )

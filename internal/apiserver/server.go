@@ -60,6 +60,7 @@ type Server struct {
 	// layerOwners: which project owns each layer name (owner.go).
 	layerOwners *bus.Records
 	templates   *bus.Records // templates.go
+	ports       *bus.Records // public ports (ports.go)
 	ff          *ffSessions
 	tlog        *bus.TrajLog
 	mux         *http.ServeMux
@@ -78,7 +79,7 @@ type route struct {
 }
 
 func (s *Server) routes() []route {
-	return []route{
+	return append([]route{
 		{pattern: "GET /healthz", handler: s.healthz, public: true},
 		{pattern: "POST /v1/sandboxes", handler: s.createSandbox},
 		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes, role: api.RoleViewer},
@@ -140,7 +141,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/pools", handler: s.listPools, role: api.RoleViewer},
 		{pattern: "GET /v1/pools/{name}", handler: s.getPool, role: api.RoleViewer},
 		{pattern: "DELETE /v1/pools/{name}", handler: s.deletePool},
-	}
+	}, portRoutes(s)...)
 }
 
 // Routes lists every route pattern ("METHOD /path") the server answers,
@@ -195,6 +196,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if s.templates, err = cfg.Bus.Records(ctx, bus.BucketTemplates); err != nil {
+		return nil, err
+	}
+	if s.ports, err = cfg.Bus.Records(ctx, bus.BucketPorts); err != nil {
 		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency)

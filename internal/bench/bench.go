@@ -82,13 +82,14 @@ type Options struct {
 	TransferMB int
 
 	cgroupParent string // the private server's sandboxes' cgroup (set by Run)
+	dataDir      string // the private server's data dir (set by Run)
 	// apiURL and apiToken reach the private server (set by Run).
 	apiURL, apiToken string
 	History          HistoryOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit", "ports"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -101,7 +102,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && f != "ports" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -222,6 +223,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Started: time.Now().UTC()}
 	o.cgroupParent = serve.CgroupParent(dataDir)
 	o.apiURL, o.apiToken = url, token
+	o.dataDir = dataDir
 	if o.want("exec") || o.want("create") {
 		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
 			return nil, err
@@ -236,7 +238,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}, {"ports", portsFigures}} {
 		if !o.want(f.name) {
 			continue
 		}

@@ -80,6 +80,8 @@ func NewRootCmd() *cobra.Command {
 		newStatsCmd(g),
 		newTrajCmd(g),
 		newAuditCmd(g),
+		newPortForwardCmd(g),
+		newExposeCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),
 	)

@@ -8,7 +8,7 @@ import inspect
 import ssl
 import time
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Iterable, List,
-                    Mapping, Optional, Sequence, TypeVar, Union)
+                    Mapping, Optional, Sequence, Tuple, TypeVar, Union)
 
 from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
@@ -535,6 +535,41 @@ class AsyncSandbox:
         """Replace the egress list (see Sandbox.set_network)."""
         return dict(await self.client._json(json_req("PUT", self._path("network"),
                                                      {"egress": list(egress)})))
+
+    # -- ports
+    def url(self, port: int) -> str:
+        """The URL of ``port`` inside the sandbox through the API (see Sandbox.url)."""
+        return self.client.url + _core.port_path(self.id, port) + "/"
+
+    async def expose(self, port: int) -> Dict[str, Any]:
+        """Make ``port`` public (see Sandbox.expose)."""
+        return dict(await self.client._json(json_req("POST", _core.port_path(self.id, port),
+                                                     {"public": True})))
+
+    async def unexpose(self, port: int) -> Dict[str, Any]:
+        """Revoke ``port``'s public URL."""
+        return dict(await self.client._json(json_req("DELETE", _core.port_path(self.id, port))))
+
+    async def connect_port(self, port: int) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A raw TCP stream to ``port`` inside the sandbox, as asyncio streams
+        (``writer.write_eof()`` is passed on as a half close). Raises
+        :class:`BadGateway` when nothing listens there."""
+        cfg = self.client._cfg
+        ctx = None
+        if cfg.scheme == "https":
+            ctx = self.client._t._ssl or ssl.create_default_context()
+        reader, writer = await asyncio.open_connection(cfg.host, cfg.port, ssl=ctx)
+        try:
+            writer.write(_core.port_upgrade_request(cfg, self.id, port))
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            n = _core.content_length(head)
+            body = await reader.readexactly(n) if n else b""
+            _core.port_upgrade_answer(head, body)
+            return reader, writer
+        except BaseException:
+            writer.close()
+            raise
 
     async def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:
