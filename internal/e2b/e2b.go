@@ -64,6 +64,8 @@ type Server struct {
 	log  *slog.Logger
 	mux  *http.ServeMux
 	envd http.Handler // envd.go
+	// shells: which sandboxes have /bin/bash (process.go).
+	shells shellCache
 }
 
 // New returns the control plane over cfg.API.

@@ -16,6 +16,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -23,6 +24,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	eproc "github.com/warrenhq/warren/api/e2b/process"
 	"github.com/warrenhq/warren/api/e2b/process/processconnect"
+	warren "github.com/warrenhq/warren/sdk/go"
 )
 
 // waitSlice bounds one wait for a command; a keepalive goes out between
@@ -79,7 +81,11 @@ func (p *procService) Start(ctx context.Context, req *connect.Request[eproc.Star
 		return connect.NewError(connect.CodeUnimplemented, errors.New("tagged processes are not served yet"))
 	}
 	user := basicUser(req.Header())
-	er := api.ExecRequest{Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: cfg.GetEnvs(), User: user, Background: true}
+	argv, err := p.s.shells.argv(ctx, ec, append([]string{cfg.GetCmd()}, cfg.GetArgs()...))
+	if err != nil {
+		return err
+	}
+	er := api.ExecRequest{Argv: argv, Env: cfg.GetEnvs(), User: user, Background: true}
 	if cfg.Cwd != nil {
 		er.Cwd = cfg.GetCwd()
 	} else {
@@ -121,6 +127,57 @@ func (p *procService) Connect(ctx context.Context, req *connect.Request[eproc.Co
 		return err
 	}
 	return follow(ctx, ec, cid, send)
+}
+
+// bashPath is the shell the SDKs run every command with (/bin/bash -l -c
+// CMD); shPath stands in for it in a sandbox without bash (busybox).
+const (
+	bashPath = "/bin/bash"
+	shPath   = "/bin/sh"
+	// maxShellCache bounds the per-sandbox memory of which have bash.
+	maxShellCache = 10_000
+)
+
+// shellCache remembers, per sandbox, whether its image has /bin/bash
+// (looked up once per sandbox: a sandbox that installs bash later keeps
+// running the SDK's commands under /bin/sh).
+type shellCache struct {
+	mu      sync.Mutex
+	hasBash map[string]bool
+}
+
+// argv is the command to run for E2B's argv: /bin/bash becomes /bin/sh in
+// a sandbox that has no bash (busybox's sh takes -l and -c alike).
+func (sc *shellCache) argv(ctx context.Context, ec *envdCaller, argv []string) ([]string, error) {
+	if argv[0] != bashPath {
+		return argv, nil
+	}
+	sc.mu.Lock()
+	has, known := sc.hasBash[ec.id]
+	sc.mu.Unlock()
+	if !known {
+		_, err := ec.c.Stat(ctx, ec.id, bashPath)
+		switch {
+		case err == nil:
+			has = true
+		case warren.IsNotFound(err):
+			if _, gone := ec.c.Get(ctx, ec.id); gone != nil {
+				return nil, rpcError(gone)
+			}
+		default:
+			return nil, rpcError(err)
+		}
+		sc.mu.Lock()
+		if sc.hasBash == nil || len(sc.hasBash) >= maxShellCache {
+			sc.hasBash = map[string]bool{}
+		}
+		sc.hasBash[ec.id] = has
+		sc.mu.Unlock()
+	}
+	if has {
+		return argv, nil
+	}
+	return append([]string{shPath}, argv[1:]...), nil
 }
 
 // cidOf finds the command id of a pid in the sandbox's command history.

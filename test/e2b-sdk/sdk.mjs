@@ -1,0 +1,168 @@
+// Drives warren's E2B front with the official `e2b` SDK, unchanged (the
+// version pinned in package.json). Run by test/e2e/e2b_sdk_test.go with
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY pointing at warren, and
+// E2B_TEMPLATE naming the image. Each check prints one line "ok NAME" or
+// "FAIL NAME: why"; the exit status is non-zero when any check failed.
+import { Sandbox, CommandExitError, FileNotFoundError, SandboxError } from 'e2b'
+
+const template = process.env.E2B_TEMPLATE || 'busybox'
+let failed = 0
+
+function check(name, ok, detail) {
+  if (ok) {
+    console.log(`ok ${name}`)
+  } else {
+    failed++
+    console.log(`FAIL ${name}: ${detail === undefined ? '' : typeof detail === 'string' ? detail : JSON.stringify(detail)}`)
+  }
+}
+
+// step runs one part of the scenario; an exception fails that part only.
+async function step(name, fn) {
+  try {
+    await fn()
+  } catch (e) {
+    failed++
+    console.log(`FAIL ${name}: threw ${e?.constructor?.name}: ${e?.message}`)
+  }
+}
+
+const sbx = await Sandbox.create(template, { timeoutMs: 120_000, metadata: { suite: 'e2b-sdk' }, envs: { SBX: 'sandbox' } })
+check('create', typeof sbx.sandboxId === 'string' && sbx.sandboxId.length > 0, sbx.sandboxId)
+
+await step('commands.run', async () => {
+  const chunks = []
+  const r = await sbx.commands.run('echo hi $SBX $FOO; echo oops >&2', { envs: { FOO: 'bar' }, onStdout: (d) => chunks.push(d) })
+  check('commands.run exit code', r.exitCode === 0, r)
+  check('commands.run stdout', r.stdout === 'hi sandbox bar\n', r.stdout)
+  check('commands.run stderr', r.stderr === 'oops\n', r.stderr)
+  check('commands.run onStdout', chunks.join('') === 'hi sandbox bar\n', chunks)
+  const cwd = await sbx.commands.run('pwd', { cwd: '/tmp' })
+  check('commands.run cwd', cwd.stdout === '/tmp\n', cwd.stdout)
+})
+
+await step('commands.run live output', async () => {
+  // onStdout sees the first line while the command still sleeps.
+  const t0 = Date.now()
+  let firstAt = -1
+  const r = await sbx.commands.run('echo first; sleep 2; echo second', {
+    onStdout: (d) => { if (firstAt < 0 && d.includes('first')) firstAt = Date.now() - t0 },
+  })
+  const total = Date.now() - t0
+  check('live output: result', r.stdout === 'first\nsecond\n', r.stdout)
+  check('live output: first line before the end', firstAt >= 0 && total - firstAt >= 1500, { firstAt, total })
+})
+
+await step('commands.run failing', async () => {
+  try {
+    await sbx.commands.run('echo bad >&2; exit 3')
+    check('CommandExitError', false, 'no error thrown')
+  } catch (e) {
+    check('CommandExitError', e instanceof CommandExitError, `${e?.constructor?.name}: ${e?.message}`)
+    check('CommandExitError exit code', e.exitCode === 3, e.exitCode)
+    check('CommandExitError stderr', e.stderr === 'bad\n', e.stderr)
+  }
+})
+
+await step('background + kill', async () => {
+  const h = await sbx.commands.run('sleep 600', { background: true })
+  check('background pid', typeof h.pid === 'number' && h.pid > 0, h.pid)
+  const listed = await sbx.commands.list()
+  check('commands.list', listed.some((p) => p.pid === h.pid), listed)
+  check('handle.kill', (await h.kill()) === true, 'kill answered false')
+  try {
+    await h.wait()
+    check('killed wait', false, 'wait resolved')
+  } catch (e) {
+    check('killed wait', e instanceof CommandExitError && e.exitCode !== 0, `${e?.constructor?.name}: ${e?.message}`)
+  }
+  check('kill an ended process', (await sbx.commands.kill(h.pid)) === false, 'answered true')
+})
+
+await step('files', async () => {
+  const w = await sbx.files.write('/tmp/e2b/dir/a.txt', 'hello')
+  check('files.write one', w.path === '/tmp/e2b/dir/a.txt' && w.name === 'a.txt', w)
+  const many = await sbx.files.write([
+    { path: '/tmp/e2b/many/b.txt', data: 'bee' },
+    { path: '/tmp/e2b/many/sub/c.txt', data: new TextEncoder().encode('sea') },
+  ])
+  check('files.write many', Array.isArray(many) && many.length === 2 && many[1].path === '/tmp/e2b/many/sub/c.txt', many)
+  check('files.read', (await sbx.files.read('/tmp/e2b/dir/a.txt')) === 'hello', 'content differs')
+  const bytes = await sbx.files.read('/tmp/e2b/many/sub/c.txt', { format: 'bytes' })
+  check('files.read bytes', new TextDecoder().decode(bytes) === 'sea', bytes)
+  const rel = await sbx.files.write('rel.txt', 'relative')
+  check('files.write relative', rel.path.endsWith('/rel.txt') && rel.path.startsWith('/'), rel)
+  check('files.read relative', (await sbx.files.read('rel.txt')) === 'relative', 'content differs')
+  const list = await sbx.files.list('/tmp/e2b/many')
+  const names = list.map((e) => e.name).sort()
+  check('files.list', names.join(',') === 'b.txt,sub', names)
+  const b = list.find((e) => e.name === 'b.txt')
+  check('files.list entry', b && b.type === 'file' && b.size === 3 && b.path === '/tmp/e2b/many/b.txt', b)
+  check('files.exists', (await sbx.files.exists('/tmp/e2b/dir/a.txt')) === true, 'false')
+  check('files.exists missing', (await sbx.files.exists('/tmp/e2b/nope')) === false, 'true')
+  check('files.makeDir', (await sbx.files.makeDir('/tmp/e2b/newdir/x')) === true, 'false')
+  check('files.makeDir existing', (await sbx.files.makeDir('/tmp/e2b/newdir/x')) === false, 'true')
+  const info = await sbx.files.getInfo('/tmp/e2b/newdir/x')
+  check('files.getInfo dir', info.type === 'dir', info)
+  const mv = await sbx.files.rename('/tmp/e2b/dir/a.txt', '/tmp/e2b/dir/moved.txt')
+  check('files.rename', mv.path === '/tmp/e2b/dir/moved.txt', mv)
+  check('files.rename source gone', (await sbx.files.exists('/tmp/e2b/dir/a.txt')) === false, 'still there')
+  check('files.read renamed', (await sbx.files.read('/tmp/e2b/dir/moved.txt')) === 'hello', 'content differs')
+  await sbx.files.remove('/tmp/e2b/many')
+  check('files.remove', (await sbx.files.exists('/tmp/e2b/many')) === false, 'still there')
+  try {
+    await sbx.files.read('/tmp/e2b/missing.txt')
+    check('FileNotFoundError', false, 'read a missing file')
+  } catch (e) {
+    check('FileNotFoundError', e instanceof FileNotFoundError, `${e?.constructor?.name}: ${e?.message}`)
+  }
+  // A command sees what files wrote.
+  const cat = await sbx.commands.run('cat /tmp/e2b/dir/moved.txt')
+  check('command reads a written file', cat.stdout === 'hello', cat.stdout)
+})
+
+await step('info, list, timeout', async () => {
+  const info = await sbx.getInfo()
+  check('getInfo', info.sandboxId === sbx.sandboxId && info.state === 'running' && info.metadata.suite === 'e2b-sdk', info)
+  const page = await Sandbox.list({ query: { metadata: { suite: 'e2b-sdk' } } }).nextItems()
+  check('Sandbox.list', page.some((s) => s.sandboxId === sbx.sandboxId), page)
+  await sbx.setTimeout(600_000)
+  const after = await sbx.getInfo()
+  const left = after.endAt.getTime() - Date.now()
+  check('setTimeout', left > 590_000 && left <= 601_000, left)
+  check('isRunning', (await sbx.isRunning()) === true, 'false')
+})
+
+await step('connect', async () => {
+  const again = await Sandbox.connect(sbx.sandboxId)
+  const r = await again.commands.run('cat /tmp/e2b/dir/moved.txt')
+  check('connect', again.sandboxId === sbx.sandboxId && r.stdout === 'hello', r)
+})
+
+await step('pause and resume', async () => {
+  check('pause', (await sbx.pause()) === true, 'false')
+  check('paused state', (await sbx.getInfo()).state === 'paused', 'not paused')
+  const resumed = await Sandbox.connect(sbx.sandboxId)
+  check('resumed state', (await resumed.getInfo()).state === 'running', 'not running')
+  const r = await resumed.commands.run('cat /tmp/e2b/dir/moved.txt')
+  check('resumed keeps files', r.stdout === 'hello', r.stdout)
+})
+
+await step('kill twice', async () => {
+  check('kill', (await sbx.kill()) === true, 'false')
+  check('kill twice', (await sbx.kill()) === false, 'true')
+  check('Sandbox.kill unknown', (await Sandbox.kill(sbx.sandboxId)) === false, 'true')
+})
+
+await step('unknown template', async () => {
+  try {
+    const s = await Sandbox.create('no-such-template-xyz')
+    await s.kill()
+    check('unknown template', false, 'created')
+  } catch (e) {
+    check('unknown template', e instanceof SandboxError && /not found/i.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+  }
+})
+
+console.log(failed ? `${failed} checks failed` : 'all checks passed')
+process.exit(failed ? 1 : 0)
