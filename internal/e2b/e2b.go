@@ -60,12 +60,15 @@ type Config struct {
 
 // Server is the E2B control plane. It is safe for concurrent use.
 type Server struct {
-	hc   *http.Client
-	log  *slog.Logger
-	mux  *http.ServeMux
-	envd http.Handler // envd.go
+	hc       *http.Client
+	streamHC *http.Client // streamTransport: exec streams
+	log      *slog.Logger
+	mux      *http.ServeMux
+	envd     http.Handler // envd.go
 	// shells: which sandboxes have /bin/bash (process.go).
 	shells shellCache
+	// procs: the processes started through envd (process.go).
+	procs procTable
 }
 
 // New returns the control plane over cfg.API.
@@ -74,9 +77,10 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{
-		hc:  &http.Client{Transport: handlerTransport{h: cfg.API}},
-		log: cfg.Logger.With("part", "e2b"),
-		mux: http.NewServeMux(),
+		hc:       &http.Client{Transport: handlerTransport{h: cfg.API}},
+		streamHC: &http.Client{Transport: streamTransport{h: cfg.API}},
+		log:      cfg.Logger.With("part", "e2b"),
+		mux:      http.NewServeMux(),
 	}
 	s.routes()
 	s.envd = s.newEnvd()

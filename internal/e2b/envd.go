@@ -56,6 +56,7 @@ func isEnvd(r *http.Request) bool {
 type envdCaller struct {
 	id string
 	c  *warren.Client
+	cs *warren.Client // the same, with answers streamed (exec)
 }
 
 func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
@@ -64,7 +65,8 @@ func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
 	if err != nil {
 		return nil, errors.New("missing or malformed X-Access-Token: connect to the sandbox through the control plane first")
 	}
-	return &envdCaller{id: id, c: warren.New(internalBase, tok, warren.WithHTTPClient(s.hc), warren.WithRetry(1, 0, 0))}, nil
+	return &envdCaller{id: id, c: warren.New(internalBase, tok, warren.WithHTTPClient(s.hc), warren.WithRetry(1, 0, 0)),
+		cs: warren.New(internalBase, tok, warren.WithHTTPClient(s.streamHC), warren.WithRetry(1, 0, 0))}, nil
 }
 
 // newEnvd builds the envd handler.

@@ -69,7 +69,23 @@ await step('background + kill', async () => {
   check('background pid', typeof h.pid === 'number' && h.pid > 0, h.pid)
   const listed = await sbx.commands.list()
   check('commands.list', listed.some((p) => p.pid === h.pid), listed)
+  const conn = await sbx.commands.connect(h.pid)
+  check('commands.connect', conn.pid === h.pid, conn.pid)
   check('handle.kill', (await h.kill()) === true, 'kill answered false')
+  try {
+    await conn.wait()
+    check('connected wait', false, 'wait resolved')
+  } catch (e) {
+    check('connected wait', e instanceof CommandExitError && e.exitCode === -1, `${e?.constructor?.name}: ${e?.message}`)
+  }
+  // The process is gone from the sandbox, not only from the stream.
+  let left = ''
+  for (let i = 0; i < 50; i++) {
+    left = (await sbx.commands.run('ps -o pid,args | grep "[s]leep 600" || true')).stdout
+    if (left === '') break
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  check('killed process is gone', left === '', left)
   try {
     await h.wait()
     check('killed wait', false, 'wait resolved')
