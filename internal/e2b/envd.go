@@ -27,11 +27,13 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warrenhq/warren/api"
 	efs "github.com/warrenhq/warren/api/e2b/filesystem"
 	"github.com/warrenhq/warren/api/e2b/filesystem/filesystemconnect"
+	eproc "github.com/warrenhq/warren/api/e2b/process"
 	"github.com/warrenhq/warren/api/e2b/process/processconnect"
 	warren "github.com/warrenhq/warren/sdk/go"
 )
@@ -41,6 +43,9 @@ const (
 	accessTokenHeader = "X-Access-Token"
 	maxListDepth      = 8
 	maxListEntries    = 100_000
+	// maxRPCMessage bounds one Connect message a client sends (the SDKs'
+	// requests are small JSON documents).
+	maxRPCMessage = 1 << 20
 )
 
 // isEnvd reports whether r is envd traffic rather than control plane.
@@ -72,10 +77,11 @@ func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
 // newEnvd builds the envd handler.
 func (s *Server) newEnvd() http.Handler {
 	mux := http.NewServeMux()
-	p, h := filesystemconnect.NewFilesystemHandler(&fsService{s: s})
-	mux.Handle(p, h)
-	pp, ph := processconnect.NewProcessHandler(&procService{s: s})
-	mux.Handle(pp, ph)
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRPCMessage)}
+	p, h := filesystemconnect.NewFilesystemHandler(&fsService{s: s}, opts...)
+	mux.Handle(p, knownMethods(h, efs.File_filesystem_filesystem_proto))
+	pp, ph := processconnect.NewProcessHandler(&procService{s: s}, opts...)
+	mux.Handle(pp, knownMethods(ph, eproc.File_process_process_proto))
 	mux.HandleFunc("GET /health", s.envdHealth)
 	mux.HandleFunc("GET /files", s.envdRead)
 	mux.HandleFunc("POST /files", s.envdWrite)
@@ -83,6 +89,28 @@ func (s *Server) newEnvd() http.Handler {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no envd route for %s %s", r.Method, r.URL.Path))
 	})
 	return mux
+}
+
+// knownMethods answers a method the service does not have with a Connect
+// error (unimplemented, JSON), where connect-go's handler answers a plain
+// text 404.
+func knownMethods(h http.Handler, fd protoreflect.FileDescriptor) http.Handler {
+	known := map[string]bool{}
+	svcs := fd.Services()
+	for i := 0; i < svcs.Len(); i++ {
+		ms := svcs.Get(i).Methods()
+		for j := 0; j < ms.Len(); j++ {
+			known["/"+string(svcs.Get(i).FullName())+"/"+string(ms.Get(j).Name())] = true
+		}
+	}
+	ew := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !known[r.URL.Path] {
+			_ = ew.Write(w, r, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("envd has no method %s", r.URL.Path)))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // httpCaller is envdCaller for the plain-HTTP routes, answering the error.
@@ -132,6 +160,10 @@ func homeOf(user string) string {
 
 // resolve makes p absolute against the sandbox's default user's home.
 func resolve(ctx context.Context, ec *envdCaller, p string) (string, error) {
+	if p == "" {
+		// Not the home directory: files.remove("") must not empty it.
+		return "", &warren.APIError{Status: http.StatusBadRequest, Code: api.CodeInvalid, Message: "path is required"}
+	}
 	if strings.HasPrefix(p, "/") {
 		return path.Clean(p), nil
 	}
