@@ -4,8 +4,9 @@ package e2b
 // control plane (E2B_SANDBOX_URL) and routed by the E2b-Sandbox-Id header
 // (e2b.md §1, §4). Served here: filesystem.Filesystem/{Stat, ListDir,
 // MakeDir, Move, Remove} (Connect RPC, generated handlers), GET/POST
-// /files and GET /health; process.go serves process.Process/{Start,
-// Connect, List, SendSignal}. Not yet: WatchDir, stdin, PTY.
+// /files and GET /health; watch.go serves WatchDir (by polling);
+// process.go serves process.Process/{Start, Connect, List, SendSignal,
+// CloseStdin}. Not yet: stdin, PTY.
 //
 // Authorisation: create and connect answer envdAccessToken = the caller's
 // own API key, so the SDK sends it as X-Access-Token on every envd
@@ -424,28 +425,17 @@ func (f *fsService) ListDir(ctx context.Context, req *connect.Request[efs.ListDi
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	var out []*efs.EntryInfo
-	var walk func(dir string, level int) error
-	walk = func(dir string, level int) error {
-		files, err := ec.c.ListFiles(ctx, ec.id, dir)
-		if err != nil {
-			return rpcError(err)
+	files, err := walkFiles(ctx, ec, root, depth, maxListEntries)
+	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			return nil, err
 		}
-		for i := range files {
-			if len(out) >= maxListEntries {
-				return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("more than %d entries", maxListEntries))
-			}
-			out = append(out, entryOf(&files[i]))
-			if files[i].Type == "dir" && level < depth {
-				if err := walk(files[i].Path, level+1); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+		return nil, rpcError(err)
 	}
-	if err := walk(root, 1); err != nil {
-		return nil, err
+	out := make([]*efs.EntryInfo, 0, len(files))
+	for i := range files {
+		out = append(out, entryOf(&files[i]))
 	}
 	return connect.NewResponse(&efs.ListDirResponse{Entries: out}), nil
 }

@@ -137,6 +137,49 @@ await step('files', async () => {
   check('command reads a written file', cat.stdout === 'hello', cat.stdout)
 })
 
+await step('watchDir', async () => {
+  await sbx.files.makeDir('/tmp/w/sub')
+  const events = []
+  const w = await sbx.files.watchDir('/tmp/w', (ev) => events.push(ev), { recursive: true })
+  const waitFor = async (what, pred) => {
+    for (let i = 0; i < 100 && !events.some(pred); i++) await new Promise((r) => setTimeout(r, 100))
+    check(what, events.some(pred), events)
+  }
+  await sbx.files.write('/tmp/w/a.txt', 'one')
+  await waitFor('watchDir create', (e) => e.name === 'a.txt' && e.type === 'create')
+  await sbx.commands.run('echo more >> /tmp/w/a.txt; echo deep > /tmp/w/sub/d.txt')
+  await waitFor('watchDir write', (e) => e.name === 'a.txt' && e.type === 'write')
+  await waitFor('watchDir recursive', (e) => e.name === 'sub/d.txt' && e.type === 'create')
+  await sbx.files.remove('/tmp/w/a.txt')
+  await waitFor('watchDir remove', (e) => e.name === 'a.txt' && e.type === 'remove')
+  await w.stop()
+  try {
+    await sbx.files.watchDir('/tmp/no-such-dir', () => {})
+    check('watchDir missing dir', false, 'watching')
+  } catch (e) {
+    check('watchDir missing dir', e instanceof FileNotFoundError || /not.found/i.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+  }
+})
+
+await step('not supported yet', async () => {
+  // Live stdin and PTYs answer a clear error at once, never a hang.
+  const h = await sbx.commands.run('sleep 30', { background: true, stdin: true })
+  try {
+    await sbx.commands.sendStdin(h.pid, 'input')
+    check('sendStdin unsupported', false, 'accepted')
+  } catch (e) {
+    check('sendStdin unsupported', e instanceof SandboxError && /stdin/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+  }
+  await h.kill()
+  try {
+    const t = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
+    await t.kill()
+    check('pty unsupported', false, 'created')
+  } catch (e) {
+    check('pty unsupported', e instanceof SandboxError && /PTY/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+  }
+})
+
 await step('info, list, timeout', async () => {
   const info = await sbx.getInfo()
   check('getInfo', info.sandboxId === sbx.sandboxId && info.state === 'running' && info.metadata.suite === 'e2b-sdk', info)
