@@ -3,9 +3,14 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +56,7 @@ func e2bFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) e
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+o.e2bURL, "E2B_SANDBOX_URL="+o.e2bURL,
 		"E2B_API_KEY=e2b_"+hex.EncodeToString([]byte(o.apiToken)), "E2B_DEBUG=", "E2B_TEMPLATE=busybox",
+		"WARREN_URL="+o.apiURL, "WARREN_TOKEN="+o.apiToken,
 		fmt.Sprintf("BENCH_CREATES=%d", e2bCreates), fmt.Sprintf("BENCH_RUNS=%d", e2bRuns), fmt.Sprintf("BENCH_FILES=%d", e2bFiles))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -58,7 +64,7 @@ func e2bFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) e
 	if err != nil {
 		return fmt.Errorf("bench.mjs: %w: %s", err, tail(stderr.String(), 400))
 	}
-	var sdk struct{ Create, Run, Files []float64 }
+	var sdk struct{ Create, Run, Files, NodeCreate, NodeRun, NodeFiles []float64 }
 	if err := json.Unmarshal(bytes.TrimSpace(out), &sdk); err != nil {
 		return fmt.Errorf("bench.mjs printed %q: %w", tail(string(out), 200), err)
 	}
@@ -67,19 +73,32 @@ func e2bFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) e
 	if err != nil {
 		return err
 	}
+	fmt.Fprintln(o.Out, "e2b: the E2B front from Go (its wire, no SDK)...")
+	front, err := frontE2BLoops(ctx, o.e2bURL, o.apiToken)
+	if err != nil {
+		return err
+	}
 	for _, f := range []struct {
-		name   string
-		e2b    []float64
-		native []time.Duration
+		name          string
+		e2b, viaNode  []float64
+		native, front []time.Duration
 	}{
-		{"Sandbox.create", sdk.Create, native.create},
-		{"commands.run('true')", sdk.Run, native.run},
-		{"1 MiB files.write+read", sdk.Files, native.files},
+		{"Sandbox.create", sdk.Create, sdk.NodeCreate, native.create, front.create},
+		{"commands.run('true')", sdk.Run, sdk.NodeRun, native.run, front.run},
+		{"1 MiB files.write+read", sdk.Files, sdk.NodeFiles, native.files, front.files},
 	} {
-		e, n := percentiles(millis(f.e2b)), percentiles(f.native)
-		rep.add("e2b SDK "+f.name+" p50", ms(e.p50), "ms", fmt.Sprintf("p99 %.1f ms; native Go SDK p50 %.2f ms, p99 %.1f ms", ms(e.p99), ms(n.p50), ms(n.p99)))
+		e, n, v, g := percentiles(millis(f.e2b)), percentiles(f.native), percentiles(millis(f.viaNode)), percentiles(f.front)
+		rep.add("e2b SDK "+f.name+" p50", ms(e.p50), "ms", fmt.Sprintf("p99 %.1f ms; native API: Go SDK p50 %.2f ms, p99 %.1f ms; node fetch p50 %.2f ms, p99 %.1f ms",
+			ms(e.p99), ms(n.p50), ms(n.p99), ms(v.p50), ms(v.p99)))
 		if n.p50 > 0 {
-			rep.add("ratio e2b / native "+f.name+" p50", float64(e.p50)/float64(n.p50), "×", "goal ≤ 1.3")
+			rep.add("ratio e2b SDK / native Go SDK "+f.name+" p50", float64(e.p50)/float64(n.p50), "×", "goal ≤ 1.3")
+		}
+		if n.p50 > 0 && g.p50 > 0 {
+			rep.add("ratio E2B front / native API from Go "+f.name+" p50", float64(g.p50)/float64(n.p50), "×",
+				fmt.Sprintf("the front's own cost: its wire from Go p50 %.2f ms, p99 %.1f ms (goal ≤ 1.3)", ms(g.p50), ms(g.p99)))
+		}
+		if v.p50 > 0 {
+			rep.add("ratio e2b SDK / native API from node "+f.name+" p50", float64(e.p50)/float64(v.p50), "×", "same client runtime: the front's and the SDK's own cost")
 		}
 	}
 	return nil
@@ -151,6 +170,113 @@ func warmUp(ctx context.Context, c *warren.Client) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// frontE2BLoops times what bench.mjs does by speaking the E2B front's
+// wire from Go (the requests the SDK sends, e2b.md §6), so the front's
+// cost is compared with the native API's in one client runtime.
+func frontE2BLoops(ctx context.Context, base, token string) (*nativeSamples, error) {
+	hc := &http.Client{}
+	key := "e2b_" + hex.EncodeToString([]byte(token))
+	do := func(method, path, ctype string, body []byte, hdr map[string]string, want int) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != want {
+			return nil, fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, tail(string(b), 200))
+		}
+		return b, nil
+	}
+	ctl := map[string]string{"X-API-KEY": key}
+	create := func() (string, error) {
+		b, err := do("POST", "/v2/sandboxes", "application/json", []byte(`{"templateID":"busybox","timeout":600}`), ctl, http.StatusCreated)
+		if err != nil {
+			return "", err
+		}
+		var sb struct {
+			SandboxID string `json:"sandboxID"`
+		}
+		return sb.SandboxID, json.Unmarshal(b, &sb)
+	}
+	var s nativeSamples
+	for i := 0; i < e2bCreates; i++ {
+		t0 := time.Now()
+		id, err := create()
+		if err != nil {
+			return nil, err
+		}
+		s.create = append(s.create, time.Since(t0))
+		if _, err := do("DELETE", "/sandboxes/"+id, "", nil, ctl, http.StatusNoContent); err != nil {
+			return nil, err
+		}
+	}
+	id, err := create()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _, _ = do("DELETE", "/sandboxes/"+id, "", nil, ctl, http.StatusNoContent) }()
+	envd := map[string]string{"E2b-Sandbox-Id": id, "X-Access-Token": key, "Connect-Protocol-Version": "1"}
+	start := []byte(`{"process":{"cmd":"/bin/bash","args":["-l","-c","true"]},"stdin":false}`)
+	frame := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(start))), start...)
+	for i := 0; i < 5+e2bRuns; i++ {
+		t0 := time.Now()
+		b, err := do("POST", "/process.Process/Start", "application/connect+json", frame, envd, http.StatusOK)
+		if err != nil {
+			return nil, err
+		}
+		if !bytes.Contains(b, []byte(`"exitCode"`)) && !bytes.Contains(b, []byte(`"exited":true`)) {
+			return nil, fmt.Errorf("Start answered %q", tail(string(b), 200))
+		}
+		if i >= 5 {
+			s.run = append(s.run, time.Since(t0))
+		}
+	}
+	mib := make([]byte, 1<<20)
+	for i := range mib {
+		mib[i] = byte(i % 251)
+	}
+	for i := 0; i < e2bFiles; i++ {
+		t0 := time.Now()
+		var buf bytes.Buffer
+		mw := multipart.NewWriter(&buf)
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", `form-data; name="file"; filename="/tmp/bench.bin"`)
+		h.Set("Content-Type", "application/octet-stream")
+		pw, err := mw.CreatePart(h)
+		if err != nil {
+			return nil, err
+		}
+		_, _ = pw.Write(mib)
+		_ = mw.Close()
+		if _, err := do("POST", "/files?path=%2Ftmp%2Fbench.bin", mw.FormDataContentType(), buf.Bytes(), envd, http.StatusOK); err != nil {
+			return nil, err
+		}
+		back, err := do("GET", "/files?path=%2Ftmp%2Fbench.bin", "", nil, envd, http.StatusOK)
+		if err != nil {
+			return nil, err
+		}
+		s.files = append(s.files, time.Since(t0))
+		if len(back) != len(mib) {
+			return nil, fmt.Errorf("read %d bytes, wrote %d", len(back), len(mib))
+		}
+	}
+	return &s, nil
 }
 
 func millis(v []float64) []time.Duration {

@@ -65,8 +65,8 @@ type Server struct {
 	log      *slog.Logger
 	mux      *http.ServeMux
 	envd     http.Handler // envd.go
-	// shells: which sandboxes have /bin/bash (process.go).
-	shells shellCache
+	// facts: each sandbox's default user and whether it has bash (process.go).
+	facts factCache
 	// procs: the processes started through envd (process.go).
 	procs procTable
 }

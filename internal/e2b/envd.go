@@ -60,9 +60,10 @@ func isEnvd(r *http.Request) bool {
 
 // envdCaller is the sandbox and native client of one envd request.
 type envdCaller struct {
-	id string
-	c  *warren.Client
-	cs *warren.Client // the same, with answers streamed (exec)
+	id    string
+	c     *warren.Client
+	cs    *warren.Client // the same, with answers streamed (exec)
+	facts *factCache
 }
 
 func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
@@ -72,7 +73,8 @@ func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
 		return nil, errors.New("missing or malformed X-Access-Token: connect to the sandbox through the control plane first")
 	}
 	return &envdCaller{id: id, c: warren.New(internalBase, tok, warren.WithHTTPClient(s.hc), warren.WithRetry(1, 0, 0)),
-		cs: warren.New(internalBase, tok, warren.WithHTTPClient(s.streamHC), warren.WithRetry(1, 0, 0))}, nil
+		cs:    warren.New(internalBase, tok, warren.WithHTTPClient(s.streamHC), warren.WithRetry(1, 0, 0)),
+		facts: &s.facts}, nil
 }
 
 // newEnvd builds the envd handler.
@@ -168,11 +170,11 @@ func resolve(ctx context.Context, ec *envdCaller, p string) (string, error) {
 	if strings.HasPrefix(p, "/") {
 		return path.Clean(p), nil
 	}
-	sb, err := ec.c.Get(ctx, ec.id)
+	f, err := ec.facts.get(ctx, ec)
 	if err != nil {
 		return "", err
 	}
-	return path.Join(homeOf(sb.User), p), nil
+	return path.Join(homeOf(f.user), p), nil
 }
 
 func (s *Server) envdRead(w http.ResponseWriter, r *http.Request) {

@@ -66,23 +66,18 @@ func (p *procService) Start(ctx context.Context, req *connect.Request[eproc.Star
 	if req.Msg.Pty != nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("warren does not serve PTY processes through envd yet"))
 	}
-	user := basicUser(req.Header())
-	argv, err := p.s.shells.argv(ctx, ec, append([]string{cfg.GetCmd()}, cfg.GetArgs()...))
+	facts, err := p.s.facts.get(ctx, ec)
 	if err != nil {
-		return err
+		return rpcError(err)
 	}
-	er := api.ExecRequest{Argv: argv, Env: cfg.GetEnvs(), User: user, Timeout: MaxTimeout}
+	user := basicUser(req.Header())
+	er := api.ExecRequest{Argv: facts.argv(append([]string{cfg.GetCmd()}, cfg.GetArgs()...)), Env: cfg.GetEnvs(), User: user, Timeout: MaxTimeout}
 	if cfg.Cwd != nil {
 		er.Cwd = cfg.GetCwd()
-	} else {
-		if user == "" {
-			sb, err := ec.c.Get(ctx, ec.id)
-			if err != nil {
-				return rpcError(err)
-			}
-			user = sb.User
-		}
+	} else if user != "" {
 		er.Cwd = homeOf(user)
+	} else {
+		er.Cwd = homeOf(facts.user)
 	}
 	// Connect-Timeout-Ms is the process's lifetime (envd kills it then);
 	// without one it runs until it ends or is killed.
@@ -145,50 +140,61 @@ func (p *procService) find(ctx context.Context, ec *envdCaller, sel *eproc.Proce
 const (
 	bashPath = "/bin/bash"
 	shPath   = "/bin/sh"
-	// maxShellCache bounds the per-sandbox memory of which have bash.
-	maxShellCache = 10_000
+	// maxSandboxCache bounds the per-sandbox facts kept.
+	maxSandboxCache = 10_000
 )
 
-// shellCache remembers, per sandbox, whether its image has /bin/bash
-// (looked up once per sandbox: a sandbox that installs bash later keeps
-// running the SDK's commands under /bin/sh).
-type shellCache struct {
-	mu      sync.Mutex
-	hasBash map[string]bool
+// sandboxFacts is what Start needs of a sandbox besides the command.
+type sandboxFacts struct {
+	user    string // its default user (the cwd is that user's home)
+	hasBash bool
+}
+
+// factCache remembers, per sandbox, its default user and whether its
+// image has /bin/bash, looked up once per sandbox (through the caller's
+// own native calls): a sandbox that installs bash later keeps running
+// the SDK's commands under /bin/sh.
+type factCache struct {
+	mu    sync.Mutex
+	facts map[string]sandboxFacts
+}
+
+// get answers the facts of the caller's sandbox; its errors are the
+// native API's.
+func (fc *factCache) get(ctx context.Context, ec *envdCaller) (sandboxFacts, error) {
+	fc.mu.Lock()
+	f, ok := fc.facts[ec.id]
+	fc.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	sb, err := ec.c.Get(ctx, ec.id)
+	if err != nil {
+		return f, err
+	}
+	f.user = sb.User
+	switch _, err := ec.c.Stat(ctx, ec.id, bashPath); {
+	case err == nil:
+		f.hasBash = true
+	case !warren.IsNotFound(err):
+		return f, err
+	}
+	fc.mu.Lock()
+	if fc.facts == nil || len(fc.facts) >= maxSandboxCache {
+		fc.facts = map[string]sandboxFacts{}
+	}
+	fc.facts[ec.id] = f
+	fc.mu.Unlock()
+	return f, nil
 }
 
 // argv is the command to run for E2B's argv: /bin/bash becomes /bin/sh in
 // a sandbox that has no bash (busybox's sh takes -l and -c alike).
-func (sc *shellCache) argv(ctx context.Context, ec *envdCaller, argv []string) ([]string, error) {
-	if argv[0] != bashPath {
-		return argv, nil
+func (f sandboxFacts) argv(argv []string) []string {
+	if argv[0] != bashPath || f.hasBash {
+		return argv
 	}
-	sc.mu.Lock()
-	has, known := sc.hasBash[ec.id]
-	sc.mu.Unlock()
-	if !known {
-		_, err := ec.c.Stat(ctx, ec.id, bashPath)
-		switch {
-		case err == nil:
-			has = true
-		case warren.IsNotFound(err):
-			if _, gone := ec.c.Get(ctx, ec.id); gone != nil {
-				return nil, rpcError(gone)
-			}
-		default:
-			return nil, rpcError(err)
-		}
-		sc.mu.Lock()
-		if sc.hasBash == nil || len(sc.hasBash) >= maxShellCache {
-			sc.hasBash = map[string]bool{}
-		}
-		sc.hasBash[ec.id] = has
-		sc.mu.Unlock()
-	}
-	if has {
-		return argv, nil
-	}
-	return append([]string{shPath}, argv[1:]...), nil
+	return append([]string{shPath}, argv[1:]...)
 }
 
 // endOf is the end event of a finished command, worded as envd (Go's
