@@ -69,6 +69,8 @@ type Server struct {
 	facts factCache
 	// procs: the processes started through envd (process.go).
 	procs procTable
+	// keys: the access token given for each sandbox (signed.go).
+	keys keyTable
 }
 
 // New returns the control plane over cfg.API.

@@ -51,6 +51,9 @@ const (
 
 // isEnvd reports whether r is envd traffic rather than control plane.
 func isEnvd(r *http.Request) bool {
+	if isSigned(r) {
+		return true // a signed link carries no header (signed.go)
+	}
 	if r.Header.Get(sandboxIDHeader) == "" {
 		return false
 	}
@@ -117,7 +120,12 @@ func knownMethods(h http.Handler, fd protoreflect.FileDescriptor) http.Handler {
 }
 
 // httpCaller is envdCaller for the plain-HTTP routes, answering the error.
-func (s *Server) httpCaller(w http.ResponseWriter, r *http.Request) *envdCaller {
+// A signed /files request (op: read or write) is authorised by its
+// signature instead (signed.go).
+func (s *Server) httpCaller(w http.ResponseWriter, r *http.Request, op string) *envdCaller {
+	if op != "" && isSigned(r) {
+		return s.signedCaller(w, r, op)
+	}
 	ec, err := s.envdCaller(r.Header)
 	if err != nil {
 		writeError(w, http.StatusUnauthorized, err.Error())
@@ -142,7 +150,7 @@ func (s *Server) envdHTTPError(w http.ResponseWriter, err error, sandboxGone boo
 }
 
 func (s *Server) envdHealth(w http.ResponseWriter, r *http.Request) {
-	ec := s.httpCaller(w, r)
+	ec := s.httpCaller(w, r, "")
 	if ec == nil {
 		return
 	}
@@ -178,7 +186,7 @@ func resolve(ctx context.Context, ec *envdCaller, p string) (string, error) {
 }
 
 func (s *Server) envdRead(w http.ResponseWriter, r *http.Request) {
-	ec := s.httpCaller(w, r)
+	ec := s.httpCaller(w, r, "read")
 	if ec == nil {
 		return
 	}
@@ -218,7 +226,7 @@ type writeInfo struct {
 }
 
 func (s *Server) envdWrite(w http.ResponseWriter, r *http.Request) {
-	ec := s.httpCaller(w, r)
+	ec := s.httpCaller(w, r, "write")
 	if ec == nil {
 		return
 	}

@@ -137,6 +137,28 @@ await step('files', async () => {
   check('command reads a written file', cat.stdout === 'hello', cat.stdout)
 })
 
+await step('signed URLs', async () => {
+  // Links without headers: the signature authorises them.
+  const down = await sbx.downloadUrl('/tmp/e2b/dir/moved.txt')
+  check('downloadUrl signed', /signature=v1_/.test(down), down)
+  let r = await fetch(down)
+  check('downloadUrl fetch', r.status === 200 && (await r.text()) === 'hello', r.status)
+  const tampered = new URL(down)
+  tampered.searchParams.set('path', '/etc/passwd')
+  r = await fetch(tampered)
+  check('downloadUrl other path refused', r.status === 401 && (await r.json()).code === 401, r.status)
+  const up = await sbx.uploadUrl('/tmp/e2b/uploaded.txt', { useSignatureExpiration: 60 })
+  const form = new FormData()
+  form.append('file', new Blob(['via link']), '/tmp/e2b/uploaded.txt')
+  r = await fetch(up, { method: 'POST', body: form })
+  check('uploadUrl fetch', r.status === 200, `${r.status} ${await r.text()}`)
+  check('uploadUrl wrote', (await sbx.files.read('/tmp/e2b/uploaded.txt')) === 'via link', 'content differs')
+  r = await fetch(await sbx.downloadUrl('/tmp/e2b/dir/moved.txt', { useSignatureExpiration: -10 }))
+  check('expired link refused', r.status === 401, r.status)
+  r = await fetch(up.replace('signature=v1_', 'signature=v1_x'), { method: 'POST', body: form })
+  check('bad signature refused', r.status === 401, r.status)
+})
+
 await step('watchDir', async () => {
   await sbx.files.makeDir('/tmp/w/sub')
   const events = []
