@@ -106,6 +106,20 @@ await step('files', async () => {
   check('files.read', (await sbx.files.read('/tmp/e2b/dir/a.txt')) === 'hello', 'content differs')
   const bytes = await sbx.files.read('/tmp/e2b/many/sub/c.txt', { format: 'bytes' })
   check('files.read bytes', new TextDecoder().decode(bytes) === 'sea', bytes)
+  await sbx.files.write('/tmp/e2b/gz.txt', 'zipped', { gzip: true })
+  check('files.write gzip', (await sbx.files.read('/tmp/e2b/gz.txt', { gzip: true })) === 'zipped', 'content differs')
+  await sbx.files.write('/tmp/e2b/oct.txt', 'octets', { useOctetStream: true })
+  check('files.write octet-stream', (await sbx.files.read('/tmp/e2b/oct.txt')) === 'octets', 'content differs')
+  const big = new Uint8Array(3 << 20)
+  for (let i = 0; i < big.length; i++) big[i] = (i * 7) % 256
+  await sbx.files.write('/tmp/e2b/big.bin', new Blob([big]))
+  const rs = await sbx.files.read('/tmp/e2b/big.bin', { format: 'stream' })
+  let n = 0, same = true
+  for await (const chunk of rs) {
+    for (let i = 0; i < chunk.length; i++) if (chunk[i] !== big[n + i]) same = false
+    n += chunk.length
+  }
+  check('files 3 MiB blob write, stream read', n === big.length && same, { n, same })
   const rel = await sbx.files.write('rel.txt', 'relative')
   check('files.write relative', rel.path.endsWith('/rel.txt') && rel.path.startsWith('/'), rel)
   check('files.read relative', (await sbx.files.read('rel.txt')) === 'relative', 'content differs')
@@ -212,6 +226,8 @@ await step('info, list, timeout', async () => {
   const left = after.endAt.getTime() - Date.now()
   check('setTimeout', left > 590_000 && left <= 601_000, left)
   check('isRunning', (await sbx.isRunning()) === true, 'false')
+  const metrics = await sbx.getMetrics()
+  check('getMetrics', metrics.length > 0 && metrics[0].memUsed > 0 && metrics[0].cpuCount >= 1, metrics)
 })
 
 await step('connect', async () => {
