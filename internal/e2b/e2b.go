@@ -71,6 +71,8 @@ type Server struct {
 	procs procTable
 	// keys: the access token given for each sandbox (signed.go).
 	keys keyTable
+	// watchers: the polling watchers (watch.go).
+	watchers watcherTable
 }
 
 // New returns the control plane over cfg.API.

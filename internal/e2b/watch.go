@@ -1,6 +1,7 @@
 package e2b
 
-// filesystem.Filesystem/WatchDir by polling: warren's files API has no
+// filesystem.Filesystem/WatchDir (and CreateWatcher, GetWatcherEvents,
+// RemoveWatcher, below) by polling: warren's files API has no
 // change notification, so the watched tree is listed every watchEvery
 // and compared with the last listing. What this cannot see: a change
 // undone within one interval, and a rename, which is reported as a
@@ -8,10 +9,13 @@ package e2b
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"path"
 	"sort"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -73,14 +77,14 @@ func (f *fsService) snapshot(ctx context.Context, ec *envdCaller, root string, d
 }
 
 // diff is the events that turn old into cur, in path order.
-func diff(root string, old, cur watchSnap, withEntry bool) []*efs.WatchDirResponse_FilesystemEvent {
-	var evs []*efs.WatchDirResponse_FilesystemEvent
+func diff(root string, old, cur watchSnap, withEntry bool) []*efs.FilesystemEvent {
+	var evs []*efs.FilesystemEvent
 	add := func(p string, t efs.EventType, fi *api.FileInfo) {
 		rel, err := relTo(root, p)
 		if err != nil {
 			return
 		}
-		ev := &efs.WatchDirResponse_FilesystemEvent{Name: rel, Type: t}
+		ev := &efs.FilesystemEvent{Name: rel, Type: t}
 		if withEntry && fi != nil {
 			ev.Entry = entryOf(fi)
 		}
@@ -176,4 +180,135 @@ func (f *fsService) WatchDir(ctx context.Context, req *connect.Request[efs.Watch
 			lastSent = time.Now()
 		}
 	}
+}
+
+// The polling variant (CreateWatcher, GetWatcherEvents, RemoveWatcher):
+// a watcher keeps the last listing; each GetWatcherEvents lists again and
+// answers what changed since the previous call. A watcher not polled for
+// watcherIdle is forgotten.
+const (
+	watcherIdle = 10 * time.Minute
+	maxWatchers = 1000
+)
+
+type watcher struct {
+	sandbox, root string
+	depth         int
+	withEntry     bool
+	snap          watchSnap
+	used          time.Time
+}
+
+// watcherTable holds the watchers by id. Its lock is never held across
+// a native call: a watcher being polled is taken out of the table.
+type watcherTable struct {
+	mu sync.Mutex
+	ws map[string]*watcher
+}
+
+func (t *watcherTable) put(id string, w *watcher) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ws == nil {
+		t.ws = map[string]*watcher{}
+	}
+	for k, o := range t.ws {
+		if time.Since(o.used) > watcherIdle {
+			delete(t.ws, k)
+		}
+	}
+	if len(t.ws) >= maxWatchers {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("too many watchers (%d): remove some", maxWatchers))
+	}
+	w.used = time.Now()
+	t.ws[id] = w
+	return nil
+}
+
+// take removes and returns the sandbox's watcher id.
+func (t *watcherTable) take(sandbox, id string) (*watcher, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w, ok := t.ws[id]
+	if !ok || w.sandbox != sandbox || time.Since(w.used) > watcherIdle {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found", id))
+	}
+	delete(t.ws, id)
+	return w, nil
+}
+
+func newWatcherID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (f *fsService) CreateWatcher(ctx context.Context, req *connect.Request[efs.CreateWatcherRequest]) (*connect.Response[efs.CreateWatcherResponse], error) {
+	ec, root, err := f.callerAt(ctx, req.Header(), req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	fi, err := ec.c.Stat(ctx, ec.id, root)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	if fi.Type != "dir" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %s is not a directory", root))
+	}
+	w := &watcher{sandbox: ec.id, root: root, depth: 1, withEntry: req.Msg.GetIncludeEntry()}
+	if req.Msg.GetRecursive() {
+		w.depth = maxListDepth
+	}
+	if w.snap, err = f.snapshot(ctx, ec, root, w.depth); err != nil {
+		return nil, err
+	}
+	id := newWatcherID()
+	if err := f.s.watchers.put(id, w); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&efs.CreateWatcherResponse{WatcherId: id}), nil
+}
+
+func (f *fsService) GetWatcherEvents(ctx context.Context, req *connect.Request[efs.GetWatcherEventsRequest]) (*connect.Response[efs.GetWatcherEventsResponse], error) {
+	ec, err := f.caller(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	// The caller must reach the sandbox before its watcher is touched:
+	// another project's key must not take it out of the table.
+	if _, err := ec.c.Get(ctx, ec.id); err != nil {
+		return nil, rpcError(err)
+	}
+	w, err := f.s.watchers.take(ec.id, req.Msg.GetWatcherId())
+	if err != nil {
+		return nil, err
+	}
+	cur, err := f.snapshot(ctx, ec, w.root, w.depth)
+	if err != nil {
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("the watched directory %s is gone", w.root))
+		}
+		_ = f.s.watchers.put(req.Msg.GetWatcherId(), w) // a passing failure keeps the watcher
+		return nil, err
+	}
+	evs := diff(w.root, w.snap, cur, w.withEntry)
+	w.snap = cur
+	if err := f.s.watchers.put(req.Msg.GetWatcherId(), w); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&efs.GetWatcherEventsResponse{Events: evs}), nil
+}
+
+func (f *fsService) RemoveWatcher(ctx context.Context, req *connect.Request[efs.RemoveWatcherRequest]) (*connect.Response[efs.RemoveWatcherResponse], error) {
+	ec, err := f.caller(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := ec.c.Get(ctx, ec.id); err != nil {
+		return nil, rpcError(err)
+	}
+	if _, err := f.s.watchers.take(ec.id, req.Msg.GetWatcherId()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&efs.RemoveWatcherResponse{}), nil
 }

@@ -21,7 +21,7 @@ func TestWatchDiff(t *testing.T) {
 		"/w/chmod.txt": {Path: "/w/chmod.txt", Type: "file", Size: 1, ModTime: t0, Mode: 0o644},
 	}
 	cur := watchSnap{
-		"/w/a.txt":     {Path: "/w/a.txt", Type: "file", Size: 2, ModTime: t0, Mode: 0o644},                 // grew
+		"/w/a.txt":     {Path: "/w/a.txt", Type: "file", Size: 2, ModTime: t0, Mode: 0o644},                  // grew
 		"/w/b.txt":     {Path: "/w/b.txt", Type: "file", Size: 1, ModTime: t0.Add(time.Second), Mode: 0o644}, // rewritten
 		"/w/sub":       {Path: "/w/sub", Type: "dir", ModTime: t0.Add(time.Second), Mode: 0o755},             // a dir's mtime is no write
 		"/w/sub/new":   {Path: "/w/sub/new", Type: "file", ModTime: t0},
