@@ -207,6 +207,9 @@ await step('not supported yet', async () => {
     check('sendStdin unsupported', e instanceof SandboxError && /stdin/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
   }
   await h.kill()
+  // A command that reads stdin sees it empty and ends (never a hang).
+  const cat = await sbx.commands.run('cat; echo done', { stdin: true, timeoutMs: 20_000 })
+  check('stdin is empty', cat.stdout === 'done\n', cat.stdout)
   try {
     const t = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
     await t.kill()
