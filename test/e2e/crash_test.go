@@ -1,0 +1,252 @@
+package e2e
+
+// A node that always comes back (issue 19, problems 5 and 6, and the
+// crash-point test): kill -9 of the server in the middle of an operation,
+// then a restart that must serve within seconds and leave every sandbox
+// running, paused and consistent, or gone without a trace.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/hoststat/swaptest"
+	"github.com/warrenhq/warren/internal/serve"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+// restartWithin starts s again (after a kill9) with the extra command
+// prefix wrap (e.g. prlimit), and fails the test unless /healthz answers
+// within d. On failure it thaws the server's cgroups by hand first, so a
+// server stuck on a frozen sandbox can still be stopped by the cleanup.
+func (s *server) restartWithin(t *testing.T, d time.Duration) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	if err := s.launch(nil, d); err != nil {
+		thawAll(s.dataDir)
+		if errors.Is(err, errNotHealthy) {
+			// Give it the rest of the usual minute, so the cleanup stops it.
+			_ = s.waitHealthy(60 * time.Second)
+		}
+		t.Fatalf("restart: %v after %v\nserver log:\n%s", err, time.Since(t0).Round(time.Millisecond), tail(s.logs.String(), 40))
+	}
+	return time.Since(t0)
+}
+
+var errNotHealthy = errors.New("/healthz did not answer")
+
+// launch starts the server process (with wrap before it, if any) and waits
+// up to d for /healthz; it sets s.C on success.
+func (s *server) launch(wrap []string, d time.Duration) error {
+	s.logs = &syncBuffer{}
+	argv := append(append([]string{}, wrap...), bins.warren, "serve", "--data-dir", s.dataDir, "--listen", s.listen, "--agent", bins.agent, "--node", "e2e")
+	argv = append(argv, s.args...)
+	s.cmd = exec.Command(argv[0], argv[1:]...)
+	s.cmd.Stdout = s.logs
+	s.cmd.Stderr = s.logs
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	startedDataDirs[s.dataDir] = true
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	s.done = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	s.URL = "http://" + s.listen
+	if err := s.waitHealthy(d); err != nil {
+		return err
+	}
+	tok, err := os.ReadFile(filepath.Join(s.dataDir, "admin-token"))
+	if err != nil {
+		return err
+	}
+	s.Token = strings.TrimSpace(string(tok))
+	s.C = warren.New(s.URL, s.Token)
+	return nil
+}
+
+func (s *server) waitHealthy(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	hc := &http.Client{Timeout: time.Second}
+	for {
+		select {
+		case <-s.done:
+			return fmt.Errorf("warren serve exited early")
+		default:
+		}
+		resp, err := hc.Get(s.URL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return errNotHealthy
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// thawAll thaws every freezer cgroup of the server of dataDir.
+func thawAll(dataDir string) {
+	root := filepath.Join("/sys/fs/cgroup/freezer", serve.CgroupParent(dataDir))
+	_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0)
+		}
+		return nil
+	})
+}
+
+// recordState is the state a sandbox's record on disk says.
+func recordState(t *testing.T, s *server, id string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.dataDir, "edge", "sandboxes", id+".json"))
+	if err != nil {
+		return "(no record: " + err.Error() + ")"
+	}
+	var rec struct {
+		Sandbox api.Sandbox `json:"sandbox"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return "(unreadable record)"
+	}
+	return rec.Sandbox.State
+}
+
+// cgroupValue reads a file of a sandbox's cgroup ("" when it is gone).
+func (s *server) cgroupValue(controller, id, name string) string {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", controller, serve.CgroupParent(s.dataDir), id, name))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// checkUsableOrPaused fails unless the sandbox is running (thawed, its
+// swappiness back to the parent's, exec works) or paused (frozen, and a
+// resume brings it back with its files).
+func checkUsableOrPaused(t *testing.T, s *server, id, file, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, err := s.C.Get(ctx, id)
+	if err != nil {
+		t.Fatalf("get %s after restart: %v", id, err)
+	}
+	freezer := s.cgroupValue("freezer", id, "freezer.state")
+	switch g.State {
+	case api.StateRunning:
+		if freezer != "THAWED" {
+			t.Errorf("running sandbox's freezer.state is %q", freezer)
+		}
+		parent := strings.TrimSpace(readFile(filepath.Join("/sys/fs/cgroup/memory", serve.CgroupParent(s.dataDir), "memory.swappiness")))
+		if sw := s.cgroupValue("memory", id, "memory.swappiness"); sw != parent {
+			t.Errorf("running sandbox's memory.swappiness is %s, want the parent's %s", sw, parent)
+		}
+	case api.StatePaused:
+		if freezer != "FROZEN" {
+			t.Errorf("paused sandbox's freezer.state is %q", freezer)
+		}
+		if _, err := s.C.Resume(ctx, id); err != nil {
+			t.Fatalf("resume after restart: %v", err)
+		}
+	default:
+		t.Fatalf("sandbox %s is %s (%s) after restart", id, g.State, g.Reason)
+	}
+	r, err := s.C.Exec(ctx, id, api.ExecRequest{Cmd: "cat " + file})
+	if err != nil || r.Stdout != want {
+		t.Fatalf("exec after restart: %+v %v", r, err)
+	}
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+// TestKillDuringPauseRestartServes (problem 5): the server is killed while
+// a pause is under way, just after the freezer froze the sandbox; the
+// restart answers /healthz within 5 s and the sandbox is running and thawed
+// or paused and consistent.
+func TestKillDuringPauseRestartServes(t *testing.T) {
+	swaptest.Ensure(t, 2048)
+	s := startServer(t)
+	t.Cleanup(func() { thawAll(s.dataDir) })
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{MemoryMB: 512})
+	s.sh(t, sb.ID, "echo kept >/tmp/kept")
+	// Memory to push out, so the pause spends its time in reclaim after the freeze.
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: `x=$(head -c 150000000 /dev/zero | tr '\0' a); echo ready >/tmp/ready; sleep 3600`, Background: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for s.sh(t, sb.ID, "cat /tmp/ready 2>/dev/null").Stdout != "ready\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("memory holder did not start")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	go func() { _, _ = s.C.Pause(context.Background(), sb.ID) }()
+	state := filepath.Join("/sys/fs/cgroup/freezer", serve.CgroupParent(s.dataDir), sb.ID, "freezer.state")
+	deadline = time.Now().Add(30 * time.Second)
+	for strings.TrimSpace(readFile(state)) != "FROZEN" {
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox never froze")
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	time.Sleep(5 * time.Millisecond)
+	s.kill9()
+	t.Logf("killed with freezer.state %s and the record saying %q", strings.TrimSpace(readFile(state)), recordState(t, s, sb.ID))
+
+	took := s.restartWithin(t, 5*time.Second)
+	t.Logf("restart served after %v", took.Round(time.Millisecond))
+	checkUsableOrPaused(t, s, sb.ID, "/tmp/kept", "kept\n")
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}
+
+// TestRestartThawsFrozenRunningSandbox (problem 5, the state the issue saw):
+// a record that says running over a frozen cgroup whose swappiness is 100
+// (what a pause cut short left before the intent was recorded first). The
+// restart serves within 5 s, and the sandbox comes back thawed, with its
+// swappiness restored, and usable.
+func TestRestartThawsFrozenRunningSandbox(t *testing.T) {
+	s := startServer(t)
+	t.Cleanup(func() { thawAll(s.dataDir) })
+	sb := s.create(t, api.CreateSandboxRequest{})
+	s.sh(t, sb.ID, "echo kept >/tmp/kept")
+	s.kill9()
+	cg := func(ctrl, name string) string {
+		return filepath.Join("/sys/fs/cgroup", ctrl, serve.CgroupParent(s.dataDir), sb.ID, name)
+	}
+	if err := os.WriteFile(cg("memory", "memory.swappiness"), []byte("100"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cg("freezer", "freezer.state"), []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := recordState(t, s, sb.ID); st != api.StateRunning {
+		t.Fatalf("record says %q", st)
+	}
+	took := s.restartWithin(t, 5*time.Second)
+	t.Logf("restart served after %v", took.Round(time.Millisecond))
+	checkUsableOrPaused(t, s, sb.ID, "/tmp/kept", "kept\n")
+	s.stop()
+	assertNoLeaks(t, s)
+}
+
