@@ -250,3 +250,43 @@ func TestRestartThawsFrozenRunningSandbox(t *testing.T) {
 	assertNoLeaks(t, s)
 }
 
+// TestAdoptedSandboxesKeepTheirClocks (problem 6): the idle clock and the
+// TTL run on while the server is down; a restart does not start them again.
+func TestAdoptedSandboxesKeepTheirClocks(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	idle := s.create(t, api.CreateSandboxRequest{IdleTimeout: 8})
+	ttl := s.create(t, api.CreateSandboxRequest{TTL: 9})
+	keep := s.create(t, api.CreateSandboxRequest{IdleTimeout: 120})
+	for _, id := range []string{idle.ID, ttl.ID, keep.ID} {
+		s.sh(t, id, "true")
+	}
+	time.Sleep(3 * time.Second) // the reaper records the last activity meanwhile
+	s.kill9()
+	time.Sleep(7 * time.Second) // downtime: idle ≈ 10 s > 8 s; age ≈ 10 s > 9 s
+	s.restartWithin(t, 10*time.Second)
+	deadline := time.Now().Add(4 * time.Second)
+	for _, c := range []struct{ id, why string }{{idle.ID, "idle timeout"}, {ttl.ID, "ttl expired"}} {
+		for {
+			g, err := s.C.Get(ctx, c.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.State == api.StateStopped {
+				if g.Reason != c.why {
+					t.Errorf("%s stopped for %q, want %q", c.id, g.Reason, c.why)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s (%s) is still %s 4 s after the restart: its clock restarted at adoption", c.id, c.why, g.State)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if g, err := s.C.Get(ctx, keep.ID); err != nil || g.State != api.StateRunning {
+		t.Fatalf("sandbox with a long idle timeout: %+v %v", g, err)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}
