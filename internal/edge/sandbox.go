@@ -198,11 +198,16 @@ func (e *Edge) persist(rec *record) error {
 // persistSandbox writes sb's record as it is now. Writes through it are
 // ordered: the record copied last is the one written last, so a writer
 // holding an older copy (the reaper's last-activity flush) can never
-// overwrite a newer state (a pause's intent).
+// overwrite a newer state (a pause's intent). A stopping sandbox's record
+// is not written: stop drops it (after the write in flight, see stop).
 func (e *Edge) persistSandbox(sb *sandbox) error {
 	sb.wmu.Lock()
 	defer sb.wmu.Unlock()
 	sb.mu.Lock()
+	if sb.stopping {
+		sb.mu.Unlock()
+		return nil
+	}
 	rec := sb.rec
 	sb.mu.Unlock()
 	return e.persist(&rec)
@@ -477,6 +482,10 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	}
 	recycle := e.recyclableLocked(sb, state)
 	sb.mu.Unlock()
+	// A record write in flight (persistSandbox) ends before the record is
+	// dropped below; later ones see stopping.
+	sb.wmu.Lock()
+	sb.wmu.Unlock()
 	e.auditStop(sb)
 
 	if recycle && e.keepContainer(ctx, sb, inst) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sort"
 	"testing"
 	"time"
 
@@ -85,5 +86,64 @@ func TestIdleConnectionsDoNotStopCreates(t *testing.T) {
 		if _, err := s.C.Delete(ctx, sb.ID); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestConnectionFloodFigure measures the figure of docs/BENCHMARKS.md
+// ("Connection flood"): create→exec→delete of another client, p50 and p99,
+// on a quiet server and while WARREN_BENCH_CONNS idle connections (from 100
+// loopback addresses, each after one GET /healthz) are open. Set
+// WARREN_BENCH_CONNS to run it (e.g. 19000: this machine's hard limit of
+// descriptors is 20,000, for the test process as for the server); the goal
+// is the flood's p99 within 2× of the quiet one.
+func TestConnectionFloodFigure(t *testing.T) {
+	n := envInt("WARREN_BENCH_CONNS", 0)
+	if n == 0 {
+		t.Skip("SKIP: a measurement; set WARREN_BENCH_CONNS (e.g. 19000) to run it")
+	}
+	rounds := envInt("WARREN_BENCH_ROUNDS", 40)
+	s := startServer(t)
+	measure := func(label string) (create, exec []time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		for i := 0; i < rounds; i++ {
+			t0 := time.Now()
+			sb, err := s.C.Create(ctx, api.CreateSandboxRequest{Image: "busybox"})
+			if err != nil {
+				t.Fatalf("%s: create: %v", label, err)
+			}
+			t1 := time.Now()
+			r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "true"})
+			if err != nil || r.ExitCode != 0 {
+				t.Fatalf("%s: exec: %+v %v", label, r, err)
+			}
+			t2 := time.Now()
+			if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			create, exec = append(create, t1.Sub(t0)), append(exec, t2.Sub(t1))
+		}
+		return create, exec
+	}
+	measure("warm-up")
+	qc, qe := measure("quiet")
+	opened := 0
+	for i := 0; i < 100 && opened < n; i++ {
+		opened += len(openIdle(t, s.listen, fmt.Sprintf("127.0.%d.%d", 1+i/200, 2+i%200), min(n-opened, (n+99)/100)))
+	}
+	time.Sleep(2 * time.Second)
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.cmd.Process.Pid))
+	fc, fe := measure("flood")
+	fds2, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.cmd.Process.Pid))
+	p := func(d []time.Duration, q float64) time.Duration {
+		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+		return d[min(len(d)-1, int(q*float64(len(d))))].Round(10 * time.Microsecond)
+	}
+	t.Logf("%d idle connections opened; the server held %d descriptors before and %d after the flood's round", opened, len(fds), len(fds2))
+	t.Logf("| create p50 | create p99 | exec p50 | exec p99 |")
+	t.Logf("quiet: | %v | %v | %v | %v |", p(qc, .5), p(qc, .99), p(qe, .5), p(qe, .99))
+	t.Logf("flood: | %v | %v | %v | %v |", p(fc, .5), p(fc, .99), p(fe, .5), p(fe, .99))
+	if p(fc, .99) > 2*p(qc, .99) || p(fe, .99) > 2*p(qe, .99) {
+		t.Errorf("with %d idle connections p99 is more than 2× the quiet p99", opened)
 	}
 }
