@@ -310,6 +310,7 @@ type hostRecord struct {
 	Sandbox api.Sandbox `json:"sandbox"`
 	Storage string      `json:"storage"`
 	Layer   string      `json:"layer"`
+	Layers  []string    `json:"layers"`
 }
 
 // liveRecords reads the server's records of running and paused sandboxes,
@@ -341,8 +342,9 @@ func liveRecords(t *testing.T, s *server) map[string]hostRecord {
 
 // hostMismatch compares what the node reports with what the host holds:
 // /v1/nodes counts the live records; every cgroup has a live record and
-// vice versa; every writable layer belongs to one; a frozen cgroup is a
-// paused sandbox's and a paused sandbox's cgroup is frozen. "" = all agree.
+// vice versa; every writable layer (subvolume) and layer mount belongs to
+// one; a frozen cgroup is a paused sandbox's and a paused sandbox's cgroup
+// is frozen. "" = all agree.
 func hostMismatch(t *testing.T, s *server) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -380,7 +382,11 @@ func hostMismatch(t *testing.T, s *server) string {
 		}
 	}
 	layers := map[string]bool{}
+	held := map[string]bool{} // layer mounts the live records hold, by hex digest
 	for store, r := range recs {
+		for _, d := range r.Layers {
+			held[strings.TrimPrefix(d, "sha256:")] = true
+		}
 		if !cgroups[store] {
 			problems = append(problems, "live record without a cgroup: "+r.Sandbox.ID)
 		}
@@ -395,6 +401,22 @@ func hostMismatch(t *testing.T, s *server) string {
 		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && !layers[e.Name()] {
 			problems = append(problems, "writable layer without a live record: "+e.Name())
 		}
+	}
+	mi := readFile("/proc/self/mountinfo")
+	under := filepath.Join(s.dataDir, "layers") + "/"
+	mounts := 0
+	for _, l := range strings.Split(mi, "\n") {
+		f := strings.Fields(l)
+		if len(f) <= 4 || !strings.HasPrefix(f[4], under) {
+			continue
+		}
+		mounts++
+		if !held[strings.TrimPrefix(f[4], under)] {
+			problems = append(problems, "layer mount no live record holds: "+f[4])
+		}
+	}
+	if len(held) > 0 && mounts == 0 {
+		problems = append(problems, fmt.Sprintf("%d live sandboxes hold layers, but no layer is mounted", len(recs)))
 	}
 	return strings.Join(problems, "; ")
 }
