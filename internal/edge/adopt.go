@@ -35,7 +35,8 @@ const (
 	attachTimeout = time.Second
 	adoptRetryFor = 30 * time.Second
 	// refreezeWait bounds how long reconcile waits for the sandboxes it
-	// found paused to be frozen again before the node serves.
+	// found paused to be frozen again before the node serves (the freeze
+	// only: pushing their memory out goes on in the background).
 	refreezeWait = 2 * time.Second
 )
 
@@ -70,8 +71,7 @@ func (e *Edge) adopt(ctx context.Context, rec record, refreezes *sync.WaitGroup)
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			defer refreezes.Done()
-			e.refreeze(sb)
+			e.refreeze(sb, refreezes.Done)
 		}()
 	}
 	return true
@@ -144,7 +144,7 @@ func (e *Edge) retryAdopt(sb *sandbox, paused bool) {
 			e.adopted(sb, inst)
 			e.log.Info("adopted sandbox after retrying", "id", id, "paused", paused)
 			if paused {
-				e.refreeze(sb)
+				e.refreeze(sb, nil)
 			}
 			return
 		}
@@ -162,8 +162,13 @@ func (e *Edge) retryAdopt(sb *sandbox, paused bool) {
 
 // refreeze pauses again a sandbox that was paused before a restart (adopt
 // thawed it to attach its agent). It stays "paused" throughout; a resume
-// that came first (an operation on it) wins.
-func (e *Edge) refreeze(sb *sandbox) {
+// that came first (an operation on it) wins. frozen, when set, is called
+// once it is frozen (or will not be), before its memory is pushed out.
+func (e *Edge) refreeze(sb *sandbox, frozen func()) {
+	if frozen != nil {
+		frozen = sync.OnceFunc(frozen)
+		defer frozen() // also when there is nothing to freeze
+	}
 	sb.pmu.Lock()
 	defer sb.pmu.Unlock()
 	sb.mu.Lock()
@@ -173,7 +178,7 @@ func (e *Edge) refreeze(sb *sandbox) {
 	}
 	h := sb.inst.Handle
 	sb.mu.Unlock()
-	if err := e.freezeAndReclaim(e.runCtx, sb, h, "paused before the restart"); err != nil {
+	if err := e.freezeAndReclaim(e.runCtx, sb, h, "paused before the restart", frozen); err != nil {
 		e.log.Warn("pause adopted sandbox again", "id", sb.rec.Sandbox.ID, "err", err)
 	}
 }

@@ -45,16 +45,21 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, why string) error {
 		sb.mu.Unlock()
 		return fmt.Errorf("edge: record the pause of %s: %w", id, err)
 	}
-	return e.freezeAndReclaim(ctx, sb, h, why)
+	return e.freezeAndReclaim(ctx, sb, h, why, nil)
 }
 
 // freezeAndReclaim freezes sb (recorded paused already) and pushes its
 // memory out; a freeze that fails leaves it thawed and running again.
-// The caller holds sb.pmu.
-func (e *Edge) freezeAndReclaim(ctx context.Context, sb *sandbox, h runtime.Handle, why string) error {
+// frozen, when set, is called once the freeze is over (either way), before
+// the reclaim. The caller holds sb.pmu.
+func (e *Edge) freezeAndReclaim(ctx context.Context, sb *sandbox, h runtime.Handle, why string, frozen func()) error {
 	id := sb.rec.Sandbox.ID
 	t0 := time.Now()
-	if err := e.cfg.Runtime.Freeze(ctx, h); err != nil {
+	err := e.cfg.Runtime.Freeze(ctx, h)
+	if frozen != nil {
+		frozen()
+	}
+	if err != nil {
 		// A freeze that timed out leaves the cgroup FREEZING: thaw it.
 		if terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), h); terr != nil {
 			e.log.Warn("thaw after a failed freeze", "id", id, "err", terr)
@@ -257,9 +262,8 @@ func (e *Edge) setTimeout(req *TimeoutRequest) (any, error) {
 		sb.rec.Spec.IdleTimeout, sb.rec.Sandbox.IdleTimeout = *req.IdleTimeout, *req.IdleTimeout
 		sb.lastActive = now
 	}
-	rec := sb.rec
 	sb.mu.Unlock()
-	if err := e.persist(&rec); err != nil {
+	if err := e.persistSandbox(sb); err != nil {
 		return nil, fmt.Errorf("edge: persist timeout of %s: %w", req.ID, err)
 	}
 	v := sb.view()

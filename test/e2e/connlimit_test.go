@@ -92,16 +92,18 @@ func TestIdleConnectionsDoNotStopCreates(t *testing.T) {
 // TestConnectionFloodFigure measures the figure of docs/BENCHMARKS.md
 // ("Connection flood"): create→exec→delete of another client, p50 and p99,
 // on a quiet server and while WARREN_BENCH_CONNS idle connections (from 100
-// loopback addresses, each after one GET /healthz) are open. Set
-// WARREN_BENCH_CONNS to run it (e.g. 19000: this machine's hard limit of
-// descriptors is 20,000, for the test process as for the server); the goal
-// is the flood's p99 within 2× of the quiet one.
+// loopback addresses, each after one GET /healthz) are open. By default a
+// small run (1,000 connections, 10 rounds) only checks that the other
+// client is served; with WARREN_BENCH_CONNS set (e.g. 19000: this machine's
+// hard limit of descriptors is 20,000, for the test process as for the
+// server) it also checks the goal: the flood's p99 within 2× of the quiet one.
 func TestConnectionFloodFigure(t *testing.T) {
-	n := envInt("WARREN_BENCH_CONNS", 0)
-	if n == 0 {
-		t.Skip("SKIP: a measurement; set WARREN_BENCH_CONNS (e.g. 19000) to run it")
+	figure := os.Getenv("WARREN_BENCH_CONNS") != ""
+	n := envInt("WARREN_BENCH_CONNS", 1000)
+	rounds := envInt("WARREN_BENCH_ROUNDS", 10)
+	if figure && os.Getenv("WARREN_BENCH_ROUNDS") == "" {
+		rounds = 150
 	}
-	rounds := envInt("WARREN_BENCH_ROUNDS", 40)
 	s := startServer(t)
 	measure := func(label string) (create, exec []time.Duration) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -143,7 +145,7 @@ func TestConnectionFloodFigure(t *testing.T) {
 	t.Logf("| create p50 | create p99 | exec p50 | exec p99 |")
 	t.Logf("quiet: | %v | %v | %v | %v |", p(qc, .5), p(qc, .99), p(qe, .5), p(qe, .99))
 	t.Logf("flood: | %v | %v | %v | %v |", p(fc, .5), p(fc, .99), p(fe, .5), p(fe, .99))
-	if p(fc, .99) > 2*p(qc, .99) || p(fe, .99) > 2*p(qe, .99) {
+	if figure && (p(fc, .99) > 2*p(qc, .99) || p(fe, .99) > 2*p(qe, .99)) {
 		t.Errorf("with %d idle connections p99 is more than 2× the quiet p99", opened)
 	}
 }
