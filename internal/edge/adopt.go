@@ -59,8 +59,9 @@ func (e *Edge) adopt(ctx context.Context, rec record, refreezes *sync.WaitGroup)
 	if err != nil {
 		e.log.Warn("adopted sandbox's agent does not answer; retrying in the background", "id", id, "err", err)
 		e.put(id, sb)
-		e.wg.Add(1)
-		go e.retryAdopt(sb, paused)
+		if !e.wg.Go(func() { e.retryAdopt(sb, paused) }) {
+			close(sb.ready)
+		}
 		return true
 	}
 	close(sb.ready)
@@ -68,11 +69,9 @@ func (e *Edge) adopt(ctx context.Context, rec record, refreezes *sync.WaitGroup)
 	e.log.Info("adopted sandbox", "id", id, "paused", paused)
 	if paused {
 		refreezes.Add(1)
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			e.refreeze(sb, refreezes.Done)
-		}()
+		if !e.wg.Go(func() { e.refreeze(sb, refreezes.Done) }) {
+			refreezes.Done()
+		}
 	}
 	return true
 }
@@ -93,6 +92,7 @@ func (e *Edge) adopted(sb *sandbox, inst *runtime.Instance) {
 	e.cpuOpenLocked(sb)
 	sb.mu.Unlock()
 	e.put(sb.rec.Sandbox.ID, sb)
+	setPolicy(sb, sb.rec.Spec.Audit)
 	e.auditStart(sb, inst.Handle)
 	e.watch(sb)
 }
@@ -121,7 +121,6 @@ func (e *Edge) unfreeze(ctx context.Context, rec record) {
 // retryAdopt attaches a sandbox whose agent did not answer at start, thawing
 // it before each attempt, for up to adoptRetryFor; then it fails it.
 func (e *Edge) retryAdopt(sb *sandbox, paused bool) {
-	defer e.wg.Done()
 	defer close(sb.ready)
 	ctx := e.runCtx
 	sb.mu.Lock()
