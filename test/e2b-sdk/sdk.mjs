@@ -197,26 +197,73 @@ await step('watchDir', async () => {
   }
 })
 
-await step('not supported yet', async () => {
-  // Live stdin and PTYs answer a clear error at once, never a hang.
-  const h = await sbx.commands.run('sleep 30', { background: true, stdin: true })
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+await step('stdin', async () => {
+  // A command started with stdin: true reads what sendStdin sends, and
+  // sees its end at closeStdin.
+  const h = await sbx.commands.run('read a; echo got:$a; cat; echo end', { background: true, stdin: true })
+  await sbx.commands.sendStdin(h.pid, 'first\n')
+  await h.sendStdin('more\n')
+  await h.closeStdin()
+  const r = await h.wait()
+  check('stdin echoed', r.stdout === 'got:first\nmore\nend\n' && r.exitCode === 0, r)
+  const h2 = await sbx.commands.run('read n; echo err >&2; exit $n', { background: true, stdin: true })
+  await h2.sendStdin('7\n')
   try {
-    await sbx.commands.sendStdin(h.pid, 'input')
-    check('sendStdin unsupported', false, 'accepted')
+    await h2.wait()
+    check('stdin exit code', false, 'wait resolved')
   } catch (e) {
-    check('sendStdin unsupported', e instanceof SandboxError && /stdin/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+    check('stdin exit code', e instanceof CommandExitError && e.exitCode === 7 && e.stderr === 'err\n', `${e?.constructor?.name}: ${e?.message} ${e?.stderr}`)
   }
-  await h.kill()
-  // A command that reads stdin sees it empty and ends (never a hang).
-  const cat = await sbx.commands.run('cat; echo done', { stdin: true, timeoutMs: 20_000 })
-  check('stdin is empty', cat.stdout === 'done\n', cat.stdout)
+  // Without stdin a command that reads it sees it empty (never a hang),
+  // and sendStdin to it is refused.
+  const cat = await sbx.commands.run('cat; echo done', { timeoutMs: 20_000 })
+  check('stdin off is empty', cat.stdout === 'done\n', cat.stdout)
+  const h3 = await sbx.commands.run('sleep 30', { background: true })
   try {
-    const t = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
-    await t.kill()
-    check('pty unsupported', false, 'created')
+    await sbx.commands.sendStdin(h3.pid, 'input')
+    check('sendStdin without stdin', false, 'accepted')
   } catch (e) {
-    check('pty unsupported', e instanceof SandboxError && /PTY/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+    check('sendStdin without stdin', e instanceof SandboxError && /stdin/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
   }
+  await h3.kill()
+})
+
+await step('pty', async () => {
+  const enc = (s) => new TextEncoder().encode(s)
+  const dec = new TextDecoder()
+  let out = ''
+  const t = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d, { stream: true }) } })
+  check('pty pid', typeof t.pid === 'number' && t.pid > 0, t.pid)
+  const waitOut = async (what, re) => {
+    for (let i = 0; i < 150 && !re.test(out); i++) await sleep(100)
+    check(what, re.test(out), out.slice(-400))
+  }
+  await sbx.pty.sendInput(t.pid, enc('stty size; tty\n'))
+  await waitOut('pty stty size', /24 80\r?\n/)
+  await waitOut('pty is a terminal', /\/dev\/pts\//)
+  await sbx.pty.resize(t.pid, { cols: 100, rows: 30 })
+  out = ''
+  await sbx.pty.sendInput(t.pid, enc('stty size\n'))
+  await waitOut('pty resize', /30 100\r?\n/)
+  check('pty listed', (await sbx.commands.list()).some((p) => p.pid === t.pid), 'not listed')
+  await sbx.pty.sendInput(t.pid, enc('exit 5\n'))
+  try {
+    await t.wait()
+    check('pty exit code', false, 'wait resolved')
+  } catch (e) {
+    check('pty exit code', e instanceof CommandExitError && e.exitCode === 5, `${e?.constructor?.name}: ${e?.message}`)
+  }
+  const t2 = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
+  check('pty kill', (await sbx.pty.kill(t2.pid)) === true, 'answered false')
+  try {
+    await t2.wait()
+    check('pty killed wait', false, 'wait resolved')
+  } catch (e) {
+    check('pty killed wait', e instanceof CommandExitError && e.exitCode === -1, `${e?.constructor?.name}: ${e?.message}`)
+  }
+  check('pty kill ended', (await sbx.pty.kill(t2.pid)) === false, 'answered true')
 })
 
 await step('info, list, timeout', async () => {
