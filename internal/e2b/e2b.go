@@ -114,9 +114,13 @@ func (s *Server) Close() {
 	}
 }
 
-// ServeHTTP implements http.Handler: envd traffic (by its E2b-Sandbox-Id
+// ServeHTTP implements http.Handler: a sandbox's host
+// ("<port>-<id>.<domain>", host.go), envd traffic (by its E2b-Sandbox-Id
 // header) or the control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.serveHost(w, r) {
+		return
+	}
 	if isEnvd(r) {
 		s.envd.ServeHTTP(w, r)
 		return

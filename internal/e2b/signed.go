@@ -51,6 +51,13 @@ func (t *keyTable) remember(id, key string) {
 	t.keys[id] = key
 }
 
+// get is the key remembered for sandbox id ("" when none).
+func (t *keyTable) get(id string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.keys[id]
+}
+
 func (t *keyTable) forget(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -4,6 +4,8 @@
 // E2B_TEMPLATE naming the image. Each check prints one line "ok NAME" or
 // "FAIL NAME: why"; the exit status is non-zero when any check failed.
 import { Sandbox, CommandExitError, FileNotFoundError, SandboxError } from 'e2b'
+import { readFileSync } from 'node:fs'
+import http from 'node:http'
 
 const template = process.env.E2B_TEMPLATE || 'busybox'
 let failed = 0
@@ -240,15 +242,18 @@ await step('pty', async () => {
     for (let i = 0; i < 150 && !re.test(out); i++) await sleep(100)
     check(what, re.test(out), out.slice(-400))
   }
-  await sbx.pty.sendInput(t.pid, enc('stty size; tty\n'))
+  // The shell reads lines in a loop of its own: busybox ash's line editor
+  // asks the terminal for the cursor position (ESC[6n) at each prompt and
+  // misbehaves when nothing answers it, as here (bash does not ask).
+  await sbx.pty.sendInput(t.pid, enc('stty size; tty; while read l; do stty size; done; exit 5\n'))
   await waitOut('pty stty size', /24 80\r?\n/)
   await waitOut('pty is a terminal', /\/dev\/pts\//)
   await sbx.pty.resize(t.pid, { cols: 100, rows: 30 })
   out = ''
-  await sbx.pty.sendInput(t.pid, enc('stty size\n'))
+  await sbx.pty.sendInput(t.pid, enc('\n'))
   await waitOut('pty resize', /30 100\r?\n/)
   check('pty listed', (await sbx.commands.list()).some((p) => p.pid === t.pid), 'not listed')
-  await sbx.pty.sendInput(t.pid, enc('exit 5\n'))
+  await sbx.pty.sendInput(t.pid, enc('\x04')) // ^D: the end of the loop's input
   try {
     await t.wait()
     check('pty exit code', false, 'wait resolved')
@@ -264,6 +269,50 @@ await step('pty', async () => {
     check('pty killed wait', e instanceof CommandExitError && e.exitCode === -1, `${e?.constructor?.name}: ${e?.message}`)
   }
   check('pty kill ended', (await sbx.pty.kill(t2.pid)) === false, 'answered true')
+})
+
+await step('getHost', async () => {
+  // A server in the sandbox is reached at sbx.getHost(port):
+  // "<port>-<sandboxID>.<E2B_DOMAIN>", served by warren's E2B listener
+  // (in a deployment, wildcard DNS points *.<domain> at it; here the
+  // request goes to the listener with that Host).
+  const bin = process.env.E2B_PORTSRV
+  if (!bin) {
+    check('getHost', false, 'E2B_PORTSRV (the portsrv test server) is not set')
+    return
+  }
+  await sbx.files.write('/tmp/portsrv', new Blob([readFileSync(bin)]))
+  await sbx.commands.run('chmod 755 /tmp/portsrv')
+  const srv = await sbx.commands.run('/tmp/portsrv http 8000', { background: true, timeoutMs: 0 })
+  const host = sbx.getHost(8000)
+  check('getHost shape', host === `8000-${sbx.sandboxId}.${process.env.E2B_DOMAIN}`, host)
+  const api = new URL(process.env.E2B_API_URL)
+  const get = (host, path) => new Promise((resolve, reject) => {
+    const req = http.request({ host: api.hostname, port: api.port, path, headers: { host, 'x-test': 'yes' } }, (res) => {
+      let body = ''
+      res.on('data', (d) => { body += d })
+      res.on('end', () => resolve({ status: res.statusCode, body, type: res.headers['content-type'] }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+  let r
+  for (let i = 0; i < 100; i++) {
+    r = await get(host, '/info?q=1')
+    if (r.status === 200) break
+    await sleep(100)
+  }
+  let info = {}
+  try { info = JSON.parse(r.body) } catch {}
+  check('getHost proxied', r.status === 200 && info.uri === '/info?q=1' && info.x === 'yes' && info.host === host && info.authorization === '', r)
+  r = await get(sbx.getHost(8001), '/')
+  let body = {}
+  try { body = JSON.parse(r.body) } catch {}
+  check('getHost closed port', r.status === 502 && body.code === 502 && /8001/.test(body.message), r)
+  r = await get(`8000-nosuchsandbox.${process.env.E2B_DOMAIN}`, '/')
+  try { body = JSON.parse(r.body) } catch { body = {} }
+  check('getHost unknown sandbox', (r.status === 404 || r.status === 401) && body.code === r.status, r)
+  await srv.kill()
 })
 
 await step('info, list, timeout', async () => {
