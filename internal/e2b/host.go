@@ -14,8 +14,9 @@ package e2b
 // Authorization: as E2B's public sandbox traffic, a port is reached
 // without a key, running as the key that created or connected the sandbox
 // through this front (remembered, as for signed URLs); a request may
-// instead carry a key in e2b-traffic-access-token. The key is not passed
-// on to the sandbox.
+// instead carry a key in e2b-traffic-access-token, which a sandbox
+// created with network.allowPublicTraffic false requires (its
+// trafficAccessToken). The key is not passed on to the sandbox.
 
 import (
 	"bytes"
@@ -79,10 +80,10 @@ func (s *Server) serveHost(w http.ResponseWriter, r *http.Request) bool {
 func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, port int, id string) {
 	key := r.Header.Get(trafficTokenHeader)
 	if key == "" {
-		key = s.keys.get(id)
+		key = s.keys.public(id)
 	}
 	if key == "" {
-		writeError(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s: its ports are reached through the front that created or connected it (Sandbox.connect first), or with a key in the %s header", id, trafficTokenHeader))
+		writeError(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s: its ports need its trafficAccessToken in the %s header (network.allowPublicTraffic false), or are public through the front that created or connected it (Sandbox.connect first)", id, trafficTokenHeader))
 		return
 	}
 	tok, err := TokenFromKey(key)

@@ -242,16 +242,24 @@ await step('pty', async () => {
     for (let i = 0; i < 150 && !re.test(out); i++) await sleep(100)
     check(what, re.test(out), out.slice(-400))
   }
-  // The shell reads lines in a loop of its own: busybox ash's line editor
-  // asks the terminal for the cursor position (ESC[6n) at each prompt and
-  // misbehaves when nothing answers it, as here (bash does not ask).
-  await sbx.pty.sendInput(t.pid, enc('stty size; tty; while read l; do stty size; done; exit 5\n'))
+  // The shell execs a non-interactive sh that reads lines in a loop:
+  // busybox ash's line editor asks the terminal for the cursor position
+  // (ESC[6n) at each prompt and misbehaves when nothing answers (bash does
+  // not ask), and its interactive read builtin ends at SIGWINCH.
+  await sbx.pty.sendInput(t.pid, enc("stty size; tty; exec sh -c 'while read l; do stty size; done; exit 5'\n"))
   await waitOut('pty stty size', /24 80\r?\n/)
   await waitOut('pty is a terminal', /\/dev\/pts\//)
   await sbx.pty.resize(t.pid, { cols: 100, rows: 30 })
-  out = ''
-  await sbx.pty.sendInput(t.pid, enc('\n'))
-  await waitOut('pty resize', /30 100\r?\n/)
+  // A newline right after a resize is sometimes not seen by the program
+  // (reproduced on the native terminal too: see the report); type it
+  // again until the new size is printed.
+  const before = out.length
+  let tries = 0
+  for (; tries < 10 && !/30 100\r?\n/.test(out.slice(before)); tries++) {
+    await sbx.pty.sendInput(t.pid, enc('\n'))
+    for (let i = 0; i < 20 && !/30 100\r?\n/.test(out.slice(before)); i++) await sleep(100)
+  }
+  check('pty resize', /30 100\r?\n/.test(out.slice(before)), { tries, out: out.slice(-400) })
   check('pty listed', (await sbx.commands.list()).some((p) => p.pid === t.pid), 'not listed')
   await sbx.pty.sendInput(t.pid, enc('\x04')) // ^D: the end of the loop's input
   try {
@@ -313,6 +321,26 @@ await step('getHost', async () => {
   try { body = JSON.parse(r.body) } catch { body = {} }
   check('getHost unknown sandbox', (r.status === 404 || r.status === 401) && body.code === r.status, r)
   await srv.kill()
+  // network.allowPublicTraffic false: the host needs the sandbox's
+  // trafficAccessToken in e2b-traffic-access-token.
+  const priv = await Sandbox.create(template, { timeoutMs: 60_000, network: { allowPublicTraffic: false } })
+  try {
+    check('trafficAccessToken', typeof priv.trafficAccessToken === 'string' && priv.trafficAccessToken.length > 0, priv.trafficAccessToken)
+    r = await get(priv.getHost(8000), '/')
+    try { body = JSON.parse(r.body) } catch { body = {} }
+    check('private host without token', r.status === 401 && body.code === 401, r)
+    r = await new Promise((resolve, reject) => {
+      const req = http.request({ host: api.hostname, port: api.port, path: '/', headers: { host: priv.getHost(8000), 'e2b-traffic-access-token': priv.trafficAccessToken } }, (res) => {
+        res.resume()
+        res.on('end', () => resolve({ status: res.statusCode }))
+      })
+      req.on('error', reject)
+      req.end()
+    })
+    check('private host with token', r.status === 502, r) // authorised; nothing listens on 8000 there
+  } finally {
+    await priv.kill()
+  }
 })
 
 await step('info, list, timeout', async () => {
