@@ -105,13 +105,11 @@ func (s *Server) liveClient() *http.Client {
 	return s.live
 }
 
-// Close stops the in-process connections of live commands (their
-// commands end).
+// Close stops the in-process connections of live commands and of sandbox
+// hosts: their commands end, and later ones fail.
 func (s *Server) Close() {
-	s.liveOnce.Do(func() {})
-	if s.liveStop != nil {
-		s.liveStop()
-	}
+	s.liveClient()
+	s.liveStop()
 }
 
 // ServeHTTP implements http.Handler: a sandbox's host

@@ -547,9 +547,11 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	errc := make(chan error, 2)
 	// The E2B front first: once the native API answers, both are up.
 	if e2bLn != nil {
-		e2bSrv := o.HTTP.server(e2b.New(e2b.Config{API: api, Logger: log}), limits)
+		front := e2b.New(e2b.Config{API: api, Logger: log})
+		e2bSrv := o.HTTP.server(front, limits)
 		go func() { errc <- e2bSrv.Serve(e2bLn) }()
 		defer func() {
+			front.Close() // its live commands (stdin, PTYs) end, and their streams
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_ = e2bSrv.Shutdown(sctx)
