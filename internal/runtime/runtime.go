@@ -50,6 +50,10 @@ type Spec struct {
 	// default route, and lets it reach the destinations of Egress only
 	// (internal/sandboxnet). Nil: loopback only.
 	Network *NetworkSpec
+	// DiskMB is the sandbox's disk limit (0 = the tier's default). The
+	// container tier's comes from its writable storage; the microvm tier
+	// sizes the VM's writable disk with it.
+	DiskMB int64
 }
 
 // NetworkSpec is a sandbox's opt-in network, parsed.
@@ -65,7 +69,9 @@ type NetHandle struct {
 
 // Handle is what the edge persists to find a sandbox again after it restarts.
 type Handle struct {
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	// Tier is the runtime that made the sandbox ("" = container).
+	Tier     string `json:"tier,omitempty"`
 	Pid      int    `json:"pid"`       // host pid of the agent
 	PidStart uint64 `json:"pid_start"` // start time of that pid (from /proc/<pid>/stat), guards pid reuse
 	Socket   string `json:"socket"`    // the agent's listening socket, a host path

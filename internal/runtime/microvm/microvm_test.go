@@ -1,0 +1,208 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/internal/confine/confinetest"
+	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/runtime/runtimetest"
+)
+
+var (
+	agentBin string
+	buildDir string
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		dir, err := os.MkdirTemp("", "microvm-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		buildDir = dir
+		agentBin = filepath.Join(dir, "warren-agent")
+		if err := confinetest.GoStatic("../../..", "build", "-trimpath", "-ldflags=-s -w", "-o", agentBin, "./cmd/warren-agent"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// KernelDir is where the tests find the guest kernel: $WARREN_VM_KERNEL,
+// else the cache `make vm-kernel` fills.
+func kernelDir() string {
+	if d := os.Getenv("WARREN_VM_KERNEL"); d != "" {
+		return d
+	}
+	return "/var/lib/warren/cache/vm-kernel/current"
+}
+
+var (
+	kernelOnce sync.Once
+	kernelErr  error
+)
+
+// testKernel opens the guest kernel, fetching it (scripts/vm-kernel.sh)
+// when it is not cached yet.
+func testKernel(t testing.TB) Kernel {
+	t.Helper()
+	kernelOnce.Do(func() {
+		if _, err := os.Stat(filepath.Join(kernelDir(), "vmlinux")); err == nil {
+			return
+		}
+		out, err := exec.Command("bash", "../../../scripts/vm-kernel.sh", filepath.Dir(kernelDir())).CombinedOutput()
+		if err != nil {
+			kernelErr = fmt.Errorf("scripts/vm-kernel.sh: %v: %s", err, out)
+		}
+	})
+	if kernelErr != nil {
+		t.Fatal(kernelErr)
+	}
+	k, err := OpenKernel(kernelDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+var (
+	layerOnce sync.Once
+	layerFile string
+	layerErr  error
+)
+
+// busyboxLayer is an EROFS image with busybox and its applets, made once.
+func busyboxLayer(t testing.TB) string {
+	t.Helper()
+	layerOnce.Do(func() {
+		dir := filepath.Join(buildDir, "layer")
+		for _, d := range []string{"bin", "etc", "tmp", "root"} {
+			if layerErr = os.MkdirAll(filepath.Join(dir, d), 0o755); layerErr != nil {
+				return
+			}
+		}
+		if layerErr = exec.Command("cp", confinetest.BusyboxPath, filepath.Join(dir, "bin", "busybox")).Run(); layerErr != nil {
+			return
+		}
+		out, err := exec.Command(confinetest.BusyboxPath, "--list").Output()
+		if layerErr = err; err != nil {
+			return
+		}
+		for _, a := range strings.Fields(string(out)) {
+			if a != "busybox" {
+				_ = os.Symlink("busybox", filepath.Join(dir, "bin", a))
+			}
+		}
+		_ = os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "etc", "group"), []byte("root:x:0:\nnogroup:x:65534:\n"), 0o644)
+		layerFile = filepath.Join(buildDir, "busybox.erofs")
+		if out, err := exec.Command("mkfs.erofs", "--quiet", layerFile, dir).CombinedOutput(); err != nil {
+			layerErr = fmt.Errorf("mkfs.erofs: %v: %s", err, out)
+		}
+	})
+	if layerErr != nil {
+		t.Fatal(layerErr)
+	}
+	return layerFile
+}
+
+type fixture struct {
+	rt     *Runtime
+	parent string
+	base   string
+	layer  string
+}
+
+func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: needs root")
+	}
+	if _, err := os.Stat(confinetest.BusyboxPath); err != nil {
+		t.Skip("SKIP: " + confinetest.ErrNoBusybox.Error())
+	}
+	k := testKernel(t)
+	f := &fixture{parent: fmt.Sprintf("warren-vm-test-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6), base: t.TempDir(), layer: busyboxLayer(t)}
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("WARREN_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	rt, err := New(Config{Kernel: k, AgentPath: agentBin, CacheDir: filepath.Join(buildDir, "cache"),
+		CgroupParent: f.parent, Logger: logger,
+		LayerFile: func(dir string) (string, error) { return f.layer, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.rt = rt
+	t.Cleanup(func() {
+		for _, d := range rt.cg.dirs(f.parent) {
+			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+				t.Errorf("remove cgroup parent: %v", err)
+			}
+		}
+	})
+	return f
+}
+
+func (f *fixture) spec(t testing.TB, id string) *runtime.Spec {
+	t.Helper()
+	dir := filepath.Join(f.base, id)
+	for _, d := range []string{"state", "lower", "work"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &runtime.Spec{
+		ID: id, Hostname: "vm-" + id, StateDir: filepath.Join(dir, "state"),
+		Lowers: []string{filepath.Join(dir, "lower")}, Work: filepath.Join(dir, "work"),
+		CPU: 1, MemoryMB: 256, DiskMB: 256,
+	}
+}
+
+// TestConformance: the microvm tier passes the suite every tier runs.
+func TestConformance(t *testing.T) {
+	runtimetest.Run(t, func(t *testing.T) runtimetest.Tier {
+		f := newFixture(t)
+		return runtimetest.Tier{Runtime: f.rt, Spec: func(t *testing.T, id string) *runtime.Spec { return f.spec(t, id) }}
+	})
+}
+
+// TestBootExec boots one VM, runs commands in the guest and destroys it:
+// the guest's kernel is the tier's, not the host's, and nothing is left.
+func TestBootExec(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "boot")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	inst, err := f.rt.Start(ctx, spec)
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(spec.StateDir, ConsoleName))
+		t.Fatalf("Start: %v\nconsole:\n%s", err, b)
+	}
+	t.Logf("start: %v", time.Since(t0))
+	r, err := runtimetest.Exec(ctx, inst.Agent, "uname -r; grep -c hypervisor /proc/cpuinfo; hostname")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("guest: %q", r.Stdout)
+	if err := inst.Agent.Close(); err != nil {
+		t.Log(err)
+	}
+	if err := f.rt.Destroy(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+}
