@@ -36,7 +36,13 @@ const (
 const (
 	TierContainer = "container"
 	TierFnCall    = "fncall" // POST /v1/fncall: stateless tasks in reset, reused containers
+	// TierMicroVM runs the sandbox in a QEMU microVM (its own kernel; the
+	// agent is the guest's PID 1).
+	TierMicroVM = "microvm"
 )
+
+// Tiers are the tiers a create request may name.
+var Tiers = []string{TierContainer, TierMicroVM}
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
@@ -681,6 +687,13 @@ type Node struct {
 	Tiers           []string          `json:"tiers"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	LastHeartbeat   time.Time         `json:"last_heartbeat"`
+
+	// Accelerator is how the node's VM tiers run guests: "kvm" or "tcg"
+	// (emulated: much slower); empty when it offers none.
+	Accelerator string `json:"accelerator,omitempty"`
+	// VMKernel names the guest kernel of the node's VM tiers.
+	VMKernel string `json:"vm_kernel,omitempty"`
+
 	// DataAddr is the address of the node's data listener (host:port),
 	// where apiservers open the streams of exec output and file transfers.
 	DataAddr string `json:"data_addr,omitempty"`

@@ -286,8 +286,8 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	rspec := &runtime.Spec{
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: filepath.Join(stateDir, "root"),
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
-		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority,
+		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids, DiskMB: spec.DiskMB,
+		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority, Tier: spec.Tier,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
@@ -318,7 +318,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		}
 		inst, err = e.cfg.Runtime.Start(ctx, rspec)
 		if err != nil {
-			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})
+			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Tier: rspec.Tier, Socket: filepath.Join(stateDir, "agent.sock")})
 			return startError(err)
 		}
 	}

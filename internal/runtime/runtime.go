@@ -54,6 +54,9 @@ type Spec struct {
 	// container tier's comes from its writable storage; the microvm tier
 	// sizes the VM's writable disk with it.
 	DiskMB int64
+	// Tier is the sandbox's tier (api.Tier*; "" = the container tier):
+	// internal/runtime/tiers starts it on that tier's runtime.
+	Tier string
 }
 
 // NetworkSpec is a sandbox's opt-in network, parsed.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -105,8 +106,11 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if req.Tier == "" {
 		req.Tier = api.TierContainer
 	}
-	if req.Tier != api.TierContainer {
-		return invalid("tier %q is not available (available: container)", req.Tier)
+	if !slices.Contains(api.Tiers, req.Tier) {
+		return invalid("tier %q is unknown (tiers: %s)", truncate(req.Tier), strings.Join(api.Tiers, ", "))
+	}
+	if aerr := checkMicroVM(req); aerr != nil {
+		return aerr
 	}
 	if aerr := checkHistory(req); aerr != nil {
 		return aerr
@@ -330,6 +334,34 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	}
 	if n.Egress == nil {
 		n.Egress = []string{}
+	}
+	return nil
+}
+
+// MinMicroVMMemoryMB is the least memory a microVM boots with.
+const MinMicroVMMemoryMB = 128
+
+// checkMicroVM refuses what the microvm tier does not offer yet: networks,
+// layers attached at paths, snapshots and trajectory checkpoints (its
+// writable layer is a disk inside the VM), too little memory to boot.
+func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
+	if req.Tier != api.TierMicroVM {
+		return nil
+	}
+	switch {
+	case req.Network != nil:
+		return invalid("tier microvm: network is not supported yet")
+	case req.Snapshot != "":
+		return invalid("tier microvm: snapshot is not supported yet")
+	case req.Trajectory != "" || (req.Checkpoint != "" && req.Checkpoint != "none"):
+		return invalid("tier microvm: trajectories and checkpoints are not supported yet")
+	case req.MemoryMB != 0 && req.MemoryMB < MinMicroVMMemoryMB:
+		return invalid("tier microvm: memory_mb must be at least %d", MinMicroVMMemoryMB)
+	}
+	for _, l := range req.Layers {
+		if l.Mount != "" {
+			return invalid("tier microvm: layers attached at a mount point are not supported yet")
+		}
 	}
 	return nil
 }

@@ -24,7 +24,9 @@ import (
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/runtime/container"
+	"github.com/warrenhq/warren/internal/runtime/tiers"
 	"github.com/warrenhq/warren/internal/watcher"
 )
 
@@ -70,7 +72,10 @@ type Options struct {
 	TelemetryRefusals bool
 	TelemetryFiles    bool
 	Userns            UsernsOptions
-	Logger            *slog.Logger
+	// VMKernel is the microvm tier's guest kernel directory (default
+	// DefaultVMKernel under DataDir; "off": no microvm tier).
+	VMKernel string
+	Logger   *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 	// E2BListen, when set, also serves E2B's control plane there
@@ -221,7 +226,7 @@ func Run(ctx context.Context, o Options) error {
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
-		Userns: o.Userns,
+		Userns: o.Userns, VMKernel: o.VMKernel,
 	})
 	if err != nil {
 		return err
@@ -258,6 +263,7 @@ type EdgeOptions struct {
 	DataListen    string
 	DataAdvertise string
 	Userns        UsernsOptions
+	VMKernel      string // see Options.VMKernel
 	Logger        *slog.Logger
 }
 
@@ -392,10 +398,24 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 			}
 		}
 	})
+	var edgeRT runtime.Runtime = rt
+	if vm, why := openMicroVM(o, images); vm != nil {
+		edgeRT = tiers.New(rt, vm)
+		closers = append(closers, func() {
+			if !o.KeepOnShutdown {
+				if err := vm.Close(); err != nil {
+					log.Warn("remove the microvm tier's parent cgroup", "err", err)
+				}
+			}
+		})
+		log.Info("microvm tier on", "accel", vm.Accel(), "kernel", vm.KernelVersion())
+	} else {
+		log.Info("microvm tier off", "reason", why)
+	}
 	memMB := totalMemoryMB()
 	diskMB, diskSpace := diskCapacity(writable, o.DiskOvercommit, log)
 	e, err := edge.New(edge.Config{
-		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: rt,
+		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: edgeRT,
 		Images: imageResolver{store: images, mounts: mounts}, Writable: writable, Logger: log,
 		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),

@@ -119,6 +119,11 @@ func New(cfg Config) (*Runtime, error) {
 		children: map[int]chan struct{}{}}, nil
 }
 
+// Close removes the tier's parent cgroups (when no VM is left in them).
+func (r *Runtime) Close() error {
+	return r.cg.remove(r.cfg.CgroupParent)
+}
+
 // Name is the tier.
 func (r *Runtime) Name() string { return Tier }
 
