@@ -176,3 +176,41 @@ func TestMicroVMTierErrors(t *testing.T) {
 		t.Errorf("tier no node offers: %d %s", code, body)
 	}
 }
+
+// TestMicroVMRestart: kill -9 of warren leaves the VM running; the next
+// warren adopts it (its processes and files intact) and deletes it cleanly.
+func TestMicroVMRestart(t *testing.T) {
+	kdir := vmKernelDir(t)
+	s := startServer(t, "--vm-kernel", kdir)
+	ctx := context.Background()
+	sb := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256})
+	if r := s.sh(t, sb.ID, "echo kept > /root/state; (sleep 1000 &) ; echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("setup: %q %q", r.Stdout, r.Stderr)
+	}
+	// A second VM whose record is lost in the crash: a leftover that the
+	// next warren must remove (QEMU, disk, cgroup).
+	lost := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256})
+	s.kill9()
+	if q := qemusOf(s.dataDir); !strings.Contains(q, sb.ID) || !strings.Contains(q, lost.ID) {
+		t.Fatalf("the VMs died with warren: %q", q)
+	}
+	if err := os.Remove(filepath.Join(s.dataDir, "edge", "sandboxes", lost.ID+".json")); err != nil {
+		t.Fatal(err)
+	}
+	s.start()
+	if q := qemusOf(s.dataDir); strings.Contains(q, lost.ID) || !strings.Contains(q, sb.ID) {
+		t.Errorf("after reconcile, QEMUs: %q (leftover %s must be gone, %s adopted)", q, lost.ID, sb.ID)
+	}
+	got, err := s.C.Get(ctx, sb.ID)
+	if err != nil || got.State != api.StateRunning || got.Tier != api.TierMicroVM {
+		t.Fatalf("VM not adopted: %+v %v\n%s", got, err, tail(s.logs.String(), 30))
+	}
+	if r := s.sh(t, sb.ID, "cat /root/state; pgrep -c 'sleep 1000' || ps | grep -c '[s]leep 1000'"); r.Stdout != "kept\n1\n" {
+		t.Errorf("after adoption: %q exit %d %q", r.Stdout, r.ExitCode, r.Stderr)
+	}
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}

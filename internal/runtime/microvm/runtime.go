@@ -39,7 +39,10 @@ const (
 	DiskLink    = "disk" // symlink to the writable disk (it lives on the writable storage)
 	DiskName    = "vm-disk.ext4"
 	portName    = "warren.agent"
-	namePrefix  = "warren-vm:" // QEMU's -name: how Leftovers recognises our VMs
+	// namePrefix starts QEMU's -name, "warren-vm:<cgroup parent>/<id>":
+	// how Leftovers and Destroy recognise this runtime's VMs (and not
+	// those of another warren on the host).
+	namePrefix = "warren-vm:"
 )
 
 // Defaults of a sandbox that asks for nothing.
@@ -101,6 +104,9 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "warren-vm"
+	}
+	if strings.ContainsAny(cfg.CgroupParent, ", \t\n") {
+		return nil, fmt.Errorf("microvm: cgroup parent %q: no commas or spaces (it is part of QEMU's -name)", cfg.CgroupParent)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -283,7 +289,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		cpu = "host"
 	}
 	args := []string{
-		"-name", namePrefix + spec.ID,
+		"-name", r.qemuName(spec.ID),
 		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on",
 		"-accel", r.cfg.Accel, "-cpu", cpu,
 		"-m", strconv.FormatInt(memoryOf(spec), 10), "-smp", strconv.Itoa(smp),
@@ -392,7 +398,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if r.alive(h) {
 		pids[h.Pid] = true
 	}
-	found, err := findQEMUs()
+	found, err := r.findQEMUs()
 	if err != nil {
 		return err
 	}
@@ -461,7 +467,7 @@ func (r *Runtime) waitGone(ctx context.Context, pid int) error {
 // Leftovers lists the VMs of this tier running on the host (QEMUs named
 // by it, whatever started them) and the cgroups of VMs whose QEMU is gone.
 func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
-	found, err := findQEMUs()
+	found, err := r.findQEMUs()
 	if err != nil {
 		return nil, err
 	}
@@ -519,8 +525,13 @@ type qemuProc struct {
 	socket string
 }
 
-// findQEMUs scans /proc for QEMUs whose -name marks them as this tier's.
-func findQEMUs() ([]qemuProc, error) {
+// qemuName is the -name of sandbox id's QEMU.
+func (r *Runtime) qemuName(id string) string { return namePrefix + r.cfg.CgroupParent + "/" + id }
+
+// findQEMUs scans /proc for QEMUs whose -name marks them as this
+// runtime's.
+func (r *Runtime) findQEMUs() ([]qemuProc, error) {
+	prefix := r.qemuName("")
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -540,7 +551,7 @@ func findQEMUs() ([]qemuProc, error) {
 		for i := 0; i+1 < len(args); i++ {
 			switch args[i] {
 			case "-name":
-				if id, ok := strings.CutPrefix(args[i+1], namePrefix); ok {
+				if id, ok := strings.CutPrefix(args[i+1], prefix); ok {
 					q.id = id
 				}
 			case "-chardev":
