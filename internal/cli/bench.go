@@ -61,6 +61,9 @@ func newBenchCmd() *cobra.Command {
 		debianTar = filepath.Join(DefaultDataDir, "cache", "debian-12.tar") // where `make run` builds it
 	}
 	f.StringVar(&o.DebianTar, "debian-tar", debianTar, "fncall: debian:12 root filesystem tarball (scripts/build-debian-image.sh) to import for the python3 figure")
+	f.StringVar(&o.VMKernel, "vm-kernel", serve.VMKernelDir(DefaultDataDir, ""), "vm: the microvm tier's guest kernel directory (make vm-kernel)")
+	f.IntVar(&o.VM.Creates, "vm-creates", 8, "vm: microVMs created one after another for create→first exec")
+	f.IntVar(&o.VM.Idle, "vm-idle", 3, "vm: idle microVMs measured for host memory")
 	f.StringVar(&out, "out", "", "append the results to this Markdown file (docs/BENCHMARKS.md)")
 	f.StringVar(&o.Figures, "figures", "core", "what to measure, comma-separated: core, layers, elastic, history, all, or any of "+strings.Join(bench.FigureSets, ", "))
 	f.IntVar(&o.History.Steps, "ff-steps", 1000, "fast-forward: cached steps re-issued")

@@ -3,6 +3,7 @@ package microvm
 import (
 	"bytes"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -56,6 +57,9 @@ func (k Kernel) modules() ([]string, error) {
 // name is the hash of its inputs, so a new agent or kernel makes a new file
 // and an unchanged one is reused.
 func BuildInitramfs(k Kernel, agentPath, cacheDir string) (string, error) {
+	if err := checkStatic(agentPath); err != nil {
+		return "", err
+	}
 	mods, err := k.modules()
 	if err != nil {
 		return "", fmt.Errorf("microvm: modules: %w", err)
@@ -157,4 +161,20 @@ func pad(b *bytes.Buffer, n int) {
 		b.WriteByte(0)
 		n++
 	}
+}
+
+// checkStatic refuses an agent that needs a dynamic loader: the initramfs
+// has none, and the kernel would only say "No working init found".
+func checkStatic(p string) error {
+	f, err := elf.Open(p)
+	if err != nil {
+		return fmt.Errorf("microvm: agent %s: %w", p, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return fmt.Errorf("microvm: agent %s is dynamically linked; build it with CGO_ENABLED=0 (it is the VM's /init)", p)
+		}
+	}
+	return nil
 }

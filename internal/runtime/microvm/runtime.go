@@ -214,11 +214,25 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
-		return nil, fmt.Errorf("microvm: agent setup (guest console: %s): %w", filepath.Join(spec.StateDir, ConsoleName), err)
+		return nil, fmt.Errorf("microvm: agent setup: %w (qemu: %q; guest console: %q)", err,
+			logTail(filepath.Join(spec.StateDir, LogName), 300), logTail(filepath.Join(spec.StateDir, ConsoleName), 600))
 	}
 	r.log.Debug("microvm: started", "id", spec.ID, "pid", h.Pid, "accel", r.cfg.Accel,
 		"disk", tDisk.Sub(t0), "qemu", tQEMU.Sub(tDisk), "boot", time.Since(tQEMU), "total", time.Since(t0))
 	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// logTail is the last n bytes of the file at p (for errors: the state
+// directory goes with the failed sandbox).
+func logTail(p string, n int64) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return ""
+	}
+	if int64(len(b)) > n {
+		b = b[int64(len(b))-n:]
+	}
+	return string(bytes.TrimSpace(b))
 }
 
 func memoryOf(spec *runtime.Spec) int64 {
