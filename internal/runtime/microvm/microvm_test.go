@@ -206,3 +206,50 @@ func TestBootExec(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestIdleMemory reports where an idle VM's host memory goes (largest
+// mappings of its QEMU by RSS) and checks the guest's memory limit holds.
+func TestIdleMemory(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "mem")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	inst, err := f.rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		inst.Agent.Close()
+		if err := f.rt.Destroy(context.Background(), inst.Handle); err != nil {
+			t.Error(err)
+		}
+	}()
+	time.Sleep(10 * time.Second)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", inst.Handle.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type m struct {
+		name string
+		rss  int64
+	}
+	var ms []m
+	var cur string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 5 && strings.Contains(f[0], "-") {
+			cur = f[0] + " " + strings.Join(f[5:], " ")
+		} else if len(f) >= 2 && f[0] == "Rss:" {
+			var v int64
+			fmt.Sscan(f[1], &v)
+			if v > 1024 {
+				ms = append(ms, m{cur, v})
+			}
+		}
+	}
+	for _, x := range ms {
+		t.Logf("%8d KiB %s", x.rss, x.name)
+	}
+	r, _ := runtimetest.Exec(ctx, inst.Agent, "free -m; cat /sys/bus/virtio/drivers/virtio_balloon/*/features 2>/dev/null | head -1")
+	t.Logf("guest: %s", r.Stdout)
+}
