@@ -247,9 +247,25 @@ func TestIdleMemory(t *testing.T) {
 			}
 		}
 	}
+	var total int64
 	for _, x := range ms {
 		t.Logf("%8d KiB %s", x.rss, x.name)
+		total += x.rss
 	}
-	r, _ := runtimetest.Exec(ctx, inst.Agent, "free -m; cat /sys/bus/virtio/drivers/virtio_balloon/*/features 2>/dev/null | head -1")
-	t.Logf("guest: %s", r.Stdout)
+	if limit := int64(spec.MemoryMB+overheadMB) << 10; total > limit {
+		t.Errorf("QEMU's RSS %d KiB is above its cgroup's limit %d KiB", total, limit)
+	}
+	r, err := runtimetest.Exec(ctx, inst.Agent, "free -m | awk '/^Mem:/ {print $2}'; cat /sys/bus/virtio/drivers/virtio_balloon/*/features")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2 := strings.Fields(r.Stdout)
+	var guestMB int64
+	if len(f2) == 2 {
+		fmt.Sscan(f2[0], &guestMB)
+	}
+	// The balloon's feature bit 5 is free page reporting.
+	if len(f2) != 2 || guestMB <= 128 || guestMB > spec.MemoryMB || len(f2[1]) < 6 || f2[1][5] != '1' {
+		t.Errorf("guest memory %d MiB (spec %d), balloon features %q", guestMB, spec.MemoryMB, r.Stdout)
+	}
 }
