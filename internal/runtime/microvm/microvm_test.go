@@ -199,6 +199,11 @@ func TestBootExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("guest: %q", r.Stdout)
+	if b, err := os.ReadFile(filepath.Join(spec.StateDir, ConsoleName)); err == nil {
+		t.Logf("console:\n%s", b)
+	}
+	r, _ = runtimetest.Exec(ctx, inst.Agent, "dmesg | tail -40")
+	t.Logf("dmesg:\n%s", r.Stdout)
 	if err := inst.Agent.Close(); err != nil {
 		t.Log(err)
 	}
@@ -267,5 +272,29 @@ func TestIdleMemory(t *testing.T) {
 	// The balloon's feature bit 5 is free page reporting.
 	if len(f2) != 2 || guestMB <= 128 || guestMB > spec.MemoryMB || len(f2[1]) < 6 || f2[1][5] != '1' {
 		t.Errorf("guest memory %d MiB (spec %d), balloon features %q", guestMB, spec.MemoryMB, r.Stdout)
+	}
+}
+
+// TestStripModuleSignature: the kernel package's modules are signed; the
+// initramfs gets them without the signature, ELF otherwise intact.
+func TestStripModuleSignature(t *testing.T) {
+	k := testKernel(t)
+	mods, err := k.modules()
+	if err != nil || len(mods) == 0 {
+		t.Skipf("SKIP: the kernel %s has no modules (%v)", k.Dir, err)
+	}
+	b, err := os.ReadFile(filepath.Join(k.Dir, "modules", mods[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(string(b), moduleSigMagic) {
+		t.Skipf("SKIP: %s is not signed", mods[0])
+	}
+	s := stripModuleSignature(b)
+	if len(s) >= len(b) || strings.HasSuffix(string(s), moduleSigMagic) || string(s[:4]) != "\x7fELF" || string(b[:len(s)]) != string(s) {
+		t.Errorf("stripped %d → %d bytes, ends %q", len(b), len(s), s[max(0, len(s)-30):])
+	}
+	if got := stripModuleSignature([]byte("\x7fELF unsigned")); string(got) != "\x7fELF unsigned" {
+		t.Errorf("an unsigned module changed: %q", got)
 	}
 }
