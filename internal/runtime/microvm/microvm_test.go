@@ -298,3 +298,81 @@ func TestStripModuleSignature(t *testing.T) {
 		t.Errorf("an unsigned module changed: %q", got)
 	}
 }
+
+// TestMemorySnapshot: pause writes the VM's memory to a file and ends
+// QEMU; resume restores it through the same agent connection, processes
+// and memory-only files intact; destroy removes the snapshot.
+func TestMemorySnapshot(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "snap")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	inst, err := f.rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		inst.Agent.Close()
+		if err := f.rt.Destroy(context.Background(), inst.Handle); err != nil {
+			t.Error(err)
+		}
+		if _, err := os.Stat(filepath.Join(spec.Work, MemoryName)); err == nil {
+			t.Error("the memory snapshot outlived Destroy")
+		}
+	}()
+	// A file on tmpfs (memory only) and a process counting.
+	r, err := runtimetest.Exec(ctx, inst.Agent, "echo in-memory > /dev/shm/mark; (i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.1; done) >/dev/null 2>&1 & sleep 0.5; cat /dev/shm/count")
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("setup: %v %+v", err, r)
+	}
+	h := inst.Handle
+	if err := f.rt.Freeze(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	before, after, err := f.rt.Reclaim(ctx, h)
+	if err != nil {
+		t.Fatalf("Reclaim: %v", err)
+	}
+	tPause := time.Since(t0)
+	fi, err := os.Stat(filepath.Join(spec.Work, MemoryName))
+	if err != nil {
+		t.Fatalf("no memory snapshot: %v", err)
+	}
+	if f.rt.pidOf(h) != 0 || after != 0 || before == 0 {
+		t.Errorf("after Reclaim: qemu pid %d, memory %d → %d", f.rt.pidOf(h), before, after)
+	}
+	t0 = time.Now()
+	if err := f.rt.Restore(ctx, h, spec.MemoryMB); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if err := f.rt.Thaw(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	r, err = runtimetest.Exec(ctx, inst.Agent, "cat /dev/shm/mark; a=$(cat /dev/shm/count); sleep 0.5; b=$(cat /dev/shm/count); [ $b -gt $a ] && echo counting")
+	tResume := time.Since(t0)
+	if err != nil || r.Stdout != "in-memory\ncounting\n" {
+		t.Errorf("after restore: %v %q %q", err, r.Stdout, r.Stderr)
+	}
+	if _, err := os.Stat(filepath.Join(spec.Work, MemoryName)); err == nil {
+		t.Error("the memory snapshot outlived the restore")
+	}
+	t.Logf("pause (snapshot %d MiB, QEMU RSS %d MiB freed) %v; resume to first exec %v",
+		fi.Size()>>20, before>>20, tPause, tResume)
+	// A second round through the same connection.
+	if err := f.rt.Freeze(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.rt.Reclaim(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rt.Restore(ctx, h, spec.MemoryMB); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rt.Thaw(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := runtimetest.Exec(ctx, inst.Agent, "cat /dev/shm/mark"); err != nil || r.Stdout != "in-memory\n" {
+		t.Errorf("after a second restore: %v %q", err, r.Stdout)
+	}
+}

@@ -90,6 +90,7 @@ type Runtime struct {
 
 	mu       sync.Mutex
 	children map[int]chan struct{} // QEMUs this process started, closed when reaped
+	conns    map[string]*vmConn    // the edge's agent connection per sandbox (snapshot.go)
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -126,7 +127,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	return &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, cg: newCgroupDriver(),
-		children: map[int]chan struct{}{}}, nil
+		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}}, nil
 }
 
 // Close removes the tier's parent cgroups (when no VM is left in them).
@@ -210,7 +211,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if err != nil {
 		return nil, err
 	}
-	client = agentproto.NewClient(conn)
+	client = agentproto.NewClient(r.track(h.ID, conn))
 	tQEMU := time.Now()
 	setup := &agentproto.SetupConfig{
 		RootDir: "/", Unconfined: true, // the VM is the boundary; the agent assembled the root at boot
@@ -338,13 +339,61 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 	if err != nil {
 		return nil, fmt.Errorf("microvm: qemu log: %w", err)
 	}
+	return r.qemuCommand(args, logf), nil
+}
+
+// qemuCommand runs QEMU with args, its output to logf (closed when reaped).
+func (r *Runtime) qemuCommand(args []string, logf *os.File) *exec.Cmd {
 	cmd := exec.Command(r.cfg.QEMU, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = []string{}
 	// VMs outlive the edge (a restarted edge adopts them).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	return cmd, nil
+	return cmd
 }
+
+// track registers c as the edge's connection to sandbox id's agent.
+func (r *Runtime) track(id string, c net.Conn) *vmConn {
+	v := newVMConn(c, func(v *vmConn) {
+		r.mu.Lock()
+		if r.conns[id] == v {
+			delete(r.conns, id)
+		}
+		r.mu.Unlock()
+	})
+	r.mu.Lock()
+	r.conns[id] = v
+	r.mu.Unlock()
+	return v
+}
+
+// conn is the edge's connection to sandbox id's agent, nil when none.
+func (r *Runtime) conn(id string) *vmConn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conns[id]
+}
+
+// pidOf is the pid of h's QEMU: h.Pid while it runs, else (a VM restored
+// from a memory snapshot runs in a new process) the one named for h; 0
+// when none runs.
+func (r *Runtime) pidOf(h runtime.Handle) int {
+	if r.alive(h) {
+		return h.Pid
+	}
+	found, err := r.findQEMUs()
+	if err != nil {
+		return 0
+	}
+	for _, q := range found {
+		if q.id == h.ID {
+			return q.pid
+		}
+	}
+	return 0
+}
+
+func syscall9(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
 
 // reap waits for a QEMU this process started.
 func (r *Runtime) reap(cmd *exec.Cmd) {
@@ -371,7 +420,7 @@ func (r *Runtime) dial(ctx context.Context, h runtime.Handle) (net.Conn, error) 
 		if err == nil {
 			return c, nil
 		}
-		if !r.alive(h) {
+		if r.pidOf(h) == 0 {
 			return nil, fmt.Errorf("microvm: qemu exited (log: %s): %w", filepath.Join(filepath.Dir(h.Socket), LogName), runtime.ErrGone)
 		}
 		select {
@@ -395,17 +444,17 @@ func (r *Runtime) alive(h runtime.Handle) bool {
 // socket serves one connection at a time: this one is accepted when the
 // previous one closes.
 func (r *Runtime) Attach(ctx context.Context, h runtime.Handle) (*runtime.Instance, error) {
-	if !r.alive(h) {
+	if r.pidOf(h) == 0 {
 		return nil, runtime.ErrGone
 	}
 	c, err := net.Dial("unix", h.Socket)
 	if err != nil {
-		if !r.alive(h) {
+		if r.pidOf(h) == 0 {
 			return nil, runtime.ErrGone
 		}
 		return nil, fmt.Errorf("microvm: attach: %w", err)
 	}
-	return &runtime.Instance{Handle: h, Agent: agentproto.NewClient(c)}, nil
+	return &runtime.Instance{Handle: h, Agent: agentproto.NewClient(r.track(h.ID, c))}, nil
 }
 
 // Destroy kills the VM's QEMU, waits for it and frees its disk, sockets
@@ -442,11 +491,13 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if h.Socket != "" {
 		dir := filepath.Dir(h.Socket)
 		if target, err := os.Readlink(filepath.Join(dir, DiskLink)); err == nil {
-			if err := os.Remove(target); err != nil && !os.IsNotExist(err) {
-				return fmt.Errorf("microvm: remove disk: %w", err)
+			for _, p := range []string{target, filepath.Join(filepath.Dir(target), MemoryName)} {
+				if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+					return fmt.Errorf("microvm: remove disk: %w", err)
+				}
 			}
 		}
-		for _, n := range []string{DiskLink, SocketName, QMPName} {
+		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName} {
 			if err := os.Remove(filepath.Join(dir, n)); err != nil && !os.IsNotExist(err) {
 				return fmt.Errorf("microvm: destroy: %w", err)
 			}
@@ -522,7 +573,7 @@ func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
 
 // qmp runs fn on a QMP connection to h's QEMU.
 func (r *Runtime) qmp(h runtime.Handle, fn func(*raw.Monitor) error) error {
-	if !r.alive(h) {
+	if r.pidOf(h) == 0 {
 		return runtime.ErrGone
 	}
 	mon, err := qmp.NewSocketMonitor("unix", filepath.Join(filepath.Dir(h.Socket), QMPName), 5*time.Second)

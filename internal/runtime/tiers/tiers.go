@@ -143,25 +143,38 @@ func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
 	return rt.Thaw(ctx, h)
 }
 
-// Reclaim: the default tier's; another tier's sandbox keeps its memory.
+// Reclaim: the sandbox's tier's (the microvm tier writes a memory snapshot
+// and ends QEMU); a tier without it keeps the sandbox's memory.
 func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (int64, int64, error) {
-	if rc, ok := r.def.(runtime.Reclaimer); ok && r.isDef(h) {
+	rt, err := r.of(h)
+	if err != nil {
+		return 0, 0, err
+	}
+	if rc, ok := rt.(runtime.Reclaimer); ok {
 		return rc.Reclaim(ctx, h)
 	}
 	return 0, 0, nil
 }
 
-// Restore: the default tier's.
+// Restore: the sandbox's tier's.
 func (r *Runtime) Restore(ctx context.Context, h runtime.Handle, memoryMB int64) error {
-	if rc, ok := r.def.(runtime.Reclaimer); ok && r.isDef(h) {
+	rt, err := r.of(h)
+	if err != nil {
+		return err
+	}
+	if rc, ok := rt.(runtime.Reclaimer); ok {
 		return rc.Restore(ctx, h, memoryMB)
 	}
 	return nil
 }
 
-// Prefetch: the default tier's.
+// Prefetch: the sandbox's tier's.
 func (r *Runtime) Prefetch(ctx context.Context, h runtime.Handle, rest bool) (int64, error) {
-	if rc, ok := r.def.(runtime.Reclaimer); ok && r.isDef(h) {
+	rt, err := r.of(h)
+	if err != nil {
+		return 0, err
+	}
+	if rc, ok := rt.(runtime.Reclaimer); ok {
 		return rc.Prefetch(ctx, h, rest)
 	}
 	return 0, nil
