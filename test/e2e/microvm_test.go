@@ -121,6 +121,26 @@ func TestMicroVM(t *testing.T) {
 		t.Errorf("after the forging attempt: %q", r.Stdout)
 	}
 
+	// Pause writes the VM's memory to a file and ends QEMU; the next
+	// request restores it, processes and memory-only files intact.
+	if r := s.sh(t, sb.ID, "echo in-memory > /dev/shm/mark; (sleep 1000 &); echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("before pause: %q", r.Stdout)
+	}
+	if _, err := s.C.Pause(ctx, sb.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if got, err := s.C.Get(ctx, sb.ID); err != nil || got.State != api.StatePaused {
+		t.Errorf("after pause: %+v %v", got, err)
+	}
+	if q := qemusOf(s.dataDir); strings.Contains(q, sb.ID) {
+		t.Errorf("QEMU still runs while paused: %s", q)
+	}
+	t1 := time.Now()
+	if r := s.sh(t, sb.ID, "cat /dev/shm/mark; ps | grep -c '[s]leep 1000'"); r.Stdout != "in-memory\n1\n" {
+		t.Errorf("after the transparent resume: %q exit %d %q", r.Stdout, r.ExitCode, r.Stderr)
+	}
+	t.Logf("resume from the memory snapshot to first exec: %v", time.Since(t1))
+
 	// Delete: QEMU gone, disk and sockets freed.
 	stateDir := filepath.Join(s.dataDir, "edge", "run", sb.ID)
 	if qemusOf(s.dataDir) == "" {
@@ -190,9 +210,15 @@ func TestMicroVMRestart(t *testing.T) {
 	// A second VM whose record is lost in the crash: a leftover that the
 	// next warren must remove (QEMU, disk, cgroup).
 	lost := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256})
+	// A third, paused (its memory in a file, no QEMU) when warren dies.
+	paused := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256})
+	s.sh(t, paused.ID, "echo still > /dev/shm/mark")
+	if _, err := s.C.Pause(ctx, paused.ID); err != nil {
+		t.Fatal(err)
+	}
 	s.kill9()
-	if q := qemusOf(s.dataDir); !strings.Contains(q, sb.ID) || !strings.Contains(q, lost.ID) {
-		t.Fatalf("the VMs died with warren: %q", q)
+	if q := qemusOf(s.dataDir); !strings.Contains(q, sb.ID) || !strings.Contains(q, lost.ID) || strings.Contains(q, paused.ID) {
+		t.Fatalf("after kill -9, QEMUs: %q", q)
 	}
 	if err := os.Remove(filepath.Join(s.dataDir, "edge", "sandboxes", lost.ID+".json")); err != nil {
 		t.Fatal(err)
@@ -208,8 +234,16 @@ func TestMicroVMRestart(t *testing.T) {
 	if r := s.sh(t, sb.ID, "cat /root/state; pgrep -c 'sleep 1000' || ps | grep -c '[s]leep 1000'"); r.Stdout != "kept\n1\n" {
 		t.Errorf("after adoption: %q exit %d %q", r.Stdout, r.ExitCode, r.Stderr)
 	}
-	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
-		t.Fatal(err)
+	if got, err := s.C.Get(ctx, paused.ID); err != nil || got.State != api.StatePaused {
+		t.Errorf("paused VM after the restart: %+v %v", got, err)
+	}
+	if r := s.sh(t, paused.ID, "cat /dev/shm/mark"); r.Stdout != "still\n" {
+		t.Errorf("paused VM resumed after the restart: %q %q", r.Stdout, r.Stderr)
+	}
+	for _, id := range []string{sb.ID, paused.ID} {
+		if _, err := s.C.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s.stop()
 	assertNoLeaks(t, s)
