@@ -98,6 +98,27 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 	}
 	rep.add("host memory per idle microVM, RSS ("+accel+")", float64(rss)/float64(n)/1024, "MiB",
 		fmt.Sprintf("PSS %.0f MiB (the kernel file and QEMU's code shared between VMs); 256 MiB guest, %d VMs, 10 s after create", float64(pss)/float64(n)/1024, n))
+
+	// Pause = a memory snapshot (QEMU ends); the next exec restores it.
+	var pauses, resumes []time.Duration
+	for _, id := range ids {
+		t0 := time.Now()
+		if _, err := c.Pause(ctx, id); err != nil {
+			return err
+		}
+		pauses = append(pauses, time.Since(t0))
+		if qemuPid(id) != 0 {
+			return fmt.Errorf("QEMU of %s runs while it is paused", id)
+		}
+		t0 = time.Now()
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "true"}); err != nil {
+			return err
+		}
+		resumes = append(resumes, time.Since(t0))
+	}
+	pp, rp := percentiles(pauses), percentiles(resumes)
+	rep.add("microvm pause to a memory snapshot p50 ("+accel+")", ms(pp.p50), "ms", fmt.Sprintf("QEMU ends: host memory freed entirely; p99 %.0f ms over %d", ms(pp.p99), len(pauses)))
+	rep.add("microvm resume from the snapshot → first exec p50 ("+accel+")", ms(rp.p50), "ms", fmt.Sprintf("p99 %.0f ms over %d", ms(rp.p99), len(resumes)))
 	return nil
 }
 
