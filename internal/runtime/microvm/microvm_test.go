@@ -199,6 +199,13 @@ func TestBootExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("guest: %q", r.Stdout)
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", inst.Handle.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(st), "\nSeccomp:\t2") {
+		t.Errorf("QEMU runs without its seccomp filter:\n%s", st)
+	}
 	if b, err := os.ReadFile(filepath.Join(spec.StateDir, ConsoleName)); err == nil {
 		t.Logf("console:\n%s", b)
 	}

@@ -313,6 +313,12 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		"-accel", accel, "-cpu", cpu,
 		"-m", strconv.FormatInt(memoryOf(spec), 10), "-smp", strconv.Itoa(smp),
 		"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none",
+		// QEMU's own seccomp filter: no obsolete syscalls, no set*id, no
+		// processes spawned, no scheduler/affinity changes. (QEMU still
+		// runs as root: with -runas to a uid of its own, the memory
+		// snapshot's completion reopens the disks by path, which that uid
+		// may not reach; passing the disks as descriptors is the way out.)
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-serial", "file:" + filepath.Join(spec.StateDir, ConsoleName),
 		"-kernel", r.cfg.Kernel.Vmlinux(), "-initrd", r.initramfs,
 		"-append", strings.Join(params, " "),
@@ -488,6 +494,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if err := r.cg.remove(r.cgroupPath(h.ID)); err != nil {
 		return err
 	}
+
 	if h.Socket != "" {
 		dir := filepath.Dir(h.Socket)
 		if target, err := os.Readlink(filepath.Join(dir, DiskLink)); err == nil {
@@ -573,6 +580,11 @@ func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
 
 // qmp runs fn on a QMP connection to h's QEMU.
 func (r *Runtime) qmp(h runtime.Handle, fn func(*raw.Monitor) error) error {
+	return r.qmpSocket(h, func(_ *qmp.SocketMonitor, m *raw.Monitor) error { return fn(m) })
+}
+
+// qmpSocket is qmp with the socket too (to pass a descriptor).
+func (r *Runtime) qmpSocket(h runtime.Handle, fn func(*qmp.SocketMonitor, *raw.Monitor) error) error {
 	if r.pidOf(h) == 0 {
 		return runtime.ErrGone
 	}
@@ -584,7 +596,7 @@ func (r *Runtime) qmp(h runtime.Handle, fn func(*raw.Monitor) error) error {
 		return fmt.Errorf("microvm: qmp: %w", err)
 	}
 	defer mon.Disconnect()
-	if err := fn(raw.NewMonitor(mon)); err != nil {
+	if err := fn(mon, raw.NewMonitor(mon)); err != nil {
 		return fmt.Errorf("microvm: qmp: %w", err)
 	}
 	return nil

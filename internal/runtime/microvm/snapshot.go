@@ -2,11 +2,12 @@ package microvm
 
 // Pause as a memory snapshot. The edge pauses a sandbox with Freeze (QMP
 // stop) and then Reclaim: the runtime writes the VM's memory and device
-// state to a file (QMP migrate to "exec:cat > FILE") beside its writable
+// state to a file (QMP getfd + migrate to "fd:") beside its writable
 // disk and ends QEMU, so the host keeps no memory of it at all. Restore
 // starts QEMU again with the same command line and "-incoming" from that
 // file; the edge's Thaw (QMP cont) then continues the guest where it
-// stopped, processes and all.
+// stopped, processes and all. The file is opened by the runtime and passed
+// to QEMU as a descriptor both ways (QEMU may not spawn processes).
 //
 // The edge's agent connection survives the swap: Start and Attach hand it
 // a vmConn, which the runtime moves to the new QEMU's socket (the guest's
@@ -29,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/digitalocean/go-qemu/qmp"
 	"github.com/digitalocean/go-qemu/qmp/raw"
 
 	"github.com/warrenhq/warren/internal/runtime"
@@ -68,23 +70,30 @@ func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after 
 		return before, before, fmt.Errorf("microvm: pause: %w", err)
 	}
 	mem := filepath.Join(filepath.Dir(disk), MemoryName)
-	if strings.ContainsAny(mem, " '\"\\;&|$`") {
-		return before, before, fmt.Errorf("microvm: pause: snapshot path %q needs quoting", mem)
+	// The file is opened here and passed to QEMU (QMP getfd): QEMU may
+	// spawn nothing.
+	mf, err := os.OpenFile(mem, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return before, before, fmt.Errorf("microvm: pause: %w", err)
 	}
 	t0 := time.Now()
-	err = r.qmp(h, func(m *raw.Monitor) error {
+	err = r.qmpSocket(h, func(mon *qmp.SocketMonitor, m *raw.Monitor) error {
 		bw := int64(1) << 40 // no bandwidth limit: the VM is stopped
 		if err := m.MigrateSetParameters(&raw.MigrateSetParameters{MaxBandwidth: &bw}); err != nil {
 			return err
 		}
-		if err := m.Migrate("exec:/bin/cat > "+mem, nil, nil, nil); err != nil {
+		if _, err := mon.RunWithFile([]byte(`{"execute":"getfd","arguments":{"fdname":"snapshot"}}`), mf); err != nil {
+			return fmt.Errorf("getfd: %w", err)
+		}
+		if err := m.Migrate("fd:snapshot", nil, nil, nil); err != nil {
 			return err
 		}
 		return waitMigrated(ctx, m)
 	})
+	mf.Close()
 	if err != nil {
 		_ = os.Remove(mem)
-		return before, before, fmt.Errorf("microvm: pause: memory snapshot: %w", err)
+		return before, before, fmt.Errorf("microvm: pause: memory snapshot: %w (qemu: %q)", err, logTail(filepath.Join(stateDir, LogName), 300))
 	}
 	b, _ := json.Marshal(pausedVM{Args: args, Memory: mem})
 	if err := writeAtomic(filepath.Join(stateDir, PausedName), b); err != nil {
@@ -175,12 +184,19 @@ func (r *Runtime) Restore(ctx context.Context, h runtime.Handle, memoryMB int64)
 // restart starts QEMU from p and waits until it has read the snapshot.
 func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) error {
 	t0 := time.Now()
-	args := append(append([]string(nil), p.Args...), "-incoming", "exec:/bin/cat "+p.Memory)
+	mf, err := os.Open(p.Memory)
+	if err != nil {
+		return fmt.Errorf("microvm: resume: %w", err)
+	}
+	defer mf.Close()
+	// The snapshot is QEMU's fd 3 (ExtraFiles[0]).
+	args := append(append([]string(nil), p.Args...), "-incoming", "fd:3")
 	logf, err := os.OpenFile(filepath.Join(filepath.Dir(h.Socket), LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("microvm: resume: %w", err)
 	}
 	cmd := r.qemuCommand(args, logf)
+	cmd.ExtraFiles = []*os.File{mf}
 	if err := r.cg.startIn(h.Cgroup, cmd); err != nil {
 		logf.Close()
 		return fmt.Errorf("microvm: resume: start qemu: %w", err)
