@@ -381,6 +381,7 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"ExecRequest":          api.ExecRequest{},
 		"ExecResult":           api.ExecResult{},
 		"ExecEvent":            api.ExecEvent{},
+		"TermMessage":          api.TermMessage{},
 		"ReplayRequest":        api.ReplayRequest{},
 		"TrajectoryReplay":     api.TrajectoryReplay{},
 		"StepDifference":       api.StepDifference{},

@@ -45,6 +45,7 @@ type running struct {
 	fifoDir    int           // the live shells' FIFO directory (fifos are in it)
 	fifos      []string
 	startTicks uint64
+	session    bool // leads a session of its own (a terminal): killed whole
 	sawExit    bool // finish received the shell's exit
 	pooled     bool // a fresh shell: the warm pool is topped up after it
 
@@ -168,9 +169,17 @@ func isDir(p string) bool {
 // exec runs a command in the foreground (streaming its output as chunks) or
 // in the background.
 func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest) (any, error) {
+	if req.PTY != nil && req.Cmd == "" && len(req.Argv) == 0 {
+		r := *req
+		r.Argv = []string{a.shell} // an interactive shell
+		req = &r
+	}
 	p, err := a.plan(req)
 	if err != nil {
 		return nil, err
+	}
+	if req.PTY != nil || req.LiveStdin {
+		return a.execLive(cl, p)
 	}
 	release := func() {}
 	if req.Trusted {
@@ -287,6 +296,9 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 			a.log.Warn("agent: live shell command", "err", err)
 		}
 	}
+	// Taken before the fork: a command that ends at once is reaped (its
+	// end stamped) before the fork returns, and its duration was negative.
+	t0 := time.Now()
 	var sp *shellProc
 	var script string
 	if a.pool != nil {
@@ -313,7 +325,7 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 		}
 		script = s
 	}
-	r := &running{pid: sp.pid, exit: sp.exit, start: time.Now(), stdin: sp.stdin, state: sp.state, pooled: a.pool != nil}
+	r := &running{pid: sp.pid, exit: sp.exit, start: t0, stdin: sp.stdin, state: sp.state, pooled: a.pool != nil}
 	r.armTimeout(p.req.Timeout)
 	if sp.script >= 0 {
 		_ = writeAll(sp.script, []byte(script))
@@ -329,6 +341,16 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 }
 
 func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
+	r, err := a.startArgvOpen(p, limit, emit)
+	if err != nil {
+		return nil, err
+	}
+	r.feedStdin(p.req.Stdin)
+	return r, nil
+}
+
+// startArgvOpen starts an argv command with its stdin open (r.stdin).
+func (a *Agent) startArgvOpen(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
 	bin, err := lookPath(p.req.Argv[0], p.env["PATH"])
 	if err != nil {
 		return nil, err
@@ -360,6 +382,7 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 	if p.req.Trusted {
 		fork = a.forkTrusted // fresh pipes, beside the agent, the sandbox frozen
 	}
+	t0 := time.Now() // before the fork (see startShell)
 	pid, exit, err := fork(bin, p.req.Argv, p.env, p.cwd, p.cred,
 		[]uintptr{uintptr(inR), uintptr(outW), uintptr(errW)})
 	if err != nil {
@@ -368,9 +391,8 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 		stderr.Close()
 		return nil, fsErr("exec", bin, err)
 	}
-	r := &running{pid: pid, exit: exit, start: time.Now(), stdin: stdin}
+	r := &running{pid: pid, exit: exit, start: t0, stdin: stdin}
 	r.armTimeout(p.req.Timeout)
-	r.feedStdin(p.req.Stdin)
 	r.outs = []*outStream{
 		newOutStream(agentproto.StreamStdout, stdout, limit, emit, p.collect),
 		newOutStream(agentproto.StreamStderr, stderr, limit, emit, p.collect),
@@ -406,6 +428,10 @@ func (r *running) armTimeout(d time.Duration) {
 		defer r.mu.Unlock()
 		if !r.exited {
 			r.timedOut = true
+			if r.session {
+				killSession(r.pid)
+				return
+			}
 			if r.live != nil {
 				killSince(r.pid, r.startTicks)
 				return
@@ -421,6 +447,10 @@ func (r *running) abort() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.exited {
+		return
+	}
+	if r.session {
+		killSession(r.pid)
 		return
 	}
 	if r.live != nil {

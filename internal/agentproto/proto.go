@@ -71,6 +71,9 @@ const (
 	// OpCredit lets a call with a Window send more: the agent may send
 	// Bytes more of it (CreditRequest, frame id 0, answered by nothing).
 	OpCredit = "credit"
+	// OpInput feeds a running exec that has live input (a PTY or
+	// LiveStdin): InputRequest (+ payload) -> nothing.
+	OpInput = "input"
 )
 
 // Flow control of a call's chunks. A request with a Window may have at most
@@ -121,6 +124,9 @@ const (
 	ErrTooLarge   = "too_large"
 	ErrNoSpace    = "no_space"
 	ErrInternal   = "internal"
+	// ErrPidsLimit: a process could not be started because the sandbox is
+	// at its pids limit (fork or clone answered EAGAIN).
+	ErrPidsLimit = "pids_limit"
 	// ErrUnusable: a stateless sandbox's reset failed; it serves nothing
 	// more (the request was not carried out).
 	ErrUnusable = "unusable"

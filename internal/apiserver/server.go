@@ -90,6 +90,7 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes:pause", handler: s.pauseMatching},
 		{pattern: "POST /v1/sandboxes:resume", handler: s.resumeMatching},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
+		{pattern: "GET /v1/sandboxes/{id}/pty", handler: s.pty},
 		{pattern: "GET /v1/sandboxes/{id}/commands", handler: s.listCommands, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/stats", handler: s.sandboxStats, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/network", handler: s.sandboxNetwork, role: api.RoleViewer},

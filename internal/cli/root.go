@@ -59,6 +59,7 @@ func NewRootCmd() *cobra.Command {
 		newSimEdgesCmd(),
 		newCreateCmd(g),
 		newRunCmd(g),
+		newShellCmd(g),
 		newCpCmd(g),
 		newLsCmd(g),
 		newRmCmd(g),

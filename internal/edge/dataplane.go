@@ -21,22 +21,12 @@ import (
 	"github.com/warrenhq/warren/internal/dataplane"
 )
 
-// OpFileUpload writes a file from a stream (data plane only): a
-// FileRequest (ID, Path, Mode) with the file's bytes as the call's upload;
-// -> api.FileInfo. The file appears whole (renamed into place) or not at
-// all.
-const OpFileUpload = "file_upload"
-
-// OpTarUpload extracts a tar stream into a directory (data plane only): a
-// FileRequest (ID, Path) with the archive as the call's upload; ->
-// TarPutResult (Files).
-const OpTarUpload = "tar_upload"
-
-// DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true}
-
 // dataUploads are the DataOps that read an upload.
 var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
+
+// duplexOps read an upload while their answer streams: the uploads, and
+// the input of a command with live input.
+var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -57,7 +47,7 @@ func (e *Edge) startData(ctx context.Context) error {
 	if e.dataAddr == "" {
 		e.dataAddr = ln.Addr().String()
 	}
-	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: dataUploads, Logger: e.log}
+	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: duplexOps, Logger: e.log}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -84,6 +74,16 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 		h[bus.HeaderScope] = g.Scope
 	} else {
 		h[bus.HeaderRoot] = "1" // the signed grant says so
+	}
+	if op == OpExecLive {
+		var req ExecLiveRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		if err := e.inScope(g); err != nil {
+			return nil, err
+		}
+		return e.execLive(ctx, &req, in, chunk)
 	}
 	if dataUploads[op] {
 		var req FileRequest
@@ -258,21 +258,12 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 	}
 }
 
-// sandboxOps are the operations whose request's "id" is the sandbox they
-// act on.
-var sandboxOps = map[string]bool{
-	OpGet: true, OpDelete: true, OpExec: true, OpCommandGet: true, OpCommandKill: true,
-	OpFileRead: true, OpFileWrite: true, OpFileList: true, OpFileStat: true, OpFileMkdir: true,
-	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true, OpTimeout: true,
-	OpFileUpload: true, OpTarUpload: true,
-}
-
 // checkSandboxHeader refuses a request whose Warren-Sandbox header (the
 // sandbox its scope was checked against) names another sandbox than its
 // body (the sandbox it acts on).
 func checkSandboxHeader(ctx context.Context, op string, body []byte) error {
 	hid, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
-	if !ok || !sandboxOps[op] {
+	if !ok || !(edgeOps[op].sandboxBody || duplexOps[op]) {
 		return nil
 	}
 	bid, err := bodyID(body)

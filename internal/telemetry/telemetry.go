@@ -15,6 +15,12 @@
 //     seccomp's refusals, and what a missing capability refuses), by name;
 //   - signal: every signal but SIGCHLD sent to a task that is pid 1 of its
 //     pid namespace (tp_btf/signal_generate: the sandbox's agent);
+//   - connect: every TCP connection attempt of a sandbox process (not of
+//     its agent), with its destination (tp_btf/inet_sock_set_state, as a
+//     socket enters SYN_SENT);
+//   - file (Options.Files): also every open for reading of /proc/kpage*,
+//     /proc/kcore, a /proc/<pid>/mem or environ, or a file under the
+//     sandbox's protected directory (Protect);
 //   - file (Options.Files): every syscall of a sandbox process (not of its
 //     agent's cgroup) that asks to write, create, truncate, rename, unlink
 //     or chmod a file (tp_btf/sys_enter), with the path as named.
@@ -37,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"sync"
 	"syscall"
@@ -60,10 +67,11 @@ const (
 	KindRefused = "refused" // a syscall failed with EPERM (seccomp, capabilities)
 	KindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
 	KindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
+	KindConnect = "connect" // a TCP connection attempt
 )
 
 // kinds maps the programs' event kinds (exec.c) to names.
-var kinds = map[uint32]string{1: KindExec, 2: KindRefused, 3: KindSignal, 4: KindFile}
+var kinds = map[uint32]string{1: KindExec, 2: KindRefused, 3: KindSignal, 4: KindFile, 5: KindConnect}
 
 // Record is one event of a sandbox, as the kernel saw it.
 type Record struct {
@@ -91,6 +99,8 @@ type Record struct {
 	// or truncating), rename, unlink, chmod; Path is its file as the
 	// process named it, To a rename's new name.
 	Op, To string
+	// Dest is a connection attempt's destination, "ip:port" (connect).
+	Dest string
 }
 
 // signalOutcomes names the kernel's TRACE_SIGNAL_* results.
@@ -108,6 +118,24 @@ type Collector struct {
 	mu    sync.Mutex
 	ids   map[uint64][]uint64 // cookie -> its registered cgroup ids
 	flags map[uint64]uint32   // cgroup id -> its slot's flags (slotAgent)
+	prot  map[uint64]string   // cookie -> its protected directory (Protect)
+	steps map[uint64]int64    // cookie -> its step now (SetStep)
+}
+
+// ProtCap bounds a protected directory's path (exec.c PROT_CAP, with
+// room for the end).
+const ProtCap = 63
+
+// slot is what the programs read for one of cookie's cgroups.
+func (c *Collector) slot(cookie uint64, flags uint32) execSlot {
+	sl := execSlot{Cookie: cookie, Step: c.steps[cookie], Flags: flags}
+	if p := c.prot[cookie]; p != "" {
+		sl.ProtLen = uint32(len(p))
+		for i := range len(p) {
+			sl.Prot[i] = int8(p[i])
+		}
+	}
+	return sl
 }
 
 // slotAgent marks the cgroup of a sandbox's agent (exec.c SLOT_AGENT).
@@ -136,7 +164,7 @@ func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return nil, fmt.Errorf("telemetry: kernel has no BTF: %w", err)
 	}
-	c := &Collector{log: log, ids: map[uint64][]uint64{}, flags: map[uint64]uint32{}}
+	c := &Collector{log: log, ids: map[uint64][]uint64{}, flags: map[uint64]uint32{}, prot: map[uint64]string{}, steps: map[uint64]int64{}}
 	if err := c.load(); err != nil {
 		return nil, err
 	}
@@ -148,7 +176,7 @@ func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	c.links = append(c.links, tp)
 	// The rest is optional: a kernel without one of these functions still
 	// records execs.
-	optional := map[string]*ebpf.Program{"signal_generate": c.objs.SignalGenerate}
+	optional := map[string]*ebpf.Program{"signal_generate": c.objs.SignalGenerate, "inet_sock_set_state": c.objs.InetSockSetState}
 	if opts.Refusals {
 		optional["sys_exit"] = c.objs.SysExit
 	}
@@ -251,7 +279,7 @@ func (c *Collector) AddSandbox(cookie uint64, agentDir string, dirs ...string) e
 			flags = slotAgent
 		}
 		c.flags[id] = flags
-		if err := c.objs.Sandboxes.Put(id, execSlot{Cookie: cookie, Flags: flags}); err != nil {
+		if err := c.objs.Sandboxes.Put(id, c.slot(cookie, flags)); err != nil {
 			c.removeLocked(cookie)
 			return fmt.Errorf("telemetry: register cgroup %d: %w", id, err)
 		}
@@ -275,6 +303,31 @@ func (c *Collector) removeLocked(cookie uint64) {
 		delete(c.flags, id)
 	}
 	delete(c.ids, cookie)
+	delete(c.prot, cookie)
+	delete(c.steps, cookie)
+}
+
+// Protect names cookie's protected directory (an absolute path without a
+// trailing slash, at most ProtCap bytes): with Options.Files, opens for
+// reading under it are recorded too. Call it after AddSandbox.
+func (c *Collector) Protect(cookie uint64, dir string) error {
+	if len(dir) > ProtCap || len(dir) < 2 || dir[0] != '/' || dir[len(dir)-1] == '/' {
+		return fmt.Errorf("telemetry: protected directory %q: want an absolute path of at most %d bytes", dir, ProtCap)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.prot[cookie] = dir
+	return c.updateLocked(cookie)
+}
+
+// updateLocked rewrites cookie's slots.
+func (c *Collector) updateLocked(cookie uint64) error {
+	for _, id := range c.ids[cookie] {
+		if err := c.objs.Sandboxes.Update(id, c.slot(cookie, c.flags[id]), ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("telemetry: update cgroup %d: %w", id, err)
+		}
+	}
+	return nil
 }
 
 // SetStep stamps what cookie's processes do from now on with step (0 =
@@ -282,10 +335,12 @@ func (c *Collector) removeLocked(cookie uint64) {
 func (c *Collector) SetStep(cookie uint64, step int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, id := range c.ids[cookie] {
-		if err := c.objs.Sandboxes.Update(id, execSlot{Cookie: cookie, Step: step, Flags: c.flags[id]}, ebpf.UpdateExist); err != nil {
-			c.log.Warn("telemetry: set step", "id", id, "err", err)
-		}
+	if _, ok := c.ids[cookie]; !ok {
+		return
+	}
+	c.steps[cookie] = step
+	if err := c.updateLocked(cookie); err != nil {
+		c.log.Warn("telemetry: set step", "cookie", cookie, "err", err)
 	}
 }
 
@@ -346,6 +401,9 @@ func (c *Collector) record(ev *execEvent) Record {
 		r.Op = fileOps[r.Syscall]
 		if r.Op == "" {
 			r.Op = "write" // open, openat, openat2, creat
+			if r.Syscall != "creat" && ev.Result&(unix.O_ACCMODE|unix.O_CREAT|unix.O_TRUNC) == 0 {
+				r.Op = "read" // of a sensitive path (exec.c)
+			}
 		}
 		if n := min(int(ev.ArgvLen), len(ev.Argv)); n > 0 {
 			r.To = cString(ev.Argv[:n])
@@ -353,6 +411,9 @@ func (c *Collector) record(ev *execEvent) Record {
 		return r
 	case KindRefused:
 		r.Syscall = syscallName(int(ev.Nr))
+		return r
+	case KindConnect:
+		r.Dest = dest(ev)
 		return r
 	case KindSignal:
 		r.Signal, r.Target = int(ev.Nr), int(ev.Target)
@@ -374,6 +435,21 @@ func (c *Collector) record(ev *execEvent) Record {
 		}
 	}
 	return r
+}
+
+// dest formats a connect event's destination: the address's bytes are in
+// path, the family in nr, the port in target.
+func dest(ev *execEvent) string {
+	n := 4
+	if ev.Nr == unix.AF_INET6 {
+		n = 16
+	}
+	b := make([]byte, n)
+	for i := range n {
+		b[i] = byte(ev.Path[i])
+	}
+	addr, _ := netip.AddrFromSlice(b)
+	return netip.AddrPortFrom(addr.Unmap(), uint16(ev.Target)).String()
 }
 
 // fileOps names the file operations that are not an open for writing.

@@ -14,6 +14,7 @@ from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
 from ._http_async import AsyncTransport
 from ._tar import PathLike, pack_dir, unpack
+from ._ws import AsyncTerminal, AsyncWebSocket, terminal_query
 from .errors import (ConnectionFailed, Conflict, NotFound, SandboxFailed, Timeout, Unavailable,
                      WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
@@ -63,6 +64,7 @@ class AsyncClient:
         self._cfg = Config.build(url, token, timeout, max_retries, backoff, max_backoff,
                                  user_agent)
         self._t = AsyncTransport(self._cfg, max_connections, ssl_context)
+        self._ssl = ssl_context
         self.pools = AsyncPools(self)
 
     @property
@@ -263,6 +265,17 @@ class AsyncClient:
             await sb.wait_running(wait_timeout)
         return sb
 
+    async def terminal(self, sandbox_id: str, cmd: Optional[Command] = None, *,
+                       cols: Optional[int] = None, rows: Optional[int] = None, tty: bool = True,
+                       user: Optional[str] = None, cwd: Optional[str] = None,
+                       env: Optional[Mapping[str, str]] = None,
+                       timeout: Optional[Duration] = None) -> AsyncTerminal:
+        """An interactive terminal in a sandbox; see :meth:`warren.Client.terminal`."""
+        path = sandbox_path(sandbox_id, "pty") + "?" + terminal_query(
+            cmd, cols, rows, tty, user, cwd, env, _core.seconds(timeout))
+        ws = await AsyncWebSocket.connect(self._cfg, path, ssl_context=self._ssl)
+        return AsyncTerminal(ws, tty=tty)
+
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
         doc = await self._json(Req("GET", sandbox_path(sandbox_id)))
         return AsyncSandbox(self, SandboxInfo.from_json(doc))
@@ -341,6 +354,12 @@ class AsyncClient:
                 t.steps = steps
                 return t
             after = int(nxt)
+
+    async def trajectory_audit_summary(self, trajectory_id: str, *,
+                                       project: Optional[str] = None) -> Dict[str, Any]:
+        """See :meth:`warren.Client.trajectory_audit_summary`."""
+        params = [("audit", "summary")] + ([("project", project)] if project else [])
+        return dict(await self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params)))
 
     async def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
                                 masks: Optional[Sequence[str]] = None,
@@ -468,6 +487,10 @@ class AsyncSandbox:
         if isinstance(doc, dict) and doc.get("id"):
             self.info = SandboxInfo.from_json(doc)
         return self
+
+    async def terminal(self, cmd: Optional[Command] = None, **kw: Any) -> AsyncTerminal:
+        """An interactive terminal in this sandbox; see :meth:`AsyncClient.terminal`."""
+        return await self.client.terminal(self.id, cmd, **kw)
 
     async def refresh(self) -> "AsyncSandbox":
         return self._set(await self.client._json(Req("GET", self._path())))

@@ -12,6 +12,7 @@ from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
 from ._http_sync import SyncTransport
 from ._tar import PathLike, pack_dir, unpack
+from ._ws import Terminal, WebSocket, terminal_query
 from .errors import (ConnectionFailed, Conflict, NotFound, SandboxFailed, Timeout, Unavailable,
                      WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
@@ -55,6 +56,7 @@ class Client:
         self._cfg = Config.build(url, token, timeout, max_retries, backoff, max_backoff,
                                  user_agent)
         self._t = SyncTransport(self._cfg, pool_size, ssl_context)
+        self._ssl = ssl_context
         self.pools = Pools(self)
 
     @property
@@ -280,6 +282,22 @@ class Client:
             sb.wait_running(wait_timeout)
         return sb
 
+    def terminal(self, sandbox_id: str, cmd: Optional[Command] = None, *,
+                 cols: Optional[int] = None, rows: Optional[int] = None, tty: bool = True,
+                 user: Optional[str] = None, cwd: Optional[str] = None,
+                 env: Optional[Mapping[str, str]] = None,
+                 timeout: Optional[Duration] = None) -> Terminal:
+        """Open an interactive terminal in a sandbox (``GET /v1/sandboxes/{id}/pty``,
+        a WebSocket): ``cmd`` (a shell string or argv; default the sandbox's
+        shell) on a terminal of ``cols`` x ``rows`` (default 80x24). With
+        ``tty=False`` the command runs without a terminal and its stdin is fed
+        live. Errors before the upgrade raise as for any call (``NotFound``,
+        ``BadRequest``...). See :class:`Terminal`."""
+        path = sandbox_path(sandbox_id, "pty") + "?" + terminal_query(
+            cmd, cols, rows, tty, user, cwd, env, _core.seconds(timeout))
+        ws = WebSocket.connect(self._cfg, path, ssl_context=self._ssl)
+        return Terminal(ws, tty=tty)
+
     def get(self, sandbox_id: str) -> "Sandbox":
         """A handle on an existing sandbox (raises :class:`NotFound`)."""
         return Sandbox(self, SandboxInfo.from_json(self._json(Req("GET",
@@ -390,6 +408,14 @@ class Client:
                 t.steps = steps
                 return t
             after = int(nxt)
+
+    def trajectory_audit_summary(self, trajectory_id: str, *,
+                                 project: Optional[str] = None) -> Dict[str, Any]:
+        """Per step of a trajectory, its audit records counted by kind, and how many a
+        policy rule matched (``GET /v1/trajectories/{id}/audit/summary``): ``summary``
+        and ``dropped``. Kept with the trajectory: works after its sandbox is gone."""
+        params = [("audit", "summary")] + ([("project", project)] if project else [])
+        return dict(self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params)))
 
     def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
                           masks: Optional[Sequence[str]] = None,
@@ -517,6 +543,10 @@ class Sandbox:
         return self
 
     # -- lifecycle
+    def terminal(self, cmd: Optional[Command] = None, **kw: Any) -> Terminal:
+        """An interactive terminal in this sandbox; see :meth:`Client.terminal`."""
+        return self.client.terminal(self.id, cmd, **kw)
+
     def refresh(self) -> "Sandbox":
         """Re-read the sandbox's state from the server."""
         return self._set(self.client._json(Req("GET", self._path())))
