@@ -108,6 +108,10 @@ func TestMicroVM(t *testing.T) {
 		t.Errorf("host state visible in the guest: %q", r.Stdout)
 	}
 	t.Logf("processes in the guest: %s", lines[1])
+	// No network device (the tier gives none): no host address to reach.
+	if r := s.sh(t, sb.ID, "ls /sys/class/net | tr '\\n' ' '"); r.Stdout != "lo " {
+		t.Errorf("network devices in the guest: %q", r.Stdout)
+	}
 	// The agent's port: its node is gone, and a node made again for its
 	// device number cannot be opened (the agent holds it exclusively).
 	r = s.sh(t, sb.ID, `ls /dev | grep -c '^vport'; `+
