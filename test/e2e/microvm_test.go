@@ -80,6 +80,33 @@ func TestMicroVM(t *testing.T) {
 		t.Errorf("hypervisor flag / hostname: %q exit %d", r.Stdout, r.ExitCode)
 	}
 
+	// The agent's exec features, unchanged: a session keeps its state, a
+	// user, a timeout, an output cap, a background command.
+	for _, c := range []struct {
+		req  api.ExecRequest
+		want func(*api.ExecResult) bool
+	}{
+		{api.ExecRequest{Cmd: "cd /tmp && export X=kept", Session: "s1"}, func(r *api.ExecResult) bool { return r.ExitCode == 0 }},
+		{api.ExecRequest{Cmd: "echo $PWD $X", Session: "s1"}, func(r *api.ExecResult) bool { return r.Stdout == "/tmp kept\n" }},
+		// (Cwd: the default session is in root's home, closed to nobody.)
+		{api.ExecRequest{Cmd: "id -u", User: "nobody", Cwd: "/"}, func(r *api.ExecResult) bool { return r.Stdout == "65534\n" }},
+		{api.ExecRequest{Cmd: "sleep 30", Timeout: 1}, func(r *api.ExecResult) bool { return r.TimedOut }},
+		{api.ExecRequest{Cmd: "yes | head -c 100000", OutputCap: 1000}, func(r *api.ExecResult) bool { return r.Truncated && len(r.Stdout) == 1000 }},
+		{api.ExecRequest{Cmd: "sleep 1; echo done > /tmp/bg", Background: true}, func(r *api.ExecResult) bool { return r.ExitCode == 0 }},
+	} {
+		r, err := s.C.Exec(ctx, sb.ID, c.req)
+		if err != nil || !c.want(r) {
+			t.Errorf("exec %+v: %v %+v", c.req, err, r)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.sh(t, sb.ID, "cat /tmp/bg 2>/dev/null").Stdout != "done\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the background command did not finish")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
 	// Files through the API, seen by commands, and the other way round.
 	if _, err := s.C.WriteFile(ctx, sb.ID, "/root/hello.txt", strings.NewReader("hello from the host\n"), 0o644); err != nil {
 		t.Fatalf("write file: %v", err)
