@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -62,6 +63,26 @@ func (d cgroupDriver) create(path string, memoryMB int64) error {
 		return fmt.Errorf("microvm: memory limit: %w", err)
 	}
 	return nil
+}
+
+// setCPU limits path's cgroup to cores (CFS quota over a 100 ms period).
+func (d cgroupDriver) setCPU(path string, cores float64) error {
+	const period = 100000
+	quota := int64(cores * period)
+	if quota < 1000 {
+		quota = 1000 // the kernel's minimum
+	}
+	if d.v2 {
+		return os.WriteFile(filepath.Join(d.root, path, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, period)), 0)
+	}
+	if !slices.Contains(d.v1, "cpu") {
+		return nil
+	}
+	dir := filepath.Join(d.root, "cpu", path)
+	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(period)), 0); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
 }
 
 // startIn starts cmd and moves it into path's cgroups before it has done

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -205,6 +207,18 @@ func TestBootExec(t *testing.T) {
 	}
 	if !strings.Contains(string(st), "\nSeccomp:\t2") {
 		t.Errorf("QEMU runs without its seccomp filter:\n%s", st)
+	}
+	// QEMU is in the VM's cgroup, limited to the guest's memory + QEMU's
+	// own and, after boot, to the sandbox's CPU.
+	if !f.rt.cg.v2 {
+		procs, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", inst.Handle.Cgroup, "cgroup.procs"))
+		limit, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", inst.Handle.Cgroup, "memory.limit_in_bytes"))
+		quota, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", inst.Handle.Cgroup, "cpu.cfs_quota_us"))
+		if !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(inst.Handle.Pid)) ||
+			strings.TrimSpace(string(limit)) != strconv.FormatInt((spec.MemoryMB+overheadMB)<<20, 10) ||
+			strings.TrimSpace(string(quota)) != strconv.Itoa(int(spec.CPU*100000)) {
+			t.Errorf("cgroup: procs %q, memory limit %q, cpu quota %q", procs, limit, quota)
+		}
 	}
 	if b, err := os.ReadFile(filepath.Join(spec.StateDir, ConsoleName)); err == nil {
 		t.Logf("console:\n%s", b)

@@ -222,6 +222,13 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, fmt.Errorf("microvm: agent setup: %w (qemu: %q; guest console: %q)", err,
 			logTail(filepath.Join(spec.StateDir, LogName), 300), logTail(filepath.Join(spec.StateDir, ConsoleName), 600))
 	}
+	// The CPU limit holds from now on: the boot (seconds of CPU under TCG)
+	// ran without it, as a container's agent set-up does.
+	if spec.CPU > 0 {
+		if err := r.cg.setCPU(h.Cgroup, spec.CPU); err != nil {
+			return nil, fmt.Errorf("microvm: cpu limit: %w", err)
+		}
+	}
 	r.log.Debug("microvm: started", "id", spec.ID, "pid", h.Pid, "accel", r.cfg.Accel,
 		"disk", tDisk.Sub(t0), "qemu", tQEMU.Sub(tDisk), "boot", time.Since(tQEMU), "total", time.Since(t0))
 	return &runtime.Instance{Handle: h, Agent: client}, nil
