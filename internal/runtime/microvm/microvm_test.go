@@ -397,3 +397,67 @@ func TestMemorySnapshot(t *testing.T) {
 		t.Errorf("after a second restore: %v %q", err, r.Stdout)
 	}
 }
+
+// TestForkFromMemory: three VMs restored from one memory snapshot of a
+// running VM each continue its processes (a counting shell) and keep its
+// memory-only files; each has its own disk and hostname; the parent goes on.
+func TestForkFromMemory(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "parent")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	parent, err := f.rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		parent.Agent.Close()
+		if err := f.rt.Destroy(context.Background(), parent.Handle); err != nil {
+			t.Error(err)
+		}
+	}()
+	r, err := runtimetest.Exec(ctx, parent.Agent, "echo in-memory > /dev/shm/mark; echo parent > /root/disk; (i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.1; done) >/dev/null 2>&1 & sleep 1; cat /dev/shm/count")
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("setup: %v %+v", err, r)
+	}
+	var before int
+	fmt.Sscan(r.Stdout, &before)
+	var specs []*runtime.Spec
+	for i := range 3 {
+		specs = append(specs, f.spec(t, fmt.Sprintf("child%d", i)))
+	}
+	t0 := time.Now()
+	kids, err := f.rt.Fork(ctx, parent.Handle, specs)
+	if err != nil {
+		t.Fatalf("Fork: %v", err)
+	}
+	t.Logf("fork of 3 from memory: %v", time.Since(t0))
+	for i, k := range kids {
+		defer func() {
+			k.Agent.Close()
+			if err := f.rt.Destroy(context.Background(), k.Handle); err != nil {
+				t.Error(err)
+			}
+		}()
+		r, err := runtimetest.Exec(ctx, k.Agent, "cat /dev/shm/mark; a=$(cat /dev/shm/count); sleep 0.5; b=$(cat /dev/shm/count); echo $a; [ $b -gt $a ] && echo counting; hostname; cat /root/disk; echo child > /root/disk")
+		if err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+		var got int
+		if len(lines) == 5 {
+			fmt.Sscan(lines[1], &got)
+		}
+		if len(lines) != 5 || lines[0] != "in-memory" || got < before || lines[2] != "counting" || lines[3] != specs[i].Hostname || lines[4] != "parent" {
+			t.Errorf("child %d: %q (parent's count was %d)", i, r.Stdout, before)
+		}
+	}
+	// The children's disks are their own; the parent goes on counting.
+	r, err = runtimetest.Exec(ctx, parent.Agent, "cat /root/disk; a=$(cat /dev/shm/count); sleep 0.5; b=$(cat /dev/shm/count); [ $b -gt $a ] && echo counting; hostname")
+	if err != nil || r.Stdout != "parent\ncounting\n"+spec.Hostname+"\n" {
+		t.Errorf("parent after the fork: %v %q", err, r.Stdout)
+	}
+	if _, err := os.Stat(filepath.Join(spec.Work, "vm-fork-memory")); err == nil {
+		t.Error("the fork's memory snapshot was left")
+	}
+}

@@ -70,27 +70,8 @@ func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after 
 		return before, before, fmt.Errorf("microvm: pause: %w", err)
 	}
 	mem := filepath.Join(filepath.Dir(disk), MemoryName)
-	// The file is opened here and passed to QEMU (QMP getfd): QEMU may
-	// spawn nothing.
-	mf, err := os.OpenFile(mem, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return before, before, fmt.Errorf("microvm: pause: %w", err)
-	}
 	t0 := time.Now()
-	err = r.qmpSocket(h, func(mon *qmp.SocketMonitor, m *raw.Monitor) error {
-		bw := int64(1) << 40 // no bandwidth limit: the VM is stopped
-		if err := m.MigrateSetParameters(&raw.MigrateSetParameters{MaxBandwidth: &bw}); err != nil {
-			return err
-		}
-		if _, err := mon.RunWithFile([]byte(`{"execute":"getfd","arguments":{"fdname":"snapshot"}}`), mf); err != nil {
-			return fmt.Errorf("getfd: %w", err)
-		}
-		if err := m.Migrate("fd:snapshot", nil, nil, nil); err != nil {
-			return err
-		}
-		return waitMigrated(ctx, m)
-	})
-	mf.Close()
+	err = r.saveMemory(ctx, h, mem)
 	if err != nil {
 		_ = os.Remove(mem)
 		return before, before, fmt.Errorf("microvm: pause: memory snapshot: %w (qemu: %q)", err, logTail(filepath.Join(stateDir, LogName), 300))
@@ -110,6 +91,30 @@ func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after 
 	}
 	r.log.Debug("microvm: paused to a memory snapshot", "id", h.ID, "rss", before, "took", time.Since(t0))
 	return before, 0, nil
+}
+
+// saveMemory writes the (stopped) VM's memory and device state to mem: the
+// file is opened here and passed to QEMU (QMP getfd), which may spawn
+// nothing.
+func (r *Runtime) saveMemory(ctx context.Context, h runtime.Handle, mem string) error {
+	mf, err := os.OpenFile(mem, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer mf.Close()
+	return r.qmpSocket(h, func(mon *qmp.SocketMonitor, m *raw.Monitor) error {
+		bw := int64(1) << 40 // no bandwidth limit: the VM is stopped
+		if err := m.MigrateSetParameters(&raw.MigrateSetParameters{MaxBandwidth: &bw}); err != nil {
+			return err
+		}
+		if _, err := mon.RunWithFile([]byte(`{"execute":"getfd","arguments":{"fdname":"snapshot"}}`), mf); err != nil {
+			return fmt.Errorf("getfd: %w", err)
+		}
+		if err := m.Migrate("fd:snapshot", nil, nil, nil); err != nil {
+			return err
+		}
+		return waitMigrated(ctx, m)
+	})
 }
 
 // waitMigrated polls query-migrate until the migration is over.
@@ -184,27 +189,38 @@ func (r *Runtime) Restore(ctx context.Context, h runtime.Handle, memoryMB int64)
 // restart starts QEMU from p and waits until it has read the snapshot.
 func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) error {
 	t0 := time.Now()
-	mf, err := os.Open(p.Memory)
+	nh, err := r.startIncoming(ctx, h, p.Args, p.Memory)
 	if err != nil {
 		return fmt.Errorf("microvm: resume: %w", err)
 	}
+	r.log.Debug("microvm: restored from a memory snapshot", "id", h.ID, "pid", nh.Pid, "took", time.Since(t0))
+	return nil
+}
+
+// startIncoming starts QEMU with args reading the memory snapshot mem (as
+// its fd 3), in h's cgroup, and waits until it has read it; the VM is then
+// paused (QMP cont runs it). It returns h with the new QEMU's pid.
+func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []string, mem string) (runtime.Handle, error) {
+	mf, err := os.Open(mem)
+	if err != nil {
+		return h, err
+	}
 	defer mf.Close()
-	// The snapshot is QEMU's fd 3 (ExtraFiles[0]).
-	args := append(append([]string(nil), p.Args...), "-incoming", "fd:3")
+	args = append(append([]string(nil), args...), "-incoming", "fd:3")
 	logf, err := os.OpenFile(filepath.Join(filepath.Dir(h.Socket), LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("microvm: resume: %w", err)
+		return h, err
 	}
 	cmd := r.qemuCommand(args, logf)
 	cmd.ExtraFiles = []*os.File{mf}
 	if err := r.cg.startIn(h.Cgroup, cmd); err != nil {
 		logf.Close()
-		return fmt.Errorf("microvm: resume: start qemu: %w", err)
+		return h, fmt.Errorf("start qemu: %w", err)
 	}
 	r.reap(cmd)
 	st, err := pidStart(cmd.Process.Pid)
 	if err != nil {
-		return fmt.Errorf("microvm: resume: %w", err)
+		return h, err
 	}
 	nh := h
 	nh.Pid, nh.PidStart = cmd.Process.Pid, st
@@ -217,22 +233,20 @@ func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) err
 			return err
 		})
 		if err == nil && status != raw.RunStateInmigrate {
-			break
+			return nh, nil
 		}
 		if !r.alive(nh) {
-			return fmt.Errorf("microvm: resume: qemu exited (log: %q): %w", logTail(filepath.Join(filepath.Dir(h.Socket), LogName), 300), runtime.ErrGone)
+			return nh, fmt.Errorf("qemu exited (log: %q): %w", logTail(filepath.Join(filepath.Dir(h.Socket), LogName), 300), runtime.ErrGone)
 		}
 		if time.Now().After(deadline) {
-			return errors.New("microvm: resume: the snapshot was not read in 2 minutes")
+			return nh, errors.New("the snapshot was not read in 2 minutes")
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nh, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	r.log.Debug("microvm: restored from a memory snapshot", "id", h.ID, "pid", nh.Pid, "took", time.Since(t0))
-	return nil
 }
 
 // Prefetch has nothing to do: a restored VM's memory is all read.
