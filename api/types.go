@@ -985,6 +985,10 @@ const AuditOpRead = "read"
 
 // AuditSpec is a create's audit options (CreateSandboxRequest.Audit).
 type AuditSpec struct {
+	// Off: the sandbox is not audited at all (its node's kernel
+	// telemetry ignores it; limits are not recorded either): for runs
+	// that want every last microsecond.
+	Off bool `json:"off,omitempty"`
 	// Workspace lists the directories the agent is meant to change
 	// (absolute paths): file operations inside them are not recorded, the
 	// rest are. Empty: every file operation is recorded.

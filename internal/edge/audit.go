@@ -254,6 +254,9 @@ func killedByPolicy(ctx context.Context) bool {
 // and applies the create's policy hooks to it.
 func (e *Edge) addAudit(sb *sandbox, r api.AuditRecord) {
 	p := sb.policy.Load()
+	if p.Off() {
+		return
+	}
 	if p.Empty() {
 		sb.audit.add(r)
 		return
@@ -273,6 +276,13 @@ func (e *Edge) addAudit(sb *sandbox, r api.AuditRecord) {
 		e.log.Warn("audit policy: sandbox failed", "sandbox", sandboxID(sb), "rule", on)
 		e.wg.Go(func() { e.stop(context.Background(), sb, api.StateFailed, "audit policy: "+on) })
 	}
+}
+
+// auditOff reports whether sb's create turned its audit off.
+func auditOff(sb *sandbox) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.Spec.Audit != nil && sb.rec.Spec.Audit.Off
 }
 
 // setPolicy compiles a create's audit options for sb (checked at create:
@@ -388,7 +398,7 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 // auditStart registers the cgroups of sb's container (handle h) with the
 // node's telemetry.
 func (e *Edge) auditStart(sb *sandbox, h runtime.Handle) {
-	if e.audit.tel == nil || sb.stateless {
+	if e.audit.tel == nil || sb.stateless || auditOff(sb) {
 		// FnCall workers: nobody can read their audit, and their tasks
 		// would fill a ring each (up to ~5 MiB of argv).
 		return

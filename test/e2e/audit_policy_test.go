@@ -292,8 +292,17 @@ func TestAuditPolicyKillsStep(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	// A sandbox created with the audit off records nothing.
+	off := s.create(t, api.CreateSandboxRequest{Audit: &api.AuditSpec{Off: true}})
+	s.sh(t, off.ID, "/bin/ls / >/dev/null; echo x > /etc/off-marker")
+	time.Sleep(500 * time.Millisecond)
+	if al, err := s.C.Audit(ctx, off.ID, warren.AuditQuery{}); err != nil || len(al.Records) != 0 {
+		t.Errorf("audit off: %v %+v", err, al)
+	}
+
 	// Bad policies are refused at create.
 	for _, bad := range []api.AuditSpec{
+		{Off: true, Workspace: []string{"/work"}},
 		{Policy: []api.AuditRule{{On: "open:/x", Do: "flag"}}},
 		{Policy: []api.AuditRule{{On: "write:/x", Do: "explode"}}},
 		{Workspace: []string{"relative/path"}},
