@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -64,8 +65,16 @@ type Manager struct {
 	// MaxConns is each sandbox's limit of open connections (set before
 	// use; 0 = DefaultMaxConns).
 	MaxConns uint32
+	// Upstream is where the resolver forwards allowed names (host:port;
+	// "" = DefaultUpstream). Log is its logger. OnDNSDenial, when set,
+	// hears of every refused name. All set before use.
+	Upstream    string
+	Log         *slog.Logger
+	OnDNSDenial func(id string, d DNSDenial)
 
 	mu      sync.Mutex
+	policy  map[string]dnsPolicy // by sandbox id: what the resolver needs
+	dns     *resolver            // from the first networked sandbox to Close
 	used    map[int]string // /31 index -> sandbox id
 	byID    map[string]int
 	loaded  bool
@@ -84,7 +93,8 @@ func New(pool, owner string) (*Manager, error) {
 		return nil, fmt.Errorf("sandboxnet: pool %q: want an IPv4 CIDR of /30 or larger", pool)
 	}
 	h := sha256.Sum256([]byte(owner))
-	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{}}, nil
+	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{},
+		policy: map[string]dnsPolicy{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
@@ -194,6 +204,7 @@ func (m *Manager) release(id string) error {
 		delete(m.used, i)
 		delete(m.byID, id)
 	}
+	delete(m.policy, id)
 	return nil
 }
 
@@ -205,7 +216,14 @@ func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.loadLocked()
-	if len(m.byID) > 0 || !m.tableUp {
+	if len(m.byID) > 0 {
+		return nil
+	}
+	if m.dns != nil {
+		m.dns.close()
+		m.dns = nil
+	}
+	if !m.tableUp {
 		return nil
 	}
 	m.tableUp = false
@@ -217,14 +235,25 @@ func (m *Manager) ensureTable() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.loadLocked()
-	if m.tableUp {
+	if !m.tableUp {
+		if err := m.createTable(); err != nil {
+			return err
+		}
+		m.tableUp = true
+	}
+	return m.ensureResolverLocked()
+}
+
+// Adopt makes ready what a sandbox that outlived a restart of the edge
+// needs of this process: its resolver.
+func (m *Manager) Adopt(id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
+	if _, ok := m.byID[id]; !ok || !m.tableUp {
 		return nil
 	}
-	if err := m.createTable(); err != nil {
-		return err
-	}
-	m.tableUp = true
-	return nil
+	return m.ensureResolverLocked()
 }
 
 // enableForwarding turns on IPv4 forwarding on the host once.
@@ -263,6 +292,7 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 			_ = m.Detach(id)
 		}
 	}()
+	m.setPolicy(id, egress)
 	// The policy comes first: the sandbox's end is never up without it.
 	if err := m.ensureTable(); err != nil {
 		return nil, err

@@ -319,7 +319,7 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 		return invalid("network.egress: at most %d entries", api.MaxEgressRules)
 	}
 	for i, e := range n.Egress {
-		if len(e) > 64 {
+		if len(e) > api.MaxHostLen+16 {
 			return invalid("network.egress[%d] %q is too long", i, truncate(e))
 		}
 		r, err := api.ParseEgress(e)
