@@ -75,7 +75,7 @@ type Manager struct {
 	mu      sync.Mutex
 	policy  map[string]dnsPolicy // by sandbox id: what the resolver needs
 	dns     *resolver            // from the first networked sandbox to Close
-	used    map[int]string // /31 index -> sandbox id
+	used    map[int]string       // /31 index -> sandbox id
 	byID    map[string]int
 	loaded  bool
 	forward bool
