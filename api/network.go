@@ -329,3 +329,34 @@ func (r *NetworkRule) Expand() []EgressRule {
 	}
 	return out
 }
+
+// NetworkRuleList is GET /v1/network-rules.
+type NetworkRuleList struct {
+	Rules []NetworkRule `json:"rules"`
+}
+
+// NetworkDenialRecord is one entry of a sandbox's denial log (GET
+// /v1/sandboxes/{id}/network/denials): a refused name (protocol "dns",
+// at the time it was asked) or refused packets to one destination (as
+// the node observed them: within a second of the refusal, Count packets
+// since the previous entry of that destination).
+type NetworkDenialRecord struct {
+	Time        time.Time `json:"time"`
+	Step        int64     `json:"step,omitempty"` // the sandbox's trajectory step then, if it records one
+	Destination string    `json:"destination"`    // a name, ADDR:PORT, or ADDR
+	Protocol    string    `json:"protocol"`       // dns, tcp, udp, icmp or a number
+	Reason      string    `json:"reason"`         // as in SandboxNetwork.DeniedBy
+	Count       int64     `json:"count"`
+}
+
+// NetworkDenials is GET /v1/sandboxes/{id}/network/denials: the newest
+// MaxDenialLog entries, oldest first, and how many entries were dropped
+// before them.
+type NetworkDenials struct {
+	ID      string                `json:"id"`
+	Denials []NetworkDenialRecord `json:"denials"`
+	Dropped int64                 `json:"dropped"`
+}
+
+// MaxDenialLog bounds a sandbox's denial log.
+const MaxDenialLog = 1000

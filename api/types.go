@@ -87,6 +87,10 @@ type CreateSandboxRequest struct {
 	// Network opts into a network interface with an egress allowlist
 	// enforced on the host (NetworkSpec). Absent: loopback only.
 	Network *NetworkSpec `json:"network,omitempty"`
+	// NetworkRules is DSec's shorthand: {"pypi": true, "npm": false}
+	// adds the rules set true to Network.Egress (making Network when
+	// absent); false ones are ignored.
+	NetworkRules map[string]bool `json:"network_rules,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -782,7 +786,7 @@ type Usage struct {
 type Event struct {
 	Seq     uint64    `json:"seq"`
 	Time    time.Time `json:"time"`
-	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed
+	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed, sandbox.network.denied
 	Node    string    `json:"node,omitempty"`
 	Sandbox string    `json:"sandbox,omitempty"`
 	Project string    `json:"project,omitempty"`
@@ -803,6 +807,10 @@ const (
 	// EventSandboxDestroyed: a node that comes back destroyed a sandbox
 	// reported lost while it was unheard.
 	EventSandboxDestroyed = "sandbox.destroyed"
+	// EventSandboxNetworkDenied: a sandbox's network policy refused
+	// something (at most one event per sandbox a second, with the count;
+	// GET /v1/sandboxes/{id}/network/denials has each).
+	EventSandboxNetworkDenied = "sandbox.network.denied"
 )
 
 type NodeList struct {

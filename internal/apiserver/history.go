@@ -36,6 +36,20 @@ func (s *Server) sandboxNetwork(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// sandboxNetworkDenials answers a sandbox's log of refusals.
+func (s *Server) sandboxNetworkDenials(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var n api.NetworkDenials
+	if err := s.callEdge(r.Context(), id, edge.OpNetworkDenials, &edge.IDRequest{ID: id}, &n, nil); err != nil {
+		return err
+	}
+	if n.Denials == nil {
+		n.Denials = []api.NetworkDenialRecord{}
+	}
+	writeJSON(w, http.StatusOK, &n)
+	return nil
+}
+
 // setSandboxNetwork replaces a running networked sandbox's egress list.
 func (s *Server) setSandboxNetwork(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")

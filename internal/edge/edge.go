@@ -227,6 +227,8 @@ type Edge struct {
 	// id -> project, under mu.
 	lost        map[string]string
 	lostKV      *bus.Lost
+	rules       netRules // the cluster's named network rules (network.go)
+	denials     denials  // per sandbox, what its network refused (netdenials.go)
 	events      *bus.Events
 	reconciled  chan struct{} // closed once reconcile is done
 	pendingLost [][2]string   // destroyed by reconcile: sandbox.destroyed to publish
@@ -355,6 +357,13 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	if err := e.watchNetRules(runCtx); err != nil {
+		cancel()
+		return err
+	}
+	if dn, ok := e.cfg.Runtime.(runtime.DenialNotifier); ok {
+		dn.OnNetworkDenial(e.recordDenial)
+	}
 	e.startTelemetry(runCtx)
 	err = e.reconcile(ctx)
 	close(e.reconciled)
@@ -389,9 +398,10 @@ func (e *Edge) Start(ctx context.Context) error {
 		return err
 	}
 	e.subs = append(e.subs, sub)
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go e.heartbeatLoop(runCtx)
 	go e.reaperLoop(runCtx)
+	go e.denialLoop(runCtx)
 	if e.roster != nil {
 		e.wg.Add(1)
 		go e.rosterLoop(runCtx)
@@ -476,6 +486,7 @@ func (e *Edge) dropLocked(id string) {
 		delete(e.live, sb)
 	}
 	delete(e.sandboxes, id)
+	e.denials.forget(id)
 }
 
 // newID returns sb-<node>-<random>; the random part has no '-'.

@@ -126,7 +126,7 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		e.stop(ctx, sb, api.StateStopped, "deleted")
 		v := sb.view()
 		return &v, nil
-	case OpCommands, OpStats, OpNetwork:
+	case OpCommands, OpStats, OpNetwork, OpNetworkDenials:
 		var req IDRequest
 		if err := decode(body, &req); err != nil {
 			return nil, err
@@ -136,6 +136,8 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 			return e.commands(req.ID)
 		case OpNetwork:
 			return e.network(req.ID)
+		case OpNetworkDenials:
+			return e.networkDenials(req.ID)
 		}
 		return e.stats(ctx, req.ID)
 	case OpImages:

@@ -227,6 +227,7 @@ func (e *Edge) reap(ctx context.Context) {
 			delete(e.live, sb)
 			if !sb.stoppedAt.IsZero() && now.Sub(sb.stoppedAt) > e.cfg.TombstoneFor {
 				delete(e.sandboxes, id)
+				e.denials.forget(id)
 			}
 		case (st != api.StateRunning && st != api.StatePaused) || sb.stopping:
 		case sb.rec.Sandbox.ExpiresAt != nil && now.After(*sb.rec.Sandbox.ExpiresAt):

@@ -50,6 +50,10 @@ const (
 	OpNetworkSet  = "network_set"  // NetworkSetRequest → api.SandboxNetwork
 )
 
+// OpNetworkDenials answers a sandbox's denial log: IDRequest →
+// api.NetworkDenials.
+const OpNetworkDenials = "network_denials"
+
 // NetworkSetRequest replaces a running sandbox's egress list.
 type NetworkSetRequest struct {
 	ID      string          `json:"id"`

@@ -1,26 +1,156 @@
 package edge
 
+// Network rules: the edge keeps the cluster's named rules (bus
+// BucketNetworkRules, watched) and expands an egress entry naming one
+// into its destinations; a change of a rule is applied to every running
+// sandbox that names it.
+//
+// Lock order: sandbox.mu, then netRules.mu (a leaf); Edge.mu is never
+// held with netRules.mu.
+
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
-// runtimeNetwork parses a create request's network (validated already by
-// sandboxspec.Normalize) for the runtime; nil stays nil: loopback only.
-func runtimeNetwork(n *api.NetworkSpec) (*runtime.NetworkSpec, error) {
+// netRules is the edge's copy of the cluster's named rules.
+type netRules struct {
+	mu     sync.Mutex
+	byName map[string]api.NetworkRule
+}
+
+func (r *netRules) get(name string) (api.NetworkRule, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	nr, ok := r.byName[name]
+	return nr, ok
+}
+
+// watchNetRules loads the rules and keeps them current until ctx ends; a
+// change reaches the running sandboxes that use the rule.
+func (e *Edge) watchNetRules(ctx context.Context) error {
+	recs, err := e.cfg.Bus.Records(ctx, bus.BucketNetworkRules)
+	if err != nil {
+		return err
+	}
+	e.rules.mu.Lock()
+	e.rules.byName = map[string]api.NetworkRule{}
+	e.rules.mu.Unlock()
+	ready := make(chan struct{})
+	var loaded bool
+	err = recs.Watch(ctx, func(u bus.RecordUpdate) {
+		var nr api.NetworkRule
+		if u.Raw != nil && json.Unmarshal(u.Raw, &nr) != nil {
+			return
+		}
+		e.rules.mu.Lock()
+		if u.Raw == nil {
+			delete(e.rules.byName, u.Key)
+		} else {
+			e.rules.byName[u.Key] = nr
+		}
+		e.rules.mu.Unlock()
+		if loaded {
+			e.applyNetRule(u.Key)
+		}
+	}, func() {
+		if !loaded {
+			loaded = true
+			close(ready)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("edge: network rules: no answer from %s", bus.BucketNetworkRules)
+	}
+}
+
+// applyNetRule sets again the egress of every running sandbox whose list
+// names rule.
+func (e *Edge) applyNetRule(rule string) {
+	e.mu.Lock()
+	var users []*sandbox
+	for _, sb := range e.sandboxes {
+		sb.mu.Lock()
+		if n := sb.rec.Spec.Network; n != nil && slices.Contains(n.Egress, rule) && sb.inst != nil {
+			users = append(users, sb)
+		}
+		sb.mu.Unlock()
+	}
+	e.mu.Unlock()
+	ns, ok := e.cfg.Runtime.(runtime.NetworkSetter)
+	if !ok {
+		return
+	}
+	for _, sb := range users {
+		if err := e.reapplyNetwork(sb, ns); err != nil {
+			e.log.Warn("edge: apply a changed network rule", "rule", rule, "id", sb.rec.Sandbox.ID, "err", err)
+		}
+	}
+}
+
+// reapplyNetwork expands sb's list again (its rules changed) and sets it.
+func (e *Edge) reapplyNetwork(sb *sandbox, ns runtime.NetworkSetter) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	n := sb.rec.Spec.Network
+	if n == nil || sb.inst == nil || sb.inst.Handle.Net == nil ||
+		(sb.rec.Sandbox.State != api.StateRunning && sb.rec.Sandbox.State != api.StatePaused) {
+		return nil
+	}
+	rn, err := e.runtimeNetwork(n, true)
+	if err != nil {
+		return err
+	}
+	return ns.SetEgress(sb.inst.Handle, rn.Egress)
+}
+
+// runtimeNetwork parses a network (validated already by
+// sandboxspec.CheckNetwork) for the runtime, with its rules' names
+// expanded; nil stays nil: loopback only. An unknown rule is the caller's
+// error, unless lenient (a rule deleted under a running sandbox: it
+// stands for nothing).
+func (e *Edge) runtimeNetwork(n *api.NetworkSpec, lenient bool) (*runtime.NetworkSpec, error) {
 	if n == nil {
 		return nil, nil
 	}
 	out := &runtime.NetworkSpec{}
-	for _, e := range n.Egress {
-		r, err := api.ParseEgress(e)
+	for _, s := range n.Egress {
+		r, err := api.ParseEgress(s)
 		if err != nil {
 			return nil, &api.Error{Code: api.CodeInvalid, Message: "network." + err.Error()}
 		}
-		out.Egress = append(out.Egress, r)
+		if r.Rule == "" {
+			out.Egress = append(out.Egress, r)
+			continue
+		}
+		nr, ok := e.rules.get(r.Rule)
+		if !ok {
+			if lenient {
+				continue
+			}
+			return nil, &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("network.egress: network rule %q is unknown (GET /v1/network-rules lists them)", r.Rule)}
+		}
+		out.Egress = append(out.Egress, nr.Expand()...)
+	}
+	if len(out.Egress) > api.MaxExpandedEgress {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("network.egress: %d destinations once its rules are expanded, at most %d", len(out.Egress), api.MaxExpandedEgress)}
 	}
 	return out, nil
 }
@@ -78,7 +208,7 @@ func (e *Edge) setNetwork(req *NetworkSetRequest) (*api.SandboxNetwork, error) {
 	if aerr := sandboxspec.CheckNetwork(&n); aerr != nil {
 		return nil, aerr
 	}
-	rules, err := runtimeNetwork(&n)
+	rules, err := e.runtimeNetwork(&n, false)
 	if err != nil {
 		return nil, err
 	}

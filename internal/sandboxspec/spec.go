@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"unicode/utf8"
 
@@ -166,6 +168,9 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	default:
 		return invalid("idle_timeout_action %q is unknown (want %q or %q)", truncate(req.IdleTimeoutAction), api.IdleActionStop, api.IdleActionPause)
 	}
+	if aerr := foldNetworkRules(req); aerr != nil {
+		return aerr
+	}
 	if aerr := CheckNetwork(req.Network); aerr != nil {
 		return aerr
 	}
@@ -305,6 +310,37 @@ func ValidProject(id string) bool {
 // the root: everything is within it).
 func Within(project, scope string) bool {
 	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
+}
+
+// foldNetworkRules adds the rules network_rules sets true to the egress
+// list.
+func foldNetworkRules(req *api.CreateSandboxRequest) *api.Error {
+	if len(req.NetworkRules) == 0 {
+		return nil
+	}
+	if len(req.NetworkRules) > api.MaxEgressRules {
+		return invalid("network_rules: at most %d rules", api.MaxEgressRules)
+	}
+	var names []string
+	for name, on := range req.NetworkRules {
+		if !api.RuleNameRE.MatchString(name) {
+			return invalid("network_rules: %q is not a rule name", truncate(name))
+		}
+		if on {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	if req.Network == nil {
+		req.Network = &api.NetworkSpec{}
+	}
+	for _, n := range names {
+		if !slices.Contains(req.Network.Egress, n) {
+			req.Network.Egress = append(req.Network.Egress, n)
+		}
+	}
+	req.NetworkRules = nil
+	return nil
 }
 
 // CheckNetwork validates the opt-in network (of a create, or of a change

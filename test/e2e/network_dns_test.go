@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/sandboxnet/nettest"
@@ -73,6 +74,44 @@ func TestNetworkDNS(t *testing.T) {
 		if !names[name] {
 			t.Errorf("refused name %s not recorded: %+v", name, n.DeniedDestinations)
 		}
+	}
+
+	// The log: each refused name with its time, and the refused packets.
+	dl, err := s.C.NetworkDenials(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := map[string]bool{}
+	for _, d := range dl.Denials {
+		if d.Time.IsZero() || d.Count < 1 {
+			t.Errorf("denial without time or count: %+v", d)
+		}
+		logged[d.Protocol+" "+d.Destination+" "+d.Reason] = true
+	}
+	for _, want := range []string{"dns " + nettest.ElsewhereName + " dns", "dns nothing.test dns",
+		"tcp " + nettest.Mirror + ":443 not-allowed", "tcp " + nettest.Elsewhere + ":443 not-allowed"} {
+		if !logged[want] {
+			t.Errorf("denial log lacks %q: %+v", want, dl.Denials)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		evs, err := s.C.Events(t.Context(), 0, 1000, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, ev := range evs.Events {
+			found = found || (ev.Type == api.EventSandboxNetworkDenied && ev.Sandbox == sb.ID)
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("no %s event for %s: %+v", api.EventSandboxNetworkDenied, sb.ID, evs.Events)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 
 	// Another sandbox, the mirror's address listed by name nowhere: what

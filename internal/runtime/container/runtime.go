@@ -678,6 +678,13 @@ func (r *Runtime) NetworkDenied(h runtime.Handle) (map[string]int64, error) {
 	return r.net.Denied(h.ID)
 }
 
+// OnNetworkDenial hands every name the resolver refuses to fn.
+func (r *Runtime) OnNetworkDenial(fn func(id string, d api.NetworkDenialRecord)) {
+	r.net.OnDNSDenial = func(id string, d sandboxnet.DNSDenial) {
+		fn(id, api.NetworkDenialRecord{Time: d.Time, Destination: d.Name, Protocol: "dns", Reason: sandboxnet.DenyDNS, Count: 1})
+	}
+}
+
 // SetEgress replaces a networked sandbox's egress list.
 func (r *Runtime) SetEgress(h runtime.Handle, egress []api.EgressRule) error {
 	if h.Net == nil {
