@@ -718,6 +718,9 @@ type Node struct {
 	// Recycling counts the containers of deleted sandboxes reused for new
 	// ones (docs/architecture.md, "Recycled containers").
 	Recycling NodeRecycling `json:"recycling"`
+	// NetworkDenied counts what its sandboxes' networks refused since
+	// the node started, by reason (names, and packets as observed).
+	NetworkDenied map[string]int64 `json:"network_denied,omitempty"`
 	// Elastic is the CPU given to sandboxes only while they run operations
 	// (docs/architecture.md, "Density and elasticity").
 	Elastic NodeElastic `json:"elastic"`

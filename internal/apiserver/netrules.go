@@ -2,7 +2,9 @@ package apiserver
 
 import (
 	"encoding/json"
+
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"net/http"
 	"sort"
 	"time"
@@ -96,4 +98,25 @@ func (s *Server) listNetworkRules(w http.ResponseWriter, r *http.Request) error 
 	sort.Slice(out.Rules, func(i, j int) bool { return out.Rules[i].Name < out.Rules[j].Name })
 	writeJSON(w, http.StatusOK, &out)
 	return nil
+}
+
+// deniedCollector exports warren_network_denied_total{node,reason} from
+// the nodes' heartbeats.
+type deniedCollector struct{ s *Server }
+
+var deniedDesc = prometheus.NewDesc("warren_network_denied_total",
+	"What sandboxes' networks refused (names and packets), by node and reason, since each node started.",
+	[]string{"node", "reason"}, nil)
+
+func (c deniedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- deniedDesc }
+
+func (c deniedCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.s.cfg.Watcher == nil {
+		return
+	}
+	for _, n := range c.s.cfg.Watcher.Nodes() {
+		for reason, v := range n.NetworkDenied {
+			ch <- prometheus.MustNewConstMetric(deniedDesc, prometheus.CounterValue, float64(v), n.Name, reason)
+		}
+	}
 }

@@ -205,7 +205,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.netRules, err = cfg.Bus.Records(ctx, bus.BucketNetworkRules); err != nil {
 		return nil, err
 	}
-	cfg.Registry.MustRegister(s.requests, s.latency)
+	cfg.Registry.MustRegister(s.requests, s.latency, deniedCollector{s})
 	for _, r := range s.routes() {
 		s.mux.Handle(r.pattern, s.wrap(r))
 	}

@@ -97,6 +97,7 @@ func (e *Edge) NodeStatus() api.Node {
 		DiskMB: e.cfg.DiskMB, DiskOvercommit: e.cfg.DiskOvercommit,
 		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
 		Pools: []api.NodePool{}, Features: e.nodeFeatures(), DataAddr: e.dataAddr,
+		NetworkDenied: e.denials.totals(),
 	}
 	e.measure(&n)
 	e.mu.Lock()

@@ -63,6 +63,20 @@ func (d *denials) addLocked(id string, recs ...api.NetworkDenialRecord) {
 	}
 }
 
+// totals copies the node's counts by reason (nil when none).
+func (d *denials) totals() map[string]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.total) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(d.total))
+	for k, v := range d.total {
+		out[k] = v
+	}
+	return out
+}
+
 // forget drops a sandbox's log (it was destroyed).
 func (d *denials) forget(id string) {
 	d.mu.Lock()

@@ -114,6 +114,18 @@ func TestNetworkDNS(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	// The metric, from the node's heartbeat.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, body := s.rawRequest(t, "GET", "/metrics", "", nil, nil)
+		if strings.Contains(body, `warren_network_denied_total{node=`) && strings.Contains(body, `reason="dns"}`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("no warren_network_denied_total for refused names on /metrics")
+			break
+		}
+	}
+
 	// Another sandbox, the mirror's address listed by name nowhere: what
 	// the first resolved is not its.
 	other := s.create(t, api.CreateSandboxRequest{Network: &api.NetworkSpec{Egress: []string{nettest.Elsewhere + ":443"}}})
