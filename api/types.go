@@ -575,7 +575,7 @@ type ForkResult struct {
 // TrajectoryStep is one logged operation with its result.
 type TrajectoryStep struct {
 	Step    int64     `json:"step"`
-	Op      string    `json:"op"` // exec, write, remove, rename, mkdir
+	Op      string    `json:"op"` // exec, write, remove, rename, mkdir, network
 	Sandbox string    `json:"sandbox"`
 	At      time.Time `json:"at"`
 	// The operation.
@@ -589,6 +589,8 @@ type TrajectoryStep struct {
 	Append    bool         `json:"append,omitempty"`
 	DataHash  string       `json:"data_sha256,omitempty"`
 	DataSize  int64        `json:"data_size,omitempty"`
+	// Egress is the list a "network" step set (PUT …/network).
+	Egress []string `json:"egress,omitempty"`
 	// The result.
 	Result *ExecResult `json:"result,omitempty"`
 	File   *FileInfo   `json:"file,omitempty"`

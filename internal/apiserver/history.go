@@ -61,6 +61,17 @@ func (s *Server) setSandboxNetwork(w http.ResponseWriter, r *http.Request) error
 		return aerr
 	}
 	var n api.SandboxNetwork
+	// A resuming client re-issuing a logged change: the sandbox has the
+	// list already (it is alive, and every later change is logged too).
+	if _, ok, err := s.fastForward(r.Context(), id, &api.TrajectoryStep{Op: "network", Egress: req.Egress}); err != nil {
+		return err
+	} else if ok {
+		if err := s.callEdge(r.Context(), id, edge.OpNetwork, &edge.IDRequest{ID: id}, &n, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, &n)
+		return nil
+	}
 	if err := s.callEdge(r.Context(), id, edge.OpNetworkSet, &edge.NetworkSetRequest{ID: id, Network: req}, &n, nil); err != nil {
 		return err
 	}

@@ -169,7 +169,7 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		if err := decode(body, &req); err != nil {
 			return nil, err
 		}
-		return e.setNetwork(&req)
+		return e.setNetwork(ctx, &req)
 	case OpPause, OpResume:
 		var req ResumeSandboxRequest
 		if err := decode(body, &req); err != nil {

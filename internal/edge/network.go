@@ -202,17 +202,55 @@ func (e *Edge) network(id string) (*api.SandboxNetwork, error) {
 
 // setNetwork answers OpNetworkSet: the running sandbox's egress list is
 // replaced (new connections obey it when this returns; open ones to
-// destinations no longer listed are cut) and recorded.
-func (e *Edge) setNetwork(req *NetworkSetRequest) (*api.SandboxNetwork, error) {
+// destinations no longer listed are cut) and recorded; for a sandbox
+// that records a trajectory, as a step of it ("network", with the list).
+func (e *Edge) setNetwork(ctx context.Context, req *NetworkSetRequest) (*api.SandboxNetwork, error) {
 	n := req.Network
 	if aerr := sandboxspec.CheckNetwork(&n); aerr != nil {
 		return nil, aerr
 	}
-	rules, err := e.runtimeNetwork(&n, false)
+	sb, err := e.lookup(req.ID)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := e.lookup(req.ID)
+	<-sb.ready
+	if sb.traj == nil {
+		return e.applyNetwork(req.ID, &n)
+	}
+	if _, err := e.runtimeNetwork(&n, false); err != nil {
+		return nil, err // the caller's error: not a step
+	}
+	id := req.ID
+	apply := func() (any, error) { return e.applyNetwork(id, &n) }
+	out, err := e.recorded(ctx, sb, &recOp{
+		step:   &api.TrajectoryStep{Op: "network", Egress: n.Egress},
+		run:    apply,
+		record: func(*api.TrajectoryStep, any) {},
+		// Served from the log to a resuming client: the list is set again
+		// (the same list: nothing changes for a sandbox that has it).
+		replay: func(*api.TrajectoryStep) (any, error) { return apply() },
+		redo: func(_ context.Context, to string) error {
+			_, err := e.applyNetwork(to, &n)
+			return err
+		},
+		retarget: func(to string) { id = to },
+		size:     256,
+	})
+	if err != nil {
+		return nil, err
+	}
+	sn, _ := out.(*api.SandboxNetwork)
+	return sn, nil
+}
+
+// applyNetwork replaces id's list with n (checked) and answers its
+// network.
+func (e *Edge) applyNetwork(id string, n *api.NetworkSpec) (*api.SandboxNetwork, error) {
+	rules, err := e.runtimeNetwork(n, false)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := e.lookup(id)
 	if err != nil {
 		return nil, err
 	}
@@ -221,10 +259,10 @@ func (e *Edge) setNetwork(req *NetworkSetRequest) (*api.SandboxNetwork, error) {
 	if !ok {
 		return nil, &api.Error{Code: api.CodeUnavailable, Message: "this node's runtime cannot change a sandbox's network"}
 	}
-	if err := e.setNetworkLocked(sb, ns, req.ID, &n, rules.Egress); err != nil {
+	if err := e.setNetworkLocked(sb, ns, id, n, rules.Egress); err != nil {
 		return nil, err
 	}
-	return e.network(req.ID)
+	return e.network(id)
 }
 
 // setNetworkLocked changes and records sb's list under sb.mu, so that two

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -351,7 +352,8 @@ func digest(b []byte) string {
 // sameOp reports whether a re-issued operation equals the logged one.
 func sameOp(a, b *api.TrajectoryStep) bool {
 	if a.Op != b.Op || a.Path != b.Path || a.To != b.To || a.Mode != b.Mode || a.Recursive != b.Recursive ||
-		a.Parents != b.Parents || a.Append != b.Append || a.DataHash != b.DataHash || a.StdinHash != b.StdinHash {
+		a.Parents != b.Parents || a.Append != b.Append || a.DataHash != b.DataHash || a.StdinHash != b.StdinHash ||
+		!slices.Equal(a.Egress, b.Egress) {
 		return false
 	}
 	if (a.Exec == nil) != (b.Exec == nil) {

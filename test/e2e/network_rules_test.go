@@ -152,3 +152,46 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestNetworkChangeIsTrajectoryStep: replacing a recording sandbox's
+// egress list is a step of its trajectory, with the list.
+func TestNetworkChangeIsTrajectoryStep(t *testing.T) {
+	s := startServer(t, "--net-pool", fmt.Sprintf("10.213.%d.0/24", 20+(os.Getpid()+73)%100))
+	ctx := t.Context()
+	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "net-steps", Network: &api.NetworkSpec{Egress: []string{"10.1.2.0/24:443"}}})
+	if r := s.sh(t, sb.ID, "true"); r.ExitCode != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if _, err := s.C.SetNetwork(ctx, sb.ID, []string{"10.9.9.9:80/tcp"}); err != nil {
+		t.Fatal(err)
+	}
+	code, body := s.rawRequest(t, "GET", "/v1/trajectories/net-steps", "", nil, nil)
+	var page api.TrajectoryPage
+	if code != 200 || json.Unmarshal([]byte(body), &page) != nil {
+		t.Fatalf("trajectory: %d %s", code, body)
+	}
+	if len(page.Steps) != 2 || page.Steps[1].Op != "network" || strings.Join(page.Steps[1].Egress, ",") != "10.9.9.9/32:80/tcp" || page.Steps[1].Step != 2 {
+		t.Errorf("steps: %s", body)
+	}
+	// A client that resumes re-issues the steps: the change is served
+	// from the log, and another list diverges.
+	re, err := s.C.Create(ctx, api.CreateSandboxRequest{Trajectory: "net-steps", Resume: true})
+	if err != nil || re.ID != sb.ID {
+		t.Fatalf("resume: %+v %v, want %s", re, err, sb.ID)
+	}
+	if r := s.sh(t, sb.ID, "true"); !r.Replayed {
+		t.Errorf("step 1 not replayed: %+v", r)
+	}
+	if _, err := s.C.SetNetwork(ctx, sb.ID, []string{"10.9.9.9:80/tcp"}); err != nil {
+		t.Errorf("re-issued network step: %v", err)
+	}
+	if _, err := s.C.SetNetwork(ctx, sb.ID, []string{"10.9.9.9:81/tcp"}); err != nil {
+		t.Errorf("a new network step after the log: %v", err)
+	}
+	if page, err := s.C.Trajectory(ctx, "net-steps", 0, 100); err != nil || len(page.Steps) != 3 || page.Steps[2].Egress[0] != "10.9.9.9/32:81/tcp" {
+		t.Errorf("steps after the resume: %+v %v", page, err)
+	}
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+}
