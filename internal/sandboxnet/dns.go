@@ -40,6 +40,16 @@ const DenyDNS = "dns"
 // MaxDNSDenials bounds a sandbox's record of refused names.
 const MaxDNSDenials = 256
 
+// A sandbox's queries are answered at DNSRate a second on average, bursts
+// of DNSBurst (Manager.DNSRate, DNSBurst when set); past that, REFUSED
+// (counted, reason DenyDNSRate), so that a flood of queries costs the
+// node little and its neighbours nothing.
+const (
+	DNSRate     = 200
+	DNSBurst    = 400
+	DenyDNSRate = "dns-rate"
+)
+
 // minAdmit is the shortest an admitted address stays allowed: a record of
 // TTL 0 is still connectable right after its answer.
 const minAdmit = 2 * time.Second
@@ -238,6 +248,10 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		fail(dns.RcodeRefused)
 		return
 	}
+	if !r.m.allowQuery(id) {
+		fail(dns.RcodeRefused)
+		return
+	}
 	if len(q.Question) != 1 {
 		fail(dns.RcodeFormatError)
 		return
@@ -408,6 +422,39 @@ type dnsPolicy struct {
 	internet bool
 	denials  []DNSDenial // the last MaxDNSDenials
 	denied   int64
+	// The query budget (DNSRate, DNSBurst) and what went over it.
+	tokens  float64
+	refill  time.Time
+	limited int64
+}
+
+// allowQuery takes one query from id's budget.
+func (m *Manager) allowQuery(id string) bool {
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.policy[id]
+	if !ok {
+		return true // known from the kernel on the next query (hostsOf)
+	}
+	rate, burst := float64(DNSRate), float64(DNSBurst)
+	if m.DNSRate > 0 {
+		rate, burst = m.DNSRate, m.DNSBurst
+	}
+	if p.refill.IsZero() {
+		p.tokens = burst
+	} else {
+		p.tokens = min(burst, p.tokens+now.Sub(p.refill).Seconds()*rate)
+	}
+	p.refill = now
+	allowed := p.tokens >= 1
+	if allowed {
+		p.tokens--
+	} else {
+		p.limited++
+	}
+	m.policy[id] = p
+	return allowed
 }
 
 // UserData of o_<id>'s rules that match nothing and keep the list's
@@ -431,6 +478,7 @@ func (m *Manager) setPolicy(id string, egress []api.EgressRule) {
 	defer m.mu.Unlock()
 	old := m.policy[id]
 	pol.denials, pol.denied = old.denials, old.denied
+	pol.tokens, pol.refill, pol.limited = old.tokens, old.refill, old.limited
 	m.policy[id] = pol
 }
 
@@ -450,6 +498,13 @@ func (m *Manager) recordDNSDenial(id string, d DNSDenial) {
 	if m.OnDNSDenial != nil {
 		go m.OnDNSDenial(id, d)
 	}
+}
+
+// DNSLimited is how many of id's queries went over its budget.
+func (m *Manager) DNSLimited(id string) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.policy[id].limited
 }
 
 // DNSDenials is id's record of refused names, oldest first, and how many

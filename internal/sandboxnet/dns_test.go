@@ -103,6 +103,31 @@ func TestResolver(t *testing.T) {
 	if resp, err := query(t, pid, gw, nettest.MirrorName, dns.TypeA, "udp"); err != nil || resp.Rcode != dns.RcodeNameError {
 		t.Errorf("a name taken off still answered: %v %v", resp, err)
 	}
+	// A flood of queries: past the budget, REFUSED and counted; the
+	// other sandbox is answered meanwhile.
+	refused := 0
+	m.mu.Lock()
+	m.DNSRate, m.DNSBurst = 10, 20 // a small budget: a sequential flood goes over it
+	m.mu.Unlock()
+	nettest.InNS(t, pid, func() {
+		c := &dns.Client{Net: "udp", Timeout: time.Second}
+		for i := 0; i < 60; i++ {
+			m := new(dns.Msg)
+			m.SetQuestion(dns.Fqdn(nettest.Mirror), dns.TypeA)
+			if resp, _, err := c.Exchange(m, net.JoinHostPort(gw, "53")); err == nil && resp.Rcode == dns.RcodeRefused {
+				refused++
+			}
+		}
+	})
+	if refused == 0 || m.DNSLimited(id) != int64(refused) {
+		t.Errorf("a flood of 60 queries: %d refused, %d counted", refused, m.DNSLimited(id))
+	}
+	if resp, err := query(t, otherPid, b.Gateway.String(), nettest.ElsewhereName, dns.TypeA, "udp"); err != nil || resp.Rcode != dns.RcodeNameError {
+		t.Errorf("the other sandbox during the flood: %v %v", resp, err)
+	}
+	m.mu.Lock()
+	m.DNSRate, m.DNSBurst = 1e6, 1e6
+	m.mu.Unlock()
 	// "internet": names resolve, private addresses stay closed.
 	if err := m.SetEgress(id, []api.EgressRule{{Internet: true}}); err != nil {
 		t.Fatal(err)

@@ -71,6 +71,9 @@ type Manager struct {
 	Upstream    string
 	Log         *slog.Logger
 	OnDNSDenial func(id string, d DNSDenial)
+	// DNSRate and DNSBurst override the resolver's per-sandbox query
+	// budget (0: DNSRate, DNSBurst).
+	DNSRate, DNSBurst float64
 
 	mu      sync.Mutex
 	policy  map[string]dnsPolicy // by sandbox id: what the resolver needs

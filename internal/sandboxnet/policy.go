@@ -400,7 +400,7 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 	// The old counts go into a rule that matches nothing, so that Denied
 	// keeps summing them.
 	for reason, n := range before {
-		if n > 0 && reason != DenyConnLimit && reason != DenyHost && reason != DenyDNS {
+		if n > 0 && reason != DenyConnLimit && reason != DenyHost && reason != DenyDNS && reason != DenyDNSRate {
 			c.AddRule(&nftables.Rule{Table: fwd.Table, Chain: fwd, UserData: []byte(reason),
 				Exprs: cat(nfproto(expr.CmpOpEq, 255), []expr.Any{&expr.Counter{Packets: uint64(n)}})})
 		}
@@ -536,6 +536,9 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 	}
 	if _, n := m.DNSDenials(id); n > 0 {
 		out[DenyDNS] = n
+	}
+	if n := m.DNSLimited(id); n > 0 {
+		out[DenyDNSRate] = n
 	}
 	return out, nil
 }
