@@ -22,37 +22,35 @@ type RecordUpdate struct {
 }
 
 // Watch delivers every record (the initial values, then ready once, then
-// each change as it happens) to fn until ctx ends.
+// each change as it happens) to fn, in the caller's goroutine, until ctx
+// ends.
 func (r *Records) Watch(ctx context.Context, fn func(RecordUpdate), ready func()) error {
 	w, err := r.kv.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("bus: watch records: %w", err)
 	}
-	go func() {
-		defer func() { _ = w.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					ready()
-					continue
-				}
-				k, err := hex.DecodeString(e.Key()[1:])
-				if err != nil {
-					continue
-				}
-				u := RecordUpdate{Key: string(k), Rev: e.Revision()}
-				if e.Operation() == jetstream.KeyValuePut {
-					u.Raw = e.Value()
-				}
-				fn(u)
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
 			}
+			if e == nil {
+				ready()
+				continue
+			}
+			k, err := hex.DecodeString(e.Key()[1:])
+			if err != nil {
+				continue
+			}
+			u := RecordUpdate{Key: string(k), Rev: e.Revision()}
+			if e.Operation() == jetstream.KeyValuePut {
+				u.Raw = e.Value()
+			}
+			fn(u)
 		}
-	}()
-	return nil
+	}
 }

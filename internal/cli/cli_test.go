@@ -936,7 +936,7 @@ func TestStats(t *testing.T) {
 func TestCreateFlagsCoverFields(t *testing.T) {
 	flagOf := map[string]string{
 		"memory_mb": "memory", "disk_mb": "disk", "labels": "label", "layers": "layer",
-		"idle_timeout_action": "idle-action", "network_rules": "allow",
+		"idle_timeout_action": "idle-action", "audit": "audit-policy", "network_rules": "allow",
 	}
 	create := newCreateCmd(&globals{})
 	rt := reflect.TypeOf(api.CreateSandboxRequest{})

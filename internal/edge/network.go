@@ -46,34 +46,41 @@ func (e *Edge) watchNetRules(ctx context.Context) error {
 	e.rules.byName = map[string]api.NetworkRule{}
 	e.rules.mu.Unlock()
 	ready := make(chan struct{})
+	failed := make(chan error, 1)
 	var loaded bool
-	err = recs.Watch(ctx, func(u bus.RecordUpdate) {
-		var nr api.NetworkRule
-		if u.Raw != nil && json.Unmarshal(u.Raw, &nr) != nil {
-			return
-		}
-		e.rules.mu.Lock()
-		if u.Raw == nil {
-			delete(e.rules.byName, u.Key)
-		} else {
-			e.rules.byName[u.Key] = nr
-		}
-		e.rules.mu.Unlock()
-		if loaded {
-			e.applyNetRule(u.Key)
-		}
-	}, func() {
-		if !loaded {
-			loaded = true
-			close(ready)
+	watch := func() error {
+		return recs.Watch(ctx, func(u bus.RecordUpdate) {
+			var nr api.NetworkRule
+			if u.Raw != nil && json.Unmarshal(u.Raw, &nr) != nil {
+				return
+			}
+			e.rules.mu.Lock()
+			if u.Raw == nil {
+				delete(e.rules.byName, u.Key)
+			} else {
+				e.rules.byName[u.Key] = nr
+			}
+			e.rules.mu.Unlock()
+			if loaded {
+				e.applyNetRule(u.Key)
+			}
+		}, func() {
+			if !loaded {
+				loaded = true
+				close(ready)
+			}
+		})
+	}
+	e.wg.Go(func() {
+		if err := watch(); err != nil {
+			failed <- err
 		}
 	})
-	if err != nil {
-		return err
-	}
 	select {
 	case <-ready:
 		return nil
+	case err := <-failed:
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(30 * time.Second):

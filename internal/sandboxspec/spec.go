@@ -4,6 +4,7 @@ package sandboxspec
 
 import (
 	"fmt"
+	"github.com/warrenhq/warren/internal/auditpolicy"
 	"path"
 	"regexp"
 	"slices"
@@ -12,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/image"
 )
 
 // Defaults and bounds.
@@ -174,6 +174,9 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if aerr := CheckNetwork(req.Network); aerr != nil {
 		return aerr
 	}
+	if _, err := auditpolicy.Compile(req.Audit); err != nil {
+		return invalid("%v", err)
+	}
 	if len(req.Env) > MaxEnv {
 		return invalid("at most %d env variables", MaxEnv)
 	}
@@ -226,7 +229,7 @@ func checkLayers(ls []api.LayerAttachment) *api.Error {
 	}
 	mounts := map[string]bool{}
 	for i, l := range ls {
-		if _, _, err := image.ParseLayerRef(l.Layer); err != nil {
+		if _, _, err := api.ParseLayerRef(l.Layer); err != nil {
 			return invalid("layers[%d]: %s", i, strings.TrimPrefix(err.Error(), "invalid: "))
 		}
 		if l.Mount == "" {

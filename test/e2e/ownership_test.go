@@ -709,7 +709,7 @@ func auditRoutes(t *testing.T, o *owned) {
 		"POST /v1/sandboxes/{id}/fork":                {{path: sb + "/fork", body: js(api.ForkRequest{Count: 1})}},
 		"GET /v1/snapshots/{sid}":                     {{path: "/v1/snapshots/" + o.snap}},
 		"DELETE /v1/snapshots/{sid}":                  {{path: "/v1/snapshots/" + o.snap}},
-		"GET /v1/trajectories/{name}":                 {{path: "/v1/trajectories/" + o.traj, ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?path=/work-secret", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}, {path: "/v1/trajectories/" + o.traj + "?audit=1&project=p1"}},
+		"GET /v1/trajectories/{name}":                 {{path: "/v1/trajectories/" + o.traj, ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?path=/work-secret", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}, {path: "/v1/trajectories/" + o.traj + "?audit=1&project=p1"}, {path: "/v1/trajectories/" + o.traj + "/audit/summary", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?audit=summary&project=p1"}},
 		"POST /v1/trajectories:replay":                {{path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj}), ok: ownOrNone}, {path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj, Project: "p1"})}},
 		"POST /v1/layers":                             {{path: "/v1/layers", body: js(api.CreateLayerRequest{Name: "ws/stolen", FromSandbox: o.sb})}, {path: "/v1/layers?name=" + q(o.layer), body: []byte{}, ok: notP1}},
 		"GET /v1/layers":                              {{path: "/v1/layers", ok: listOK, child: parentLayer}, {path: "/v1/layers?name=" + q(o.layer), ok: listOK, child: parentLayer}},
