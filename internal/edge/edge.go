@@ -391,6 +391,8 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	// Rules changed while this edge was down reach its adopted sandboxes.
+	e.wg.Go(func() { e.applyNetRule("") })
 	if pending := e.pendingLost; len(pending) > 0 {
 		e.pendingLost = nil
 		e.wg.Go(func() {

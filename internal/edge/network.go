@@ -89,13 +89,19 @@ func (e *Edge) watchNetRules(ctx context.Context) error {
 }
 
 // applyNetRule sets again the egress of every running sandbox whose list
-// names rule.
+// names rule ("": any rule).
 func (e *Edge) applyNetRule(rule string) {
+	names := func(egress []string) bool {
+		if rule != "" {
+			return slices.Contains(egress, rule)
+		}
+		return slices.ContainsFunc(egress, func(s string) bool { return s != api.EgressInternet && api.RuleNameRE.MatchString(s) })
+	}
 	e.mu.Lock()
 	var users []*sandbox
 	for _, sb := range e.sandboxes {
 		sb.mu.Lock()
-		if n := sb.rec.Spec.Network; n != nil && slices.Contains(n.Egress, rule) && sb.inst != nil {
+		if n := sb.rec.Spec.Network; n != nil && names(n.Egress) && sb.inst != nil {
 			users = append(users, sb)
 		}
 		sb.mu.Unlock()
