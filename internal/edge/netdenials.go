@@ -198,6 +198,7 @@ func (e *Edge) denialLoop(ctx context.Context) {
 		e.mu.Unlock()
 		for _, sb := range nets {
 			_ = e.pollDenials(sb)
+			e.maybeDenialEvent(sb) // what an earlier event left pending
 		}
 	}
 }

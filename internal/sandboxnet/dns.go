@@ -290,6 +290,13 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		}
 	}
 	resp.Id = q.Id
+	if w.LocalAddr().Network() == "udp" {
+		size := dns.MinMsgSize
+		if o := q.IsEdns0(); o != nil {
+			size = int(o.UDPSize())
+		}
+		resp.Truncate(size) // the client asks again over TCP
+	}
 	_ = w.WriteMsg(resp)
 }
 
