@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,7 +91,7 @@ func TestNetworkRules(t *testing.T) {
 	}
 
 	var sb api.Sandbox
-	code, body = s.rawRequest(t, "POST", "/v1/sandboxes", "", []byte(`{"image":"busybox","network_rules":{"mirror":true,"npm":false}}`), json1)
+	code, body = s.rawRequest(t, "POST", "/v1/sandboxes", "", []byte(`{"image":"busybox","always_on":true,"network_rules":{"mirror":true,"npm":false}}`), json1)
 	if code != 201 || json.Unmarshal([]byte(body), &sb) != nil || sb.Network == nil || strings.Join(sb.Network.Egress, ",") != "mirror" {
 		t.Fatalf("create with network_rules: %d %s", code, body)
 	}
@@ -105,13 +106,31 @@ func TestNetworkRules(t *testing.T) {
 	if reach(nettest.MirrorName + " 80") {
 		t.Errorf("a port the rule does not list reachable")
 	}
-	// The rule changes: port 80 instead of 443, and a CIDR.
+	// The rule changes: port 80 instead of 443, and a CIDR. A loop in the
+	// sandbox, started before, notes (in the kernel's uptime, the host's
+	// clock too) when the CIDR's port 80 answers.
+	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Background: true,
+		Cmd: "while ! nc -w 1 " + nettest.Elsewhere + " 80 </dev/null | grep -q hello; do :; done; cut -d' ' -f1 /proc/uptime > /tmp/changed"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the loop runs
+	before := uptime(t)
 	code, body = put("", "mirror", api.NetworkRule{Hosts: []string{nettest.MirrorName}, CIDRs: []string{nettest.Elsewhere}, Ports: []int{80}})
 	if code != 200 || !strings.Contains(body, `"version":2`) {
 		t.Fatalf("change rule: %d %s", code, body)
 	}
+	answered := uptime(t)
 	changed := time.Now()
 	time.Sleep(time.Until(changed.Add(time.Second)))
+	if r := s.sh(t, sb.ID, "cat /tmp/changed"); r.ExitCode != 0 {
+		t.Errorf("a second after the rule changed, the loop in the sandbox has not reached its CIDR: %q", r.Stderr)
+	} else if at, err := strconv.ParseFloat(strings.TrimSpace(r.Stdout), 64); err == nil {
+		t.Logf("rule change: PUT answered in %.0f ms; in effect in the sandbox %.0f ms after the PUT was sent (10 ms resolution)",
+			(answered-before)*1000, (at-before)*1000)
+		if at-before > 1 {
+			t.Errorf("the change took %.2f s to reach the sandbox", at-before)
+		}
+	}
 	if !reach(nettest.MirrorName+" 80") || !reach(nettest.Elsewhere+" 80") {
 		t.Errorf("a second after the rule changed, the sandbox does not reach what it now lists")
 	}
@@ -144,6 +163,20 @@ func TestNetworkRules(t *testing.T) {
 	if n, err := s.C.Network(ctx, inet.ID); err != nil || n.DeniedBy["private"] == 0 {
 		t.Errorf("internet's refusal of a private address not counted: %+v %v", n, err)
 	}
+}
+
+// uptime is the kernel's uptime in seconds (/proc/uptime; a sandbox reads
+// the same clock).
+func uptime(t *testing.T) float64 {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 func must[T any](v T, err error) T {
