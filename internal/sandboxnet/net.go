@@ -466,6 +466,13 @@ func Owned(owner string) ([]string, error) {
 			for _, id := range ids {
 				out = append(out, "nftables chains of "+id)
 			}
+			sets, err := m.sandboxSets()
+			if err != nil {
+				return out, err
+			}
+			for _, s := range sets {
+				out = append(out, "nftables set "+s)
+			}
 		}
 	}
 	return out, nil

@@ -480,6 +480,26 @@ func (m *Manager) chainIDs() ([]string, error) {
 	return ids, nil
 }
 
+// sandboxSets lists the per-sandbox sets (d_, n_, na_) in the edge's
+// table.
+func (m *Manager) sandboxSets() ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	sets, err := c.GetSets(m.table())
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list sets: %w", err)
+	}
+	var out []string
+	for _, s := range sets {
+		if strings.HasPrefix(s.Name, "d_") || strings.HasPrefix(s.Name, "n_") || strings.HasPrefix(s.Name, "na_") {
+			out = append(out, s.Name)
+		}
+	}
+	return out, nil
+}
+
 func deleteTable(name string) error {
 	c, err := nftables.New()
 	if err != nil {
