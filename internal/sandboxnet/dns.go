@@ -283,7 +283,7 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		return
 	}
 	if len(matched) > 0 {
-		if err := r.m.admit(id, matched, resp.Answer); err != nil {
+		if err := r.m.admitIfListed(id, name, resp.Answer); err != nil {
 			r.log.Warn("sandboxnet: admit resolved addresses", "id", id, "name", name, "err", err)
 			fail(dns.RcodeServerFailure)
 			return
@@ -316,6 +316,25 @@ func (r *resolver) forward(q *dns.Msg, network string) (*dns.Msg, error) {
 		resp, _, err = c.ExchangeContext(ctx, q, r.upstream)
 	}
 	return resp, err
+}
+
+// admitIfListed admits the answer's addresses for the entries of id's
+// list that match name now (under listMu: the list cannot change in
+// between; an answer to a name taken off meanwhile admits nothing).
+func (m *Manager) admitIfListed(id, name string, answer []dns.RR) error {
+	m.listMu.RLock()
+	defer m.listMu.RUnlock()
+	hosts, _ := m.hostsOf(id)
+	var matched []api.EgressRule
+	for _, h := range hosts {
+		if api.MatchHost(h.Host, name) {
+			matched = append(matched, h)
+		}
+	}
+	if len(matched) == 0 {
+		return nil
+	}
+	return m.admit(id, matched, answer)
 }
 
 // admit adds the answer's A addresses to id's sets for the records' TTL,

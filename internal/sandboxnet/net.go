@@ -14,10 +14,12 @@
 // other sandboxes; packets to the host itself are refused; everything
 // refused is counted per rule; what passes is masqueraded.
 //
-// Lock order: Manager.mu only. It is held across making and removing the
-// edge's table (with the first networked sandbox, and at Close), so that
-// no sandbox's chains go into a table being removed; a sandbox's own
-// link and chains are made and removed without it.
+// Lock order: Manager.listMu, then Manager.mu. mu is held across making
+// and removing the edge's table (with the first networked sandbox, and at
+// Close), so that no sandbox's chains go into a table being removed; a
+// sandbox's own link and chains are made and removed without it. listMu
+// orders a change of a list (SetEgress, held) against the resolver's
+// admissions (read-held across matching a name and adding its addresses).
 package sandboxnet
 
 import (
@@ -75,6 +77,7 @@ type Manager struct {
 	// budget (0: DNSRate, DNSBurst).
 	DNSRate, DNSBurst float64
 
+	listMu  sync.RWMutex
 	mu      sync.Mutex
 	policy  map[string]dnsPolicy // by sandbox id: what the resolver needs
 	dns     *resolver            // from the first networked sandbox to Close

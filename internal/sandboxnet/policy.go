@@ -371,6 +371,10 @@ func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, add
 // destination no longer listed is refused (a TCP reset) at its next
 // packet. The counters of the old rules carry over.
 func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
+	// No admission of resolved addresses runs across the change: one
+	// matched against the old names would land after the flush.
+	m.listMu.Lock()
+	defer m.listMu.Unlock()
 	m.mu.Lock()
 	i, ok := m.byID[id]
 	m.mu.Unlock()
