@@ -61,6 +61,7 @@ type Server struct {
 	layerOwners *bus.Records
 	templates   *bus.Records // templates.go
 	netRules    *bus.Records // netrules.go
+	ports       *bus.Records // public ports (ports.go)
 	ff          *ffSessions
 	tlog        *bus.TrajLog
 	mux         *http.ServeMux
@@ -79,7 +80,7 @@ type route struct {
 }
 
 func (s *Server) routes() []route {
-	return []route{
+	return append([]route{
 		{pattern: "GET /healthz", handler: s.healthz, public: true},
 		{pattern: "POST /v1/sandboxes", handler: s.createSandbox},
 		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes, role: api.RoleViewer},
@@ -91,6 +92,7 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes:pause", handler: s.pauseMatching},
 		{pattern: "POST /v1/sandboxes:resume", handler: s.resumeMatching},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
+		{pattern: "GET /v1/sandboxes/{id}/pty", handler: s.pty},
 		{pattern: "GET /v1/sandboxes/{id}/commands", handler: s.listCommands, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/stats", handler: s.sandboxStats, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/network", handler: s.sandboxNetwork, role: api.RoleViewer},
@@ -145,7 +147,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/network-rules/{name}", handler: s.getNetworkRule, role: api.RoleViewer},
 		{pattern: "PUT /v1/network-rules/{name}", handler: s.putNetworkRule},
 		{pattern: "DELETE /v1/network-rules/{name}", handler: s.deleteNetworkRule},
-	}
+	}, portRoutes(s)...)
 }
 
 // Routes lists every route pattern ("METHOD /path") the server answers,
@@ -203,6 +205,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if s.netRules, err = cfg.Bus.Records(ctx, bus.BucketNetworkRules); err != nil {
+		return nil, err
+	}
+	if s.ports, err = cfg.Bus.Records(ctx, bus.BucketPorts); err != nil {
 		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency, deniedCollector{s})
