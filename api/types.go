@@ -87,6 +87,10 @@ type CreateSandboxRequest struct {
 	// Network opts into a network interface with an egress allowlist
 	// enforced on the host (NetworkSpec). Absent: loopback only.
 	Network *NetworkSpec `json:"network,omitempty"`
+	// NetworkRules is DSec's shorthand: {"pypi": true, "npm": false}
+	// adds the rules set true to Network.Egress (making Network when
+	// absent); false ones are ignored.
+	NetworkRules map[string]bool `json:"network_rules,omitempty"`
 	// Audit declares the sandbox's workspace and policy hooks for its
 	// audit (GET /v1/sandboxes/{id}/audit).
 	Audit *AuditSpec `json:"audit,omitempty"`
@@ -575,7 +579,7 @@ type ForkResult struct {
 // TrajectoryStep is one logged operation with its result.
 type TrajectoryStep struct {
 	Step    int64     `json:"step"`
-	Op      string    `json:"op"` // exec, write, remove, rename, mkdir
+	Op      string    `json:"op"` // exec, write, remove, rename, mkdir, network
 	Sandbox string    `json:"sandbox"`
 	At      time.Time `json:"at"`
 	// The operation.
@@ -589,6 +593,8 @@ type TrajectoryStep struct {
 	Append    bool         `json:"append,omitempty"`
 	DataHash  string       `json:"data_sha256,omitempty"`
 	DataSize  int64        `json:"data_size,omitempty"`
+	// Egress is the list a "network" step set (PUT …/network).
+	Egress []string `json:"egress,omitempty"`
 	// The result.
 	Result *ExecResult `json:"result,omitempty"`
 	File   *FileInfo   `json:"file,omitempty"`
@@ -718,6 +724,9 @@ type Node struct {
 	// Recycling counts the containers of deleted sandboxes reused for new
 	// ones (docs/architecture.md, "Recycled containers").
 	Recycling NodeRecycling `json:"recycling"`
+	// NetworkDenied counts what its sandboxes' networks refused since
+	// the node started, by reason (names, and packets as observed).
+	NetworkDenied map[string]int64 `json:"network_denied,omitempty"`
 	// Elastic is the CPU given to sandboxes only while they run operations
 	// (docs/architecture.md, "Density and elasticity").
 	Elastic NodeElastic `json:"elastic"`
@@ -786,7 +795,7 @@ type Usage struct {
 type Event struct {
 	Seq     uint64    `json:"seq"`
 	Time    time.Time `json:"time"`
-	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed
+	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed, sandbox.network.denied
 	Node    string    `json:"node,omitempty"`
 	Sandbox string    `json:"sandbox,omitempty"`
 	Project string    `json:"project,omitempty"`
@@ -807,6 +816,10 @@ const (
 	// EventSandboxDestroyed: a node that comes back destroyed a sandbox
 	// reported lost while it was unheard.
 	EventSandboxDestroyed = "sandbox.destroyed"
+	// EventSandboxNetworkDenied: a sandbox's network policy refused
+	// something (at most one event per sandbox a second, with the count;
+	// GET /v1/sandboxes/{id}/network/denials has each).
+	EventSandboxNetworkDenied = "sandbox.network.denied"
 )
 
 type NodeList struct {
