@@ -389,6 +389,8 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"CommandRecord":        api.CommandRecord{},
 		"CommandHistory":       api.CommandHistory{},
 		"SandboxStats":         api.SandboxStats{},
+		"Port":                 api.Port{},
+		"PortRequest":          api.PortRequest{},
 		"FileInfo":             api.FileInfo{},
 		"FileList":             api.FileList{},
 		"MkdirRequest":         api.MkdirRequest{},
@@ -431,6 +433,10 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"BatchCreateRequest":   api.BatchCreateRequest{},
 		"BatchCreateResult":    api.BatchCreateResult{},
 		"BatchError":           api.BatchError{},
+		"NetworkRule":          api.NetworkRule{},
+		"NetworkRuleList":      api.NetworkRuleList{},
+		"NetworkDenials":       api.NetworkDenials{},
+		"NetworkDenialRecord":  api.NetworkDenialRecord{},
 	}
 	for name, v := range types {
 		schema := mapAt(spec, "components", "schemas", name)
@@ -522,7 +528,7 @@ func TestErrorCodesAndStates(t *testing.T) {
 		return out
 	}
 	codes := []string{api.CodeBadRequest, api.CodeUnauthorized, api.CodeForbidden, api.CodeNotFound, api.CodeConflict,
-		api.CodeTooLarge, api.CodeInvalid, api.CodeTooManyRequests, api.CodeInternal, api.CodeUnavailable, api.CodeTimeout}
+		api.CodeTooLarge, api.CodeInvalid, api.CodeTooManyRequests, api.CodeInternal, api.CodeBadGateway, api.CodeUnavailable, api.CodeTimeout}
 	sort.Strings(codes)
 	if got := enum("Error", "code"); strings.Join(got, ",") != strings.Join(codes, ",") {
 		t.Errorf("error codes in spec %v, in api %v", got, codes)

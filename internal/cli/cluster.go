@@ -88,6 +88,7 @@ func newAPIServerCmd() *cobra.Command {
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "state directory (the bootstrap admin token is written here)")
 	f.StringVar(&o.E2BListen, "e2b-listen", "", "also serve E2B's control plane (the official e2b SDKs' E2B_API_URL) on this address (default: off)")
+	httpFlags(f, &o.HTTP)
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd
@@ -141,6 +142,7 @@ func newEdgeCmd() *cobra.Command {
 	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
 	f.StringVar(&o.VMKernel, "vm-kernel", "", "guest kernel directory of the microvm tier: vmlinux, modules/ (default: DATA_DIR/"+serve.DefaultVMKernel+", made by `make vm-kernel`; \"off\": no microvm tier)")
 	f.StringVar(&o.Userns.NetPool, "net-pool", "", "node-local IPv4 pool of networked sandboxes' addresses, a /31 each (default 10.213.0.0/16)")
+	f.StringVar(&o.Userns.DNSUpstream, "dns-upstream", "", "where the resolver of networked sandboxes forwards the names they may resolve, host:port (default the host's resolver from /etc/resolv.conf)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd

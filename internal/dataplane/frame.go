@@ -13,6 +13,7 @@ const (
 	kindStdout = 'o'
 	kindStderr = 'e'
 	kindData   = 'd'
+	kindEOF    = 'f' // a stream's output ended (its input may go on): the "eof" stream
 	kindDone   = 'k' // the JSON result; the last frame
 	kindError  = 'x' // a JSON api.Error; the last frame
 )
@@ -29,6 +30,8 @@ func streamKind(stream string) byte {
 		return kindStdout
 	case "stderr":
 		return kindStderr
+	case "eof":
+		return kindEOF
 	}
 	return kindData
 }
@@ -39,6 +42,8 @@ func kindStream(k byte) string {
 		return "stdout"
 	case kindStderr:
 		return "stderr"
+	case kindEOF:
+		return "eof"
 	}
 	return "data"
 }

@@ -292,7 +292,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
-	if rspec.Network, err = runtimeNetwork(spec.Network); err != nil {
+	if rspec.Network, err = e.runtimeNetwork(spec.Network, false); err != nil {
 		return err
 	}
 	var inst *runtime.Instance
@@ -347,6 +347,7 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	sb.rec.CPUBase = e.cpuBaseline(&sb.rec, h)
 	sb.rec.Sandbox.State = api.StateRunning
 	sb.lastActive = time.Now()
+	sb.rec.Sandbox.LastActive = sb.lastActive // the idle clock survives a restart (reap's flushActivity)
 	e.cpuOpenLocked(sb)
 	rec := sb.rec
 	sb.mu.Unlock()

@@ -22,11 +22,11 @@ import (
 )
 
 // dataUploads are the DataOps that read an upload.
-var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
+var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort: true}
 
 // duplexOps read an upload while their answer streams: the uploads, and
 // the input of a command with live input.
-var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true}
+var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -84,6 +84,9 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 			return nil, err
 		}
 		return e.execLive(ctx, &req, in, chunk)
+	}
+	if op == OpPort {
+		return e.servePort(ctx, g, body, in, chunk)
 	}
 	if dataUploads[op] {
 		var req FileRequest

@@ -12,11 +12,13 @@ package edge
 //     may snapshot, branch (create) or stop a sandbox;
 //  2. sandbox.snapMu (one snapshot at a time) or sandbox.pmu (pause and
 //     resume): never both, and each is held over runtime calls (freeze);
-//  3. Edge.mu: the edge's maps (sandboxes, live, pools, wiped, fn);
-//  4. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
+//  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
+//     taken under pmu by pause and resume, never under Edge.mu;
+//  4. Edge.mu: the edge's maps (sandboxes, live, pools, wiped, fn);
+//  5. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
 //     admission, the reaper, pool claims and the node view; Edge.mu is
 //     never taken under it);
-//  5. leaves, under which nothing else is locked: Edge.spareMu,
+//  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
 //     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).
@@ -27,8 +29,8 @@ package edge
 //     through it); the data listener's calls are its own Server's. Close
 //     refuses new calls, lets these finish until the drain deadline, then
 //     cancels them (callCtx) and waits.
-//   - Edge.wg: the edge's own goroutines (the heartbeat, reaper and roster
-//     loops, the data listener, pool fillers, FnCall workers starting and
+//   - Edge.wg: the edge's own goroutines (the heartbeat, reaper, denial
+//     and roster loops, the network rules' watch, the data listener, pool fillers, FnCall workers starting and
 //     stopping, background stops and pauses, telemetry). Started with
 //     wg.Go, or wg.Add(1) by a goroutine already counted or by a call in
 //     flight (which Close drains first). Close cancels runCtx and waits.
@@ -241,6 +243,8 @@ type Edge struct {
 	// id -> project, under mu.
 	lost        map[string]string
 	lostKV      *bus.Lost
+	rules       netRules // the cluster's named network rules (network.go)
+	denials     denials  // per sandbox, what its network refused (netdenials.go)
 	events      *bus.Events
 	reconciled  chan struct{} // closed once reconcile is done
 	pendingLost [][2]string   // destroyed by reconcile: sandbox.destroyed to publish
@@ -375,6 +379,13 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	if err := e.watchNetRules(runCtx); err != nil {
+		cancel()
+		return err
+	}
+	if dn, ok := e.cfg.Runtime.(runtime.DenialNotifier); ok {
+		dn.OnNetworkDenial(e.recordDenial)
+	}
 	e.startTelemetry(runCtx)
 	err = e.reconcile(ctx)
 	close(e.reconciled)
@@ -382,6 +393,8 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	// Rules changed while this edge was down reach its adopted sandboxes.
+	e.wg.Go(func() { e.applyNetRule("") })
 	if pending := e.pendingLost; len(pending) > 0 {
 		e.pendingLost = nil
 		e.wg.Go(func() {
@@ -410,9 +423,10 @@ func (e *Edge) Start(ctx context.Context) error {
 		return err
 	}
 	e.subs = append(e.subs, sub)
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go e.heartbeatLoop(runCtx)
 	go e.reaperLoop(runCtx)
+	go e.denialLoop(runCtx)
 	if e.roster != nil {
 		e.wg.Add(1)
 		go e.rosterLoop(runCtx)
@@ -535,6 +549,7 @@ func (e *Edge) dropLocked(id string) {
 		delete(e.live, sb)
 	}
 	delete(e.sandboxes, id)
+	e.denials.forget(id)
 }
 
 // newID returns sb-<node>-<random>; the random part has no '-'.

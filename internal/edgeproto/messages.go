@@ -57,6 +57,10 @@ const (
 	OpNetworkSet  = "network_set"  // NetworkSetRequest → api.SandboxNetwork
 )
 
+// OpNetworkDenials answers a sandbox's denial log: IDRequest →
+// api.NetworkDenials.
+const OpNetworkDenials = "network_denials"
+
 // OpFileUpload writes a file from a stream (data plane only): a
 // FileRequest (ID, Path, Mode) with the file's bytes as the call's upload;
 // -> api.FileInfo. The file appears whole (renamed into place) or not at
@@ -69,7 +73,7 @@ const OpFileUpload = "file_upload"
 const OpTarUpload = "tar_upload"
 
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true}
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true}
 
 // NetworkSetRequest replaces a running sandbox's egress list.
 type NetworkSetRequest struct {

@@ -82,6 +82,11 @@ func newOwned(t *testing.T) *owned {
 		t.Fatal(err)
 	}
 	o.cmd = r.CommandID
+	// A server on port 8000 that would hand out the secret to whoever
+	// reaches it: the port routes must not let p2 do so.
+	if _, err := o.p1.Exec(ctx, o.sb, api.ExecRequest{Cmd: "busybox httpd -f -p 8000 -h /", Background: true}); err != nil {
+		t.Fatal(err)
+	}
 	o.traj = "run-42"
 	tsb := o.mk(t, o.p1, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: o.traj})
 	o.trajSB = tsb.ID
@@ -736,7 +741,33 @@ func auditRoutes(t *testing.T, o *owned) {
 			child: func(code int, body string) bool { return code == 200 && strings.Contains(body, "p1-tmpl-label") }}},
 		"GET /v1/templates/{name}":    {{path: "/v1/templates/p1-tmpl", child: parentLayer}},
 		"DELETE /v1/templates/{name}": {{path: "/v1/templates/p1-tmpl"}, {path: "/v1/templates/p1-tmpl?project=p1"}},
+
+		// Ports: p1's sandbox serves its secret on port 8000.
+		"GET /v1/sandboxes/{id}/ports/{port}":           {{path: sb + "/ports/8000"}, {path: sb + "/ports/8000?raw=1"}},
+		"POST /v1/sandboxes/{id}/ports/{port}":          {{path: sb + "/ports/8000", body: js(api.PortRequest{Public: true})}},
+		"DELETE /v1/sandboxes/{id}/ports/{port}":        {{path: sb + "/ports/8000"}},
+		"GET /v1/sandboxes/{id}/ports/{port}/{path}":    {{path: sb + "/ports/8000/secret"}},
+		"POST /v1/sandboxes/{id}/ports/{port}/{path}":   {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"PUT /v1/sandboxes/{id}/ports/{port}/{path}":    {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"PATCH /v1/sandboxes/{id}/ports/{port}/{path}":  {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"DELETE /v1/sandboxes/{id}/ports/{port}/{path}": {{path: sb + "/ports/8000/secret"}},
+		// A made-up secret reaches nothing (p1's port is not public).
+		"GET /p/{secret}/{path}":    {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
+		"POST /p/{secret}/{path}":   {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"PUT /p/{secret}/{path}":    {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"PATCH /p/{secret}/{path}":  {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"DELETE /p/{secret}/{path}": {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
 	}
+	cases["GET /v1/sandboxes/{id}/network/denials"] = []attempt{{path: sb + "/network/denials"}}
+	// Network rules are cluster objects: every project reads them, only a
+	// root admin changes them.
+	cases["GET /v1/network-rules"] = []attempt{{path: "/v1/network-rules", ok: listOK}}
+	cases["GET /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		ok: func(code int, body string) bool { return code == 404 && !o.leaks(body) }}}
+	cases["PUT /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		body: js(api.NetworkRule{CIDRs: []string{"10.0.0.0/8"}}), ok: func(code int, body string) bool { return code == 403 }}}
+	cases["DELETE /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		ok: func(code int, body string) bool { return code == 403 }}}
 	for _, route := range specPaths(t) {
 		method, path, _ := strings.Cut(route, " ")
 		key := method + " " + strings.ReplaceAll(path, "{name...}", "{name}")
@@ -761,6 +792,11 @@ func auditRoutes(t *testing.T, o *owned) {
 				}
 			}
 		}
+	}
+	// The port routes had something to leak: p1 itself reads the secret
+	// through its port.
+	if code, body := o.s.rawRequest(t, "GET", sb+"/ports/8000/secret", o.tok1, nil, nil); code != 200 || body != o.secret {
+		t.Errorf("p1 through its own port: %d %q", code, tail(body, 3))
 	}
 	// Nothing of p1 changed: its sandbox still runs and holds the secret.
 	b, err := o.p1.ReadFileBytes(context.Background(), o.sb, "/secret")

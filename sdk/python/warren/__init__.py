@@ -25,7 +25,7 @@ from .aio import (AsyncBackgroundCommand, AsyncClient, AsyncFiles, AsyncPools, A
                   AsyncSession)
 from .client import BackgroundCommand, Client, Files, Pools, Sandbox, Session
 from ._ws import AsyncTerminal, Terminal, WebSocketClosed
-from .errors import (BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
+from .errors import (BadGateway, BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
                      QuotaExceeded, SandboxFailed, ServerError, Timeout, TooLarge, Unauthorized,
                      Unavailable, WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
@@ -43,5 +43,5 @@ __all__ = [
     # errors
     "WarrenError", "BadRequest", "TooLarge", "Unauthorized", "Forbidden", "NotFound",
     "Conflict", "QuotaExceeded", "Timeout", "SandboxFailed", "ServerError", "Unavailable",
-    "ConnectionFailed", "CommandFailed", "WebSocketClosed",
+    "ConnectionFailed", "CommandFailed", "WebSocketClosed", "BadGateway",
 ]

@@ -8,6 +8,7 @@ import os
 import random
 import urllib.parse
 import uuid
+from urllib.parse import quote
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -193,10 +194,32 @@ def create_body(*, tier: Optional[str], image: Optional[str], layers: Optional[S
         "env": dict(env) if env is not None else None,
         "labels": dict(labels) if labels is not None else None,
         "priority": priority, "trajectory": trajectory, "user": user, "hostname": hostname,
-        "network": network,
     })
+    body.update(network_fields(network))
     body.update(drop_none(extra))
     return body
+
+
+def network_fields(network: Any) -> Dict[str, Any]:
+    """The create body's network: a dict of booleans is DSec's shape
+    (``{"pypi": True, "npm": False}``: network_rules), "internet" or a
+    list of entries is the egress list, a dict with "egress" is sent as is."""
+    if network is None:
+        return {}
+    if isinstance(network, str):
+        return {"network": {"egress": network}}
+    if isinstance(network, (list, tuple)):
+        return {"network": {"egress": list(network)}}
+    if isinstance(network, Mapping) and network and all(isinstance(v, bool) for v in network.values()):
+        return {"network_rules": dict(network)}
+    return {"network": network}
+
+
+def network_rule_req(name: str, hosts: Optional[Sequence[str]], cidrs: Optional[Sequence[str]],
+                     ports: Optional[Sequence[int]], protocols: Optional[Sequence[str]]) -> Req:
+    return json_req("PUT", "/v1/network-rules/" + quote(name, safe=""), {
+        "hosts": list(hosts or []), "cidrs": list(cidrs or []),
+        "ports": list(ports or []), "protocols": list(protocols or [])})
 
 
 def create_req(body: Dict[str, Any], idempotency_key: Optional[str]) -> Req:
@@ -472,3 +495,44 @@ def batch_body(count: int, ids_only: bool, spec: Dict[str, Any]) -> Dict[str, An
     if ids_only:
         body["ids_only"] = True
     return body
+
+
+# ---- ports -----------------------------------------------------------------------------
+
+
+def port_path(sandbox_id: str, port: int) -> str:
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError("warren: port %r is not a port number (1-65535)" % (port,))
+    return sandbox_path(sandbox_id, "ports", str(port))
+
+
+def port_upgrade_request(cfg: "Config", sandbox_id: str, port: int) -> bytes:
+    """The HTTP/1.1 request that turns a connection into a raw TCP stream to
+    ``port`` of the sandbox (``GET .../ports/{port}?raw=1``, Upgrade: tcp)."""
+    lines = ["GET %s%s?raw=1 HTTP/1.1" % (cfg.base_path, port_path(sandbox_id, port)),
+             "Host: " + cfg.host_header, "Connection: Upgrade", "Upgrade: tcp",
+             "User-Agent: " + cfg.user_agent]
+    if cfg.token:
+        lines.append("Authorization: Bearer " + cfg.token)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def port_upgrade_answer(head: bytes, body: bytes) -> None:
+    """Check the answer's head (up to its blank line): 101, or the error."""
+    from .errors import error_from_body
+    first = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = first.split(" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    if status != 101:
+        raise error_from_body(status, body, parts[2] if len(parts) > 2 else "")
+
+
+def content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            try:
+                return min(int(v.strip()), 1 << 16)
+            except ValueError:
+                return 0
+    return 0

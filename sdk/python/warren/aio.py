@@ -8,7 +8,7 @@ import inspect
 import ssl
 import time
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Iterable, List,
-                    Mapping, Optional, Sequence, TypeVar, Union)
+                    Mapping, Optional, Sequence, Tuple, TypeVar, Union)
 
 from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
@@ -114,6 +114,24 @@ class AsyncClient:
     async def nodes(self) -> List[Node]:
         doc = await self._json(Req("GET", "/v1/nodes"))
         return [Node.from_json(d) for d in _core.items_from(doc, "nodes")]
+
+    async def put_network_rule(self, name: str, *, hosts: Optional[Sequence[str]] = None,
+                               cidrs: Optional[Sequence[str]] = None, ports: Optional[Sequence[int]] = None,
+                               protocols: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Create or replace a named network rule (see Client.put_network_rule)."""
+        return dict(await self._json(_core.network_rule_req(name, hosts, cidrs, ports, protocols)))
+
+    async def network_rules(self) -> List[Dict[str, Any]]:
+        """The cluster's named network rules."""
+        return list((await self._json(Req("GET", "/v1/network-rules")))["rules"])
+
+    async def network_rule(self, name: str) -> Dict[str, Any]:
+        """One named network rule."""
+        return dict(await self._json(Req("GET", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
+    async def delete_network_rule(self, name: str) -> Dict[str, Any]:
+        """Delete a named network rule (root admins only)."""
+        return dict(await self._json(Req("DELETE", "/v1/network-rules/" + _core.quote(name, safe=""))))
 
     async def create_layer(self, name: str, *, tar: Optional[bytes] = None,
                            directory: Optional[PathLike] = None,
@@ -535,6 +553,45 @@ class AsyncSandbox:
         """Replace the egress list (see Sandbox.set_network)."""
         return dict(await self.client._json(json_req("PUT", self._path("network"),
                                                      {"egress": list(egress)})))
+
+    async def network_denials(self) -> List[Dict[str, Any]]:
+        """What the sandbox's network refused (see Sandbox.network_denials)."""
+        return list((await self.client._json(json_req("GET", self._path("network/denials"))))["denials"])
+
+    # -- ports
+    def url(self, port: int) -> str:
+        """The URL of ``port`` inside the sandbox through the API (see Sandbox.url)."""
+        return self.client.url + _core.port_path(self.id, port) + "/"
+
+    async def expose(self, port: int) -> Dict[str, Any]:
+        """Make ``port`` public (see Sandbox.expose)."""
+        return dict(await self.client._json(json_req("POST", _core.port_path(self.id, port),
+                                                     {"public": True})))
+
+    async def unexpose(self, port: int) -> Dict[str, Any]:
+        """Revoke ``port``'s public URL."""
+        return dict(await self.client._json(json_req("DELETE", _core.port_path(self.id, port))))
+
+    async def connect_port(self, port: int) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A raw TCP stream to ``port`` inside the sandbox, as asyncio streams
+        (``writer.write_eof()`` is passed on as a half close). Raises
+        :class:`BadGateway` when nothing listens there."""
+        cfg = self.client._cfg
+        ctx = None
+        if cfg.scheme == "https":
+            ctx = self.client._t._ssl or ssl.create_default_context()
+        reader, writer = await asyncio.open_connection(cfg.host, cfg.port, ssl=ctx)
+        try:
+            writer.write(_core.port_upgrade_request(cfg, self.id, port))
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            n = _core.content_length(head)
+            body = await reader.readexactly(n) if n else b""
+            _core.port_upgrade_answer(head, body)
+            return reader, writer
+        except BaseException:
+            writer.close()
+            raise
 
     async def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:

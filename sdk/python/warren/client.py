@@ -3,6 +3,7 @@ files and background commands. Thread safe: one client may be shared by many
 threads (connections are pooled and reused)."""
 
 import concurrent.futures
+import socket
 import ssl
 import time
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
@@ -114,6 +115,27 @@ class Client:
         """The fleet's nodes."""
         return [Node.from_json(d) for d in
                 _core.items_from(self._json(Req("GET", "/v1/nodes")), "nodes")]
+
+    # ---- network rules -----------------------------------------------------------------
+
+    def put_network_rule(self, name: str, *, hosts: Optional[Sequence[str]] = None,
+                         cidrs: Optional[Sequence[str]] = None, ports: Optional[Sequence[int]] = None,
+                         protocols: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Create or replace a named network rule (root admins only): every
+        running sandbox naming it gets the change within a second."""
+        return dict(self._json(_core.network_rule_req(name, hosts, cidrs, ports, protocols)))
+
+    def network_rules(self) -> List[Dict[str, Any]]:
+        """The cluster's named network rules."""
+        return list(self._json(Req("GET", "/v1/network-rules"))["rules"])
+
+    def network_rule(self, name: str) -> Dict[str, Any]:
+        """One named network rule."""
+        return dict(self._json(Req("GET", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
+    def delete_network_rule(self, name: str) -> Dict[str, Any]:
+        """Delete a named network rule (root admins only)."""
+        return dict(self._json(Req("DELETE", "/v1/network-rules/" + _core.quote(name, safe=""))))
 
     # ---- layers ------------------------------------------------------------------------
 
@@ -602,6 +624,62 @@ class Sandbox:
         obey it on return; open ones to destinations taken off are cut."""
         return dict(self.client._json(json_req("PUT", self._path("network"),
                                                {"egress": list(egress)})))
+
+    def network_denials(self) -> List[Dict[str, Any]]:
+        """What the sandbox's network refused, oldest first (``GET
+        .../network/denials``): ``time``, ``step``, ``destination``,
+        ``protocol`` (dns for refused names), ``reason``, ``count``."""
+        return list(self.client._json(json_req("GET", self._path("network/denials")))["denials"])
+
+    # -- ports
+    def url(self, port: int) -> str:
+        """The URL of ``port`` inside the sandbox through the API (its root;
+        append a path). Requests need the client's token, which the sandbox's
+        server never sees; see :meth:`expose` for a URL without one."""
+        return self.client.url + _core.port_path(self.id, port) + "/"
+
+    def expose(self, port: int) -> Dict[str, Any]:
+        """Make ``port`` public: the answer's ``url`` reaches it without a token
+        (a new one each call, the earlier revoked) until :meth:`unexpose`."""
+        return dict(self.client._json(json_req("POST", _core.port_path(self.id, port),
+                                               {"public": True})))
+
+    def unexpose(self, port: int) -> Dict[str, Any]:
+        """Revoke ``port``'s public URL."""
+        return dict(self.client._json(json_req("DELETE", _core.port_path(self.id, port))))
+
+    def connect_port(self, port: int, timeout: Optional[float] = None) -> socket.socket:
+        """A raw TCP stream to ``port`` inside the sandbox, as a connected
+        socket (an HTTP upgrade through the API; ``shutdown(SHUT_WR)`` is passed
+        on as a half close). Raises :class:`BadGateway` when nothing listens."""
+        cfg = self.client._cfg
+        sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout or cfg.timeout)
+        try:
+            if cfg.scheme == "https":
+                ctx = self.client._t._pool._ssl or ssl.create_default_context()
+                sock = ctx.wrap_socket(sock, server_hostname=cfg.host)
+            sock.sendall(_core.port_upgrade_request(cfg, self.id, port))
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):  # byte by byte: nothing after it is read
+                b = sock.recv(1)
+                if not b:
+                    raise ConnectionFailed("warren: the API closed the connection before answering")
+                head += b
+                if len(head) > 65536:
+                    raise ConnectionFailed("warren: answer head too long")
+            body = b""
+            n = _core.content_length(head)
+            while len(body) < n:
+                b = sock.recv(n - len(body))
+                if not b:
+                    break
+                body += b
+            _core.port_upgrade_answer(head, body)
+            sock.settimeout(None)
+            return sock
+        except BaseException:
+            sock.close()
+            raise
 
     def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:
