@@ -223,7 +223,7 @@ func TestBootExec(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(spec.StateDir, ConsoleName)); err == nil {
 		t.Logf("console:\n%s", b)
 	}
-	r, _ = runtimetest.Exec(ctx, inst.Agent, "dmesg")
+	r, _ = runtimetest.Exec(ctx, inst.Agent, "dmesg | tail -15")
 	t.Logf("dmesg:\n%s", r.Stdout)
 	if err := inst.Agent.Close(); err != nil {
 		t.Log(err)
