@@ -557,6 +557,31 @@ type Snapshot struct {
 	CreatedAt  time.Time         `json:"created_at"`
 }
 
+// SnapshotList is the body of GET /v1/snapshots: the snapshots of the
+// caller's project and the projects below it, newest first.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// Trajectory describes one trajectory (GET /v1/trajectories): its owner,
+// its current sandbox, the bytes it holds (log and inputs) and when it
+// expires (ttl; zero = never).
+type Trajectory struct {
+	Name           string    `json:"name"`
+	Project        string    `json:"project,omitempty"`
+	Sandbox        string    `json:"sandbox"`
+	Parent         string    `json:"parent,omitempty"`
+	CheckpointSnap string    `json:"checkpoint_snapshot,omitempty"`
+	Bytes          int64     `json:"bytes"`
+	CreatedAt      time.Time `json:"created_at"`
+	ExpiresAt      time.Time `json:"expires_at,omitempty"`
+}
+
+// TrajectoryList is the body of GET /v1/trajectories.
+type TrajectoryList struct {
+	Trajectories []Trajectory `json:"trajectories"`
+}
+
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
 type ForkRequest struct {
 	Count int `json:"count"`

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 
@@ -40,6 +41,30 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, snap)
+	return nil
+}
+
+// listSnapshots lists the snapshots the caller sees (its project's and
+// those below it; ?sandbox= keeps one sandbox's), newest first.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	sandbox := r.URL.Query().Get("sandbox")
+	out := api.SnapshotList{Snapshots: []api.Snapshot{}}
+	err := s.snaps.Each(r.Context(), func(_ string, raw []byte) error {
+		var snap api.Snapshot
+		if json.Unmarshal(raw, &snap) != nil || !p.Sees(iam.KindSnapshot, snap.Project) {
+			return nil
+		}
+		if sandbox == "" || snap.Sandbox == sandbox {
+			out.Snapshots = append(out.Snapshots, snap)
+		}
+		return nil
+	})
+	if err != nil {
+		return storeUnavailable("the snapshot store", err)
+	}
+	sort.Slice(out.Snapshots, func(i, j int) bool { return out.Snapshots[i].CreatedAt.After(out.Snapshots[j].CreatedAt) })
+	writeJSON(w, http.StatusOK, &out)
 	return nil
 }
 

@@ -707,6 +707,8 @@ func auditRoutes(t *testing.T, o *owned) {
 		"GET /v1/sandboxes/{id}/archive":              {{path: sb + "/archive?path=/"}},
 		"POST /v1/sandboxes/{id}/snapshots":           {{path: sb + "/snapshots", body: js(api.CreateSnapshotRequest{})}},
 		"POST /v1/sandboxes/{id}/fork":                {{path: sb + "/fork", body: js(api.ForkRequest{Count: 1})}},
+		"GET /v1/snapshots":                           {{path: "/v1/snapshots", ok: listOK}, {path: "/v1/snapshots?sandbox=" + o.sb, ok: listOK}},
+		"GET /v1/trajectories":                        {{path: "/v1/trajectories", ok: listOK}},
 		"GET /v1/snapshots/{sid}":                     {{path: "/v1/snapshots/" + o.snap}},
 		"DELETE /v1/snapshots/{sid}":                  {{path: "/v1/snapshots/" + o.snap}},
 		"GET /v1/trajectories/{name}":                 {{path: "/v1/trajectories/" + o.traj, ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?path=/work-secret", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}, {path: "/v1/trajectories/" + o.traj + "?audit=1&project=p1"}},
