@@ -460,7 +460,7 @@ func TestSchemasMatchTypes(t *testing.T) {
 				t.Errorf("%s: property %q (field %s) missing from the spec", name, jname, f.Name)
 				continue
 			}
-			omit := strings.Contains(opts, "omitempty")
+			omit := strings.Contains(opts, "omitempty") || strings.Contains(opts, "omitzero")
 			if required[jname] == omit {
 				t.Errorf("%s.%s: required=%v but omitempty=%v", name, jname, required[jname], omit)
 			}

@@ -76,6 +76,10 @@ type CreateSandboxRequest struct {
 	// Checkpoint: "none" (default), "every-step" (snapshot after each
 	// state-changing operation) or an interval of steps ("10").
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// TrajectoryTTL: a new trajectory (and each branch of it) is deleted,
+	// with its log and inputs, this many seconds after it is made, once no
+	// live sandbox records it. 0 = kept until DELETE /v1/trajectories/{name}.
+	TrajectoryTTL int `json:"trajectory_ttl,omitempty"`
 	// IdleCPU is the CPU, in cores, the sandbox's processes get between
 	// operations (docs/architecture.md, "Density and elasticity"): while an
 	// exec, a file operation or a command call runs, the sandbox has its
@@ -574,7 +578,7 @@ type Trajectory struct {
 	CheckpointSnap string    `json:"checkpoint_snapshot,omitempty"`
 	Bytes          int64     `json:"bytes"`
 	CreatedAt      time.Time `json:"created_at"`
-	ExpiresAt      time.Time `json:"expires_at,omitempty"`
+	ExpiresAt      time.Time `json:"expires_at,omitzero"`
 }
 
 // TrajectoryList is the body of GET /v1/trajectories.
@@ -801,6 +805,8 @@ type Usage struct {
 	Sandboxes int     `json:"sandboxes"`
 	CPU       float64 `json:"cpu"`
 	MemoryMB  int64   `json:"memory_mb"`
+	// StorageBytes: what the project and its subprojects store now.
+	StorageBytes int64 `json:"storage_bytes"`
 }
 
 // Event is one entry of the event stream (GET /v1/events).
@@ -856,6 +862,9 @@ const (
 	ReasonNodeSelector = "node_selector" // no node has the labels asked for
 	ReasonNoNodes      = "no_nodes"      // no healthy node at all
 	ReasonShuttingDown = "shutting_down" // the node is stopping
+	// ReasonStorageQuota (a 413): the write would take the project over
+	// its storage_bytes quota.
+	ReasonStorageQuota = "storage_quota"
 )
 
 type ErrorBody struct {
@@ -893,6 +902,10 @@ type Quota struct {
 	Sandboxes int     `json:"sandboxes,omitempty"`
 	CPU       float64 `json:"cpu,omitempty"`
 	MemoryMB  int64   `json:"memory_mb,omitempty"`
+	// StorageBytes bounds what the project and its subprojects store:
+	// their trajectories' logs and inputs, their snapshots and their
+	// layers. A write beyond it is refused (413, reason storage_quota).
+	StorageBytes int64 `json:"storage_bytes,omitempty"`
 }
 
 // Project is a node of the project tree. Its id is the path of names from

@@ -100,6 +100,9 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpGet, &edge.IDRequest{ID: req.FromSandbox}, &src, nil); err != nil {
 			return err
 		}
+		if err := s.checkStorage(r.Context(), src.Project, 1); err != nil {
+			return err
+		}
 		stored, err := s.claimLayerName(r.Context(), principal(r), req.Name, src.Project)
 		if err != nil {
 			return err
@@ -109,6 +112,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 			&edge.LayerRequest{ID: req.FromSandbox, Name: stored, Version: req.Version}, &l, nil); err != nil {
 			return err
 		}
+		s.charge(r.Context(), src.Project, l.Size)
 		showLayer(principal(r), &l, src.Project)
 		writeJSON(w, http.StatusCreated, &l)
 		return nil
@@ -130,6 +134,9 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	p := principal(r)
+	if err := s.checkStorage(ctx, p.Project, max(r.ContentLength, 1)); err != nil {
+		return err
+	}
 	stored, err := s.claimLayerName(ctx, p, name, p.Project)
 	if err != nil {
 		return err
@@ -138,6 +145,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if err := s.uploadToStore(w, r, edge.LayerRequest{Name: stored, Version: version}, &l); err != nil {
 		return err
 	}
+	s.charge(ctx, p.Project, l.Size)
 	showLayer(p, &l, p.Project)
 	writeJSON(w, http.StatusCreated, &l)
 	return nil
@@ -313,6 +321,13 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.forgetLayerName(context.WithoutCancel(ctx), rl)
+	if rl.owner != "\x00" { // charged to its owner when made
+		var freed int64
+		for _, x := range l.Layers {
+			freed += x.Size
+		}
+		s.charge(ctx, rl.owner, -freed)
+	}
 	if l.Layers == nil {
 		l.Layers = []api.Layer{}
 	}

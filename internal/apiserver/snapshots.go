@@ -88,7 +88,8 @@ func (e *errInUse) Error() string { return e.why }
 // snapshot chains on it, or a trajectory needs it (its original state or
 // its latest checkpoint, which a rebuild starts from).
 func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid string) ([]api.Layer, error) {
-	if _, err := s.snapshotOf(ctx, p, sid); err != nil {
+	snap, err := s.snapshotOf(ctx, p, sid)
+	if err != nil {
 		return nil, err
 	}
 	layer := edge.SnapshotLayerName(sid)
@@ -104,7 +105,7 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
 	// Later snapshots in its chain.
-	err := s.snaps.Each(ctx, func(key string, raw []byte) error {
+	err = s.snaps.Each(ctx, func(key string, raw []byte) error {
 		var o api.Snapshot
 		if key == sid || json.Unmarshal(raw, &o) != nil {
 			return nil
@@ -184,6 +185,7 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 	if err := s.snaps.Delete(ctx, sid); err != nil {
 		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
+	s.charge(ctx, snap.Project, -snap.Size)
 	if l.Layers == nil {
 		l.Layers = []api.Layer{}
 	}

@@ -229,7 +229,11 @@ func (s *Server) listTrajectories(w http.ResponseWriter, r *http.Request) error 
 		if !p.Sees(iam.KindTrajectory, trajOwner(&rec)) {
 			return nil
 		}
-		out.Trajectories = append(out.Trajectories, trajectoryOf(&rec))
+		t := trajectoryOf(&rec)
+		if n, err := s.storage.TrajectoryBytes(r.Context(), trajKey(&rec)); err == nil {
+			t.Bytes = n
+		}
+		out.Trajectories = append(out.Trajectories, t)
 		return nil
 	})
 	if err != nil {
@@ -254,7 +258,7 @@ func trajOwner(rec *edge.TrajectoryRecord) string {
 func trajectoryOf(rec *edge.TrajectoryRecord) api.Trajectory {
 	return api.Trajectory{
 		Name: rec.Name, Project: trajOwner(rec), Sandbox: rec.Sandbox, Parent: rec.Parent,
-		CheckpointSnap: rec.CheckpointSnap, CreatedAt: rec.CreatedAt,
+		CheckpointSnap: rec.CheckpointSnap, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt,
 	}
 }
 

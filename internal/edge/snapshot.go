@@ -80,6 +80,11 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if upper == "" || h == nil {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to snapshot", id)}
 	}
+	// A snapshot's layer counts against the project's storage quota: none
+	// is taken once the project is at its quota.
+	if err := e.checkStorage(ctx, spec.Project, 1); err != nil {
+		return nil, err
+	}
 	holder := id + "/snapshot"
 	lowers, err := e.cfg.Images.MountLayers(holder, ids)
 	if err != nil {
@@ -168,6 +173,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if err := e.snaps.Put(ctx, snapID, snap); err != nil {
 		return nil, err
 	}
+	e.charge(ctx, spec.Project, snap.Size)
 	e.log.Debug("snapshot", "sandbox", id, "snapshot", snapID, "flush", t0.Sub(start), "frozen", frozen, "pack", time.Since(t1), "bytes", l.Size)
 	return snap, nil
 }
