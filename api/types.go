@@ -544,21 +544,24 @@ type CreateSnapshotRequest struct {
 // layers and every earlier diff (Layers, bottom first; the last entry is
 // this snapshot's own diff). Process memory is not captured.
 type Snapshot struct {
-	ID         string            `json:"id"`
-	Name       string            `json:"name,omitempty"`
-	Sandbox    string            `json:"sandbox"`
-	Project    string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
-	Image      string            `json:"image"`
-	Layers     []LayerAttachment `json:"layers"`
-	Diff       string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
-	Digest     string            `json:"digest"` // diff id of that layer
-	Size       int64             `json:"size"`   // bytes of the diff (uncompressed tar)
-	Entries    int               `json:"entries"`
-	Parent     string            `json:"parent,omitempty"`     // the snapshot the sandbox was restored from
-	Step       int64             `json:"step,omitempty"`       // trajectory step it was taken after (checkpoints)
-	Trajectory string            `json:"trajectory,omitempty"` // the trajectory it checkpoints
-	FrozenMs   float64           `json:"frozen_ms"`            // how long the sandbox was frozen
-	CreatedAt  time.Time         `json:"created_at"`
+	ID      string            `json:"id"`
+	Name    string            `json:"name,omitempty"`
+	Sandbox string            `json:"sandbox"`
+	Project string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
+	Image   string            `json:"image"`
+	Layers  []LayerAttachment `json:"layers"`
+	Diff    string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
+	Digest  string            `json:"digest"` // diff id of that layer
+	Size    int64             `json:"size"`   // bytes of the diff (uncompressed tar)
+	Entries int               `json:"entries"`
+	Parent  string            `json:"parent,omitempty"` // the snapshot the sandbox was restored from
+	// Previous: the earlier snapshot of the same sandbox this one chains
+	// on (it packs only what changed since); empty for a full snapshot.
+	Previous   string    `json:"previous,omitempty"`
+	Step       int64     `json:"step,omitempty"`       // trajectory step it was taken after (checkpoints)
+	Trajectory string    `json:"trajectory,omitempty"` // the trajectory it checkpoints
+	FrozenMs   float64   `json:"frozen_ms"`            // how long the sandbox was frozen
+	CreatedAt  time.Time `json:"created_at"`
 }
 
 // SnapshotList is the body of GET /v1/snapshots: the snapshots of the

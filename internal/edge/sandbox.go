@@ -68,6 +68,7 @@ type sandbox struct {
 	pmu        sync.Mutex // serializes pause and resume
 	mu         sync.Mutex
 	snapMu     sync.Mutex // one snapshot at a time
+	incr       incrState  // its last snapshot, for an incremental next one (under snapMu; snapdiff.go)
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time
