@@ -87,6 +87,23 @@ func TestMemberOwnSnapshotsTrajectories(t *testing.T) {
 	if _, err := m1.GetSnapshot(ctx, snap.ID); err == nil || !strings.Contains(err.Error(), api.CodeNotFound) {
 		t.Fatalf("deleted snapshot still there: %v", err)
 	}
+	// The CLI: warren snapshot ls, warren traj ls / rm.
+	if out := s.cliOK(t, "snapshot", "ls"); strings.Contains(out, snap.ID) {
+		t.Fatalf("warren snapshot ls lists a deleted snapshot:\n%s", out)
+	}
+	if out := s.cliOK(t, "traj", "ls"); !strings.Contains(out, "mine") || !strings.Contains(out, "m1") {
+		t.Fatalf("warren traj ls:\n%s", out)
+	}
+	if _, errs, code := s.cli(t, "traj", "rm", "--project", "m1", "mine"); code == 0 || !strings.Contains(errs, "records it") {
+		t.Fatalf("warren traj rm while its sandbox runs: exit %d %s", code, errs)
+	}
+	if _, err := m1.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.cliOK(t, "traj", "rm", "--project", "m1", "mine")
+	if l, err := m1.ListTrajectories(ctx); err != nil || len(l) != 0 {
+		t.Fatalf("after warren traj rm: %+v %v", l, err)
+	}
 }
 
 // dirBytes is the size of the files under dir (what they take on disk).
