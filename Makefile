@@ -29,7 +29,7 @@ test: deps build
 	@bash scripts/test.sh
 
 bench: deps build
-	$(BIN)/warren bench --out docs/BENCHMARKS.md
+	$(BIN)/warren bench --out docs/benchmarks-history.csv
 
 # E2B's envd services (api/e2b/): the generated code is checked in; this
 # regenerates it (protoc from Debian's protobuf-compiler, pinned plugins).

@@ -91,6 +91,9 @@ type CreateSandboxRequest struct {
 	// Network opts into a network interface with an egress allowlist
 	// enforced on the host (NetworkSpec). Absent: loopback only.
 	Network *NetworkSpec `json:"network,omitempty"`
+	// Audit declares the sandbox's workspace and policy hooks for its
+	// audit (GET /v1/sandboxes/{id}/audit).
+	Audit *AuditSpec `json:"audit,omitempty"`
 }
 
 // LayerAttachment is one entry of CreateSandboxRequest.Layers. In JSON it
@@ -331,6 +334,7 @@ const (
 	KilledByOOM     = "oom"     // the OOM killer, at the sandbox's memory limit
 	KilledByTimeout = "timeout" // the command's timeout
 	KilledBySignal  = "signal"  // a signal from elsewhere (the command itself, another process)
+	KilledByPolicy  = "policy"  // an audit policy hook (CreateSandboxRequest.Audit) ended the step
 )
 
 // ExecEvent is one line of an NDJSON exec stream. Exactly one field group is set.
@@ -859,7 +863,7 @@ const (
 	ReasonMemory       = "memory" // requested memory beyond capacity
 	ReasonMemPressure  = "memory_pressure"
 	ReasonDisk         = "disk"          // disk space
-	ReasonPids         = "pids"          // the host's pids/threads
+	ReasonPids         = "pids"          // the host's pids/threads (503), or the sandbox's own pids limit (429)
 	ReasonSandboxes    = "sandboxes"     // the node's sandbox count limit
 	ReasonTier         = "tier"          // no node offers the tier
 	ReasonNodeSelector = "node_selector" // no node has the labels asked for
@@ -999,6 +1003,55 @@ const (
 	AuditKindRefused = "refused" // a syscall that failed with EPERM (seccomp, capabilities)
 	AuditKindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
 	AuditKindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
+	AuditKindConnect = "connect" // a TCP connection attempt (Dest)
+	AuditKindLimit   = "limit"   // a limit hit by a command: oom, pids, disk_full, output (Op)
+)
+
+// AuditKinds lists every kind of audit record.
+var AuditKinds = []string{AuditKindExec, AuditKindRefused, AuditKindSignal, AuditKindFile, AuditKindConnect, AuditKindLimit}
+
+// Limits an audit record of kind limit names in its Op.
+const (
+	AuditLimitOOM    = "oom"       // the OOM killer ended a command at the sandbox's memory limit
+	AuditLimitPids   = "pids"      // a fork or thread was refused at the pids limit
+	AuditLimitDisk   = "disk_full" // a command failed with the writable layer at its disk limit
+	AuditLimitOutput = "output"    // a command's output was cut at its output cap
+)
+
+// AuditSpec is a create's audit options (CreateSandboxRequest.Audit).
+type AuditSpec struct {
+	// Workspace lists the directories the agent is meant to change
+	// (absolute paths): file operations inside them are not recorded, the
+	// rest are. Empty: every file operation is recorded.
+	Workspace []string `json:"workspace,omitempty"`
+	// Policy turns kinds of records into actions, evaluated in the node as
+	// each record arrives (first matching rule wins).
+	Policy []AuditRule `json:"policy,omitempty"`
+}
+
+// AuditRule is one policy hook: On selects records as "kind:pattern" and
+// Do is what happens when one arrives.
+//
+// Kinds and what the pattern matches: exec (the file executed), write
+// (the file of a file operation: write, rename (either name), unlink,
+// chmod), refused (the syscall's name), signal (the signal's number),
+// connect (the destination "ip:port"), limit (oom, pids, disk_full,
+// output). Patterns are globs: "*" any run of characters but "/", "**"
+// any run, "?" one character; "kind" alone or "kind:**" matches all.
+type AuditRule struct {
+	On string `json:"on"`
+	// Do: "flag" (the record is marked flagged), "kill-step" (every
+	// command of the sandbox running now is killed, and answers killed_by
+	// "policy"), "fail-sandbox" (as kill-step, then the sandbox ends in
+	// state failed with the rule as its reason).
+	Do string `json:"do"`
+}
+
+// Actions of an audit rule.
+const (
+	AuditDoFlag        = "flag"
+	AuditDoKillStep    = "kill-step"
+	AuditDoFailSandbox = "fail-sandbox"
 )
 
 // AuditRecord is one thing a sandbox's processes did, as the node's kernel
@@ -1010,7 +1063,7 @@ type AuditRecord struct {
 	// Step is the trajectory step that was running then (0: between
 	// steps, or the sandbox records no trajectory).
 	Step int64  `json:"step"`
-	Kind string `json:"kind"` // exec, refused, signal, file
+	Kind string `json:"kind"` // exec, refused, signal, file, connect, limit
 	// Pid and Ppid are in the sandbox's pid namespace; UID is as the
 	// sandbox's user namespace numbers it, HostUID as the host does.
 	Pid     int `json:"pid"`
@@ -1038,6 +1091,12 @@ type AuditRecord struct {
 	// or truncates), rename, unlink, chmod; To is a rename's new name.
 	Op string `json:"op,omitempty"`
 	To string `json:"to,omitempty"`
+	// Dest is a connection's destination, "ip:port" (connect).
+	Dest string `json:"dest,omitempty"`
+	// Rule is the create's audit rule (its "on") that matched the record,
+	// and Action what it did (flag, kill-step, fail-sandbox).
+	Rule   string `json:"rule,omitempty"`
+	Action string `json:"action,omitempty"`
 }
 
 // AuditList is a sandbox's audit, oldest first.
@@ -1059,4 +1118,7 @@ type AuditList struct {
 type AuditStepSummary struct {
 	Step   int64            `json:"step"`
 	Counts map[string]int64 `json:"counts"`
+	// Matched counts the step's records that a policy rule of the create
+	// matched (flagged, or acted on).
+	Matched int64 `json:"matched,omitempty"`
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 
 	"github.com/warrenhq/warren/internal/agentproto"
 )
@@ -110,7 +111,12 @@ func (r *call) done(v any) {
 func (r *call) fail(err error) {
 	var pe *agentproto.Error
 	if !errors.As(err, &pe) {
-		pe = &agentproto.Error{Code: agentproto.ErrInternal, Message: err.Error()}
+		code := agentproto.ErrInternal
+		if errors.Is(err, syscall.EAGAIN) {
+			// Starting a process failed at the sandbox's pids limit.
+			code = agentproto.ErrPidsLimit
+		}
+		pe = &agentproto.Error{Code: code, Message: err.Error()}
 	}
 	_ = r.conn.send(&agentproto.Response{ID: r.id, Kind: agentproto.KindError, Error: pe})
 }
@@ -271,35 +277,17 @@ func (a *Agent) serve(ctx context.Context, cl *call, req *agentproto.Request) {
 	}
 }
 
+// dispatch runs one request as its op's registration (ops.go) says.
 func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request) (any, error) {
-	switch req.Op {
-	case agentproto.OpPing:
-		return &agentproto.PingResult{Proto: agentproto.Proto}, nil
-	case agentproto.OpSetup:
-		var cfg agentproto.SetupConfig
-		if err := decode(req, &cfg); err != nil {
-			return nil, err
-		}
-		return a.doSetup(ctx, &cfg)
+	op, known := agentOps[req.Op]
+	if known && op.phase == phaseAny {
+		return op.run(a, ctx, cl, req)
 	}
 	if !a.isSetup() {
 		return nil, errf(agentproto.ErrInvalid, "%s: agent is not set up", req.Op)
 	}
-	switch req.Op {
-	case agentproto.OpWipe:
-		return a.wipe(ctx)
-	case agentproto.OpReroot:
-		var r agentproto.RerootRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return a.reroot(&r)
-	case agentproto.OpResume:
-		var r agentproto.ResumeRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return a.resume(&r)
+	if known && op.phase == phaseSetUp {
+		return op.run(a, ctx, cl, req)
 	}
 	if err := a.enterRequest(req.Op); err != nil {
 		return nil, err
@@ -308,95 +296,8 @@ func (a *Agent) dispatch(ctx context.Context, cl *call, req *agentproto.Request)
 	if err := a.waitReset(ctx); err != nil {
 		return nil, err
 	}
-	switch req.Op {
-	case agentproto.OpReset:
-		return a.reset(ctx)
-	case agentproto.OpExec:
-		var r agentproto.ExecRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		if r.ResetAfter {
-			if len(a.cfg.Stateless) == 0 {
-				return nil, errf(agentproto.ErrInvalid, "exec: reset_after needs a stateless sandbox")
-			}
-			cl.after = a.beginReset(ctx)
-		}
-		return a.exec(ctx, cl, &r)
-	case agentproto.OpProcGet:
-		var r agentproto.ProcRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return a.procGet(ctx, &r)
-	case agentproto.OpProcKill:
-		var r agentproto.ProcRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return nil, a.procKill(&r)
-	case agentproto.OpFileRead:
-		var r agentproto.PathRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return a.fileRead(cl, &r)
-	case agentproto.OpFileWrite:
-		var r agentproto.WriteRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		if req.Payload != nil { // sent raw, after the request
-			r.Data = req.Payload
-		}
-		return a.fileWrite(&r)
-	case agentproto.OpFileList:
-		var r agentproto.PathRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return a.fileList(&r)
-	case agentproto.OpFileStat:
-		var r agentproto.PathRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return a.fileStat(&r)
-	case agentproto.OpFileMkdir:
-		var r agentproto.MkdirRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return a.fileMkdir(&r)
-	case agentproto.OpFileRemove:
-		var r agentproto.RemoveRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return nil, a.fileRemove(&r)
-	case agentproto.OpFileRename:
-		var r agentproto.RenameRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return nil, a.fileRename(&r)
-	case agentproto.OpTarGet:
-		var r agentproto.PathRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		return nil, a.tarGet(cl, &r)
-	case agentproto.OpTarPut:
-		var r agentproto.TarPutRequest
-		if err := decode(req, &r); err != nil {
-			return nil, err
-		}
-		if req.Payload != nil { // sent raw, after the request
-			r.Data = req.Payload
-		}
-		// An upload spans calls: it is abandoned when the connection
-		// ends, not when one of its calls does.
-		return a.tarPut(cl.conn.ctx, &r)
+	if !known {
+		return nil, errf(agentproto.ErrInvalid, "unknown op %q", req.Op)
 	}
-	return nil, errf(agentproto.ErrInvalid, "unknown op %q", req.Op)
+	return op.run(a, ctx, cl, req)
 }

@@ -287,6 +287,9 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 			a.log.Warn("agent: live shell command", "err", err)
 		}
 	}
+	// Taken before the fork: a command that ends at once is reaped (its
+	// end stamped) before the fork returns, and its duration was negative.
+	t0 := time.Now()
 	var sp *shellProc
 	var script string
 	if a.pool != nil {
@@ -313,7 +316,7 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 		}
 		script = s
 	}
-	r := &running{pid: sp.pid, exit: sp.exit, start: time.Now(), stdin: sp.stdin, state: sp.state, pooled: a.pool != nil}
+	r := &running{pid: sp.pid, exit: sp.exit, start: t0, stdin: sp.stdin, state: sp.state, pooled: a.pool != nil}
 	r.armTimeout(p.req.Timeout)
 	if sp.script >= 0 {
 		_ = writeAll(sp.script, []byte(script))
@@ -360,6 +363,7 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 	if p.req.Trusted {
 		fork = a.forkTrusted // fresh pipes, beside the agent, the sandbox frozen
 	}
+	t0 := time.Now() // before the fork (see startShell)
 	pid, exit, err := fork(bin, p.req.Argv, p.env, p.cwd, p.cred,
 		[]uintptr{uintptr(inR), uintptr(outW), uintptr(errW)})
 	if err != nil {
@@ -368,7 +372,7 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 		stderr.Close()
 		return nil, fsErr("exec", bin, err)
 	}
-	r := &running{pid: pid, exit: exit, start: time.Now(), stdin: stdin}
+	r := &running{pid: pid, exit: exit, start: t0, stdin: stdin}
 	r.armTimeout(p.req.Timeout)
 	r.feedStdin(p.req.Stdin)
 	r.outs = []*outStream{

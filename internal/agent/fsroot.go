@@ -121,6 +121,10 @@ func fsErr(op, p string, err error) error {
 			code = agentproto.ErrTooLarge
 		case unix.EINVAL, unix.ELOOP, unix.ENAMETOOLONG, unix.EXDEV, unix.EBUSY:
 			code = agentproto.ErrInvalid
+		case unix.EAGAIN:
+			if op == "exec" {
+				code = agentproto.ErrPidsLimit // fork refused at the pids limit
+			}
 		}
 	}
 	return &agentproto.Error{Code: code, Message: fmt.Sprintf("%s %s: %v", op, p, err)}

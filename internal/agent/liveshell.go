@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -445,6 +446,7 @@ func (a *Agent) endLive(r *running, st shellState, reported, exiting bool) {
 	if reported && !exiting && !r.timedOut && ls.alive() {
 		ls.env, ls.dir = st.env, st.cwd
 		a.putLive(r.sess, ls)
+		a.reapWatch(r.sess, ls.pid)
 		return
 	}
 	ls.close(a)
@@ -536,4 +538,124 @@ func randomHex() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// A live shell blocked reading its next script reaps nothing, so the
+// background jobs of a session's command (`server &`) stay zombies once
+// they end, holding their pids until the session's next command; at the
+// sandbox's pids limit they refuse every new process. So after a command
+// leaves its shell with children, the agent watches them (reapWatch) and,
+// while the shell is idle, has it collect those that ended: `jobs` makes
+// ash, dash and bash reap what has exited without waiting. Nothing is
+// watched for the commands (nearly all) that leave no children.
+
+// reapPoll is how often a watched idle shell's children are looked at.
+const reapPoll = 500 * time.Millisecond
+
+// reapWatch starts watching session s's shell's children (once).
+func (a *Agent) reapWatch(s *session, pid int) {
+	if !hasChildren(pid) {
+		return
+	}
+	s.mu.Lock()
+	if s.reaping {
+		s.mu.Unlock()
+		return
+	}
+	s.reaping = true
+	s.mu.Unlock()
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			s.reaping = false
+			s.mu.Unlock()
+		}()
+		for {
+			time.Sleep(reapPoll)
+			s.mu.Lock()
+			ls, busy := s.live, s.liveBusy
+			s.mu.Unlock()
+			switch {
+			case busy:
+				continue // the command running reaps (the shell waits on it)
+			case ls == nil || !hasChildren(ls.pid):
+				return
+			case hasZombie(ls.pid):
+				a.reapSession(s.name)
+			}
+		}
+	}()
+}
+
+// hasChildren reports whether process pid has children.
+func hasChildren(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	return err == nil && len(bytes.TrimSpace(b)) > 0
+}
+
+// hasZombie reports whether a child of process pid has exited unreaped.
+func hasZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return false
+	}
+	for _, c := range strings.Fields(string(b)) {
+		st, err := os.ReadFile("/proc/" + c + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ...: the state follows the last ')'.
+		if i := bytes.LastIndexByte(st, ')'); i >= 0 && i+2 < len(st) && st[i+2] == 'Z' {
+			return true
+		}
+	}
+	return false
+}
+
+// reapSessions has every idle live shell collect its ended background
+// jobs (reapSession), and reports whether it asked any: spawnFork calls it
+// when a fork fails with EAGAIN, then tries once more.
+func (a *Agent) reapSessions() bool {
+	a.sessions.mu.Lock()
+	names := make([]string, 0, len(a.sessions.m))
+	for name := range a.sessions.m {
+		names = append(names, name)
+	}
+	a.sessions.mu.Unlock()
+	asked := false
+	for _, name := range names {
+		asked = a.reapSession(name) || asked
+	}
+	return asked
+}
+
+// reapSession runs `jobs` in session name's shell if it is idle, and
+// reports whether it did. It starts no process.
+func (a *Agent) reapSession(name string) bool {
+	s := a.sessions.get(name)
+	s.mu.Lock()
+	ls := s.live
+	if s.liveBusy || ls == nil {
+		s.mu.Unlock()
+		return false
+	}
+	s.live, s.liveBusy = nil, true
+	s.mu.Unlock()
+	if !ls.alive() {
+		ls.close(a)
+		a.putLive(s, nil)
+		return false
+	}
+	p, err := a.plan(&agentproto.ExecRequest{Cmd: "jobs >/dev/null 2>&1", Session: name})
+	if err != nil {
+		a.putLive(s, ls)
+		return false
+	}
+	r, err := a.startLiveCommand(p, ls, 4096, func(string, []byte) {})
+	if err != nil {
+		a.putLive(s, ls)
+		return false
+	}
+	a.finish(p, r)
+	return true
 }

@@ -16,12 +16,15 @@ type sessions struct {
 }
 
 type session struct {
+	name string // as the sessions map keys it
+
 	mu  sync.Mutex
 	env map[string]string // nil until the first command updates it
 	cwd string
 
 	live     *liveShell // idle live shell (see liveshell.go)
 	liveBusy bool       // its live shell is running a command
+	reaping  bool       // reapWatch watches its shell's children
 }
 
 func newSessions() *sessions { return &sessions{m: make(map[string]*session)} }
@@ -34,7 +37,7 @@ func (s *sessions) get(name string) *session {
 	defer s.mu.Unlock()
 	ss := s.m[name]
 	if ss == nil {
-		ss = &session{}
+		ss = &session{name: name}
 		s.m[name] = ss
 	}
 	return ss

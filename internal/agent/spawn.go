@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -37,6 +38,10 @@ func (a *Agent) spawnFork(fork func() (int, error)) (int, <-chan exitInfo, error
 	a.gate.RLock()
 	defer a.gate.RUnlock()
 	pid, exit, err := a.spawnUngated(fork)
+	if errors.Is(err, syscall.EAGAIN) && a.reapSessions() {
+		// At the pids limit: idle session shells may hold zombies.
+		pid, exit, err = a.spawnUngated(fork)
+	}
 	if err != nil || a.split == nil {
 		return pid, exit, err
 	}

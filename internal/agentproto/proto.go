@@ -121,6 +121,9 @@ const (
 	ErrTooLarge   = "too_large"
 	ErrNoSpace    = "no_space"
 	ErrInternal   = "internal"
+	// ErrPidsLimit: a process could not be started because the sandbox is
+	// at its pids limit (fork or clone answered EAGAIN).
+	ErrPidsLimit = "pids_limit"
 	// ErrUnusable: a stateless sandbox's reset failed; it serves nothing
 	// more (the request was not carried out).
 	ErrUnusable = "unusable"

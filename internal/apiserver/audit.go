@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // getAudit answers GET /v1/sandboxes/{id}/audit?step=&kind=: what the
@@ -19,7 +19,7 @@ import (
 func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	q := r.URL.Query()
-	req := &edge.AuditRequest{ID: id, Kind: q.Get("kind")}
+	req := &edgeproto.AuditRequest{ID: id, Kind: q.Get("kind")}
 	req.Summary, _ = strconv.ParseBool(q.Get("summary"))
 	if v := q.Get("after"); v != "" {
 		after, err := strconv.ParseInt(v, 10, 64)
@@ -47,7 +47,7 @@ func (s *Server) getAudit(w http.ResponseWriter, r *http.Request) error {
 		return &api.Error{Code: api.CodeBadRequest, Message: "follow streams records: it does not go with summary"}
 	}
 	var out api.AuditList
-	if err := s.callEdge(r.Context(), id, edge.OpAudit, req, &out, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpAudit, req, &out, nil); err != nil {
 		return err
 	}
 	if follow {
@@ -65,7 +65,7 @@ var auditPoll = 250 * time.Millisecond
 // (the answer already read), polling its node until the sandbox stopped
 // and its last records were sent, or the client left. Empty lines are
 // keepalives; a failure after the stream began ends it with an error line.
-func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edge.AuditRequest, first *api.AuditList) error {
+func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edgeproto.AuditRequest, first *api.AuditList) error {
 	fl, _ := w.(http.Flusher)
 	h := w.Header()
 	h.Set("Content-Type", "application/x-ndjson")
@@ -115,7 +115,7 @@ func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edge.A
 			lastLine = time.Now()
 		}
 		var next api.AuditList
-		if err := s.callEdge(ctx, req.ID, edge.OpAudit, req, &next, nil); err != nil {
+		if err := s.callEdge(ctx, req.ID, edgeproto.OpAudit, req, &next, nil); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -127,21 +127,69 @@ func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, req *edge.A
 	}
 }
 
-// attachAudit gives each step the audit records of its step from sandbox
-// id (the trajectory's sandbox now; nothing once it is gone).
-func (s *Server) attachAudit(ctx context.Context, id string, steps []api.TrajectoryStep) {
-	var out api.AuditList
-	if err := s.callEdge(ctx, id, edge.OpAudit, &edge.AuditRequest{ID: id}, &out, nil); err != nil {
-		s.log.Debug("trajectory audit", "sandbox", id, "err", err)
-		return
+// trajectoryAudit collects trajectory rec's audit by step: the entries
+// persisted with its log (they outlive its sandboxes), then what its
+// sandbox now holds for steps not persisted yet. Step 0 gathers the
+// records between steps.
+func (s *Server) trajectoryAudit(ctx context.Context, rec *edgeproto.TrajectoryRecord) (map[int64][]api.AuditRecord, int64) {
+	by := map[int64][]api.AuditRecord{}
+	var dropped int64
+	saved := map[int64]bool{}
+	raw, err := s.tlog.ReadAudit(ctx, trajKey(rec))
+	if err != nil {
+		s.log.Debug("trajectory audit: persisted", "trajectory", rec.Name, "err", err)
 	}
-	at := make(map[int64]int, len(steps))
-	for i := range steps {
-		at[steps[i].Step] = i
-	}
-	for _, rec := range out.Records {
-		if i, ok := at[rec.Step]; ok && rec.Step > 0 {
-			steps[i].Audit = append(steps[i].Audit, rec)
+	seen := map[int64]map[int64]bool{} // step -> seqs of the persisting sandbox
+	for _, b := range raw {
+		var ent edgeproto.AuditEntry
+		if json.Unmarshal(b, &ent) != nil {
+			continue
+		}
+		saved[ent.Step] = true
+		dropped += ent.Dropped
+		for _, r := range ent.Records {
+			by[r.Step] = append(by[r.Step], r)
+			if seen[r.Step] == nil {
+				seen[r.Step] = map[int64]bool{}
+			}
+			seen[r.Step][r.Seq] = true
 		}
 	}
+	var live api.AuditList
+	if err := s.callEdge(ctx, rec.Sandbox, edgeproto.OpAudit, &edgeproto.AuditRequest{ID: rec.Sandbox}, &live, nil); err != nil {
+		s.log.Debug("trajectory audit: live", "sandbox", rec.Sandbox, "err", err)
+		return by, dropped
+	}
+	dropped += live.Dropped
+	for _, r := range live.Records {
+		if (r.Step != 0 && saved[r.Step]) || seen[r.Step][r.Seq] {
+			continue
+		}
+		by[r.Step] = append(by[r.Step], r)
+	}
+	return by, dropped
+}
+
+// attachAudit gives each step its audit records (trajectoryAudit).
+func (s *Server) attachAudit(ctx context.Context, rec *edgeproto.TrajectoryRecord, steps []api.TrajectoryStep) {
+	by, _ := s.trajectoryAudit(ctx, rec)
+	for i := range steps {
+		if st := steps[i].Step; st > 0 {
+			steps[i].Audit = append(steps[i].Audit, by[st]...)
+		}
+	}
+}
+
+// trajectoryAuditSummary answers GET /v1/trajectories/{name}/audit/summary
+// (and ?audit=summary): per step, how many records of each kind, and how
+// many a policy rule matched, so that a grader can flag a rollout in one
+// call.
+func (s *Server) trajectoryAuditSummary(w http.ResponseWriter, r *http.Request, rec *edgeproto.TrajectoryRecord) error {
+	by, dropped := s.trajectoryAudit(r.Context(), rec)
+	var all []api.AuditRecord
+	for _, recs := range by {
+		all = append(all, recs...)
+	}
+	writeJSON(w, http.StatusOK, &api.AuditList{Records: []api.AuditRecord{}, Dropped: dropped, Summary: edgeproto.SummarizeAudit(all)})
+	return nil
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/placement"
 )
@@ -50,7 +50,7 @@ func (s *Server) batchCreate(w http.ResponseWriter, r *http.Request) error {
 	left := req.Count
 	exclude := map[string]bool{}
 	for try := 0; try < maxPlacementTries && left > 0; try++ {
-		byNode := map[string][]edge.CreateRequest{}
+		byNode := map[string][]edgeproto.CreateRequest{}
 		placed := 0
 		for i := 0; i < left; i++ {
 			node, err := s.placer.Pick(&spec, exclude, limits)
@@ -66,7 +66,7 @@ func (s *Server) batchCreate(w http.ResponseWriter, r *http.Request) error {
 				fail(left-i, *ae)
 				break
 			}
-			byNode[node] = append(byNode[node], edge.CreateRequest{ID: edge.NewSandboxID(node), Spec: spec})
+			byNode[node] = append(byNode[node], edgeproto.CreateRequest{ID: edgeproto.NewSandboxID(node), Spec: spec})
 			placed++
 		}
 		left = 0
@@ -77,10 +77,10 @@ func (s *Server) batchCreate(w http.ResponseWriter, r *http.Request) error {
 			for start := 0; start < len(items); start += batchChunk {
 				end := min(start+batchChunk, len(items))
 				wg.Add(1)
-				go func(node string, items []edge.CreateRequest) {
+				go func(node string, items []edgeproto.CreateRequest) {
 					defer wg.Done()
-					var out edge.CreateBatchResult
-					err := s.callNode(ctx, node, edge.OpCreateBatch, &edge.CreateBatchRequest{Items: items}, &out)
+					var out edgeproto.CreateBatchResult
+					err := s.callNode(ctx, node, edgeproto.OpCreateBatch, &edgeproto.CreateBatchRequest{Items: items}, &out)
 					if err == nil && len(out.Items) != len(items) {
 						err = &api.Error{Code: api.CodeInternal, Message: "node answered a batch with the wrong count"}
 					}

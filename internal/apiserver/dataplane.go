@@ -8,7 +8,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 type uploadKey struct{}
@@ -21,7 +21,7 @@ func withUpload(ctx context.Context, in io.Reader) context.Context {
 
 // canStream reports whether sandbox id's node takes op on its data listener.
 func (s *Server) canStream(id, op string) bool {
-	node := edge.NodeOf(id)
+	node := edgeproto.NodeOf(id)
 	return node != "" && s.dataAddr(node, op) != ""
 }
 
@@ -29,7 +29,7 @@ func (s *Server) canStream(id, op string) bool {
 // data listener, for the operations that stream ("" = on the bus: the
 // operation does not stream, or the node has no data listener).
 func (s *Server) dataAddr(node, op string) string {
-	if s.data == nil || !edge.DataOps[op] {
+	if s.data == nil || !edgeproto.DataOps[op] {
 		return ""
 	}
 	return s.cfg.Watcher.DataAddr(node)

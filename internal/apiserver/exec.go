@@ -9,7 +9,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 const ndjson = "application/x-ndjson"
@@ -35,13 +35,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	} else if ok {
 		return s.answerReplayed(w, r, res)
 	}
-	ereq := &edge.ExecRequest{ID: id, Exec: req}
+	ereq := &edgeproto.ExecRequest{ID: id, Exec: req}
 	if wantsStream(r) && !req.Background {
 		return s.execStream(w, r, ereq)
 	}
 	var stdout, stderr bytes.Buffer
 	var res api.ExecResult
-	err := s.callEdge(r.Context(), id, edge.OpExec, ereq, &res, func(c bus.Chunk) error {
+	err := s.callEdge(r.Context(), id, edgeproto.OpExec, ereq, &res, func(c bus.Chunk) error {
 		if c.Stream == "stderr" {
 			stderr.Write(c.Data)
 		} else {
@@ -84,7 +84,7 @@ func (s *Server) answerReplayed(w http.ResponseWriter, r *http.Request, res *api
 		DurationMs: &dur, Step: res.Step, Replayed: true})
 }
 
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.ExecRequest) error {
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edgeproto.ExecRequest) error {
 	flusher, _ := w.(http.Flusher)
 	started := false
 	enc := json.NewEncoder(w)
@@ -100,7 +100,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.E
 	// A UTF-8 character may be split across chunks: hold its first bytes
 	// back until the rest arrives, per stream.
 	var carry [2][]byte
-	err := s.callEdge(r.Context(), ereq.ID, edge.OpExec, ereq, &res, func(c bus.Chunk) error {
+	err := s.callEdge(r.Context(), ereq.ID, edgeproto.OpExec, ereq, &res, func(c bus.Chunk) error {
 		start()
 		i := 0
 		if c.Stream == "stderr" {
@@ -158,10 +158,10 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, ereq *edge.E
 
 func (s *Server) getCommand(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	req := &edge.CommandRequest{ID: id, CommandID: r.PathValue("cid")}
+	req := &edgeproto.CommandRequest{ID: id, CommandID: r.PathValue("cid")}
 	req.Wait, _ = strconv.ParseBool(r.URL.Query().Get("wait"))
 	var c api.Command
-	if err := s.callEdge(r.Context(), id, edge.OpCommandGet, req, &c, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpCommandGet, req, &c, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &c)
@@ -178,9 +178,9 @@ func (s *Server) killCommand(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	req := &edge.CommandRequest{ID: id, CommandID: r.PathValue("cid"), Signal: body.Signal}
+	req := &edgeproto.CommandRequest{ID: id, CommandID: r.PathValue("cid"), Signal: body.Signal}
 	var c api.Command
-	if err := s.callEdge(r.Context(), id, edge.OpCommandKill, req, &c, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpCommandKill, req, &c, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &c)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 )
 
@@ -116,8 +116,8 @@ func (s *Server) readSteps(ctx context.Context, name string) ([]api.TrajectorySt
 }
 
 func (s *Server) advanceEdge(ctx context.Context, sandbox string, cursor int) error {
-	return s.callEdge(context.WithoutCancel(ctx), sandbox, edge.OpTrajAdvance,
-		&edge.AdvanceRequest{ID: sandbox, Delegate: s.ff.id, Cursor: cursor}, nil, nil)
+	return s.callEdge(context.WithoutCancel(ctx), sandbox, edgeproto.OpTrajAdvance,
+		&edgeproto.AdvanceRequest{ID: sandbox, Delegate: s.ff.id, Cursor: cursor}, nil, nil)
 }
 
 // endFastForward hands a delegated fast-forward of sandbox back to its
@@ -204,7 +204,7 @@ func (s *Server) fastForward(ctx context.Context, sandbox string, op *api.Trajec
 	sess.lastUsed = time.Now()
 	if sess.cursor < len(sess.steps) {
 		logged := &sess.steps[sess.cursor]
-		if edge.SameOp(logged, op) && (logged.Op != "exec" || logged.Result != nil || logged.Error != nil) {
+		if edgeproto.SameOp(logged, op) && (logged.Op != "exec" || logged.Result != nil || logged.Error != nil) {
 			sess.cursor++
 			if sess.cursor == len(sess.steps) {
 				// The end of the log: the edge takes over (and another

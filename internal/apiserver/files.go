@@ -17,7 +17,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // MaxPathLength bounds a sandbox path.
@@ -79,20 +79,20 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 			writeJSON(w, http.StatusOK, fi)
 			return nil
 		}
-		err := s.callEdge(r.Context(), id, edge.OpFileWrite, &edge.FileRequest{ID: id, Path: p, Mode: mode, Data: buf[:n]}, &info, nil)
+		err := s.callEdge(r.Context(), id, edgeproto.OpFileWrite, &edgeproto.FileRequest{ID: id, Path: p, Mode: mode, Data: buf[:n]}, &info, nil)
 		if err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, &info)
 		return nil
 	}
-	if s.canStream(id, edge.OpFileUpload) {
+	if s.canStream(id, edgeproto.OpFileUpload) {
 		// Large files over the data plane: the edge appends them to a
 		// temporary name and renames it into place, with flow control
 		// from the client's socket to the agent's writes; a client that
 		// goes away breaks the stream and leaves nothing.
 		in := io.MultiReader(bytes.NewReader(buf[:n]), body)
-		if err := s.callEdge(withUpload(r.Context(), in), id, edge.OpFileUpload, &edge.FileRequest{ID: id, Path: p, Mode: mode}, &info, nil); err != nil {
+		if err := s.callEdge(withUpload(r.Context(), in), id, edgeproto.OpFileUpload, &edgeproto.FileRequest{ID: id, Path: p, Mode: mode}, &info, nil); err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, &info)
@@ -108,7 +108,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		// Also (above all) when the client went away: its ctx is done.
 		cctx, cancel := cleanupContext(ctx)
 		defer cancel()
-		_ = s.callEdge(cctx, id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: tmp}, nil, nil)
+		_ = s.callEdge(cctx, id, edgeproto.OpFileRemove, &edgeproto.FileRequest{ID: id, Path: tmp}, nil, nil)
 		return err
 	}
 	chunk := buf[:n]
@@ -119,7 +119,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 			if len(c) > uploadChunk {
 				c = c[:uploadChunk]
 			}
-			if err := s.callEdge(ctx, id, edge.OpFileWrite, &edge.FileRequest{ID: id, Path: tmp, Mode: mode, Data: c, Append: appendMode}, nil, nil); err != nil {
+			if err := s.callEdge(ctx, id, edgeproto.OpFileWrite, &edgeproto.FileRequest{ID: id, Path: tmp, Mode: mode, Data: c, Append: appendMode}, nil, nil); err != nil {
 				return fail(err)
 			}
 			appendMode = true
@@ -137,10 +137,10 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 			return fail(err)
 		}
 	}
-	if err := s.callEdge(ctx, id, edge.OpFileRename, &edge.FileRequest{ID: id, Path: tmp, To: p}, nil, nil); err != nil {
+	if err := s.callEdge(ctx, id, edgeproto.OpFileRename, &edgeproto.FileRequest{ID: id, Path: tmp, To: p}, nil, nil); err != nil {
 		return fail(err)
 	}
-	if err := s.callEdge(ctx, id, edge.OpFileStat, &edge.FileRequest{ID: id, Path: p}, &info, nil); err != nil {
+	if err := s.callEdge(ctx, id, edgeproto.OpFileStat, &edgeproto.FileRequest{ID: id, Path: p}, &info, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &info)
@@ -149,7 +149,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 
 // streamDownload answers with the chunks of a read as raw bytes. The status
 // is sent with the first chunk, so an error before any data keeps its code.
-func (s *Server) streamDownload(w http.ResponseWriter, r *http.Request, id, op, contentType string, req *edge.FileRequest) error {
+func (s *Server) streamDownload(w http.ResponseWriter, r *http.Request, id, op, contentType string, req *edgeproto.FileRequest) error {
 	started := false
 	flusher, _ := w.(http.Flusher)
 	err := s.callEdge(r.Context(), id, op, req, nil, func(c bus.Chunk) error {
@@ -181,11 +181,11 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	req := &edge.FileRequest{ID: id, Path: p}
+	req := &edgeproto.FileRequest{ID: id, Path: p}
 	switch {
 	case queryBool(r, "list"):
 		var l api.FileList
-		if err := s.callEdge(r.Context(), id, edge.OpFileList, req, &l, nil); err != nil {
+		if err := s.callEdge(r.Context(), id, edgeproto.OpFileList, req, &l, nil); err != nil {
 			return err
 		}
 		if l.Files == nil {
@@ -195,13 +195,13 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	case queryBool(r, "stat"):
 		var fi api.FileInfo
-		if err := s.callEdge(r.Context(), id, edge.OpFileStat, req, &fi, nil); err != nil {
+		if err := s.callEdge(r.Context(), id, edgeproto.OpFileStat, req, &fi, nil); err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, &fi)
 		return nil
 	}
-	return s.streamDownload(w, r, id, edge.OpFileRead, "application/octet-stream", req)
+	return s.streamDownload(w, r, id, edgeproto.OpFileRead, "application/octet-stream", req)
 }
 
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
@@ -217,12 +217,12 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	if fi, ok, err := s.fastForwardFile(r.Context(), id, &api.TrajectoryStep{Op: "remove", Path: p, Recursive: recursive}); err != nil {
 		return err
 	} else if ok {
-		stepHeaders(w, &edge.StepResult{Step: fi.Step, Replayed: true})
+		stepHeaders(w, &edgeproto.StepResult{Step: fi.Step, Replayed: true})
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	var sr edge.StepResult
-	if err := s.callEdge(r.Context(), id, edge.OpFileRemove, &edge.FileRequest{ID: id, Path: p, Recursive: recursive}, &sr, nil); err != nil {
+	var sr edgeproto.StepResult
+	if err := s.callEdge(r.Context(), id, edgeproto.OpFileRemove, &edgeproto.FileRequest{ID: id, Path: p, Recursive: recursive}, &sr, nil); err != nil {
 		return err
 	}
 	stepHeaders(w, &sr)
@@ -250,7 +250,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	var fi api.FileInfo
-	if err := s.callEdge(r.Context(), id, edge.OpFileMkdir, &edge.FileRequest{ID: id, Path: p, Mode: req.Mode, Parents: req.Parents}, &fi, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpFileMkdir, &edgeproto.FileRequest{ID: id, Path: p, Mode: req.Mode, Parents: req.Parents}, &fi, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &fi)
@@ -274,12 +274,12 @@ func (s *Server) rename(w http.ResponseWriter, r *http.Request) error {
 	if fi, ok, err := s.fastForwardFile(r.Context(), id, &api.TrajectoryStep{Op: "rename", Path: from, To: to}); err != nil {
 		return err
 	} else if ok {
-		stepHeaders(w, &edge.StepResult{Step: fi.Step, Replayed: true})
+		stepHeaders(w, &edgeproto.StepResult{Step: fi.Step, Replayed: true})
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	var sr edge.StepResult
-	if err := s.callEdge(r.Context(), id, edge.OpFileRename, &edge.FileRequest{ID: id, Path: from, To: to}, &sr, nil); err != nil {
+	var sr edgeproto.StepResult
+	if err := s.callEdge(r.Context(), id, edgeproto.OpFileRename, &edgeproto.FileRequest{ID: id, Path: from, To: to}, &sr, nil); err != nil {
 		return err
 	}
 	stepHeaders(w, &sr)
@@ -294,18 +294,18 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxArchive)
-	if s.canStream(id, edge.OpTarUpload) {
+	if s.canStream(id, edgeproto.OpTarUpload) {
 		// Over the data plane: one stream, with flow control; a client
 		// that goes away breaks it and ends the extraction.
-		var res edge.TarPutResult
-		if err := s.callEdge(withUpload(r.Context(), body), id, edge.OpTarUpload, &edge.FileRequest{ID: id, Path: p}, &res, nil); err != nil {
+		var res edgeproto.TarPutResult
+		if err := s.callEdge(withUpload(r.Context(), body), id, edgeproto.OpTarUpload, &edgeproto.FileRequest{ID: id, Path: p}, &res, nil); err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, map[string]int{"files": res.Files})
 		return nil
 	}
 	buf := make([]byte, uploadChunk)
-	var res edge.TarPutResult
+	var res edgeproto.TarPutResult
 	handle := ""
 	for {
 		n, rerr := dataplane.ReadChunk(body, buf)
@@ -313,13 +313,13 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) error {
 		if rerr != nil && !errors.Is(rerr, io.EOF) {
 			if handle != "" { // end the agent's extraction, also when the client went away
 				cctx, cancel := cleanupContext(r.Context())
-				_ = s.callEdge(cctx, id, edge.OpTarPut, &edge.FileRequest{ID: id, Path: p, Handle: handle, Abort: true}, nil, nil)
+				_ = s.callEdge(cctx, id, edgeproto.OpTarPut, &edgeproto.FileRequest{ID: id, Path: p, Handle: handle, Abort: true}, nil, nil)
 				cancel()
 			}
 			return rerr
 		}
-		req := &edge.FileRequest{ID: id, Path: p, Handle: handle, Data: buf[:n], Final: final}
-		if err := s.callEdge(r.Context(), id, edge.OpTarPut, req, &res, nil); err != nil {
+		req := &edgeproto.FileRequest{ID: id, Path: p, Handle: handle, Data: buf[:n], Final: final}
+		if err := s.callEdge(r.Context(), id, edgeproto.OpTarPut, req, &res, nil); err != nil {
 			return err
 		}
 		handle = res.Handle
@@ -337,13 +337,13 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return s.streamDownload(w, r, id, edge.OpTarGet, "application/x-tar", &edge.FileRequest{ID: id, Path: p})
+	return s.streamDownload(w, r, id, edgeproto.OpTarGet, "application/x-tar", &edgeproto.FileRequest{ID: id, Path: p})
 }
 
 // stepHeaders reports a recorded operation's trajectory step on answers
 // without a body (Warren-Step, Warren-Replayed; Warren-Sandbox and
 // Warren-Trajectory when it branched).
-func stepHeaders(w http.ResponseWriter, sr *edge.StepResult) {
+func stepHeaders(w http.ResponseWriter, sr *edgeproto.StepResult) {
 	if sr.Step > 0 {
 		w.Header().Set("Warren-Step", strconv.FormatInt(sr.Step, 10))
 		w.Header().Set("Warren-Replayed", strconv.FormatBool(sr.Replayed))

@@ -6,7 +6,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/placement"
 )
 
@@ -17,7 +17,7 @@ func (s *Server) fncall(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	spec, aerr := edge.NormalizeFnCall(&req)
+	spec, aerr := edgeproto.NormalizeFnCall(&req)
 	if aerr != nil {
 		return aerr
 	}
@@ -35,7 +35,7 @@ func (s *Server) fncall(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		var res api.ExecResult
-		err = s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edge.OpFnCall, &edge.FnCallRequest{Call: req, Project: principal(r).Project}, &res, nil)
+		err = s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edgeproto.OpFnCall, &edgeproto.FnCallRequest{Call: req, Project: principal(r).Project}, &res, nil)
 		if err == nil {
 			writeJSON(w, http.StatusOK, &res)
 			return nil

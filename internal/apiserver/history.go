@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
@@ -13,7 +13,7 @@ import (
 func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var h api.CommandHistory
-	if err := s.callEdge(r.Context(), id, edge.OpCommands, &edge.IDRequest{ID: id}, &h, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpCommands, &edgeproto.IDRequest{ID: id}, &h, nil); err != nil {
 		return err
 	}
 	if h.Commands == nil {
@@ -29,7 +29,7 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) sandboxNetwork(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var n api.SandboxNetwork
-	if err := s.callEdge(r.Context(), id, edge.OpNetwork, &edge.IDRequest{ID: id}, &n, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpNetwork, &edgeproto.IDRequest{ID: id}, &n, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &n)
@@ -47,7 +47,7 @@ func (s *Server) setSandboxNetwork(w http.ResponseWriter, r *http.Request) error
 		return aerr
 	}
 	var n api.SandboxNetwork
-	if err := s.callEdge(r.Context(), id, edge.OpNetworkSet, &edge.NetworkSetRequest{ID: id, Network: req}, &n, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpNetworkSet, &edgeproto.NetworkSetRequest{ID: id, Network: req}, &n, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &n)
@@ -58,7 +58,7 @@ func (s *Server) setSandboxNetwork(w http.ResponseWriter, r *http.Request) error
 func (s *Server) sandboxStats(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var st api.SandboxStats
-	if err := s.callEdge(r.Context(), id, edge.OpStats, &edge.IDRequest{ID: id}, &st, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpStats, &edgeproto.IDRequest{ID: id}, &st, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &st)

@@ -6,8 +6,7 @@ import (
 	"strings"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/edge"
-	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // validImageName checks an image name for the API.
@@ -15,7 +14,7 @@ func validImageName(name string) error {
 	if name == "" {
 		return invalid("name is required")
 	}
-	if err := image.ValidName(name); err != nil {
+	if err := api.ValidImageName(name); err != nil {
 		return invalid("%s", strings.TrimPrefix(err.Error(), "image: "))
 	}
 	return nil
@@ -42,7 +41,7 @@ func (s *Server) commitImage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.Base != "" && req.Base != "scratch" {
-		if err := image.ValidName(req.Base); err != nil {
+		if err := api.ValidImageName(req.Base); err != nil {
 			return invalid("base: %s", strings.TrimPrefix(err.Error(), "image: "))
 		}
 	}
@@ -75,7 +74,7 @@ func (s *Server) commitImage(w http.ResponseWriter, r *http.Request) error {
 		req.Layers[i] = stored
 	}
 	var img api.Image
-	if err := s.callStore(r.Context(), edge.OpImageCommit, &req, &img); err != nil {
+	if err := s.callStore(r.Context(), edgeproto.OpImageCommit, &req, &img); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &img)
@@ -98,7 +97,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("image archive exceeds %d bytes", int64(MaxLayerUpload))}
 	}
 	var img api.Image
-	if err := s.uploadToStore(w, r, edge.LayerRequest{Image: name}, &img); err != nil {
+	if err := s.uploadToStore(w, r, edgeproto.LayerRequest{Image: name}, &img); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &img)

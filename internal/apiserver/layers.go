@@ -12,14 +12,13 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
-	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // MaxLayerUpload bounds one uploaded layer tarball.
-const MaxLayerUpload = edge.MaxLayerUpload
+const MaxLayerUpload = edgeproto.MaxLayerUpload
 
 // anyNode picks an up node for store operations that belong to no sandbox
 // (the store is shared by every node of a cluster).
@@ -56,7 +55,7 @@ func invalid(format string, a ...any) error {
 
 // layerRef checks a path's layer reference ("name" or "name@version").
 func layerRef(ref string) (string, int, error) {
-	name, v, err := image.ParseLayerRef(ref)
+	name, v, err := api.ParseLayerRef(ref)
 	if err != nil {
 		return "", 0, invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
 	}
@@ -68,7 +67,7 @@ func parseVersion(v string) (int, error) {
 		return 0, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > image.MaxLayerVersion {
+	if err != nil || n < 1 || n > api.MaxLayerVersion {
 		return 0, invalid("version %q must be a positive integer", truncate(v))
 	}
 	return n, nil
@@ -89,7 +88,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 			}
 			return err
 		}
-		if req.Version < 0 || req.Version > image.MaxLayerVersion {
+		if req.Version < 0 || req.Version > api.MaxLayerVersion {
 			return invalid("version must be a positive integer")
 		}
 		if req.FromSandbox == "" {
@@ -97,7 +96,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		}
 		// The layer holds the sandbox's files: it is the sandbox's project's.
 		var src api.Sandbox
-		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpGet, &edge.IDRequest{ID: req.FromSandbox}, &src, nil); err != nil {
+		if err := s.callEdge(r.Context(), req.FromSandbox, edgeproto.OpGet, &edgeproto.IDRequest{ID: req.FromSandbox}, &src, nil); err != nil {
 			return err
 		}
 		if err := s.checkStorage(r.Context(), src.Project, 1); err != nil {
@@ -108,8 +107,8 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		var l api.Layer
-		if err := s.callEdge(r.Context(), req.FromSandbox, edge.OpLayerCreate,
-			&edge.LayerRequest{ID: req.FromSandbox, Name: stored, Version: req.Version}, &l, nil); err != nil {
+		if err := s.callEdge(r.Context(), req.FromSandbox, edgeproto.OpLayerCreate,
+			&edgeproto.LayerRequest{ID: req.FromSandbox, Name: stored, Version: req.Version}, &l, nil); err != nil {
 			return err
 		}
 		s.charge(r.Context(), src.Project, l.Size)
@@ -122,7 +121,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if name == "" {
 		return invalid("name is required (?name=ws/x)")
 	}
-	if err := image.ValidLayerName(name); err != nil {
+	if err := api.ValidLayerName(name); err != nil {
 		return invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
 	}
 	version, err := parseVersion(q.Get("version"))
@@ -142,7 +141,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var l api.Layer
-	if err := s.uploadToStore(w, r, edge.LayerRequest{Name: stored, Version: version}, &l); err != nil {
+	if err := s.uploadToStore(w, r, edgeproto.LayerRequest{Name: stored, Version: version}, &l); err != nil {
 		return err
 	}
 	s.charge(ctx, p.Project, l.Size)
@@ -155,7 +154,7 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 // uploadChunk messages of base (a layer or an image upload) and decodes
 // the last message's answer into out. A body that fails midway (too large,
 // cut short) aborts the upload on the node, so nothing half-written stays.
-func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edge.LayerRequest, out any) error {
+func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edgeproto.LayerRequest, out any) error {
 	node, err := s.anyNode()
 	if err != nil {
 		return err
@@ -166,7 +165,7 @@ func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edge
 	handle := ""
 	abort := func() {
 		if handle != "" {
-			_ = s.callStoreOn(context.WithoutCancel(ctx), node, edge.OpLayerUpload, &edge.LayerRequest{Handle: handle, Abort: true}, nil)
+			_ = s.callStoreOn(context.WithoutCancel(ctx), node, edgeproto.OpLayerUpload, &edgeproto.LayerRequest{Handle: handle, Abort: true}, nil)
 		}
 	}
 	for {
@@ -179,10 +178,10 @@ func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edge
 		req := base
 		req.Handle, req.Data, req.Final = handle, buf[:n], final
 		if final {
-			return s.callStoreOn(ctx, node, edge.OpLayerUpload, &req, out)
+			return s.callStoreOn(ctx, node, edgeproto.OpLayerUpload, &req, out)
 		}
-		var res edge.UploadResult
-		if err := s.callStoreOn(ctx, node, edge.OpLayerUpload, &req, &res); err != nil {
+		var res edgeproto.UploadResult
+		if err := s.callStoreOn(ctx, node, edgeproto.OpLayerUpload, &req, &res); err != nil {
 			abort()
 			return err
 		}
@@ -193,13 +192,13 @@ func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edge
 func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 	name := r.URL.Query().Get("name")
 	if name != "" {
-		if err := image.ValidLayerName(name); err != nil {
+		if err := api.ValidLayerName(name); err != nil {
 			return invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
 		}
 	}
 	ctx := r.Context()
 	var all api.LayerList
-	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{}, &all); err != nil {
+	if err := s.callStore(ctx, edgeproto.OpLayerList, &edgeproto.LayerRequest{}, &all); err != nil {
 		return err
 	}
 	p := principal(r)
@@ -211,7 +210,7 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 	for _, x := range all.Layers {
 		o, ok := owners[x.Name]
 		if !ok {
-			if project, _ := image.SplitLayerName(x.Name); project != "" {
+			if project, _ := api.SplitLayerName(x.Name); project != "" {
 				o = ownerOf{project, iam.KindLayer}
 			} else {
 				owner, snap, _, err := s.layerOwner(ctx, x.Name)
@@ -263,7 +262,7 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var l api.Layer
-	if err := s.callStore(ctx, edge.OpLayerGet, &edge.LayerRequest{Ref: stored}, &l); err != nil {
+	if err := s.callStore(ctx, edgeproto.OpLayerGet, &edgeproto.LayerRequest{Ref: stored}, &l); err != nil {
 		var ae *api.Error
 		if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
 			return layerNotFound(ref)
@@ -313,7 +312,7 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var l api.LayerList
-	if err := s.callStore(ctx, edge.OpLayerDelete, &edge.LayerRequest{Name: rl.stored, Version: v}, &l); err != nil {
+	if err := s.callStore(ctx, edgeproto.OpLayerDelete, &edgeproto.LayerRequest{Name: rl.stored, Version: v}, &l); err != nil {
 		var ae *api.Error
 		if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
 			return layerNotFound(ref)
@@ -346,7 +345,7 @@ func (s *Server) gcLayers(w http.ResponseWriter, r *http.Request) error {
 		return &api.Error{Code: api.CodeForbidden, Message: "garbage collection of the shared layer store needs a root token"}
 	}
 	var res api.GCResult
-	if err := s.callStore(r.Context(), edge.OpLayerGC, &edge.LayerRequest{}, &res); err != nil {
+	if err := s.callStore(r.Context(), edgeproto.OpLayerGC, &edgeproto.LayerRequest{}, &res); err != nil {
 		return err
 	}
 	if res.Removed == nil {
@@ -368,7 +367,7 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 		return invalid("ref is longer than 512 bytes")
 	}
 	if req.Name != "" {
-		if err := image.ValidName(req.Name); err != nil {
+		if err := api.ValidImageName(req.Name); err != nil {
 			return invalid("%s", strings.TrimPrefix(err.Error(), "image: "))
 		}
 	}
@@ -378,7 +377,7 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 		return &api.Error{Code: api.CodeForbidden, Message: "pulling into the shared image catalog needs a root token"}
 	}
 	var img api.Image
-	if err := s.callStore(r.Context(), edge.OpImagePull, &req, &img); err != nil {
+	if err := s.callStore(r.Context(), edgeproto.OpImagePull, &req, &img); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &img)

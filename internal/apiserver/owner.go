@@ -8,9 +8,8 @@ import (
 	"strings"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
-	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/placement"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -124,10 +123,10 @@ type layerOwnerRecord struct {
 
 // Layer names are unique per project, not global: p1 and p2 may each
 // have a ws/calc. The store keeps a project's layer under its qualified
-// name (image.QualifiedLayerName: "~p1/ws/calc"; the root project's, the
+// name (api.QualifiedLayerName: "~p1/ws/calc"; the root project's, the
 // shared catalog, and every layer made before names were per project
 // under the plain name), and the owners bucket indexes which project has
-// which name (key edge.TrajKey(project, name); a plain name's record
+// which name (key edgeproto.TrajKey(project, name); a plain name's record
 // keeps the owner it had before). A client names a layer by its plain
 // name: it means its project's own layer of that name, else its parent's,
 // and so on up to the shared catalog (resolveLayerName). A name only
@@ -150,13 +149,13 @@ type resolvedLayer struct {
 // before names were per project, owned as its record says). A qualified
 // name means itself.
 func (s *Server) resolveLayerName(ctx context.Context, project, name string) (resolvedLayer, error) {
-	if owner, rest := image.SplitLayerName(name); owner != "" {
+	if owner, rest := api.SplitLayerName(name); owner != "" {
 		return resolvedLayer{stored: name, name: rest, owner: owner, known: true}, nil
 	}
 	if !strings.HasPrefix(name, "snap/") {
 		for q := project; q != ""; q = parentProject(q) {
 			var rec layerOwnerRecord
-			found, _, err := s.layerOwners.Get(ctx, edge.TrajKey(q, name), &rec)
+			found, _, err := s.layerOwners.Get(ctx, edgeproto.TrajKey(q, name), &rec)
 			if err != nil {
 				return resolvedLayer{}, storeUnavailable("the layer owner store", err)
 			}
@@ -166,7 +165,7 @@ func (s *Server) resolveLayerName(ctx context.Context, project, name string) (re
 			// The index may name a layer whose versions are gone (a
 			// failed first upload, a crash between delete and forget):
 			// the store decides.
-			stored := image.QualifiedLayerName(q, name)
+			stored := api.QualifiedLayerName(q, name)
 			if has, err := s.storeHas(ctx, stored); err != nil {
 				return resolvedLayer{}, err
 			} else if has {
@@ -198,7 +197,7 @@ func layerNotFound(ref string) error {
 // resolveLayerRef resolves ref ("name" or "name@3") for p, as a sandbox
 // of project would use it: the store's reference, and what it resolved to.
 func (s *Server) resolveLayerRef(ctx context.Context, p *iam.Principal, project, ref string) (string, resolvedLayer, error) {
-	name, v, err := image.ParseLayerRef(ref)
+	name, v, err := api.ParseLayerRef(ref)
 	if err != nil {
 		return "", resolvedLayer{}, invalid("%s", strings.TrimPrefix(err.Error(), "invalid: "))
 	}
@@ -230,7 +229,7 @@ func (s *Server) claimLayerName(ctx context.Context, p *iam.Principal, name, pro
 	if project == "" {
 		return name, s.claimCatalogName(ctx, p, name)
 	}
-	key := edge.TrajKey(project, name)
+	key := edgeproto.TrajKey(project, name)
 	var rec layerOwnerRecord
 	found, _, err := s.layerOwners.Get(ctx, key, &rec)
 	if err != nil {
@@ -244,7 +243,7 @@ func (s *Server) claimLayerName(ctx context.Context, p *iam.Principal, name, pro
 			}
 		}
 	}
-	return image.QualifiedLayerName(project, name), nil
+	return api.QualifiedLayerName(project, name), nil
 }
 
 // claimCatalogName checks a new version of a root project's plain name:
@@ -263,7 +262,7 @@ func (s *Server) claimCatalogName(ctx context.Context, p *iam.Principal, name st
 // storeHas reports whether the store has a version of layer stored.
 func (s *Server) storeHas(ctx context.Context, stored string) (bool, error) {
 	var l api.LayerList
-	if err := s.callStore(ctx, edge.OpLayerList, &edge.LayerRequest{Name: stored}, &l); err != nil {
+	if err := s.callStore(ctx, edgeproto.OpLayerList, &edgeproto.LayerRequest{Name: stored}, &l); err != nil {
 		return false, err
 	}
 	return len(l.Layers) > 0, nil
@@ -273,20 +272,20 @@ func (s *Server) storeHas(ctx context.Context, stored string) (bool, error) {
 // no version of it left (deleteLayer), so that the name resolves to an
 // ancestor's again.
 func (s *Server) forgetLayerName(ctx context.Context, rl resolvedLayer) {
-	if rl.snap || rl.owner == "" || rl.stored != image.QualifiedLayerName(rl.owner, rl.name) {
+	if rl.snap || rl.owner == "" || rl.stored != api.QualifiedLayerName(rl.owner, rl.name) {
 		return
 	}
 	if has, err := s.storeHas(ctx, rl.stored); err != nil || has {
 		return
 	}
-	_ = s.layerOwners.Delete(ctx, edge.TrajKey(rl.owner, rl.name))
+	_ = s.layerOwners.Delete(ctx, edgeproto.TrajKey(rl.owner, rl.name))
 }
 
 // showLayer turns a store's layer into what p is shown: its project's
 // name and its owner; a layer seen from below (an ancestor's, the shared
 // catalog) without its source, which names the owner's sandboxes.
 func showLayer(p *iam.Principal, l *api.Layer, owner string) {
-	_, l.Name = image.SplitLayerName(l.Name)
+	_, l.Name = api.SplitLayerName(l.Name)
 	l.Project = owner
 	if !p.InScope(owner) {
 		l.Source = ""
@@ -301,7 +300,7 @@ func (s *Server) checkSpecUses(ctx context.Context, p *iam.Principal, spec *api.
 		}
 	}
 	for i, a := range spec.Layers {
-		if _, _, err := image.ParseLayerRef(a.Layer); err != nil {
+		if _, _, err := api.ParseLayerRef(a.Layer); err != nil {
 			continue // the edge answers a malformed reference
 		}
 		// The edge gets the store's name: it checks that a qualified name

@@ -17,7 +17,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/watcher"
 )
@@ -212,9 +212,9 @@ func checkOwnership(t *testing.T, seed uint64) {
 		layerOwner = ""
 	}
 	traj := "run-42"
-	rec := edge.TrajectoryRecord{Name: traj, Project: trajOwner, Sandbox: "sb-nonode-" + top,
+	rec := edgeproto.TrajectoryRecord{Name: traj, Project: trajOwner, Sandbox: "sb-nonode-" + top,
 		Spec: api.CreateSandboxRequest{Image: "busybox", Project: trajOwner, Trajectory: traj}, CreatedAt: time.Now()}
-	if err := g.s.trajMeta.Put(ctx, edge.TrajKey(trajOwner, traj), &rec); err != nil {
+	if err := g.s.trajMeta.Put(ctx, edgeproto.TrajKey(trajOwner, traj), &rec); err != nil {
 		t.Fatal(err)
 	}
 	sid := fmt.Sprintf("snap-%016x", r.Uint64())[:21]
@@ -310,7 +310,7 @@ func TestLegacyTrajectoryOwner(t *testing.T) {
 		}
 	}
 	name := "legacy-" + top
-	rec := edge.TrajectoryRecord{Name: name, Sandbox: "sb-nonode-" + top, Spec: api.CreateSandboxRequest{Image: "busybox", Project: top + ".x", Trajectory: name}}
+	rec := edgeproto.TrajectoryRecord{Name: name, Sandbox: "sb-nonode-" + top, Spec: api.CreateSandboxRequest{Image: "busybox", Project: top + ".x", Trajectory: name}}
 	if err := g.s.trajMeta.Put(ctx, name, &rec); err != nil {
 		t.Fatal(err)
 	}

@@ -10,12 +10,12 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	return s.sandboxOp(w, r, edge.OpPause)
+	return s.sandboxOp(w, r, edgeproto.OpPause)
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -31,8 +31,8 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	var sb api.Sandbox
-	ereq := &edge.ResumeSandboxRequest{ID: id, NoPrefetch: req.Prefetch != nil && !*req.Prefetch}
-	if err := s.callEdge(r.Context(), id, edge.OpResume, ereq, &sb, nil); err != nil {
+	ereq := &edgeproto.ResumeSandboxRequest{ID: id, NoPrefetch: req.Prefetch != nil && !*req.Prefetch}
+	if err := s.callEdge(r.Context(), id, edgeproto.OpResume, ereq, &sb, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &sb)
@@ -56,7 +56,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	var sb api.Sandbox
-	if err := s.callEdge(r.Context(), id, edge.OpTimeout, &edge.TimeoutRequest{ID: id, TTL: req.TTL, IdleTimeout: req.IdleTimeout}, &sb, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpTimeout, &edgeproto.TimeoutRequest{ID: id, TTL: req.TTL, IdleTimeout: req.IdleTimeout}, &sb, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &sb)
@@ -66,7 +66,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) sandboxOp(w http.ResponseWriter, r *http.Request, op string) error {
 	id := r.PathValue("id")
 	var sb api.Sandbox
-	if err := s.callEdge(r.Context(), id, op, &edge.IDRequest{ID: id}, &sb, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, op, &edgeproto.IDRequest{ID: id}, &sb, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &sb)
@@ -105,7 +105,7 @@ func (s *Server) pauseMatchingOp(w http.ResponseWriter, r *http.Request, resume 
 	if principal(r).Project != "" {
 		return s.pauseMatchingScoped(w, r, labels, resume)
 	}
-	ereq := &edge.PauseMatchingRequest{Labels: labels, Resume: resume}
+	ereq := &edgeproto.PauseMatchingRequest{Labels: labels, Resume: resume}
 	out := api.PauseResult{Sandboxes: []string{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -114,7 +114,7 @@ func (s *Server) pauseMatchingOp(w http.ResponseWriter, r *http.Request, resume 
 		go func(node string) {
 			defer wg.Done()
 			var res api.PauseResult
-			err := s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edge.OpPauseMatch, ereq, &res, nil)
+			err := s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(node), edgeproto.OpPauseMatch, ereq, &res, nil)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -145,9 +145,9 @@ func (s *Server) pauseMatchingOp(w http.ResponseWriter, r *http.Request, resume 
 // other project's sandbox whatever its labels.
 func (s *Server) pauseMatchingScoped(w http.ResponseWriter, r *http.Request, labels map[string]string, resume bool) error {
 	ctx := bus.WithHeaders(r.Context(), map[string]string{bus.HeaderScope: principal(r).Project})
-	state, op := api.StateRunning, edge.OpPause
+	state, op := api.StateRunning, edgeproto.OpPause
 	if resume {
-		state, op = api.StatePaused, edge.OpResume
+		state, op = api.StatePaused, edgeproto.OpResume
 	}
 	out := api.PauseResult{Sandboxes: []string{}}
 	var mu sync.Mutex
@@ -165,13 +165,13 @@ func (s *Server) pauseMatchingScoped(w http.ResponseWriter, r *http.Request, lab
 		go func(node string) {
 			defer wg.Done()
 			var l api.SandboxList
-			if err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edge.OpList, &edge.ListRequest{Labels: labels, State: state}, &l, nil); err != nil {
+			if err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edgeproto.OpList, &edgeproto.ListRequest{Labels: labels, State: state}, &l, nil); err != nil {
 				fail("node "+node, err)
 				return
 			}
 			for _, sb := range l.Sandboxes {
 				var v api.Sandbox
-				if err := s.callEdge(r.Context(), sb.ID, op, &edge.ResumeSandboxRequest{ID: sb.ID}, &v, nil); err != nil {
+				if err := s.callEdge(r.Context(), sb.ID, op, &edgeproto.ResumeSandboxRequest{ID: sb.ID}, &v, nil); err != nil {
 					fail(sb.ID, err)
 					continue
 				}

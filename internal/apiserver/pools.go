@@ -12,7 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 )
 
@@ -25,7 +25,7 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if _, aerr := edge.PoolSpec(&req); aerr != nil {
+	if _, aerr := edgeproto.PoolSpec(&req); aerr != nil {
 		return aerr
 	}
 	if req.Name == "" {
@@ -39,11 +39,11 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 		// Resizing a pool it sees of a project below, named alone: when
 		// the caller's project has no pool of that name and exactly one
 		// project below has.
-		existing, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
+		existing, err := s.eachNode(r.Context(), edgeproto.OpPoolList, struct{}{})
 		if err != nil {
 			return err
 		}
-		if _, own := existing[edge.TrajKey(pr.Project, req.Name)]; !own {
+		if _, own := existing[edgeproto.TrajKey(pr.Project, req.Name)]; !own {
 			if old := visiblePools(pr, existing, req.Name); len(old) == 1 {
 				req.Project = old[0].Project
 			}
@@ -52,11 +52,11 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 	if !pr.Sees(iam.KindProject, req.Project) {
 		return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside your project %s", req.Project, pr.Project)}
 	}
-	pools, err := s.eachNode(r.Context(), edge.OpPoolPut, &req)
+	pools, err := s.eachNode(r.Context(), edgeproto.OpPoolPut, &req)
 	if err != nil {
 		return err
 	}
-	p, ok := pools[edge.TrajKey(req.Project, req.Name)]
+	p, ok := pools[edgeproto.TrajKey(req.Project, req.Name)]
 	if !ok {
 		return &api.Error{Code: api.CodeUnavailable, Message: "no node took the pool"}
 	}
@@ -65,7 +65,7 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
-	pools, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
+	pools, err := s.eachNode(r.Context(), edgeproto.OpPoolList, struct{}{})
 	if err != nil {
 		return err
 	}
@@ -95,14 +95,14 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 // project below it; 404 when there is none (pool names are per project:
 // another project's pool of the same name is not there for it).
 func (s *Server) poolOf(r *http.Request, name string) (*api.Pool, error) {
-	pools, err := s.eachNode(r.Context(), edge.OpPoolList, struct{}{})
+	pools, err := s.eachNode(r.Context(), edgeproto.OpPoolList, struct{}{})
 	if err != nil {
 		return nil, err
 	}
 	missing := &api.Error{Code: api.CodeNotFound, Message: "pool " + truncate(name) + " not found"}
 	pr := principal(r)
 	if project := r.URL.Query().Get("project"); project != "" {
-		p, ok := pools[edge.TrajKey(project, name)]
+		p, ok := pools[edgeproto.TrajKey(project, name)]
 		if !ok {
 			return nil, missing
 		}
@@ -111,7 +111,7 @@ func (s *Server) poolOf(r *http.Request, name string) (*api.Pool, error) {
 		}
 		return &p, nil
 	}
-	if p, ok := pools[edge.TrajKey(pr.Project, name)]; ok {
+	if p, ok := pools[edgeproto.TrajKey(pr.Project, name)]; ok {
 		return &p, nil
 	}
 	if below := visiblePools(pr, pools, name); len(below) == 1 {
@@ -137,11 +137,11 @@ func (s *Server) deletePool(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	pools, err := s.eachNode(r.Context(), edge.OpPoolDelete, &edge.PoolNameRequest{Name: name, Project: old.Project})
+	pools, err := s.eachNode(r.Context(), edgeproto.OpPoolDelete, &edgeproto.PoolNameRequest{Name: name, Project: old.Project})
 	if err != nil {
 		return err
 	}
-	p, ok := pools[edge.TrajKey(old.Project, name)]
+	p, ok := pools[edgeproto.TrajKey(old.Project, name)]
 	if !ok {
 		return &api.Error{Code: api.CodeNotFound, Message: "pool " + truncate(name) + " not found"}
 	}
@@ -150,7 +150,7 @@ func (s *Server) deletePool(w http.ResponseWriter, r *http.Request) error {
 }
 
 // eachNode sends a pool operation to every node that is up and merges the
-// answers (api.Pool or api.PoolList) by edge.TrajKey(project, name):
+// answers (api.Pool or api.PoolList) by edgeproto.TrajKey(project, name):
 // pool names are per project. A 4xx from any node is
 // returned as is (not_found only when every node says so).
 func (s *Server) eachNode(ctx context.Context, op string, req any) (map[string]api.Pool, error) {
@@ -170,7 +170,7 @@ func (s *Server) eachNode(ctx context.Context, op string, req any) (map[string]a
 			var list api.PoolList
 			var one api.Pool
 			var err error
-			if op == edge.OpPoolList {
+			if op == edgeproto.OpPoolList {
 				err = s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, &list, nil)
 			} else {
 				err = s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), op, req, &one, nil)
@@ -188,7 +188,7 @@ func (s *Server) eachNode(ctx context.Context, op string, req any) (map[string]a
 				return
 			}
 			for _, p := range list.Pools {
-				k := edge.TrajKey(p.Project, p.Name)
+				k := edgeproto.TrajKey(p.Project, p.Name)
 				if q, ok := out[k]; ok {
 					q.Ready += p.Ready
 					q.Creating += p.Creating

@@ -17,7 +17,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/placement"
 	"github.com/warrenhq/warren/internal/sandboxspec"
@@ -28,7 +28,7 @@ const maxPlacementTries = 3
 
 // nodeOf routes a sandbox id to its node, or fails with 404.
 func nodeOf(id string) (string, error) {
-	node := edge.NodeOf(id)
+	node := edgeproto.NodeOf(id)
 	if node == "" {
 		return "", &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %q not found (malformed id)", truncate(id))}
 	}
@@ -49,13 +49,13 @@ func (s *Server) callEdge(ctx context.Context, id, op string, req, out any, onCh
 		return err
 	}
 	switch op {
-	case edge.OpExec, edge.OpFileWrite, edge.OpFileRemove, edge.OpFileMkdir, edge.OpFileRename, edge.OpTarPut, edge.OpFileUpload, edge.OpTarUpload:
+	case edgeproto.OpExec, edgeproto.OpFileWrite, edgeproto.OpFileRemove, edgeproto.OpFileMkdir, edgeproto.OpFileRename, edgeproto.OpTarPut, edgeproto.OpFileUpload, edgeproto.OpTarUpload:
 		// A recorded operation: the edge must know how far a fast-forward
 		// served here got first.
 		if err := s.endFastForward(ctx, id); err != nil {
 			return err
 		}
-	case edge.OpDelete:
+	case edgeproto.OpDelete:
 		if sess := s.ff.get(id); sess != nil {
 			s.ff.drop(sess)
 		}
@@ -186,7 +186,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 				return err
 			}
 			var sb api.Sandbox
-			if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: req}, &sb, nil); err != nil {
+			if err := s.callEdge(ctx, id, edgeproto.OpCreate, &edgeproto.CreateRequest{ID: id, Spec: req}, &sb, nil); err != nil {
 				return err
 			}
 			writeJSON(w, http.StatusOK, &sb)
@@ -227,7 +227,7 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 			}
 			return nil, err
 		}
-		id := edge.NewSandboxID(node)
+		id := edgeproto.NewSandboxID(node)
 		if key != "" {
 			if _, err := s.idem.Create(ctx, key, []byte(id+" "+body)); err != nil {
 				if errors.Is(err, jetstream.ErrKeyExists) {
@@ -242,7 +242,7 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 						return nil, err
 					}
 					var sb json.RawMessage
-					if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: *req}, &sb, nil); err != nil {
+					if err := s.callEdge(ctx, id, edgeproto.OpCreate, &edgeproto.CreateRequest{ID: id, Spec: *req}, &sb, nil); err != nil {
 						return nil, err
 					}
 					return sb, nil
@@ -253,7 +253,7 @@ func (s *Server) place(ctx context.Context, req *api.CreateSandboxRequest, limit
 			}
 		}
 		var sb json.RawMessage
-		err = s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: *req}, &sb, nil)
+		err = s.callEdge(ctx, id, edgeproto.OpCreate, &edgeproto.CreateRequest{ID: id, Spec: *req}, &sb, nil)
 		if err == nil && len(sb) > 0 {
 			return sb, nil
 		}
@@ -290,12 +290,12 @@ func noNode(err error, what string) *api.Error {
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var sb api.Sandbox
-	if err := s.callEdge(r.Context(), id, edge.OpGet, &edge.IDRequest{ID: id}, &sb, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpGet, &edgeproto.IDRequest{ID: id}, &sb, nil); err != nil {
 		var le *lostError
 		if !errors.As(err, &le) {
 			return err
 		}
-		sb = api.Sandbox{ID: id, Node: le.node, Project: le.project, State: api.StateLost, Reason: edge.LostReason(le.node)}
+		sb = api.Sandbox{ID: id, Node: le.node, Project: le.project, State: api.StateLost, Reason: edgeproto.LostReason(le.node)}
 	}
 	writeJSON(w, http.StatusOK, &sb)
 	return nil
@@ -304,7 +304,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	var sb api.Sandbox
-	if err := s.callEdge(r.Context(), id, edge.OpDelete, &edge.IDRequest{ID: id}, &sb, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpDelete, &edgeproto.IDRequest{ID: id}, &sb, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, &sb)
@@ -313,7 +313,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	req := edge.ListRequest{State: q.Get("state"), Labels: map[string]string{}, Project: q.Get("project")}
+	req := edgeproto.ListRequest{State: q.Get("state"), Labels: map[string]string{}, Project: q.Get("project")}
 	if req.Project != "" && !sandboxspec.ValidProject(req.Project) {
 		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("project %q is not a project id", truncate(req.Project))}
 	}
@@ -344,7 +344,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		go func(node string) {
 			defer wg.Done()
 			var l api.SandboxList
-			err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edge.OpList, &req, &l, nil)
+			err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edgeproto.OpList, &req, &l, nil)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -370,7 +370,7 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	seen := map[string]api.Image{}
 	for _, n := range nodes {
 		var l api.ImageList
-		if err := s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(n.Name), edge.OpImages, struct{}{}, &l, nil); err != nil {
+		if err := s.cfg.Bus.Call(r.Context(), bus.EdgeSubject(n.Name), edgeproto.OpImages, struct{}{}, &l, nil); err != nil {
 			continue
 		}
 		for _, img := range l.Images {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 )
 
@@ -28,7 +28,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	var snap api.Snapshot
-	if err := s.callEdge(r.Context(), id, edge.OpSnapshot, &edge.SnapshotRequest{ID: id, Name: req.Name, Stop: req.Stop}, &snap, nil); err != nil {
+	if err := s.callEdge(r.Context(), id, edgeproto.OpSnapshot, &edgeproto.SnapshotRequest{ID: id, Name: req.Name, Stop: req.Stop}, &snap, nil); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &snap)
@@ -119,7 +119,7 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 	}
 	// Trajectories.
 	err = s.trajMeta.Each(ctx, func(key string, raw []byte) error {
-		var rec edge.TrajectoryRecord
+		var rec edgeproto.TrajectoryRecord
 		if json.Unmarshal(raw, &rec) != nil {
 			return nil
 		}
@@ -177,7 +177,7 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 			continue
 		}
 		var l api.LayerList
-		if err := s.callStore(ctx, edge.OpLayerDelete, &edge.LayerRequest{Name: edge.SnapshotLayerName(id)}, &l); err != nil {
+		if err := s.callStore(ctx, edgeproto.OpLayerDelete, &edgeproto.LayerRequest{Name: edgeproto.SnapshotLayerName(id)}, &l); err != nil {
 			var ae *api.Error
 			if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
 				return nil, err
@@ -206,7 +206,7 @@ func (s *Server) liveSnapshotUse(ctx context.Context, sid string) (map[string]bo
 		go func(node string) {
 			defer wg.Done()
 			var l api.SandboxList
-			err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edge.OpList, &edge.ListRequest{}, &l, nil)
+			err := s.cfg.Bus.Call(ctx, bus.EdgeSubject(node), edgeproto.OpList, &edgeproto.ListRequest{}, &l, nil)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -253,7 +253,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	var src api.Sandbox
-	if err := s.callEdge(ctx, id, edge.OpGet, &edge.IDRequest{ID: id}, &src, nil); err != nil {
+	if err := s.callEdge(ctx, id, edgeproto.OpGet, &edgeproto.IDRequest{ID: id}, &src, nil); err != nil {
 		return err
 	}
 	// The children are the source's project's: they count against its
@@ -277,7 +277,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 		reserved++
 	}
 	var snap api.Snapshot
-	if err := s.callEdge(ctx, id, edge.OpSnapshot, &edge.SnapshotRequest{ID: id, Name: "fork of " + id}, &snap, nil); err != nil {
+	if err := s.callEdge(ctx, id, edgeproto.OpSnapshot, &edgeproto.SnapshotRequest{ID: id, Name: "fork of " + id}, &snap, nil); err != nil {
 		release()
 		return err
 	}
@@ -289,8 +289,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			kid := edge.NewSandboxID(node)
-			errs[i] = s.callEdge(ctx, kid, edge.OpCreate, &edge.CreateRequest{ID: kid, Spec: spec}, &out.Sandboxes[i], nil)
+			kid := edgeproto.NewSandboxID(node)
+			errs[i] = s.callEdge(ctx, kid, edgeproto.OpCreate, &edgeproto.CreateRequest{ID: kid, Spec: spec}, &out.Sandboxes[i], nil)
 		}(i)
 	}
 	wg.Wait()
@@ -300,7 +300,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			dctx := context.WithoutCancel(ctx)
 			for i, e := range errs {
 				if e == nil {
-					_ = s.callEdge(dctx, out.Sandboxes[i].ID, edge.OpDelete, &edge.IDRequest{ID: out.Sandboxes[i].ID}, nil, nil)
+					_ = s.callEdge(dctx, out.Sandboxes[i].ID, edgeproto.OpDelete, &edgeproto.IDRequest{ID: out.Sandboxes[i].ID}, nil, nil)
 				}
 			}
 			return err

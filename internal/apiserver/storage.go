@@ -10,7 +10,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 )
 
@@ -46,7 +46,7 @@ func (s *Server) checkStorage(ctx context.Context, project string, n int64) erro
 	err := s.storage.Check(ctx, project, n)
 	var se *bus.StorageError
 	if errors.As(err, &se) {
-		return edge.StorageQuotaError(err)
+		return bus.QuotaError(err)
 	}
 	if err != nil {
 		s.log.Warn("read the storage account", "project", project, "err", err)
@@ -79,9 +79,9 @@ func (s *Server) sweepOnce(ctx context.Context) {
 		s.syncStorageLimit(ctx, &p)
 	}
 	now := time.Now()
-	var expired []edge.TrajectoryRecord
+	var expired []edgeproto.TrajectoryRecord
 	err := s.trajMeta.Each(ctx, func(_ string, raw []byte) error {
-		var rec edge.TrajectoryRecord
+		var rec edgeproto.TrajectoryRecord
 		if json.Unmarshal(raw, &rec) == nil && !rec.ExpiresAt.IsZero() && now.After(rec.ExpiresAt) {
 			expired = append(expired, rec)
 		}
@@ -93,7 +93,7 @@ func (s *Server) sweepOnce(ctx context.Context) {
 	}
 	// Branches before the trajectories they branched from.
 	for pass := 0; pass < 4 && len(expired) > 0; pass++ {
-		var left []edge.TrajectoryRecord
+		var left []edgeproto.TrajectoryRecord
 		for i := range expired {
 			rec := &expired[i]
 			// The sweeper acts in the trajectory's project, as its admin.
@@ -136,14 +136,14 @@ func (s *Server) deleteTrajectory(w http.ResponseWriter, r *http.Request) error 
 // and frees their bytes from its project's account; it returns them. A
 // trajectory is in use (409) while a live sandbox records it or a branch
 // shares its log.
-func (s *Server) removeTrajectory(ctx context.Context, rec *edge.TrajectoryRecord) (int64, error) {
+func (s *Server) removeTrajectory(ctx context.Context, rec *edgeproto.TrajectoryRecord) (int64, error) {
 	key := trajKey(rec)
 	owner := trajOwner(rec)
 	inUse := func(format string, a ...any) error {
 		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is in use: ", rec.Name) + fmt.Sprintf(format, a...)}
 	}
 	err := s.trajMeta.Each(ctx, func(_ string, raw []byte) error {
-		var o edge.TrajectoryRecord
+		var o edgeproto.TrajectoryRecord
 		if json.Unmarshal(raw, &o) == nil && o.Parent == rec.Name && trajOwner(&o) == owner && o.Name != rec.Name {
 			return &errInUse{fmt.Sprintf("trajectory %q branches from it (delete that first)", o.Name)}
 		}
@@ -158,7 +158,7 @@ func (s *Server) removeTrajectory(ctx context.Context, rec *edge.TrajectoryRecor
 	}
 	if rec.Sandbox != "" {
 		var sb api.Sandbox
-		err := s.callEdge(ctx, rec.Sandbox, edge.OpGet, &edge.IDRequest{ID: rec.Sandbox}, &sb, nil)
+		err := s.callEdge(ctx, rec.Sandbox, edgeproto.OpGet, &edgeproto.IDRequest{ID: rec.Sandbox}, &sb, nil)
 		var ae *api.Error
 		switch {
 		case err == nil && sb.State != api.StateStopped && sb.State != api.StateFailed:

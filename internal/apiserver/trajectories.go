@@ -12,7 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -23,7 +23,7 @@ const (
 	maxTrajPage     = 5000
 )
 
-func (s *Server) trajectoryRecord(ctx context.Context, p *iam.Principal, project, name string) (*edge.TrajectoryRecord, error) {
+func (s *Server) trajectoryRecord(ctx context.Context, p *iam.Principal, project, name string) (*edgeproto.TrajectoryRecord, error) {
 	rec, _, err := s.trajectoryRecordRev(ctx, p, project, name)
 	return rec, err
 }
@@ -31,7 +31,7 @@ func (s *Server) trajectoryRecord(ctx context.Context, p *iam.Principal, project
 // trajectoryRecordRev reads trajectory name of project ("" = the caller's
 // project): names are unique per project. A trajectory the caller may not
 // see is answered as missing.
-func (s *Server) trajectoryRecordRev(ctx context.Context, p *iam.Principal, project, name string) (*edge.TrajectoryRecord, uint64, error) {
+func (s *Server) trajectoryRecordRev(ctx context.Context, p *iam.Principal, project, name string) (*edgeproto.TrajectoryRecord, uint64, error) {
 	if !sandboxspec.ValidTrajectory(name) {
 		return nil, 0, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("trajectory %q is malformed", truncate(name))}
 	}
@@ -45,12 +45,12 @@ func (s *Server) trajectoryRecordRev(ctx context.Context, p *iam.Principal, proj
 	if err := own(p, iam.KindTrajectory, project, missing); err != nil {
 		return nil, 0, err
 	}
-	var rec edge.TrajectoryRecord
-	found, rev, err := s.trajMeta.Get(ctx, edge.TrajKey(project, name), &rec)
+	var rec edgeproto.TrajectoryRecord
+	found, rev, err := s.trajMeta.Get(ctx, edgeproto.TrajKey(project, name), &rec)
 	if err == nil && !found && project != "" {
 		// Recorded before trajectories had owners: under the bare name,
 		// the project only in its spec.
-		var old edge.TrajectoryRecord
+		var old edgeproto.TrajectoryRecord
 		var orev uint64
 		if found, orev, err = s.trajMeta.Get(ctx, name, &old); found && (old.Project != "" || old.Spec.Project != project) {
 			found = false
@@ -74,7 +74,7 @@ func (s *Server) trajectoryRecordRev(ctx context.Context, p *iam.Principal, proj
 }
 
 // trajKey is where rec's log is stored.
-func trajKey(rec *edge.TrajectoryRecord) string { return edge.TrajKey(rec.Project, rec.Name) }
+func trajKey(rec *edgeproto.TrajectoryRecord) string { return edgeproto.TrajKey(rec.Project, rec.Name) }
 
 // resumeSandbox re-attaches a client to its trajectory's sandbox.
 func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *api.CreateSandboxRequest) error {
@@ -96,7 +96,7 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 	if !req.Branch && s.cfg.Watcher.APIServers() <= 1 {
 		delegate = s.ff.id // serve the fast-forward here (see fastforward.go)
 	}
-	err = s.callEdge(ctx, rec.Sandbox, edge.OpTrajResume, &edge.ResumeRequest{ID: rec.Sandbox, Trajectory: req.Trajectory, Branch: req.Branch, Delegate: delegate}, &sb, nil)
+	err = s.callEdge(ctx, rec.Sandbox, edgeproto.OpTrajResume, &edgeproto.ResumeRequest{ID: rec.Sandbox, Trajectory: req.Trajectory, Branch: req.Branch, Delegate: delegate}, &sb, nil)
 	if err != nil {
 		var ae *api.Error
 		var le *lostError
@@ -132,7 +132,7 @@ func (s *Server) resumeTrajectory(w http.ResponseWriter, r *http.Request, req *a
 // nodeDown reports whether the node of sandbox id is known and marked
 // down by the watcher (missed its heartbeats), not merely slow to answer.
 func (s *Server) nodeDown(id string) bool {
-	node := edge.NodeOf(id)
+	node := edgeproto.NodeOf(id)
 	if node == "" {
 		return false
 	}
@@ -144,7 +144,7 @@ func (s *Server) nodeDown(id string) bool {
 // its last checkpoint snapshot, or from its original state without one.
 // The edge then serves the logged steps up to that state from the log and
 // runs the later ones again as the client re-issues them.
-func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.TrajectoryRecord, rev uint64, branch bool) error {
+func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edgeproto.TrajectoryRecord, rev uint64, branch bool) error {
 	ctx := r.Context()
 	spec := rec.Spec
 	spec.Resume, spec.Branch = true, branch
@@ -160,10 +160,10 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 	if err != nil {
 		return placeError(err, "the trajectory's rebuilt sandbox")
 	}
-	id := edge.NewSandboxID(node)
+	id := edgeproto.NewSandboxID(node)
 	next := *rec
 	next.Sandbox = id
-	if err := s.trajMeta.Update(ctx, edge.TrajKey(rec.Project, rec.Name), &next, rev); err != nil {
+	if err := s.trajMeta.Update(ctx, edgeproto.TrajKey(rec.Project, rec.Name), &next, rev); err != nil {
 		s.placer.Release(node, &spec, limits)
 		if errors.Is(err, bus.ErrExists) {
 			return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("trajectory %q is being resumed by another client", rec.Name)}
@@ -171,7 +171,7 @@ func (s *Server) rebuild(w http.ResponseWriter, r *http.Request, rec *edge.Traje
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
 	var sb api.Sandbox
-	if err := s.callEdge(ctx, id, edge.OpCreate, &edge.CreateRequest{ID: id, Spec: spec, FromStep: from}, &sb, nil); err != nil {
+	if err := s.callEdge(ctx, id, edgeproto.OpCreate, &edgeproto.CreateRequest{ID: id, Spec: spec, FromStep: from}, &sb, nil); err != nil {
 		s.placer.Release(node, &spec, limits)
 		return err
 	}
@@ -187,7 +187,7 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if _, err := edge.NewReplayFilter(req.Masks, req.Ignore); err != nil {
+	if _, err := edgeproto.NewReplayFilter(req.Masks, req.Ignore); err != nil {
 		return err
 	}
 	ctx := r.Context()
@@ -206,9 +206,9 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return placeError(err, "the replay's sandbox")
 	}
-	id := edge.NewSandboxID(node)
+	id := edgeproto.NewSandboxID(node)
 	var out api.TrajectoryReplay
-	if err := s.callEdge(ctx, id, edge.OpTrajReplay, &edge.ReplayRequest{ID: id, Trajectory: rec.Name, Project: rec.Project, Spec: spec, Keep: req.Keep, Masks: req.Masks, Ignore: req.Ignore}, &out, nil); err != nil {
+	if err := s.callEdge(ctx, id, edgeproto.OpTrajReplay, &edgeproto.ReplayRequest{ID: id, Trajectory: rec.Name, Project: rec.Project, Spec: spec, Keep: req.Keep, Masks: req.Masks, Ignore: req.Ignore}, &out, nil); err != nil {
 		s.placer.Release(node, &spec, limits)
 		return err
 	}
@@ -222,7 +222,7 @@ func (s *Server) listTrajectories(w http.ResponseWriter, r *http.Request) error 
 	p := principal(r)
 	out := api.TrajectoryList{Trajectories: []api.Trajectory{}}
 	err := s.trajMeta.Each(r.Context(), func(_ string, raw []byte) error {
-		var rec edge.TrajectoryRecord
+		var rec edgeproto.TrajectoryRecord
 		if json.Unmarshal(raw, &rec) != nil {
 			return nil
 		}
@@ -247,7 +247,7 @@ func (s *Server) listTrajectories(w http.ResponseWriter, r *http.Request) error 
 }
 
 // trajOwner is the project that owns rec.
-func trajOwner(rec *edge.TrajectoryRecord) string {
+func trajOwner(rec *edgeproto.TrajectoryRecord) string {
 	if rec.Project == "" {
 		return rec.Spec.Project // recorded before trajectories had owners
 	}
@@ -255,7 +255,7 @@ func trajOwner(rec *edge.TrajectoryRecord) string {
 }
 
 // trajectoryOf is the wire form of a trajectory's record.
-func trajectoryOf(rec *edge.TrajectoryRecord) api.Trajectory {
+func trajectoryOf(rec *edgeproto.TrajectoryRecord) api.Trajectory {
 	return api.Trajectory{
 		Name: rec.Name, Project: trajOwner(rec), Sandbox: rec.Sandbox, Parent: rec.Parent,
 		CheckpointSnap: rec.CheckpointSnap, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt,
@@ -266,9 +266,20 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	ctx := r.Context()
 	q := r.URL.Query()
+	summary := q.Get("audit") == "summary"
+	if base, ok := strings.CutSuffix(name, auditSummarySuffix); ok && sandboxspec.ValidTrajectory(base) {
+		// GET /v1/trajectories/{name}/audit/summary, unless a trajectory
+		// has that whole name.
+		if _, err := s.trajectoryRecord(ctx, principal(r), q.Get("project"), name); err != nil {
+			name, summary = base, true
+		}
+	}
 	rec, err := s.trajectoryRecord(ctx, principal(r), q.Get("project"), name)
 	if err != nil {
 		return err
+	}
+	if summary {
+		return s.trajectoryAuditSummary(w, r, rec)
 	}
 	after, limit := int64(0), defaultTrajPage
 	if v := q.Get("after"); v != "" {
@@ -316,11 +327,14 @@ func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {
 		page.Steps = append(page.Steps, st)
 	}
 	if audit, _ := strconv.ParseBool(q.Get("audit")); audit && len(page.Steps) > 0 {
-		s.attachAudit(r.Context(), rec.Sandbox, page.Steps)
+		s.attachAudit(r.Context(), rec, page.Steps)
 	}
 	writeJSON(w, http.StatusOK, &page)
 	return nil
 }
+
+// auditSummarySuffix ends the path of a trajectory's audit summary.
+const auditSummarySuffix = "/audit/summary"
 
 // touches reports whether a file operation changed p (or something under it).
 func touches(st *api.TrajectoryStep, p string) bool {

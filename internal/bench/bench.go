@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,7 +88,7 @@ type Options struct {
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -100,7 +101,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && f != "transfer" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -235,7 +236,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}} {
 		if !o.want(f.name) {
 			continue
 		}
@@ -470,6 +471,17 @@ func (r *Report) Markdown(command string) string {
 		fmt.Fprintf(&b, "| %s | %.2f | %s | %s |\n", res.Name, res.Value, res.Unit, res.Note)
 	}
 	return b.String()
+}
+
+// Rows renders the report as CSV rows: date, command, machine, figure,
+// value, unit, note (docs/benchmarks-history.csv).
+func (r *Report) Rows(command string) [][]string {
+	date, m := r.Started.Format("2006-01-02 15:04"), machine()
+	rows := make([][]string, 0, len(r.Results))
+	for _, res := range r.Results {
+		rows = append(rows, []string{date, command, m, res.Name, strconv.FormatFloat(res.Value, 'f', 2, 64), res.Unit, res.Note})
+	}
+	return rows
 }
 
 func machine() string {

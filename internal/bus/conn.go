@@ -391,11 +391,25 @@ func (w *Replier) send(kind string, data []byte) {
 // Serve answers every request sent to prefix.<op>, each in its own
 // goroutine. queue, when set, spreads requests over a queue group.
 func (c *Conn) Serve(ctx context.Context, prefix, queue string, h Handler) (*nats.Subscription, error) {
+	return c.ServeOwned(ctx, prefix, queue, h, nil)
+}
+
+// ServeOwned is Serve with each request's goroutine (the handler and its
+// answer) started by spawn, so that its owner can wait for the requests in
+// flight; a request spawn refuses (its owner is closing) is answered
+// unavailable at once. A nil spawn starts plain goroutines.
+func (c *Conn) ServeOwned(ctx context.Context, prefix, queue string, h Handler, spawn func(func()) bool) (*nats.Subscription, error) {
 	cb := func(m *nats.Msg) {
 		if m.Reply == "" {
 			return
 		}
-		go c.handle(ctx, m, h)
+		if spawn == nil {
+			go c.handle(ctx, m, h)
+			return
+		}
+		if !spawn(func() { c.handle(ctx, m, h) }) {
+			c.refuse(m)
+		}
 	}
 	var sub *nats.Subscription
 	var err error
@@ -411,12 +425,29 @@ func (c *Conn) Serve(ctx context.Context, prefix, queue string, h Handler) (*nat
 	return sub, nil
 }
 
+// refuse answers a request its server no longer takes (it is closing):
+// a ping still finds the process alive (its calls in flight go on),
+// anything else is unavailable.
+func (c *Conn) refuse(m *nats.Msg) {
+	w := &Replier{nc: c.nc, reply: m.Reply}
+	if opOf(m) == opPing {
+		w.send(kindDone, nil)
+		return
+	}
+	b, _ := json.Marshal(&api.Error{Code: api.CodeUnavailable, Message: "the node is shutting down"})
+	w.send(kindError, b)
+}
+
+func opOf(m *nats.Msg) string {
+	if op := m.Header.Get(hdrOp); op != "" {
+		return op
+	}
+	return m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+}
+
 func (c *Conn) handle(ctx context.Context, m *nats.Msg, h Handler) {
 	w := &Replier{nc: c.nc, reply: m.Reply}
-	op := m.Header.Get(hdrOp)
-	if op == "" {
-		op = m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-	}
+	op := opOf(m)
 	if op == opPing {
 		w.send(kindDone, nil) // alive (the handler is not involved)
 		return

@@ -189,6 +189,26 @@ func (c *Conn) TrajectoryLog(ctx context.Context) (*TrajLog, error) {
 
 func trajSubject(traj string) string { return subjectTrajPrefix + hex.EncodeToString([]byte(traj)) }
 
+// auditSubject holds traj's persisted audit (a token that is not hex, so
+// no trajectory's own subject can be it).
+func auditSubject(traj string) string {
+	return subjectTrajPrefix + "audit." + hex.EncodeToString([]byte(traj))
+}
+
+// AppendAudit adds one entry (a step's audit records) to traj's persisted
+// audit and waits until it is stored.
+func (l *TrajLog) AppendAudit(ctx context.Context, traj string, entry []byte) error {
+	if _, err := l.js.Publish(ctx, auditSubject(traj), entry); err != nil {
+		return fmt.Errorf("bus: append to trajectory audit: %w", err)
+	}
+	return nil
+}
+
+// ReadAudit returns every entry of traj's persisted audit, in order.
+func (l *TrajLog) ReadAudit(ctx context.Context, traj string) ([][]byte, error) {
+	return l.readSubject(ctx, auditSubject(traj), 0, 0)
+}
+
 // Append adds entry number step to traj's log and waits until it is stored.
 // Re-appending the same step (a retry) is ignored by the stream.
 func (l *TrajLog) Append(ctx context.Context, traj string, step int64, entry []byte) error {
@@ -228,6 +248,9 @@ func (l *TrajLog) Purge(ctx context.Context, traj string) error {
 	if err := l.stream.Purge(ctx, jetstream.WithPurgeSubject(trajSubject(traj))); err != nil {
 		return fmt.Errorf("bus: purge trajectory: %w", err)
 	}
+	if err := l.stream.Purge(ctx, jetstream.WithPurgeSubject(auditSubject(traj))); err != nil {
+		return fmt.Errorf("bus: purge trajectory audit: %w", err)
+	}
 	return nil
 }
 
@@ -246,12 +269,18 @@ func (l *TrajLog) Last(ctx context.Context, traj string) ([]byte, error) {
 // Read returns up to limit entries of traj's log (0 = all) after skipping
 // the first skip, in order.
 func (l *TrajLog) Read(ctx context.Context, traj string, skip, limit int) ([][]byte, error) {
+	return l.readSubject(ctx, trajSubject(traj), skip, limit)
+}
+
+// readSubject reads subject's entries (Read), retrying briefly while a
+// clustered stream has no responders.
+func (l *TrajLog) readSubject(ctx context.Context, subject string, skip, limit int) ([][]byte, error) {
 	// A clustered stream answers "no responders" for a moment while its
 	// leader moves or a new consumer is being placed (busy nodes, a NATS
 	// server that just died): try again briefly.
 	wait := 50 * time.Millisecond
 	for i := 0; ; i++ {
-		out, err := l.read(ctx, traj, skip, limit)
+		out, err := l.read(ctx, subject, skip, limit)
 		if err == nil || !errors.Is(err, nats.ErrNoResponders) || i == 5 || ctx.Err() != nil {
 			return out, err
 		}
@@ -264,9 +293,9 @@ func (l *TrajLog) Read(ctx context.Context, traj string, skip, limit int) ([][]b
 	}
 }
 
-func (l *TrajLog) read(ctx context.Context, traj string, skip, limit int) ([][]byte, error) {
+func (l *TrajLog) read(ctx context.Context, subject string, skip, limit int) ([][]byte, error) {
 	cons, err := l.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{trajSubject(traj)},
+		FilterSubjects: []string{subject},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	})
 	if err != nil {

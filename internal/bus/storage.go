@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/warrenhq/warren/api"
 )
 
 // BucketStorage holds each project's stored bytes (trajectory logs and
@@ -42,6 +44,16 @@ func (e *StorageError) Error() string {
 	}
 	return fmt.Sprintf("project %s would exceed its storage quota: %d of %d bytes used, %d more asked (delete trajectories, snapshots or layers, or raise storage_bytes)",
 		name, e.Used, e.Limit, e.Want)
+}
+
+// QuotaError turns a *StorageError in err into its answer: 413 with
+// reason storage_quota. Other errors are returned as they are.
+func QuotaError(err error) error {
+	var se *StorageError
+	if errors.As(err, &se) {
+		return &api.Error{Code: api.CodeTooLarge, Reason: api.ReasonStorageQuota, Message: se.Error()}
+	}
+	return err
 }
 
 // Storage is the per-project storage account.

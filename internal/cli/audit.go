@@ -77,14 +77,14 @@ func printAudit(w io.Writer, al *api.AuditList) error {
 		fmt.Fprintln(w, "(the sandbox's node records nothing: no telemetry)")
 	}
 	if al.Summary != nil {
-		t := newTable(w, "STEP", "COUNTS")
+		t := newTable(w, "STEP", "COUNTS", "MATCHED")
 		for _, st := range al.Summary {
 			kinds := slices.Sorted(maps.Keys(st.Counts))
 			parts := make([]string, 0, len(kinds))
 			for _, k := range kinds {
 				parts = append(parts, fmt.Sprintf("%s=%d", k, st.Counts[k]))
 			}
-			t.row(strconv.FormatInt(st.Step, 10), strings.Join(parts, " "))
+			t.row(strconv.FormatInt(st.Step, 10), strings.Join(parts, " "), strconv.FormatInt(st.Matched, 10))
 		}
 		return t.flush()
 	}
@@ -110,16 +110,28 @@ func auditWhat(r *api.AuditRecord) string {
 		if r.ArgvTruncated {
 			s += " (argv cut)"
 		}
-		return s
+		return s + ruleNote(r)
 	case api.AuditKindSignal:
 		return fmt.Sprintf("signal %d to pid %d", r.Signal, r.Target)
 	case api.AuditKindRefused:
-		return r.Syscall
+		return r.Syscall + ruleNote(r)
 	case api.AuditKindFile:
 		if r.To != "" {
 			return fmt.Sprintf("%s %s -> %s", r.Op, r.Path, r.To)
 		}
-		return r.Op + " " + r.Path
+		return r.Op + " " + r.Path + ruleNote(r)
+	case api.AuditKindConnect:
+		return "connect " + r.Dest + ruleNote(r)
+	case api.AuditKindLimit:
+		return "limit " + r.Op + ruleNote(r)
 	}
 	return ""
+}
+
+// ruleNote names the audit policy rule that matched r, if any.
+func ruleNote(r *api.AuditRecord) string {
+	if r.Rule == "" {
+		return ""
+	}
+	return fmt.Sprintf("  [%s: %s]", r.Action, r.Rule)
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/csv"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,6 +36,9 @@ func newBenchCmd() *cobra.Command {
 			}
 			md := rep.Markdown("warren bench " + strings.Join(os.Args[2:], " "))
 			fmt.Fprint(cmd.OutOrStdout(), md)
+			if strings.HasSuffix(out, ".csv") {
+				return appendCSV(out, rep.Rows("warren bench "+strings.Join(os.Args[2:], " ")))
+			}
 			if out != "" {
 				return appendResults(out, md)
 			}
@@ -61,7 +65,7 @@ func newBenchCmd() *cobra.Command {
 		debianTar = filepath.Join(DefaultDataDir, "cache", "debian-12.tar") // where `make run` builds it
 	}
 	f.StringVar(&o.DebianTar, "debian-tar", debianTar, "fncall: debian:12 root filesystem tarball (scripts/build-debian-image.sh) to import for the python3 figure")
-	f.StringVar(&out, "out", "", "append the results to this Markdown file (docs/BENCHMARKS.md)")
+	f.StringVar(&out, "out", "", "append the results to this file: a CSV history (docs/benchmarks-history.csv) when it ends in .csv, else a Markdown table")
 	f.StringVar(&o.Figures, "figures", "core", "what to measure, comma-separated: core, layers, elastic, history, all, or any of "+strings.Join(bench.FigureSets, ", "))
 	f.IntVar(&o.History.Steps, "ff-steps", 1000, "fast-forward: cached steps re-issued")
 	f.IntVar(&o.History.SnapshotMB, "snapshot-mb", 100, "snapshot: data in the writable layer (MiB)")
@@ -89,4 +93,24 @@ func appendResults(path, md string) error {
 		s += "\n" + marker + "\n" + md
 	}
 	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// appendCSV adds a run's rows to a CSV history (date, command, machine,
+// figure, value, unit, note), writing the header to a new file.
+func appendCSV(path string, rows [][]string) error {
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	if os.IsNotExist(statErr) {
+		_ = w.Write([]string{"date", "command", "machine", "figure", "value", "unit", "note"})
+	}
+	_ = w.WriteAll(rows)
+	if err := w.Error(); err != nil {
+		f.Close()
+		return fmt.Errorf("bench: write %s: %w", path, err)
+	}
+	return f.Close()
 }

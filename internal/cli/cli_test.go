@@ -888,7 +888,7 @@ func TestStats(t *testing.T) {
 func TestCreateFlagsCoverFields(t *testing.T) {
 	flagOf := map[string]string{
 		"memory_mb": "memory", "disk_mb": "disk", "labels": "label", "layers": "layer",
-		"idle_timeout_action": "idle-action",
+		"idle_timeout_action": "idle-action", "audit": "audit-policy",
 	}
 	create := newCreateCmd(&globals{})
 	rt := reflect.TypeOf(api.CreateSandboxRequest{})

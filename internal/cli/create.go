@@ -19,6 +19,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 		layers       []string
 		selector     []string
 		allow        []string
+		auditWS      []string
+		auditPolicy  []string
 		network      bool
 		idleCPU      float64
 	)
@@ -72,6 +74,16 @@ func newCreateCmd(g *globals) *cobra.Command {
 			if network || len(allow) > 0 {
 				req.Network = &api.NetworkSpec{Egress: append([]string{}, allow...)}
 			}
+			if len(auditWS) > 0 || len(auditPolicy) > 0 {
+				req.Audit = &api.AuditSpec{Workspace: auditWS}
+				for _, p := range auditPolicy {
+					i := strings.LastIndex(p, "=")
+					if i <= 0 {
+						return fmt.Errorf("--audit-policy %q: want KIND:PATTERN=ACTION, e.g. 'write:/opt/toolkit/**=kill-step'", p)
+					}
+					req.Audit.Policy = append(req.Audit.Policy, api.AuditRule{On: p[:i], Do: p[i+1:]})
+				}
+			}
 			sb, err := g.client().Create(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -110,6 +122,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&allow, "allow", nil, "give the sandbox a network and allow this destination: CIDR or ADDR[:PORT][/tcp|/udp] (repeatable; implies --network)")
 	f.BoolVar(&network, "network", false, "give the sandbox a network interface (nothing reachable beyond --allow)")
 	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
+	f.StringArrayVar(&auditWS, "audit-workspace", nil, "a directory the agent is meant to change: its file operations stay out of the audit (repeatable)")
+	f.StringArrayVar(&auditPolicy, "audit-policy", nil, "an audit hook KIND:PATTERN=ACTION, e.g. 'write:/opt/toolkit/**=kill-step'; actions flag, kill-step, fail-sandbox (repeatable)")
 	f.BoolVar(&req.AlwaysOn, "always-on", false, "keep the full --cpu between operations too (a sandbox serving a port, a long job)")
 	return cmd
 }

@@ -105,16 +105,55 @@ func newForkCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// trajectoryWithAudit reads every step of a trajectory of the token's
+// project, each with its audit records.
+func trajectoryWithAudit(cmd *cobra.Command, g *globals, name string) ([]api.TrajectoryStep, error) {
+	var steps []api.TrajectoryStep
+	var after int64
+	for {
+		p, err := g.client().TrajectoryAudit(cmd.Context(), name, after, 0)
+		if err != nil {
+			return nil, err
+		}
+		steps = append(steps, p.Steps...)
+		if p.Next == 0 {
+			return steps, nil
+		}
+		after = p.Next
+	}
+}
+
 func newTrajCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "traj", Short: "trajectory logs"}
 	var path, project string
+	var withAudit, auditSummary bool
 	cmd.PersistentFlags().StringVar(&project, "project", "", "the project that owns the trajectory (names are per project; default: the token's)")
 	show := &cobra.Command{
 		Use:   "show TRAJECTORY",
 		Short: "print every step of a trajectory",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			steps, err := g.client().TrajectoryAllOf(cmd.Context(), project, args[0])
+			if (withAudit || auditSummary) && project != "" {
+				return fmt.Errorf("--audit and --audit-summary read the token's own project's trajectories (drop --project)")
+			}
+			if auditSummary {
+				sum, err := g.client().TrajectoryAuditSummary(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				if g.json {
+					return printJSON(cmd.OutOrStdout(), sum)
+				}
+				sum.Telemetry = true // kept records: say nothing of the node
+				return printAudit(cmd.OutOrStdout(), sum)
+			}
+			var steps []api.TrajectoryStep
+			var err error
+			if withAudit {
+				steps, err = trajectoryWithAudit(cmd, g, args[0])
+			} else {
+				steps, err = g.client().TrajectoryAllOf(cmd.Context(), project, args[0])
+			}
 			if err != nil {
 				return err
 			}
@@ -136,11 +175,16 @@ func newTrajCmd(g *globals) *cobra.Command {
 			t := newTable(cmd.OutOrStdout(), "STEP", "AT", "OP", "OPERATION", "RESULT")
 			for _, st := range steps {
 				t.row(fmt.Sprint(st.Step), st.At.Format(time.RFC3339), st.Op, describeOp(&st), describeResult(&st))
+				for _, r := range st.Audit {
+					t.row("", r.Time.Format("15:04:05.000"), "  "+r.Kind, auditWhat(&r), "")
+				}
 			}
 			return t.flush()
 		},
 	}
 	show.Flags().StringVar(&path, "path", "", "only the steps that changed this path")
+	show.Flags().BoolVar(&withAudit, "audit", false, "under each step, what its sandbox's processes did (the kernel's audit records)")
+	show.Flags().BoolVar(&auditSummary, "audit-summary", false, "only the audit's counts per step and kind, and the records a policy rule matched")
 	diff := &cobra.Command{
 		Use:   "diff TRAJECTORY A B",
 		Short: "list the files that file operations changed after step A up to step B (commands are listed, not analysed)",

@@ -1,5 +1,8 @@
 package dataplane
 
+// Locks: Server.mu alone (srv, closed); the calls group's own lock is
+// never taken under it.
+
 import (
 	"context"
 	"encoding/binary"
@@ -15,6 +18,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/lifetime"
 )
 
 // Paths and headers of a call.
@@ -43,7 +47,10 @@ type Server struct {
 	Ops, Uploads map[string]bool
 	Logger       *slog.Logger
 
-	srv *http.Server
+	mu     sync.Mutex
+	srv    *http.Server // under mu
+	closed bool         // under mu: Serve serves nothing more
+	calls  lifetime.Group
 }
 
 // Serve answers calls on ln until Close.
@@ -53,7 +60,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST "+callPrefix+"{op}", s)
-	s.srv = &http.Server{
+	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
@@ -61,7 +68,14 @@ func (s *Server) Serve(ln net.Listener) error {
 		HTTP2:             h2config(),
 		ErrorLog:          slog.NewLogLogger(s.Logger.Handler(), slog.LevelDebug),
 	}
-	err := s.srv.Serve(ln)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ln.Close()
+	}
+	s.srv = srv
+	s.mu.Unlock()
+	err := srv.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -71,10 +85,37 @@ func (s *Server) Serve(ln net.Listener) error {
 // Close stops serving: calls in flight are reset (their callers see an
 // error, their work is cancelled).
 func (s *Server) Close() error {
-	if s.srv == nil {
+	s.mu.Lock()
+	s.closed = true
+	srv := s.srv
+	s.mu.Unlock()
+	s.calls.Close()
+	if srv == nil {
 		return nil
 	}
-	return s.srv.Close()
+	err := srv.Close()
+	_ = s.calls.Wait(context.Background())
+	return err
+}
+
+// Shutdown stops taking calls and lets those in flight finish until ctx
+// ends; then it resets them (their work is cancelled) and waits for their
+// handlers to return.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	srv := s.srv
+	s.mu.Unlock()
+	s.calls.Close()
+	if srv == nil {
+		return nil
+	}
+	err := srv.Shutdown(ctx)
+	if err != nil {
+		err = srv.Close()
+	}
+	_ = s.calls.Wait(context.Background())
+	return err
 }
 
 // serverProtocols: the data listener takes HTTP/1.1 and HTTP/2 cleartext
@@ -120,6 +161,11 @@ func refuse(w http.ResponseWriter, status int, code, msg string) {
 // ServeHTTP serves one call: POST /v1/call/{op}, the grant in the
 // Warren-Grant header, the JSON request as the body.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.calls.Enter() {
+		refuse(w, http.StatusServiceUnavailable, api.CodeUnavailable, "data plane: the node is shutting down")
+		return
+	}
+	defer s.calls.Done()
 	op := strings.TrimPrefix(r.URL.Path, callPrefix)
 	g, err := Verify(s.Key, r.Header.Get(hdrGrant), time.Now())
 	if err != nil {

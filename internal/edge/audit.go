@@ -12,8 +12,9 @@ package edge
 // pool claim resets it); none of them is held while taking sandbox.mu.
 
 import (
-	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/auditpolicy"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/telemetry"
 )
@@ -28,19 +31,6 @@ import (
 // AuditRingSize bounds the records kept per sandbox: beyond it the oldest
 // are dropped (and counted).
 const AuditRingSize = 4096
-
-// AuditRequest is the body of OpAudit.
-type AuditRequest struct {
-	ID string `json:"id"`
-	// Step, when HasStep, keeps the records of that step only.
-	Step    int64  `json:"step,omitempty"`
-	HasStep bool   `json:"has_step,omitempty"`
-	Kind    string `json:"kind,omitempty"`
-	// Summary answers counts per step and kind instead of the records.
-	Summary bool `json:"summary,omitempty"`
-	// After keeps the records after this seq.
-	After int64 `json:"after,omitempty"`
-}
 
 // auditRing is one sandbox's records, oldest first, at most AuditRingSize.
 type auditRing struct {
@@ -85,6 +75,73 @@ func (a *auditRing) list(req *AuditRequest) ([]api.AuditRecord, int64) {
 		out = append(out, r)
 	}
 	return out, a.dropped
+}
+
+// unsaved returns the records after seq after that belong to step or to
+// no step (between steps), at most limit (the newest dropped beyond it,
+// counted), and the newest seq looked at.
+func (a *auditRing) unsaved(after, step int64, limit int) ([]api.AuditRecord, int64, int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []api.AuditRecord
+	var over int64
+	last := after
+	for i := range a.recs {
+		r := a.recs[(a.head+i)%len(a.recs)]
+		if r.Seq <= after {
+			continue
+		}
+		last = max(last, r.Seq)
+		if r.Step != step && r.Step != 0 {
+			continue
+		}
+		if len(out) == limit {
+			over++
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, last, over
+}
+
+// auditSaveDelay: a step's last records reach the ring a few drain rounds
+// after it ended.
+const auditSaveDelay = 4 * telemetry.DrainEvery
+
+// saveAudit persists, a moment after step ended, the step's records (and
+// those between steps) with trajectory key's log, so that they outlive
+// the sandbox (GET /v1/trajectories/{name}?audit=1).
+func (e *Edge) saveAudit(sb *sandbox, key string, step int64) {
+	if e.audit.tel == nil && sb.policy.Load().Empty() {
+		return // nothing records anything but limits: kept live only
+	}
+	if !e.wg.Enter() {
+		return // the edge is closing
+	}
+	time.AfterFunc(auditSaveDelay, func() {
+		defer e.wg.Done()
+		sb.auditSaveMu.Lock()
+		defer sb.auditSaveMu.Unlock()
+		recs, last, over := sb.audit.unsaved(sb.auditSaved, step, edgeproto.MaxSavedAudit)
+		sb.auditSaved = last
+		if len(recs) == 0 {
+			return
+		}
+		b, err := json.Marshal(&edgeproto.AuditEntry{Step: step, Records: recs, Dropped: over})
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := e.tlog.AppendAudit(ctx, key, b); err != nil {
+			e.log.Warn("edge: persist a step's audit", "trajectory", key, "step", step, "err", err)
+			return
+		}
+		sb.mu.Lock()
+		project := sb.rec.Spec.Project
+		sb.mu.Unlock()
+		e.chargeTrajectory(ctx, project, key, int64(len(b)))
+	})
 }
 
 // audited is a registered sandbox: where its records go, and the host id
@@ -150,6 +207,115 @@ func (e *Edge) closeTelemetry() {
 // into it, on every command, are not worth a record.
 const sessionPlumbing = "/dev/.warren/"
 
+// stepCancels are the operations of a sandbox running now, each with
+// the cancel of its context: an audit policy's kill-step cancels them
+// (the agent then kills their commands). Its mu is a leaf lock.
+type stepCancels struct {
+	mu   sync.Mutex
+	next int
+	m    map[int]context.CancelCauseFunc
+}
+
+// errPolicyKill is the cause of an operation cancelled by a kill-step or
+// fail-sandbox hook.
+var errPolicyKill = errors.New("ended by an audit policy hook")
+
+// enter registers an operation; leave (always called) unregisters it.
+func (s *stepCancels) enter(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[int]context.CancelCauseFunc{}
+	}
+	s.next++
+	k := s.next
+	s.m[k] = cancel
+	s.mu.Unlock()
+	return ctx, func() {
+		s.mu.Lock()
+		delete(s.m, k)
+		s.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// cancelAll cancels every registered operation with errPolicyKill.
+func (s *stepCancels) cancelAll() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.m {
+		c(errPolicyKill)
+	}
+	return len(s.m)
+}
+
+// killedByPolicy reports whether ctx (of enter) was cancelled by a hook.
+func killedByPolicy(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), errPolicyKill)
+}
+
+// addAudit files r in sb's audit, after the create's workspace filter,
+// and applies the create's policy hooks to it.
+func (e *Edge) addAudit(sb *sandbox, r api.AuditRecord) {
+	p := sb.policy.Load()
+	if p.Empty() {
+		sb.audit.add(r)
+		return
+	}
+	if p.Skip(&r) {
+		return
+	}
+	on, do := p.Match(&r)
+	r.Rule, r.Action = on, do
+	sb.audit.add(r)
+	switch do {
+	case api.AuditDoKillStep:
+		n := sb.steps.cancelAll()
+		e.log.Info("audit policy: step killed", "sandbox", sandboxID(sb), "rule", on, "operations", n)
+	case api.AuditDoFailSandbox:
+		sb.steps.cancelAll()
+		e.log.Warn("audit policy: sandbox failed", "sandbox", sandboxID(sb), "rule", on)
+		e.wg.Go(func() { e.stop(context.Background(), sb, api.StateFailed, "audit policy: "+on) })
+	}
+}
+
+// setPolicy compiles a create's audit options for sb (checked at create:
+// a spec that no longer compiles, from an older record, applies nothing).
+func setPolicy(sb *sandbox, spec *api.AuditSpec) {
+	p, err := auditpolicy.Compile(spec)
+	if err != nil {
+		p = &auditpolicy.Policy{}
+	}
+	sb.policy.Store(p)
+}
+
+// sandboxID reads sb's id (a pool claim changes it, under sb.mu).
+func sandboxID(sb *sandbox) string {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.Sandbox.ID
+}
+
+// auditLimits records the limits a finished command hit (kind limit).
+func (e *Edge) auditLimits(sb *sandbox, r *api.ExecResult) {
+	var ops []string
+	if r.OOMKilled {
+		ops = append(ops, api.AuditLimitOOM)
+	}
+	if r.PidsLimited {
+		ops = append(ops, api.AuditLimitPids)
+	}
+	if r.DiskFull {
+		ops = append(ops, api.AuditLimitDisk)
+	}
+	if r.Truncated {
+		ops = append(ops, api.AuditLimitOutput)
+	}
+	for _, op := range ops {
+		e.addAudit(sb, api.AuditRecord{Time: time.Now(), Step: sb.auditStepNow.Load(), Kind: api.AuditKindLimit, Op: op})
+	}
+}
+
 func (e *Edge) deliverAudit(r telemetry.Record) {
 	if r.Kind == telemetry.KindFile && strings.HasPrefix(r.Path, sessionPlumbing) {
 		return
@@ -164,10 +330,11 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 	if a.idBase != 0 && uid >= int(a.idBase) && uid < int(a.idBase)+sandboxIDs {
 		uid -= int(a.idBase) // as the sandbox's user namespace numbers it
 	}
-	a.sb.audit.add(api.AuditRecord{
+	e.addAudit(a.sb, api.AuditRecord{
 		Time: r.Time, Step: r.Step, Kind: r.Kind, Pid: r.Pid, Ppid: r.Ppid, UID: uid, HostUID: r.UID,
 		Path: r.Path, Argv: r.Argv, ArgvTruncated: r.ArgvTruncated,
 		Syscall: r.Syscall, Signal: r.Signal, Target: r.Target, Outcome: r.Outcome, Op: r.Op, To: r.To,
+		Dest: r.Dest,
 	})
 }
 
@@ -228,6 +395,7 @@ func (e *Edge) auditStop(sb *sandbox) {
 // auditStep stamps what sb's processes do from now on with step (0 =
 // between steps).
 func (e *Edge) auditStep(sb *sandbox, step int64) {
+	sb.auditStepNow.Store(step)
 	if e.audit.tel == nil {
 		return
 	}
@@ -245,9 +413,11 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 		return nil, err
 	}
 	switch req.Kind {
-	case "", api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile:
 	default:
-		return nil, invalidf("kind %q is not one of: %s, %s, %s, %s", truncateKind(req.Kind), api.AuditKindExec, api.AuditKindRefused, api.AuditKindSignal, api.AuditKindFile)
+		if !slices.Contains(api.AuditKinds, req.Kind) {
+			return nil, invalidf("kind %q is not one of: %s", truncateKind(req.Kind), strings.Join(api.AuditKinds, ", "))
+		}
+	case "":
 	}
 	recs, dropped := sb.audit.list(req)
 	sb.mu.Lock()
@@ -255,26 +425,9 @@ func (e *Edge) auditOf(req *AuditRequest) (*api.AuditList, error) {
 	sb.mu.Unlock()
 	out := &api.AuditList{Records: recs, Dropped: dropped, Telemetry: e.audit.tel != nil, Live: live}
 	if req.Summary {
-		out.Records, out.Summary = []api.AuditRecord{}, summarize(recs)
+		out.Records, out.Summary = []api.AuditRecord{}, edgeproto.SummarizeAudit(recs)
 	}
 	return out, nil
-}
-
-// summarize counts records (in step order) per step and kind.
-func summarize(recs []api.AuditRecord) []api.AuditStepSummary {
-	at := map[int64]int{}
-	out := []api.AuditStepSummary{}
-	for _, r := range recs {
-		i, ok := at[r.Step]
-		if !ok {
-			i = len(out)
-			at[r.Step] = i
-			out = append(out, api.AuditStepSummary{Step: r.Step, Counts: map[string]int64{}})
-		}
-		out[i].Counts[r.Kind]++
-	}
-	slices.SortFunc(out, func(a, b api.AuditStepSummary) int { return cmp.Compare(a.Step, b.Step) })
-	return out
 }
 
 func truncateKind(s string) string {

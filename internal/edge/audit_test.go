@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // TestAuditRingDropsOldest: a full ring drops its oldest records, counts
@@ -46,7 +47,7 @@ func TestAuditRingDropsOldest(t *testing.T) {
 // TestAuditSummary: counts per step and kind, steps in order.
 func TestAuditSummary(t *testing.T) {
 	recs := []api.AuditRecord{{Step: 2, Kind: "exec"}, {Step: 0, Kind: "exec"}, {Step: 2, Kind: "exec"}, {Step: 2, Kind: "file"}, {Step: 1, Kind: "signal"}}
-	got := summarize(recs)
+	got := edgeproto.SummarizeAudit(recs)
 	want := []api.AuditStepSummary{{Step: 0, Counts: map[string]int64{"exec": 1}}, {Step: 1, Counts: map[string]int64{"signal": 1}}, {Step: 2, Counts: map[string]int64{"exec": 2, "file": 1}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("summary %+v, want %+v", got, want)

@@ -21,20 +21,6 @@ import (
 	"github.com/warrenhq/warren/internal/dataplane"
 )
 
-// OpFileUpload writes a file from a stream (data plane only): a
-// FileRequest (ID, Path, Mode) with the file's bytes as the call's upload;
-// -> api.FileInfo. The file appears whole (renamed into place) or not at
-// all.
-const OpFileUpload = "file_upload"
-
-// OpTarUpload extracts a tar stream into a directory (data plane only): a
-// FileRequest (ID, Path) with the archive as the call's upload; ->
-// TarPutResult (Files).
-const OpTarUpload = "tar_upload"
-
-// DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true}
-
 // dataUploads are the DataOps that read an upload.
 var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
 
@@ -258,21 +244,12 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 	}
 }
 
-// sandboxOps are the operations whose request's "id" is the sandbox they
-// act on.
-var sandboxOps = map[string]bool{
-	OpGet: true, OpDelete: true, OpExec: true, OpCommandGet: true, OpCommandKill: true,
-	OpFileRead: true, OpFileWrite: true, OpFileList: true, OpFileStat: true, OpFileMkdir: true,
-	OpFileRemove: true, OpFileRename: true, OpTarGet: true, OpTarPut: true, OpPause: true, OpResume: true, OpTimeout: true,
-	OpFileUpload: true, OpTarUpload: true,
-}
-
 // checkSandboxHeader refuses a request whose Warren-Sandbox header (the
 // sandbox its scope was checked against) names another sandbox than its
 // body (the sandbox it acts on).
 func checkSandboxHeader(ctx context.Context, op string, body []byte) error {
 	hid, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
-	if !ok || !sandboxOps[op] {
+	if !ok || !(edgeOps[op].sandboxBody || dataUploads[op]) {
 		return nil
 	}
 	bid, err := bodyID(body)

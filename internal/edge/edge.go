@@ -20,18 +20,28 @@ package edge
 //     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
 //     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).
+//
+// Goroutines of the edge (Close waits for every one; see Close and drain):
+//
+//   - Edge.calls: the bus calls in flight (bus.Conn.ServeOwned starts each
+//     through it); the data listener's calls are its own Server's. Close
+//     refuses new calls, lets these finish until the drain deadline, then
+//     cancels them (callCtx) and waits.
+//   - Edge.wg: the edge's own goroutines (the heartbeat, reaper and roster
+//     loops, the data listener, pool fillers, FnCall workers starting and
+//     stopping, background stops and pauses, telemetry). Started with
+//     wg.Go, or wg.Add(1) by a goroutine already counted or by a call in
+//     flight (which Close drains first). Close cancels runCtx and waits.
+//   - Edge.watches: one per sandbox watching its agent's channel; they end
+//     with their sandboxes, so Close waits for them after stopping those.
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -42,6 +52,7 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/hoststat"
+	"github.com/warrenhq/warren/internal/lifetime"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -159,6 +170,9 @@ type Config struct {
 	// RosterEvery is how often, at most, the node writes the ids of its live
 	// sandboxes to the roster bucket (when they changed). 0 = 500ms; <0 = never.
 	RosterEvery time.Duration
+	// DrainTimeout is how long Close lets the calls in flight finish
+	// before it cancels them (bounded by Close's context). 0 = 10s.
+	DrainTimeout time.Duration
 	// Recycle is how many wiped containers of one shape are kept for
 	// reuse (recycle.go); 0 = none: every sandbox gets a new container.
 	Recycle int
@@ -233,7 +247,18 @@ type Edge struct {
 
 	subs   []*nats.Subscription
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// wg owns the edge's own goroutines (loops, fillers, background
+	// stops): every one is counted here, Close cancels them and waits.
+	wg lifetime.Group
+	// calls owns the bus calls in flight (their handlers and answers);
+	// callCtx is theirs, cancelled only when Close's drain deadline
+	// passes (drain).
+	calls lifetime.Group
+	// watches owns the goroutines that watch an agent's channel (watch);
+	// they end with their sandbox, so Close waits for them last.
+	watches    lifetime.Group
+	callCtx    context.Context
+	callCancel context.CancelFunc
 
 	uploads uploads // layer tarballs arriving in chunks
 
@@ -248,11 +273,6 @@ type Edge struct {
 
 	audit auditState // the node's telemetry (audit.go)
 }
-
-var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
-
-// ValidNodeName reports whether name can be a node name.
-func ValidNodeName(name string) bool { return nodeNameRE.MatchString(name) }
 
 // New checks cfg and prepares directories; Start brings the edge up.
 func New(cfg Config) (*Edge, error) {
@@ -368,11 +388,11 @@ func (e *Edge) Start(ctx context.Context) error {
 	}
 	if pending := e.pendingLost; len(pending) > 0 {
 		e.pendingLost = nil
-		go func() {
+		e.wg.Go(func() {
 			for _, p := range pending {
 				e.lostDestroyed(p[0], p[1])
 			}
-		}()
+		})
 	}
 	if e.cfg.RosterEvery > 0 {
 		kv, err := e.cfg.Bus.KeyValue(ctx, bus.BucketRoster, 0)
@@ -382,7 +402,8 @@ func (e *Edge) Start(ctx context.Context) error {
 		}
 		e.roster = kv
 	}
-	sub, err := e.cfg.Bus.Serve(runCtx, bus.EdgeSubject(e.cfg.Node), "", e.handle)
+	e.callCtx, e.callCancel = context.WithCancel(context.Background())
+	sub, err := e.cfg.Bus.ServeOwned(e.callCtx, bus.EdgeSubject(e.cfg.Node), "", e.handle, e.calls.Go)
 	if err != nil {
 		cancel()
 		return err
@@ -405,27 +426,27 @@ func (e *Edge) Start(ctx context.Context) error {
 	return nil
 }
 
-// Close stops serving. Unless KeepOnShutdown, every sandbox is stopped and
-// its resources freed.
+// Close stops serving: it takes no more calls, lets those in flight
+// finish (until the drain deadline, then cancels them), stops the edge's
+// goroutines and waits for all of them. Unless KeepOnShutdown, every
+// sandbox is then stopped and its resources freed.
 func (e *Edge) Close(ctx context.Context) error {
 	e.mu.Lock()
 	e.closing = true
+	e.mu.Unlock()
+	e.drain(ctx)
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.wg.Close()
+	_ = e.wg.Wait(context.Background())
+	defer e.closeTelemetry()
+	e.mu.Lock()
 	all := make([]*sandbox, 0, len(e.sandboxes))
 	for _, sb := range e.sandboxes {
 		all = append(all, sb)
 	}
 	e.mu.Unlock()
-	for _, s := range e.subs {
-		_ = s.Unsubscribe()
-	}
-	if e.data != nil {
-		_ = e.data.Close() // streams in flight are reset: their callers see an error
-	}
-	if e.cancel != nil {
-		e.cancel()
-	}
-	e.wg.Wait()
-	defer e.closeTelemetry()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
 	for _, sb := range all {
@@ -443,7 +464,45 @@ func (e *Edge) Close(ctx context.Context) error {
 	}
 	wg.Wait()
 	e.expireWiped(0)
+	// What the stops started ends too, and the watches with their agents.
+	_ = e.wg.Wait(context.Background())
+	_ = e.watches.Wait(context.Background())
 	return nil
+}
+
+// drain stops taking calls, on the bus and the data listener, and waits
+// for those in flight until the drain deadline (Config.DrainTimeout,
+// bounded by ctx); then it cancels them and waits for them to return.
+func (e *Edge) drain(ctx context.Context) {
+	// New calls are refused (answered unavailable) while the subscription
+	// stays: the callers of the calls in flight probe it (a ping) and
+	// would take no responders for a dead node.
+	e.calls.Close()
+	d := e.cfg.DrainTimeout
+	if d <= 0 {
+		d = 10 * time.Second
+	}
+	dctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	dataDone := make(chan struct{})
+	go func() {
+		defer close(dataDone)
+		if e.data != nil {
+			_ = e.data.Shutdown(dctx) // after the deadline, streams still running are reset
+		}
+	}()
+	if err := e.calls.Wait(dctx); err != nil && e.callCancel != nil {
+		e.log.Warn("edge: calls still running at the drain deadline are cancelled", "calls", e.calls.Len())
+		e.callCancel()
+		_ = e.calls.Wait(context.Background())
+	}
+	<-dataDone
+	for _, s := range e.subs {
+		_ = s.Unsubscribe()
+	}
+	if e.callCancel != nil {
+		e.callCancel()
+	}
 }
 
 func (e *Edge) count() int {
@@ -484,36 +543,6 @@ func (e *Edge) dropLocked(id string) {
 
 // newID returns sb-<node>-<random>; the random part has no '-'.
 func (e *Edge) newID() string { return NewSandboxID(e.cfg.Node) }
-
-// NodeOf extracts the node name from a sandbox id, or "" if id is malformed.
-func NodeOf(id string) string {
-	if len(id) > 80 || !strings.HasPrefix(id, "sb-") {
-		return ""
-	}
-	rest := id[3:]
-	i := strings.LastIndexByte(rest, '-')
-	if i <= 0 || i == len(rest)-1 {
-		return ""
-	}
-	node, random := rest[:i], rest[i+1:]
-	if !ValidNodeName(node) {
-		return ""
-	}
-	for _, c := range random {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return ""
-		}
-	}
-	return node
-}
-
-// NewSandboxID makes a fresh id for node (used by the apiserver, which
-// chooses ids so that creates are idempotent).
-func NewSandboxID(node string) string {
-	var b [10]byte
-	_, _ = rand.Read(b[:])
-	return "sb-" + node + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
-}
 
 // isolator is a runtime that says who its sandboxes' root is on the host
 // (the container tier: user namespaces or host root).

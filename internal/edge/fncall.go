@@ -5,14 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
-	"github.com/warrenhq/warren/internal/sandboxspec"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // The FnCall tier runs stateless tasks in pre-created containers that are
@@ -22,29 +21,19 @@ import (
 // read-only, so those directories are all a task can write.
 
 // FnCallDirs are a stateless sandbox's writable directories.
-var FnCallDirs = []string{"/tmp", "/var/tmp", "/root", "/home", "/run", "/work"}
+var FnCallDirs = edgeproto.FnCallDirs
 
 // FnCall limits.
 const (
 	FnCallDefaultTimeout = 30 * time.Second
-	FnCallMaxTimeout     = 600 * time.Second
+	FnCallMaxTimeout     = edgeproto.FnCallMaxTimeout
 	FnCallDefaultOutput  = 1 << 20
-	FnCallMaxOutput      = 16 << 20
-	FnCallMaxFiles       = 256
-	FnCallMaxFileBytes   = 768 << 10 // all files together (they travel in one bus message)
-	fnMaxWorkers         = 32        // per shape and node: more than the clients of a burst, so resets stay off the critical path
-	fnMinIdle            = 2         // kept ready per shape once used
+	FnCallMaxOutput      = edgeproto.FnCallMaxOutput
+	FnCallMaxFiles       = edgeproto.FnCallMaxFiles
+	FnCallMaxFileBytes   = edgeproto.FnCallMaxFileBytes // all files together (they travel in one bus message)
+	fnMaxWorkers         = 32                           // per shape and node: more than the clients of a burst, so resets stay off the critical path
+	fnMinIdle            = 2                            // kept ready per shape once used
 )
-
-// FnCallRequest asks an edge to run one task.
-type FnCallRequest struct {
-	Call api.FnCallRequest `json:"call"`
-	// Project is the caller's (the apiserver sets it from the token):
-	// workers are per project and shape, so a worker that ran one
-	// project's task never serves another's (the reset is thorough, but
-	// what it may miss must not cross projects).
-	Project string `json:"project,omitempty"`
-}
 
 // fnShape is a set of interchangeable workers (same image and limits).
 type fnShape struct {
@@ -57,65 +46,9 @@ type fnShape struct {
 	lastUsed, lastGrown time.Time
 }
 
-// NormalizeFnCall validates a task and fills in defaults; it returns the
-// sandbox shape its worker has.
-func NormalizeFnCall(c *api.FnCallRequest) (api.CreateSandboxRequest, *api.Error) {
-	if c.Tier != "" && c.Tier != api.TierFnCall {
-		return api.CreateSandboxRequest{}, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("tier %q: /v1/fncall runs the fncall tier", truncateName(c.Tier))}
-	}
-	if c.Image == "" {
-		c.Image = "busybox"
-	}
-	spec := api.CreateSandboxRequest{Image: c.Image, CPU: c.CPU, MemoryMB: c.MemoryMB, Priority: api.PriorityLatency}
-	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
-		return spec, aerr
-	}
-	if (c.Cmd == "") == (len(c.Argv) == 0) {
-		return spec, &api.Error{Code: api.CodeInvalid, Message: "exactly one of cmd and argv is required"}
-	}
-	if aerr := sandboxspec.CheckEnv(c.Env); aerr != nil {
-		return spec, aerr
-	}
-	if c.Timeout < 0 || c.Timeout > FnCallMaxTimeout.Seconds() || c.Timeout != c.Timeout {
-		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("timeout must be between 0 and %.0f seconds", FnCallMaxTimeout.Seconds())}
-	}
-	if c.OutputCap < 0 || c.OutputCap > FnCallMaxOutput {
-		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("output_cap must be between 0 and %d", FnCallMaxOutput)}
-	}
-	if c.Cwd == "" {
-		c.Cwd = "/work"
-	}
-	if len(c.Files) > FnCallMaxFiles {
-		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("at most %d files", FnCallMaxFiles)}
-	}
-	total := len(c.Stdin)
-	for p, b := range c.Files {
-		total += len(b)
-		if !writablePath(p) {
-			return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("file %q must be a clean absolute path under one of %s", truncateName(p), strings.Join(FnCallDirs, ", "))}
-		}
-	}
-	if total > FnCallMaxFileBytes {
-		return spec, &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("files and stdin exceed %d bytes", FnCallMaxFileBytes)}
-	}
-	return spec, nil
-}
-
-func writablePath(p string) bool {
-	if !path.IsAbs(p) || path.Clean(p) != p || strings.IndexByte(p, 0) >= 0 {
-		return false
-	}
-	for _, d := range FnCallDirs {
-		if strings.HasPrefix(p, d+"/") {
-			return true
-		}
-	}
-	return false
-}
-
 func (e *Edge) fncall(ctx context.Context, req *FnCallRequest) (*api.ExecResult, error) {
 	c := &req.Call
-	spec, aerr := NormalizeFnCall(c)
+	spec, aerr := edgeproto.NormalizeFnCall(c)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -321,7 +254,11 @@ func (e *Edge) fnIdle(sh *fnShape, w *sandbox) {
 	case sh.idle <- w:
 	default:
 		sh.total--
-		go e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.stop(context.Background(), w, api.StateStopped, "fncall worker not needed")
+		}()
 	}
 }
 

@@ -32,7 +32,9 @@ func decode(body []byte, v any) error {
 	return nil
 }
 
-// handle is the edge's bus handler.
+// handle is the edge's bus handler (and the data listener's, through
+// handleData): it checks the request's scope as its op's registration
+// (ops.go) says, then runs the op.
 func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replier) (any, error) {
 	// A request on behalf of a project-scoped principal reaches only the
 	// sandboxes of that project and below.
@@ -44,231 +46,33 @@ func (e *Edge) handle(ctx context.Context, op string, body []byte, w *bus.Replie
 		// A missing scope is no access, not root: root is said explicitly.
 		return nil, &api.Error{Code: api.CodeForbidden, Message: "a request to an edge must carry a scope or the root marker"}
 	}
-	if scoped && op != OpCreate && op != OpCreateBatch && op != OpList && op != OpImages && op != OpTrajReplay {
-		id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
-		if !ok {
-			return nil, badRequest("a scoped request must name its sandbox")
-		}
-		sb, err := e.lookup(id)
-		if err != nil {
+	spec, known := edgeOps[op]
+	if scoped && (!known || spec.scope == scopeSandbox) {
+		if err := e.sandboxInScope(ctx, scope); err != nil {
 			return nil, err
-		}
-		if !sandboxspec.Within(sb.rec.Spec.Project, scope) {
-			return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
 		}
 	}
-	switch op {
-	case OpCreate:
-		var req CreateRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		if scoped && !sandboxspec.Within(req.Spec.Project, scope) {
-			return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", req.Spec.Project, scope)}
-		}
-		if scoped {
-			if err := e.checkSnapshotScope(ctx, &req.Spec, scope); err != nil {
-				return nil, err
-			}
-		}
-		return e.create(ctx, &req)
-	case OpCreateBatch:
-		var req CreateBatchRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		checked := map[string]bool{} // the items of a batch share their spec
-		for _, it := range req.Items {
-			if scoped && !sandboxspec.Within(it.Spec.Project, scope) {
-				return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", it.Spec.Project, scope)}
-			}
-			if k := fmt.Sprint(it.Spec.Snapshot, it.Spec.Layers); scoped && !checked[k] {
-				if err := e.checkSnapshotScope(ctx, &it.Spec, scope); err != nil {
-					return nil, err
-				}
-				checked[k] = true
-			}
-		}
-		return e.createBatch(ctx, &req), nil
-	case OpGet:
-		var req IDRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		sb, err := e.lookup(req.ID)
-		if err != nil {
-			return nil, err
-		}
-		v := sb.view()
-		sb.mu.Lock()
-		v.CPUStats = e.cpuStatsLocked(sb)
-		sb.mu.Unlock()
-		return &v, nil
-	case OpList:
-		var req ListRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		if scoped {
-			req.Scope, req.Scoped = scope, true
-		}
-		return e.list(&req), nil
-	case OpDelete:
-		var req IDRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		sb, err := e.lookup(req.ID)
-		if err != nil {
-			return nil, err
-		}
-		<-sb.ready
-		e.stop(ctx, sb, api.StateStopped, "deleted")
-		v := sb.view()
-		return &v, nil
-	case OpCommands, OpStats, OpNetwork:
-		var req IDRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		switch op {
-		case OpCommands:
-			return e.commands(req.ID)
-		case OpNetwork:
-			return e.network(req.ID)
-		}
-		return e.stats(ctx, req.ID)
-	case OpImages:
-		imgs, err := e.cfg.Images.ListImages(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return &api.ImageList{Images: imgs}, nil
-	case OpImagePull:
-		var req api.PullImageRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.cfg.Images.PullImage(ctx, req.Ref, req.Name)
-	case OpImageCommit:
-		var req api.CommitImageRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.cfg.Images.CommitImage(ctx, &req)
-	case OpLayerCreate, OpLayerUpload, OpLayerList, OpLayerGet, OpLayerDelete, OpLayerGC:
-		var req LayerRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.layerOp(ctx, op, &req)
-	case OpNetworkSet:
-		var req NetworkSetRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.setNetwork(&req)
-	case OpPause, OpResume:
-		var req ResumeSandboxRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		if op == OpPause {
-			return e.pauseOne(ctx, req.ID)
-		}
-		return e.resumeOne(ctx, req.ID, !req.NoPrefetch)
-	case OpTimeout:
-		var req TimeoutRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.setTimeout(&req)
-	case OpPauseMatch:
-		var req PauseMatchingRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.pauseMatching(ctx, &req)
-	case OpPoolPut:
-		var req api.PoolRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.putPool(ctx, &req)
-	case OpPoolList:
-		return e.listPools(), nil
-	case OpPoolDelete:
-		var req PoolNameRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.deletePool(req.Project, req.Name)
-	case OpFnCall:
-		var req FnCallRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.fncall(ctx, &req)
-	case OpSnapshot:
-		var req SnapshotRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.snapshotOp(ctx, &req)
-	case OpSnapshotGet:
-		var req SnapshotGetRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.getSnapshot(ctx, req.Snapshot)
-	case OpExec:
-		var req ExecRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.execRecorded(ctx, &req, w)
-	case OpCommandGet, OpCommandKill:
-		var req CommandRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.command(ctx, op, &req)
-	case OpFileRead, OpFileWrite, OpFileList, OpFileStat, OpFileMkdir, OpFileRemove, OpFileRename, OpTarGet, OpTarPut:
-		var req FileRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.fileRecorded(ctx, op, &req, w)
-	case OpTrajResume:
-		var req ResumeRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.resumeTrajectory(ctx, &req)
-	case OpAudit:
-		var req AuditRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.auditOf(&req)
-	case OpTrajAdvance:
-		var req AdvanceRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return e.advanceTrajectory(&req)
-	case OpTrajReplay:
-		var req ReplayRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		// Like a create: the replay's sandbox is new, of the spec's project.
-		if scoped && !sandboxspec.Within(req.Spec.Project, scope) {
-			return nil, &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf("project %s is outside %s", req.Spec.Project, scope)}
-		}
-		return e.replayTrajectory(ctx, &req)
+	if !known {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("unknown edge operation %q", op)}
 	}
-	return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("unknown edge operation %q", op)}
+	return spec.run(e, ctx, &opCall{op: op, body: body, w: w, scope: scope, scoped: scoped})
+}
+
+// sandboxInScope checks that a scoped request names its sandbox in the
+// Warren-Sandbox header and that the sandbox is within scope.
+func (e *Edge) sandboxInScope(ctx context.Context, scope string) error {
+	id, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
+	if !ok {
+		return badRequest("a scoped request must name its sandbox")
+	}
+	sb, err := e.lookup(id)
+	if err != nil {
+		return err
+	}
+	if !sandboxspec.Within(sb.rec.Spec.Project, scope) {
+		return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("sandbox %s not found", id)}
+	}
+	return nil
 }
 
 func (e *Edge) list(req *ListRequest) *api.SandboxList {
@@ -383,6 +187,10 @@ func (e *Edge) agentError(sb *sandbox, err error) error {
 			code = api.CodeTooLarge
 		case agentproto.ErrNoSpace:
 			code = api.CodeTooLarge
+		case agentproto.ErrPidsLimit:
+			e.addAudit(sb, api.AuditRecord{Time: time.Now(), Step: sb.auditStepNow.Load(), Kind: api.AuditKindLimit, Op: api.AuditLimitPids})
+			return &api.Error{Code: api.CodeTooManyRequests, Reason: api.ReasonPids,
+				Message: ae.Message + ": the sandbox is at its pids limit (its processes hold every pid it may use); retry when some have ended"}
 		}
 		return &api.Error{Code: code, Message: ae.Message}
 	}
@@ -438,9 +246,17 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	}
 	var res agentproto.ExecResult
 	start := time.Now()
+	// An audit policy's kill-step cancels ctx; the agent then kills the
+	// command (the agent protocol's cancel).
+	ctx, leave := sb.steps.enter(ctx)
+	defer leave()
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
 		return chunk(r.Stream, r.Data)
 	})
+	if err != nil && killedByPolicy(ctx) {
+		err = nil
+		res = agentproto.ExecResult{ExitCode: 128 + 9, Signal: "SIGKILL", Duration: time.Since(start).Seconds() * 1000}
+	}
 	if err != nil {
 		err = e.agentError(sb, err)
 		sb.hist.note(x, start, nil, err)
@@ -450,8 +266,11 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 		ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
 		DurationMs: res.Duration, CommandID: res.CommandID,
 	}
-	if !x.Background {
+	if killedByPolicy(ctx) {
+		out.KilledBy = api.KilledByPolicy
+	} else if !x.Background {
 		e.explainEnd(sb, out)
+		e.auditLimits(sb, out)
 	} else if x.KeepCPU && res.CommandID != "" {
 		e.holdCPU(sb, agent, res.CommandID)
 	}

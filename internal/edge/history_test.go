@@ -60,26 +60,26 @@ func TestReplayFilter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := strings.Join(none.differs(logged, got), ","); f != "exit_code,stdout,stderr" {
+	if f := strings.Join(none.Differs(logged, got), ","); f != "exit_code,stdout,stderr" {
 		t.Fatalf("unmasked: %s", f)
 	}
 	f, err := NewReplayFilter([]string{`in [0-9.]+s`, `took \d+ms`}, []string{"exit_code", "duration_ms"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := f.differs(logged, got); len(d) != 0 {
+	if d := f.Differs(logged, got); len(d) != 0 {
 		t.Fatalf("masked: %v", d)
 	}
 	// A mask hides only its matches.
-	if d := f.differs(logged, step("Ran 3 tests in 0.1s\nOK\n", "took 4ms", 0)); strings.Join(d, ",") != "stdout" {
+	if d := f.Differs(logged, step("Ran 3 tests in 0.1s\nOK\n", "took 4ms", 0)); strings.Join(d, ",") != "stdout" {
 		t.Fatalf("other text: %v", d)
 	}
 	// An error is a difference unless ignored.
 	failed := &api.TrajectoryStep{Op: "exec", Error: &api.Error{Code: api.CodeConflict}}
-	if d := f.differs(logged, failed); strings.Join(d, ",") != "error" {
+	if d := f.Differs(logged, failed); strings.Join(d, ",") != "error" {
 		t.Fatalf("error: %v", d)
 	}
-	if f2, _ := NewReplayFilter(nil, []string{"error"}); len(f2.differs(logged, failed)) != 0 {
+	if f2, _ := NewReplayFilter(nil, []string{"error"}); len(f2.Differs(logged, failed)) != 0 {
 		t.Fatal("ignored error still differs")
 	}
 	for _, bad := range [][2][]string{{{"("}, nil}, {{""}, nil}, {nil, {"stdin"}}, {make([]string, api.MaxReplayMasks+1), nil}} {

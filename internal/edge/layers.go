@@ -17,9 +17,6 @@ import (
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
-// MaxLayerUpload bounds one uploaded layer tarball.
-const MaxLayerUpload = 64 << 30
-
 // uploadIdle is how long an upload may wait for its next chunk.
 const uploadIdle = 2 * time.Minute
 

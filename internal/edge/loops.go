@@ -245,7 +245,11 @@ func (e *Edge) reap(ctx context.Context) {
 	e.expireWiped(e.cfg.RecycleIdle)
 	e.fnShrink(now)
 	for _, v := range victims {
-		go e.stop(ctx, v.sb, api.StateStopped, v.reason)
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.stop(ctx, v.sb, api.StateStopped, v.reason)
+		}()
 	}
 	for _, sb := range pauses {
 		sb.mu.Lock()
@@ -255,7 +259,9 @@ func (e *Edge) reap(ctx context.Context) {
 		}
 		sb.pausing = true
 		sb.mu.Unlock()
+		e.wg.Add(1)
 		go func(sb *sandbox) {
+			defer e.wg.Done()
 			if err := e.pause(ctx, sb, "idle timeout"); err != nil {
 				e.log.Warn("idle pause", "id", sb.rec.Sandbox.ID, "err", err)
 			}

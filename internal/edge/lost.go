@@ -10,11 +10,6 @@ import (
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
-// LostReason is the reason of a sandbox reported lost with its node.
-func LostReason(node string) string {
-	return "reported lost: its node " + node + " missed its heartbeats"
-}
-
 // Lost sandboxes. When this node misses its heartbeats, the watchers record
 // the sandboxes it held in the lost bucket and report them lost; from then
 // on the control plane treats them as gone (a trajectory's sandbox is

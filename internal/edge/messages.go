@@ -1,187 +1,141 @@
 package edge
 
-import "github.com/warrenhq/warren/api"
+import (
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edgeproto"
+)
+
+// The wire between the apiserver and the edges lives in internal/edgeproto
+// (the ingress imports it, never this package); these aliases keep the
+// edge's own code reading as before.
 
 // Operations an edge answers on its bus subject (bus.EdgeSubject(node).<op>).
 const (
-	OpCreate      = "create"
-	OpGet         = "get"
-	OpList        = "list"
-	OpDelete      = "delete"
-	OpExec        = "exec"
-	OpCommandGet  = "command_get"
-	OpCommandKill = "command_kill"
-	OpFileRead    = "file_read"
-	OpFileWrite   = "file_write"
-	OpFileList    = "file_list"
-	OpFileStat    = "file_stat"
-	OpFileMkdir   = "file_mkdir"
-	OpFileRemove  = "file_remove"
-	OpFileRename  = "file_rename"
-	OpTarGet      = "tar_get"
-	OpTarPut      = "tar_put"
-	OpImages      = "images"
-	OpImagePull   = "image_pull"
-	OpImageCommit = "image_commit"   // api.CommitImageRequest -> api.Image
-	OpLayerCreate = "layer_create"   // from a sandbox's changes (routed by sandbox id)
-	OpPause       = "pause"          // IDRequest -> api.Sandbox
-	OpResume      = "resume"         // ResumeSandboxRequest -> api.Sandbox
-	OpTimeout     = "timeout"        // TimeoutRequest -> api.Sandbox
-	OpPauseMatch  = "pause_matching" // PauseMatchingRequest -> api.PauseResult
-	OpPoolPut     = "pool_put"       // api.PoolRequest -> api.Pool
-	OpPoolList    = "pool_list"      // {} -> api.PoolList
-	OpPoolDelete  = "pool_delete"    // PoolNameRequest -> api.Pool
-	OpFnCall      = "fncall"         // FnCallRequest -> api.ExecResult
-	OpLayerUpload = "layer_upload"   // a layer tar in chunks
-	OpLayerList   = "layer_list"
-	OpLayerGet    = "layer_get"
-	OpLayerDelete = "layer_delete"
-	OpLayerGC     = "layer_gc"
-	OpCreateBatch = "create_batch"
-	OpSnapshot    = "snapshot"     // SnapshotRequest → api.Snapshot
-	OpSnapshotGet = "snapshot_get" // SnapshotGetRequest → api.Snapshot (any node)
-	OpTrajResume  = "traj_resume"  // ResumeRequest → api.Sandbox
-	OpTrajReplay  = "traj_replay"  // ReplayRequest → api.TrajectoryReplay
-	OpTrajAdvance = "traj_advance" // AdvanceRequest → StepResult
-	OpAudit       = "audit"        // AuditRequest → api.AuditList
-	OpCommands    = "commands"     // IDRequest → api.CommandHistory
-	OpStats       = "stats"        // IDRequest → api.SandboxStats
-	OpNetwork     = "network"      // IDRequest → api.SandboxNetwork
-	OpNetworkSet  = "network_set"  // NetworkSetRequest → api.SandboxNetwork
+	OpCreate      = edgeproto.OpCreate
+	OpGet         = edgeproto.OpGet
+	OpList        = edgeproto.OpList
+	OpDelete      = edgeproto.OpDelete
+	OpExec        = edgeproto.OpExec
+	OpCommandGet  = edgeproto.OpCommandGet
+	OpCommandKill = edgeproto.OpCommandKill
+	OpFileRead    = edgeproto.OpFileRead
+	OpFileWrite   = edgeproto.OpFileWrite
+	OpFileList    = edgeproto.OpFileList
+	OpFileStat    = edgeproto.OpFileStat
+	OpFileMkdir   = edgeproto.OpFileMkdir
+	OpFileRemove  = edgeproto.OpFileRemove
+	OpFileRename  = edgeproto.OpFileRename
+	OpTarGet      = edgeproto.OpTarGet
+	OpTarPut      = edgeproto.OpTarPut
+	OpImages      = edgeproto.OpImages
+	OpImagePull   = edgeproto.OpImagePull
+	OpImageCommit = edgeproto.OpImageCommit
+	OpLayerCreate = edgeproto.OpLayerCreate
+	OpPause       = edgeproto.OpPause
+	OpResume      = edgeproto.OpResume
+	OpTimeout     = edgeproto.OpTimeout
+	OpPauseMatch  = edgeproto.OpPauseMatch
+	OpPoolPut     = edgeproto.OpPoolPut
+	OpPoolList    = edgeproto.OpPoolList
+	OpPoolDelete  = edgeproto.OpPoolDelete
+	OpFnCall      = edgeproto.OpFnCall
+	OpLayerUpload = edgeproto.OpLayerUpload
+	OpLayerList   = edgeproto.OpLayerList
+	OpLayerGet    = edgeproto.OpLayerGet
+	OpLayerDelete = edgeproto.OpLayerDelete
+	OpLayerGC     = edgeproto.OpLayerGC
+	OpCreateBatch = edgeproto.OpCreateBatch
+	OpSnapshot    = edgeproto.OpSnapshot
+	OpSnapshotGet = edgeproto.OpSnapshotGet
+	OpTrajResume  = edgeproto.OpTrajResume
+	OpTrajReplay  = edgeproto.OpTrajReplay
+	OpTrajAdvance = edgeproto.OpTrajAdvance
+	OpAudit       = edgeproto.OpAudit
+	OpCommands    = edgeproto.OpCommands
+	OpStats       = edgeproto.OpStats
+	OpNetwork     = edgeproto.OpNetwork
+	OpNetworkSet  = edgeproto.OpNetworkSet
+	OpFileUpload  = edgeproto.OpFileUpload
+	OpTarUpload   = edgeproto.OpTarUpload
 )
 
-// NetworkSetRequest replaces a running sandbox's egress list.
-type NetworkSetRequest struct {
-	ID      string          `json:"id"`
-	Network api.NetworkSpec `json:"network"`
+// Request and answer bodies.
+type (
+	NetworkSetRequest    = edgeproto.NetworkSetRequest
+	LayerRequest         = edgeproto.LayerRequest
+	UploadResult         = edgeproto.UploadResult
+	CreateBatchRequest   = edgeproto.CreateBatchRequest
+	CreateBatchResult    = edgeproto.CreateBatchResult
+	CreateBatchItem      = edgeproto.CreateBatchItem
+	PoolNameRequest      = edgeproto.PoolNameRequest
+	PauseMatchingRequest = edgeproto.PauseMatchingRequest
+	CreateRequest        = edgeproto.CreateRequest
+	IDRequest            = edgeproto.IDRequest
+	TimeoutRequest       = edgeproto.TimeoutRequest
+	ResumeSandboxRequest = edgeproto.ResumeSandboxRequest
+	ListRequest          = edgeproto.ListRequest
+	ExecRequest          = edgeproto.ExecRequest
+	CommandRequest       = edgeproto.CommandRequest
+	FileRequest          = edgeproto.FileRequest
+	TarPutResult         = edgeproto.TarPutResult
+	SnapshotRequest      = edgeproto.SnapshotRequest
+	SnapshotGetRequest   = edgeproto.SnapshotGetRequest
+	AuditRequest         = edgeproto.AuditRequest
+	FnCallRequest        = edgeproto.FnCallRequest
+	ResumeRequest        = edgeproto.ResumeRequest
+	AdvanceRequest       = edgeproto.AdvanceRequest
+	StepResult           = edgeproto.StepResult
+	ReplayRequest        = edgeproto.ReplayRequest
+	TrajectoryRecord     = edgeproto.TrajectoryRecord
+	ReplayFilter         = edgeproto.ReplayFilter
+)
+
+// Limits, ids and checks shared with the apiserver.
+const (
+	MaxLayerUpload = edgeproto.MaxLayerUpload
+	MaxPoolSize    = edgeproto.MaxPoolSize
+)
+
+// DataOps are the operations the data listener serves: those that stream.
+var DataOps = edgeproto.DataOps
+
+// ValidNodeName reports whether name can be a node name.
+func ValidNodeName(name string) bool { return edgeproto.ValidNodeName(name) }
+
+// NodeOf extracts the node name from a sandbox id, or "" if id is malformed.
+func NodeOf(id string) string { return edgeproto.NodeOf(id) }
+
+// NewSandboxID makes a fresh id for node.
+func NewSandboxID(node string) string { return edgeproto.NewSandboxID(node) }
+
+// LostReason is the reason of a sandbox reported lost with its node.
+func LostReason(node string) string { return edgeproto.LostReason(node) }
+
+// SnapshotLayerName is the named layer that holds a snapshot's diff.
+func SnapshotLayerName(id string) string { return edgeproto.SnapshotLayerName(id) }
+
+// TrajKey is where the record and the log of project's trajectory name
+// are stored.
+func TrajKey(project, name string) string { return edgeproto.TrajKey(project, name) }
+
+// NewReplayFilter checks and compiles a replay's masks and ignored fields.
+func NewReplayFilter(masks, ignore []string) (*ReplayFilter, error) {
+	return edgeproto.NewReplayFilter(masks, ignore)
 }
 
-// LayerRequest is the body of the layer operations. Upload chunks carry
-// Data; the first has no Handle and its answer names one; the one with
-// Final set creates the layer and answers with it.
-type LayerRequest struct {
-	Name    string `json:"name,omitempty"`
-	Version int    `json:"version,omitempty"`
-	Ref     string `json:"ref,omitempty"` // layer_get, layer_delete: name or name@version
-	ID      string `json:"id,omitempty"`  // layer_create: the sandbox
-	Handle  string `json:"handle,omitempty"`
-	Data    []byte `json:"data,omitempty"`
-	Final   bool   `json:"final,omitempty"`
-	Abort   bool   `json:"abort,omitempty"`
-	// Image makes an upload an image archive imported under this name
-	// (layer_upload; Name and Version are then unused).
-	Image string `json:"image,omitempty"`
+func sameOp(a, b *api.TrajectoryStep) bool { return edgeproto.SameOp(a, b) }
+
+// NormalizeFnCall validates a task and fills in defaults; it returns the
+// sandbox shape its worker has.
+func NormalizeFnCall(c *api.FnCallRequest) (api.CreateSandboxRequest, *api.Error) {
+	return edgeproto.NormalizeFnCall(c)
 }
 
-// UploadResult answers a non-final upload chunk.
-type UploadResult struct {
-	Handle string `json:"handle"`
-	Bytes  int64  `json:"bytes"`
+// PoolSpec turns a pool request into the create request its members are
+// made with, validated and normalized.
+func PoolSpec(r *api.PoolRequest) (api.CreateSandboxRequest, *api.Error) {
+	return edgeproto.PoolSpec(r)
 }
 
-// CreateBatchRequest asks an edge for many sandboxes at once.
-type CreateBatchRequest struct {
-	Items []CreateRequest `json:"items"`
-}
-
-// CreateBatchResult answers item by item, in order.
-type CreateBatchResult struct {
-	Items []CreateBatchItem `json:"items"`
-}
-
-// CreateBatchItem is one sandbox of a batch, or why it was not made.
-type CreateBatchItem struct {
-	Sandbox *api.Sandbox `json:"sandbox,omitempty"`
-	Error   *api.Error   `json:"error,omitempty"`
-}
-
-// PoolNameRequest names one warm pool.
-type PoolNameRequest struct {
-	Name    string `json:"name"`
-	Project string `json:"project,omitempty"` // pool names are per project
-}
-
-// PauseMatchingRequest pauses (or, with Resume, resumes) every sandbox of
-// the node whose labels all match.
-type PauseMatchingRequest struct {
-	Labels map[string]string `json:"labels"`
-	Resume bool              `json:"resume,omitempty"`
-}
-
-// CreateRequest asks an edge for a sandbox. ID is chosen by the caller (it
-// encodes this node); a repeated create with the same ID returns the
-// existing sandbox, which makes creates safe to retry.
-type CreateRequest struct {
-	ID   string                   `json:"id"`
-	Spec api.CreateSandboxRequest `json:"spec"`
-	// FromStep: a trajectory rebuilt (resume) from a snapshot of another
-	// trajectory's log (a branch from its parent's checkpoint) starts
-	// after this step.
-	FromStep int64 `json:"from_step,omitempty"`
-}
-
-// IDRequest names one sandbox.
-type IDRequest struct {
-	ID string `json:"id"`
-}
-
-// TimeoutRequest sets when a sandbox expires (TTL seconds from now) and
-// its idle timeout.
-type TimeoutRequest struct {
-	ID          string `json:"id"`
-	TTL         int64  `json:"ttl,omitempty"`          // 0 = unchanged
-	IdleTimeout *int64 `json:"idle_timeout,omitempty"` // nil = unchanged, 0 = none
-}
-
-// ResumeSandboxRequest names a sandbox to resume.
-type ResumeSandboxRequest struct {
-	ID         string `json:"id"`
-	NoPrefetch bool   `json:"no_prefetch,omitempty"` // leave swapped memory to page faults
-}
-
-// ListRequest filters the sandboxes of a node.
-type ListRequest struct {
-	Labels  map[string]string `json:"labels,omitempty"`
-	State   string            `json:"state,omitempty"`
-	Project string            `json:"project,omitempty"` // this project and below
-	// Scope and Scoped come from the request's scope header, not the body.
-	Scope  string `json:"-"`
-	Scoped bool   `json:"-"`
-}
-
-// ExecRequest runs a command in a sandbox; output arrives as chunks on the
-// streams "stdout" and "stderr", the answer is an api.ExecResult without them.
-type ExecRequest struct {
-	ID   string          `json:"id"`
-	Exec api.ExecRequest `json:"exec"`
-}
-
-// CommandRequest addresses a background command.
-type CommandRequest struct {
-	ID        string `json:"id"`
-	CommandID string `json:"command_id"`
-	Wait      bool   `json:"wait,omitempty"`
-	Signal    int    `json:"signal,omitempty"`
-}
-
-// FileRequest is every file operation's body; which fields matter depends
-// on the op.
-type FileRequest struct {
-	ID        string `json:"id"`
-	Path      string `json:"path,omitempty"`
-	To        string `json:"to,omitempty"` // rename
-	Mode      uint32 `json:"mode,omitempty"`
-	Parents   bool   `json:"parents,omitempty"`
-	Recursive bool   `json:"recursive,omitempty"`
-	Append    bool   `json:"append,omitempty"`
-	Data      []byte `json:"data,omitempty"`
-	Handle    string `json:"handle,omitempty"` // tar_put
-	Final     bool   `json:"final,omitempty"`  // tar_put
-	Abort     bool   `json:"abort,omitempty"`  // tar_put: the upload broke, extract nothing
-}
-
-// TarPutResult answers tar_put.
-type TarPutResult struct {
-	Handle string `json:"handle"`
-	Files  int    `json:"files"`
-}
+// SameOp reports whether a re-issued operation equals the logged one.
+func SameOp(a, b *api.TrajectoryStep) bool { return edgeproto.SameOp(a, b) }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"time"
 
@@ -31,13 +30,8 @@ import (
 // claimed: after a crash, reconcile frees them like any leftover and the
 // fillers make new ones.
 
-// MaxPoolSize bounds one pool on one node.
-const MaxPoolSize = 10000
-
 // poolFillers is how many sandboxes one pool creates at once.
 const poolFillers = 2
-
-var poolNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$`)
 
 type pool struct {
 	name    string
@@ -65,23 +59,6 @@ func poolKey(s *api.CreateSandboxRequest) (string, bool) {
 		return "", false
 	}
 	return fmt.Sprintf("%s|%s|%g|%d|%d|%d|%s", s.Tier, s.Image, s.CPU, s.MemoryMB, s.DiskMB, s.Pids, s.Priority), true
-}
-
-// PoolSpec turns a pool request into the create request its members are
-// made with, validated and normalized.
-func PoolSpec(r *api.PoolRequest) (api.CreateSandboxRequest, *api.Error) {
-	spec := api.CreateSandboxRequest{Tier: r.Tier, Image: r.Image, CPU: r.CPU, MemoryMB: r.MemoryMB,
-		DiskMB: r.DiskMB, Pids: r.Pids, Priority: r.Priority}
-	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
-		return spec, aerr
-	}
-	if r.Name != "" && !poolNameRE.MatchString(r.Name) {
-		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("pool name %q is malformed (want [a-z0-9-], at most 48)", truncateName(r.Name))}
-	}
-	if r.Size < 0 || r.Size > MaxPoolSize {
-		return spec, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("size must be between 0 and %d", MaxPoolSize)}
-	}
-	return spec, nil
 }
 
 func truncateName(s string) string {
@@ -398,6 +375,7 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 		sb.pool = ""
 		sb.mu.Unlock()
 		sb.audit.reset() // what ran while it waited in the pool is nobody's
+		setPolicy(sb, spec.Audit)
 		e.dropLocked(internal)
 		e.putLocked(id, sb)
 		p.claimed++

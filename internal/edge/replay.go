@@ -4,68 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 )
-
-// ReplayRequest is the body of OpTrajReplay: re-execute a trajectory's log
-// in the new sandbox ID, made from Spec (the trajectory's original state).
-type ReplayRequest struct {
-	ID         string                   `json:"id"`
-	Trajectory string                   `json:"trajectory"`
-	Project    string                   `json:"project,omitempty"` // the trajectory's owner: its log is TrajKey(Project, Trajectory)
-	Spec       api.CreateSandboxRequest `json:"spec"`
-	Keep       bool                     `json:"keep,omitempty"`
-	// Masks and Ignore: as in api.ReplayRequest (checked by ReplayFilter).
-	Masks  []string `json:"masks,omitempty"`
-	Ignore []string `json:"ignore,omitempty"`
-}
-
-// ReplayFilter is what a replay leaves out of its comparison: matches of
-// the masks in stdout and stderr, and whole fields.
-type ReplayFilter struct {
-	masks  []*regexp.Regexp
-	ignore map[string]bool
-}
-
-// NewReplayFilter checks and compiles a replay's masks and ignored fields;
-// a bad one is a 400 naming it.
-func NewReplayFilter(masks, ignore []string) (*ReplayFilter, error) {
-	if len(masks) > api.MaxReplayMasks {
-		return nil, badRequest("at most %d masks, got %d", api.MaxReplayMasks, len(masks))
-	}
-	f := &ReplayFilter{ignore: map[string]bool{}}
-	for _, m := range masks {
-		if m == "" {
-			return nil, badRequest("an empty mask")
-		}
-		re, err := regexp.Compile(m)
-		if err != nil {
-			return nil, badRequest("mask %q: %v", m, err)
-		}
-		f.masks = append(f.masks, re)
-	}
-	for _, name := range ignore {
-		if !slices.Contains(api.ReplayFields, name) {
-			return nil, badRequest("cannot ignore %q: the fields are %s", name, strings.Join(api.ReplayFields, ", "))
-		}
-		f.ignore[name] = true
-	}
-	return f, nil
-}
-
-// mask replaces every match of every mask in s.
-func (f *ReplayFilter) mask(s string) string {
-	for _, re := range f.masks {
-		s = re.ReplaceAllLiteralString(s, api.ReplayMaskText)
-	}
-	return s
-}
 
 // replayTrajectory re-executes every logged step of a trajectory, in
 // order, in a fresh sandbox from the trajectory's original state, and
@@ -104,7 +47,7 @@ func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.T
 			return nil, fmt.Errorf("replay of %q stopped at step %d: %w", req.Trajectory, logged.Step, err)
 		}
 		out.Steps++
-		if fields := filter.differs(logged, got); len(fields) > 0 {
+		if fields := filter.Differs(logged, got); len(fields) > 0 {
 			out.Differences = append(out.Differences, api.StepDifference{Step: logged.Step, Op: logged.Op, Fields: fields, Logged: *logged, Got: *got})
 		}
 	}
@@ -217,33 +160,3 @@ func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep,
 }
 
 var errNoInput = errors.New("input not kept")
-
-// differs names the parts of the outcome of got that differ from logged,
-// leaving out the ignored fields and the masked parts of the output.
-func (flt *ReplayFilter) differs(logged, got *api.TrajectoryStep) []string {
-	var f []string
-	add := func(name string, differ bool) {
-		if differ && !flt.ignore[name] {
-			f = append(f, name)
-		}
-	}
-	switch {
-	case (logged.Error == nil) != (got.Error == nil):
-		add("error", true)
-		return f
-	case logged.Error != nil:
-		add("error", logged.Error.Code != got.Error.Code)
-		return f
-	}
-	if a, b := logged.Result, got.Result; a != nil && b != nil {
-		add("exit_code", a.ExitCode != b.ExitCode)
-		add("stdout", a.Stdout != b.Stdout && flt.mask(a.Stdout) != flt.mask(b.Stdout))
-		add("stderr", a.Stderr != b.Stderr && flt.mask(a.Stderr) != flt.mask(b.Stderr))
-		add("timed_out", a.TimedOut != b.TimedOut)
-		add("signal", a.Signal != b.Signal)
-	}
-	if a, b := logged.File, got.File; a != nil && b != nil {
-		add("file", a.Size != b.Size || a.Mode != b.Mode || a.Type != b.Type || a.Target != b.Target)
-	}
-	return f
-}

@@ -14,10 +14,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/auditpolicy"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -91,6 +93,17 @@ type sandbox struct {
 	// recorded.
 	cookie uint64
 	audit  auditRing
+	// policy is the create's audit options, compiled (audit.go); steps
+	// the operations running now that a kill-step hook cancels.
+	policy atomic.Pointer[auditpolicy.Policy]
+	steps  stepCancels
+	// auditStepNow is the trajectory step running now (0: between steps),
+	// for the records the edge itself adds (limits).
+	auditStepNow atomic.Int64
+	// auditSaved is the seq of the newest record persisted with the
+	// trajectory (saveAudit, under auditSaveMu, a leaf lock).
+	auditSaveMu sync.Mutex
+	auditSaved  int64
 
 	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
 	// as of its last command (kills.go).
@@ -334,6 +347,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 				e.cpuOpenLocked(sb)
 				sb.mu.Unlock()
 				e.put(id, sb)
+				setPolicy(sb, rec.Spec.Audit)
 				e.auditStart(sb, inst.Handle)
 				adopted[store] = true
 				adopted[rec.layer()] = true
@@ -440,7 +454,9 @@ func (e *Edge) watch(sb *sandbox) {
 	sb.mu.Lock()
 	sb.stopWatch = stop
 	sb.mu.Unlock()
+	e.watches.Add(1)
 	go func() {
+		defer e.watches.Done()
 		select {
 		case <-inst.Agent.Done():
 		case <-stop:

@@ -21,26 +21,11 @@ import (
 	"github.com/warrenhq/warren/internal/scratch"
 )
 
-// SnapshotRequest is the body of OpSnapshot (and OpFork's snapshot step).
-type SnapshotRequest struct {
-	ID   string `json:"id"`
-	Name string `json:"name,omitempty"`
-	Stop bool   `json:"stop,omitempty"`
-}
-
-// SnapshotGetRequest names a snapshot (OpSnapshotGet).
-type SnapshotGetRequest struct {
-	Snapshot string `json:"snapshot"`
-}
-
 func newSnapshotID() string {
 	var b [10]byte
 	_, _ = rand.Read(b[:])
 	return "snap-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
-
-// SnapshotLayerName is the named layer that holds a snapshot's diff.
-func SnapshotLayerName(id string) string { return "snap/" + id }
 
 // snapshotOp answers OpSnapshot.
 func (e *Edge) snapshotOp(ctx context.Context, req *SnapshotRequest) (*api.Snapshot, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 )
 
@@ -14,15 +13,6 @@ import (
 // would take the project or an ancestor over its storage_bytes quota is
 // refused before it runs.
 
-// StorageQuotaError turns a *bus.StorageError into its answer (413).
-func StorageQuotaError(err error) error {
-	var se *bus.StorageError
-	if errors.As(err, &se) {
-		return &api.Error{Code: api.CodeTooLarge, Reason: api.ReasonStorageQuota, Message: se.Error()}
-	}
-	return err
-}
-
 // checkStorage refuses n more bytes for project beyond a storage quota.
 // An account that cannot be read does not stop the work (the streams'
 // limits are the backstop).
@@ -30,7 +20,7 @@ func (e *Edge) checkStorage(ctx context.Context, project string, n int64) error 
 	err := e.storage.Check(ctx, project, n)
 	var se *bus.StorageError
 	if errors.As(err, &se) {
-		return StorageQuotaError(err)
+		return bus.QuotaError(err)
 	}
 	if err != nil {
 		e.log.Warn("read the storage account", "project", project, "err", err)

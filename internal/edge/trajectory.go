@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -28,73 +27,12 @@ const MaxLoggedOutput = 1 << 20
 // operations keeps other resumers out.
 const resumeLease = 30 * time.Second
 
-// TrajectoryRecord is a trajectory's entry in the KV bucket: where it
-// lives and its last checkpoint.
-type TrajectoryRecord struct {
-	Name string `json:"name"`
-	// Project owns the trajectory: names are unique per project, and only
-	// a token that sees the project (iam.Principal.Sees) reads or uses it.
-	Project        string                   `json:"project,omitempty"`
-	Sandbox        string                   `json:"sandbox"`
-	Spec           api.CreateSandboxRequest `json:"spec"`
-	CheckpointSnap string                   `json:"checkpoint_snapshot,omitempty"`
-	CheckpointStep int64                    `json:"checkpoint_step,omitempty"`
-	// Parent, ParentStep: a branch shares its parent's log up to ParentStep.
-	Parent     string    `json:"parent,omitempty"`
-	ParentStep int64     `json:"parent_step,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
-	// ExpiresAt: the apiservers' sweeper deletes the trajectory (its log,
-	// inputs and record) after this, once no live sandbox records it
-	// (CreateSandboxRequest.TrajectoryTTL). Zero = never.
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-}
-
 // expiresAt is when a trajectory made at t with ttl seconds expires.
 func expiresAt(t time.Time, ttl int) time.Time {
 	if ttl <= 0 {
 		return time.Time{}
 	}
 	return t.Add(time.Duration(ttl) * time.Second)
-}
-
-// TrajKey is where the record and the log of project's trajectory name
-// are stored: names are chosen by clients and unique per project, so two
-// projects may both have a "run-42". The root project's keys are the bare
-// names (as before projects owned trajectories); "|" is in no project id
-// and no trajectory name, so keys never collide.
-func TrajKey(project, name string) string {
-	if project == "" {
-		return name
-	}
-	return project + "|" + name
-}
-
-// ResumeRequest is the body of OpTrajResume.
-type ResumeRequest struct {
-	ID         string `json:"id"`
-	Trajectory string `json:"trajectory"`
-	Branch     bool   `json:"branch,omitempty"`
-	// Delegate: the API server replica that serves the fast-forward from
-	// its own copy of the log; the edge's cursor stays put until it
-	// reports how far the client got (OpTrajAdvance). Only when every
-	// logged step is replayed (no re-execution, no branch).
-	Delegate string `json:"delegate,omitempty"`
-}
-
-// AdvanceRequest (OpTrajAdvance) ends a delegated fast-forward: the client
-// re-issued the first Cursor logged steps through the delegate.
-type AdvanceRequest struct {
-	ID       string `json:"id"`
-	Delegate string `json:"delegate"`
-	Cursor   int    `json:"cursor"`
-}
-
-// StepResult answers a recorded operation that has no other answer.
-type StepResult struct {
-	Step       int64  `json:"step,omitempty"`
-	Replayed   bool   `json:"replayed,omitempty"`
-	Sandbox    string `json:"sandbox,omitempty"`    // set when the operation branched
-	Trajectory string `json:"trajectory,omitempty"` // the branch's trajectory
 }
 
 // traj is the trajectory state of one sandbox. mu serializes the
@@ -352,36 +290,9 @@ func (e *Edge) advanceTrajectory(req *AdvanceRequest) (*StepResult, error) {
 	return &StepResult{}, nil
 }
 
-// SameOp reports whether a re-issued operation equals the logged one
-// (timeouts and output caps are not compared).
-func SameOp(a, b *api.TrajectoryStep) bool { return sameOp(a, b) }
-
 func digest(b []byte) string {
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
-}
-
-// sameOp reports whether a re-issued operation equals the logged one.
-func sameOp(a, b *api.TrajectoryStep) bool {
-	if a.Op != b.Op || a.Path != b.Path || a.To != b.To || a.Mode != b.Mode || a.Recursive != b.Recursive ||
-		a.Parents != b.Parents || a.Append != b.Append || a.DataHash != b.DataHash || a.StdinHash != b.StdinHash {
-		return false
-	}
-	if (a.Exec == nil) != (b.Exec == nil) {
-		return false
-	}
-	if a.Exec == nil {
-		return true
-	}
-	x, y := *a.Exec, *b.Exec
-	x.Timeout, y.Timeout, x.OutputCap, y.OutputCap = 0, 0, 0, 0
-	if len(x.Env) == 0 {
-		x.Env = nil
-	}
-	if len(y.Env) == 0 {
-		y.Env = nil
-	}
-	return reflect.DeepEqual(x, y)
 }
 
 // opOnly strips the results from a step (for the divergence answer).
@@ -518,6 +429,7 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	}
 	t.last = op.Step
 	e.chargeTrajectory(ctx, project, t.key, int64(len(b)))
+	e.saveAudit(sb, t.key, op.Step)
 	if op.Checkpoint != "" {
 		// Only while the record still names this sandbox, and only over
 		// the revision read (a resume may rebuild it elsewhere meanwhile).

@@ -26,8 +26,9 @@ import (
 var (
 	// ErrExists means a layer version already exists with other content.
 	ErrExists = errors.New("layer version exists with other content")
-	// ErrInvalid wraps malformed names, references and versions.
-	ErrInvalid = errors.New("invalid")
+	// ErrInvalid wraps malformed names, references and versions (the
+	// grammars are api's, which both sides of the wire check).
+	ErrInvalid = api.ErrInvalid
 	// ErrBadContent wraps archives that cannot become a layer: corrupt or
 	// truncated, a digest mismatch, unsafe entries, limits exceeded.
 	ErrBadContent = errors.New("bad layer content")
@@ -36,7 +37,7 @@ var (
 )
 
 // MaxLayerVersion bounds version numbers.
-const MaxLayerVersion = 1 << 30
+const MaxLayerVersion = api.MaxLayerVersion
 
 // Layer is one version of a named layer.
 type Layer struct {
@@ -56,94 +57,16 @@ func (l *Layer) API() api.Layer {
 		StoredSize: l.ErofsSize, Source: l.Source, CreatedAt: l.CreatedAt}
 }
 
-// ValidLayerName checks a layer name: 1 to 128 characters, segments of
-// [a-z0-9._-] starting with a letter or digit, joined by "/".
-//
-// A name may be qualified by its project, "~<project>/<name>" (see
-// QualifiedLayerName): names are per project.
-func ValidLayerName(name string) error {
-	if project, rest, ok := cutQualified(name); ok {
-		if !validProjectID(project) {
-			return fmt.Errorf("%w: layer name %q: %q is not a project", ErrInvalid, trunc(name), trunc(project))
-		}
-		return validPlainLayerName(rest)
-	}
-	return validPlainLayerName(name)
-}
+// ValidLayerName checks a layer name (api.ValidLayerName).
+func ValidLayerName(name string) error { return api.ValidLayerName(name) }
 
-func validPlainLayerName(name string) error {
-	if name == "" || len(name) > 128 {
-		return fmt.Errorf("%w: layer name %q: length must be 1..128", ErrInvalid, trunc(name))
-	}
-	for _, seg := range strings.Split(name, "/") {
-		if seg == "" {
-			return fmt.Errorf("%w: layer name %q: empty segment", ErrInvalid, trunc(name))
-		}
-		c := seg[0]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return fmt.Errorf("%w: layer name %q: each segment must start with a lower-case letter or digit", ErrInvalid, trunc(name))
-		}
-		for i := 0; i < len(seg); i++ {
-			c := seg[i]
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-				return fmt.Errorf("%w: layer name %q: character %q not allowed (use a-z, 0-9, '.', '_', '-', '/')", ErrInvalid, trunc(name), c)
-			}
-		}
-	}
-	if strings.Contains(name, "..") {
-		return fmt.Errorf("%w: layer name %q: '..' not allowed", ErrInvalid, trunc(name))
-	}
-	return nil
-}
+// QualifiedLayerName is the store's name for layer name of project
+// (api.QualifiedLayerName).
+func QualifiedLayerName(project, name string) string { return api.QualifiedLayerName(project, name) }
 
-// QualifiedLayerName is the store's name for layer name of project:
-// "~<project>/<name>", or name itself for the root project (whose layers
-// are the shared catalog, like every layer made before names were per
-// project). Layer names are unique per project: p1 and p2 may each have
-// their own ws/calc.
-func QualifiedLayerName(project, name string) string {
-	if project == "" {
-		return name
-	}
-	return "~" + project + "/" + name
-}
-
-// SplitLayerName splits a store name into its project ("" for the root
-// project) and the name its project uses.
-func SplitLayerName(stored string) (project, name string) {
-	if project, rest, ok := cutQualified(stored); ok {
-		return project, rest
-	}
-	return "", stored
-}
-
-func cutQualified(name string) (project, rest string, ok bool) {
-	q, ok := strings.CutPrefix(name, "~")
-	if !ok {
-		return "", "", false
-	}
-	project, rest, _ = strings.Cut(q, "/")
-	return project, rest, true
-}
-
-// validProjectID is sandboxspec.ValidProject's grammar (which imports
-// this package): names of a-z, 0-9 and '-' joined by '.'.
-func validProjectID(id string) bool {
-	if id == "" || len(id) > 512 {
-		return false
-	}
-	for _, seg := range strings.Split(id, ".") {
-		if seg == "" || seg[0] == '-' || seg[len(seg)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(seg); i++ {
-			if c := seg[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-				return false
-			}
-		}
-	}
-	return true
-}
+// SplitLayerName splits a store name into its project and name
+// (api.SplitLayerName).
+func SplitLayerName(stored string) (project, name string) { return api.SplitLayerName(stored) }
 
 func trunc(s string) string {
 	if len(s) > 64 {
@@ -152,21 +75,8 @@ func trunc(s string) string {
 	return s
 }
 
-// ParseLayerRef splits "name" or "name@version" (version 0 = latest).
-func ParseLayerRef(ref string) (string, int, error) {
-	name, v, hasV := strings.Cut(ref, "@")
-	if err := ValidLayerName(name); err != nil {
-		return "", 0, err
-	}
-	if !hasV {
-		return name, 0, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > MaxLayerVersion || strconv.Itoa(n) != v {
-		return "", 0, fmt.Errorf("%w: layer reference %q: version must be a positive integer", ErrInvalid, trunc(ref))
-	}
-	return name, n, nil
-}
+// ParseLayerRef splits "name" or "name@version" (api.ParseLayerRef).
+func ParseLayerRef(ref string) (string, int, error) { return api.ParseLayerRef(ref) }
 
 func (s *LocalStore) namedDir(name string) string {
 	return filepath.Join(s.dir, "named", strings.ReplaceAll(name, "/", "%2F"))

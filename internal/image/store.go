@@ -197,32 +197,8 @@ func (s *LocalStore) lock() (func(), error) {
 	return func() { f.Close(); s.mu.Unlock() }, nil
 }
 
-const maxImageName = 200
-
-// ValidName reports whether name can name an image: 1 to 200 characters of
-// [A-Za-z0-9._-/:@], starting with a letter or digit, without "..", "//"
-// or a trailing "/".
-func ValidName(name string) error {
-	if name == "" || len(name) > maxImageName {
-		return fmt.Errorf("image: invalid name %q: length must be 1..%d", name, maxImageName)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
-			c == '.' || c == '_' || c == '-' || c == '/' || c == ':' || c == '@'
-		if !ok {
-			return fmt.Errorf("image: invalid name %q: character %q not allowed", name, c)
-		}
-	}
-	c := name[0]
-	if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-		return fmt.Errorf("image: invalid name %q: must start with a letter or digit", name)
-	}
-	if strings.Contains(name, "..") || strings.Contains(name, "//") || strings.HasSuffix(name, "/") {
-		return fmt.Errorf("image: invalid name %q", name)
-	}
-	return nil
-}
+// ValidName reports whether name can name an image (api.ValidImageName).
+func ValidName(name string) error { return api.ValidImageName(name) }
 
 // fileName maps a valid name to a single file name: "/" (the only
 // character of a valid name a path cannot hold) becomes "%2F".

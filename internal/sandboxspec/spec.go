@@ -4,13 +4,13 @@ package sandboxspec
 
 import (
 	"fmt"
+	"github.com/warrenhq/warren/internal/auditpolicy"
 	"path"
 	"regexp"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/image"
 )
 
 // Defaults and bounds.
@@ -172,6 +172,9 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if aerr := CheckNetwork(req.Network); aerr != nil {
 		return aerr
 	}
+	if _, err := auditpolicy.Compile(req.Audit); err != nil {
+		return invalid("%v", err)
+	}
 	if len(req.Env) > MaxEnv {
 		return invalid("at most %d env variables", MaxEnv)
 	}
@@ -224,7 +227,7 @@ func checkLayers(ls []api.LayerAttachment) *api.Error {
 	}
 	mounts := map[string]bool{}
 	for i, l := range ls {
-		if _, _, err := image.ParseLayerRef(l.Layer); err != nil {
+		if _, _, err := api.ParseLayerRef(l.Layer); err != nil {
 			return invalid("layers[%d]: %s", i, strings.TrimPrefix(err.Error(), "invalid: "))
 		}
 		if l.Mount == "" {

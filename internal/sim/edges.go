@@ -16,7 +16,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
-	"github.com/warrenhq/warren/internal/edge"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // EdgesConfig configures a set of simulated nodes.
@@ -124,18 +124,18 @@ func (n *fakeNode) status() api.Node {
 
 func (n *fakeNode) handle(ctx context.Context, op string, body []byte, w *bus.Replier) (any, error) {
 	switch op {
-	case edge.OpCreate:
-		var req edge.CreateRequest
+	case edgeproto.OpCreate:
+		var req edgeproto.CreateRequest
 		if err := json.Unmarshal(body, &req); err != nil {
 			return nil, &api.Error{Code: api.CodeBadRequest, Message: err.Error()}
 		}
 		return n.create(&req)
-	case edge.OpCreateBatch:
-		var req edge.CreateBatchRequest
+	case edgeproto.OpCreateBatch:
+		var req edgeproto.CreateBatchRequest
 		if err := json.Unmarshal(body, &req); err != nil {
 			return nil, &api.Error{Code: api.CodeBadRequest, Message: err.Error()}
 		}
-		out := &edge.CreateBatchResult{Items: make([]edge.CreateBatchItem, len(req.Items))}
+		out := &edgeproto.CreateBatchResult{Items: make([]edgeproto.CreateBatchItem, len(req.Items))}
 		for i := range req.Items {
 			sb, err := n.create(&req.Items[i])
 			if err != nil {
@@ -145,14 +145,14 @@ func (n *fakeNode) handle(ctx context.Context, op string, body []byte, w *bus.Re
 			}
 		}
 		return out, nil
-	case edge.OpGet, edge.OpDelete:
-		var req edge.IDRequest
+	case edgeproto.OpGet, edgeproto.OpDelete:
+		var req edgeproto.IDRequest
 		if err := json.Unmarshal(body, &req); err != nil {
 			return nil, &api.Error{Code: api.CodeBadRequest, Message: err.Error()}
 		}
 		n.mu.Lock()
 		sb := n.sbs[req.ID]
-		if sb != nil && op == edge.OpDelete {
+		if sb != nil && op == edgeproto.OpDelete {
 			n.remove(req.ID, sb)
 		}
 		n.mu.Unlock()
@@ -160,13 +160,13 @@ func (n *fakeNode) handle(ctx context.Context, op string, body []byte, w *bus.Re
 			return nil, &api.Error{Code: api.CodeNotFound, Message: "sandbox " + req.ID + " not found"}
 		}
 		v := n.view(req.ID, sb)
-		if op == edge.OpDelete {
+		if op == edgeproto.OpDelete {
 			v.State = api.StateStopped
 		}
 		return &v, nil
-	case edge.OpList:
+	case edgeproto.OpList:
 		return &api.SandboxList{Sandboxes: []api.Sandbox{}}, nil
-	case edge.OpImages:
+	case edgeproto.OpImages:
 		return &api.ImageList{Images: []api.Image{{Name: "busybox"}}}, nil
 	}
 	return nil, &api.Error{Code: api.CodeBadRequest, Message: "the simulated node does not do " + op}
@@ -177,8 +177,8 @@ func (n *fakeNode) view(id string, sb *fakeSandbox) api.Sandbox {
 		Image: "busybox", CPU: sb.cpu, MemoryMB: sb.mem, CreatedAt: sb.created, LastActive: sb.created}
 }
 
-func (n *fakeNode) create(req *edge.CreateRequest) (*api.Sandbox, error) {
-	if edge.NodeOf(req.ID) != n.name {
+func (n *fakeNode) create(req *edgeproto.CreateRequest) (*api.Sandbox, error) {
+	if edgeproto.NodeOf(req.ID) != n.name {
 		return nil, &api.Error{Code: api.CodeInvalid, Message: "sandbox id of another node"}
 	}
 	s := &req.Spec

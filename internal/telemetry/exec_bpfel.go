@@ -44,14 +44,15 @@ type execSlot struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	execMapEvents          = "events"
-	execMapLost            = "lost"
-	execMapSandboxes       = "sandboxes"
-	execProgExec           = "exec"
-	execProgSignalGenerate = "signal_generate"
-	execProgSysEnter       = "sys_enter"
-	execProgSysExit        = "sys_exit"
-	execVarUnusedEvent     = "unused_event"
+	execMapEvents            = "events"
+	execMapLost              = "lost"
+	execMapSandboxes         = "sandboxes"
+	execProgExec             = "exec"
+	execProgInetSockSetState = "inet_sock_set_state"
+	execProgSignalGenerate   = "signal_generate"
+	execProgSysEnter         = "sys_enter"
+	execProgSysExit          = "sys_exit"
+	execVarUnusedEvent       = "unused_event"
 )
 
 // loadExec returns the embedded CollectionSpec for exec.
@@ -96,10 +97,11 @@ type execSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type execProgramSpecs struct {
-	Exec           *ebpf.ProgramSpec `ebpf:"exec"`
-	SignalGenerate *ebpf.ProgramSpec `ebpf:"signal_generate"`
-	SysEnter       *ebpf.ProgramSpec `ebpf:"sys_enter"`
-	SysExit        *ebpf.ProgramSpec `ebpf:"sys_exit"`
+	Exec             *ebpf.ProgramSpec `ebpf:"exec"`
+	InetSockSetState *ebpf.ProgramSpec `ebpf:"inet_sock_set_state"`
+	SignalGenerate   *ebpf.ProgramSpec `ebpf:"signal_generate"`
+	SysEnter         *ebpf.ProgramSpec `ebpf:"sys_enter"`
+	SysExit          *ebpf.ProgramSpec `ebpf:"sys_exit"`
 }
 
 // execMapSpecs contains maps before they are loaded into the kernel.
@@ -162,15 +164,17 @@ type execVariables struct {
 //
 // It can be passed to loadExecObjects or ebpf.CollectionSpec.LoadAndAssign.
 type execPrograms struct {
-	Exec           *ebpf.Program `ebpf:"exec"`
-	SignalGenerate *ebpf.Program `ebpf:"signal_generate"`
-	SysEnter       *ebpf.Program `ebpf:"sys_enter"`
-	SysExit        *ebpf.Program `ebpf:"sys_exit"`
+	Exec             *ebpf.Program `ebpf:"exec"`
+	InetSockSetState *ebpf.Program `ebpf:"inet_sock_set_state"`
+	SignalGenerate   *ebpf.Program `ebpf:"signal_generate"`
+	SysEnter         *ebpf.Program `ebpf:"sys_enter"`
+	SysExit          *ebpf.Program `ebpf:"sys_exit"`
 }
 
 func (p *execPrograms) Close() error {
 	return _ExecClose(
 		p.Exec,
+		p.InetSockSetState,
 		p.SignalGenerate,
 		p.SysEnter,
 		p.SysExit,

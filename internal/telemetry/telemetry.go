@@ -15,6 +15,9 @@
 //     seccomp's refusals, and what a missing capability refuses), by name;
 //   - signal: every signal but SIGCHLD sent to a task that is pid 1 of its
 //     pid namespace (tp_btf/signal_generate: the sandbox's agent);
+//   - connect: every TCP connection attempt of a sandbox process (not of
+//     its agent), with its destination (tp_btf/inet_sock_set_state, as a
+//     socket enters SYN_SENT);
 //   - file (Options.Files): every syscall of a sandbox process (not of its
 //     agent's cgroup) that asks to write, create, truncate, rename, unlink
 //     or chmod a file (tp_btf/sys_enter), with the path as named.
@@ -37,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"sync"
 	"syscall"
@@ -60,10 +64,11 @@ const (
 	KindRefused = "refused" // a syscall failed with EPERM (seccomp, capabilities)
 	KindSignal  = "signal"  // a signal sent to the sandbox's PID 1 (its agent)
 	KindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
+	KindConnect = "connect" // a TCP connection attempt
 )
 
 // kinds maps the programs' event kinds (exec.c) to names.
-var kinds = map[uint32]string{1: KindExec, 2: KindRefused, 3: KindSignal, 4: KindFile}
+var kinds = map[uint32]string{1: KindExec, 2: KindRefused, 3: KindSignal, 4: KindFile, 5: KindConnect}
 
 // Record is one event of a sandbox, as the kernel saw it.
 type Record struct {
@@ -91,6 +96,8 @@ type Record struct {
 	// or truncating), rename, unlink, chmod; Path is its file as the
 	// process named it, To a rename's new name.
 	Op, To string
+	// Dest is a connection attempt's destination, "ip:port" (connect).
+	Dest string
 }
 
 // signalOutcomes names the kernel's TRACE_SIGNAL_* results.
@@ -148,7 +155,7 @@ func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	c.links = append(c.links, tp)
 	// The rest is optional: a kernel without one of these functions still
 	// records execs.
-	optional := map[string]*ebpf.Program{"signal_generate": c.objs.SignalGenerate}
+	optional := map[string]*ebpf.Program{"signal_generate": c.objs.SignalGenerate, "inet_sock_set_state": c.objs.InetSockSetState}
 	if opts.Refusals {
 		optional["sys_exit"] = c.objs.SysExit
 	}
@@ -354,6 +361,9 @@ func (c *Collector) record(ev *execEvent) Record {
 	case KindRefused:
 		r.Syscall = syscallName(int(ev.Nr))
 		return r
+	case KindConnect:
+		r.Dest = dest(ev)
+		return r
 	case KindSignal:
 		r.Signal, r.Target = int(ev.Nr), int(ev.Target)
 		if int(ev.Result) >= 0 && int(ev.Result) < len(signalOutcomes) {
@@ -374,6 +384,21 @@ func (c *Collector) record(ev *execEvent) Record {
 		}
 	}
 	return r
+}
+
+// dest formats a connect event's destination: the address's bytes are in
+// path, the family in nr, the port in target.
+func dest(ev *execEvent) string {
+	n := 4
+	if ev.Nr == unix.AF_INET6 {
+		n = 16
+	}
+	b := make([]byte, n)
+	for i := range n {
+		b[i] = byte(ev.Path[i])
+	}
+	addr, _ := netip.AddrFromSlice(b)
+	return netip.AddrPortFrom(addr.Unmap(), uint16(ev.Target)).String()
 }
 
 // fileOps names the file operations that are not an open for writing.

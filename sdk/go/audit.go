@@ -62,6 +62,19 @@ func (c *Client) TrajectoryAudit(ctx context.Context, name string, after int64, 
 	return &p, nil
 }
 
+// TrajectoryAuditSummary counts a trajectory's audit records per step and
+// kind, and those a policy rule matched (GET
+// /v1/trajectories/{name}/audit/summary): one call to flag a rollout. The
+// records are kept with the trajectory, so this works after its sandbox
+// is gone.
+func (c *Client) TrajectoryAuditSummary(ctx context.Context, name string) (*api.AuditList, error) {
+	var out api.AuditList
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/trajectories/" + escPath(name), query: url.Values{"audit": {"summary"}}, retry: true}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // FollowAudit streams a sandbox's audit records after seq after, calling
 // fn for each as it is recorded, until the sandbox has stopped and its
 // last records came (nil), ctx ends, fn fails (its error), or the stream

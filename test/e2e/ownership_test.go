@@ -711,7 +711,7 @@ func auditRoutes(t *testing.T, o *owned) {
 		"GET /v1/trajectories":                        {{path: "/v1/trajectories", ok: listOK}},
 		"GET /v1/snapshots/{sid}":                     {{path: "/v1/snapshots/" + o.snap}},
 		"DELETE /v1/snapshots/{sid}":                  {{path: "/v1/snapshots/" + o.snap}},
-		"GET /v1/trajectories/{name}":                 {{path: "/v1/trajectories/" + o.traj, ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?path=/work-secret", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}, {path: "/v1/trajectories/" + o.traj + "?audit=1&project=p1"}},
+		"GET /v1/trajectories/{name}":                 {{path: "/v1/trajectories/" + o.traj, ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?path=/work-secret", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}, {path: "/v1/trajectories/" + o.traj + "?audit=1&project=p1"}, {path: "/v1/trajectories/" + o.traj + "/audit/summary", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?audit=summary&project=p1"}},
 		"DELETE /v1/trajectories/{name}": {{path: "/v1/trajectories/" + o.traj, ok: func(code int, body string) bool {
 			// p2's own run-42 is recorded by its live sandbox: 409.
 			return (code == 409 || ownOrNone(code, body)) && !o.leaks(body)

@@ -86,6 +86,7 @@ struct linux_binprm {
 #define KIND_REFUSED 2 // a syscall failed with EPERM (seccomp, capabilities)
 #define KIND_SIGNAL 3  // a signal sent to the sandbox's PID 1 (its agent)
 #define KIND_FILE 4    // a syscall that asks to write, rename, unlink or chmod a file
+#define KIND_CONNECT 5 // a TCP connection attempt (a socket entering SYN_SENT)
 
 // slot is what the edge registers per sandbox cgroup: the sandbox's
 // cookie and the trajectory step running now (0 = between steps).
@@ -390,6 +391,61 @@ int sys_enter(u64 *ctx)
 		long n = bpf_probe_read_user_str(ev->argv, PATH_CAP, to);
 		if (n > 0)
 			ev->argv_len = n;
+	}
+	submit(ev);
+	return 0;
+}
+
+// The few fields of a socket the connect program reads. The kernel keeps
+// them in anonymous unions; CO-RE finds them by name.
+struct in6_addr {
+	u8 s6_addr[16];
+} __attribute__((preserve_access_index));
+
+struct sock_common {
+	__be32 skc_daddr;
+	__be16 skc_dport;
+	unsigned short skc_family;
+	struct in6_addr skc_v6_daddr;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+} __attribute__((preserve_access_index));
+
+#define TCP_SYN_SENT 2
+#define AF_INET 2
+#define AF_INET6 10
+
+// inet_sock_set_state: a TCP socket of a sandbox process enters SYN_SENT,
+// which only connect() does, in the caller's context (so the cgroup is
+// the caller's). The event's path holds the destination address's bytes
+// (4 or 16), nr the family and target the port. Cheap: it runs on TCP
+// state changes only.
+SEC("tp_btf/inet_sock_set_state")
+int inet_sock_set_state(u64 *ctx)
+{
+	struct sock *sk = (struct sock *)ctx[0];
+	int newstate = (int)ctx[2];
+	if (newstate != TCP_SYN_SENT || !sk)
+		return 0;
+	struct slot *s = find();
+	if (!s || (s->flags & SLOT_AGENT))
+		return 0;
+	unsigned short family = sk->__sk_common.skc_family;
+	if (family != AF_INET && family != AF_INET6)
+		return 0;
+	struct event *ev = reserve(s, KIND_CONNECT);
+	if (!ev)
+		return 0;
+	ev->nr = family;
+	u16 port = sk->__sk_common.skc_dport;
+	ev->target = (port >> 8) | ((port & 0xff) << 8);
+	if (family == AF_INET) {
+		__be32 a = sk->__sk_common.skc_daddr;
+		__builtin_memcpy(ev->path, &a, 4);
+	} else {
+		bpf_probe_read_kernel(ev->path, 16, &sk->__sk_common.skc_v6_daddr);
 	}
 	submit(ev);
 	return 0;

@@ -357,6 +357,12 @@ class AsyncClient:
                 return t
             after = int(nxt)
 
+    async def trajectory_audit_summary(self, trajectory_id: str, *,
+                                       project: Optional[str] = None) -> Dict[str, Any]:
+        """See :meth:`warren.Client.trajectory_audit_summary`."""
+        params = [("audit", "summary")] + ([("project", project)] if project else [])
+        return dict(await self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params)))
+
     async def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
                                 masks: Optional[Sequence[str]] = None,
                                 ignore: Optional[Sequence[str]] = None,

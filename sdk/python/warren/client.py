@@ -411,6 +411,14 @@ class Client:
                 return t
             after = int(nxt)
 
+    def trajectory_audit_summary(self, trajectory_id: str, *,
+                                 project: Optional[str] = None) -> Dict[str, Any]:
+        """Per step of a trajectory, its audit records counted by kind, and how many a
+        policy rule matched (``GET /v1/trajectories/{id}/audit/summary``): ``summary``
+        and ``dropped``. Kept with the trajectory: works after its sandbox is gone."""
+        params = [("audit", "summary")] + ([("project", project)] if project else [])
+        return dict(self._json(Req("GET", _core.trajectory_path(trajectory_id), params=params)))
+
     def replay_trajectory(self, trajectory: str, *, keep: bool = False, project: Optional[str] = None,
                           masks: Optional[Sequence[str]] = None,
                           ignore: Optional[Sequence[str]] = None,

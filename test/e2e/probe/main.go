@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -97,9 +98,29 @@ func capBits() (eff, bnd uint64, nnp string) {
 	return
 }
 
+// hold starts `sleep` processes until the pids limit refuses one, then
+// holds them (and itself) for secs seconds.
+func hold(secs string) {
+	n := 0
+	for ; n < 100000; n++ {
+		p, err := os.StartProcess("/bin/sleep", []string{"sleep", secs}, &os.ProcAttr{})
+		if err != nil {
+			break
+		}
+		_ = p.Release()
+	}
+	fmt.Printf("holding %d\n", n)
+	d, _ := strconv.Atoi(secs)
+	time.Sleep(time.Duration(d) * time.Second)
+}
+
 func main() {
 	if len(os.Args) == 3 && os.Args[1] == "alloc" {
 		alloc(os.Args[2])
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == "hold" {
+		hold(os.Args[2])
 		return
 	}
 	if len(os.Args) == 3 && os.Args[1] == "ipc" {
