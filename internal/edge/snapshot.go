@@ -170,6 +170,17 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if err := e.snaps.Put(ctx, snapID, snap); err != nil {
 		return nil, err
 	}
+	if prev != nil {
+		// The previous snapshot may have been deleted while this one was
+		// packed, and with it a diff nobody else needed yet: this one
+		// must not name a layer that is gone.
+		if err := e.chainWhole(ctx, snap); err != nil {
+			sb.incr = incrState{}
+			_ = e.snaps.Delete(context.WithoutCancel(ctx), snapID)
+			_, _ = e.cfg.Images.DeleteLayer(context.WithoutCancel(ctx), SnapshotLayerName(snapID), 0)
+			return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("snapshot of %s: %v while it was taken; take it again (it will be full)", id, err)}
+		}
+	}
 	if manifest != nil {
 		sb.incr = incrState{snap: snapID, links: links, manifest: manifest}
 	} else {
@@ -208,6 +219,19 @@ func (e *Edge) increment(ctx context.Context, sb *sandbox, id, copyDir string) (
 		return nil, nil, 1, nil
 	}
 	return manifest, nil, 1, nil
+}
+
+// chainWhole checks that every snapshot diff snap chains on still exists.
+func (e *Edge) chainWhole(ctx context.Context, snap *api.Snapshot) error {
+	for _, l := range snap.Layers[:len(snap.Layers)-1] {
+		if !strings.HasPrefix(l.Layer, "snap/") {
+			continue
+		}
+		if _, err := e.cfg.Images.ResolveLayer(ctx, l.Layer); err != nil {
+			return fmt.Errorf("layer %s of the previous snapshot was deleted", l.Layer)
+		}
+	}
+	return nil
 }
 
 // getSnapshot reads a snapshot record (404 when unknown).
