@@ -384,6 +384,7 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"ExecRequest":          api.ExecRequest{},
 		"ExecResult":           api.ExecResult{},
 		"ExecEvent":            api.ExecEvent{},
+		"TermMessage":          api.TermMessage{},
 		"ReplayRequest":        api.ReplayRequest{},
 		"TrajectoryReplay":     api.TrajectoryReplay{},
 		"StepDifference":       api.StepDifference{},
@@ -391,6 +392,8 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"CommandRecord":        api.CommandRecord{},
 		"CommandHistory":       api.CommandHistory{},
 		"SandboxStats":         api.SandboxStats{},
+		"Port":                 api.Port{},
+		"PortRequest":          api.PortRequest{},
 		"FileInfo":             api.FileInfo{},
 		"FileList":             api.FileList{},
 		"MkdirRequest":         api.MkdirRequest{},
@@ -524,7 +527,7 @@ func TestErrorCodesAndStates(t *testing.T) {
 		return out
 	}
 	codes := []string{api.CodeBadRequest, api.CodeUnauthorized, api.CodeForbidden, api.CodeNotFound, api.CodeConflict,
-		api.CodeTooLarge, api.CodeInvalid, api.CodeTooManyRequests, api.CodeInternal, api.CodeUnavailable, api.CodeTimeout}
+		api.CodeTooLarge, api.CodeInvalid, api.CodeTooManyRequests, api.CodeInternal, api.CodeBadGateway, api.CodeUnavailable, api.CodeTimeout}
 	sort.Strings(codes)
 	if got := enum("Error", "code"); strings.Join(got, ",") != strings.Join(codes, ",") {
 		t.Errorf("error codes in spec %v, in api %v", got, codes)

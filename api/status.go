@@ -13,6 +13,7 @@ var codeStatus = map[string]int{
 	CodeInvalid:         http.StatusUnprocessableEntity,
 	CodeTooManyRequests: http.StatusTooManyRequests,
 	CodeInternal:        http.StatusInternalServerError,
+	CodeBadGateway:      http.StatusBadGateway,
 	CodeUnavailable:     http.StatusServiceUnavailable,
 	CodeTimeout:         http.StatusGatewayTimeout,
 }
@@ -26,7 +27,9 @@ func HTTPStatus(code string) int {
 }
 
 // CodeForStatus is the error code of a status, for answers without a JSON
-// error body (a proxy in between, say).
+// error body (a proxy in between, say: its 502 means the service behind it
+// is not available, hence unavailable, not bad_gateway, which warren
+// answers with a body when a sandbox's port does not).
 func CodeForStatus(status int) string {
 	if status == http.StatusBadGateway {
 		return CodeUnavailable

@@ -889,6 +889,7 @@ const (
 	CodeInvalid         = "invalid"           // 422
 	CodeTooManyRequests = "too_many_requests" // 429
 	CodeInternal        = "internal"          // 500
+	CodeBadGateway      = "bad_gateway"       // 502: a sandbox's port did not answer
 	CodeUnavailable     = "unavailable"       // 503
 	CodeTimeout         = "timeout"           // 504
 )
@@ -1018,6 +1019,11 @@ const (
 	AuditLimitOutput = "output"    // a command's output was cut at its output cap
 )
 
+// AuditOpRead is the op of a file record that opened a sensitive file for
+// reading (/proc/kpage*, /proc/kcore, a process's mem or environ, the
+// sandbox's protected directory).
+const AuditOpRead = "read"
+
 // AuditSpec is a create's audit options (CreateSandboxRequest.Audit).
 type AuditSpec struct {
 	// Workspace lists the directories the agent is meant to change
@@ -1034,7 +1040,7 @@ type AuditSpec struct {
 //
 // Kinds and what the pattern matches: exec (the file executed), write
 // (the file of a file operation: write, rename (either name), unlink,
-// chmod), refused (the syscall's name), signal (the signal's number),
+// chmod), read (a sensitive file opened for reading), refused (the syscall's name), signal (the signal's number),
 // connect (the destination "ip:port"), limit (oom, pids, disk_full,
 // output). Patterns are globs: "*" any run of characters but "/", "**"
 // any run, "?" one character; "kind" alone or "kind:**" matches all.

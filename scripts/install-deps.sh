@@ -32,3 +32,19 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The official e2b SDK (npm), at the version test/e2b-sdk/package.json pins
+# (package-lock.json fixes every dependency), into test/e2b-sdk/node_modules
+# (ignored by git): the E2B compatibility tests and `warren bench --figures
+# e2b` drive warren with it. Needs node >= 20.18 and npm.
+e2b_dir="$(cd "$(dirname "$0")/.." && pwd)/test/e2b-sdk"
+e2b_want="$(sed -n 's/.*"e2b": *"\([^"]*\)".*/\1/p' "$e2b_dir/package.json")"
+e2b_have="$(sed -n 's/^  "version": *"\([^"]*\)".*/\1/p' "$e2b_dir/node_modules/e2b/package.json" 2>/dev/null || true)"
+if [[ "$e2b_have" != "$e2b_want" ]]; then
+  if command -v npm >/dev/null; then
+    echo "installing the e2b SDK $e2b_want into test/e2b-sdk"
+    (cd "$e2b_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  else
+    echo "warning: npm is missing; the E2B SDK tests need node >= 20.18 and npm" >&2
+  fi
+fi

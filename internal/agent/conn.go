@@ -22,6 +22,10 @@ type conn struct {
 	ctx  context.Context // cancelled when the connection ends
 	wmu  sync.Mutex
 	werr error
+	// inputs are the execs with live input (pty.go); calls the calls
+	// being served.
+	inputs inputs
+	calls  *callTable
 }
 
 // send writes one frame; after the first write error every send fails fast.
@@ -129,8 +133,8 @@ func errf(code, format string, args ...any) *agentproto.Error {
 func (a *Agent) serveConn(nc net.Conn) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := &conn{c: nc, ctx: ctx}
 	calls := &callTable{calls: map[uint64]tableEntry{}}
+	c := &conn{c: nc, ctx: ctx, calls: calls}
 	br := bufio.NewReaderSize(nc, 64<<10)
 	for {
 		req := new(agentproto.Request)
@@ -198,6 +202,14 @@ func (t *callTable) add(parent context.Context, id uint64, win *window) (ctx, wi
 		cancel()
 		withdraw()
 	}
+}
+
+// has says whether call id is being served.
+func (t *callTable) has(id uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.calls[id]
+	return ok
 }
 
 func (t *callTable) cancel(id uint64) {

@@ -45,6 +45,7 @@ type running struct {
 	fifoDir    int           // the live shells' FIFO directory (fifos are in it)
 	fifos      []string
 	startTicks uint64
+	session    bool // leads a session of its own (a terminal): killed whole
 	sawExit    bool // finish received the shell's exit
 	pooled     bool // a fresh shell: the warm pool is topped up after it
 
@@ -168,9 +169,17 @@ func isDir(p string) bool {
 // exec runs a command in the foreground (streaming its output as chunks) or
 // in the background.
 func (a *Agent) exec(ctx context.Context, cl *call, req *agentproto.ExecRequest) (any, error) {
+	if req.PTY != nil && req.Cmd == "" && len(req.Argv) == 0 {
+		r := *req
+		r.Argv = []string{a.shell} // an interactive shell
+		req = &r
+	}
 	p, err := a.plan(req)
 	if err != nil {
 		return nil, err
+	}
+	if req.PTY != nil || req.LiveStdin {
+		return a.execLive(cl, p)
 	}
 	release := func() {}
 	if req.Trusted {
@@ -332,6 +341,16 @@ func (a *Agent) startShell(p *execPlan, limit int64, emit func(string, []byte)) 
 }
 
 func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
+	r, err := a.startArgvOpen(p, limit, emit)
+	if err != nil {
+		return nil, err
+	}
+	r.feedStdin(p.req.Stdin)
+	return r, nil
+}
+
+// startArgvOpen starts an argv command with its stdin open (r.stdin).
+func (a *Agent) startArgvOpen(p *execPlan, limit int64, emit func(string, []byte)) (*running, error) {
 	bin, err := lookPath(p.req.Argv[0], p.env["PATH"])
 	if err != nil {
 		return nil, err
@@ -374,7 +393,6 @@ func (a *Agent) startArgv(p *execPlan, limit int64, emit func(string, []byte)) (
 	}
 	r := &running{pid: pid, exit: exit, start: t0, stdin: stdin}
 	r.armTimeout(p.req.Timeout)
-	r.feedStdin(p.req.Stdin)
 	r.outs = []*outStream{
 		newOutStream(agentproto.StreamStdout, stdout, limit, emit, p.collect),
 		newOutStream(agentproto.StreamStderr, stderr, limit, emit, p.collect),
@@ -410,6 +428,10 @@ func (r *running) armTimeout(d time.Duration) {
 		defer r.mu.Unlock()
 		if !r.exited {
 			r.timedOut = true
+			if r.session {
+				killSession(r.pid)
+				return
+			}
 			if r.live != nil {
 				killSince(r.pid, r.startTicks)
 				return
@@ -425,6 +447,10 @@ func (r *running) abort() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.exited {
+		return
+	}
+	if r.session {
+		killSession(r.pid)
 		return
 	}
 	if r.live != nil {

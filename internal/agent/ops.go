@@ -62,6 +62,12 @@ var agentOps = map[string]agentOp{
 		return a.resume(r)
 	})},
 
+	agentproto.OpInput: {run: withBody(func(a *Agent, ctx context.Context, cl *call, req *agentproto.Request, r *agentproto.InputRequest) (any, error) {
+		if req.Payload != nil { // sent raw, after the request
+			r.Data = req.Payload
+		}
+		return nil, a.input(ctx, cl.conn, r)
+	})},
 	agentproto.OpReset: {run: func(a *Agent, ctx context.Context, _ *call, _ *agentproto.Request) (any, error) {
 		return a.reset(ctx)
 	}},

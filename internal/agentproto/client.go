@@ -101,6 +101,17 @@ func (c *Client) Proto() int { return int(c.proto.Load()) }
 // CallPayload is Call with bulk data sent raw after the request (see
 // Request.Payload). Only for an agent whose Proto is ProtoPayload or later.
 func (c *Client) CallPayload(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error) error {
+	return c.call(ctx, op, body, payload, out, onChunk, nil)
+}
+
+// CallLive is Call for an exec with live input: started learns the call's
+// id once its request is sent (before any chunk), for the OpInput calls
+// that feed it.
+func (c *Client) CallLive(ctx context.Context, op string, body any, out any, onChunk func(*Response) error, started func(id uint64)) error {
+	return c.call(ctx, op, body, nil, out, onChunk, started)
+}
+
+func (c *Client) call(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error, started func(uint64)) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("agentproto: encode %s: %w", op, err)
@@ -132,6 +143,9 @@ func (c *Client) CallPayload(ctx context.Context, op string, body any, payload [
 	if err != nil {
 		c.forget(id)
 		return fmt.Errorf("agentproto: send %s: %w", op, err)
+	}
+	if started != nil {
+		started(id)
 	}
 
 	var chunkErr error

@@ -71,6 +71,9 @@ const (
 	// OpCredit lets a call with a Window send more: the agent may send
 	// Bytes more of it (CreditRequest, frame id 0, answered by nothing).
 	OpCredit = "credit"
+	// OpInput feeds a running exec that has live input (a PTY or
+	// LiveStdin): InputRequest (+ payload) -> nothing.
+	OpInput = "input"
 )
 
 // Flow control of a call's chunks. A request with a Window may have at most

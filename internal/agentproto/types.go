@@ -104,6 +104,37 @@ type ExecRequest struct {
 	// answer, whatever it is: the agent serves the next request once the
 	// reset is done (or answers ErrUnusable if it failed).
 	ResetAfter bool `json:"reset_after,omitempty"`
+	// PTY runs the command on a new pseudo-terminal of that size (its
+	// stdin, stdout and stderr; the output comes as stdout chunks), in a
+	// session of its own with the terminal as its controlling one. With
+	// neither Cmd nor Argv it runs the sandbox's shell. Its input comes in
+	// OpInput calls (LiveStdin is implied).
+	PTY *WinSize `json:"pty,omitempty"`
+	// LiveStdin keeps the command's stdin open after Stdin: OpInput calls
+	// feed it and close it.
+	LiveStdin bool `json:"live_stdin,omitempty"`
+}
+
+// WinSize is a terminal's size in characters.
+type WinSize struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// InputRequest is OpInput's body: what to do to the running foreground
+// exec Call (a call id on the same connection) that has live input. Its
+// payload (Request.Payload, or Data for an agent without payloads) is
+// written to the command's stdin (the terminal) first; then the terminal
+// is resized, the signal sent to the command's process group, stdin
+// closed (a terminal gets its EOF character), in that order, each when
+// asked. Answered once done: an edge that waits for each answer before
+// sending the next has ordered, flow-controlled input.
+type InputRequest struct {
+	Call   uint64   `json:"call"`
+	Data   []byte   `json:"data,omitempty"`
+	Resize *WinSize `json:"resize,omitempty"`
+	Signal int      `json:"signal,omitempty"`
+	EOF    bool     `json:"eof,omitempty"`
 }
 
 // CollectMax bounds the output an exec with Collect returns in its result.

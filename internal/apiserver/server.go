@@ -63,6 +63,7 @@ type Server struct {
 	// layerOwners: which project owns each layer name (owner.go).
 	layerOwners *bus.Records
 	templates   *bus.Records // templates.go
+	ports       *bus.Records // public ports (ports.go)
 	ff          *ffSessions
 	tlog        *bus.TrajLog
 	inputs      *bus.Inputs
@@ -87,7 +88,7 @@ type route struct {
 }
 
 func (s *Server) routes() []route {
-	return []route{
+	return append([]route{
 		{pattern: "GET /healthz", handler: s.healthz, public: true},
 		{pattern: "POST /v1/sandboxes", handler: s.createSandbox},
 		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes, role: api.RoleViewer},
@@ -99,6 +100,7 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/sandboxes:pause", handler: s.pauseMatching},
 		{pattern: "POST /v1/sandboxes:resume", handler: s.resumeMatching},
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
+		{pattern: "GET /v1/sandboxes/{id}/pty", handler: s.pty},
 		{pattern: "GET /v1/sandboxes/{id}/commands", handler: s.listCommands, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/stats", handler: s.sandboxStats, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/network", handler: s.sandboxNetwork, role: api.RoleViewer},
@@ -151,7 +153,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/pools", handler: s.listPools, role: api.RoleViewer},
 		{pattern: "GET /v1/pools/{name}", handler: s.getPool, role: api.RoleViewer},
 		{pattern: "DELETE /v1/pools/{name}", handler: s.deletePool},
-	}
+	}, portRoutes(s)...)
 }
 
 // Routes lists every route pattern ("METHOD /path") the server answers,
@@ -212,6 +214,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if s.storage, err = cfg.Bus.Storage(ctx); err != nil {
+		return nil, err
+	}
+	if s.ports, err = cfg.Bus.Records(ctx, bus.BucketPorts); err != nil {
 		return nil, err
 	}
 	cfg.Registry.MustRegister(s.requests, s.latency)

@@ -22,10 +22,12 @@ const (
 	MaxPattern   = 256
 )
 
-// Kinds a rule's "on" may name, and the record kinds each selects.
+// Kinds a rule's "on" may name, and the record kinds each selects (read
+// and write split the file records by their op).
 var ruleKinds = map[string]string{
 	"exec":    api.AuditKindExec,
 	"write":   api.AuditKindFile,
+	"read":    api.AuditKindFile,
 	"refused": api.AuditKindRefused,
 	"signal":  api.AuditKindSignal,
 	"connect": api.AuditKindConnect,
@@ -42,6 +44,7 @@ type Policy struct {
 type rule struct {
 	on   string // as declared, named in the records it matches
 	kind string // a record kind
+	read bool   // file records: reads only (else all but reads)
 	re   *regexp.Regexp
 	do   string
 }
@@ -69,7 +72,7 @@ func Compile(spec *api.AuditSpec) (*Policy, error) {
 		kindName, pattern, _ := strings.Cut(r.On, ":")
 		kind, ok := ruleKinds[kindName]
 		if !ok {
-			return nil, fmt.Errorf("audit.policy[%d].on %q: want kind:pattern with kind one of exec, write, refused, signal, connect, limit", i, clip(r.On))
+			return nil, fmt.Errorf("audit.policy[%d].on %q: want kind:pattern with kind one of exec, write, read, refused, signal, connect, limit", i, clip(r.On))
 		}
 		if len(pattern) > MaxPattern || strings.ContainsRune(pattern, 0) || !utf8.ValidString(pattern) {
 			return nil, fmt.Errorf("audit.policy[%d].on: the pattern is over %d bytes or not UTF-8", i, MaxPattern)
@@ -82,7 +85,7 @@ func Compile(spec *api.AuditSpec) (*Policy, error) {
 		if pattern == "" {
 			pattern = "**"
 		}
-		p.rules = append(p.rules, rule{on: r.On, kind: kind, re: globRE(pattern), do: r.Do})
+		p.rules = append(p.rules, rule{on: r.On, kind: kind, read: kindName == "read", re: globRE(pattern), do: r.Do})
 	}
 	return p, nil
 }
@@ -140,7 +143,7 @@ func (p *Policy) Skip(r *api.AuditRecord) bool {
 // action ("" when none matches).
 func (p *Policy) Match(r *api.AuditRecord) (on, do string) {
 	for _, ru := range p.rules {
-		if ru.kind != r.Kind {
+		if ru.kind != r.Kind || (r.Kind == api.AuditKindFile && ru.read != (r.Op == api.AuditOpRead)) {
 			continue
 		}
 		for _, s := range subjects(r) {

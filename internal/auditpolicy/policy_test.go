@@ -16,6 +16,7 @@ func TestMatchAndWorkspace(t *testing.T) {
 			{On: "refused:mount", Do: api.AuditDoFlag},
 			{On: "limit", Do: api.AuditDoFailSandbox},
 			{On: "connect:10.0.0.?:443", Do: api.AuditDoFlag},
+			{On: "read:/proc/**", Do: api.AuditDoFlag},
 		},
 	})
 	if err != nil {
@@ -35,6 +36,9 @@ func TestMatchAndWorkspace(t *testing.T) {
 		{api.AuditRecord{Kind: api.AuditKindLimit, Op: api.AuditLimitOOM}, "limit", api.AuditDoFailSandbox},
 		{api.AuditRecord{Kind: api.AuditKindConnect, Dest: "10.0.0.7:443"}, "connect:10.0.0.?:443", api.AuditDoFlag},
 		{api.AuditRecord{Kind: api.AuditKindConnect, Dest: "10.0.0.17:443"}, "", ""},
+		{api.AuditRecord{Kind: api.AuditKindFile, Op: api.AuditOpRead, Path: "/proc/kpagecgroup"}, "read:/proc/**", api.AuditDoFlag},
+		{api.AuditRecord{Kind: api.AuditKindFile, Op: api.AuditOpRead, Path: "/opt/toolkit/grade.sh"}, "", ""},
+		{api.AuditRecord{Kind: api.AuditKindFile, Op: "write", Path: "/proc/sys/x"}, "", ""},
 	}
 	for _, c := range cases {
 		on, do := p.Match(&c.rec)
@@ -60,7 +64,7 @@ func TestCompileRefusesBadInput(t *testing.T) {
 	bad := []api.AuditSpec{
 		{Workspace: []string{"relative"}},
 		{Workspace: make([]string, MaxWorkspace+1)},
-		{Policy: []api.AuditRule{{On: "read:/x", Do: "flag"}}},
+		{Policy: []api.AuditRule{{On: "open:/x", Do: "flag"}}},
 		{Policy: []api.AuditRule{{On: "write:/x", Do: "explode"}}},
 		{Policy: []api.AuditRule{{On: "write:" + strings.Repeat("a", MaxPattern+1), Do: "flag"}}},
 		{Policy: make([]api.AuditRule, MaxRules+1)},

@@ -80,15 +80,20 @@ type Options struct {
 
 	// TransferMB is the size of the transfer figure's file; default 1024.
 	TransferMB int
+	// E2BSDKDir holds the official e2b npm package for the e2b figure
+	// (default test/e2b-sdk, where scripts/install-deps.sh installs it).
+	E2BSDKDir string
 
 	cgroupParent string // the private server's sandboxes' cgroup (set by Run)
+	dataDir      string // the private server's data dir (set by Run)
 	// apiURL and apiToken reach the private server (set by Run).
 	apiURL, apiToken string
+	e2bURL           string // the private server's E2B front (set by Run for the e2b figure)
 	History          HistoryOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit", "ports", "e2b"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -101,7 +106,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && f != "ports" && f != "e2b" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -194,6 +199,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	addr := ln.Addr().String()
 	ln.Close()
 
+	e2bListen := ""
+	if o.want("e2b") {
+		if e2bListen, err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
 	sctx, stop := context.WithCancel(ctx)
 	ready := make(chan [2]string, 1)
 	done := make(chan error, 1)
@@ -206,6 +217,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			Userns:         serve.UsernsOptions{HostRoot: o.HostRoot},
 			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready:          func(url, token string) { ready <- [2]string{url, token} },
+			E2BListen:      e2bListen,
 		})
 	}()
 	var url, token string
@@ -222,6 +234,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Started: time.Now().UTC()}
 	o.cgroupParent = serve.CgroupParent(dataDir)
 	o.apiURL, o.apiToken = url, token
+	o.dataDir = dataDir
+	if e2bListen != "" {
+		o.e2bURL = "http://" + e2bListen
+	}
 	if o.want("exec") || o.want("create") {
 		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
 			return nil, err
@@ -236,7 +252,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}, {"ports", portsFigures}, {"e2b", e2bFigures}} {
 		if !o.want(f.name) {
 			continue
 		}
@@ -315,6 +331,16 @@ func core(ctx context.Context, o Options, c *warren.Client, rep *Report, rootfs 
 		}
 	}
 	return nil
+}
+
+// freeAddr is a loopback address free to listen on.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 func recycleOption(n int) int {

@@ -88,6 +88,7 @@ func newAPIServerCmd() *cobra.Command {
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:7070", "API listen address")
 	f.StringVar(&o.DataDir, "data-dir", "/var/lib/warren", "state directory (the bootstrap admin token is written here)")
 	f.StringVar(&o.E2BListen, "e2b-listen", "", "also serve E2B's control plane (the official e2b SDKs' E2B_API_URL) on this address (default: off)")
+	httpFlags(f, &o.HTTP)
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd

@@ -59,6 +59,7 @@ func NewRootCmd() *cobra.Command {
 		newSimEdgesCmd(),
 		newCreateCmd(g),
 		newRunCmd(g),
+		newShellCmd(g),
 		newCpCmd(g),
 		newLsCmd(g),
 		newRmCmd(g),
@@ -79,6 +80,8 @@ func NewRootCmd() *cobra.Command {
 		newStatsCmd(g),
 		newTrajCmd(g),
 		newAuditCmd(g),
+		newPortForwardCmd(g),
+		newExposeCmd(g),
 		newVersionCmd(g),
 		newBenchCmd(),
 	)

@@ -10,8 +10,10 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/connlimit"
 	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/image"
@@ -79,8 +81,17 @@ func newServeCmd() *cobra.Command {
 	f.Uint32Var(&o.Userns.IDBase, "id-base", 0, "first host uid/gid of the sandboxes' user namespaces (65,536 per sandbox; 0 = 1048576)")
 	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
 	f.StringVar(&o.Userns.NetPool, "net-pool", "", "node-local IPv4 pool of networked sandboxes' addresses, a /31 each (default 10.213.0.0/16)")
+	httpFlags(f, &o.HTTP)
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd
+}
+
+// httpFlags are the connection limits of the HTTP API (docs/operations.md).
+func httpFlags(f *pflag.FlagSet, h *serve.HTTPLimits) {
+	f.IntVar(&h.MaxConns, "max-conns", 0, "most HTTP connections held at once; past it a connection is answered 503 and closed (0 = half the descriptor limit, the rest kept for sandboxes)")
+	f.IntVar(&h.MaxConnsPerClient, "max-conns-per-client", connlimit.DefaultPerClient, "most HTTP connections of one client address")
+	f.DurationVar(&h.HeaderTimeout, "http-header-timeout", serve.DefaultHeaderTimeout, "time a client has to send a request's headers")
+	f.DurationVar(&h.IdleTimeout, "http-idle-timeout", serve.DefaultIdleTimeout, "an idle keep-alive HTTP connection is closed after this")
 }
 
 // printE2B prints the environment an E2B SDK user sets to reach warren's

@@ -132,7 +132,7 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 				return &api.Error{Code: api.CodeInternal, Message: "malformed error answer"}
 			}
 			return e
-		case kindStdout, kindStderr, kindData:
+		case kindStdout, kindStderr, kindData, kindEOF:
 			if onChunk != nil {
 				if err := onChunk(kindStream(kind), b); err != nil {
 					return err

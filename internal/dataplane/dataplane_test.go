@@ -265,3 +265,52 @@ func TestBidirectionalEcho(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Input frames: written and read in order; the upload's clean end between
+// frames is io.EOF, one inside a frame is broken; oversized and unknown
+// frames are refused.
+func TestInputFrames(t *testing.T) {
+	var b bytes.Buffer
+	for _, f := range []struct {
+		kind byte
+		data string
+	}{{InputData, "ls -l\r"}, {InputResize, `{"cols":120,"rows":40}`}, {InputSignal, `{"signal":2}`}, {InputEOF, ""}} {
+		if err := WriteInput(&b, f.kind, []byte(f.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whole := b.Bytes()
+	r := bytes.NewReader(whole)
+	var got []string
+	for {
+		k, d, err := ReadInput(r, nil)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(k)+":"+string(d))
+	}
+	if want := []string{"i:ls -l\r", `r:{"cols":120,"rows":40}`, `s:{"signal":2}`, "c:"}; strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("frames %q, want %q", got, want)
+	}
+	for cut := 1; cut < 11; cut++ { // inside the first frame
+		if _, _, err := ReadInput(bytes.NewReader(whole[:cut]), nil); !errors.Is(err, ErrBroken) {
+			t.Fatalf("cut at %d: %v", cut, err)
+		}
+	}
+	if err := WriteInput(io.Discard, InputData, make([]byte, MaxInputFrame+1)); err == nil {
+		t.Fatal("an oversized input frame was written")
+	}
+	var big bytes.Buffer
+	_ = writeFrame(&big, InputData, make([]byte, MaxInputFrame+1))
+	if _, _, err := ReadInput(&big, nil); err == nil || errors.Is(err, ErrBroken) {
+		t.Fatalf("an oversized input frame: %v", err)
+	}
+	var odd bytes.Buffer
+	_ = writeFrame(&odd, 'z', []byte("x"))
+	if _, _, err := ReadInput(&odd, nil); err == nil {
+		t.Fatal("a frame of an unknown kind was read")
+	}
+}

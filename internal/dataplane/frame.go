@@ -13,6 +13,7 @@ const (
 	kindStdout = 'o'
 	kindStderr = 'e'
 	kindData   = 'd'
+	kindEOF    = 'f' // a stream's output ended (its input may go on): the "eof" stream
 	kindDone   = 'k' // the JSON result; the last frame
 	kindError  = 'x' // a JSON api.Error; the last frame
 )
@@ -29,6 +30,8 @@ func streamKind(stream string) byte {
 		return kindStdout
 	case "stderr":
 		return kindStderr
+	case "eof":
+		return kindEOF
 	}
 	return kindData
 }
@@ -39,6 +42,8 @@ func kindStream(k byte) string {
 		return "stdout"
 	case kindStderr:
 		return "stderr"
+	case kindEOF:
+		return "eof"
 	}
 	return "data"
 }
@@ -101,4 +106,60 @@ func ReadChunk(r io.Reader, buf []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// Input frames. The upload of a call with live input (a terminal, or a
+// command whose stdin stays open) is a sequence of frames in the same
+// format, each one thing for the command, in order: bytes for its stdin
+// (InputData), a new terminal size (InputResize, JSON {"cols","rows"}), a
+// signal for its process group (InputSignal, JSON {"signal":N}), the end
+// of its stdin (InputEOF, no bytes). The upload's clean end (between
+// frames) means no more input; the command goes on.
+const (
+	InputData   = 'i'
+	InputResize = 'r'
+	InputSignal = 's'
+	InputEOF    = 'c'
+)
+
+// MaxInputFrame bounds one input frame.
+const MaxInputFrame = 1 << 20
+
+// WriteInput writes one input frame.
+func WriteInput(w io.Writer, kind byte, b []byte) error {
+	if len(b) > MaxInputFrame {
+		return fmt.Errorf("dataplane: input frame of %d bytes exceeds %d", len(b), MaxInputFrame)
+	}
+	return writeFrame(w, kind, b)
+}
+
+// ReadInput reads one input frame into buf (grown as needed): io.EOF at
+// the upload's clean end, ErrBroken for one that ends inside a frame or
+// whose sender went away.
+func ReadInput(r io.Reader, buf []byte) (byte, []byte, error) {
+	var hdr [5]byte
+	n, err := io.ReadFull(r, hdr[:])
+	if n == 0 && errors.Is(err, io.EOF) {
+		return 0, nil, io.EOF
+	}
+	if err != nil {
+		return 0, nil, broken(err)
+	}
+	size := binary.BigEndian.Uint32(hdr[1:])
+	if size > MaxInputFrame {
+		return 0, nil, fmt.Errorf("dataplane: input frame of %d bytes exceeds %d", size, MaxInputFrame)
+	}
+	switch hdr[0] {
+	case InputData, InputResize, InputSignal, InputEOF:
+	default:
+		return 0, nil, fmt.Errorf("dataplane: input frame of unknown kind %q", hdr[0])
+	}
+	if cap(buf) < int(size) {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, broken(err)
+	}
+	return hdr[0], buf, nil
 }

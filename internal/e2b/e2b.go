@@ -60,10 +60,19 @@ type Config struct {
 
 // Server is the E2B control plane. It is safe for concurrent use.
 type Server struct {
-	hc   *http.Client
-	log  *slog.Logger
-	mux  *http.ServeMux
-	envd http.Handler // envd.go
+	hc       *http.Client
+	streamHC *http.Client // streamTransport: exec streams
+	log      *slog.Logger
+	mux      *http.ServeMux
+	envd     http.Handler // envd.go
+	// facts: each sandbox's default user and whether it has bash (process.go).
+	facts factCache
+	// procs: the processes started through envd (process.go).
+	procs procTable
+	// keys: the access token given for each sandbox (signed.go).
+	keys keyTable
+	// watchers: the polling watchers (watch.go).
+	watchers watcherTable
 }
 
 // New returns the control plane over cfg.API.
@@ -72,9 +81,10 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{
-		hc:  &http.Client{Transport: handlerTransport{h: cfg.API}},
-		log: cfg.Logger.With("part", "e2b"),
-		mux: http.NewServeMux(),
+		hc:       &http.Client{Transport: handlerTransport{h: cfg.API}},
+		streamHC: &http.Client{Transport: streamTransport{h: cfg.API}},
+		log:      cfg.Logger.With("part", "e2b"),
+		mux:      http.NewServeMux(),
 	}
 	s.routes()
 	s.envd = s.newEnvd()

@@ -43,3 +43,14 @@ func TestPageKey(t *testing.T) {
 		t.Fatal("order is start time, then id")
 	}
 }
+
+// TestSignature checks the signed-URL signature against the vector
+// e2b.md §4.6 records from the SDK.
+func TestSignature(t *testing.T) {
+	if got, want := signature("/home/user/x.txt", "read", "", "tok123", ""), "v1_Rb7zm5r+4GlfZDdRF1hHG2SpHuolxyovo25Fgc1ZJ0Y"; got != want {
+		t.Fatalf("signature %q, want %q", got, want)
+	}
+	if signature("/a", "read", "", "k", "100") == signature("/a", "read", "", "k", "") {
+		t.Fatal("the expiration is not signed")
+	}
+}

@@ -4,8 +4,9 @@ package e2b
 // control plane (E2B_SANDBOX_URL) and routed by the E2b-Sandbox-Id header
 // (e2b.md §1, §4). Served here: filesystem.Filesystem/{Stat, ListDir,
 // MakeDir, Move, Remove} (Connect RPC, generated handlers), GET/POST
-// /files and GET /health; process.go serves process.Process/{Start,
-// Connect, List, SendSignal}. Not yet: WatchDir, stdin, PTY.
+// /files and GET /health; watch.go serves WatchDir (by polling);
+// process.go serves process.Process/{Start, Connect, List, SendSignal,
+// CloseStdin}. Not yet: stdin, PTY.
 //
 // Authorisation: create and connect answer envdAccessToken = the caller's
 // own API key, so the SDK sends it as X-Access-Token on every envd
@@ -27,11 +28,13 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warrenhq/warren/api"
 	efs "github.com/warrenhq/warren/api/e2b/filesystem"
 	"github.com/warrenhq/warren/api/e2b/filesystem/filesystemconnect"
+	eproc "github.com/warrenhq/warren/api/e2b/process"
 	"github.com/warrenhq/warren/api/e2b/process/processconnect"
 	warren "github.com/warrenhq/warren/sdk/go"
 )
@@ -41,10 +44,16 @@ const (
 	accessTokenHeader = "X-Access-Token"
 	maxListDepth      = 8
 	maxListEntries    = 100_000
+	// maxRPCMessage bounds one Connect message a client sends (the SDKs'
+	// requests are small JSON documents).
+	maxRPCMessage = 1 << 20
 )
 
 // isEnvd reports whether r is envd traffic rather than control plane.
 func isEnvd(r *http.Request) bool {
+	if isSigned(r) {
+		return true // a signed link carries no header (signed.go)
+	}
 	if r.Header.Get(sandboxIDHeader) == "" {
 		return false
 	}
@@ -54,8 +63,10 @@ func isEnvd(r *http.Request) bool {
 
 // envdCaller is the sandbox and native client of one envd request.
 type envdCaller struct {
-	id string
-	c  *warren.Client
+	id    string
+	c     *warren.Client
+	cs    *warren.Client // the same, with answers streamed (exec)
+	facts *factCache
 }
 
 func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
@@ -64,16 +75,19 @@ func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
 	if err != nil {
 		return nil, errors.New("missing or malformed X-Access-Token: connect to the sandbox through the control plane first")
 	}
-	return &envdCaller{id: id, c: warren.New(internalBase, tok, warren.WithHTTPClient(s.hc), warren.WithRetry(1, 0, 0))}, nil
+	return &envdCaller{id: id, c: warren.New(internalBase, tok, warren.WithHTTPClient(s.hc), warren.WithRetry(1, 0, 0)),
+		cs:    warren.New(internalBase, tok, warren.WithHTTPClient(s.streamHC), warren.WithRetry(1, 0, 0)),
+		facts: &s.facts}, nil
 }
 
 // newEnvd builds the envd handler.
 func (s *Server) newEnvd() http.Handler {
 	mux := http.NewServeMux()
-	p, h := filesystemconnect.NewFilesystemHandler(&fsService{s: s})
-	mux.Handle(p, h)
-	pp, ph := processconnect.NewProcessHandler(&procService{s: s})
-	mux.Handle(pp, ph)
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRPCMessage)}
+	p, h := filesystemconnect.NewFilesystemHandler(&fsService{s: s}, opts...)
+	mux.Handle(p, knownMethods(h, efs.File_filesystem_filesystem_proto))
+	pp, ph := processconnect.NewProcessHandler(&procService{s: s}, opts...)
+	mux.Handle(pp, knownMethods(ph, eproc.File_process_process_proto))
 	mux.HandleFunc("GET /health", s.envdHealth)
 	mux.HandleFunc("GET /files", s.envdRead)
 	mux.HandleFunc("POST /files", s.envdWrite)
@@ -83,8 +97,35 @@ func (s *Server) newEnvd() http.Handler {
 	return mux
 }
 
+// knownMethods answers a method the service does not have with a Connect
+// error (unimplemented, JSON), where connect-go's handler answers a plain
+// text 404.
+func knownMethods(h http.Handler, fd protoreflect.FileDescriptor) http.Handler {
+	known := map[string]bool{}
+	svcs := fd.Services()
+	for i := 0; i < svcs.Len(); i++ {
+		ms := svcs.Get(i).Methods()
+		for j := 0; j < ms.Len(); j++ {
+			known["/"+string(svcs.Get(i).FullName())+"/"+string(ms.Get(j).Name())] = true
+		}
+	}
+	ew := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !known[r.URL.Path] {
+			_ = ew.Write(w, r, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("envd has no method %s", r.URL.Path)))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // httpCaller is envdCaller for the plain-HTTP routes, answering the error.
-func (s *Server) httpCaller(w http.ResponseWriter, r *http.Request) *envdCaller {
+// A signed /files request (op: read or write) is authorised by its
+// signature instead (signed.go).
+func (s *Server) httpCaller(w http.ResponseWriter, r *http.Request, op string) *envdCaller {
+	if op != "" && isSigned(r) {
+		return s.signedCaller(w, r, op)
+	}
 	ec, err := s.envdCaller(r.Header)
 	if err != nil {
 		writeError(w, http.StatusUnauthorized, err.Error())
@@ -109,7 +150,7 @@ func (s *Server) envdHTTPError(w http.ResponseWriter, err error, sandboxGone boo
 }
 
 func (s *Server) envdHealth(w http.ResponseWriter, r *http.Request) {
-	ec := s.httpCaller(w, r)
+	ec := s.httpCaller(w, r, "")
 	if ec == nil {
 		return
 	}
@@ -130,18 +171,22 @@ func homeOf(user string) string {
 
 // resolve makes p absolute against the sandbox's default user's home.
 func resolve(ctx context.Context, ec *envdCaller, p string) (string, error) {
+	if p == "" {
+		// Not the home directory: files.remove("") must not empty it.
+		return "", &warren.APIError{Status: http.StatusBadRequest, Code: api.CodeInvalid, Message: "path is required"}
+	}
 	if strings.HasPrefix(p, "/") {
 		return path.Clean(p), nil
 	}
-	sb, err := ec.c.Get(ctx, ec.id)
+	f, err := ec.facts.get(ctx, ec)
 	if err != nil {
 		return "", err
 	}
-	return path.Join(homeOf(sb.User), p), nil
+	return path.Join(homeOf(f.user), p), nil
 }
 
 func (s *Server) envdRead(w http.ResponseWriter, r *http.Request) {
-	ec := s.httpCaller(w, r)
+	ec := s.httpCaller(w, r, "read")
 	if ec == nil {
 		return
 	}
@@ -181,7 +226,7 @@ type writeInfo struct {
 }
 
 func (s *Server) envdWrite(w http.ResponseWriter, r *http.Request) {
-	ec := s.httpCaller(w, r)
+	ec := s.httpCaller(w, r, "write")
 	if ec == nil {
 		return
 	}
@@ -390,28 +435,17 @@ func (f *fsService) ListDir(ctx context.Context, req *connect.Request[efs.ListDi
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	var out []*efs.EntryInfo
-	var walk func(dir string, level int) error
-	walk = func(dir string, level int) error {
-		files, err := ec.c.ListFiles(ctx, ec.id, dir)
-		if err != nil {
-			return rpcError(err)
+	files, err := walkFiles(ctx, ec, root, depth, maxListEntries)
+	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			return nil, err
 		}
-		for i := range files {
-			if len(out) >= maxListEntries {
-				return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("more than %d entries", maxListEntries))
-			}
-			out = append(out, entryOf(&files[i]))
-			if files[i].Type == "dir" && level < depth {
-				if err := walk(files[i].Path, level+1); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+		return nil, rpcError(err)
 	}
-	if err := walk(root, 1); err != nil {
-		return nil, err
+	out := make([]*efs.EntryInfo, 0, len(files))
+	for i := range files {
+		out = append(out, entryOf(&files[i]))
 	}
 	return connect.NewResponse(&efs.ListDirResponse{Entries: out}), nil
 }

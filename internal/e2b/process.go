@@ -1,21 +1,22 @@
 package e2b
 
-// envd's process service over warren's background commands. Every
-// process.Process/Start runs a native background command; its pid is a
-// hash of the command id, found again through the sandbox's command
-// history, so the front stays stateless. Output is delivered when the
-// command ends (warren's background commands keep it until then), not
-// live; PTY, stdin input and tags are not served yet.
+// envd's process service over warren's exec. Every process.Process/Start
+// runs a native command whose NDJSON output stream (over the data plane)
+// becomes E2B's data events as it arrives. The front keeps a table of the
+// processes it started (procs.go: pid, tag, subscribers), so Connect,
+// List and SendSignal reach them; the command runs on even when the
+// client that started it goes away, until it ends, is killed, or its
+// Connect-Timeout-Ms passes. PTY and live stdin are not served yet.
 
 import (
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -23,22 +24,12 @@ import (
 	"github.com/warrenhq/warren/api"
 	eproc "github.com/warrenhq/warren/api/e2b/process"
 	"github.com/warrenhq/warren/api/e2b/process/processconnect"
+	warren "github.com/warrenhq/warren/sdk/go"
 )
-
-// waitSlice bounds one wait for a command; a keepalive goes out between
-// waits (the SDK's proxies expect one at least every 50 s).
-const waitSlice = 20 * time.Second
 
 type procService struct {
 	processconnect.UnimplementedProcessHandler
 	s *Server
-}
-
-// pidOf is the E2B pid of a warren command id: stable, positive, non-zero.
-func pidOf(cid string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(cid))
-	return h.Sum32()&0x7fffffff | 1
 }
 
 // basicUser is the user of an "Authorization: Basic base64(user:)" header.
@@ -75,35 +66,37 @@ func (p *procService) Start(ctx context.Context, req *connect.Request[eproc.Star
 	if req.Msg.Pty != nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("warren does not serve PTY processes through envd yet"))
 	}
-	if req.Msg.Tag != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("tagged processes are not served yet"))
-	}
-	user := basicUser(req.Header())
-	er := api.ExecRequest{Argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: cfg.GetEnvs(), User: user, Background: true}
-	if cfg.Cwd != nil {
-		er.Cwd = cfg.GetCwd()
-	} else {
-		if user == "" {
-			sb, err := ec.c.Get(ctx, ec.id)
-			if err != nil {
-				return rpcError(err)
-			}
-			user = sb.User
-		}
-		er.Cwd = homeOf(user)
-	}
-	if dl, ok := ctx.Deadline(); ok {
-		er.Timeout = math.Max(1, math.Ceil(time.Until(dl).Seconds()))
-	}
-	res, err := ec.c.Exec(ctx, ec.id, er)
+	facts, err := p.s.facts.get(ctx, ec)
 	if err != nil {
 		return rpcError(err)
 	}
+	user := basicUser(req.Header())
+	er := api.ExecRequest{Argv: facts.argv(append([]string{cfg.GetCmd()}, cfg.GetArgs()...)), Env: cfg.GetEnvs(), User: user, Timeout: MaxTimeout}
+	if cfg.Cwd != nil {
+		er.Cwd = cfg.GetCwd()
+	} else if user != "" {
+		er.Cwd = homeOf(user)
+	} else {
+		er.Cwd = homeOf(facts.user)
+	}
+	// Connect-Timeout-Ms is the process's lifetime (envd kills it then);
+	// without one it runs until it ends or is killed.
+	if dl, ok := ctx.Deadline(); ok {
+		er.Timeout = math.Max(1, math.Ceil(time.Until(dl).Seconds()))
+	}
+	pr := p.s.procs.add(ec.id, cfg, req.Msg.GetTag())
+	sub := pr.subscribe()
+	defer pr.unsubscribe(sub)
+	go pr.run(ec, er)
 	send := func(ev *eproc.ProcessEvent) error { return stream.Send(&eproc.StartResponse{Event: ev}) }
-	if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Start{Start: &eproc.ProcessEvent_StartEvent{Pid: pidOf(res.CommandID)}}}); err != nil {
+	if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Start{Start: &eproc.ProcessEvent_StartEvent{Pid: pr.key.pid}}}); err != nil {
 		return err
 	}
-	return follow(ctx, ec, res.CommandID, send)
+	err = sub.follow(ctx, send)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		pr.kill() // as envd: the deadline ends the process (a client that goes away does not)
+	}
+	return err
 }
 
 func (p *procService) Connect(ctx context.Context, req *connect.Request[eproc.ConnectRequest], stream *connect.ServerStream[eproc.ConnectResponse]) error {
@@ -111,95 +104,124 @@ func (p *procService) Connect(ctx context.Context, req *connect.Request[eproc.Co
 	if err != nil {
 		return err
 	}
-	pid := req.Msg.GetProcess().GetPid()
-	cid, err := cidOf(ctx, ec, pid)
+	pr, err := p.find(ctx, ec, req.Msg.GetProcess())
 	if err != nil {
 		return err
 	}
+	sub := pr.subscribe()
+	defer pr.unsubscribe(sub)
 	send := func(ev *eproc.ProcessEvent) error { return stream.Send(&eproc.ConnectResponse{Event: ev}) }
-	if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Start{Start: &eproc.ProcessEvent_StartEvent{Pid: pid}}}); err != nil {
+	if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Start{Start: &eproc.ProcessEvent_StartEvent{Pid: pr.key.pid}}}); err != nil {
 		return err
 	}
-	return follow(ctx, ec, cid, send)
+	return sub.follow(ctx, send)
 }
 
-// cidOf finds the command id of a pid in the sandbox's command history.
-func cidOf(ctx context.Context, ec *envdCaller, pid uint32) (string, error) {
-	if pid == 0 {
-		return "", connect.NewError(connect.CodeInvalidArgument, errors.New("process.pid is required (tags are not served)"))
+// find is the running process a selector names, after checking that the
+// caller reaches the sandbox (another project's key finds nothing).
+func (p *procService) find(ctx context.Context, ec *envdCaller, sel *eproc.ProcessSelector) (*proc, error) {
+	if sel.GetPid() == 0 && sel.GetTag() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.pid or process.tag is required"))
 	}
-	hist, err := ec.c.Commands(ctx, ec.id)
+	if _, err := ec.c.Get(ctx, ec.id); err != nil {
+		return nil, rpcError(err)
+	}
+	if pr := p.s.procs.find(ec.id, sel.GetPid(), sel.GetTag()); pr != nil {
+		return pr, nil
+	}
+	if sel.GetTag() != "" {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process with tag %q not found", sel.GetTag()))
+	}
+	return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process with pid %d not found", sel.GetPid()))
+}
+
+// bashPath is the shell the SDKs run every command with (/bin/bash -l -c
+// CMD); shPath stands in for it in a sandbox without bash (busybox).
+const (
+	bashPath = "/bin/bash"
+	shPath   = "/bin/sh"
+	// maxSandboxCache bounds the per-sandbox facts kept.
+	maxSandboxCache = 10_000
+)
+
+// sandboxFacts is what Start needs of a sandbox besides the command.
+type sandboxFacts struct {
+	user    string // its default user (the cwd is that user's home)
+	hasBash bool
+}
+
+// factCache remembers, per sandbox, its default user and whether its
+// image has /bin/bash, looked up once per sandbox (through the caller's
+// own native calls): a sandbox that installs bash later keeps running
+// the SDK's commands under /bin/sh.
+type factCache struct {
+	mu    sync.Mutex
+	facts map[string]sandboxFacts
+}
+
+// get answers the facts of the caller's sandbox; its errors are the
+// native API's.
+func (fc *factCache) get(ctx context.Context, ec *envdCaller) (sandboxFacts, error) {
+	fc.mu.Lock()
+	f, ok := fc.facts[ec.id]
+	fc.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	sb, err := ec.c.Get(ctx, ec.id)
 	if err != nil {
-		return "", rpcError(err)
+		return f, err
 	}
-	for i := len(hist) - 1; i >= 0; i-- {
-		if cid := hist[i].CommandID; cid != "" && pidOf(cid) == pid {
-			return cid, nil
-		}
+	f.user = sb.User
+	switch _, err := ec.c.Stat(ctx, ec.id, bashPath); {
+	case err == nil:
+		f.hasBash = true
+	case !warren.IsNotFound(err):
+		return f, err
 	}
-	return "", connect.NewError(connect.CodeNotFound, fmt.Errorf("process with pid %d not found", pid))
+	fc.mu.Lock()
+	if fc.facts == nil || len(fc.facts) >= maxSandboxCache {
+		fc.facts = map[string]sandboxFacts{}
+	}
+	fc.facts[ec.id] = f
+	fc.mu.Unlock()
+	return f, nil
 }
 
-// follow waits for a command, with keepalives, then sends its output and
-// end event. When the call's deadline (Connect-Timeout-Ms) passes first,
-// the command is killed, as envd does.
-func follow(ctx context.Context, ec *envdCaller, cid string, send func(*eproc.ProcessEvent) error) error {
-	for {
-		wctx, cancel := context.WithTimeout(ctx, waitSlice)
-		cmd, err := ec.c.Command(wctx, ec.id, cid, true)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				_, _ = ec.c.KillCommand(kctx, ec.id, cid, 9)
-				kcancel()
-				return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command outlived its deadline and was killed"))
-			}
-			if wctx.Err() == nil {
-				return rpcError(err)
-			}
-			cmd = &api.Command{Running: true} // this wait slice ended
-		}
-		if cmd.Running {
-			if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Keepalive{Keepalive: &eproc.ProcessEvent_KeepAlive{}}}); err != nil {
-				return err
-			}
-			continue
-		}
-		if cmd.Stdout != "" {
-			if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Data{Data: &eproc.ProcessEvent_DataEvent{Output: &eproc.ProcessEvent_DataEvent_Stdout{Stdout: []byte(cmd.Stdout)}}}}); err != nil {
-				return err
-			}
-		}
-		if cmd.Stderr != "" {
-			if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Data{Data: &eproc.ProcessEvent_DataEvent{Output: &eproc.ProcessEvent_DataEvent_Stderr{Stderr: []byte(cmd.Stderr)}}}}); err != nil {
-				return err
-			}
-		}
-		return send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_End{End: endOf(cmd)}})
+// argv is the command to run for E2B's argv: /bin/bash becomes /bin/sh in
+// a sandbox that has no bash (busybox's sh takes -l and -c alike).
+func (f sandboxFacts) argv(argv []string) []string {
+	if argv[0] != bashPath || f.hasBash {
+		return argv
 	}
+	return append([]string{shPath}, argv[1:]...)
 }
 
 // endOf is the end event of a finished command, worded as envd (Go's
 // os/exec) words it.
-func endOf(cmd *api.Command) *eproc.ProcessEvent_EndEvent {
-	if cmd.Signal != "" || cmd.ExitCode == nil {
-		word := map[string]string{"SIGKILL": "killed", "SIGTERM": "terminated", "SIGINT": "interrupt", "SIGHUP": "hangup"}[cmd.Signal]
+func endOf(res *api.ExecResult) *eproc.ProcessEvent_EndEvent {
+	if res.Signal != "" || res.TimedOut {
+		word := map[string]string{"SIGKILL": "killed", "SIGTERM": "terminated", "SIGINT": "interrupt", "SIGHUP": "hangup"}[res.Signal]
 		if word == "" {
-			word = strings.ToLower(strings.TrimPrefix(cmd.Signal, "SIG"))
+			word = strings.ToLower(strings.TrimPrefix(res.Signal, "SIG"))
 		}
 		if word == "" {
 			word = "killed"
 		}
-		st := "signal: " + word
-		return &eproc.ProcessEvent_EndEvent{ExitCode: -1, Exited: false, Status: st, Error: &st}
+		return signalEnd(word)
 	}
-	st := fmt.Sprintf("exit status %d", *cmd.ExitCode)
-	end := &eproc.ProcessEvent_EndEvent{ExitCode: int32(*cmd.ExitCode), Exited: true, Status: st}
-	if *cmd.ExitCode != 0 {
+	st := fmt.Sprintf("exit status %d", res.ExitCode)
+	end := &eproc.ProcessEvent_EndEvent{ExitCode: int32(res.ExitCode), Exited: true, Status: st}
+	if res.ExitCode != 0 {
 		end.Error = &st
 	}
 	return end
+}
+
+// signalEnd is the end event of a process a signal ended.
+func signalEnd(word string) *eproc.ProcessEvent_EndEvent {
+	st := "signal: " + word
+	return &eproc.ProcessEvent_EndEvent{ExitCode: -1, Exited: false, Status: st, Error: &st}
 }
 
 func (p *procService) SendSignal(ctx context.Context, req *connect.Request[eproc.SendSignalRequest]) (*connect.Response[eproc.SendSignalResponse], error) {
@@ -207,56 +229,55 @@ func (p *procService) SendSignal(ctx context.Context, req *connect.Request[eproc
 	if err != nil {
 		return nil, err
 	}
-	sig := 9
 	switch req.Msg.GetSignal() {
-	case eproc.Signal_SIGNAL_SIGTERM:
-		sig = 15
-	case eproc.Signal_SIGNAL_SIGKILL:
+	case eproc.Signal_SIGNAL_SIGKILL, eproc.Signal_SIGNAL_SIGTERM:
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("signal %v: SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Msg.GetSignal()))
 	}
-	cid, err := cidOf(ctx, ec, req.Msg.GetProcess().GetPid())
+	pr, err := p.find(ctx, ec, req.Msg.GetProcess())
 	if err != nil {
 		return nil, err
 	}
-	cmd, err := ec.c.Command(ctx, ec.id, cid, false)
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	if !cmd.Running {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process with pid %d has ended", req.Msg.GetProcess().GetPid()))
-	}
-	if _, err := ec.c.KillCommand(ctx, ec.id, cid, sig); err != nil {
-		return nil, rpcError(err)
-	}
+	pr.kill()
 	return connect.NewResponse(&eproc.SendSignalResponse{}), nil
 }
 
-// List answers the running processes started through envd (warren's
-// running background commands).
+// CloseStdin succeeds for a running process: every process's stdin is
+// already closed (/dev/null), as envd gives stdin:false.
+func (p *procService) CloseStdin(ctx context.Context, req *connect.Request[eproc.CloseStdinRequest]) (*connect.Response[eproc.CloseStdinResponse], error) {
+	ec, err := p.caller(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.find(ctx, ec, req.Msg.GetProcess()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&eproc.CloseStdinResponse{}), nil
+}
+
+// errNoStdin answers what needs a process's live stdin or a PTY.
+var errNoStdin = errors.New("warren's E2B front does not serve process stdin or PTYs yet: pass the input in the command (a heredoc or a file written with files.write)")
+
+func (p *procService) SendInput(context.Context, *connect.Request[eproc.SendInputRequest]) (*connect.Response[eproc.SendInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoStdin)
+}
+
+func (p *procService) StreamInput(context.Context, *connect.ClientStream[eproc.StreamInputRequest]) (*connect.Response[eproc.StreamInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoStdin)
+}
+
+func (p *procService) Update(context.Context, *connect.Request[eproc.UpdateRequest]) (*connect.Response[eproc.UpdateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoStdin)
+}
+
+// List answers the running processes started through envd.
 func (p *procService) List(ctx context.Context, req *connect.Request[eproc.ListRequest]) (*connect.Response[eproc.ListResponse], error) {
 	ec, err := p.caller(req.Header())
 	if err != nil {
 		return nil, err
 	}
-	hist, err := ec.c.Commands(ctx, ec.id)
-	if err != nil {
+	if _, err := ec.c.Get(ctx, ec.id); err != nil {
 		return nil, rpcError(err)
 	}
-	out := &eproc.ListResponse{}
-	for _, h := range hist {
-		if h.CommandID == "" || h.ExitCode != nil || h.Error != "" {
-			continue
-		}
-		cmd, err := ec.c.Command(ctx, ec.id, h.CommandID, false)
-		if err != nil || !cmd.Running {
-			continue
-		}
-		cfg := &eproc.ProcessConfig{Cmd: h.Cmd}
-		if len(h.Argv) > 0 {
-			cfg.Cmd, cfg.Args = h.Argv[0], h.Argv[1:]
-		}
-		out.Processes = append(out.Processes, &eproc.ProcessInfo{Config: cfg, Pid: pidOf(h.CommandID)})
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&eproc.ListResponse{Processes: p.s.procs.list(ec.id)}), nil
 }

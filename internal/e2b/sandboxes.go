@@ -121,6 +121,7 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 		}
 		return err
 	}
+	s.keys.remember(sb.ID, r.Header.Get(apiKeyHeader))
 	writeJSON(w, http.StatusCreated, toSandbox(sb, r.Header.Get(apiKeyHeader)))
 	return nil
 }
@@ -256,6 +257,7 @@ func (s *Server) kill(ctx context.Context, c *warren.Client, w http.ResponseWrit
 	if _, err := c.Delete(ctx, id); err != nil {
 		return err
 	}
+	s.keys.forget(id)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -332,6 +334,7 @@ func (s *Server) connect(ctx context.Context, c *warren.Client, w http.ResponseW
 			return err
 		}
 	}
+	s.keys.remember(sb.ID, r.Header.Get(apiKeyHeader))
 	writeJSON(w, status, toSandbox(sb, r.Header.Get(apiKeyHeader)))
 	return nil
 }

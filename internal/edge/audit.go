@@ -13,6 +13,7 @@ package edge
 
 import (
 	"context"
+	"path"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -367,6 +368,19 @@ func (e *Edge) auditStart(sb *sandbox, h runtime.Handle) {
 	}
 	sb.cookie = cookie
 	e.audit.by[cookie] = audited{sb: sb, idBase: h.IDBase}
+	sb.mu.Lock()
+	layers := sb.rec.Spec.Layers
+	sb.mu.Unlock()
+	for _, l := range layers {
+		if l.Protected && l.Mount != "" {
+			// Opens for reading under it are recorded too (the first
+			// protected mount only: the programs keep one per sandbox).
+			if err := e.audit.tel.Protect(cookie, path.Clean(l.Mount)); err != nil {
+				e.log.Warn("edge: audit reads of a protected layer", "sandbox", h.ID, "err", err)
+			}
+			break
+		}
+	}
 }
 
 // auditStop unregisters sb's cgroups (its container stops or serves

@@ -100,8 +100,12 @@ func TestFakeCloseDrainsInFlight(t *testing.T) {
 	if a.err != nil || a.res.ExitCode != 0 {
 		t.Fatalf("the call in flight during Close: %+v %v, want it finished", a.res, a.err)
 	}
-	if a.at.After(closed) {
-		t.Fatalf("the call in flight answered %v after Close returned", a.at.Sub(closed))
+	// The edge sends the answer before Close returns; the client reads it
+	// a moment later (it was seen 58 µs after, on a loaded machine). A
+	// call cut off by Close would have failed above, or come back with the
+	// 1.5 s command not done; so only a late answer well past Close fails.
+	if late := a.at.Sub(closed); late > 250*time.Millisecond {
+		t.Fatalf("the call in flight answered %v after Close returned", late)
 	}
 	t.Logf("Close took %v (the call in flight had ~1.5 s to go)", closed.Sub(t0))
 	noEdgeGoroutines(t)

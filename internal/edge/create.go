@@ -352,6 +352,7 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	sb.rec.CPUBase = e.cpuBaseline(&sb.rec, h)
 	sb.rec.Sandbox.State = api.StateRunning
 	sb.lastActive = time.Now()
+	sb.rec.Sandbox.LastActive = sb.lastActive // the idle clock survives a restart (reap's flushActivity)
 	e.cpuOpenLocked(sb)
 	rec := sb.rec
 	sb.mu.Unlock()

@@ -22,7 +22,11 @@ import (
 )
 
 // dataUploads are the DataOps that read an upload.
-var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true}
+var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort: true}
+
+// duplexOps read an upload while their answer streams: the uploads, and
+// the input of a command with live input.
+var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -43,7 +47,7 @@ func (e *Edge) startData(ctx context.Context) error {
 	if e.dataAddr == "" {
 		e.dataAddr = ln.Addr().String()
 	}
-	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: dataUploads, Logger: e.log}
+	e.data = &dataplane.Server{Key: key, Handle: e.handleData, Ops: DataOps, Uploads: duplexOps, Logger: e.log}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -70,6 +74,19 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 		h[bus.HeaderScope] = g.Scope
 	} else {
 		h[bus.HeaderRoot] = "1" // the signed grant says so
+	}
+	if op == OpExecLive {
+		var req ExecLiveRequest
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		if err := e.inScope(g); err != nil {
+			return nil, err
+		}
+		return e.execLive(ctx, &req, in, chunk)
+	}
+	if op == OpPort {
+		return e.servePort(ctx, g, body, in, chunk)
 	}
 	if dataUploads[op] {
 		var req FileRequest
@@ -249,7 +266,7 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 // body (the sandbox it acts on).
 func checkSandboxHeader(ctx context.Context, op string, body []byte) error {
 	hid, ok := bus.HeaderOf(ctx, bus.HeaderSandbox)
-	if !ok || !(edgeOps[op].sandboxBody || dataUploads[op]) {
+	if !ok || !(edgeOps[op].sandboxBody || duplexOps[op]) {
 		return nil
 	}
 	bid, err := bodyID(body)

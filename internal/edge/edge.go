@@ -12,11 +12,13 @@ package edge
 //     may snapshot, branch (create) or stop a sandbox;
 //  2. sandbox.snapMu (one snapshot at a time) or sandbox.pmu (pause and
 //     resume): never both, and each is held over runtime calls (freeze);
-//  3. Edge.mu: the edge's maps (sandboxes, live, pools, wiped, fn);
-//  4. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
+//  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
+//     taken under pmu by pause and resume, never under Edge.mu;
+//  4. Edge.mu: the edge's maps (sandboxes, live, pools, wiped, fn);
+//  5. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
 //     admission, the reaper, pool claims and the node view; Edge.mu is
 //     never taken under it);
-//  5. leaves, under which nothing else is locked: Edge.spareMu,
+//  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
 //     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).

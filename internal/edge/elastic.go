@@ -37,6 +37,11 @@ type cpuState struct {
 	idleNs     int64 // CPU time used at the idle budget
 	harvested  int64 // throttled time at the idle budget
 	throttled  int64 // throttled time at the full level
+	// typedUntil: a terminal (or other live input) had input, so the
+	// sandbox counts as running an operation until then (live.go);
+	// typeTimer lowers the level once it passed.
+	typedUntil time.Time
+	typeTimer  *time.Timer
 }
 
 // idleCPU is the sandbox's budget between operations (records written
@@ -50,7 +55,33 @@ func idleCPU(spec *api.CreateSandboxRequest) float64 {
 
 // wantFullLocked says whether sb should have its full CPU now.
 func wantFullLocked(sb *sandbox) bool {
-	return sb.rec.Spec.AlwaysOn || sb.stateless || sb.inflight > 0 || sb.cpu.hold > 0
+	return sb.rec.Spec.AlwaysOn || sb.stateless || sb.inflight > 0 || sb.cpu.hold > 0 ||
+		time.Now().Before(sb.cpu.typedUntil)
+}
+
+// typedLocked counts input to a terminal as activity: the idle timer
+// restarts and the sandbox has its full CPU for terminalActive.
+func (e *Edge) typedLocked(sb *sandbox) {
+	now := time.Now()
+	sb.lastActive = now
+	sb.cpu.typedUntil = now.Add(terminalActive)
+	if sb.cpu.typeTimer == nil {
+		sb.cpu.typeTimer = time.AfterFunc(terminalActive, func() { e.typingPassed(sb) })
+	}
+	e.cpuSwitchLocked(sb)
+}
+
+// typingPassed lowers sb's level once its last input is terminalActive
+// old (or waits on for a later one).
+func (e *Edge) typingPassed(sb *sandbox) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if d := time.Until(sb.cpu.typedUntil); d > 0 {
+		sb.cpu.typeTimer.Reset(d)
+		return
+	}
+	sb.cpu.typeTimer = nil
+	e.cpuSwitchLocked(sb)
 }
 
 // cpuOpenLocked (re)opens sb's CPU gate with its spec's levels and sets

@@ -1,7 +1,8 @@
 package edge
 
 // Lock order: Edge.mu, then sandbox.mu (reap, NodeStatus); Edge.usageMu
-// is a leaf (the whole order is in edge.go).
+// is a leaf; reap's record writes (sandbox.wmu) come after Edge.mu is
+// released (the whole order is in edge.go).
 
 import (
 	"context"
@@ -217,11 +218,14 @@ func (e *Edge) reap(ctx context.Context) {
 		reason string
 	}
 	var victims []victim
-	var pauses []*sandbox
+	var pauses, flush []*sandbox
 	e.mu.Lock()
 	for id, sb := range e.sandboxes {
 		sb.mu.Lock()
 		st := sb.rec.Sandbox.State
+		if activityToFlushLocked(sb, now) {
+			flush = append(flush, sb)
+		}
 		switch {
 		case st == api.StateStopped || st == api.StateFailed:
 			delete(e.live, sb)
@@ -242,6 +246,11 @@ func (e *Edge) reap(ctx context.Context) {
 		sb.mu.Unlock()
 	}
 	e.mu.Unlock()
+	for _, sb := range flush {
+		if err := e.persistSandbox(sb); err != nil {
+			e.log.Debug("persist last activity", "id", sb.rec.Sandbox.ID, "err", err)
+		}
+	}
 	e.expireWiped(e.cfg.RecycleIdle)
 	e.fnShrink(now)
 	for _, v := range victims {
@@ -270,4 +279,28 @@ func (e *Edge) reap(ctx context.Context) {
 			sb.mu.Unlock()
 		}(sb)
 	}
+}
+
+// activityToFlushLocked records sb's last activity in its record (to be
+// persisted by the caller) when it has moved on by a tenth of its idle
+// timeout (at least a second) since last written, so a restart keeps the
+// idle clock: it may then run short by at most that much. Only sandboxes
+// with an idle timeout and a record of their own are concerned. A sandbox
+// busy now is active now.
+func activityToFlushLocked(sb *sandbox, now time.Time) bool {
+	st := sb.rec.Sandbox.State
+	if sb.rec.Spec.IdleTimeout <= 0 || sb.stopping || sb.pool != "" || sb.stateless || sb.rec.Handle == nil ||
+		(st != api.StateRunning && st != api.StatePaused) {
+		return false
+	}
+	la := sb.lastActive
+	if sb.inflight > 0 {
+		la = now
+	}
+	step := max(time.Second, time.Duration(sb.rec.Spec.IdleTimeout)*time.Second/10)
+	if la.Sub(sb.rec.Sandbox.LastActive) < step {
+		return false
+	}
+	sb.rec.Sandbox.LastActive = la.UTC()
+	return true
 }

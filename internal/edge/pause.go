@@ -1,7 +1,8 @@
 package edge
 
-// Lock order: sandbox.pmu (held over the freeze), then sandbox.mu; Edge.mu
-// is not taken under sandbox.mu (the whole order is in edge.go).
+// Lock order: sandbox.pmu (held over the freeze), then sandbox.wmu (one
+// record write), then sandbox.mu; Edge.mu is not taken under sandbox.mu
+// (the whole order is in edge.go).
 
 import (
 	"context"
@@ -34,11 +35,42 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, why string) error {
 	sb.rec.Sandbox.State = api.StatePaused
 	sb.mu.Unlock()
 
-	t0 := time.Now()
-	if err := e.cfg.Runtime.Freeze(ctx, h); err != nil {
+	// The intent first: a crash from here on leaves a record that says
+	// paused, which the restart resolves (reconcile thaws, attaches and
+	// pauses again). A record saying running over a frozen agent would
+	// make the restart call an agent that cannot answer.
+	if err := e.persistSandbox(sb); err != nil {
 		sb.mu.Lock()
 		sb.rec.Sandbox.State = api.StateRunning
 		sb.mu.Unlock()
+		return fmt.Errorf("edge: record the pause of %s: %w", id, err)
+	}
+	return e.freezeAndReclaim(ctx, sb, h, why, nil)
+}
+
+// freezeAndReclaim freezes sb (recorded paused already) and pushes its
+// memory out; a freeze that fails leaves it thawed and running again.
+// frozen, when set, is called once the freeze is over (either way), before
+// the reclaim. The caller holds sb.pmu.
+func (e *Edge) freezeAndReclaim(ctx context.Context, sb *sandbox, h runtime.Handle, why string, frozen func()) error {
+	id := sb.rec.Sandbox.ID
+	t0 := time.Now()
+	err := e.cfg.Runtime.Freeze(ctx, h)
+	if frozen != nil {
+		frozen()
+	}
+	if err != nil {
+		// A freeze that timed out leaves the cgroup FREEZING: thaw it.
+		if terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), h); terr != nil {
+			e.log.Warn("thaw after a failed freeze", "id", id, "err", terr)
+		}
+		sb.mu.Lock()
+		sb.rec.Sandbox.State = api.StateRunning
+		sb.rec.Sandbox.PausedAt = nil
+		sb.mu.Unlock()
+		if perr := e.persistSandbox(sb); perr != nil {
+			e.log.Warn("persist sandbox after a failed freeze", "id", id, "err", perr)
+		}
 		return fmt.Errorf("edge: freeze %s: %w", id, err)
 	}
 	var before, after int64
@@ -51,9 +83,8 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, why string) error {
 	now := time.Now().UTC()
 	sb.mu.Lock()
 	sb.rec.Sandbox.PausedAt = &now
-	rec := sb.rec
 	sb.mu.Unlock()
-	if err := e.persist(&rec); err != nil {
+	if err := e.persistSandbox(sb); err != nil {
 		e.log.Warn("persist paused sandbox", "id", id, "err", err)
 	}
 	e.log.Info("sandbox paused", "id", id, "why", why, "memory_before", before, "memory_after", after, "took", time.Since(t0))
@@ -109,9 +140,10 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, prefetch bool) error {
 	sb.rec.Sandbox.State = api.StateRunning
 	sb.rec.Sandbox.PausedAt = nil
 	sb.lastActive = time.Now()
-	rec := sb.rec
 	sb.mu.Unlock()
-	if err := e.persist(&rec); err != nil {
+	// A crash before this write leaves a record saying paused over a
+	// thawed sandbox: the restart pauses it again (consistent).
+	if err := e.persistSandbox(sb); err != nil {
 		e.log.Warn("persist resumed sandbox", "id", id, "err", err)
 	}
 	e.log.Info("sandbox resumed", "id", id, "prefetched", prefetched, "took", time.Since(t0))
@@ -230,9 +262,8 @@ func (e *Edge) setTimeout(req *TimeoutRequest) (any, error) {
 		sb.rec.Spec.IdleTimeout, sb.rec.Sandbox.IdleTimeout = *req.IdleTimeout, *req.IdleTimeout
 		sb.lastActive = now
 	}
-	rec := sb.rec
 	sb.mu.Unlock()
-	if err := e.persist(&rec); err != nil {
+	if err := e.persistSandbox(sb); err != nil {
 		return nil, fmt.Errorf("edge: persist timeout of %s: %w", req.ID, err)
 	}
 	v := sb.view()

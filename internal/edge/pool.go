@@ -372,6 +372,7 @@ func (e *Edge) claimLocked(id string, spec *api.CreateSandboxRequest) *sandbox {
 		sb.rec.Sandbox.ExpiresAt = &expires
 		sb.rec.Sandbox.Pool = p.name
 		sb.lastActive = now
+		sb.rec.Sandbox.LastActive = now
 		sb.pool = ""
 		sb.mu.Unlock()
 		sb.audit.reset() // what ran while it waited in the pool is nobody's

@@ -68,6 +68,7 @@ func (r *record) layer() string {
 // sandbox is the edge's live state of one sandbox.
 type sandbox struct {
 	pmu        sync.Mutex // serializes pause and resume
+	wmu        sync.Mutex // serializes persistSandbox's writes of rec
 	mu         sync.Mutex
 	snapMu     sync.Mutex // one snapshot at a time
 	incr       incrState  // its last snapshot, for an incremental next one (under snapMu; snapdiff.go)
@@ -208,6 +209,24 @@ func (e *Edge) persist(rec *record) error {
 	return nil
 }
 
+// persistSandbox writes sb's record as it is now. Writes through it are
+// ordered: the record copied last is the one written last, so a writer
+// holding an older copy (the reaper's last-activity flush) can never
+// overwrite a newer state (a pause's intent). A stopping sandbox's record
+// is not written: stop drops it (after the write in flight, see stop).
+func (e *Edge) persistSandbox(sb *sandbox) error {
+	sb.wmu.Lock()
+	defer sb.wmu.Unlock()
+	sb.mu.Lock()
+	if sb.stopping {
+		sb.mu.Unlock()
+		return nil
+	}
+	rec := sb.rec
+	sb.mu.Unlock()
+	return e.persist(&rec)
+}
+
 // recordPage bounds the records written in place: one write(2) of at most
 // a page at offset 0 copies a single page, so a signal cannot cut it short.
 const recordPage = 4096
@@ -317,7 +336,9 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	adopted := map[string]bool{}     // by storage name
+	adopted := map[string]bool{} // by storage name
+	var refreezes sync.WaitGroup // adopted paused sandboxes being frozen again
+	defer waitRefreezes(&refreezes)
 	holders := map[string][]string{} // storage name -> the layers it holds mounted
 	for i := range recs {
 		rec := recs[i]
@@ -328,40 +349,14 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			continue
 		}
 		if rec.Handle != nil && (rec.Sandbox.State == api.StateRunning || rec.Sandbox.State == api.StatePaused) {
-			paused := rec.Sandbox.State == api.StatePaused
-			if paused {
-				// A frozen agent cannot answer the attach: thaw it, attach,
-				// and pause it again below.
-				if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
-					_ = rc.Restore(ctx, *rec.Handle, rec.Spec.MemoryMB)
-				}
-				_ = e.cfg.Runtime.Thaw(ctx, *rec.Handle)
-				rec.Sandbox.State = api.StateRunning
-				rec.Sandbox.PausedAt = nil
-			}
-			inst, err := e.cfg.Runtime.Attach(ctx, *rec.Handle)
-			if err == nil {
-				sb := &sandbox{rec: rec, inst: inst, lastActive: time.Now(), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
-				close(sb.ready)
-				sb.mu.Lock()
-				e.cpuOpenLocked(sb)
-				sb.mu.Unlock()
-				e.put(id, sb)
-				setPolicy(sb, rec.Spec.Audit)
-				e.auditStart(sb, inst.Handle)
+			// Bounded: a sandbox whose agent does not answer at once is
+			// retried in the background (adopt.go), never waited on here.
+			if e.adopt(ctx, rec, &refreezes) {
 				adopted[store] = true
 				adopted[rec.layer()] = true
 				holders[rec.layer()] = rec.Layers
-				e.watch(sb)
-				e.log.Info("adopted sandbox", "id", id, "paused", paused)
-				if paused {
-					if err := e.pause(ctx, sb, "paused before the restart"); err != nil {
-						e.log.Warn("pause adopted sandbox again", "id", id, "err", err)
-					}
-				}
 				continue
 			}
-			e.log.Warn("sandbox did not survive the restart", "id", id, "err", err)
 		}
 		h := runtime.Handle{ID: store, Socket: filepath.Join(e.stateDir(store), "agent.sock")}
 		if rec.Handle != nil {
@@ -503,6 +498,10 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 	}
 	recycle := e.recyclableLocked(sb, state)
 	sb.mu.Unlock()
+	// A record write in flight (persistSandbox) ends before the record is
+	// dropped below; later ones see stopping.
+	sb.wmu.Lock()
+	sb.wmu.Unlock()
 	e.auditStop(sb)
 
 	if recycle && e.keepContainer(ctx, sb, inst) {

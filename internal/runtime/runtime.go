@@ -5,6 +5,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"net"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
@@ -222,4 +223,12 @@ type CgroupLister interface {
 // memory charged now).
 type SandboxUsageReporter interface {
 	SandboxUsage(h Handle) (Usage, error)
+}
+
+// PortDialer is implemented by runtimes that can connect to a port on a
+// sandbox's own loopback (issue 16, "ports in"): the edge forwards the
+// API's port streams over such connections. It works for sandboxes
+// without a network too.
+type PortDialer interface {
+	DialPort(ctx context.Context, h Handle, port int) (net.Conn, error)
 }

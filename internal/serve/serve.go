@@ -20,6 +20,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/connlimit"
 	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/iam"
@@ -81,7 +82,31 @@ type Options struct {
 	// token before Ready.
 	E2BListen string
 	E2BReady  func(url, token string)
+	// HTTP bounds the API's connections (see HTTPLimits).
+	HTTP HTTPLimits
 }
+
+// HTTPLimits bound the connections of the HTTP API (and the E2B front):
+// idle or slow clients must never take the descriptors sandboxes need.
+type HTTPLimits struct {
+	// MaxConns is the most connections held at once; 0 = half the
+	// process's descriptor limit (connlimit.Budget). MaxConnsPerClient is
+	// the most of one client address; 0 = connlimit.DefaultPerClient. A
+	// connection past either is answered 503 and closed.
+	MaxConns          int
+	MaxConnsPerClient int
+	// HeaderTimeout bounds the reading of a request's headers; 0 =
+	// DefaultHeaderTimeout. IdleTimeout closes a keep-alive connection
+	// idle that long; 0 = DefaultIdleTimeout.
+	HeaderTimeout time.Duration
+	IdleTimeout   time.Duration
+}
+
+// Defaults of HTTPLimits.
+const (
+	DefaultHeaderTimeout = 10 * time.Second
+	DefaultIdleTimeout   = 60 * time.Second
+)
 
 func (o *Options) defaults() error {
 	if o.DataDir == "" {
@@ -231,7 +256,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer stopEdge()
 	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node, TrajectorySweep: o.TrajectorySweep,
-		E2BListen: o.E2BListen, E2BReady: o.E2BReady})
+		E2BListen: o.E2BListen, E2BReady: o.E2BReady, HTTP: o.HTTP})
 }
 
 // EdgeOptions configure one edge (`warren edge`, or the edge of `warren serve`).
@@ -445,6 +470,8 @@ type APIOptions struct {
 	// TrajectorySweep is how often expired trajectories are deleted (0 =
 	// apiserver.DefaultSweepEvery).
 	TrajectorySweep time.Duration
+	// HTTP bounds the API's connections.
+	HTTP HTTPLimits
 }
 
 // RunAPIServer runs one apiserver replica (`warren apiserver`) against an
@@ -483,6 +510,11 @@ func RunAPIServer(ctx context.Context, o APIOptions) error {
 // serveAPI runs the watcher, IAM and HTTP API on conn and ln until ctx ends.
 func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions) error {
 	log := o.Logger
+	limits, err := o.HTTP.limiter(log)
+	if err != nil {
+		return err
+	}
+	ln = limits.Listen(ln)
 	var e2bLn net.Listener
 	if o.E2BListen != "" {
 		var err error
@@ -490,6 +522,7 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 			return fmt.Errorf("serve: e2b listen %s: %w", o.E2BListen, err)
 		}
 		defer e2bLn.Close()
+		e2bLn = limits.Listen(e2bLn) // one budget for both fronts
 	}
 	if addr := os.Getenv("WARREN_PPROF"); addr != "" {
 		// Profiling for measurements (warren sim): the default mux carries net/http/pprof.
@@ -517,11 +550,11 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	if o.WaitForNode != "" && !w.WaitForNode(o.WaitForNode, 10*time.Second) {
 		return errors.New("serve: the edge did not report in")
 	}
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	srv := o.HTTP.server(api, limits)
 	errc := make(chan error, 2)
 	// The E2B front first: once the native API answers, both are up.
 	if e2bLn != nil {
-		e2bSrv := &http.Server{Handler: e2b.New(e2b.Config{API: api, Logger: log}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+		e2bSrv := o.HTTP.server(e2b.New(e2b.Config{API: api, Logger: log}), limits)
 		go func() { errc <- e2bSrv.Serve(e2bLn) }()
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -556,6 +589,34 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return nil
+}
+
+// limiter raises the descriptor limit to its hard value and makes the
+// connection limiter of the API's listeners.
+func (h HTTPLimits) limiter(log *slog.Logger) (*connlimit.Limiter, error) {
+	nofile, err := connlimit.RaiseNoFile()
+	if err != nil {
+		log.Warn("cannot raise the descriptor limit", "err", err)
+	}
+	l, err := connlimit.New(connlimit.Config{Max: h.MaxConns, PerClient: h.MaxConnsPerClient, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	maxConns, perClient := l.Caps()
+	log.Info("http connection limits", "max_conns", maxConns, "max_conns_per_client", perClient, "nofile", nofile)
+	return l, nil
+}
+
+// server is an http.Server with h's timeouts that tells l which of its
+// connections are idle.
+func (h HTTPLimits) server(handler http.Handler, l *connlimit.Limiter) *http.Server {
+	if h.HeaderTimeout <= 0 {
+		h.HeaderTimeout = DefaultHeaderTimeout
+	}
+	if h.IdleTimeout <= 0 {
+		h.IdleTimeout = DefaultIdleTimeout
+	}
+	return &http.Server{Handler: handler, ReadHeaderTimeout: h.HeaderTimeout, IdleTimeout: h.IdleTimeout, ConnState: l.ConnState}
 }
 
 func totalMemoryMB() int64 {

@@ -33,11 +33,12 @@ type execEvent struct {
 }
 
 type execSlot struct {
-	_      structs.HostLayout
-	Cookie uint64
-	Step   int64
-	Flags  uint32
-	Pad    uint32
+	_       structs.HostLayout
+	Cookie  uint64
+	Step    int64
+	Flags   uint32
+	ProtLen uint32
+	Prot    [64]int8
 }
 
 // Names of all BPF objects in the ELF.

@@ -18,6 +18,9 @@
 //   - connect: every TCP connection attempt of a sandbox process (not of
 //     its agent), with its destination (tp_btf/inet_sock_set_state, as a
 //     socket enters SYN_SENT);
+//   - file (Options.Files): also every open for reading of /proc/kpage*,
+//     /proc/kcore, a /proc/<pid>/mem or environ, or a file under the
+//     sandbox's protected directory (Protect);
 //   - file (Options.Files): every syscall of a sandbox process (not of its
 //     agent's cgroup) that asks to write, create, truncate, rename, unlink
 //     or chmod a file (tp_btf/sys_enter), with the path as named.
@@ -115,6 +118,24 @@ type Collector struct {
 	mu    sync.Mutex
 	ids   map[uint64][]uint64 // cookie -> its registered cgroup ids
 	flags map[uint64]uint32   // cgroup id -> its slot's flags (slotAgent)
+	prot  map[uint64]string   // cookie -> its protected directory (Protect)
+	steps map[uint64]int64    // cookie -> its step now (SetStep)
+}
+
+// ProtCap bounds a protected directory's path (exec.c PROT_CAP, with
+// room for the end).
+const ProtCap = 63
+
+// slot is what the programs read for one of cookie's cgroups.
+func (c *Collector) slot(cookie uint64, flags uint32) execSlot {
+	sl := execSlot{Cookie: cookie, Step: c.steps[cookie], Flags: flags}
+	if p := c.prot[cookie]; p != "" {
+		sl.ProtLen = uint32(len(p))
+		for i := range len(p) {
+			sl.Prot[i] = int8(p[i])
+		}
+	}
+	return sl
 }
 
 // slotAgent marks the cgroup of a sandbox's agent (exec.c SLOT_AGENT).
@@ -143,7 +164,7 @@ func Open(log *slog.Logger, opts Options) (*Collector, error) {
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return nil, fmt.Errorf("telemetry: kernel has no BTF: %w", err)
 	}
-	c := &Collector{log: log, ids: map[uint64][]uint64{}, flags: map[uint64]uint32{}}
+	c := &Collector{log: log, ids: map[uint64][]uint64{}, flags: map[uint64]uint32{}, prot: map[uint64]string{}, steps: map[uint64]int64{}}
 	if err := c.load(); err != nil {
 		return nil, err
 	}
@@ -258,7 +279,7 @@ func (c *Collector) AddSandbox(cookie uint64, agentDir string, dirs ...string) e
 			flags = slotAgent
 		}
 		c.flags[id] = flags
-		if err := c.objs.Sandboxes.Put(id, execSlot{Cookie: cookie, Flags: flags}); err != nil {
+		if err := c.objs.Sandboxes.Put(id, c.slot(cookie, flags)); err != nil {
 			c.removeLocked(cookie)
 			return fmt.Errorf("telemetry: register cgroup %d: %w", id, err)
 		}
@@ -282,6 +303,31 @@ func (c *Collector) removeLocked(cookie uint64) {
 		delete(c.flags, id)
 	}
 	delete(c.ids, cookie)
+	delete(c.prot, cookie)
+	delete(c.steps, cookie)
+}
+
+// Protect names cookie's protected directory (an absolute path without a
+// trailing slash, at most ProtCap bytes): with Options.Files, opens for
+// reading under it are recorded too. Call it after AddSandbox.
+func (c *Collector) Protect(cookie uint64, dir string) error {
+	if len(dir) > ProtCap || len(dir) < 2 || dir[0] != '/' || dir[len(dir)-1] == '/' {
+		return fmt.Errorf("telemetry: protected directory %q: want an absolute path of at most %d bytes", dir, ProtCap)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.prot[cookie] = dir
+	return c.updateLocked(cookie)
+}
+
+// updateLocked rewrites cookie's slots.
+func (c *Collector) updateLocked(cookie uint64) error {
+	for _, id := range c.ids[cookie] {
+		if err := c.objs.Sandboxes.Update(id, c.slot(cookie, c.flags[id]), ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("telemetry: update cgroup %d: %w", id, err)
+		}
+	}
+	return nil
 }
 
 // SetStep stamps what cookie's processes do from now on with step (0 =
@@ -289,10 +335,12 @@ func (c *Collector) removeLocked(cookie uint64) {
 func (c *Collector) SetStep(cookie uint64, step int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, id := range c.ids[cookie] {
-		if err := c.objs.Sandboxes.Update(id, execSlot{Cookie: cookie, Step: step, Flags: c.flags[id]}, ebpf.UpdateExist); err != nil {
-			c.log.Warn("telemetry: set step", "id", id, "err", err)
-		}
+	if _, ok := c.ids[cookie]; !ok {
+		return
+	}
+	c.steps[cookie] = step
+	if err := c.updateLocked(cookie); err != nil {
+		c.log.Warn("telemetry: set step", "cookie", cookie, "err", err)
 	}
 }
 
@@ -353,6 +401,9 @@ func (c *Collector) record(ev *execEvent) Record {
 		r.Op = fileOps[r.Syscall]
 		if r.Op == "" {
 			r.Op = "write" // open, openat, openat2, creat
+			if r.Syscall != "creat" && ev.Result&(unix.O_ACCMODE|unix.O_CREAT|unix.O_TRUNC) == 0 {
+				r.Op = "read" // of a sensitive path (exec.c)
+			}
 		}
 		if n := min(int(ev.ArgvLen), len(ev.Argv)); n > 0 {
 			r.To = cString(ev.Argv[:n])

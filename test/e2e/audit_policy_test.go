@@ -83,7 +83,8 @@ func TestAuditMisbehaviour(t *testing.T) {
 
 	// Step 1: the toolkit, the workspace, a planted binary, a connection.
 	r1 := s.sh(t, a.ID, "mkdir -p /work; echo notes > /work/notes; echo pwn >> /opt/toolkit/grade.sh; "+
-		"cp /bin/busybox /tmp/planted; /tmp/planted true; nc -w 1 127.0.0.1 9 </dev/null; true")
+		"cp /bin/busybox /tmp/planted; /tmp/planted true; nc -w 1 127.0.0.1 9 </dev/null; "+
+		"cat /opt/toolkit/grade.sh >/dev/null; cat /proc/1/mem 2>/dev/null; cat /etc/hostname >/dev/null; true")
 	// Step 2: the probe goes in; step 3 runs it.
 	probe, err := os.ReadFile(bins.probe)
 	if err != nil {
@@ -93,7 +94,10 @@ func TestAuditMisbehaviour(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r3, err := s.C.Exec(ctx, a.ID, api.ExecRequest{Argv: []string{"/probe"}, Timeout: 60})
+	// Through the session's shell, as an agent would (an argv command runs
+	// its first moments beside the agent, whose file operations are not
+	// recorded: see docs/architecture.md, "Telemetry").
+	r3, err := s.C.Exec(ctx, a.ID, api.ExecRequest{Cmd: "/probe", Timeout: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +136,15 @@ func TestAuditMisbehaviour(t *testing.T) {
 		{1, "a connection attempt", func(r api.AuditRecord) bool {
 			return r.Kind == api.AuditKindConnect && r.Dest == "127.0.0.1:9"
 		}},
+		{1, "a read of the protected toolkit", func(r api.AuditRecord) bool {
+			return r.Kind == api.AuditKindFile && r.Op == api.AuditOpRead && r.Path == "/opt/toolkit/grade.sh"
+		}},
+		{1, "an open of the agent's memory", func(r api.AuditRecord) bool {
+			return r.Kind == api.AuditKindFile && r.Op == api.AuditOpRead && r.Path == "/proc/1/mem"
+		}},
+		{3, "a read of /proc/kpagecgroup", func(r api.AuditRecord) bool {
+			return r.Kind == api.AuditKindFile && r.Op == api.AuditOpRead && r.Path == "/proc/kpagecgroup"
+		}},
 		{3, "mount refused", func(r api.AuditRecord) bool { return r.Kind == api.AuditKindRefused && r.Syscall == "mount" }},
 		{3, "an extent-swap ioctl refused", func(r api.AuditRecord) bool { return r.Kind == api.AuditKindRefused && r.Syscall == "ioctl" }},
 		{3, "ptrace of the agent refused", func(r api.AuditRecord) bool { return r.Kind == api.AuditKindRefused && r.Syscall == "ptrace" }},
@@ -163,6 +176,9 @@ func TestAuditMisbehaviour(t *testing.T) {
 		}
 		if strings.Contains(r.Path, "neighbour-marker") || strings.Contains(strings.Join(r.Argv, " "), "neighbour-marker") {
 			t.Errorf("the neighbour's act is in this audit: %+v", r)
+		}
+		if r.Op == api.AuditOpRead && r.Path == "/etc/hostname" {
+			t.Errorf("a plain read is in the audit: %+v", r)
 		}
 		if r.Action != "" && !(r.Kind == api.AuditKindExec && strings.HasPrefix(r.Path, "/tmp/")) {
 			t.Errorf("the policy acted on a record it does not select: %+v", r)
@@ -277,7 +293,7 @@ func TestAuditPolicyKillsStep(t *testing.T) {
 
 	// Bad policies are refused at create.
 	for _, bad := range []api.AuditSpec{
-		{Policy: []api.AuditRule{{On: "read:/x", Do: "flag"}}},
+		{Policy: []api.AuditRule{{On: "open:/x", Do: "flag"}}},
 		{Policy: []api.AuditRule{{On: "write:/x", Do: "explode"}}},
 		{Workspace: []string{"relative/path"}},
 	} {

@@ -82,6 +82,11 @@ func newOwned(t *testing.T) *owned {
 		t.Fatal(err)
 	}
 	o.cmd = r.CommandID
+	// A server on port 8000 that would hand out the secret to whoever
+	// reaches it: the port routes must not let p2 do so.
+	if _, err := o.p1.Exec(ctx, o.sb, api.ExecRequest{Cmd: "busybox httpd -f -p 8000 -h /", Background: true}); err != nil {
+		t.Fatal(err)
+	}
 	o.traj = "run-42"
 	tsb := o.mk(t, o.p1, api.CreateSandboxRequest{CPU: 0.1, MemoryMB: 64, Trajectory: o.traj})
 	o.trajSB = tsb.ID
@@ -691,6 +696,7 @@ func auditRoutes(t *testing.T, o *owned) {
 		"POST /v1/sandboxes:pause":                    {{path: "/v1/sandboxes:pause", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes:resume":                   {{path: "/v1/sandboxes:resume", body: js(api.PauseRequest{Label: "own=p1"}), ok: func(code int, body string) bool { return code == 200 && !o.leaks(body) }}},
 		"POST /v1/sandboxes/{id}/exec":                {{path: sb + "/exec", body: js(api.ExecRequest{Cmd: "cat /secret"})}},
+		"GET /v1/sandboxes/{id}/pty":                  {{path: sb + "/pty?cmd=cat+/secret"}},
 		"GET /v1/sandboxes/{id}/commands":             {{path: sb + "/commands"}},
 		"GET /v1/sandboxes/{id}/stats":                {{path: sb + "/stats"}},
 		"GET /v1/sandboxes/{id}/network":              {{path: sb + "/network"}},
@@ -741,6 +747,22 @@ func auditRoutes(t *testing.T, o *owned) {
 			child: func(code int, body string) bool { return code == 200 && strings.Contains(body, "p1-tmpl-label") }}},
 		"GET /v1/templates/{name}":    {{path: "/v1/templates/p1-tmpl", child: parentLayer}},
 		"DELETE /v1/templates/{name}": {{path: "/v1/templates/p1-tmpl"}, {path: "/v1/templates/p1-tmpl?project=p1"}},
+
+		// Ports: p1's sandbox serves its secret on port 8000.
+		"GET /v1/sandboxes/{id}/ports/{port}":           {{path: sb + "/ports/8000"}, {path: sb + "/ports/8000?raw=1"}},
+		"POST /v1/sandboxes/{id}/ports/{port}":          {{path: sb + "/ports/8000", body: js(api.PortRequest{Public: true})}},
+		"DELETE /v1/sandboxes/{id}/ports/{port}":        {{path: sb + "/ports/8000"}},
+		"GET /v1/sandboxes/{id}/ports/{port}/{path}":    {{path: sb + "/ports/8000/secret"}},
+		"POST /v1/sandboxes/{id}/ports/{port}/{path}":   {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"PUT /v1/sandboxes/{id}/ports/{port}/{path}":    {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"PATCH /v1/sandboxes/{id}/ports/{port}/{path}":  {{path: sb + "/ports/8000/secret", body: []byte("x")}},
+		"DELETE /v1/sandboxes/{id}/ports/{port}/{path}": {{path: sb + "/ports/8000/secret"}},
+		// A made-up secret reaches nothing (p1's port is not public).
+		"GET /p/{secret}/{path}":    {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
+		"POST /p/{secret}/{path}":   {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"PUT /p/{secret}/{path}":    {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"PATCH /p/{secret}/{path}":  {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
+		"DELETE /p/{secret}/{path}": {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
 	}
 	for _, route := range specPaths(t) {
 		method, path, _ := strings.Cut(route, " ")
@@ -766,6 +788,11 @@ func auditRoutes(t *testing.T, o *owned) {
 				}
 			}
 		}
+	}
+	// The port routes had something to leak: p1 itself reads the secret
+	// through its port.
+	if code, body := o.s.rawRequest(t, "GET", sb+"/ports/8000/secret", o.tok1, nil, nil); code != 200 || body != o.secret {
+		t.Errorf("p1 through its own port: %d %q", code, tail(body, 3))
 	}
 	// Nothing of p1 changed: its sandbox still runs and holds the secret.
 	b, err := o.p1.ReadFileBytes(context.Background(), o.sb, "/secret")

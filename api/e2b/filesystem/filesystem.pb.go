@@ -786,6 +786,66 @@ func (x *WatchDirRequest) GetAllowNetworkMounts() bool {
 	return false
 }
 
+type FilesystemEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Type          EventType              `protobuf:"varint,2,opt,name=type,proto3,enum=filesystem.EventType" json:"type,omitempty"`
+	Entry         *EntryInfo             `protobuf:"bytes,3,opt,name=entry,proto3,oneof" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FilesystemEvent) Reset() {
+	*x = FilesystemEvent{}
+	mi := &file_filesystem_filesystem_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FilesystemEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FilesystemEvent) ProtoMessage() {}
+
+func (x *FilesystemEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_filesystem_filesystem_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FilesystemEvent.ProtoReflect.Descriptor instead.
+func (*FilesystemEvent) Descriptor() ([]byte, []int) {
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *FilesystemEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FilesystemEvent) GetType() EventType {
+	if x != nil {
+		return x.Type
+	}
+	return EventType_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *FilesystemEvent) GetEntry() *EntryInfo {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
 type WatchDirResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -800,7 +860,7 @@ type WatchDirResponse struct {
 
 func (x *WatchDirResponse) Reset() {
 	*x = WatchDirResponse{}
-	mi := &file_filesystem_filesystem_proto_msgTypes[12]
+	mi := &file_filesystem_filesystem_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +872,7 @@ func (x *WatchDirResponse) String() string {
 func (*WatchDirResponse) ProtoMessage() {}
 
 func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_filesystem_filesystem_proto_msgTypes[12]
+	mi := &file_filesystem_filesystem_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +885,7 @@ func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse) Descriptor() ([]byte, []int) {
-	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{12}
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchDirResponse) GetEvent() isWatchDirResponse_Event {
@@ -844,7 +904,7 @@ func (x *WatchDirResponse) GetStart() *WatchDirResponse_StartEvent {
 	return nil
 }
 
-func (x *WatchDirResponse) GetFilesystem() *WatchDirResponse_FilesystemEvent {
+func (x *WatchDirResponse) GetFilesystem() *FilesystemEvent {
 	if x != nil {
 		if x, ok := x.Event.(*WatchDirResponse_Filesystem); ok {
 			return x.Filesystem
@@ -871,7 +931,7 @@ type WatchDirResponse_Start struct {
 }
 
 type WatchDirResponse_Filesystem struct {
-	Filesystem *WatchDirResponse_FilesystemEvent `protobuf:"bytes,2,opt,name=filesystem,proto3,oneof"`
+	Filesystem *FilesystemEvent `protobuf:"bytes,2,opt,name=filesystem,proto3,oneof"`
 }
 
 type WatchDirResponse_Keepalive struct {
@@ -884,6 +944,287 @@ func (*WatchDirResponse_Filesystem) isWatchDirResponse_Event() {}
 
 func (*WatchDirResponse_Keepalive) isWatchDirResponse_Event() {}
 
+// The polling variant of WatchDir (the Python SDK's sync watch_dir).
+type CreateWatcherRequest struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Path               string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive          bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	IncludeEntry       bool                   `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
+	AllowNetworkMounts bool                   `protobuf:"varint,4,opt,name=allow_network_mounts,json=allowNetworkMounts,proto3" json:"allow_network_mounts,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *CreateWatcherRequest) Reset() {
+	*x = CreateWatcherRequest{}
+	mi := &file_filesystem_filesystem_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateWatcherRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateWatcherRequest) ProtoMessage() {}
+
+func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_filesystem_filesystem_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateWatcherRequest.ProtoReflect.Descriptor instead.
+func (*CreateWatcherRequest) Descriptor() ([]byte, []int) {
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CreateWatcherRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CreateWatcherRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+func (x *CreateWatcherRequest) GetIncludeEntry() bool {
+	if x != nil {
+		return x.IncludeEntry
+	}
+	return false
+}
+
+func (x *CreateWatcherRequest) GetAllowNetworkMounts() bool {
+	if x != nil {
+		return x.AllowNetworkMounts
+	}
+	return false
+}
+
+type CreateWatcherResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WatcherId     string                 `protobuf:"bytes,1,opt,name=watcher_id,json=watcherId,proto3" json:"watcher_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateWatcherResponse) Reset() {
+	*x = CreateWatcherResponse{}
+	mi := &file_filesystem_filesystem_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateWatcherResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateWatcherResponse) ProtoMessage() {}
+
+func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_filesystem_filesystem_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateWatcherResponse.ProtoReflect.Descriptor instead.
+func (*CreateWatcherResponse) Descriptor() ([]byte, []int) {
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CreateWatcherResponse) GetWatcherId() string {
+	if x != nil {
+		return x.WatcherId
+	}
+	return ""
+}
+
+type GetWatcherEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WatcherId     string                 `protobuf:"bytes,1,opt,name=watcher_id,json=watcherId,proto3" json:"watcher_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWatcherEventsRequest) Reset() {
+	*x = GetWatcherEventsRequest{}
+	mi := &file_filesystem_filesystem_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWatcherEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWatcherEventsRequest) ProtoMessage() {}
+
+func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_filesystem_filesystem_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWatcherEventsRequest.ProtoReflect.Descriptor instead.
+func (*GetWatcherEventsRequest) Descriptor() ([]byte, []int) {
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetWatcherEventsRequest) GetWatcherId() string {
+	if x != nil {
+		return x.WatcherId
+	}
+	return ""
+}
+
+type GetWatcherEventsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*FilesystemEvent     `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWatcherEventsResponse) Reset() {
+	*x = GetWatcherEventsResponse{}
+	mi := &file_filesystem_filesystem_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWatcherEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWatcherEventsResponse) ProtoMessage() {}
+
+func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_filesystem_filesystem_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWatcherEventsResponse.ProtoReflect.Descriptor instead.
+func (*GetWatcherEventsResponse) Descriptor() ([]byte, []int) {
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetWatcherEventsResponse) GetEvents() []*FilesystemEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type RemoveWatcherRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WatcherId     string                 `protobuf:"bytes,1,opt,name=watcher_id,json=watcherId,proto3" json:"watcher_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWatcherRequest) Reset() {
+	*x = RemoveWatcherRequest{}
+	mi := &file_filesystem_filesystem_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWatcherRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWatcherRequest) ProtoMessage() {}
+
+func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_filesystem_filesystem_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWatcherRequest.ProtoReflect.Descriptor instead.
+func (*RemoveWatcherRequest) Descriptor() ([]byte, []int) {
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RemoveWatcherRequest) GetWatcherId() string {
+	if x != nil {
+		return x.WatcherId
+	}
+	return ""
+}
+
+type RemoveWatcherResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWatcherResponse) Reset() {
+	*x = RemoveWatcherResponse{}
+	mi := &file_filesystem_filesystem_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWatcherResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWatcherResponse) ProtoMessage() {}
+
+func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_filesystem_filesystem_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWatcherResponse.ProtoReflect.Descriptor instead.
+func (*RemoveWatcherResponse) Descriptor() ([]byte, []int) {
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{19}
+}
+
 type WatchDirResponse_StartEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -892,7 +1233,7 @@ type WatchDirResponse_StartEvent struct {
 
 func (x *WatchDirResponse_StartEvent) Reset() {
 	*x = WatchDirResponse_StartEvent{}
-	mi := &file_filesystem_filesystem_proto_msgTypes[14]
+	mi := &file_filesystem_filesystem_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1245,7 @@ func (x *WatchDirResponse_StartEvent) String() string {
 func (*WatchDirResponse_StartEvent) ProtoMessage() {}
 
 func (x *WatchDirResponse_StartEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_filesystem_filesystem_proto_msgTypes[14]
+	mi := &file_filesystem_filesystem_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,67 +1258,7 @@ func (x *WatchDirResponse_StartEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse_StartEvent.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse_StartEvent) Descriptor() ([]byte, []int) {
-	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{12, 0}
-}
-
-type WatchDirResponse_FilesystemEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Type          EventType              `protobuf:"varint,2,opt,name=type,proto3,enum=filesystem.EventType" json:"type,omitempty"`
-	Entry         *EntryInfo             `protobuf:"bytes,3,opt,name=entry,proto3,oneof" json:"entry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *WatchDirResponse_FilesystemEvent) Reset() {
-	*x = WatchDirResponse_FilesystemEvent{}
-	mi := &file_filesystem_filesystem_proto_msgTypes[15]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *WatchDirResponse_FilesystemEvent) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*WatchDirResponse_FilesystemEvent) ProtoMessage() {}
-
-func (x *WatchDirResponse_FilesystemEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_filesystem_filesystem_proto_msgTypes[15]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use WatchDirResponse_FilesystemEvent.ProtoReflect.Descriptor instead.
-func (*WatchDirResponse_FilesystemEvent) Descriptor() ([]byte, []int) {
-	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{12, 1}
-}
-
-func (x *WatchDirResponse_FilesystemEvent) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *WatchDirResponse_FilesystemEvent) GetType() EventType {
-	if x != nil {
-		return x.Type
-	}
-	return EventType_EVENT_TYPE_UNSPECIFIED
-}
-
-func (x *WatchDirResponse_FilesystemEvent) GetEntry() *EntryInfo {
-	if x != nil {
-		return x.Entry
-	}
-	return nil
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{13, 0}
 }
 
 type WatchDirResponse_KeepAlive struct {
@@ -988,7 +1269,7 @@ type WatchDirResponse_KeepAlive struct {
 
 func (x *WatchDirResponse_KeepAlive) Reset() {
 	*x = WatchDirResponse_KeepAlive{}
-	mi := &file_filesystem_filesystem_proto_msgTypes[16]
+	mi := &file_filesystem_filesystem_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1281,7 @@ func (x *WatchDirResponse_KeepAlive) String() string {
 func (*WatchDirResponse_KeepAlive) ProtoMessage() {}
 
 func (x *WatchDirResponse_KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_filesystem_filesystem_proto_msgTypes[16]
+	mi := &file_filesystem_filesystem_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1294,7 @@ func (x *WatchDirResponse_KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse_KeepAlive.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse_KeepAlive) Descriptor() ([]byte, []int) {
-	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{12, 2}
+	return file_filesystem_filesystem_proto_rawDescGZIP(), []int{13, 1}
 }
 
 var File_filesystem_filesystem_proto protoreflect.FileDescriptor
@@ -1066,22 +1347,39 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
 	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\x120\n" +
-	"\x14allow_network_mounts\x18\x04 \x01(\bR\x12allowNetworkMounts\"\x9e\x03\n" +
-	"\x10WatchDirResponse\x12?\n" +
-	"\x05start\x18\x01 \x01(\v2'.filesystem.WatchDirResponse.StartEventH\x00R\x05start\x12N\n" +
-	"\n" +
-	"filesystem\x18\x02 \x01(\v2,.filesystem.WatchDirResponse.FilesystemEventH\x00R\n" +
-	"filesystem\x12F\n" +
-	"\tkeepalive\x18\x03 \x01(\v2&.filesystem.WatchDirResponse.KeepAliveH\x00R\tkeepalive\x1a\f\n" +
-	"\n" +
-	"StartEvent\x1a\x8c\x01\n" +
+	"\x14allow_network_mounts\x18\x04 \x01(\bR\x12allowNetworkMounts\"\x8c\x01\n" +
 	"\x0fFilesystemEvent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x15.filesystem.EventTypeR\x04type\x120\n" +
 	"\x05entry\x18\x03 \x01(\v2\x15.filesystem.EntryInfoH\x00R\x05entry\x88\x01\x01B\b\n" +
-	"\x06_entry\x1a\v\n" +
+	"\x06_entry\"\xfe\x01\n" +
+	"\x10WatchDirResponse\x12?\n" +
+	"\x05start\x18\x01 \x01(\v2'.filesystem.WatchDirResponse.StartEventH\x00R\x05start\x12=\n" +
+	"\n" +
+	"filesystem\x18\x02 \x01(\v2\x1b.filesystem.FilesystemEventH\x00R\n" +
+	"filesystem\x12F\n" +
+	"\tkeepalive\x18\x03 \x01(\v2&.filesystem.WatchDirResponse.KeepAliveH\x00R\tkeepalive\x1a\f\n" +
+	"\n" +
+	"StartEvent\x1a\v\n" +
 	"\tKeepAliveB\a\n" +
-	"\x05event*i\n" +
+	"\x05event\"\x9f\x01\n" +
+	"\x14CreateWatcherRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
+	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\x120\n" +
+	"\x14allow_network_mounts\x18\x04 \x01(\bR\x12allowNetworkMounts\"6\n" +
+	"\x15CreateWatcherResponse\x12\x1d\n" +
+	"\n" +
+	"watcher_id\x18\x01 \x01(\tR\twatcherId\"8\n" +
+	"\x17GetWatcherEventsRequest\x12\x1d\n" +
+	"\n" +
+	"watcher_id\x18\x01 \x01(\tR\twatcherId\"O\n" +
+	"\x18GetWatcherEventsResponse\x123\n" +
+	"\x06events\x18\x01 \x03(\v2\x1b.filesystem.FilesystemEventR\x06events\"5\n" +
+	"\x14RemoveWatcherRequest\x12\x1d\n" +
+	"\n" +
+	"watcher_id\x18\x01 \x01(\tR\twatcherId\"\x17\n" +
+	"\x15RemoveWatcherResponse*i\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
@@ -1093,7 +1391,7 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\x10EVENT_TYPE_WRITE\x10\x02\x12\x15\n" +
 	"\x11EVENT_TYPE_REMOVE\x10\x03\x12\x15\n" +
 	"\x11EVENT_TYPE_RENAME\x10\x04\x12\x14\n" +
-	"\x10EVENT_TYPE_CHMOD\x10\x052\x94\x03\n" +
+	"\x10EVENT_TYPE_CHMOD\x10\x052\x9f\x05\n" +
 	"\n" +
 	"Filesystem\x129\n" +
 	"\x04Stat\x12\x17.filesystem.StatRequest\x1a\x18.filesystem.StatResponse\x12B\n" +
@@ -1101,7 +1399,10 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\x04Move\x12\x17.filesystem.MoveRequest\x1a\x18.filesystem.MoveResponse\x12B\n" +
 	"\aListDir\x12\x1a.filesystem.ListDirRequest\x1a\x1b.filesystem.ListDirResponse\x12G\n" +
 	"\bWatchDir\x12\x1b.filesystem.WatchDirRequest\x1a\x1c.filesystem.WatchDirResponse0\x01\x12?\n" +
-	"\x06Remove\x12\x19.filesystem.RemoveRequest\x1a\x1a.filesystem.RemoveResponseB:Z8github.com/warrenhq/warren/api/e2b/filesystem;filesystemb\x06proto3"
+	"\x06Remove\x12\x19.filesystem.RemoveRequest\x1a\x1a.filesystem.RemoveResponse\x12T\n" +
+	"\rCreateWatcher\x12 .filesystem.CreateWatcherRequest\x1a!.filesystem.CreateWatcherResponse\x12]\n" +
+	"\x10GetWatcherEvents\x12#.filesystem.GetWatcherEventsRequest\x1a$.filesystem.GetWatcherEventsResponse\x12T\n" +
+	"\rRemoveWatcher\x12 .filesystem.RemoveWatcherRequest\x1a!.filesystem.RemoveWatcherResponseB:Z8github.com/warrenhq/warren/api/e2b/filesystem;filesystemb\x06proto3"
 
 var (
 	file_filesystem_filesystem_proto_rawDescOnce sync.Once
@@ -1116,59 +1417,72 @@ func file_filesystem_filesystem_proto_rawDescGZIP() []byte {
 }
 
 var file_filesystem_filesystem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_filesystem_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_filesystem_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_filesystem_filesystem_proto_goTypes = []any{
-	(FileType)(0),                            // 0: filesystem.FileType
-	(EventType)(0),                           // 1: filesystem.EventType
-	(*MoveRequest)(nil),                      // 2: filesystem.MoveRequest
-	(*MoveResponse)(nil),                     // 3: filesystem.MoveResponse
-	(*MakeDirRequest)(nil),                   // 4: filesystem.MakeDirRequest
-	(*MakeDirResponse)(nil),                  // 5: filesystem.MakeDirResponse
-	(*RemoveRequest)(nil),                    // 6: filesystem.RemoveRequest
-	(*RemoveResponse)(nil),                   // 7: filesystem.RemoveResponse
-	(*StatRequest)(nil),                      // 8: filesystem.StatRequest
-	(*StatResponse)(nil),                     // 9: filesystem.StatResponse
-	(*EntryInfo)(nil),                        // 10: filesystem.EntryInfo
-	(*ListDirRequest)(nil),                   // 11: filesystem.ListDirRequest
-	(*ListDirResponse)(nil),                  // 12: filesystem.ListDirResponse
-	(*WatchDirRequest)(nil),                  // 13: filesystem.WatchDirRequest
-	(*WatchDirResponse)(nil),                 // 14: filesystem.WatchDirResponse
-	nil,                                      // 15: filesystem.EntryInfo.MetadataEntry
-	(*WatchDirResponse_StartEvent)(nil),      // 16: filesystem.WatchDirResponse.StartEvent
-	(*WatchDirResponse_FilesystemEvent)(nil), // 17: filesystem.WatchDirResponse.FilesystemEvent
-	(*WatchDirResponse_KeepAlive)(nil),       // 18: filesystem.WatchDirResponse.KeepAlive
-	(*timestamppb.Timestamp)(nil),            // 19: google.protobuf.Timestamp
+	(FileType)(0),                       // 0: filesystem.FileType
+	(EventType)(0),                      // 1: filesystem.EventType
+	(*MoveRequest)(nil),                 // 2: filesystem.MoveRequest
+	(*MoveResponse)(nil),                // 3: filesystem.MoveResponse
+	(*MakeDirRequest)(nil),              // 4: filesystem.MakeDirRequest
+	(*MakeDirResponse)(nil),             // 5: filesystem.MakeDirResponse
+	(*RemoveRequest)(nil),               // 6: filesystem.RemoveRequest
+	(*RemoveResponse)(nil),              // 7: filesystem.RemoveResponse
+	(*StatRequest)(nil),                 // 8: filesystem.StatRequest
+	(*StatResponse)(nil),                // 9: filesystem.StatResponse
+	(*EntryInfo)(nil),                   // 10: filesystem.EntryInfo
+	(*ListDirRequest)(nil),              // 11: filesystem.ListDirRequest
+	(*ListDirResponse)(nil),             // 12: filesystem.ListDirResponse
+	(*WatchDirRequest)(nil),             // 13: filesystem.WatchDirRequest
+	(*FilesystemEvent)(nil),             // 14: filesystem.FilesystemEvent
+	(*WatchDirResponse)(nil),            // 15: filesystem.WatchDirResponse
+	(*CreateWatcherRequest)(nil),        // 16: filesystem.CreateWatcherRequest
+	(*CreateWatcherResponse)(nil),       // 17: filesystem.CreateWatcherResponse
+	(*GetWatcherEventsRequest)(nil),     // 18: filesystem.GetWatcherEventsRequest
+	(*GetWatcherEventsResponse)(nil),    // 19: filesystem.GetWatcherEventsResponse
+	(*RemoveWatcherRequest)(nil),        // 20: filesystem.RemoveWatcherRequest
+	(*RemoveWatcherResponse)(nil),       // 21: filesystem.RemoveWatcherResponse
+	nil,                                 // 22: filesystem.EntryInfo.MetadataEntry
+	(*WatchDirResponse_StartEvent)(nil), // 23: filesystem.WatchDirResponse.StartEvent
+	(*WatchDirResponse_KeepAlive)(nil),  // 24: filesystem.WatchDirResponse.KeepAlive
+	(*timestamppb.Timestamp)(nil),       // 25: google.protobuf.Timestamp
 }
 var file_filesystem_filesystem_proto_depIdxs = []int32{
 	10, // 0: filesystem.MoveResponse.entry:type_name -> filesystem.EntryInfo
 	10, // 1: filesystem.MakeDirResponse.entry:type_name -> filesystem.EntryInfo
 	10, // 2: filesystem.StatResponse.entry:type_name -> filesystem.EntryInfo
 	0,  // 3: filesystem.EntryInfo.type:type_name -> filesystem.FileType
-	19, // 4: filesystem.EntryInfo.modified_time:type_name -> google.protobuf.Timestamp
-	15, // 5: filesystem.EntryInfo.metadata:type_name -> filesystem.EntryInfo.MetadataEntry
+	25, // 4: filesystem.EntryInfo.modified_time:type_name -> google.protobuf.Timestamp
+	22, // 5: filesystem.EntryInfo.metadata:type_name -> filesystem.EntryInfo.MetadataEntry
 	10, // 6: filesystem.ListDirResponse.entries:type_name -> filesystem.EntryInfo
-	16, // 7: filesystem.WatchDirResponse.start:type_name -> filesystem.WatchDirResponse.StartEvent
-	17, // 8: filesystem.WatchDirResponse.filesystem:type_name -> filesystem.WatchDirResponse.FilesystemEvent
-	18, // 9: filesystem.WatchDirResponse.keepalive:type_name -> filesystem.WatchDirResponse.KeepAlive
-	1,  // 10: filesystem.WatchDirResponse.FilesystemEvent.type:type_name -> filesystem.EventType
-	10, // 11: filesystem.WatchDirResponse.FilesystemEvent.entry:type_name -> filesystem.EntryInfo
-	8,  // 12: filesystem.Filesystem.Stat:input_type -> filesystem.StatRequest
-	4,  // 13: filesystem.Filesystem.MakeDir:input_type -> filesystem.MakeDirRequest
-	2,  // 14: filesystem.Filesystem.Move:input_type -> filesystem.MoveRequest
-	11, // 15: filesystem.Filesystem.ListDir:input_type -> filesystem.ListDirRequest
-	13, // 16: filesystem.Filesystem.WatchDir:input_type -> filesystem.WatchDirRequest
-	6,  // 17: filesystem.Filesystem.Remove:input_type -> filesystem.RemoveRequest
-	9,  // 18: filesystem.Filesystem.Stat:output_type -> filesystem.StatResponse
-	5,  // 19: filesystem.Filesystem.MakeDir:output_type -> filesystem.MakeDirResponse
-	3,  // 20: filesystem.Filesystem.Move:output_type -> filesystem.MoveResponse
-	12, // 21: filesystem.Filesystem.ListDir:output_type -> filesystem.ListDirResponse
-	14, // 22: filesystem.Filesystem.WatchDir:output_type -> filesystem.WatchDirResponse
-	7,  // 23: filesystem.Filesystem.Remove:output_type -> filesystem.RemoveResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	1,  // 7: filesystem.FilesystemEvent.type:type_name -> filesystem.EventType
+	10, // 8: filesystem.FilesystemEvent.entry:type_name -> filesystem.EntryInfo
+	23, // 9: filesystem.WatchDirResponse.start:type_name -> filesystem.WatchDirResponse.StartEvent
+	14, // 10: filesystem.WatchDirResponse.filesystem:type_name -> filesystem.FilesystemEvent
+	24, // 11: filesystem.WatchDirResponse.keepalive:type_name -> filesystem.WatchDirResponse.KeepAlive
+	14, // 12: filesystem.GetWatcherEventsResponse.events:type_name -> filesystem.FilesystemEvent
+	8,  // 13: filesystem.Filesystem.Stat:input_type -> filesystem.StatRequest
+	4,  // 14: filesystem.Filesystem.MakeDir:input_type -> filesystem.MakeDirRequest
+	2,  // 15: filesystem.Filesystem.Move:input_type -> filesystem.MoveRequest
+	11, // 16: filesystem.Filesystem.ListDir:input_type -> filesystem.ListDirRequest
+	13, // 17: filesystem.Filesystem.WatchDir:input_type -> filesystem.WatchDirRequest
+	6,  // 18: filesystem.Filesystem.Remove:input_type -> filesystem.RemoveRequest
+	16, // 19: filesystem.Filesystem.CreateWatcher:input_type -> filesystem.CreateWatcherRequest
+	18, // 20: filesystem.Filesystem.GetWatcherEvents:input_type -> filesystem.GetWatcherEventsRequest
+	20, // 21: filesystem.Filesystem.RemoveWatcher:input_type -> filesystem.RemoveWatcherRequest
+	9,  // 22: filesystem.Filesystem.Stat:output_type -> filesystem.StatResponse
+	5,  // 23: filesystem.Filesystem.MakeDir:output_type -> filesystem.MakeDirResponse
+	3,  // 24: filesystem.Filesystem.Move:output_type -> filesystem.MoveResponse
+	12, // 25: filesystem.Filesystem.ListDir:output_type -> filesystem.ListDirResponse
+	15, // 26: filesystem.Filesystem.WatchDir:output_type -> filesystem.WatchDirResponse
+	7,  // 27: filesystem.Filesystem.Remove:output_type -> filesystem.RemoveResponse
+	17, // 28: filesystem.Filesystem.CreateWatcher:output_type -> filesystem.CreateWatcherResponse
+	19, // 29: filesystem.Filesystem.GetWatcherEvents:output_type -> filesystem.GetWatcherEventsResponse
+	21, // 30: filesystem.Filesystem.RemoveWatcher:output_type -> filesystem.RemoveWatcherResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_filesystem_filesystem_proto_init() }
@@ -1177,19 +1491,19 @@ func file_filesystem_filesystem_proto_init() {
 		return
 	}
 	file_filesystem_filesystem_proto_msgTypes[8].OneofWrappers = []any{}
-	file_filesystem_filesystem_proto_msgTypes[12].OneofWrappers = []any{
+	file_filesystem_filesystem_proto_msgTypes[12].OneofWrappers = []any{}
+	file_filesystem_filesystem_proto_msgTypes[13].OneofWrappers = []any{
 		(*WatchDirResponse_Start)(nil),
 		(*WatchDirResponse_Filesystem)(nil),
 		(*WatchDirResponse_Keepalive)(nil),
 	}
-	file_filesystem_filesystem_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_filesystem_filesystem_proto_rawDesc), len(file_filesystem_filesystem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   17,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

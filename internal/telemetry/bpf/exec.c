@@ -90,11 +90,17 @@ struct linux_binprm {
 
 // slot is what the edge registers per sandbox cgroup: the sandbox's
 // cookie and the trajectory step running now (0 = between steps).
+#define PROT_CAP 64
+
 struct slot {
 	u64 cookie;
 	s64 step;
-	u32 flags; // SLOT_AGENT: the cgroup of the sandbox's agent (and trusted commands)
-	u32 pad;
+	u32 flags;    // SLOT_AGENT: the cgroup of the sandbox's agent (and trusted commands)
+	u32 prot_len; // bytes of prot (0: none)
+	// prot is the sandbox's protected directory (its first protected
+	// layer's mount point, no trailing slash): opens for reading under it
+	// are recorded too (Files).
+	char prot[PROT_CAP];
 };
 
 #define SLOT_AGENT 1
@@ -321,10 +327,55 @@ struct open_how {
 	u64 flags;
 };
 
+// under reports whether path p lies in dir d (len bytes, no trailing
+// slash): p is d or begins with d and '/'.
+static __always_inline int under(const char *p, const char *d, u32 len)
+{
+	if (len == 0 || len >= PROT_CAP)
+		return 0;
+	for (u32 i = 0; i < PROT_CAP; i++) {
+		if (i >= len)
+			return p[i] == '/' || p[i] == 0;
+		if (p[i] != d[i])
+			return 0;
+	}
+	return 0;
+}
+
+// sensitive reports whether a read of p is worth a record: the kernel's
+// page maps and core (/proc/kpage*, /proc/kcore), another process's memory
+// or environment (/proc/<pid>/mem, /proc/<pid>/environ, also under task/),
+// or the sandbox's protected directory.
+static __always_inline int sensitive(const char *p, struct slot *s)
+{
+	if (under(p, s->prot, s->prot_len))
+		return 1;
+	if (p[0] != '/' || p[1] != 'p' || p[2] != 'r' || p[3] != 'o' || p[4] != 'c' || p[5] != '/')
+		return 0;
+	if (p[6] == 'k' && ((p[7] == 'p' && p[8] == 'a' && p[9] == 'g' && p[10] == 'e') ||
+			    (p[7] == 'c' && p[8] == 'o' && p[9] == 'r' && p[10] == 'e')))
+		return 1;
+	// The last component, within the first 48 bytes: "mem" or "environ".
+	int last = -1;
+	for (int i = 6; i < 48; i++) {
+		if (p[i] == 0)
+			break;
+		if (p[i] == '/')
+			last = i;
+	}
+	if (last < 0 || last > 40)
+		return 0;
+	const char *c = p + last + 1;
+	if (c[0] == 'm' && c[1] == 'e' && c[2] == 'm' && c[3] == 0)
+		return 1;
+	return c[0] == 'e' && c[1] == 'n' && c[2] == 'v' && c[3] == 'i' && c[4] == 'r' && c[5] == 'o' && c[6] == 'n' && c[7] == 0;
+}
+
 // sys_enter sees every syscall's start on the host; only the file
 // operations above, from a sandbox's processes (not its agent's cgroup),
 // go further than a switch. It records the attempt with the path as the
-// process named it (relative paths are relative to its cwd).
+// process named it (relative paths are relative to its cwd). An open for
+// reading is recorded only when its path is sensitive (above).
 SEC("tp_btf/sys_enter")
 int sys_enter(u64 *ctx)
 {
@@ -332,17 +383,16 @@ int sys_enter(u64 *ctx)
 	struct pt_regs *regs = (struct pt_regs *)ctx[0];
 	const char *path = 0, *to = 0;
 	s64 flags = 0;
+	int read = 0;
 	switch (nr) {
 	case NR_open:
 		flags = regs->si;
-		if (!(flags & (O_ACCMODE | O_CREAT | O_TRUNC)))
-			return 0;
+		read = !(flags & (O_ACCMODE | O_CREAT | O_TRUNC));
 		path = (const char *)regs->di;
 		break;
 	case NR_openat:
 		flags = regs->dx;
-		if (!(flags & (O_ACCMODE | O_CREAT | O_TRUNC)))
-			return 0;
+		read = !(flags & (O_ACCMODE | O_CREAT | O_TRUNC));
 		path = (const char *)regs->si;
 		break;
 	case NR_openat2: {
@@ -350,8 +400,7 @@ int sys_enter(u64 *ctx)
 		if (bpf_probe_read_user(&how, sizeof(how), (void *)regs->dx) < 0)
 			return 0;
 		flags = how.flags;
-		if (!(flags & (O_ACCMODE | O_CREAT | O_TRUNC)))
-			return 0;
+		read = !(flags & (O_ACCMODE | O_CREAT | O_TRUNC));
 		path = (const char *)regs->si;
 		break;
 	}
@@ -387,6 +436,10 @@ int sys_enter(u64 *ctx)
 	ev->result = flags;
 	if (bpf_probe_read_user_str(ev->path, sizeof(ev->path), path) < 0)
 		ev->path[0] = 0;
+	if (read && !sensitive(ev->path, s)) {
+		bpf_ringbuf_discard(ev, BPF_RB_NO_WAKEUP);
+		return 0;
+	}
 	if (to) {
 		long n = bpf_probe_read_user_str(ev->argv, PATH_CAP, to);
 		if (n > 0)

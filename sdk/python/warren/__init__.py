@@ -24,7 +24,8 @@ from ._version import __version__
 from .aio import (AsyncBackgroundCommand, AsyncClient, AsyncFiles, AsyncPools, AsyncSandbox,
                   AsyncSession)
 from .client import BackgroundCommand, Client, Files, Pools, Sandbox, Session
-from .errors import (BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
+from ._ws import AsyncTerminal, Terminal, WebSocketClosed
+from .errors import (BadGateway, BadRequest, CommandFailed, Conflict, ConnectionFailed, Forbidden, NotFound,
                      QuotaExceeded, SandboxFailed, ServerError, Timeout, TooLarge, Unauthorized,
                      Unavailable, WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
@@ -33,14 +34,14 @@ from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Po
 __all__ = [
     "__version__",
     # clients and handles
-    "Client", "Sandbox", "Session", "Files", "BackgroundCommand", "Pools",
+    "Client", "Sandbox", "Session", "Files", "BackgroundCommand", "Pools", "Terminal",
     "AsyncClient", "AsyncSandbox", "AsyncSession", "AsyncFiles", "AsyncBackgroundCommand",
-    "AsyncPools",
+    "AsyncPools", "AsyncTerminal",
     # data
     "SandboxInfo", "ExecResult", "CommandStatus", "FileInfo", "Image", "Layer", "Node", "Snapshot",
     "Pool", "Trajectory", "ReplayReport",
     # errors
     "WarrenError", "BadRequest", "TooLarge", "Unauthorized", "Forbidden", "NotFound",
     "Conflict", "QuotaExceeded", "Timeout", "SandboxFailed", "ServerError", "Unavailable",
-    "ConnectionFailed", "CommandFailed",
+    "ConnectionFailed", "CommandFailed", "WebSocketClosed", "BadGateway",
 ]

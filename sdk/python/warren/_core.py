@@ -472,3 +472,44 @@ def batch_body(count: int, ids_only: bool, spec: Dict[str, Any]) -> Dict[str, An
     if ids_only:
         body["ids_only"] = True
     return body
+
+
+# ---- ports -----------------------------------------------------------------------------
+
+
+def port_path(sandbox_id: str, port: int) -> str:
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError("warren: port %r is not a port number (1-65535)" % (port,))
+    return sandbox_path(sandbox_id, "ports", str(port))
+
+
+def port_upgrade_request(cfg: "Config", sandbox_id: str, port: int) -> bytes:
+    """The HTTP/1.1 request that turns a connection into a raw TCP stream to
+    ``port`` of the sandbox (``GET .../ports/{port}?raw=1``, Upgrade: tcp)."""
+    lines = ["GET %s%s?raw=1 HTTP/1.1" % (cfg.base_path, port_path(sandbox_id, port)),
+             "Host: " + cfg.host_header, "Connection: Upgrade", "Upgrade: tcp",
+             "User-Agent: " + cfg.user_agent]
+    if cfg.token:
+        lines.append("Authorization: Bearer " + cfg.token)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def port_upgrade_answer(head: bytes, body: bytes) -> None:
+    """Check the answer's head (up to its blank line): 101, or the error."""
+    from .errors import error_from_body
+    first = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = first.split(" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    if status != 101:
+        raise error_from_body(status, body, parts[2] if len(parts) > 2 else "")
+
+
+def content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            try:
+                return min(int(v.strip()), 1 << 16)
+            except ValueError:
+                return 0
+    return 0

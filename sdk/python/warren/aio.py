@@ -8,12 +8,13 @@ import inspect
 import ssl
 import time
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Iterable, List,
-                    Mapping, Optional, Sequence, TypeVar, Union)
+                    Mapping, Optional, Sequence, Tuple, TypeVar, Union)
 
 from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
 from ._http_async import AsyncTransport
 from ._tar import PathLike, pack_dir, unpack
+from ._ws import AsyncTerminal, AsyncWebSocket, terminal_query
 from .errors import (ConnectionFailed, Conflict, NotFound, SandboxFailed, Timeout, Unavailable,
                      WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
@@ -63,6 +64,7 @@ class AsyncClient:
         self._cfg = Config.build(url, token, timeout, max_retries, backoff, max_backoff,
                                  user_agent)
         self._t = AsyncTransport(self._cfg, max_connections, ssl_context)
+        self._ssl = ssl_context
         self.pools = AsyncPools(self)
 
     @property
@@ -278,6 +280,17 @@ class AsyncClient:
             await sb.wait_running(wait_timeout)
         return sb
 
+    async def terminal(self, sandbox_id: str, cmd: Optional[Command] = None, *,
+                       cols: Optional[int] = None, rows: Optional[int] = None, tty: bool = True,
+                       user: Optional[str] = None, cwd: Optional[str] = None,
+                       env: Optional[Mapping[str, str]] = None,
+                       timeout: Optional[Duration] = None) -> AsyncTerminal:
+        """An interactive terminal in a sandbox; see :meth:`warren.Client.terminal`."""
+        path = sandbox_path(sandbox_id, "pty") + "?" + terminal_query(
+            cmd, cols, rows, tty, user, cwd, env, _core.seconds(timeout))
+        ws = await AsyncWebSocket.connect(self._cfg, path, ssl_context=self._ssl)
+        return AsyncTerminal(ws, tty=tty)
+
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
         doc = await self._json(Req("GET", sandbox_path(sandbox_id)))
         return AsyncSandbox(self, SandboxInfo.from_json(doc))
@@ -490,6 +503,10 @@ class AsyncSandbox:
             self.info = SandboxInfo.from_json(doc)
         return self
 
+    async def terminal(self, cmd: Optional[Command] = None, **kw: Any) -> AsyncTerminal:
+        """An interactive terminal in this sandbox; see :meth:`AsyncClient.terminal`."""
+        return await self.client.terminal(self.id, cmd, **kw)
+
     async def refresh(self) -> "AsyncSandbox":
         return self._set(await self.client._json(Req("GET", self._path())))
 
@@ -533,6 +550,41 @@ class AsyncSandbox:
         """Replace the egress list (see Sandbox.set_network)."""
         return dict(await self.client._json(json_req("PUT", self._path("network"),
                                                      {"egress": list(egress)})))
+
+    # -- ports
+    def url(self, port: int) -> str:
+        """The URL of ``port`` inside the sandbox through the API (see Sandbox.url)."""
+        return self.client.url + _core.port_path(self.id, port) + "/"
+
+    async def expose(self, port: int) -> Dict[str, Any]:
+        """Make ``port`` public (see Sandbox.expose)."""
+        return dict(await self.client._json(json_req("POST", _core.port_path(self.id, port),
+                                                     {"public": True})))
+
+    async def unexpose(self, port: int) -> Dict[str, Any]:
+        """Revoke ``port``'s public URL."""
+        return dict(await self.client._json(json_req("DELETE", _core.port_path(self.id, port))))
+
+    async def connect_port(self, port: int) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A raw TCP stream to ``port`` inside the sandbox, as asyncio streams
+        (``writer.write_eof()`` is passed on as a half close). Raises
+        :class:`BadGateway` when nothing listens there."""
+        cfg = self.client._cfg
+        ctx = None
+        if cfg.scheme == "https":
+            ctx = self.client._t._ssl or ssl.create_default_context()
+        reader, writer = await asyncio.open_connection(cfg.host, cfg.port, ssl=ctx)
+        try:
+            writer.write(_core.port_upgrade_request(cfg, self.id, port))
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            n = _core.content_length(head)
+            body = await reader.readexactly(n) if n else b""
+            _core.port_upgrade_answer(head, body)
+            return reader, writer
+        except BaseException:
+            writer.close()
+            raise
 
     async def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:

@@ -3,6 +3,7 @@ files and background commands. Thread safe: one client may be shared by many
 threads (connections are pooled and reused)."""
 
 import concurrent.futures
+import socket
 import ssl
 import time
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
@@ -12,6 +13,7 @@ from . import _core
 from ._core import Command, Config, Duration, Number, Req, json_req, sandbox_path
 from ._http_sync import SyncTransport
 from ._tar import PathLike, pack_dir, unpack
+from ._ws import Terminal, WebSocket, terminal_query
 from .errors import (ConnectionFailed, Conflict, NotFound, SandboxFailed, Timeout, Unavailable,
                      WarrenError)
 from .models import (CommandStatus, ExecResult, FileInfo, Image, Layer, Node, Pool, SandboxInfo,
@@ -55,6 +57,7 @@ class Client:
         self._cfg = Config.build(url, token, timeout, max_retries, backoff, max_backoff,
                                  user_agent)
         self._t = SyncTransport(self._cfg, pool_size, ssl_context)
+        self._ssl = ssl_context
         self.pools = Pools(self)
 
     @property
@@ -299,6 +302,22 @@ class Client:
         if wait:
             sb.wait_running(wait_timeout)
         return sb
+
+    def terminal(self, sandbox_id: str, cmd: Optional[Command] = None, *,
+                 cols: Optional[int] = None, rows: Optional[int] = None, tty: bool = True,
+                 user: Optional[str] = None, cwd: Optional[str] = None,
+                 env: Optional[Mapping[str, str]] = None,
+                 timeout: Optional[Duration] = None) -> Terminal:
+        """Open an interactive terminal in a sandbox (``GET /v1/sandboxes/{id}/pty``,
+        a WebSocket): ``cmd`` (a shell string or argv; default the sandbox's
+        shell) on a terminal of ``cols`` x ``rows`` (default 80x24). With
+        ``tty=False`` the command runs without a terminal and its stdin is fed
+        live. Errors before the upgrade raise as for any call (``NotFound``,
+        ``BadRequest``...). See :class:`Terminal`."""
+        path = sandbox_path(sandbox_id, "pty") + "?" + terminal_query(
+            cmd, cols, rows, tty, user, cwd, env, _core.seconds(timeout))
+        ws = WebSocket.connect(self._cfg, path, ssl_context=self._ssl)
+        return Terminal(ws, tty=tty)
 
     def get(self, sandbox_id: str) -> "Sandbox":
         """A handle on an existing sandbox (raises :class:`NotFound`)."""
@@ -545,6 +564,10 @@ class Sandbox:
         return self
 
     # -- lifecycle
+    def terminal(self, cmd: Optional[Command] = None, **kw: Any) -> Terminal:
+        """An interactive terminal in this sandbox; see :meth:`Client.terminal`."""
+        return self.client.terminal(self.id, cmd, **kw)
+
     def refresh(self) -> "Sandbox":
         """Re-read the sandbox's state from the server."""
         return self._set(self.client._json(Req("GET", self._path())))
@@ -600,6 +623,56 @@ class Sandbox:
         obey it on return; open ones to destinations taken off are cut."""
         return dict(self.client._json(json_req("PUT", self._path("network"),
                                                {"egress": list(egress)})))
+
+    # -- ports
+    def url(self, port: int) -> str:
+        """The URL of ``port`` inside the sandbox through the API (its root;
+        append a path). Requests need the client's token, which the sandbox's
+        server never sees; see :meth:`expose` for a URL without one."""
+        return self.client.url + _core.port_path(self.id, port) + "/"
+
+    def expose(self, port: int) -> Dict[str, Any]:
+        """Make ``port`` public: the answer's ``url`` reaches it without a token
+        (a new one each call, the earlier revoked) until :meth:`unexpose`."""
+        return dict(self.client._json(json_req("POST", _core.port_path(self.id, port),
+                                               {"public": True})))
+
+    def unexpose(self, port: int) -> Dict[str, Any]:
+        """Revoke ``port``'s public URL."""
+        return dict(self.client._json(json_req("DELETE", _core.port_path(self.id, port))))
+
+    def connect_port(self, port: int, timeout: Optional[float] = None) -> socket.socket:
+        """A raw TCP stream to ``port`` inside the sandbox, as a connected
+        socket (an HTTP upgrade through the API; ``shutdown(SHUT_WR)`` is passed
+        on as a half close). Raises :class:`BadGateway` when nothing listens."""
+        cfg = self.client._cfg
+        sock = socket.create_connection((cfg.host, cfg.port), timeout=timeout or cfg.timeout)
+        try:
+            if cfg.scheme == "https":
+                ctx = self.client._t._pool._ssl or ssl.create_default_context()
+                sock = ctx.wrap_socket(sock, server_hostname=cfg.host)
+            sock.sendall(_core.port_upgrade_request(cfg, self.id, port))
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):  # byte by byte: nothing after it is read
+                b = sock.recv(1)
+                if not b:
+                    raise ConnectionFailed("warren: the API closed the connection before answering")
+                head += b
+                if len(head) > 65536:
+                    raise ConnectionFailed("warren: answer head too long")
+            body = b""
+            n = _core.content_length(head)
+            while len(body) < n:
+                b = sock.recv(n - len(body))
+                if not b:
+                    break
+                body += b
+            _core.port_upgrade_answer(head, body)
+            sock.settimeout(None)
+            return sock
+        except BaseException:
+            sock.close()
+            raise
 
     def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:

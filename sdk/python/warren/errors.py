@@ -125,6 +125,11 @@ class Unavailable(ServerError):
     """The server or a node is unavailable (HTTP 503) and stayed so within the SDK's retries."""
 
 
+class BadGateway(ServerError):
+    """Nothing answered on a sandbox's port (HTTP 502 ``bad_gateway``): no
+    server listens there, or its answer broke."""
+
+
 class ConnectionFailed(ServerError):
     """No answer could be obtained from the server (refused, reset, DNS ...)."""
 
@@ -156,6 +161,7 @@ _BY_CODE: Dict[str, Type[WarrenError]] = {
     "sandbox_failed": SandboxFailed,
     "internal": ServerError,
     "unavailable": Unavailable,
+    "bad_gateway": BadGateway,
 }
 
 _BY_STATUS: Dict[int, Type[WarrenError]] = {
