@@ -106,12 +106,15 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
+		latest := s.latestVersion(r.Context(), stored)
 		var l api.Layer
 		if err := s.callEdge(r.Context(), req.FromSandbox, edgeproto.OpLayerCreate,
 			&edgeproto.LayerRequest{ID: req.FromSandbox, Name: stored, Version: req.Version}, &l, nil); err != nil {
 			return err
 		}
-		s.charge(r.Context(), src.Project, l.Size)
+		if l.Version > latest {
+			s.charge(r.Context(), src.Project, l.Size)
+		}
 		showLayer(principal(r), &l, src.Project)
 		writeJSON(w, http.StatusCreated, &l)
 		return nil
@@ -140,11 +143,14 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	latest := s.latestVersion(ctx, stored)
 	var l api.Layer
 	if err := s.uploadToStore(w, r, edgeproto.LayerRequest{Name: stored, Version: version}, &l); err != nil {
 		return err
 	}
-	s.charge(ctx, p.Project, l.Size)
+	if l.Version > latest {
+		s.charge(ctx, p.Project, l.Size)
+	}
 	showLayer(p, &l, p.Project)
 	writeJSON(w, http.StatusCreated, &l)
 	return nil
@@ -382,4 +388,19 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusCreated, &img)
 	return nil
+}
+
+// latestVersion is the highest version the store has of layer stored (0:
+// none, or unknown): publishing a layer's latest content again answers
+// that version, which is stored, and charged, once.
+func (s *Server) latestVersion(ctx context.Context, stored string) int {
+	var l api.LayerList
+	if err := s.callStore(ctx, edgeproto.OpLayerList, &edgeproto.LayerRequest{Name: stored}, &l); err != nil {
+		return 0
+	}
+	v := 0
+	for _, x := range l.Layers {
+		v = max(v, x.Version)
+	}
+	return v
 }

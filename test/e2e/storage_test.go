@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -255,6 +257,61 @@ func TestTrajectoryStorageBounded(t *testing.T) {
 	}
 	if p, err := s.C.Project(ctx, "st"); err != nil || p.Usage.StorageBytes > 1<<20 {
 		t.Fatalf("project usage after the second delete: %+v %v", p.Usage, err)
+	}
+
+	// Layers count too: once, however often the same content is published.
+	if _, err := s.C.UpdateProject(ctx, "st", api.UpdateProjectRequest{Quota: api.Quota{StorageBytes: 4 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	usage := func() int64 {
+		t.Helper()
+		p, err := s.C.Project(ctx, "st")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Usage.StorageBytes
+	}
+	tarOf := func(n int) []byte {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		data := make([]byte, n)
+		for j := range data {
+			data[j] = byte(rnd.Uint32())
+		}
+		_ = tw.WriteHeader(&tar.Header{Name: "blob", Mode: 0o644, Size: int64(n), Typeflag: tar.TypeReg})
+		_, _ = tw.Write(data)
+		_ = tw.Close()
+		return b.Bytes()
+	}
+	u0 := usage()
+	small := tarOf(1 << 20)
+	l, err := c.CreateLayerFromTar(ctx, "ws/counted", 0, bytes.NewReader(small))
+	if err != nil {
+		t.Fatalf("layer upload: %v", err)
+	}
+	if u := usage(); u-u0 < 1<<20 {
+		t.Fatalf("a 1 MiB layer added %d bytes to the project's storage", u-u0)
+	}
+	u1 := usage()
+	if _, err := c.CreateLayerFromTar(ctx, "ws/counted", 0, bytes.NewReader(small)); err != nil {
+		t.Fatal(err)
+	}
+	if u := usage(); u != u1 {
+		t.Fatalf("publishing the same content again charged %d bytes", u-u1)
+	}
+	big := tarOf(5 << 20)
+	_, err = c.CreateLayerFromTar(ctx, "ws/too-big", 0, bytes.NewReader(big))
+	if !errors.As(err, &ae) || ae.Status != http.StatusRequestEntityTooLarge || ae.Reason != api.ReasonStorageQuota {
+		t.Fatalf("a layer beyond the storage quota: %v", err)
+	}
+	if _, err := c.DeleteLayer(ctx, l.Name); err != nil {
+		t.Fatal(err)
+	}
+	if u := usage(); u != u0 {
+		t.Fatalf("after the layer's delete the project holds %d, was %d", u, u0)
+	}
+	if _, err := s.C.UpdateProject(ctx, "st", api.UpdateProjectRequest{}); err != nil {
+		t.Fatal(err)
 	}
 
 	// trajectory_ttl: gone by itself once its sandbox is gone.
