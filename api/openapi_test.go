@@ -436,6 +436,10 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"BatchCreateRequest":   api.BatchCreateRequest{},
 		"BatchCreateResult":    api.BatchCreateResult{},
 		"BatchError":           api.BatchError{},
+		"NetworkRule":          api.NetworkRule{},
+		"NetworkRuleList":      api.NetworkRuleList{},
+		"NetworkDenials":       api.NetworkDenials{},
+		"NetworkDenialRecord":  api.NetworkDenialRecord{},
 	}
 	for name, v := range types {
 		schema := mapAt(spec, "components", "schemas", name)

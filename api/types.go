@@ -91,6 +91,10 @@ type CreateSandboxRequest struct {
 	// Network opts into a network interface with an egress allowlist
 	// enforced on the host (NetworkSpec). Absent: loopback only.
 	Network *NetworkSpec `json:"network,omitempty"`
+	// NetworkRules is DSec's shorthand: {"pypi": true, "npm": false}
+	// adds the rules set true to Network.Egress (making Network when
+	// absent); false ones are ignored.
+	NetworkRules map[string]bool `json:"network_rules,omitempty"`
 	// Audit declares the sandbox's workspace and policy hooks for its
 	// audit (GET /v1/sandboxes/{id}/audit).
 	Audit *AuditSpec `json:"audit,omitempty"`
@@ -607,7 +611,7 @@ type ForkResult struct {
 // TrajectoryStep is one logged operation with its result.
 type TrajectoryStep struct {
 	Step    int64     `json:"step"`
-	Op      string    `json:"op"` // exec, write, remove, rename, mkdir
+	Op      string    `json:"op"` // exec, write, remove, rename, mkdir, network
 	Sandbox string    `json:"sandbox"`
 	At      time.Time `json:"at"`
 	// The operation.
@@ -621,6 +625,8 @@ type TrajectoryStep struct {
 	Append    bool         `json:"append,omitempty"`
 	DataHash  string       `json:"data_sha256,omitempty"`
 	DataSize  int64        `json:"data_size,omitempty"`
+	// Egress is the list a "network" step set (PUT …/network).
+	Egress []string `json:"egress,omitempty"`
 	// The result.
 	Result *ExecResult `json:"result,omitempty"`
 	File   *FileInfo   `json:"file,omitempty"`
@@ -750,6 +756,9 @@ type Node struct {
 	// Recycling counts the containers of deleted sandboxes reused for new
 	// ones (docs/architecture.md, "Recycled containers").
 	Recycling NodeRecycling `json:"recycling"`
+	// NetworkDenied counts what its sandboxes' networks refused since
+	// the node started, by reason (names, and packets as observed).
+	NetworkDenied map[string]int64 `json:"network_denied,omitempty"`
 	// Elastic is the CPU given to sandboxes only while they run operations
 	// (docs/architecture.md, "Density and elasticity").
 	Elastic NodeElastic `json:"elastic"`
@@ -820,7 +829,7 @@ type Usage struct {
 type Event struct {
 	Seq     uint64    `json:"seq"`
 	Time    time.Time `json:"time"`
-	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed
+	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed, sandbox.network.denied
 	Node    string    `json:"node,omitempty"`
 	Sandbox string    `json:"sandbox,omitempty"`
 	Project string    `json:"project,omitempty"`
@@ -841,6 +850,10 @@ const (
 	// EventSandboxDestroyed: a node that comes back destroyed a sandbox
 	// reported lost while it was unheard.
 	EventSandboxDestroyed = "sandbox.destroyed"
+	// EventSandboxNetworkDenied: a sandbox's network policy refused
+	// something (at most one event per sandbox a second, with the count;
+	// GET /v1/sandboxes/{id}/network/denials has each).
+	EventSandboxNetworkDenied = "sandbox.network.denied"
 )
 
 type NodeList struct {
@@ -1026,6 +1039,10 @@ const AuditOpRead = "read"
 
 // AuditSpec is a create's audit options (CreateSandboxRequest.Audit).
 type AuditSpec struct {
+	// Off: the sandbox is not audited at all (its node's kernel
+	// telemetry ignores it; limits are not recorded either): for runs
+	// that want every last microsecond.
+	Off bool `json:"off,omitempty"`
 	// Workspace lists the directories the agent is meant to change
 	// (absolute paths): file operations inside them are not recorded, the
 	// rest are. Empty: every file operation is recorded.

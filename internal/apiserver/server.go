@@ -63,6 +63,7 @@ type Server struct {
 	// layerOwners: which project owns each layer name (owner.go).
 	layerOwners *bus.Records
 	templates   *bus.Records // templates.go
+	netRules    *bus.Records // netrules.go
 	ports       *bus.Records // public ports (ports.go)
 	ff          *ffSessions
 	tlog        *bus.TrajLog
@@ -105,6 +106,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/sandboxes/{id}/stats", handler: s.sandboxStats, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/network", handler: s.sandboxNetwork, role: api.RoleViewer},
 		{pattern: "PUT /v1/sandboxes/{id}/network", handler: s.setSandboxNetwork},
+		{pattern: "GET /v1/sandboxes/{id}/network/denials", handler: s.sandboxNetworkDenials, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/audit", handler: s.getAudit, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},
@@ -153,6 +155,10 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/pools", handler: s.listPools, role: api.RoleViewer},
 		{pattern: "GET /v1/pools/{name}", handler: s.getPool, role: api.RoleViewer},
 		{pattern: "DELETE /v1/pools/{name}", handler: s.deletePool},
+		{pattern: "GET /v1/network-rules", handler: s.listNetworkRules, role: api.RoleViewer},
+		{pattern: "GET /v1/network-rules/{name}", handler: s.getNetworkRule, role: api.RoleViewer},
+		{pattern: "PUT /v1/network-rules/{name}", handler: s.putNetworkRule},
+		{pattern: "DELETE /v1/network-rules/{name}", handler: s.deleteNetworkRule},
 	}, portRoutes(s)...)
 }
 
@@ -216,10 +222,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.storage, err = cfg.Bus.Storage(ctx); err != nil {
 		return nil, err
 	}
+	if s.netRules, err = cfg.Bus.Records(ctx, bus.BucketNetworkRules); err != nil {
+		return nil, err
+	}
 	if s.ports, err = cfg.Bus.Records(ctx, bus.BucketPorts); err != nil {
 		return nil, err
 	}
-	cfg.Registry.MustRegister(s.requests, s.latency)
+	cfg.Registry.MustRegister(s.requests, s.latency, deniedCollector{s})
 	for _, r := range s.routes() {
 		s.mux.Handle(r.pattern, s.wrap(r))
 	}

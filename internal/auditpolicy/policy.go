@@ -37,6 +37,7 @@ var ruleKinds = map[string]string{
 // Policy is a compiled api.AuditSpec. The zero Policy records everything
 // and acts on nothing.
 type Policy struct {
+	off       bool     // the create turned the audit off
 	workspace []string // clean absolute directories
 	rules     []rule
 }
@@ -56,6 +57,10 @@ func Compile(spec *api.AuditSpec) (*Policy, error) {
 	if spec == nil {
 		return p, nil
 	}
+	if spec.Off && (len(spec.Workspace) > 0 || len(spec.Policy) > 0) {
+		return nil, fmt.Errorf("audit.off: a sandbox that is not audited has no workspace or policy")
+	}
+	p.off = spec.Off
 	if len(spec.Workspace) > MaxWorkspace {
 		return nil, fmt.Errorf("audit.workspace: at most %d paths", MaxWorkspace)
 	}
@@ -155,8 +160,13 @@ func (p *Policy) Match(r *api.AuditRecord) (on, do string) {
 	return "", ""
 }
 
+// Off reports whether the create turned the audit off.
+func (p *Policy) Off() bool { return p != nil && p.off }
+
 // Empty reports whether p neither filters nor acts.
-func (p *Policy) Empty() bool { return p == nil || (len(p.workspace) == 0 && len(p.rules) == 0) }
+func (p *Policy) Empty() bool {
+	return p == nil || (!p.off && len(p.workspace) == 0 && len(p.rules) == 0)
+}
 
 // subjects are the strings of r a rule's pattern is matched against.
 func subjects(r *api.AuditRecord) []string {

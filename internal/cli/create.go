@@ -119,7 +119,7 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Priority, "priority", "", "QoS class: best-effort (default) or latency")
 	f.StringVar(&req.IdleTimeoutAction, "idle-action", "", "what --idle-timeout does: stop (default) or pause")
 	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label K=V (repeatable)")
-	f.StringArrayVar(&allow, "allow", nil, "give the sandbox a network and allow this destination: CIDR or ADDR[:PORT][/tcp|/udp] (repeatable; implies --network)")
+	f.StringArrayVar(&allow, "allow", nil, "give the sandbox a network and allow this destination: CIDR or ADDR[:PORT][/tcp|/udp], HOST[:PORT] (a name or *.suffix), a network rule's name, or internet (repeatable; implies --network)")
 	f.BoolVar(&network, "network", false, "give the sandbox a network interface (nothing reachable beyond --allow)")
 	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
 	f.StringArrayVar(&auditWS, "audit-workspace", nil, "a directory the agent is meant to change: its file operations stay out of the audit (repeatable)")

@@ -81,6 +81,7 @@ func newServeCmd() *cobra.Command {
 	f.Uint32Var(&o.Userns.IDBase, "id-base", 0, "first host uid/gid of the sandboxes' user namespaces (65,536 per sandbox; 0 = 1048576)")
 	f.IntVar(&o.Userns.IDRanges, "id-ranges", 0, "how many ranges of 65,536 host ids from --id-base (0 = 16384): the most sandboxes at once")
 	f.StringVar(&o.Userns.NetPool, "net-pool", "", "node-local IPv4 pool of networked sandboxes' addresses, a /31 each (default 10.213.0.0/16)")
+	f.StringVar(&o.Userns.DNSUpstream, "dns-upstream", "", "where the resolver of networked sandboxes forwards the names they may resolve, host:port (default the host's resolver from /etc/resolv.conf)")
 	httpFlags(f, &o.HTTP)
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd

@@ -297,7 +297,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
-	if rspec.Network, err = runtimeNetwork(spec.Network); err != nil {
+	if rspec.Network, err = e.runtimeNetwork(spec.Network, false); err != nil {
 		return err
 	}
 	var inst *runtime.Instance

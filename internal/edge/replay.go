@@ -142,6 +142,8 @@ func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep,
 				got.File = &c
 			}
 		}
+	case "network":
+		_, err = e.applyNetwork(id, &api.NetworkSpec{Egress: append([]string{}, logged.Egress...)})
 	default:
 		return nil, fmt.Errorf("step %d: unknown operation %q", logged.Step, logged.Op)
 	}

@@ -101,6 +101,8 @@ type sandbox struct {
 	// auditStepNow is the trajectory step running now (0: between steps),
 	// for the records the edge itself adds (limits).
 	auditStepNow atomic.Int64
+	// trusted are the times its trusted commands ran (audit.go).
+	trusted trustedWindows
 	// auditSaved is the seq of the newest record persisted with the
 	// trajectory (saveAudit, under auditSaveMu, a leaf lock).
 	auditSaveMu sync.Mutex

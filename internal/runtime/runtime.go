@@ -140,6 +140,12 @@ type NetworkReporter interface {
 	NetworkDeniedDestinations(h Handle) ([]api.NetworkDenial, error)
 }
 
+// DenialNotifier is implemented by runtimes that hear of refusals as they
+// happen (names refused by the node's resolver); fn must not block.
+type DenialNotifier interface {
+	OnNetworkDenial(fn func(id string, d api.NetworkDenialRecord))
+}
+
 // NetworkSetter is implemented by runtimes that can replace a running
 // sandbox's egress list.
 type NetworkSetter interface {

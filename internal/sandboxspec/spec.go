@@ -7,6 +7,8 @@ import (
 	"github.com/warrenhq/warren/internal/auditpolicy"
 	"path"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"unicode/utf8"
 
@@ -169,6 +171,9 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	default:
 		return invalid("idle_timeout_action %q is unknown (want %q or %q)", truncate(req.IdleTimeoutAction), api.IdleActionStop, api.IdleActionPause)
 	}
+	if aerr := foldNetworkRules(req); aerr != nil {
+		return aerr
+	}
 	if aerr := CheckNetwork(req.Network); aerr != nil {
 		return aerr
 	}
@@ -313,6 +318,37 @@ func Within(project, scope string) bool {
 	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
 }
 
+// foldNetworkRules adds the rules network_rules sets true to the egress
+// list.
+func foldNetworkRules(req *api.CreateSandboxRequest) *api.Error {
+	if len(req.NetworkRules) == 0 {
+		return nil
+	}
+	if len(req.NetworkRules) > api.MaxEgressRules {
+		return invalid("network_rules: at most %d rules", api.MaxEgressRules)
+	}
+	var names []string
+	for name, on := range req.NetworkRules {
+		if !api.RuleNameRE.MatchString(name) {
+			return invalid("network_rules: %q is not a rule name", truncate(name))
+		}
+		if on {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	if req.Network == nil {
+		req.Network = &api.NetworkSpec{}
+	}
+	for _, n := range names {
+		if !slices.Contains(req.Network.Egress, n) {
+			req.Network.Egress = append(req.Network.Egress, n)
+		}
+	}
+	req.NetworkRules = nil
+	return nil
+}
+
 // CheckNetwork validates the opt-in network (of a create, or of a change
 // of a running sandbox's): every egress entry parses and there are at most
 // api.MaxEgressRules. Entries are rewritten to their canonical form
@@ -325,7 +361,7 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 		return invalid("network.egress: at most %d entries", api.MaxEgressRules)
 	}
 	for i, e := range n.Egress {
-		if len(e) > 64 {
+		if len(e) > api.MaxHostLen+16 {
 			return invalid("network.egress[%d] %q is too long", i, truncate(e))
 		}
 		r, err := api.ParseEgress(e)

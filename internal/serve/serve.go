@@ -306,6 +306,9 @@ type UsernsOptions struct {
 	IDRanges                int
 	AllowHostRoot, HostRoot bool
 	NetPool                 string
+	// DNSUpstream is where the resolver of networked sandboxes forwards
+	// (container.Config.DNSUpstream).
+	DNSUpstream string
 }
 
 func (o *EdgeOptions) defaults() error {
@@ -408,7 +411,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
 		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
-		NetPool: o.Userns.NetPool})
+		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream})
 	if err != nil {
 		stop()
 		return nil, err

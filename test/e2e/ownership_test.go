@@ -764,6 +764,16 @@ func auditRoutes(t *testing.T, o *owned) {
 		"PATCH /p/{secret}/{path}":  {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
 		"DELETE /p/{secret}/{path}": {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
 	}
+	cases["GET /v1/sandboxes/{id}/network/denials"] = []attempt{{path: sb + "/network/denials"}}
+	// Network rules are cluster objects: every project reads them, only a
+	// root admin changes them.
+	cases["GET /v1/network-rules"] = []attempt{{path: "/v1/network-rules", ok: listOK}}
+	cases["GET /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		ok: func(code int, body string) bool { return code == 404 && !o.leaks(body) }}}
+	cases["PUT /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		body: js(api.NetworkRule{CIDRs: []string{"10.0.0.0/8"}}), ok: func(code int, body string) bool { return code == 403 }}}
+	cases["DELETE /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		ok: func(code int, body string) bool { return code == 403 }}}
 	for _, route := range specPaths(t) {
 		method, path, _ := strings.Cut(route, " ")
 		key := method + " " + strings.ReplaceAll(path, "{name...}", "{name}")

@@ -115,6 +115,24 @@ class AsyncClient:
         doc = await self._json(Req("GET", "/v1/nodes"))
         return [Node.from_json(d) for d in _core.items_from(doc, "nodes")]
 
+    async def put_network_rule(self, name: str, *, hosts: Optional[Sequence[str]] = None,
+                               cidrs: Optional[Sequence[str]] = None, ports: Optional[Sequence[int]] = None,
+                               protocols: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Create or replace a named network rule (see Client.put_network_rule)."""
+        return dict(await self._json(_core.network_rule_req(name, hosts, cidrs, ports, protocols)))
+
+    async def network_rules(self) -> List[Dict[str, Any]]:
+        """The cluster's named network rules."""
+        return list((await self._json(Req("GET", "/v1/network-rules")))["rules"])
+
+    async def network_rule(self, name: str) -> Dict[str, Any]:
+        """One named network rule."""
+        return dict(await self._json(Req("GET", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
+    async def delete_network_rule(self, name: str) -> Dict[str, Any]:
+        """Delete a named network rule (root admins only)."""
+        return dict(await self._json(Req("DELETE", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
     async def create_layer(self, name: str, *, tar: Optional[bytes] = None,
                            directory: Optional[PathLike] = None,
                            from_sandbox: Optional[str] = None,
@@ -550,6 +568,10 @@ class AsyncSandbox:
         """Replace the egress list (see Sandbox.set_network)."""
         return dict(await self.client._json(json_req("PUT", self._path("network"),
                                                      {"egress": list(egress)})))
+
+    async def network_denials(self) -> List[Dict[str, Any]]:
+        """What the sandbox's network refused (see Sandbox.network_denials)."""
+        return list((await self.client._json(json_req("GET", self._path("network/denials"))))["denials"])
 
     # -- ports
     def url(self, port: int) -> str:

@@ -116,6 +116,27 @@ class Client:
         return [Node.from_json(d) for d in
                 _core.items_from(self._json(Req("GET", "/v1/nodes")), "nodes")]
 
+    # ---- network rules -----------------------------------------------------------------
+
+    def put_network_rule(self, name: str, *, hosts: Optional[Sequence[str]] = None,
+                         cidrs: Optional[Sequence[str]] = None, ports: Optional[Sequence[int]] = None,
+                         protocols: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Create or replace a named network rule (root admins only): every
+        running sandbox naming it gets the change within a second."""
+        return dict(self._json(_core.network_rule_req(name, hosts, cidrs, ports, protocols)))
+
+    def network_rules(self) -> List[Dict[str, Any]]:
+        """The cluster's named network rules."""
+        return list(self._json(Req("GET", "/v1/network-rules"))["rules"])
+
+    def network_rule(self, name: str) -> Dict[str, Any]:
+        """One named network rule."""
+        return dict(self._json(Req("GET", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
+    def delete_network_rule(self, name: str) -> Dict[str, Any]:
+        """Delete a named network rule (root admins only)."""
+        return dict(self._json(Req("DELETE", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
     # ---- layers ------------------------------------------------------------------------
 
     def create_layer(self, name: str, *, tar: Optional[bytes] = None,
@@ -623,6 +644,12 @@ class Sandbox:
         obey it on return; open ones to destinations taken off are cut."""
         return dict(self.client._json(json_req("PUT", self._path("network"),
                                                {"egress": list(egress)})))
+
+    def network_denials(self) -> List[Dict[str, Any]]:
+        """What the sandbox's network refused, oldest first (``GET
+        .../network/denials``): ``time``, ``step``, ``destination``,
+        ``protocol`` (dns for refused names), ``reason``, ``count``."""
+        return list(self.client._json(json_req("GET", self._path("network/denials")))["denials"])
 
     # -- ports
     def url(self, port: int) -> str:
