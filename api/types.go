@@ -1032,10 +1032,11 @@ const (
 	AuditKindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
 	AuditKindConnect = "connect" // a TCP connection attempt (Dest)
 	AuditKindLimit   = "limit"   // a limit hit by a command: oom, pids, disk_full, output (Op)
+	AuditKindDenied  = "denied"  // a network refusal: a name or a destination (Dest), Op the protocol, Reason why
 )
 
 // AuditKinds lists every kind of audit record.
-var AuditKinds = []string{AuditKindExec, AuditKindRefused, AuditKindSignal, AuditKindFile, AuditKindConnect, AuditKindLimit}
+var AuditKinds = []string{AuditKindExec, AuditKindRefused, AuditKindSignal, AuditKindFile, AuditKindConnect, AuditKindLimit, AuditKindDenied}
 
 // Limits an audit record of kind limit names in its Op.
 const (
@@ -1099,7 +1100,7 @@ type AuditRecord struct {
 	// Step is the trajectory step that was running then (0: between
 	// steps, or the sandbox records no trajectory).
 	Step int64  `json:"step"`
-	Kind string `json:"kind"` // exec, refused, signal, file, connect, limit
+	Kind string `json:"kind"` // exec, refused, signal, file, connect, limit, denied
 	// Pid and Ppid are in the sandbox's pid namespace; UID is as the
 	// sandbox's user namespace numbers it, HostUID as the host does.
 	Pid     int `json:"pid"`
@@ -1127,8 +1128,14 @@ type AuditRecord struct {
 	// or truncates), rename, unlink, chmod; To is a rename's new name.
 	Op string `json:"op,omitempty"`
 	To string `json:"to,omitempty"`
-	// Dest is a connection's destination, "ip:port" (connect).
+	// Dest is a connection's destination, "ip:port" (connect), or what
+	// the network refused: a name, ADDR:PORT or ADDR (denied).
 	Dest string `json:"dest,omitempty"`
+	// Reason is why the network refused it (denied: as in
+	// SandboxNetwork.DeniedBy); Count how many times since the last
+	// record of it.
+	Reason string `json:"reason,omitempty"`
+	Count  int64  `json:"count,omitempty"`
 	// Rule is the create's audit rule (its "on") that matched the record,
 	// and Action what it did (flag, kill-step, fail-sandbox).
 	Rule   string `json:"rule,omitempty"`
