@@ -43,6 +43,9 @@ const (
 type cgroupDriver interface {
 	// create makes the cgroup path (relative to the hierarchy roots).
 	create(path string, lim limits) error
+	// createClass makes path the best-effort class's parent: the lowest
+	// CPU weight and cpu.idle, no limit, no box or split of its own.
+	createClass(path string) error
 	// start starts cmd so that it runs inside path from its first
 	// instruction; with idle, it is born under SCHED_IDLE; with owner > 0,
 	// from a thread whose effective uid is owner (startAs).
@@ -253,6 +256,24 @@ func (d *v1Driver) create(path string, lim limits) error {
 				return fmt.Errorf("container: cpu.idle of %s: %w", path, err)
 			}
 		}
+	}
+	return nil
+}
+
+func (d *v1Driver) createClass(path string) error {
+	shares := uint64(sharesBestEffort)
+	res := &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}}
+	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, d.hierarchy()); err != nil {
+		return fmt.Errorf("container: create cgroup %s: %w", path, err)
+	}
+	if u := d.unified(path); u != "" {
+		if err := os.MkdirAll(u, 0o755); err != nil {
+			return fmt.Errorf("container: create cgroup %s: %w", u, err)
+		}
+	}
+	err := os.WriteFile(filepath.Join(d.mountOf("cpu"), path, "cpu.idle"), []byte("1"), 0)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("container: cpu.idle of %s: %w", path, err)
 	}
 	return nil
 }
@@ -587,6 +608,25 @@ func (d *v2Driver) create(path string, lim limits) error {
 	// The limits stay on dir (its subtree_control stays empty, so the
 	// agent may live in dir beside the split's children).
 	return makeSplit(dir, false)
+}
+
+func (d *v2Driver) createClass(path string) error {
+	cur := d.mount
+	for _, p := range strings.Split(strings.Trim(path, "/"), "/") {
+		if err := os.WriteFile(filepath.Join(cur, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0); err != nil {
+			return fmt.Errorf("container: enable controllers in %s: %w", cur, err)
+		}
+		cur = filepath.Join(cur, p)
+		if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("container: create cgroup %s: %w", cur, err)
+		}
+	}
+	for _, f := range [][2]string{{"cpu.weight", "1"}, {"cpu.idle", "1"}} {
+		if err := os.WriteFile(filepath.Join(cur, f[0]), []byte(f[1]), 0); err != nil && !(f[0] == "cpu.idle" && errors.Is(err, os.ErrNotExist)) {
+			return fmt.Errorf("container: set %s of %s: %w", f[0], path, err)
+		}
+	}
+	return nil
 }
 
 func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool, owner uint32) error {
