@@ -59,6 +59,7 @@ type Options struct {
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
 	MaxCPUPressure       float64 // see edge.Config
+	BestEffortCap        float64 // see edge.Config
 	KeepOnShutdown       bool
 	// Recycle is how many wiped containers of one shape the node keeps
 	// for reuse (edge.Config.Recycle); 0 = none. RecycleIdle is how long
@@ -245,7 +246,8 @@ func Run(ctx context.Context, o Options) error {
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
-		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
+		BestEffortCap: o.BestEffortCap,
+		Recycle:       o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		Userns: o.Userns,
 	})
 	if err != nil {
@@ -273,6 +275,7 @@ type EdgeOptions struct {
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
 	MaxCPUPressure       float64       // see edge.Config
+	BestEffortCap        float64       // see edge.Config
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	NoTelemetry          bool          // see Options.NoTelemetry
@@ -429,7 +432,8 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
-		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
+		BestEffortCap: o.BestEffortCap,
+		Telemetry:     !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
 	if err != nil {

@@ -43,9 +43,6 @@ const (
 type cgroupDriver interface {
 	// create makes the cgroup path (relative to the hierarchy roots).
 	create(path string, lim limits) error
-	// createClass makes path the best-effort class's parent: the lowest
-	// CPU weight and cpu.idle, no limit, no box or split of its own.
-	createClass(path string) error
 	// start starts cmd so that it runs inside path from its first
 	// instruction; with idle, it is born under SCHED_IDLE; with owner > 0,
 	// from a thread whose effective uid is owner (startAs).
@@ -256,24 +253,6 @@ func (d *v1Driver) create(path string, lim limits) error {
 				return fmt.Errorf("container: cpu.idle of %s: %w", path, err)
 			}
 		}
-	}
-	return nil
-}
-
-func (d *v1Driver) createClass(path string) error {
-	shares := uint64(sharesBestEffort)
-	res := &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}}
-	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, d.hierarchy()); err != nil {
-		return fmt.Errorf("container: create cgroup %s: %w", path, err)
-	}
-	if u := d.unified(path); u != "" {
-		if err := os.MkdirAll(u, 0o755); err != nil {
-			return fmt.Errorf("container: create cgroup %s: %w", u, err)
-		}
-	}
-	err := os.WriteFile(filepath.Join(d.mountOf("cpu"), path, "cpu.idle"), []byte("1"), 0)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("container: cpu.idle of %s: %w", path, err)
 	}
 	return nil
 }
@@ -610,6 +589,9 @@ func (d *v2Driver) create(path string, lim limits) error {
 	return makeSplit(dir, false)
 }
 
+// createClass makes path the best-effort class's parent (runtime.go,
+// ClassBestEffort): the lowest CPU weight and cpu.idle, no limit, no split
+// of its own.
 func (d *v2Driver) createClass(path string) error {
 	cur := d.mount
 	for _, p := range strings.Split(strings.Trim(path, "/"), "/") {

@@ -129,10 +129,12 @@ func TestCPUGate(t *testing.T) {
 	}
 }
 
-// TestBestEffortClassCap: best-effort sandboxes live under the class's
-// parent cgroup (lowest weight, cpu.idle), which ClassCap caps as a whole
-// with one write and releases with another; Leftovers and a handle made
-// from the id alone find the sandbox there.
+// TestBestEffortClassCap: on cgroup v2, best-effort sandboxes live under
+// the class's parent cgroup (lowest weight, cpu.idle), which ClassCap caps
+// as a whole with one write and releases with another; Leftovers and a
+// handle made from the id alone find the sandbox there. On cgroup v1 the
+// kernel refuses a parent quota below a child's, so the runtime keeps the
+// flat layout and offers no cap.
 func TestBestEffortClassCap(t *testing.T) {
 	f := newFixture(t)
 	if _, err := f.rt.ClassCap(0.05); err == nil {
@@ -142,18 +144,29 @@ func TestBestEffortClassCap(t *testing.T) {
 	spec.CPU = 1
 	spec.Priority = api.PriorityBestEffort
 	inst := f.start(t, spec)
+	if d, ok := f.rt.cg.(*v1Driver); ok {
+		if want := f.parent + "/classcap"; inst.Handle.Cgroup != want {
+			t.Errorf("best-effort cgroup on v1 %s, want %s", inst.Handle.Cgroup, want)
+		}
+		if _, err := f.rt.ClassCap(0.05); !errors.Is(err, ErrClassCapV1) {
+			t.Errorf("ClassCap on cgroup v1: %v, want ErrClassCapV1", err)
+		}
+		// The kernel rule that forbids it: a parent (here the sandboxes'
+		// parent, whose child has its cpu's quota) cannot take a quota
+		// below a child's.
+		q := filepath.Join(d.mountOf("cpu"), f.parent, "cpu.cfs_quota_us")
+		err := os.WriteFile(q, []byte("5000"), 0)
+		if !errors.Is(err, unix.EINVAL) {
+			t.Errorf("a v1 parent quota below its child's: %v, want EINVAL", err)
+		}
+		_ = os.WriteFile(q, []byte("-1"), 0)
+		return
+	}
 	if want := f.parent + "/" + ClassBestEffort + "/classcap"; inst.Handle.Cgroup != want {
 		t.Fatalf("best-effort cgroup %s, want %s", inst.Handle.Cgroup, want)
 	}
 	if got := f.rt.cgroupPath("classcap"); got != inst.Handle.Cgroup {
 		t.Errorf("cgroupPath from the id: %s", got)
-	}
-	if d, ok := f.rt.cg.(*v1Driver); ok {
-		if _, err := os.Stat(filepath.Join(d.mountOf("cpu"), "cpu.idle")); err == nil {
-			if got := cgFile(t, f, "cpu", f.rt.classPath(), "cpu.idle"); got != "1" {
-				t.Errorf("class cpu.idle = %s", got)
-			}
-		}
 	}
 	left, err := f.rt.Leftovers(context.Background())
 	if err != nil || len(left) != 1 || left[0].ID != "classcap" || left[0].Cgroup != inst.Handle.Cgroup {
@@ -164,20 +177,6 @@ func TestBestEffortClassCap(t *testing.T) {
 	var res agentproto.ExecResult
 	if err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "yes > /dev/null", Background: true}, &res, nil); err != nil {
 		t.Fatal(err)
-	}
-	if d, ok := f.rt.cg.(*v1Driver); ok {
-		// cgroup v1: the kernel refuses a parent quota below a child's
-		// (the sandbox has its cpu's), so the runtime offers no cap.
-		if _, err := f.rt.ClassCap(0.05); !errors.Is(err, ErrClassCapV1) {
-			t.Errorf("ClassCap on cgroup v1: %v, want ErrClassCapV1", err)
-		}
-		q := filepath.Join(d.mountOf("cpu"), f.rt.classPath(), "cpu.cfs_quota_us")
-		err := os.WriteFile(q, []byte("5000"), 0)
-		if !errors.Is(err, unix.EINVAL) {
-			t.Errorf("a v1 parent quota below its child's: %v, want EINVAL", err)
-		}
-		_ = os.WriteFile(q, []byte("-1"), 0)
-		return
 	}
 	g, err := f.rt.ClassCap(0.05)
 	if err != nil {

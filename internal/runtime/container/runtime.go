@@ -166,15 +166,24 @@ func (r *Runtime) Isolation() (mode, reason string) {
 func (r *Runtime) Name() string { return "container" }
 
 // ClassBestEffort is the parent cgroup, under CgroupParent, of the
-// best-effort sandboxes (CgroupParent/besteffort/<id>): the lowest weight
-// and cpu.idle as a whole, and a CFS quota the edge sets while
-// latency-class sandboxes run operations (ClassCap). Latency-class
-// sandboxes live directly under CgroupParent.
+// best-effort sandboxes (CgroupParent/besteffort/<id>) where the cpu
+// controller is on cgroup v2: the lowest weight and cpu.idle as a whole,
+// and a CFS quota the edge sets while latency-class sandboxes run
+// operations (ClassCap). Latency-class sandboxes live directly under
+// CgroupParent. With the cpu controller on cgroup v1 (hybrid hosts) every
+// sandbox lives directly under CgroupParent: v1 cannot cap the class
+// (ErrClassCapV1), so the extra level would buy nothing.
 const ClassBestEffort = "besteffort"
+
+// classed says whether best-effort sandboxes live under ClassBestEffort.
+func (r *Runtime) classed() bool {
+	_, v2 := r.cg.(*v2Driver)
+	return v2
+}
 
 // cgroupPathFor is where a sandbox of that class gets its cgroup.
 func (r *Runtime) cgroupPathFor(id string, bestEffort bool) string {
-	if bestEffort {
+	if bestEffort && r.classed() {
 		return path.Join(r.cfg.CgroupParent, ClassBestEffort, id)
 	}
 	return path.Join(r.cfg.CgroupParent, id)
@@ -187,7 +196,7 @@ func (r *Runtime) classPath() string { return path.Join(r.cfg.CgroupParent, Clas
 // (handles made from an id alone): under the best-effort class when it
 // exists there.
 func (r *Runtime) cgroupPath(id string) string {
-	if be := r.cgroupPathFor(id, true); len(r.cg.dirs(be)) > 0 {
+	if be := r.cgroupPathFor(id, true); r.classed() && len(r.cg.dirs(be)) > 0 {
 		return be
 	}
 	return r.cgroupPathFor(id, false)
@@ -200,7 +209,11 @@ func (r *Runtime) ensureClass() error {
 	if r.classMade {
 		return nil
 	}
-	if err := r.cg.createClass(r.classPath()); err != nil {
+	d, ok := r.cg.(*v2Driver)
+	if !ok {
+		return ErrClassCapV1
+	}
+	if err := d.createClass(r.classPath()); err != nil {
 		return err
 	}
 	r.classMade = true
@@ -293,7 +306,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	tListen := time.Now()
 
 	idle := spec.Priority == api.PriorityBestEffort
-	if idle {
+	if idle && r.classed() {
 		if err := r.ensureClass(); err != nil {
 			return nil, err
 		}
@@ -654,9 +667,12 @@ func (r *Runtime) sandboxCgroups() ([]string, error) {
 	}
 	var out []string
 	for _, n := range names {
-		if n != ClassBestEffort {
+		if n != ClassBestEffort || !r.classed() {
 			out = append(out, r.cgroupPathFor(n, false))
 		}
+	}
+	if !r.classed() {
+		return out, nil
 	}
 	be, err := r.cg.children(r.classPath())
 	if err != nil {
@@ -721,8 +737,10 @@ func (r *Runtime) Close() error {
 	if err != nil || len(cgs) > 0 {
 		return err
 	}
-	if err := r.cg.remove(r.classPath()); err != nil {
-		return err
+	if r.classed() {
+		if err := r.cg.remove(r.classPath()); err != nil {
+			return err
+		}
 	}
 	if err := r.cg.remove(r.cfg.CgroupParent); err != nil {
 		return err
