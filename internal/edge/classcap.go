@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/warrenhq/warren/api"
@@ -27,6 +28,8 @@ type classCap struct {
 	mu   sync.Mutex
 	ops  int             // latency-class operations in flight
 	gate runtime.CPUGate // nil until a best-effort class exists
+	// off: the runtime cannot cap the class (cgroup v1), logged once.
+	off bool
 	// caps and releases count the writes (node view).
 	caps, releases int64
 }
@@ -78,12 +81,17 @@ func (e *Edge) classOpenLocked() bool {
 		return true
 	}
 	cc, ok := e.cfg.Runtime.(runtime.ClassCapper)
-	if !ok {
+	if !ok || c.off {
 		return false
 	}
 	g, err := cc.ClassCap(e.cfg.BestEffortCap)
-	if err != nil {
+	if errors.Is(err, runtime.ErrGone) {
 		return false // no best-effort sandbox yet: nothing to cap
+	}
+	if err != nil {
+		c.off = true
+		e.log.Info("edge: the best-effort class is not capped on this node", "err", err)
+		return false
 	}
 	c.gate = g
 	return true
