@@ -19,6 +19,7 @@ package edge
 //     admission, the reaper, pool claims and the node view; Edge.mu is
 //     never taken under it);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
+//     classCap.mu (taken under sandbox.mu by acquire),
 //     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
 //     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).
@@ -158,6 +159,10 @@ type Config struct {
 	// it, elastic.go) only while the host's CPU PSI ("some" avg10, percent)
 	// is at most this. 0 = 90; negative = no check.
 	MaxCPUPressure float64
+	// BestEffortCap caps the best-effort class as a whole at this many
+	// cores while any latency-class sandbox runs an operation
+	// (classcap.go). 0 = 0.1 core; negative = never.
+	BestEffortCap float64
 	// MinFreeTasks refuses new sandboxes while fewer than this many pids
 	// (threads) are left under kernel.pid_max / threads-max: every thread
 	// of every sandbox takes one, and a host out of pids cannot even start
@@ -231,6 +236,7 @@ type Edge struct {
 	runCtx    context.Context
 
 	features  api.NodeFeatures
+	class     classCap // the best-effort class's cap (classcap.go)
 	usageMu   sync.Mutex
 	lastUsage runtime.Usage
 	lastAt    time.Time
@@ -322,6 +328,9 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MaxMemoryPressure == 0 {
 		cfg.MaxMemoryPressure = 40
 	}
+	if cfg.BestEffortCap == 0 {
+		cfg.BestEffortCap = 0.1
+	}
 	if cfg.MaxCPUPressure == 0 {
 		cfg.MaxCPUPressure = 90
 	}
@@ -391,6 +400,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		dn.OnNetworkDenial(e.recordDenial)
 	}
 	e.startTelemetry(runCtx)
+	e.classReset(false)
 	err = e.reconcile(ctx)
 	close(e.reconciled)
 	if err != nil {
@@ -481,6 +491,7 @@ func (e *Edge) Close(ctx context.Context) error {
 	// What the stops started ends too, and the watches with their agents.
 	_ = e.wg.Wait(context.Background())
 	_ = e.watches.Wait(context.Background())
+	e.classReset(true)
 	return nil
 }
 

@@ -174,6 +174,7 @@ func (e *Edge) NodeStatus() api.Node {
 		n.MemRequested -= int64(k) * sh.spec.MemoryMB
 	}
 	sort.Slice(n.Pools, func(i, j int) bool { return n.Pools[i].Name < n.Pools[j].Name })
+	e.classNode(&n.Elastic)
 	return n
 }
 
