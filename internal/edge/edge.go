@@ -14,7 +14,10 @@ package edge
 //     resume): never both, and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
 //     taken under pmu by pause and resume, never under Edge.mu;
-//  4. Edge.mu: the edge's maps (sandboxes, live, pools, wiped, fn);
+//  4. Edge.mu: the edge's maps (sandboxes, live, pools, wiped);
+//     4a. fncall.Workers.mu (internal/edge/fncall): the FnCall workers by
+//     shape, taken under Edge.mu by admission (core.Reclaimer) and the
+//     node view; the core's Edge.mu is never taken under it;
 //  5. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
 //     admission, the reaper, pool claims and the node view; Edge.mu is
 //     never taken under it);
@@ -53,6 +56,8 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
+	"github.com/warrenhq/warren/internal/edge/core"
+	"github.com/warrenhq/warren/internal/edge/fncall"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/lifetime"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -106,6 +111,8 @@ type ImageResolver interface {
 	// filesystem tarball) as the image name.
 	ImportImage(ctx context.Context, path, name string) (*api.Image, error)
 }
+
+var _ core.Reclaimer = (*fncall.Workers)(nil)
 
 // ErrImageNotFound is what an ImageResolver returns for unknown names.
 var ErrImageNotFound = errors.New("image not found")
@@ -227,8 +234,10 @@ type Edge struct {
 	pressureErr *api.Error
 	// recycling counts kept, reused and refused containers (Waiting unused).
 	recycling api.NodeRecycling
-	fn        map[string]*fnShape
-	runCtx    context.Context
+	// fn is the FnCall tier (internal/edge/fncall), written against the
+	// core (core.go); its own lock comes after mu.
+	fn     *fncall.Workers
+	runCtx context.Context
 
 	features  api.NodeFeatures
 	usageMu   sync.Mutex
@@ -325,7 +334,8 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, wiped: map[string][]*wipedBox{}, fn: map[string]*fnShape{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, wiped: map[string][]*wipedBox{}}
+	e.fn = fncall.New(jobCore{e})
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {

@@ -117,7 +117,7 @@ func init() {
 			return e.deletePool(req.Project, req.Name)
 		})},
 		OpFnCall: {run: decoded(func(e *Edge, ctx context.Context, _ *opCall, req *FnCallRequest) (any, error) {
-			return e.fncall(ctx, req)
+			return e.fn.Call(ctx, req)
 		})},
 
 		OpSnapshot: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *SnapshotRequest) (any, error) {
