@@ -13,12 +13,14 @@ import (
 
 // The lifecycle core as the edge's job packages see it (core.Core): the
 // Edge itself keeps records, admission, start and stop, reconcile and the
-// reaper; jobCore hands the rest of the edge (internal/edge/fncall, ...)
+// reaper; jobCore hands the rest of the edge (internal/edge/fncall,
+// internal/edge/pool, ...)
 // what they may use of it, and *sandbox is their core.Sandbox.
 //
 // Lock order: as in edge.go. Edge.mu, then a job's own lock (fncall's
-// Workers.mu), then sandbox.mu: reclaimLocked (admission) calls the
-// fncall Reclaimer under Edge.mu.
+// Workers.mu, pool's Pools.mu), then sandbox.mu: reclaimLocked (admission)
+// calls the fncall Reclaimer, and claimLocked (create) the pools' Take,
+// under Edge.mu.
 
 // FnCallDirs are a stateless sandbox's writable directories.
 var FnCallDirs = edgeproto.FnCallDirs
@@ -99,13 +101,21 @@ func (sb *sandbox) Agent() *agentproto.Client {
 	return sb.inst.Agent
 }
 
-func (sb *sandbox) Ready() bool { return sb.poolReady() }
+func (sb *sandbox) Ready() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.Sandbox.State == api.StateRunning && !sb.stopping
+}
 
 // startWorker admits a sandbox of spec for a job and starts it (see
 // core.Core.StartWorker).
 func (e *Edge) startWorker(ctx context.Context, spec api.CreateSandboxRequest, o core.WorkerOptions) (*sandbox, error) {
 	id := e.newID()
 	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		return nil, &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonShuttingDown, Message: "node is shutting down"}
+	}
 	if aerr := e.admitWorkerLocked(&spec, o); aerr != nil {
 		e.mu.Unlock()
 		return nil, aerr

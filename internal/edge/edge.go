@@ -14,10 +14,12 @@ package edge
 //     resume): never both, and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
 //     taken under pmu by pause and resume, never under Edge.mu;
-//  4. Edge.mu: the edge's maps (sandboxes, live, pools, wiped);
-//     4a. fncall.Workers.mu (internal/edge/fncall): the FnCall workers by
-//     shape, taken under Edge.mu by admission (core.Reclaimer) and the
-//     node view; the core's Edge.mu is never taken under it;
+//  4. Edge.mu: the edge's maps (sandboxes, live, wiped);
+//     4a. the jobs' own locks, each taken under Edge.mu and never
+//     around it (internal/edge/core): fncall.Workers.mu (the FnCall
+//     workers by shape; admission reclaims idle ones, core.Reclaimer)
+//     and pool.Pools.mu (the warm pools; create claims a member,
+//     claimLocked); never one under the other;
 //  5. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
 //     admission, the reaper, pool claims and the node view; Edge.mu is
 //     never taken under it);
@@ -58,6 +60,7 @@ import (
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge/core"
 	"github.com/warrenhq/warren/internal/edge/fncall"
+	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/lifetime"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -221,8 +224,10 @@ type Edge struct {
 	// to date; the reaper drops those that have stopped since.
 	live    map[*sandbox]struct{}
 	closing bool
-	pools   map[string]*pool       // by pool.id(): names are per project
-	wiped   map[string][]*wipedBox // recycled containers by shape (recycle.go)
+	// pools is the warm pools (internal/edge/pool), written against the
+	// core (core.go); their own lock comes after mu.
+	pools *pool.Pools
+	wiped map[string][]*wipedBox // recycled containers by shape (recycle.go)
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -334,8 +339,9 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, wiped: map[string][]*wipedBox{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), wiped: map[string][]*wipedBox{}}
 	e.fn = fncall.New(jobCore{e})
+	e.pools = pool.New(jobCore{e}, filepath.Join(cfg.DataDir, "edge", "pools.json"))
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {
@@ -429,7 +435,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		e.wg.Add(1)
 		go e.rosterLoop(runCtx)
 	}
-	e.loadPools(runCtx)
+	e.pools.Load()
 	e.log.Info("edge serving", "sandboxes", e.count())
 	return nil
 }

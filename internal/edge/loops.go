@@ -138,10 +138,7 @@ func (e *Edge) NodeStatus() api.Node {
 		}
 		sb.mu.Unlock()
 	}
-	for _, p := range e.pools {
-		v := e.poolViewLocked(p)
-		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Project: v.Project, Size: v.Size, Ready: v.Ready})
-	}
+	n.Pools = append(n.Pools, e.pools.NodeView()...)
 	n.Pools = append(n.Pools, e.fn.View()...)
 	// Idle FnCall workers give way to any create (admission reclaims
 	// them), so placement must not count them as taken.

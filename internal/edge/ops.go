@@ -110,11 +110,11 @@ func init() {
 		})},
 
 		OpPoolPut: {run: decoded(func(e *Edge, ctx context.Context, _ *opCall, req *api.PoolRequest) (any, error) {
-			return e.putPool(ctx, req)
+			return e.pools.Put(req)
 		})},
-		OpPoolList: {run: func(e *Edge, _ context.Context, _ *opCall) (any, error) { return e.listPools(), nil }},
+		OpPoolList: {run: func(e *Edge, _ context.Context, _ *opCall) (any, error) { return e.pools.List(), nil }},
 		OpPoolDelete: {run: decoded(func(e *Edge, _ context.Context, _ *opCall, req *PoolNameRequest) (any, error) {
-			return e.deletePool(req.Project, req.Name)
+			return e.pools.Delete(req.Project, req.Name)
 		})},
 		OpFnCall: {run: decoded(func(e *Edge, ctx context.Context, _ *opCall, req *FnCallRequest) (any, error) {
 			return e.fn.Call(ctx, req)

@@ -2,15 +2,16 @@
 // it. The core (package edge) keeps the sandboxes' records, admits work
 // against the node's capacity, starts and stops sandboxes, reconciles
 // after a crash and reaps expired ones. A job that is not the lifecycle
-// (FnCall workers in internal/edge/fncall, and next warm pools, recycling,
-// pause, snapshots and trajectories) is a package written against Core: it
+// (FnCall workers in internal/edge/fncall, warm pools in internal/edge/pool,
+// and next recycling, pause, snapshots and trajectories) is a package written against Core: it
 // never sees the edge's records or locks, only the Sandbox handles the core
 // gives it.
 //
 // # Contract
 //
 //   - Every Sandbox a job holds came from the core (StartWorker); the job
-//     gives it back by Stop or Reclaim, or Close stops it with the rest.
+//     gives it back by Stop or Reclaim, hands it to a create (the warm
+//     pools' claim), or Close stops it with the rest.
 //   - A sandbox may stop under a job at any time (its agent exits, the
 //     node shuts down): Agent then answers nil, Ready false, and a call
 //     through an agent taken before fails (AgentError says how).
@@ -22,9 +23,10 @@
 // The core's locks (the order is at the top of internal/edge/edge.go) are
 // never visible here. A job's own lock comes after the core's map lock
 // (Edge.mu) and before a sandbox's lock (sandbox.mu): the core may call a
-// job's Reclaimer under Edge.mu, and Reclaim takes sandbox.mu. Therefore a
-// job calls no Core method while it holds its own lock, except Reclaim and
-// Go (neither takes Edge.mu).
+// job's Reclaimer (and the warm pools' Take) under Edge.mu, and Reclaim
+// takes sandbox.mu. Therefore a job calls no Core method while it holds
+// its own lock, except Logger, Context, Go, Stop and Reclaim (none takes
+// Edge.mu). Two jobs' locks are never held together.
 package core
 
 import (
@@ -65,7 +67,8 @@ type Core interface {
 	Logger() *slog.Logger
 	// Context is cancelled when the edge closes.
 	Context() context.Context
-	// Go runs f as one of the edge's own goroutines (Close waits for it).
+	// Go runs f as one of the edge's own goroutines (Close waits for it);
+	// call it from a call in flight or from a goroutine Go started.
 	Go(f func())
 	// Closing reports whether the edge is shutting down.
 	Closing() bool
