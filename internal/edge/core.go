@@ -8,6 +8,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/edge/core"
+	"github.com/warrenhq/warren/internal/edge/fncall"
 	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
@@ -24,6 +25,8 @@ import (
 
 // FnCallDirs are a stateless sandbox's writable directories.
 var FnCallDirs = edgeproto.FnCallDirs
+
+var _ core.Reclaimer = (*fncall.Workers)(nil)
 
 // jobCore is the edge's core.Core.
 type jobCore struct{ e *Edge }
