@@ -67,6 +67,8 @@ func ofSandbox(run func(*Edge, context.Context, *opCall) (any, error)) opSpec {
 // DataOps) on the data listener.
 var edgeOps map[string]opSpec
 
+// init fills edgeOps. It is one long function on purpose: it is the table
+// itself, one short entry per op, and reads best whole.
 func init() {
 	edgeOps = map[string]opSpec{
 		OpCreate:      {scope: scopeOwn, run: decoded(runCreate)},
