@@ -6,7 +6,7 @@ LISTEN    ?= 127.0.0.1:7070
 E2B_LISTEN ?= 127.0.0.1:3000
 export CGO_ENABLED := 0
 
-.PHONY: all deps build run test test-go test-python bench images debian-image lint fmt clean e2b-proto
+.PHONY: all deps build run test test-go test-python bench images debian-image vm-kernel lint fmt clean e2b-proto
 
 all: build
 
@@ -22,10 +22,15 @@ debian-image: build
 	@bash scripts/build-debian-image.sh $(DATA_DIR)/cache/debian-12.tar
 	@$(BIN)/warren image import $(DATA_DIR)/cache/debian-12.tar --name debian:12 --data-dir $(DATA_DIR)
 
+# The microvm tier's guest kernel (internal/runtime/microvm), from the Debian
+# mirror; cached, fetched again only when the mirror has a newer one.
+vm-kernel:
+	@bash scripts/vm-kernel.sh $(DATA_DIR)/cache/vm-kernel
+
 run: deps build debian-image
 	$(BIN)/warren serve --data-dir $(DATA_DIR) --listen $(LISTEN) --e2b-listen $(E2B_LISTEN)
 
-test: deps build
+test: deps build vm-kernel
 	@bash scripts/test.sh
 
 bench: deps build

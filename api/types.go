@@ -36,7 +36,13 @@ const (
 const (
 	TierContainer = "container"
 	TierFnCall    = "fncall" // POST /v1/fncall: stateless tasks in reset, reused containers
+	// TierMicroVM runs the sandbox in a QEMU microVM (its own kernel; the
+	// agent is the guest's PID 1).
+	TierMicroVM = "microvm"
 )
+
+// Tiers are the tiers a create request may name.
+var Tiers = []string{TierContainer, TierMicroVM}
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
@@ -76,6 +82,10 @@ type CreateSandboxRequest struct {
 	// Checkpoint: "none" (default), "every-step" (snapshot after each
 	// state-changing operation) or an interval of steps ("10").
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// TrajectoryTTL: a new trajectory (and each branch of it) is deleted,
+	// with its log and inputs, this many seconds after it is made, once no
+	// live sandbox records it. 0 = kept until DELETE /v1/trajectories/{name}.
+	TrajectoryTTL int `json:"trajectory_ttl,omitempty"`
 	// IdleCPU is the CPU, in cores, the sandbox's processes get between
 	// operations (docs/architecture.md, "Density and elasticity"): while an
 	// exec, a file operation or a command call runs, the sandbox has its
@@ -87,6 +97,10 @@ type CreateSandboxRequest struct {
 	// Network opts into a network interface with an egress allowlist
 	// enforced on the host (NetworkSpec). Absent: loopback only.
 	Network *NetworkSpec `json:"network,omitempty"`
+	// NetworkRules is DSec's shorthand: {"pypi": true, "npm": false}
+	// adds the rules set true to Network.Egress (making Network when
+	// absent); false ones are ignored.
+	NetworkRules map[string]bool `json:"network_rules,omitempty"`
 	// Audit declares the sandbox's workspace and policy hooks for its
 	// audit (GET /v1/sandboxes/{id}/audit).
 	Audit *AuditSpec `json:"audit,omitempty"`
@@ -544,21 +558,49 @@ type CreateSnapshotRequest struct {
 // layers and every earlier diff (Layers, bottom first; the last entry is
 // this snapshot's own diff). Process memory is not captured.
 type Snapshot struct {
-	ID         string            `json:"id"`
-	Name       string            `json:"name,omitempty"`
-	Sandbox    string            `json:"sandbox"`
-	Project    string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
-	Image      string            `json:"image"`
-	Layers     []LayerAttachment `json:"layers"`
-	Diff       string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
-	Digest     string            `json:"digest"` // diff id of that layer
-	Size       int64             `json:"size"`   // bytes of the diff (uncompressed tar)
-	Entries    int               `json:"entries"`
-	Parent     string            `json:"parent,omitempty"`     // the snapshot the sandbox was restored from
-	Step       int64             `json:"step,omitempty"`       // trajectory step it was taken after (checkpoints)
-	Trajectory string            `json:"trajectory,omitempty"` // the trajectory it checkpoints
-	FrozenMs   float64           `json:"frozen_ms"`            // how long the sandbox was frozen
-	CreatedAt  time.Time         `json:"created_at"`
+	ID      string            `json:"id"`
+	Name    string            `json:"name,omitempty"`
+	Sandbox string            `json:"sandbox"`
+	Project string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
+	Image   string            `json:"image"`
+	Layers  []LayerAttachment `json:"layers"`
+	Diff    string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
+	Digest  string            `json:"digest"` // diff id of that layer
+	Size    int64             `json:"size"`   // bytes of the diff (uncompressed tar)
+	Entries int               `json:"entries"`
+	Parent  string            `json:"parent,omitempty"` // the snapshot the sandbox was restored from
+	// Previous: the earlier snapshot of the same sandbox this one chains
+	// on (it packs only what changed since); empty for a full snapshot.
+	Previous   string    `json:"previous,omitempty"`
+	Step       int64     `json:"step,omitempty"`       // trajectory step it was taken after (checkpoints)
+	Trajectory string    `json:"trajectory,omitempty"` // the trajectory it checkpoints
+	FrozenMs   float64   `json:"frozen_ms"`            // how long the sandbox was frozen
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+// SnapshotList is the body of GET /v1/snapshots: the snapshots of the
+// caller's project and the projects below it, newest first.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// Trajectory describes one trajectory (GET /v1/trajectories): its owner,
+// its current sandbox, the bytes it holds (log and inputs) and when it
+// expires (ttl; zero = never).
+type Trajectory struct {
+	Name           string    `json:"name"`
+	Project        string    `json:"project,omitempty"`
+	Sandbox        string    `json:"sandbox"`
+	Parent         string    `json:"parent,omitempty"`
+	CheckpointSnap string    `json:"checkpoint_snapshot,omitempty"`
+	Bytes          int64     `json:"bytes"`
+	CreatedAt      time.Time `json:"created_at"`
+	ExpiresAt      time.Time `json:"expires_at,omitzero"`
+}
+
+// TrajectoryList is the body of GET /v1/trajectories.
+type TrajectoryList struct {
+	Trajectories []Trajectory `json:"trajectories"`
 }
 
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
@@ -575,7 +617,7 @@ type ForkResult struct {
 // TrajectoryStep is one logged operation with its result.
 type TrajectoryStep struct {
 	Step    int64     `json:"step"`
-	Op      string    `json:"op"` // exec, write, remove, rename, mkdir
+	Op      string    `json:"op"` // exec, write, remove, rename, mkdir, network
 	Sandbox string    `json:"sandbox"`
 	At      time.Time `json:"at"`
 	// The operation.
@@ -589,6 +631,8 @@ type TrajectoryStep struct {
 	Append    bool         `json:"append,omitempty"`
 	DataHash  string       `json:"data_sha256,omitempty"`
 	DataSize  int64        `json:"data_size,omitempty"`
+	// Egress is the list a "network" step set (PUT …/network).
+	Egress []string `json:"egress,omitempty"`
 	// The result.
 	Result *ExecResult `json:"result,omitempty"`
 	File   *FileInfo   `json:"file,omitempty"`
@@ -685,6 +729,13 @@ type Node struct {
 	Tiers           []string          `json:"tiers"`
 	Labels          map[string]string `json:"labels,omitempty"`
 	LastHeartbeat   time.Time         `json:"last_heartbeat"`
+
+	// Accelerator is how the node's VM tiers run guests: "kvm" or "tcg"
+	// (emulated: much slower); empty when it offers none.
+	Accelerator string `json:"accelerator,omitempty"`
+	// VMKernel names the guest kernel of the node's VM tiers.
+	VMKernel string `json:"vm_kernel,omitempty"`
+
 	// DataAddr is the address of the node's data listener (host:port),
 	// where apiservers open the streams of exec output and file transfers.
 	DataAddr string `json:"data_addr,omitempty"`
@@ -718,6 +769,9 @@ type Node struct {
 	// Recycling counts the containers of deleted sandboxes reused for new
 	// ones (docs/architecture.md, "Recycled containers").
 	Recycling NodeRecycling `json:"recycling"`
+	// NetworkDenied counts what its sandboxes' networks refused since
+	// the node started, by reason (names, and packets as observed).
+	NetworkDenied map[string]int64 `json:"network_denied,omitempty"`
 	// Elastic is the CPU given to sandboxes only while they run operations
 	// (docs/architecture.md, "Density and elasticity").
 	Elastic NodeElastic `json:"elastic"`
@@ -780,13 +834,15 @@ type Usage struct {
 	Sandboxes int     `json:"sandboxes"`
 	CPU       float64 `json:"cpu"`
 	MemoryMB  int64   `json:"memory_mb"`
+	// StorageBytes: what the project and its subprojects store now.
+	StorageBytes int64 `json:"storage_bytes"`
 }
 
 // Event is one entry of the event stream (GET /v1/events).
 type Event struct {
 	Seq     uint64    `json:"seq"`
 	Time    time.Time `json:"time"`
-	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed
+	Type    string    `json:"type"` // node.down, node.up, sandbox.lost, sandbox.destroyed, sandbox.network.denied
 	Node    string    `json:"node,omitempty"`
 	Sandbox string    `json:"sandbox,omitempty"`
 	Project string    `json:"project,omitempty"`
@@ -807,6 +863,10 @@ const (
 	// EventSandboxDestroyed: a node that comes back destroyed a sandbox
 	// reported lost while it was unheard.
 	EventSandboxDestroyed = "sandbox.destroyed"
+	// EventSandboxNetworkDenied: a sandbox's network policy refused
+	// something (at most one event per sandbox a second, with the count;
+	// GET /v1/sandboxes/{id}/network/denials has each).
+	EventSandboxNetworkDenied = "sandbox.network.denied"
 )
 
 type NodeList struct {
@@ -835,6 +895,9 @@ const (
 	ReasonNodeSelector = "node_selector" // no node has the labels asked for
 	ReasonNoNodes      = "no_nodes"      // no healthy node at all
 	ReasonShuttingDown = "shutting_down" // the node is stopping
+	// ReasonStorageQuota (a 413): the write would take the project over
+	// its storage_bytes quota.
+	ReasonStorageQuota = "storage_quota"
 )
 
 type ErrorBody struct {
@@ -873,6 +936,10 @@ type Quota struct {
 	Sandboxes int     `json:"sandboxes,omitempty"`
 	CPU       float64 `json:"cpu,omitempty"`
 	MemoryMB  int64   `json:"memory_mb,omitempty"`
+	// StorageBytes bounds what the project and its subprojects store:
+	// their trajectories' logs and inputs, their snapshots and their
+	// layers. A write beyond it is refused (413, reason storage_quota).
+	StorageBytes int64 `json:"storage_bytes,omitempty"`
 }
 
 // Project is a node of the project tree. Its id is the path of names from
@@ -965,10 +1032,11 @@ const (
 	AuditKindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
 	AuditKindConnect = "connect" // a TCP connection attempt (Dest)
 	AuditKindLimit   = "limit"   // a limit hit by a command: oom, pids, disk_full, output (Op)
+	AuditKindDenied  = "denied"  // a network refusal: a name or a destination (Dest), Op the protocol, Reason why
 )
 
 // AuditKinds lists every kind of audit record.
-var AuditKinds = []string{AuditKindExec, AuditKindRefused, AuditKindSignal, AuditKindFile, AuditKindConnect, AuditKindLimit}
+var AuditKinds = []string{AuditKindExec, AuditKindRefused, AuditKindSignal, AuditKindFile, AuditKindConnect, AuditKindLimit, AuditKindDenied}
 
 // Limits an audit record of kind limit names in its Op.
 const (
@@ -985,6 +1053,10 @@ const AuditOpRead = "read"
 
 // AuditSpec is a create's audit options (CreateSandboxRequest.Audit).
 type AuditSpec struct {
+	// Off: the sandbox is not audited at all (its node's kernel
+	// telemetry ignores it; limits are not recorded either): for runs
+	// that want every last microsecond.
+	Off bool `json:"off,omitempty"`
 	// Workspace lists the directories the agent is meant to change
 	// (absolute paths): file operations inside them are not recorded, the
 	// rest are. Empty: every file operation is recorded.
@@ -1028,7 +1100,7 @@ type AuditRecord struct {
 	// Step is the trajectory step that was running then (0: between
 	// steps, or the sandbox records no trajectory).
 	Step int64  `json:"step"`
-	Kind string `json:"kind"` // exec, refused, signal, file, connect, limit
+	Kind string `json:"kind"` // exec, refused, signal, file, connect, limit, denied
 	// Pid and Ppid are in the sandbox's pid namespace; UID is as the
 	// sandbox's user namespace numbers it, HostUID as the host does.
 	Pid     int `json:"pid"`
@@ -1056,8 +1128,14 @@ type AuditRecord struct {
 	// or truncates), rename, unlink, chmod; To is a rename's new name.
 	Op string `json:"op,omitempty"`
 	To string `json:"to,omitempty"`
-	// Dest is a connection's destination, "ip:port" (connect).
+	// Dest is a connection's destination, "ip:port" (connect), or what
+	// the network refused: a name, ADDR:PORT or ADDR (denied).
 	Dest string `json:"dest,omitempty"`
+	// Reason is why the network refused it (denied: as in
+	// SandboxNetwork.DeniedBy); Count how many times since the last
+	// record of it.
+	Reason string `json:"reason,omitempty"`
+	Count  int64  `json:"count,omitempty"`
 	// Rule is the create's audit rule (its "on") that matched the record,
 	// and Action what it did (flag, kill-step, fail-sandbox).
 	Rule   string `json:"rule,omitempty"`

@@ -17,6 +17,8 @@ packages=(
   gcc libc6-dev    # cgo for the race detector (make test runs -race)
   python3-pip      # the docs test installs the SDK as a user would
   curl jq          # the docs test runs the shell examples of README and docs/
+  qemu-system-x86  # the microvm tier (internal/runtime/microvm)
+  kmod             # modinfo/depmod for the microvm tier's guest kernel (scripts/vm-kernel.sh)
 )
 
 missing=()

@@ -23,5 +23,7 @@ live_agents() {
   done
 }
 if [[ -n $(live_agents) ]]; then echo "LEAK: processes"; ps -o pid,stat,args -p "$(live_agents | paste -sd,)" | head; leaks=1; fi
+# microVMs (internal/runtime/microvm): QEMU named warren-vm:<sandbox id>.
+if pgrep -f 'qemu-system.*warren-vm:' >/dev/null; then echo "LEAK: qemu processes"; pgrep -af 'qemu-system.*warren-vm:' | cut -c1-200 | head; leaks=1; fi
 [ $leaks = 0 ] && echo "no leaks"
 exit $leaks

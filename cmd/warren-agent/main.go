@@ -1,5 +1,6 @@
 // Command warren-agent is PID 1 inside a warren sandbox. The edge starts it
-// with fd 3 a listening unix socket; see internal/agent.
+// with fd 3 a listening unix socket; see internal/agent. In a microVM the
+// kernel starts it as /init and it serves on a virtio-serial port.
 package main
 
 import (
@@ -19,4 +20,9 @@ func init() {
 	_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0)
 }
 
-func main() { agent.Main() }
+func main() {
+	if agent.IsVMInit() {
+		agent.VMMain() // PID 1 of a microVM (internal/runtime/microvm)
+	}
+	agent.Main()
+}

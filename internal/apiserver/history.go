@@ -36,6 +36,20 @@ func (s *Server) sandboxNetwork(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// sandboxNetworkDenials answers a sandbox's log of refusals.
+func (s *Server) sandboxNetworkDenials(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var n api.NetworkDenials
+	if err := s.callEdge(r.Context(), id, edgeproto.OpNetworkDenials, &edgeproto.IDRequest{ID: id}, &n, nil); err != nil {
+		return err
+	}
+	if n.Denials == nil {
+		n.Denials = []api.NetworkDenialRecord{}
+	}
+	writeJSON(w, http.StatusOK, &n)
+	return nil
+}
+
 // setSandboxNetwork replaces a running networked sandbox's egress list.
 func (s *Server) setSandboxNetwork(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
@@ -47,6 +61,17 @@ func (s *Server) setSandboxNetwork(w http.ResponseWriter, r *http.Request) error
 		return aerr
 	}
 	var n api.SandboxNetwork
+	// A resuming client re-issuing a logged change: the sandbox has the
+	// list already (it is alive, and every later change is logged too).
+	if _, ok, err := s.fastForward(r.Context(), id, &api.TrajectoryStep{Op: "network", Egress: req.Egress}); err != nil {
+		return err
+	} else if ok {
+		if err := s.callEdge(r.Context(), id, edgeproto.OpNetwork, &edgeproto.IDRequest{ID: id}, &n, nil); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, &n)
+		return nil
+	}
 	if err := s.callEdge(r.Context(), id, edgeproto.OpNetworkSet, &edgeproto.NetworkSetRequest{ID: id, Network: req}, &n, nil); err != nil {
 		return err
 	}

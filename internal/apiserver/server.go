@@ -45,6 +45,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// Registry receives the apiserver's metrics; nil = a private one.
 	Registry *prometheus.Registry
+	// SweepEvery: how often expired trajectories are deleted and storage
+	// quotas copied into the account (0 = DefaultSweepEvery).
+	SweepEvery time.Duration
 }
 
 // Server is the HTTP API.
@@ -60,10 +63,17 @@ type Server struct {
 	// layerOwners: which project owns each layer name (owner.go).
 	layerOwners *bus.Records
 	templates   *bus.Records // templates.go
+	netRules    *bus.Records // netrules.go
 	ports       *bus.Records // public ports (ports.go)
 	ff          *ffSessions
 	tlog        *bus.TrajLog
+	inputs      *bus.Inputs
+	storage     *bus.Storage // the projects' stored bytes and quotas (storage.go)
 	mux         *http.ServeMux
+	// sweepStop ends the sweeper (storage.go); sweepDone closes when it
+	// has.
+	sweepStop context.CancelFunc
+	sweepDone chan struct{}
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -96,6 +106,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/sandboxes/{id}/stats", handler: s.sandboxStats, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/network", handler: s.sandboxNetwork, role: api.RoleViewer},
 		{pattern: "PUT /v1/sandboxes/{id}/network", handler: s.setSandboxNetwork},
+		{pattern: "GET /v1/sandboxes/{id}/network/denials", handler: s.sandboxNetworkDenials, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/commands/{cid}", handler: s.getCommand, role: api.RoleViewer},
 		{pattern: "GET /v1/sandboxes/{id}/audit", handler: s.getAudit, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/commands/{cid}/kill", handler: s.killCommand},
@@ -120,9 +131,12 @@ func (s *Server) routes() []route {
 		{pattern: "DELETE /v1/tokens/{id}", handler: s.revokeToken, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/snapshots", handler: s.createSnapshot},
 		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.fork},
+		{pattern: "GET /v1/snapshots", handler: s.listSnapshots, role: api.RoleViewer},
 		{pattern: "GET /v1/snapshots/{sid}", handler: s.getSnapshot, role: api.RoleViewer},
 		{pattern: "DELETE /v1/snapshots/{sid}", handler: s.deleteSnapshot},
+		{pattern: "GET /v1/trajectories", handler: s.listTrajectories, role: api.RoleViewer},
 		{pattern: "GET /v1/trajectories/{name...}", handler: s.getTrajectory, role: api.RoleViewer},
+		{pattern: "DELETE /v1/trajectories/{name...}", handler: s.deleteTrajectory},
 		{pattern: "POST /v1/trajectories:replay", handler: s.replayTrajectory},
 		{pattern: "POST /v1/images", handler: s.pullImage},
 		{pattern: "POST /v1/images:commit", handler: s.commitImage},
@@ -141,6 +155,10 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/pools", handler: s.listPools, role: api.RoleViewer},
 		{pattern: "GET /v1/pools/{name}", handler: s.getPool, role: api.RoleViewer},
 		{pattern: "DELETE /v1/pools/{name}", handler: s.deletePool},
+		{pattern: "GET /v1/network-rules", handler: s.listNetworkRules, role: api.RoleViewer},
+		{pattern: "GET /v1/network-rules/{name}", handler: s.getNetworkRule, role: api.RoleViewer},
+		{pattern: "PUT /v1/network-rules/{name}", handler: s.putNetworkRule},
+		{pattern: "DELETE /v1/network-rules/{name}", handler: s.deleteNetworkRule},
 	}, portRoutes(s)...)
 }
 
@@ -198,13 +216,29 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.templates, err = cfg.Bus.Records(ctx, bus.BucketTemplates); err != nil {
 		return nil, err
 	}
+	if s.inputs, err = cfg.Bus.TrajectoryInputs(ctx); err != nil {
+		return nil, err
+	}
+	if s.storage, err = cfg.Bus.Storage(ctx); err != nil {
+		return nil, err
+	}
+	if s.netRules, err = cfg.Bus.Records(ctx, bus.BucketNetworkRules); err != nil {
+		return nil, err
+	}
 	if s.ports, err = cfg.Bus.Records(ctx, bus.BucketPorts); err != nil {
 		return nil, err
 	}
-	cfg.Registry.MustRegister(s.requests, s.latency)
+	cfg.Registry.MustRegister(s.requests, s.latency, deniedCollector{s})
 	for _, r := range s.routes() {
 		s.mux.Handle(r.pattern, s.wrap(r))
 	}
+	every := cfg.SweepEvery
+	if every <= 0 {
+		every = DefaultSweepEvery
+	}
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.sweepStop, s.sweepDone = stop, make(chan struct{})
+	go s.sweep(sctx, every)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})

@@ -32,11 +32,13 @@ var ruleKinds = map[string]string{
 	"signal":  api.AuditKindSignal,
 	"connect": api.AuditKindConnect,
 	"limit":   api.AuditKindLimit,
+	"denied":  api.AuditKindDenied,
 }
 
 // Policy is a compiled api.AuditSpec. The zero Policy records everything
 // and acts on nothing.
 type Policy struct {
+	off       bool     // the create turned the audit off
 	workspace []string // clean absolute directories
 	rules     []rule
 }
@@ -56,6 +58,10 @@ func Compile(spec *api.AuditSpec) (*Policy, error) {
 	if spec == nil {
 		return p, nil
 	}
+	if spec.Off && (len(spec.Workspace) > 0 || len(spec.Policy) > 0) {
+		return nil, fmt.Errorf("audit.off: a sandbox that is not audited has no workspace or policy")
+	}
+	p.off = spec.Off
 	if len(spec.Workspace) > MaxWorkspace {
 		return nil, fmt.Errorf("audit.workspace: at most %d paths", MaxWorkspace)
 	}
@@ -72,7 +78,7 @@ func Compile(spec *api.AuditSpec) (*Policy, error) {
 		kindName, pattern, _ := strings.Cut(r.On, ":")
 		kind, ok := ruleKinds[kindName]
 		if !ok {
-			return nil, fmt.Errorf("audit.policy[%d].on %q: want kind:pattern with kind one of exec, write, read, refused, signal, connect, limit", i, clip(r.On))
+			return nil, fmt.Errorf("audit.policy[%d].on %q: want kind:pattern with kind one of exec, write, read, refused, signal, connect, limit, denied", i, clip(r.On))
 		}
 		if len(pattern) > MaxPattern || strings.ContainsRune(pattern, 0) || !utf8.ValidString(pattern) {
 			return nil, fmt.Errorf("audit.policy[%d].on: the pattern is over %d bytes or not UTF-8", i, MaxPattern)
@@ -155,8 +161,13 @@ func (p *Policy) Match(r *api.AuditRecord) (on, do string) {
 	return "", ""
 }
 
+// Off reports whether the create turned the audit off.
+func (p *Policy) Off() bool { return p != nil && p.off }
+
 // Empty reports whether p neither filters nor acts.
-func (p *Policy) Empty() bool { return p == nil || (len(p.workspace) == 0 && len(p.rules) == 0) }
+func (p *Policy) Empty() bool {
+	return p == nil || (!p.off && len(p.workspace) == 0 && len(p.rules) == 0)
+}
 
 // subjects are the strings of r a rule's pattern is matched against.
 func subjects(r *api.AuditRecord) []string {
@@ -176,6 +187,8 @@ func subjects(r *api.AuditRecord) []string {
 		return []string{r.Dest}
 	case api.AuditKindLimit:
 		return []string{r.Op}
+	case api.AuditKindDenied:
+		return []string{r.Dest}
 	}
 	return nil
 }

@@ -90,10 +90,14 @@ type Options struct {
 	apiURL, apiToken string
 	e2bURL           string // the private server's E2B front (set by Run for the e2b figure)
 	History          HistoryOptions
+	// VMKernel is the private server's --vm-kernel (the microvm tier's
+	// guest kernel); VM sizes the vm figures.
+	VMKernel string
+	VM       VMOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit", "ports", "e2b"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit", "ports", "e2b", "vm"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -106,7 +110,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && f != "ports" && f != "e2b" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && f != "ports" && f != "e2b" && f != "vm" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -215,6 +219,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			DiskOvercommit: BenchDiskOvercommit,
 			Recycle:        recycleOption(o.Recycle),
 			Userns:         serve.UsernsOptions{HostRoot: o.HostRoot},
+			VMKernel:       o.VMKernel,
 			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready:          func(url, token string) { ready <- [2]string{url, token} },
 			E2BListen:      e2bListen,
@@ -252,7 +257,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}, {"ports", portsFigures}, {"e2b", e2bFigures}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}, {"ports", portsFigures}, {"e2b", e2bFigures}, {"vm", vmFigures}} {
 		if !o.want(f.name) {
 			continue
 		}

@@ -212,8 +212,56 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 			b, _ := json.Marshal(ev)
 			w.Write(append(append(b, '\n'), '\n')) // each followed by a keepalive line
 		}
+	case r.Method == "PUT" && len(parts) == 2 && parts[0] == "network-rules":
+		var nr api.NetworkRule
+		_ = json.Unmarshal(body, &nr)
+		nr.Name, nr.Version = parts[1], 3
+		reply(w, 200, nr)
+	case r.Method == "GET" && r.URL.Path == "/v1/network-rules":
+		reply(w, 200, api.NetworkRuleList{Rules: []api.NetworkRule{{Name: "pypi", Version: 2, Hosts: []string{"pypi.org"}, Ports: []int{443}}}})
+	case r.Method == "PUT" && len(parts) == 3 && parts[2] == "network":
+		var n api.NetworkSpec
+		_ = json.Unmarshal(body, &n)
+		reply(w, 200, api.SandboxNetwork{ID: parts[1], Enabled: true, Egress: n.Egress})
+	case r.Method == "GET" && len(parts) == 4 && parts[3] == "denials":
+		reply(w, 200, api.NetworkDenials{ID: parts[1], Denials: []api.NetworkDenialRecord{
+			{Time: time.Now(), Step: 4, Destination: "evil.test", Protocol: "dns", Reason: "dns", Count: 1}}})
 	default:
 		replyErr(w, 404, api.CodeNotFound, "no route "+r.Method+" "+r.URL.Path)
+	}
+}
+
+// TestNetworkCmds: warren network-rules put/ls and network set/denials
+// send and show what the API takes and answers.
+func TestNetworkCmds(t *testing.T) {
+	f := newFakeAPI(t)
+	code, out, errs := f.run(t, "", "network-rules", "put", "pypi", "--host", "pypi.org", "--host", "*.pythonhosted.org", "--port", "443", "--proto", "tcp")
+	if code != 0 || out != "pypi version 3\n" {
+		t.Fatalf("put: %d %q %q", code, out, errs)
+	}
+	var nr api.NetworkRule
+	if err := json.Unmarshal(f.last("PUT", "/v1/network-rules/pypi").Body, &nr); err != nil ||
+		strings.Join(nr.Hosts, ",") != "pypi.org,*.pythonhosted.org" || len(nr.Ports) != 1 || nr.Ports[0] != 443 || nr.Protocols[0] != "tcp" {
+		t.Errorf("put sent %+v %v", nr, err)
+	}
+	if code, _, errs := f.run(t, "", "network-rules", "put", "x", "--cidr", "10.0.0.0/8", "--port", "https"); code == 0 || !strings.Contains(errs, "https") {
+		t.Errorf("a bad port: %d %q", code, errs)
+	}
+	if code, out, _ := f.run(t, "", "network-rules", "ls"); code != 0 || !strings.Contains(out, "pypi") || !strings.Contains(out, "443") {
+		t.Errorf("ls: %d %q", code, out)
+	}
+	if code, out, _ := f.run(t, "", "network", "set", "sb-n1-a", "pypi", "10.0.0.0/8:443"); code != 0 || !strings.Contains(out, "pypi 10.0.0.0/8:443") {
+		t.Errorf("set: %d %q", code, out)
+	}
+	if code, out, _ := f.run(t, "", "network", "denials", "sb-n1-a"); code != 0 || !strings.Contains(out, "evil.test") || !strings.Contains(out, "dns") {
+		t.Errorf("denials: %d %q", code, out)
+	}
+	if code, _, _ := f.run(t, "", "create", "--image", "busybox", "--allow", "pypi", "--allow", "10.0.0.0/8:443"); code != 0 {
+		t.Fatal("create --allow")
+	}
+	var raw struct{ Network json.RawMessage }
+	if err := json.Unmarshal(f.last("POST", "/v1/sandboxes").Body, &raw); err != nil || string(raw.Network) != `{"egress":["pypi","10.0.0.0/8:443"]}` {
+		t.Errorf("create --allow pypi: network %s", raw.Network)
 	}
 }
 
@@ -888,7 +936,7 @@ func TestStats(t *testing.T) {
 func TestCreateFlagsCoverFields(t *testing.T) {
 	flagOf := map[string]string{
 		"memory_mb": "memory", "disk_mb": "disk", "labels": "label", "layers": "layer",
-		"idle_timeout_action": "idle-action", "audit": "audit-policy",
+		"idle_timeout_action": "idle-action", "audit": "audit-policy", "network_rules": "allow",
 	}
 	create := newCreateCmd(&globals{})
 	rt := reflect.TypeOf(api.CreateSandboxRequest{})

@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/runtime/microvm"
+	"github.com/warrenhq/warren/internal/serve"
 )
 
 func newNodesCmd(g *globals) *cobra.Command {
@@ -57,10 +59,16 @@ type versionInfo struct {
 	Go      string `json:"go"`
 	OS      string `json:"os"`
 	Arch    string `json:"arch"`
+	// VMKernel is the microvm tier's guest kernel in the default data
+	// directory (`make vm-kernel`), when there is one.
+	VMKernel string `json:"vm_kernel,omitempty"`
 }
 
 func buildInfo() versionInfo {
 	v := versionInfo{Version: Version, Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+	if k, err := microvm.OpenKernel(serve.VMKernelDir(DefaultDataDir, "")); err == nil {
+		v.VMKernel = k.Version
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			switch s.Key {
@@ -90,8 +98,14 @@ func newVersionCmd(g *globals) *cobra.Command {
 			if v.Commit != "" {
 				s += " (" + v.Commit + ")"
 			}
-			_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s/%s\n", s, v.Go, v.OS, v.Arch)
-			return err
+			if _, err := fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s/%s\n", s, v.Go, v.OS, v.Arch); err != nil {
+				return err
+			}
+			if v.VMKernel != "" {
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "microvm guest kernel: %s\n", v.VMKernel)
+				return err
+			}
+			return nil
 		},
 	}
 }

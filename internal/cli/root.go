@@ -76,6 +76,8 @@ func NewRootCmd() *cobra.Command {
 		newFnCallCmd(g),
 		newPoolCmd(g),
 		newTemplateCmd(g),
+		newNetworkCmd(g),
+		newNetworkRulesCmd(g),
 		newLogsCmd(g),
 		newStatsCmd(g),
 		newTrajCmd(g),

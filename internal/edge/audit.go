@@ -13,10 +13,10 @@ package edge
 
 import (
 	"context"
-	"path"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -136,7 +136,12 @@ func (e *Edge) saveAudit(sb *sandbox, key string, step int64) {
 		defer cancel()
 		if err := e.tlog.AppendAudit(ctx, key, b); err != nil {
 			e.log.Warn("edge: persist a step's audit", "trajectory", key, "step", step, "err", err)
+			return
 		}
+		sb.mu.Lock()
+		project := sb.rec.Spec.Project
+		sb.mu.Unlock()
+		e.chargeTrajectory(ctx, project, key, int64(len(b)))
 	})
 }
 
@@ -254,6 +259,9 @@ func killedByPolicy(ctx context.Context) bool {
 // and applies the create's policy hooks to it.
 func (e *Edge) addAudit(sb *sandbox, r api.AuditRecord) {
 	p := sb.policy.Load()
+	if p.Off() {
+		return
+	}
 	if p.Empty() {
 		sb.audit.add(r)
 		return
@@ -273,6 +281,13 @@ func (e *Edge) addAudit(sb *sandbox, r api.AuditRecord) {
 		e.log.Warn("audit policy: sandbox failed", "sandbox", sandboxID(sb), "rule", on)
 		e.wg.Go(func() { e.stop(context.Background(), sb, api.StateFailed, "audit policy: "+on) })
 	}
+}
+
+// auditOff reports whether sb's create turned its audit off.
+func auditOff(sb *sandbox) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.Spec.Audit != nil && sb.rec.Spec.Audit.Off
 }
 
 // setPolicy compiles a create's audit options for sb (checked at create:
@@ -312,6 +327,54 @@ func (e *Edge) auditLimits(sb *sandbox, r *api.ExecResult) {
 	}
 }
 
+// trustedWindows are the times a sandbox's trusted commands ran: a file
+// operation or connection beside its agent (telemetry.Record.Beside) then
+// is the trusted command's own and is not recorded; one at any other time
+// is a process the agent started and had not yet moved into work/. Its mu
+// is a leaf lock.
+type trustedWindows struct {
+	mu      sync.Mutex
+	running int
+	since   time.Time
+	past    [4][2]time.Time // the last windows that ended, [start, end]
+	next    int
+}
+
+// begin marks a trusted command starting; end (with begin's time) marks
+// it done.
+func (w *trustedWindows) begin() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running == 0 {
+		w.since = time.Now()
+	}
+	w.running++
+}
+
+func (w *trustedWindows) end() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running--; w.running == 0 {
+		w.past[w.next] = [2]time.Time{w.since, time.Now()}
+		w.next = (w.next + 1) % len(w.past)
+	}
+}
+
+// covers reports whether a trusted command ran at t.
+func (w *trustedWindows) covers(t time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running > 0 && !t.Before(w.since) {
+		return true
+	}
+	for _, p := range w.past {
+		if !p[0].IsZero() && !t.Before(p[0]) && !t.After(p[1]) {
+			return true
+		}
+	}
+	return false
+}
+
 func (e *Edge) deliverAudit(r telemetry.Record) {
 	if r.Kind == telemetry.KindFile && strings.HasPrefix(r.Path, sessionPlumbing) {
 		return
@@ -321,6 +384,9 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 	e.audit.mu.Unlock()
 	if !ok {
 		return // its sandbox stopped meanwhile
+	}
+	if r.Beside && a.sb.trusted.covers(r.Time) {
+		return // a trusted command's own work
 	}
 	uid := r.UID
 	if a.idBase != 0 && uid >= int(a.idBase) && uid < int(a.idBase)+sandboxIDs {
@@ -337,7 +403,7 @@ func (e *Edge) deliverAudit(r telemetry.Record) {
 // auditStart registers the cgroups of sb's container (handle h) with the
 // node's telemetry.
 func (e *Edge) auditStart(sb *sandbox, h runtime.Handle) {
-	if e.audit.tel == nil || sb.stateless {
+	if e.audit.tel == nil || sb.stateless || auditOff(sb) {
 		// FnCall workers: nobody can read their audit, and their tasks
 		// would fill a ring each (up to ~5 MiB of argv).
 		return

@@ -221,6 +221,11 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		layerIDs = append(layerIDs, rootIDs[i])
 	}
 	layerIDs = append(layerIDs, img.Layers...)
+	// The same content twice in the root's chain (two snapshot diffs that
+	// changed nothing, a layer also in the image): overlayfs refuses a
+	// layer that is below itself (ELOOP), and the lower copy adds nothing
+	// that the upper one does not already show or hide.
+	layerIDs = topmostOnce(layerIDs)
 	layerIDs = append(layerIDs, bindIDs...)
 
 	// A recycled container of this shape (recycle.go) when one waits. Its
@@ -286,13 +291,13 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	rspec := &runtime.Spec{
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: filepath.Join(stateDir, "root"),
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
-		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids,
-		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority,
+		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids, DiskMB: spec.DiskMB,
+		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority, Tier: spec.Tier,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
-	if rspec.Network, err = runtimeNetwork(spec.Network); err != nil {
+	if rspec.Network, err = e.runtimeNetwork(spec.Network, false); err != nil {
 		return err
 	}
 	var inst *runtime.Instance
@@ -318,7 +323,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		}
 		inst, err = e.cfg.Runtime.Start(ctx, rspec)
 		if err != nil {
-			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Socket: filepath.Join(stateDir, "agent.sock")})
+			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Tier: rspec.Tier, Socket: filepath.Join(stateDir, "agent.sock")})
 			return startError(err)
 		}
 	}
@@ -410,5 +415,18 @@ func (e *Edge) createBatch(ctx context.Context, req *CreateBatchRequest) *Create
 		}(i)
 	}
 	wg.Wait()
+	return out
+}
+
+// topmostOnce keeps the first (top-most) occurrence of each layer id.
+func topmostOnce(ids []string) []string {
+	seen := make(map[string]bool, len(ids))
+	out := ids[:0]
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
 	return out
 }

@@ -34,8 +34,8 @@ package edge
 //     through it); the data listener's calls are its own Server's. Close
 //     refuses new calls, lets these finish until the drain deadline, then
 //     cancels them (callCtx) and waits.
-//   - Edge.wg: the edge's own goroutines (the heartbeat, reaper and roster
-//     loops, the data listener, pool fillers, FnCall workers starting and
+//   - Edge.wg: the edge's own goroutines (the heartbeat, reaper, denial
+//     and roster loops, the network rules' watch, the data listener, pool fillers, FnCall workers starting and
 //     stopping, background stops and pauses, telemetry). Started with
 //     wg.Go, or wg.Add(1) by a goroutine already counted or by a call in
 //     flight (which Close drains first). Close cancels runCtx and waits.
@@ -194,6 +194,8 @@ type Edge struct {
 	// id -> project, under mu.
 	lost        map[string]string
 	lostKV      *bus.Lost
+	rules       netRules // the cluster's named network rules (network.go)
+	denials     denials  // per sandbox, what its network refused (netdenials.go)
 	events      *bus.Events
 	reconciled  chan struct{} // closed once reconcile is done
 	pendingLost [][2]string   // destroyed by reconcile: sandbox.destroyed to publish
@@ -222,6 +224,7 @@ type Edge struct {
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
 	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
+	storage  *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
 
 	audit auditState // the node's telemetry (audit.go)
 }
@@ -317,6 +320,9 @@ func (e *Edge) Start(ctx context.Context) error {
 	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
 		return err
 	}
+	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
+		return err
+	}
 	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {
 		return err
 	}
@@ -330,6 +336,13 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	if err := e.watchNetRules(runCtx); err != nil {
+		cancel()
+		return err
+	}
+	if dn, ok := e.cfg.Runtime.(runtime.DenialNotifier); ok {
+		dn.OnNetworkDenial(e.recordDenial)
+	}
 	e.startTelemetry(runCtx)
 	err = e.reconcile(ctx)
 	close(e.reconciled)
@@ -337,6 +350,8 @@ func (e *Edge) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	// Rules changed while this edge was down reach its adopted sandboxes.
+	e.wg.Go(func() { e.applyNetRule("") })
 	if pending := e.pendingLost; len(pending) > 0 {
 		e.pendingLost = nil
 		e.wg.Go(func() {
@@ -365,9 +380,10 @@ func (e *Edge) Start(ctx context.Context) error {
 		return err
 	}
 	e.subs = append(e.subs, sub)
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go e.heartbeatLoop(runCtx)
 	go e.reaperLoop(runCtx)
+	go e.denialLoop(runCtx)
 	if e.roster != nil {
 		e.wg.Add(1)
 		go e.rosterLoop(runCtx)
@@ -490,6 +506,7 @@ func (e *Edge) dropLocked(id string) {
 		delete(e.live, sb)
 	}
 	delete(e.sandboxes, id)
+	e.denials.forget(id)
 }
 
 // newID returns sb-<node>-<random>; the random part has no '-'.

@@ -190,15 +190,22 @@ func (e *Edge) holdCPU(sb *sandbox, agent *agentproto.Client, id string) {
 	sb.cpu.hold++
 	e.cpuSwitchLocked(sb)
 	sb.mu.Unlock()
+	e.afterCommand(agent, id, func() {
+		sb.mu.Lock()
+		sb.cpu.hold--
+		e.cpuSwitchLocked(sb)
+		sb.mu.Unlock()
+	})
+}
+
+// afterCommand runs done, in a goroutine of the edge, once background
+// command id has ended, its agent is gone (the sandbox stopped) or the
+// edge closes.
+func (e *Edge) afterCommand(agent *agentproto.Client, id string, done func()) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		defer func() {
-			sb.mu.Lock()
-			sb.cpu.hold--
-			e.cpuSwitchLocked(sb)
-			sb.mu.Unlock()
-		}()
+		defer done()
 		parent := e.runCtx
 		if parent == nil {
 			parent = context.Background()

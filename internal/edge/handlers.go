@@ -250,6 +250,17 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	// command (the agent protocol's cancel).
 	ctx, leave := sb.steps.enter(ctx)
 	defer leave()
+	trustedBackground := false
+	if x.Trusted {
+		// Its window lasts until it ends: for a background one, past
+		// this call (afterCommand below).
+		sb.trusted.begin()
+		defer func() {
+			if !trustedBackground {
+				sb.trusted.end()
+			}
+		}()
+	}
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
 		return chunk(r.Stream, r.Data)
 	})
@@ -273,6 +284,10 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 		e.auditLimits(sb, out)
 	} else if x.KeepCPU && res.CommandID != "" {
 		e.holdCPU(sb, agent, res.CommandID)
+	}
+	if x.Trusted && x.Background && res.CommandID != "" {
+		trustedBackground = true
+		e.afterCommand(agent, res.CommandID, sb.trusted.end)
 	}
 	sb.hist.note(x, start, out, nil)
 	return out, nil

@@ -88,17 +88,40 @@ func (e *Edge) writeRoster(ctx context.Context) {
 	e.lastRoster = s
 }
 
+// tiers are the tiers the node offers: its runtime's, or each of a
+// runtime of several tiers (internal/runtime/tiers).
+func (e *Edge) tiers() []string {
+	if t, ok := e.cfg.Runtime.(interface{ Tiers() []string }); ok {
+		return t.Tiers()
+	}
+	return []string{e.cfg.Runtime.Name()}
+}
+
+// vmInfo is the node's VM accelerator and guest kernel (empty without a
+// VM tier).
+func (e *Edge) vmInfo() (accel, kernel string) {
+	if a, ok := e.cfg.Runtime.(interface{ Accel() string }); ok {
+		accel = a.Accel()
+	}
+	if k, ok := e.cfg.Runtime.(interface{ KernelVersion() string }); ok {
+		kernel = k.KernelVersion()
+	}
+	return accel, kernel
+}
+
 // NodeStatus is this node's heartbeat.
 func (e *Edge) NodeStatus() api.Node {
 	n := api.Node{
 		Name: e.cfg.Node, State: "up", CPUCapacity: e.cfg.CPUCapacity, MemoryMB: e.cfg.MemoryMB,
-		Tiers: []string{e.cfg.Runtime.Name()}, LastHeartbeat: time.Now().UTC(), Labels: e.cfg.Labels,
+		Tiers: e.tiers(), LastHeartbeat: time.Now().UTC(), Labels: e.cfg.Labels,
 		States: map[string]int{}, Projects: map[string]api.Usage{}, Jobs: map[string]int{},
 		CPUOvercommit: e.cfg.CPUOvercommit, MemoryOvercommit: e.cfg.MemoryOvercommit,
 		DiskMB: e.cfg.DiskMB, DiskOvercommit: e.cfg.DiskOvercommit,
 		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
 		Pools: []api.NodePool{}, Features: e.nodeFeatures(), DataAddr: e.dataAddr,
+		NetworkDenied: e.denials.totals(),
 	}
+	n.Accelerator, n.VMKernel = e.vmInfo()
 	e.measure(&n)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -227,6 +250,7 @@ func (e *Edge) reap(ctx context.Context) {
 			delete(e.live, sb)
 			if !sb.stoppedAt.IsZero() && now.Sub(sb.stoppedAt) > e.cfg.TombstoneFor {
 				delete(e.sandboxes, id)
+				e.denials.forget(id)
 			}
 		case (st != api.StateRunning && st != api.StatePaused) || sb.stopping:
 		case sb.rec.Sandbox.ExpiresAt != nil && now.After(*sb.rec.Sandbox.ExpiresAt):

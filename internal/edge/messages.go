@@ -55,8 +55,10 @@ const (
 	OpStats       = edgeproto.OpStats
 	OpNetwork     = edgeproto.OpNetwork
 	OpNetworkSet  = edgeproto.OpNetworkSet
-	OpFileUpload  = edgeproto.OpFileUpload
-	OpTarUpload   = edgeproto.OpTarUpload
+	// OpNetworkDenials answers a sandbox's denial log.
+	OpNetworkDenials = edgeproto.OpNetworkDenials
+	OpFileUpload     = edgeproto.OpFileUpload
+	OpTarUpload      = edgeproto.OpTarUpload
 )
 
 // Request and answer bodies.

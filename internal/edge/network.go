@@ -1,26 +1,169 @@
 package edge
 
+// Network rules: the edge keeps the cluster's named rules (bus
+// BucketNetworkRules, watched) and expands an egress entry naming one
+// into its destinations; a change of a rule is applied to every running
+// sandbox that names it.
+//
+// Lock order: sandbox.mu, then netRules.mu (a leaf); Edge.mu is never
+// held with netRules.mu.
+
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
-// runtimeNetwork parses a create request's network (validated already by
-// sandboxspec.Normalize) for the runtime; nil stays nil: loopback only.
-func runtimeNetwork(n *api.NetworkSpec) (*runtime.NetworkSpec, error) {
+// netRules is the edge's copy of the cluster's named rules.
+type netRules struct {
+	mu     sync.Mutex
+	byName map[string]api.NetworkRule
+}
+
+func (r *netRules) get(name string) (api.NetworkRule, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	nr, ok := r.byName[name]
+	return nr, ok
+}
+
+// watchNetRules loads the rules and keeps them current until ctx ends; a
+// change reaches the running sandboxes that use the rule.
+func (e *Edge) watchNetRules(ctx context.Context) error {
+	recs, err := e.cfg.Bus.Records(ctx, bus.BucketNetworkRules)
+	if err != nil {
+		return err
+	}
+	e.rules.mu.Lock()
+	e.rules.byName = map[string]api.NetworkRule{}
+	e.rules.mu.Unlock()
+	ready := make(chan struct{})
+	failed := make(chan error, 1)
+	var loaded bool
+	watch := func() error {
+		return recs.Watch(ctx, func(u bus.RecordUpdate) {
+			var nr api.NetworkRule
+			if u.Raw != nil && json.Unmarshal(u.Raw, &nr) != nil {
+				return
+			}
+			e.rules.mu.Lock()
+			if u.Raw == nil {
+				delete(e.rules.byName, u.Key)
+			} else {
+				e.rules.byName[u.Key] = nr
+			}
+			e.rules.mu.Unlock()
+			if loaded {
+				e.applyNetRule(u.Key)
+			}
+		}, func() {
+			if !loaded {
+				loaded = true
+				close(ready)
+			}
+		})
+	}
+	e.wg.Go(func() {
+		if err := watch(); err != nil {
+			failed <- err
+		}
+	})
+	select {
+	case <-ready:
+		return nil
+	case err := <-failed:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("edge: network rules: no answer from %s", bus.BucketNetworkRules)
+	}
+}
+
+// applyNetRule sets again the egress of every running sandbox whose list
+// names rule ("": any rule).
+func (e *Edge) applyNetRule(rule string) {
+	names := func(egress []string) bool {
+		if rule != "" {
+			return slices.Contains(egress, rule)
+		}
+		return slices.ContainsFunc(egress, func(s string) bool { return s != api.EgressInternet && api.RuleNameRE.MatchString(s) })
+	}
+	e.mu.Lock()
+	var users []*sandbox
+	for _, sb := range e.sandboxes {
+		sb.mu.Lock()
+		if n := sb.rec.Spec.Network; n != nil && names(n.Egress) && sb.inst != nil {
+			users = append(users, sb)
+		}
+		sb.mu.Unlock()
+	}
+	e.mu.Unlock()
+	ns, ok := e.cfg.Runtime.(runtime.NetworkSetter)
+	if !ok {
+		return
+	}
+	for _, sb := range users {
+		if err := e.reapplyNetwork(sb, ns); err != nil {
+			e.log.Warn("edge: apply a changed network rule", "rule", rule, "id", sb.rec.Sandbox.ID, "err", err)
+		}
+	}
+}
+
+// reapplyNetwork expands sb's list again (its rules changed) and sets it.
+func (e *Edge) reapplyNetwork(sb *sandbox, ns runtime.NetworkSetter) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	n := sb.rec.Spec.Network
+	if n == nil || sb.inst == nil || sb.inst.Handle.Net == nil ||
+		(sb.rec.Sandbox.State != api.StateRunning && sb.rec.Sandbox.State != api.StatePaused) {
+		return nil
+	}
+	rn, err := e.runtimeNetwork(n, true)
+	if err != nil {
+		return err
+	}
+	return ns.SetEgress(sb.inst.Handle, rn.Egress)
+}
+
+// runtimeNetwork parses a network (validated already by
+// sandboxspec.CheckNetwork) for the runtime, with its rules' names
+// expanded; nil stays nil: loopback only. An unknown rule is the caller's
+// error, unless lenient (a rule deleted under a running sandbox: it
+// stands for nothing).
+func (e *Edge) runtimeNetwork(n *api.NetworkSpec, lenient bool) (*runtime.NetworkSpec, error) {
 	if n == nil {
 		return nil, nil
 	}
 	out := &runtime.NetworkSpec{}
-	for _, e := range n.Egress {
-		r, err := api.ParseEgress(e)
+	for _, s := range n.Egress {
+		r, err := api.ParseEgress(s)
 		if err != nil {
 			return nil, &api.Error{Code: api.CodeInvalid, Message: "network." + err.Error()}
 		}
-		out.Egress = append(out.Egress, r)
+		if r.Rule == "" {
+			out.Egress = append(out.Egress, r)
+			continue
+		}
+		nr, ok := e.rules.get(r.Rule)
+		if !ok {
+			if lenient {
+				continue
+			}
+			return nil, &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("network.egress: network rule %q is unknown (GET /v1/network-rules lists them)", r.Rule)}
+		}
+		out.Egress = append(out.Egress, nr.Expand()...)
+	}
+	if len(out.Egress) > api.MaxExpandedEgress {
+		return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("network.egress: %d destinations once its rules are expanded, at most %d", len(out.Egress), api.MaxExpandedEgress)}
 	}
 	return out, nil
 }
@@ -72,17 +215,55 @@ func (e *Edge) network(id string) (*api.SandboxNetwork, error) {
 
 // setNetwork answers OpNetworkSet: the running sandbox's egress list is
 // replaced (new connections obey it when this returns; open ones to
-// destinations no longer listed are cut) and recorded.
-func (e *Edge) setNetwork(req *NetworkSetRequest) (*api.SandboxNetwork, error) {
+// destinations no longer listed are cut) and recorded; for a sandbox
+// that records a trajectory, as a step of it ("network", with the list).
+func (e *Edge) setNetwork(ctx context.Context, req *NetworkSetRequest) (*api.SandboxNetwork, error) {
 	n := req.Network
 	if aerr := sandboxspec.CheckNetwork(&n); aerr != nil {
 		return nil, aerr
 	}
-	rules, err := runtimeNetwork(&n)
+	sb, err := e.lookup(req.ID)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := e.lookup(req.ID)
+	<-sb.ready
+	if sb.traj == nil {
+		return e.applyNetwork(req.ID, &n)
+	}
+	if _, err := e.runtimeNetwork(&n, false); err != nil {
+		return nil, err // the caller's error: not a step
+	}
+	id := req.ID
+	apply := func() (any, error) { return e.applyNetwork(id, &n) }
+	out, err := e.recorded(ctx, sb, &recOp{
+		step:   &api.TrajectoryStep{Op: "network", Egress: n.Egress},
+		run:    apply,
+		record: func(*api.TrajectoryStep, any) {},
+		// Served from the log to a resuming client: the list is set again
+		// (the same list: nothing changes for a sandbox that has it).
+		replay: func(*api.TrajectoryStep) (any, error) { return apply() },
+		redo: func(_ context.Context, to string) error {
+			_, err := e.applyNetwork(to, &n)
+			return err
+		},
+		retarget: func(to string) { id = to },
+		size:     256,
+	})
+	if err != nil {
+		return nil, err
+	}
+	sn, _ := out.(*api.SandboxNetwork)
+	return sn, nil
+}
+
+// applyNetwork replaces id's list with n (checked) and answers its
+// network.
+func (e *Edge) applyNetwork(id string, n *api.NetworkSpec) (*api.SandboxNetwork, error) {
+	rules, err := e.runtimeNetwork(n, false)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := e.lookup(id)
 	if err != nil {
 		return nil, err
 	}
@@ -91,10 +272,10 @@ func (e *Edge) setNetwork(req *NetworkSetRequest) (*api.SandboxNetwork, error) {
 	if !ok {
 		return nil, &api.Error{Code: api.CodeUnavailable, Message: "this node's runtime cannot change a sandbox's network"}
 	}
-	if err := e.setNetworkLocked(sb, ns, req.ID, &n, rules.Egress); err != nil {
+	if err := e.setNetworkLocked(sb, ns, id, n, rules.Egress); err != nil {
 		return nil, err
 	}
-	return e.network(req.ID)
+	return e.network(id)
 }
 
 // setNetworkLocked changes and records sb's list under sb.mu, so that two

@@ -88,8 +88,11 @@ func init() {
 		OpNetwork: ofSandbox(decoded(func(e *Edge, _ context.Context, _ *opCall, req *IDRequest) (any, error) {
 			return e.network(req.ID)
 		})),
-		OpNetworkSet: ofSandbox(decoded(func(e *Edge, _ context.Context, _ *opCall, req *NetworkSetRequest) (any, error) {
-			return e.setNetwork(req)
+		OpNetworkSet: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *NetworkSetRequest) (any, error) {
+			return e.setNetwork(ctx, req)
+		})),
+		OpNetworkDenials: ofSandbox(decoded(func(e *Edge, _ context.Context, _ *opCall, req *IDRequest) (any, error) {
+			return e.networkDenials(req.ID)
 		})),
 		OpPause: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *ResumeSandboxRequest) (any, error) {
 			return e.pauseOne(ctx, req.ID)

@@ -71,6 +71,7 @@ type sandbox struct {
 	wmu        sync.Mutex // serializes persistSandbox's writes of rec
 	mu         sync.Mutex
 	snapMu     sync.Mutex // one snapshot at a time
+	incr       incrState  // its last snapshot, for an incremental next one (under snapMu; snapdiff.go)
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time
@@ -100,6 +101,8 @@ type sandbox struct {
 	// auditStepNow is the trajectory step running now (0: between steps),
 	// for the records the edge itself adds (limits).
 	auditStepNow atomic.Int64
+	// trusted are the times its trusted commands ran (audit.go).
+	trusted trustedWindows
 	// auditSaved is the seq of the newest record persisted with the
 	// trajectory (saveAudit, under auditSaveMu, a leaf lock).
 	auditSaveMu sync.Mutex

@@ -119,7 +119,8 @@ func truncateName(s string) string {
 // (timeouts and output caps are not compared).
 func SameOp(a, b *api.TrajectoryStep) bool {
 	if a.Op != b.Op || a.Path != b.Path || a.To != b.To || a.Mode != b.Mode || a.Recursive != b.Recursive ||
-		a.Parents != b.Parents || a.Append != b.Append || a.DataHash != b.DataHash || a.StdinHash != b.StdinHash {
+		a.Parents != b.Parents || a.Append != b.Append || a.DataHash != b.DataHash || a.StdinHash != b.StdinHash ||
+		!slices.Equal(a.Egress, b.Egress) {
 		return false
 	}
 	if (a.Exec == nil) != (b.Exec == nil) {

@@ -57,6 +57,10 @@ const (
 	OpNetworkSet  = "network_set"  // NetworkSetRequest → api.SandboxNetwork
 )
 
+// OpNetworkDenials answers a sandbox's denial log: IDRequest →
+// api.NetworkDenials.
+const OpNetworkDenials = "network_denials"
+
 // OpFileUpload writes a file from a stream (data plane only): a
 // FileRequest (ID, Path, Mode) with the file's bytes as the call's upload;
 // -> api.FileInfo. The file appears whole (renamed into place) or not at

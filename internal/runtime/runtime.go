@@ -51,6 +51,13 @@ type Spec struct {
 	// default route, and lets it reach the destinations of Egress only
 	// (internal/sandboxnet). Nil: loopback only.
 	Network *NetworkSpec
+	// DiskMB is the sandbox's disk limit (0 = the tier's default). The
+	// container tier's comes from its writable storage; the microvm tier
+	// sizes the VM's writable disk with it.
+	DiskMB int64
+	// Tier is the sandbox's tier (api.Tier*; "" = the container tier):
+	// internal/runtime/tiers starts it on that tier's runtime.
+	Tier string
 }
 
 // NetworkSpec is a sandbox's opt-in network, parsed.
@@ -66,7 +73,9 @@ type NetHandle struct {
 
 // Handle is what the edge persists to find a sandbox again after it restarts.
 type Handle struct {
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	// Tier is the runtime that made the sandbox ("" = container).
+	Tier     string `json:"tier,omitempty"`
 	Pid      int    `json:"pid"`       // host pid of the agent
 	PidStart uint64 `json:"pid_start"` // start time of that pid (from /proc/<pid>/stat), guards pid reuse
 	Socket   string `json:"socket"`    // the agent's listening socket, a host path
@@ -138,6 +147,12 @@ type NetworkReporter interface {
 	// NetworkDeniedDestinations is the bounded record of what was
 	// refused: destination, protocol, reason and count.
 	NetworkDeniedDestinations(h Handle) ([]api.NetworkDenial, error)
+}
+
+// DenialNotifier is implemented by runtimes that hear of refusals as they
+// happen (names refused by the node's resolver); fn must not block.
+type DenialNotifier interface {
+	OnNetworkDenial(fn func(id string, d api.NetworkDenialRecord))
 }
 
 // NetworkSetter is implemented by runtimes that can replace a running

@@ -14,10 +14,12 @@
 // other sandboxes; packets to the host itself are refused; everything
 // refused is counted per rule; what passes is masqueraded.
 //
-// Lock order: Manager.mu only. It is held across making and removing the
-// edge's table (with the first networked sandbox, and at Close), so that
-// no sandbox's chains go into a table being removed; a sandbox's own
-// link and chains are made and removed without it.
+// Lock order: Manager.listMu, then Manager.mu. mu is held across making
+// and removing the edge's table (with the first networked sandbox, and at
+// Close), so that no sandbox's chains go into a table being removed; a
+// sandbox's own link and chains are made and removed without it. listMu
+// orders a change of a list (SetEgress, held) against the resolver's
+// admissions (read-held across matching a name and adding its addresses).
 package sandboxnet
 
 import (
@@ -26,6 +28,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -64,9 +67,21 @@ type Manager struct {
 	// MaxConns is each sandbox's limit of open connections (set before
 	// use; 0 = DefaultMaxConns).
 	MaxConns uint32
+	// Upstream is where the resolver forwards allowed names (host:port;
+	// "" = DefaultUpstream). Log is its logger. OnDNSDenial, when set,
+	// hears of every refused name. All set before use.
+	Upstream    string
+	Log         *slog.Logger
+	OnDNSDenial func(id string, d DNSDenial)
+	// DNSRate and DNSBurst override the resolver's per-sandbox query
+	// budget (0: DNSRate, DNSBurst).
+	DNSRate, DNSBurst float64
 
+	listMu  sync.RWMutex
 	mu      sync.Mutex
-	used    map[int]string // /31 index -> sandbox id
+	policy  map[string]dnsPolicy // by sandbox id: what the resolver needs
+	dns     *resolver            // from the first networked sandbox to Close
+	used    map[int]string       // /31 index -> sandbox id
 	byID    map[string]int
 	loaded  bool
 	forward bool
@@ -84,7 +99,8 @@ func New(pool, owner string) (*Manager, error) {
 		return nil, fmt.Errorf("sandboxnet: pool %q: want an IPv4 CIDR of /30 or larger", pool)
 	}
 	h := sha256.Sum256([]byte(owner))
-	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{}}, nil
+	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{},
+		policy: map[string]dnsPolicy{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
@@ -194,6 +210,7 @@ func (m *Manager) release(id string) error {
 		delete(m.used, i)
 		delete(m.byID, id)
 	}
+	delete(m.policy, id)
 	return nil
 }
 
@@ -205,7 +222,14 @@ func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.loadLocked()
-	if len(m.byID) > 0 || !m.tableUp {
+	if len(m.byID) > 0 {
+		return nil
+	}
+	if m.dns != nil {
+		m.dns.close()
+		m.dns = nil
+	}
+	if !m.tableUp {
 		return nil
 	}
 	m.tableUp = false
@@ -217,14 +241,25 @@ func (m *Manager) ensureTable() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.loadLocked()
-	if m.tableUp {
+	if !m.tableUp {
+		if err := m.createTable(); err != nil {
+			return err
+		}
+		m.tableUp = true
+	}
+	return m.ensureResolverLocked()
+}
+
+// Adopt makes ready what a sandbox that outlived a restart of the edge
+// needs of this process: its resolver.
+func (m *Manager) Adopt(id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loadLocked()
+	if _, ok := m.byID[id]; !ok || !m.tableUp {
 		return nil
 	}
-	if err := m.createTable(); err != nil {
-		return err
-	}
-	m.tableUp = true
-	return nil
+	return m.ensureResolverLocked()
 }
 
 // enableForwarding turns on IPv4 forwarding on the host once.
@@ -263,6 +298,7 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 			_ = m.Detach(id)
 		}
 	}()
+	m.setPolicy(id, egress)
 	// The policy comes first: the sandbox's end is never up without it.
 	if err := m.ensureTable(); err != nil {
 		return nil, err
@@ -432,6 +468,13 @@ func Owned(owner string) ([]string, error) {
 			}
 			for _, id := range ids {
 				out = append(out, "nftables chains of "+id)
+			}
+			sets, err := m.sandboxSets()
+			if err != nil {
+				return out, err
+			}
+			for _, s := range sets {
+				out = append(out, "nftables set "+s)
 			}
 		}
 	}

@@ -28,7 +28,15 @@ const (
 	DenySpoofed    = "spoofed"
 	DenyIPv6       = "ipv6"
 	DenyConnLimit  = "conn-limit"
+	// DenyPrivate: a private, loopback, shared or multicast address that
+	// "internet" does not open (only an entry naming it does).
+	DenyPrivate = "private"
 )
+
+// PrivatePrefixes are what "internet" leaves closed.
+var PrivatePrefixes = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("224.0.0.0/3")}
 
 // DefaultMaxConns is a sandbox's limit of open connections (tracked by
 // the host's conntrack) when the Manager sets none.
@@ -141,7 +149,7 @@ func deniedSet(id string) string { return "d_" + id }
 const MaxDeniedDestinations = 1024
 
 // Reason codes in the denied set's keys.
-var reasonCodes = map[string]byte{DenyNotAllowed: 1, DenyMetadata: 2, DenySandbox: 3, DenyHost: 4}
+var reasonCodes = map[string]byte{DenyNotAllowed: 1, DenyMetadata: 2, DenySandbox: 3, DenyHost: 4, DenyPrivate: 5}
 
 func deniedSetOf(t *nftables.Table, id string) *nftables.Set {
 	return &nftables.Set{Table: t, Name: deniedSet(id), Concatenation: true, Dynamic: true, Counter: true,
@@ -210,6 +218,14 @@ func (m *Manager) createTable() error {
 		return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID, Invert: invert}
 	}
 	add(fwd, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(out)})
+	// The resolver's port, reached through the redirect of port 53 (the
+	// only destination NAT of the sandboxes' packets), before the host's
+	// refusal.
+	add(in, []expr.Any{meta(expr.MetaKeyIIFNAME), member(links, false),
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(0x20), Xor: make([]byte, 4)}, // IPS_DST_NAT
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)}, verdict(expr.VerdictAccept)})
 	add(in, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(host)})
 	// Into a sandbox: replies only.
 	add(into, cat([]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false)}, established(), []expr.Any{verdict(expr.VerdictAccept)}))
@@ -234,8 +250,11 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	fwd := c.AddChain(&nftables.Chain{Name: outChain(a.ID), Table: t})
 	in := c.AddChain(&nftables.Chain{Name: hostChain(a.ID), Table: t})
 	allowed := c.AddChain(&nftables.Chain{Name: allowedChain(a.ID), Table: t})
-	if err := c.AddSet(deniedSetOf(t, a.ID), nil); err != nil {
-		return fmt.Errorf("sandboxnet: set %s: %w", deniedSet(a.ID), err)
+	ap, aa := admitSets(t, a.ID)
+	for _, s := range []*nftables.Set{deniedSetOf(t, a.ID), ap, aa} {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+		}
 	}
 	add := func(ch *nftables.Chain, reason string, ex []expr.Any) {
 		r := &nftables.Rule{Table: t, Chain: ch, Exprs: ex}
@@ -313,11 +332,36 @@ func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, add
 	add(DenySpoofed, cat(ip4(12, expr.CmpOpNeq, netip.PrefixFrom(addr, 32)), counted(verdict(expr.VerdictDrop))))
 	refuse(DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
 	refuse(DenySandbox, ip4(16, expr.CmpOpEq, m.pool))
+	var hosts []api.EgressRule
+	internet := false
 	for _, r := range egress {
+		switch {
+		case r.Host != "":
+			hosts = append(hosts, r)
+			add(markHost+r.String(), nfproto(expr.CmpOpEq, 255)) // matches nothing: the name kept
+			continue
+		case r.Internet:
+			internet = true
+			continue
+		case r.Rule != "":
+			continue // expanded by the edge
+		}
 		for _, ex := range allowRules(r) {
 			ex[len(ex)-1] = &expr.Verdict{Kind: expr.VerdictJump, Chain: allowedChain(id)}
 			add("", ex)
 		}
+	}
+	if len(hosts) > 0 {
+		for _, ex := range dnsRules(id, hosts) {
+			add("", ex)
+		}
+	}
+	if internet {
+		add(markInternet, nfproto(expr.CmpOpEq, 255))
+		for _, p := range PrivatePrefixes {
+			refuse(DenyPrivate, ip4(16, expr.CmpOpEq, p))
+		}
+		add("", []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: allowedChain(id)}})
 	}
 	refuse(DenyNotAllowed)
 }
@@ -327,6 +371,10 @@ func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, add
 // destination no longer listed is refused (a TCP reset) at its next
 // packet. The counters of the old rules carry over.
 func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
+	// No admission of resolved addresses runs across the change: one
+	// matched against the old names would land after the flush.
+	m.listMu.Lock()
+	defer m.listMu.Unlock()
 	m.mu.Lock()
 	i, ok := m.byID[id]
 	m.mu.Unlock()
@@ -338,17 +386,25 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 	if err != nil {
 		return err
 	}
+	oldHosts, _ := m.hostsOf(id)
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
 	fwd := &nftables.Chain{Name: outChain(id), Table: m.table()}
 	c.FlushChain(fwd)
+	m.setPolicy(id, egress)
+	if newHosts, _ := m.hostsOf(id); string(dnsTag(newHosts)) != string(dnsTag(oldHosts)) {
+		// Names no longer listed: what they admitted goes now.
+		ap, aa := admitSets(m.table(), id)
+		c.FlushSet(ap)
+		c.FlushSet(aa)
+	}
 	m.outRules(c, fwd, id, addr, egress)
 	// The old counts go into a rule that matches nothing, so that Denied
 	// keeps summing them.
 	for reason, n := range before {
-		if n > 0 && reason != DenyConnLimit && reason != DenyHost {
+		if n > 0 && reason != DenyConnLimit && reason != DenyHost && reason != DenyDNS && reason != DenyDNSRate {
 			c.AddRule(&nftables.Rule{Table: fwd.Table, Chain: fwd, UserData: []byte(reason),
 				Exprs: cat(nfproto(expr.CmpOpEq, 255), []expr.Any{&expr.Counter{Packets: uint64(n)}})})
 		}
@@ -386,7 +442,12 @@ func (m *Manager) removePolicy(id string) error {
 				c.DelChain(&nftables.Chain{Name: ch, Table: t})
 			}
 		},
-		func() { c.DelSet(&nftables.Set{Table: t, Name: deniedSet(id)}) },
+		func() {
+			n, na := nameOfSets(id)
+			for _, s := range []string{deniedSet(id), n, na} {
+				c.DelSet(&nftables.Set{Table: t, Name: s})
+			}
+		},
 	}
 	for _, step := range steps {
 		step()
@@ -421,6 +482,26 @@ func (m *Manager) chainIDs() ([]string, error) {
 		}
 	}
 	return ids, nil
+}
+
+// sandboxSets lists the per-sandbox sets (d_, n_, na_) in the edge's
+// table.
+func (m *Manager) sandboxSets() ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	sets, err := c.GetSets(m.table())
+	if err != nil {
+		return nil, fmt.Errorf("sandboxnet: list sets: %w", err)
+	}
+	var out []string
+	for _, s := range sets {
+		if strings.HasPrefix(s.Name, "d_") || strings.HasPrefix(s.Name, "n_") || strings.HasPrefix(s.Name, "na_") {
+			out = append(out, s.Name)
+		}
+	}
+	return out, nil
 }
 
 func deleteTable(name string) error {
@@ -476,6 +557,12 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 				}
 			}
 		}
+	}
+	if _, n := m.DNSDenials(id); n > 0 {
+		out[DenyDNS] = n
+	}
+	if n := m.DNSLimited(id); n > 0 {
+		out[DenyDNSRate] = n
 	}
 	return out, nil
 }

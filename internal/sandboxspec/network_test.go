@@ -27,7 +27,7 @@ func TestNormalizeNetwork(t *testing.T) {
 	for i := range many {
 		many[i] = "10.0.0.1"
 	}
-	for _, bad := range [][]string{{"10.1.2.0/33"}, {"10.1.2.3:0"}, {"10.1.2.3:70000"}, {"::1"}, {"pypi"}, {strings.Repeat("1", 100000)}, many} {
+	for _, bad := range [][]string{{"10.1.2.0/33"}, {"10.1.2.3:0"}, {"10.1.2.3:70000"}, {"::1"}, {"Pypi"}, {"-x.com"}, {"a..b"}, {"*.*.x.com"}, {strings.Repeat("1", 100000)}, many} {
 		req := api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkSpec{Egress: bad}}
 		err := Normalize(&req)
 		if err == nil || err.Code != api.CodeInvalid || len(err.Message) > 200 {

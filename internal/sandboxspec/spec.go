@@ -7,6 +7,8 @@ import (
 	"github.com/warrenhq/warren/internal/auditpolicy"
 	"path"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"unicode/utf8"
 
@@ -85,8 +87,11 @@ func checkHistory(req *api.CreateSandboxRequest) *api.Error {
 	if req.Trajectory != "" && !ValidTrajectory(req.Trajectory) {
 		return invalid("trajectory %q is malformed (letters, digits, . _ / ~ : -, at most 200)", truncate(req.Trajectory))
 	}
-	if (req.Resume || req.Branch || req.Checkpoint != "") && req.Trajectory == "" {
-		return invalid("resume, branch and checkpoint need a trajectory")
+	if (req.Resume || req.Branch || req.Checkpoint != "" || req.TrajectoryTTL != 0) && req.Trajectory == "" {
+		return invalid("resume, branch, checkpoint and trajectory_ttl need a trajectory")
+	}
+	if req.TrajectoryTTL < 0 || req.TrajectoryTTL > 10*365*86400 {
+		return invalid("trajectory_ttl must be between 0 (kept until deleted) and %d seconds", 10*365*86400)
 	}
 	switch {
 	case req.Checkpoint == "", req.Checkpoint == "none", req.Checkpoint == "every-step", checkRE.MatchString(req.Checkpoint):
@@ -105,8 +110,11 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if req.Tier == "" {
 		req.Tier = api.TierContainer
 	}
-	if req.Tier != api.TierContainer {
-		return invalid("tier %q is not available (available: container)", req.Tier)
+	if !slices.Contains(api.Tiers, req.Tier) {
+		return invalid("tier %q is unknown (tiers: %s)", truncate(req.Tier), strings.Join(api.Tiers, ", "))
+	}
+	if aerr := checkMicroVM(req); aerr != nil {
+		return aerr
 	}
 	if aerr := checkHistory(req); aerr != nil {
 		return aerr
@@ -165,6 +173,9 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	case api.IdleActionStop, api.IdleActionPause:
 	default:
 		return invalid("idle_timeout_action %q is unknown (want %q or %q)", truncate(req.IdleTimeoutAction), api.IdleActionStop, api.IdleActionPause)
+	}
+	if aerr := foldNetworkRules(req); aerr != nil {
+		return aerr
 	}
 	if aerr := CheckNetwork(req.Network); aerr != nil {
 		return aerr
@@ -310,6 +321,37 @@ func Within(project, scope string) bool {
 	return scope == "" || project == scope || strings.HasPrefix(project, scope+".")
 }
 
+// foldNetworkRules adds the rules network_rules sets true to the egress
+// list.
+func foldNetworkRules(req *api.CreateSandboxRequest) *api.Error {
+	if len(req.NetworkRules) == 0 {
+		return nil
+	}
+	if len(req.NetworkRules) > api.MaxEgressRules {
+		return invalid("network_rules: at most %d rules", api.MaxEgressRules)
+	}
+	var names []string
+	for name, on := range req.NetworkRules {
+		if !api.RuleNameRE.MatchString(name) {
+			return invalid("network_rules: %q is not a rule name", truncate(name))
+		}
+		if on {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	if req.Network == nil {
+		req.Network = &api.NetworkSpec{}
+	}
+	for _, n := range names {
+		if !slices.Contains(req.Network.Egress, n) {
+			req.Network.Egress = append(req.Network.Egress, n)
+		}
+	}
+	req.NetworkRules = nil
+	return nil
+}
+
 // CheckNetwork validates the opt-in network (of a create, or of a change
 // of a running sandbox's): every egress entry parses and there are at most
 // api.MaxEgressRules. Entries are rewritten to their canonical form
@@ -322,7 +364,7 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 		return invalid("network.egress: at most %d entries", api.MaxEgressRules)
 	}
 	for i, e := range n.Egress {
-		if len(e) > 64 {
+		if len(e) > api.MaxHostLen+16 {
 			return invalid("network.egress[%d] %q is too long", i, truncate(e))
 		}
 		r, err := api.ParseEgress(e)
@@ -333,6 +375,34 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	}
 	if n.Egress == nil {
 		n.Egress = []string{}
+	}
+	return nil
+}
+
+// MinMicroVMMemoryMB is the least memory a microVM boots with.
+const MinMicroVMMemoryMB = 128
+
+// checkMicroVM refuses what the microvm tier does not offer yet: networks,
+// layers attached at paths, snapshots and trajectory checkpoints (its
+// writable layer is a disk inside the VM), too little memory to boot.
+func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
+	if req.Tier != api.TierMicroVM {
+		return nil
+	}
+	switch {
+	case req.Network != nil:
+		return invalid("tier microvm: network is not supported yet")
+	case req.Snapshot != "":
+		return invalid("tier microvm: snapshot is not supported yet")
+	case req.Trajectory != "" || (req.Checkpoint != "" && req.Checkpoint != "none"):
+		return invalid("tier microvm: trajectories and checkpoints are not supported yet")
+	case req.MemoryMB != 0 && req.MemoryMB < MinMicroVMMemoryMB:
+		return invalid("tier microvm: memory_mb must be at least %d", MinMicroVMMemoryMB)
+	}
+	for _, l := range req.Layers {
+		if l.Mount != "" {
+			return invalid("tier microvm: layers attached at a mount point are not supported yet")
+		}
 	}
 	return nil
 }

@@ -25,7 +25,9 @@ import (
 	"github.com/warrenhq/warren/internal/edge"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/runtime/container"
+	"github.com/warrenhq/warren/internal/runtime/tiers"
 	"github.com/warrenhq/warren/internal/watcher"
 )
 
@@ -65,13 +67,19 @@ type Options struct {
 	// one waits (0 = edge.DefaultRecycleIdle).
 	Recycle     int
 	RecycleIdle time.Duration
+	// TrajectorySweep is how often expired trajectories are deleted (0 =
+	// apiserver.DefaultSweepEvery).
+	TrajectorySweep time.Duration
 	// NoTelemetry: the node loads no BPF telemetry (edge.Config.Telemetry).
 	NoTelemetry bool
 	// TelemetryRefusals, TelemetryFiles: see edge.Config.
 	TelemetryRefusals bool
 	TelemetryFiles    bool
 	Userns            UsernsOptions
-	Logger            *slog.Logger
+	// VMKernel is the microvm tier's guest kernel directory (default
+	// DefaultVMKernel under DataDir; "off": no microvm tier).
+	VMKernel string
+	Logger   *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 	// E2BListen, when set, also serves E2B's control plane there
@@ -246,13 +254,13 @@ func Run(ctx context.Context, o Options) error {
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
-		Userns: o.Userns,
+		Userns: o.Userns, VMKernel: o.VMKernel,
 	})
 	if err != nil {
 		return err
 	}
 	defer stopEdge()
-	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node,
+	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node, TrajectorySweep: o.TrajectorySweep,
 		E2BListen: o.E2BListen, E2BReady: o.E2BReady, HTTP: o.HTTP})
 }
 
@@ -283,6 +291,7 @@ type EdgeOptions struct {
 	DataListen    string
 	DataAdvertise string
 	Userns        UsernsOptions
+	VMKernel      string // see Options.VMKernel
 	Logger        *slog.Logger
 }
 
@@ -303,6 +312,9 @@ type UsernsOptions struct {
 	IDRanges                int
 	AllowHostRoot, HostRoot bool
 	NetPool                 string
+	// DNSUpstream is where the resolver of networked sandboxes forwards
+	// (container.Config.DNSUpstream).
+	DNSUpstream string
 }
 
 func (o *EdgeOptions) defaults() error {
@@ -405,7 +417,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
 		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
-		NetPool: o.Userns.NetPool})
+		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream})
 	if err != nil {
 		stop()
 		return nil, err
@@ -417,10 +429,24 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 			}
 		}
 	})
+	var edgeRT runtime.Runtime = rt
+	if vm, why := openMicroVM(o, images); vm != nil {
+		edgeRT = tiers.New(rt, vm)
+		closers = append(closers, func() {
+			if !o.KeepOnShutdown {
+				if err := vm.Close(); err != nil {
+					log.Warn("remove the microvm tier's parent cgroup", "err", err)
+				}
+			}
+		})
+		log.Info("microvm tier on", "accel", vm.Accel(), "kernel", vm.KernelVersion())
+	} else {
+		log.Info("microvm tier off", "reason", why)
+	}
 	memMB := totalMemoryMB()
 	diskMB, diskSpace := diskCapacity(writable, o.DiskOvercommit, log)
 	e, err := edge.New(edge.Config{
-		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: rt,
+		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: edgeRT,
 		Images: imageResolver{store: images, mounts: mounts}, Writable: writable, Logger: log,
 		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
 		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
@@ -464,6 +490,9 @@ type APIOptions struct {
 	// URL and the admin token ("" as for Ready) before Ready.
 	E2BListen string
 	E2BReady  func(url, token string)
+	// TrajectorySweep is how often expired trajectories are deleted (0 =
+	// apiserver.DefaultSweepEvery).
+	TrajectorySweep time.Duration
 	// HTTP bounds the API's connections.
 	HTTP HTTPLimits
 }
@@ -536,10 +565,11 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	if err != nil {
 		return err
 	}
-	api, err := apiserver.New(ctx, apiserver.Config{Bus: conn, IAM: auth, Watcher: w, Logger: log})
+	api, err := apiserver.New(ctx, apiserver.Config{Bus: conn, IAM: auth, Watcher: w, Logger: log, SweepEvery: o.TrajectorySweep})
 	if err != nil {
 		return err
 	}
+	defer api.Close()
 	if o.WaitForNode != "" && !w.WaitForNode(o.WaitForNode, 10*time.Second) {
 		return errors.New("serve: the edge did not report in")
 	}

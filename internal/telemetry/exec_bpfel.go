@@ -25,11 +25,13 @@ type execEvent struct {
 	Uid           uint32
 	ArgvLen       uint32
 	ArgvTruncated uint32
+	Beside        uint32
 	Nr            int32
 	Target        int32
 	Result        int32
 	Path          [256]int8
 	Argv          [1024]int8
+	_             [4]byte
 }
 
 type execSlot struct {

@@ -101,6 +101,10 @@ type Record struct {
 	Op, To string
 	// Dest is a connection attempt's destination, "ip:port" (connect).
 	Dest string
+	// Beside: a file operation or connection of a process in the agent's
+	// cgroup other than the agent: a trusted command, or a process the
+	// agent started and has not moved into work/ yet.
+	Beside bool
 }
 
 // signalOutcomes names the kernel's TRACE_SIGNAL_* results.
@@ -256,8 +260,10 @@ func (c *Collector) Add(cookie uint64, dirs ...string) error {
 }
 
 // AddSandbox is Add where agentDir (also registered) holds the sandbox's
-// agent and trusted commands: their execs and signals are recorded, their
-// file operations are not.
+// agent and trusted commands: the agent's own file operations and
+// connections (pid 1 of its namespace) are not recorded; those of other
+// processes there (trusted commands, and processes not yet moved into
+// work/) are, marked Beside.
 func (c *Collector) AddSandbox(cookie uint64, agentDir string, dirs ...string) error {
 	if agentDir != "" {
 		dirs = append(dirs, agentDir)
@@ -393,7 +399,7 @@ func (c *Collector) record(ev *execEvent) Record {
 	r := Record{
 		Cookie: ev.Cookie, Step: ev.Step, Time: time.Unix(0, int64(ev.TimeNs)+int64(c.monoOff)).UTC(),
 		Kind: kinds[ev.Kind], Pid: int(int32(ev.Pid)), Ppid: int(int32(ev.Ppid)), HostPid: int(int32(ev.HostPid)), UID: int(ev.Uid),
-		Path: cString(ev.Path[:]), ArgvTruncated: ev.ArgvTruncated != 0,
+		Path: cString(ev.Path[:]), ArgvTruncated: ev.ArgvTruncated != 0, Beside: ev.Beside != 0,
 	}
 	switch r.Kind {
 	case KindFile:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -291,8 +292,17 @@ func TestAuditPolicyKillsStep(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	// A sandbox created with the audit off records nothing.
+	off := s.create(t, api.CreateSandboxRequest{Audit: &api.AuditSpec{Off: true}})
+	s.sh(t, off.ID, "/bin/ls / >/dev/null; echo x > /etc/off-marker")
+	time.Sleep(500 * time.Millisecond)
+	if al, err := s.C.Audit(ctx, off.ID, warren.AuditQuery{}); err != nil || len(al.Records) != 0 {
+		t.Errorf("audit off: %v %+v", err, al)
+	}
+
 	// Bad policies are refused at create.
 	for _, bad := range []api.AuditSpec{
+		{Off: true, Workspace: []string{"/work"}},
 		{Policy: []api.AuditRule{{On: "open:/x", Do: "flag"}}},
 		{Policy: []api.AuditRule{{On: "write:/x", Do: "explode"}}},
 		{Workspace: []string{"relative/path"}},
@@ -361,6 +371,64 @@ func TestSessionZombiesDoNotHoldPids(t *testing.T) {
 		res, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"sh", "-c", "/bin/true & /bin/true & /bin/true & /bin/true & /bin/true & wait"}})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("a new process beside the session's ended jobs: %+v %v", res, err)
+		}
+	}
+}
+
+// TestAuditArgvAndTrusted: a command started by argv is recorded from its
+// first moment (it runs beside the agent until it is moved into work/,
+// where its file operations were not recorded: a quick one went unseen),
+// while a trusted command's own file work (a grader, beside the agent,
+// the sandbox frozen) stays out of the audit, background ones included.
+func TestAuditArgvAndTrusted(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
+	}
+	s := startServer(t, "--telemetry-files")
+	ctx := context.Background()
+	dir := t.TempDir()
+	if err := os.MkdirAll(dir+"/bin", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("SKIP: no /bin/busybox on the host to build a toolkit from")
+	}
+	if err := os.WriteFile(dir+"/bin/busybox", bb, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("busybox", dir+"/bin/sh"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s.warren(t, "layer", "create", "--from-dir", dir, "--name", "toolkit/tr"); err != nil {
+		t.Fatalf("toolkit: %q %v", out, err)
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Layers: []api.LayerAttachment{{Layer: "toolkit/tr", Mount: "/opt/toolkit", Protected: true}}})
+	for i := 0; i < 5; i++ {
+		r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("echo x > /etc/argv-%d", i)}})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("argv: %+v %v", r, err)
+		}
+	}
+	for _, bg := range []bool{false, true} {
+		r, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: fmt.Sprintf("echo graded > /tmp/trusted-%v; sleep 0.5; echo again > /tmp/trusted-%v", bg, bg), Trusted: true, Background: bg})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("trusted (background %v): %+v %v", bg, r, err)
+		}
+	}
+	time.Sleep(2 * time.Second) // the background trusted command ends
+	recs := auditUntil(t, s.C, sb.ID, "every argv command's write", func(recs []api.AuditRecord) bool {
+		n := 0
+		for _, r := range recs {
+			if r.Kind == api.AuditKindFile && strings.HasPrefix(r.Path, "/etc/argv-") {
+				n++
+			}
+		}
+		return n == 5
+	})
+	for _, r := range recs {
+		if strings.Contains(r.Path, "trusted-") {
+			t.Errorf("a trusted command's own file work is in the audit: %+v", r)
 		}
 	}
 }

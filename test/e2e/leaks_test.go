@@ -45,6 +45,11 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 		var leaks []string
 		for dataDir := range dataDirs {
 			dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir))
+			vmDirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir) + "-vm")
+			dirs = append(dirs, vmDirs...)
+			if q := qemusOf(dataDir); q != "" {
+				leaks = append(leaks, "qemu processes "+q)
+			}
 			for _, d := range dirs {
 				if st, err := os.Stat(d); err == nil && st.IsDir() {
 					leaks = append(leaks, "cgroup "+d)

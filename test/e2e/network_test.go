@@ -197,8 +197,8 @@ func TestNetworkEgress(t *testing.T) {
 func TestNetworkRestart(t *testing.T) {
 	nettest.FakeInternet(t)
 	pool := fmt.Sprintf("10.213.%d.0/24", 130+os.Getpid()%100)
-	s := startServer(t, "--net-pool", pool)
-	spec := api.CreateSandboxRequest{Network: &api.NetworkSpec{Egress: []string{nettest.Mirror + ":443/tcp"}}}
+	s := startServer(t, "--net-pool", pool, "--dns-upstream", nettest.DNS)
+	spec := api.CreateSandboxRequest{Network: &api.NetworkSpec{Egress: []string{nettest.Mirror + ":443/tcp", nettest.MirrorName + ":80"}}}
 	alive, doomed := s.create(t, spec), s.create(t, spec)
 	doomedPid := agentPid(t, s, doomed.ID)
 	s.kill9()
@@ -209,6 +209,13 @@ func TestNetworkRestart(t *testing.T) {
 	s.start()
 	if r := s.sh(t, alive.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.Stdout != "hello" {
 		t.Fatalf("adopted sandbox lost its network: %q %q\n%s", r.Stdout, r.Stderr, tail(s.logs.String(), 30))
+	}
+	// Its names too: the restarted edge's resolver knows its list.
+	if r := s.sh(t, alive.ID, "nc -w 5 "+nettest.MirrorName+" 80 </dev/null"); r.Stdout != "hello" {
+		t.Errorf("adopted sandbox lost its names: %q %q\n%s", r.Stdout, r.Stderr, tail(s.logs.String(), 30))
+	}
+	if r := s.sh(t, alive.ID, "nslookup "+nettest.ElsewhereName); r.ExitCode == 0 {
+		t.Errorf("adopted sandbox resolves an unlisted name: %q", r.Stdout)
 	}
 	left := netLeaks(s.dataDir)
 	for _, l := range left {

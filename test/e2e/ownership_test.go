@@ -713,28 +713,34 @@ func auditRoutes(t *testing.T, o *owned) {
 		"GET /v1/sandboxes/{id}/archive":              {{path: sb + "/archive?path=/"}},
 		"POST /v1/sandboxes/{id}/snapshots":           {{path: sb + "/snapshots", body: js(api.CreateSnapshotRequest{})}},
 		"POST /v1/sandboxes/{id}/fork":                {{path: sb + "/fork", body: js(api.ForkRequest{Count: 1})}},
+		"GET /v1/snapshots":                           {{path: "/v1/snapshots", ok: listOK}, {path: "/v1/snapshots?sandbox=" + o.sb, ok: listOK}},
+		"GET /v1/trajectories":                        {{path: "/v1/trajectories", ok: listOK}},
 		"GET /v1/snapshots/{sid}":                     {{path: "/v1/snapshots/" + o.snap}},
 		"DELETE /v1/snapshots/{sid}":                  {{path: "/v1/snapshots/" + o.snap}},
 		"GET /v1/trajectories/{name}":                 {{path: "/v1/trajectories/" + o.traj, ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?path=/work-secret", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}, {path: "/v1/trajectories/" + o.traj + "?audit=1&project=p1"}, {path: "/v1/trajectories/" + o.traj + "/audit/summary", ok: ownOrNone}, {path: "/v1/trajectories/" + o.traj + "?audit=summary&project=p1"}},
-		"POST /v1/trajectories:replay":                {{path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj}), ok: ownOrNone}, {path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj, Project: "p1"})}},
-		"POST /v1/layers":                             {{path: "/v1/layers", body: js(api.CreateLayerRequest{Name: "ws/stolen", FromSandbox: o.sb})}, {path: "/v1/layers?name=" + q(o.layer), body: []byte{}, ok: notP1}},
-		"GET /v1/layers":                              {{path: "/v1/layers", ok: listOK, child: parentLayer}, {path: "/v1/layers?name=" + q(o.layer), ok: listOK, child: parentLayer}},
-		"POST /v1/layers:gc":                          {{path: "/v1/layers:gc", ok: nothing}},
-		"GET /v1/layers/{ref}":                        {{path: "/v1/layers/" + o.layer, child: parentLayer}, {path: "/v1/layers/snap/" + o.snap}},
-		"DELETE /v1/layers/{ref}":                     {{path: "/v1/layers/" + o.layer}, {path: "/v1/layers/snap/" + o.snap}},
-		"POST /v1/fncall":                             {{path: "/v1/fncall", body: js(api.FnCallRequest{Image: "busybox", Cmd: "cat /secret 2>&1; ls /"}), ok: public}},
-		"POST /v1/pools":                              {{path: "/v1/pools", body: js(api.PoolRequest{Name: o.pool, Image: "busybox", Size: 0}), ok: notP1}},
-		"GET /v1/pools":                               {{path: "/v1/pools", ok: notP1}},
-		"GET /v1/pools/{name}":                        {{path: "/v1/pools/" + o.pool, ok: notP1}},
-		"DELETE /v1/pools/{name}":                     {{path: "/v1/pools/" + o.pool, ok: notP1}},
-		"POST /v1/projects":                           {{path: "/v1/projects", body: js(api.CreateProjectRequest{Name: "x", Parent: "p1"})}},
-		"GET /v1/projects":                            {{path: "/v1/projects", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, `"id":"p1"`) }}},
-		"GET /v1/projects/{id}":                       {{path: "/v1/projects/p1"}},
-		"PATCH /v1/projects/{id}":                     {{path: "/v1/projects/p1.c", body: js(api.UpdateProjectRequest{})}},
-		"DELETE /v1/projects/{id}":                    {{path: "/v1/projects/p1.c"}},
-		"POST /v1/tokens":                             {{path: "/v1/tokens", body: js(api.CreateTokenRequest{Principal: "x", Project: "p1"})}},
-		"GET /v1/tokens":                              {{path: "/v1/tokens", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, o.tok1ID) }}},
-		"DELETE /v1/tokens/{id}":                      {{path: "/v1/tokens/" + o.tok1ID}},
+		"DELETE /v1/trajectories/{name}": {{path: "/v1/trajectories/" + o.traj, ok: func(code int, body string) bool {
+			// p2's own run-42 is recorded by its live sandbox: 409.
+			return (code == 409 || ownOrNone(code, body)) && !o.leaks(body)
+		}}, {path: "/v1/trajectories/" + o.traj + "?project=p1"}},
+		"POST /v1/trajectories:replay": {{path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj}), ok: ownOrNone}, {path: "/v1/trajectories:replay", body: js(api.ReplayRequest{Trajectory: o.traj, Project: "p1"})}},
+		"POST /v1/layers":              {{path: "/v1/layers", body: js(api.CreateLayerRequest{Name: "ws/stolen", FromSandbox: o.sb})}, {path: "/v1/layers?name=" + q(o.layer), body: []byte{}, ok: notP1}},
+		"GET /v1/layers":               {{path: "/v1/layers", ok: listOK, child: parentLayer}, {path: "/v1/layers?name=" + q(o.layer), ok: listOK, child: parentLayer}},
+		"POST /v1/layers:gc":           {{path: "/v1/layers:gc", ok: nothing}},
+		"GET /v1/layers/{ref}":         {{path: "/v1/layers/" + o.layer, child: parentLayer}, {path: "/v1/layers/snap/" + o.snap}},
+		"DELETE /v1/layers/{ref}":      {{path: "/v1/layers/" + o.layer}, {path: "/v1/layers/snap/" + o.snap}},
+		"POST /v1/fncall":              {{path: "/v1/fncall", body: js(api.FnCallRequest{Image: "busybox", Cmd: "cat /secret 2>&1; ls /"}), ok: public}},
+		"POST /v1/pools":               {{path: "/v1/pools", body: js(api.PoolRequest{Name: o.pool, Image: "busybox", Size: 0}), ok: notP1}},
+		"GET /v1/pools":                {{path: "/v1/pools", ok: notP1}},
+		"GET /v1/pools/{name}":         {{path: "/v1/pools/" + o.pool, ok: notP1}},
+		"DELETE /v1/pools/{name}":      {{path: "/v1/pools/" + o.pool, ok: notP1}},
+		"POST /v1/projects":            {{path: "/v1/projects", body: js(api.CreateProjectRequest{Name: "x", Parent: "p1"})}},
+		"GET /v1/projects":             {{path: "/v1/projects", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, `"id":"p1"`) }}},
+		"GET /v1/projects/{id}":        {{path: "/v1/projects/p1"}},
+		"PATCH /v1/projects/{id}":      {{path: "/v1/projects/p1.c", body: js(api.UpdateProjectRequest{})}},
+		"DELETE /v1/projects/{id}":     {{path: "/v1/projects/p1.c"}},
+		"POST /v1/tokens":              {{path: "/v1/tokens", body: js(api.CreateTokenRequest{Principal: "x", Project: "p1"})}},
+		"GET /v1/tokens":               {{path: "/v1/tokens", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, o.tok1ID) }}},
+		"DELETE /v1/tokens/{id}":       {{path: "/v1/tokens/" + o.tok1ID}},
 		// Templates are catalogs for the projects below, like layers.
 		"POST /v1/templates": {{path: "/v1/templates", body: js(api.Template{Name: "p1-tmpl", Project: "p1", Spec: api.CreateSandboxRequest{Image: "busybox"}})}},
 		"GET /v1/templates": {{path: "/v1/templates", ok: func(code int, body string) bool { return code == 200 && !strings.Contains(body, "p1-tmpl") },
@@ -758,6 +764,16 @@ func auditRoutes(t *testing.T, o *owned) {
 		"PATCH /p/{secret}/{path}":  {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},
 		"DELETE /p/{secret}/{path}": {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
 	}
+	cases["GET /v1/sandboxes/{id}/network/denials"] = []attempt{{path: sb + "/network/denials"}}
+	// Network rules are cluster objects: every project reads them, only a
+	// root admin changes them.
+	cases["GET /v1/network-rules"] = []attempt{{path: "/v1/network-rules", ok: listOK}}
+	cases["GET /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		ok: func(code int, body string) bool { return code == 404 && !o.leaks(body) }}}
+	cases["PUT /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		body: js(api.NetworkRule{CIDRs: []string{"10.0.0.0/8"}}), ok: func(code int, body string) bool { return code == 403 }}}
+	cases["DELETE /v1/network-rules/{name}"] = []attempt{{path: "/v1/network-rules/p1-rule",
+		ok: func(code int, body string) bool { return code == 403 }}}
 	for _, route := range specPaths(t) {
 		method, path, _ := strings.Cut(route, " ")
 		key := method + " " + strings.ReplaceAll(path, "{name...}", "{name}")

@@ -47,6 +47,10 @@ type Config struct {
 	// NetPool is the node-local IPv4 pool networked sandboxes get their
 	// /31s from; default sandboxnet.DefaultPool.
 	NetPool string
+	// DNSUpstream is where the node's resolver for networked sandboxes
+	// forwards the names they may resolve (host:port; default the host's
+	// resolver).
+	DNSUpstream string
 }
 
 // SocketName is the agent's socket inside a sandbox's StateDir.
@@ -109,6 +113,7 @@ func New(cfg Config) (*Runtime, error) {
 	if r.net, err = sandboxnet.New(cfg.NetPool, cfg.CgroupParent); err != nil {
 		return nil, err
 	}
+	r.net.Upstream, r.net.Log = cfg.DNSUpstream, cfg.Logger
 	return r, nil
 }
 
@@ -315,6 +320,11 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
 		return nil, fmt.Errorf("container: agent setup: %w", err)
 	}
+	if h.Net != nil {
+		if err := writeResolvConf(ctx, client, h.Net.Gateway); err != nil {
+			return nil, err
+		}
+	}
 
 	if spec.CPU > 0 {
 		if err := r.cg.setCPULimit(h.Cgroup, spec.CPU); err != nil {
@@ -326,6 +336,22 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		"listen", tListen.Sub(t0), "cgroup", tCgroup.Sub(tListen), "root", tRoot.Sub(tCgroup), "fork", tFork.Sub(tRoot),
 		"setup", tSetup.Sub(tFork), "total", tSetup.Sub(t0))
 	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// writeResolvConf names the sandbox's gateway (where the node's resolver
+// answers, sandboxnet) as its resolver. A symlink there (to a file the
+// image does not have) is replaced.
+func writeResolvConf(ctx context.Context, c *agentproto.Client, gateway string) error {
+	w := &agentproto.WriteRequest{Path: "/etc/resolv.conf", Data: []byte("nameserver " + gateway + "\noptions ndots:0\n"), Mode: 0o644}
+	err := c.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
+	if err != nil {
+		_ = c.Call(ctx, agentproto.OpFileRemove, &agentproto.RemoveRequest{Path: w.Path}, nil, nil)
+		err = c.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("container: write /etc/resolv.conf: %w", err)
+	}
+	return nil
 }
 
 // reap waits for an agent this process started, so it never stays a zombie.
@@ -400,6 +426,12 @@ func (r *Runtime) Attach(ctx context.Context, h runtime.Handle) (*runtime.Instan
 	conn, err := d.DialContext(ctx, "unix", h.Socket)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect %s: %v", runtime.ErrGone, h.Socket, err)
+	}
+	if h.Net != nil {
+		if err := r.net.Adopt(h.ID); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("container: network of %s: %w", h.ID, err)
+		}
 	}
 	client := agentproto.NewClient(conn)
 	if err := client.Call(ctx, agentproto.OpPing, nil, nil, nil); err != nil {
@@ -646,6 +678,13 @@ func (r *Runtime) NetworkDenied(h runtime.Handle) (map[string]int64, error) {
 	return r.net.Denied(h.ID)
 }
 
+// OnNetworkDenial hands every name the resolver refuses to fn.
+func (r *Runtime) OnNetworkDenial(fn func(id string, d api.NetworkDenialRecord)) {
+	r.net.OnDNSDenial = func(id string, d sandboxnet.DNSDenial) {
+		fn(id, api.NetworkDenialRecord{Time: d.Time, Destination: d.Name, Protocol: "dns", Reason: sandboxnet.DenyDNS, Count: 1})
+	}
+}
+
 // SetEgress replaces a networked sandbox's egress list.
 func (r *Runtime) SetEgress(h runtime.Handle, egress []api.EgressRule) error {
 	if h.Net == nil {
@@ -660,5 +699,19 @@ func (r *Runtime) NetworkDeniedDestinations(h runtime.Handle) ([]api.NetworkDeni
 	if h.Net == nil {
 		return nil, nil
 	}
-	return r.net.DeniedDestinations(h.ID)
+	out, err := r.net.DeniedDestinations(h.ID)
+	if err != nil {
+		return nil, err
+	}
+	names, _ := r.net.DNSDenials(h.ID)
+	at := map[string]int{}
+	for _, d := range names {
+		i, ok := at[d.Name]
+		if !ok {
+			i, at[d.Name] = len(out), len(out)
+			out = append(out, api.NetworkDenial{Destination: d.Name, Protocol: "dns", Reason: sandboxnet.DenyDNS})
+		}
+		out[i].Count++
+	}
+	return out, nil
 }

@@ -1,7 +1,8 @@
 // Package nettest builds, for tests, a stand-in for the internet inside a
 // network namespace the test owns, so that no test sends a packet off the
 // machine: a namespace holding 10.1.2.3, 10.9.9.9 and 169.254.169.254,
-// each with TCP listeners (greeting "hello") on 80 and 443 (and HoldPort), reached from
+// each with TCP listeners (greeting "hello") on 80 and 443 (and HoldPort), a
+// DNS server naming them on Mirror (DNS), reached from
 // the host through a veth (host end 10.1.2.1/24) with routes for the
 // other two addresses. Everything is removed when the test ends.
 package nettest
@@ -13,10 +14,12 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -27,6 +30,14 @@ const (
 	Elsewhere = "10.9.9.9"        // routed through Mirror
 	Metadata  = "169.254.169.254" // routed through Mirror
 	HostEnd   = "10.1.2.1"        // the host's address facing it
+	// DNS is the fake internet's resolver (on Mirror, port 53, UDP and
+	// TCP): MirrorName and FilesName are Mirror, ElsewhereName is
+	// Elsewhere, each for TTL; every other name is NXDOMAIN.
+	DNS           = Mirror + ":53"
+	MirrorName    = "mirror.test"
+	FilesName     = "files.mirror.test"
+	ElsewhereName = "elsewhere.test"
+	TTL           = 60
 )
 
 // NSProc starts a process alone in a new network namespace and returns its
@@ -106,6 +117,7 @@ func FakeInternet(t testing.TB) {
 		lo, _ := netlink.LinkByName("lo")
 		must(t, netlink.LinkSetUp(lo))
 		must(t, netlink.LinkSetUp(l))
+		serveDNS(t)
 		for _, port := range []string{"80", "443", HoldPort} {
 			ln, err := net.Listen("tcp4", "0.0.0.0:"+port)
 			if err != nil {
@@ -120,6 +132,45 @@ func FakeInternet(t testing.TB) {
 			}
 		}
 	})
+}
+
+// serveDNS answers the fake internet's names on DNS (in its namespace).
+func serveDNS(t testing.TB) {
+	names := map[string]string{MirrorName + ".": Mirror, FilesName + ".": Mirror, ElsewhereName + ".": Elsewhere}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		out := new(dns.Msg)
+		out.SetReply(q)
+		qs := q.Question[0]
+		addr, ok := names[strings.ToLower(qs.Name)]
+		switch {
+		case !ok:
+			out.SetRcode(q, dns.RcodeNameError)
+		case qs.Qtype == dns.TypeA:
+			out.Answer = append(out.Answer, &dns.A{Hdr: dns.RR_Header{Name: qs.Name, Rrtype: dns.TypeA,
+				Class: dns.ClassINET, Ttl: TTL}, A: net.ParseIP(addr).To4()})
+		}
+		_ = w.WriteMsg(out)
+	})
+	pc, err := net.ListenPacket("udp4", DNS)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	ln, err := net.Listen("tcp4", DNS)
+	if err != nil {
+		pc.Close()
+		t.Error(err)
+		return
+	}
+	udp, tcp := &dns.Server{PacketConn: pc, Handler: h}, &dns.Server{Listener: ln, Handler: h}
+	started := make(chan struct{}, 2)
+	for _, s := range []*dns.Server{udp, tcp} {
+		s.NotifyStartedFunc = func() { started <- struct{}{} }
+		go func() { _ = s.ActivateAndServe() }()
+	}
+	<-started
+	<-started
+	t.Cleanup(func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
 }
 
 // HoldPort greets and keeps the connection open until the client closes.

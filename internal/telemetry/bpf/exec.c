@@ -116,6 +116,7 @@ struct event {
 	u32 uid;      // on the host
 	u32 argv_len; // bytes of argv (NUL-separated) copied
 	u32 argv_truncated;
+	u32 beside; // file, connect: by a process in the agent's cgroup other than the agent
 	s32 nr;     // refused: the syscall; signal: the signal
 	s32 target; // signal: 1 (the target is its namespace's pid 1)
 	s32 result; // signal: what the kernel did with it (TRACE_SIGNAL_*)
@@ -188,6 +189,17 @@ static __always_inline void ns_pids(struct task_struct *t, u32 *pid, u32 *ppid)
 	*ppid = parent.ns == me.ns ? parent.nr : 0;
 }
 
+// is_agent reports whether the current task is pid 1 of its pid namespace:
+// in a sandbox's agent cgroup, the agent itself.
+static __always_inline int is_agent(void)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct pid *p = t->thread_pid;
+	if (!p)
+		return 0;
+	return upid_at(t, p->level).nr == 1;
+}
+
 // reserve starts an event of kind for slot s (NULL when the ring is full;
 // counted in lost).
 static __always_inline struct event *reserve(struct slot *s, u32 kind)
@@ -209,6 +221,7 @@ static __always_inline struct event *reserve(struct slot *s, u32 kind)
 	ev->uid = (u32)bpf_get_current_uid_gid();
 	ns_pids(task, &ev->pid, &ev->ppid);
 	ev->argv_truncated = 0;
+	ev->beside = 0;
 	ev->argv_len = 0;
 	ev->nr = 0;
 	ev->target = 0;
@@ -426,12 +439,16 @@ int sys_enter(u64 *ctx)
 	default:
 		return 0;
 	}
+	// In the agent's cgroup: the agent's own work is not recorded; the
+	// rest there is a trusted command, or a process the agent started
+	// and has not moved into work/ yet (the edge tells them apart).
 	struct slot *s = find();
-	if (!s || (s->flags & SLOT_AGENT))
+	if (!s || ((s->flags & SLOT_AGENT) && is_agent()))
 		return 0;
 	struct event *ev = reserve(s, KIND_FILE);
 	if (!ev)
 		return 0;
+	ev->beside = s->flags & SLOT_AGENT;
 	ev->nr = nr;
 	ev->result = flags;
 	if (bpf_probe_read_user_str(ev->path, sizeof(ev->path), path) < 0)
@@ -483,7 +500,7 @@ int inet_sock_set_state(u64 *ctx)
 	if (newstate != TCP_SYN_SENT || !sk)
 		return 0;
 	struct slot *s = find();
-	if (!s || (s->flags & SLOT_AGENT))
+	if (!s || ((s->flags & SLOT_AGENT) && is_agent()))
 		return 0;
 	unsigned short family = sk->__sk_common.skc_family;
 	if (family != AF_INET && family != AF_INET6)
@@ -491,6 +508,7 @@ int inet_sock_set_state(u64 *ctx)
 	struct event *ev = reserve(s, KIND_CONNECT);
 	if (!ev)
 		return 0;
+	ev->beside = s->flags & SLOT_AGENT;
 	ev->nr = family;
 	u16 port = sk->__sk_common.skc_dport;
 	ev->target = (port >> 8) | ((port & 0xff) << 8);

@@ -151,6 +151,25 @@ class AsyncTest(unittest.TestCase):
                         await sb.run("false", check=True)
         self.run_async(main())
 
+    def test_network_rules_and_denials(self):
+        async def main():
+            async with client() as c:
+                name = "pya-rule-" + RUN[4:]
+                rule = await c.put_network_rule(name, hosts=["*.example.test"], ports=[443], protocols=["tcp"])
+                self.assertEqual(rule["version"], 1)
+                try:
+                    self.assertIn(name, [r["name"] for r in await c.network_rules()])
+                    self.assertEqual((await c.network_rule(name))["hosts"], ["*.example.test"])
+                    async with c.create(image=_support.IMAGE, labels=LABELS, network=[name]) as sb:
+                        await sb.run("nslookup other.test || true")
+                        seen = [(d["protocol"], d["destination"]) for d in await sb.network_denials()]
+                        self.assertIn(("dns", "other.test"), seen)
+                finally:
+                    await c.delete_network_rule(name)
+                with self.assertRaises(warren.NotFound):
+                    await c.network_rule(name)
+        self.run_async(main())
+
     def test_trajectory_branch_replay_snapshot_delete(self):
         name = "pya/" + uuid.uuid4().hex[:8]
 

@@ -76,6 +76,24 @@ class ServerTest(unittest.TestCase):
 
 
 class LifecycleTest(unittest.TestCase):
+    def test_network_rules_and_denials(self):
+        name = "py-" + RUN
+        rule = C.put_network_rule(name, cidrs=["10.77.0.0/16"], ports=[443])
+        self.assertEqual(rule["version"], 1)
+        self.addCleanup(C.delete_network_rule, name)
+        self.assertIn(name, [r["name"] for r in C.network_rules()])
+        self.assertEqual(C.network_rule(name)["cidrs"], ["10.77.0.0/16"])
+        with self.assertRaises(warren.WarrenError) as e:
+            new_sandbox(self, network={"no-such-rule": True})
+        self.assertIn("no-such-rule", str(e.exception))
+        sb = new_sandbox(self, network={name: True, "npm": False})  # DSec's shape
+        self.assertEqual(sb.network()["egress"], [name])
+        r = sb.run("nc -w 3 10.77.0.1 80 </dev/null; nslookup nothing.test || true")
+        self.assertNotEqual(r.stdout.strip(), "hello")
+        seen = {(d["protocol"], d["destination"]) for d in sb.network_denials()}
+        self.assertIn(("tcp", "10.77.0.1:80"), seen)
+        self.assertIn(("dns", "nothing.test"), seen)
+
     def test_create_get_list_stop(self):
         labels = dict(LABELS, case="lifecycle-" + uuid.uuid4().hex[:6])
         sb = C.create(tier="container", image=_support.IMAGE, cpu=1, memory_mb=256, ttl=600,

@@ -8,6 +8,7 @@ import os
 import random
 import urllib.parse
 import uuid
+from urllib.parse import quote
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -193,10 +194,32 @@ def create_body(*, tier: Optional[str], image: Optional[str], layers: Optional[S
         "env": dict(env) if env is not None else None,
         "labels": dict(labels) if labels is not None else None,
         "priority": priority, "trajectory": trajectory, "user": user, "hostname": hostname,
-        "network": network,
     })
+    body.update(network_fields(network))
     body.update(drop_none(extra))
     return body
+
+
+def network_fields(network: Any) -> Dict[str, Any]:
+    """The create body's network: a dict of booleans is DSec's shape
+    (``{"pypi": True, "npm": False}``: network_rules), "internet" or a
+    list of entries is the egress list, a dict with "egress" is sent as is."""
+    if network is None:
+        return {}
+    if isinstance(network, str):
+        return {"network": {"egress": network}}
+    if isinstance(network, (list, tuple)):
+        return {"network": {"egress": list(network)}}
+    if isinstance(network, Mapping) and network and all(isinstance(v, bool) for v in network.values()):
+        return {"network_rules": dict(network)}
+    return {"network": network}
+
+
+def network_rule_req(name: str, hosts: Optional[Sequence[str]], cidrs: Optional[Sequence[str]],
+                     ports: Optional[Sequence[int]], protocols: Optional[Sequence[str]]) -> Req:
+    return json_req("PUT", "/v1/network-rules/" + quote(name, safe=""), {
+        "hosts": list(hosts or []), "cidrs": list(cidrs or []),
+        "ports": list(ports or []), "protocols": list(protocols or [])})
 
 
 def create_req(body: Dict[str, Any], idempotency_key: Optional[str]) -> Req:

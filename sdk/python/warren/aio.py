@@ -115,6 +115,24 @@ class AsyncClient:
         doc = await self._json(Req("GET", "/v1/nodes"))
         return [Node.from_json(d) for d in _core.items_from(doc, "nodes")]
 
+    async def put_network_rule(self, name: str, *, hosts: Optional[Sequence[str]] = None,
+                               cidrs: Optional[Sequence[str]] = None, ports: Optional[Sequence[int]] = None,
+                               protocols: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Create or replace a named network rule (see Client.put_network_rule)."""
+        return dict(await self._json(_core.network_rule_req(name, hosts, cidrs, ports, protocols)))
+
+    async def network_rules(self) -> List[Dict[str, Any]]:
+        """The cluster's named network rules."""
+        return list((await self._json(Req("GET", "/v1/network-rules")))["rules"])
+
+    async def network_rule(self, name: str) -> Dict[str, Any]:
+        """One named network rule."""
+        return dict(await self._json(Req("GET", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
+    async def delete_network_rule(self, name: str) -> Dict[str, Any]:
+        """Delete a named network rule (root admins only)."""
+        return dict(await self._json(Req("DELETE", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
     async def create_layer(self, name: str, *, tar: Optional[bytes] = None,
                            directory: Optional[PathLike] = None,
                            from_sandbox: Optional[str] = None,
@@ -140,6 +158,21 @@ class AsyncClient:
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Remove a snapshot and its layer (see Client.delete_snapshot)."""
         await self._json(Req("DELETE", "/v1/snapshots/" + _core.q(snapshot_id)))
+
+    async def list_snapshots(self, sandbox: Optional[str] = None) -> List[Snapshot]:
+        """See Client.list_snapshots."""
+        params = [("sandbox", sandbox)] if sandbox else []
+        doc = await self._json(Req("GET", "/v1/snapshots", params=params))
+        return [Snapshot.from_json(d) for d in _core.items_from(doc, "snapshots")]
+
+    async def list_trajectories(self) -> List[Dict[str, Any]]:
+        """See Client.list_trajectories."""
+        return list(_core.items_from(await self._json(Req("GET", "/v1/trajectories")), "trajectories"))
+
+    async def delete_trajectory(self, trajectory: str, *, project: Optional[str] = None) -> None:
+        """See Client.delete_trajectory."""
+        params = [("project", project)] if project else []
+        await self._json(Req("DELETE", _core.trajectory_path(trajectory), params=params))
 
     async def gc_layers(self) -> Dict[str, Any]:
         return await self._json(Req("POST", "/v1/layers:gc"))
@@ -535,6 +568,10 @@ class AsyncSandbox:
         """Replace the egress list (see Sandbox.set_network)."""
         return dict(await self.client._json(json_req("PUT", self._path("network"),
                                                      {"egress": list(egress)})))
+
+    async def network_denials(self) -> List[Dict[str, Any]]:
+        """What the sandbox's network refused (see Sandbox.network_denials)."""
+        return list((await self.client._json(json_req("GET", self._path("network/denials"))))["denials"])
 
     # -- ports
     def url(self, port: int) -> str:

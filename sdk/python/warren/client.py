@@ -116,6 +116,27 @@ class Client:
         return [Node.from_json(d) for d in
                 _core.items_from(self._json(Req("GET", "/v1/nodes")), "nodes")]
 
+    # ---- network rules -----------------------------------------------------------------
+
+    def put_network_rule(self, name: str, *, hosts: Optional[Sequence[str]] = None,
+                         cidrs: Optional[Sequence[str]] = None, ports: Optional[Sequence[int]] = None,
+                         protocols: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Create or replace a named network rule (root admins only): every
+        running sandbox naming it gets the change within a second."""
+        return dict(self._json(_core.network_rule_req(name, hosts, cidrs, ports, protocols)))
+
+    def network_rules(self) -> List[Dict[str, Any]]:
+        """The cluster's named network rules."""
+        return list(self._json(Req("GET", "/v1/network-rules"))["rules"])
+
+    def network_rule(self, name: str) -> Dict[str, Any]:
+        """One named network rule."""
+        return dict(self._json(Req("GET", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
+    def delete_network_rule(self, name: str) -> Dict[str, Any]:
+        """Delete a named network rule (root admins only)."""
+        return dict(self._json(Req("DELETE", "/v1/network-rules/" + _core.quote(name, safe=""))))
+
     # ---- layers ------------------------------------------------------------------------
 
     def create_layer(self, name: str, *, tar: Optional[bytes] = None,
@@ -150,6 +171,26 @@ class Client:
         restored from it, a later snapshot chained on it, a trajectory's start
         or latest checkpoint) raises :class:`Conflict`."""
         self._json(Req("DELETE", "/v1/snapshots/" + _core.q(snapshot_id)))
+
+    def list_snapshots(self, sandbox: Optional[str] = None) -> List[Snapshot]:
+        """The snapshots of the token's project and the projects below it
+        (one sandbox's with ``sandbox``), newest first."""
+        params = [("sandbox", sandbox)] if sandbox else []
+        return [Snapshot.from_json(d) for d in
+                _core.items_from(self._json(Req("GET", "/v1/snapshots", params=params)), "snapshots")]
+
+    def list_trajectories(self) -> List[Dict[str, Any]]:
+        """The trajectories of the token's project and the projects below it:
+        ``name``, ``project``, ``sandbox``, ``bytes`` (log and inputs),
+        ``created_at``, ``expires_at`` (with a ``trajectory_ttl``)."""
+        return list(_core.items_from(self._json(Req("GET", "/v1/trajectories")), "trajectories"))
+
+    def delete_trajectory(self, trajectory: str, *, project: Optional[str] = None) -> None:
+        """Delete a trajectory: its log, the inputs it kept and its record, freeing
+        their bytes from the project's storage quota. One a live sandbox still
+        records, or that a branch shares its log with, raises :class:`Conflict`."""
+        params = [("project", project)] if project else []
+        self._json(Req("DELETE", _core.trajectory_path(trajectory), params=params))
 
     def gc_layers(self) -> Dict[str, Any]:
         """Remove layers no image, named layer or sandbox uses."""
@@ -603,6 +644,12 @@ class Sandbox:
         obey it on return; open ones to destinations taken off are cut."""
         return dict(self.client._json(json_req("PUT", self._path("network"),
                                                {"egress": list(egress)})))
+
+    def network_denials(self) -> List[Dict[str, Any]]:
+        """What the sandbox's network refused, oldest first (``GET
+        .../network/denials``): ``time``, ``step``, ``destination``,
+        ``protocol`` (dns for refused names), ``reason``, ``count``."""
+        return list(self.client._json(json_req("GET", self._path("network/denials")))["denials"])
 
     # -- ports
     def url(self, port: int) -> str:

@@ -1,0 +1,416 @@
+package agent
+
+// The agent as PID 1 of a microVM (internal/runtime/microvm): the kernel
+// runs it as /init from the initramfs. It loads the modules the tier's
+// kernel keeps modular, assembles the root from the VM's disks (EROFS
+// layers read-only, an overlay over them whose upper directory is on the
+// sandbox's writable ext4 disk), switches into it and serves the agent
+// protocol on a virtio-serial port that the host backs with a Unix socket.
+// The port is opened exclusively (virtio_console refuses a second open with
+// EBUSY) and its device node is removed, so no process of the guest can
+// read or forge the agent's messages.
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// VM kernel command-line parameters the host sets (internal/runtime/microvm).
+const (
+	// VMParamLayers is how many read-only layer disks the VM has, top-most
+	// first: their virtio-blk serials are "layer0", "layer1", …
+	VMParamLayers = "warren.layers"
+	// VMParamPort is the name of the agent's virtio-serial port.
+	VMParamPort = "warren.port"
+	// VMParamHostname is the guest's hostname.
+	VMParamHostname = "warren.hostname"
+	// VMDiskRW is the serial of the writable disk (ext4, made by the host).
+	VMDiskRW = "rw"
+	// VMModulesDir holds the modules of the initramfs, loaded in the order
+	// of VMModulesDir/modules.order.
+	VMModulesDir = "/modules"
+)
+
+// IsVMInit reports whether this process is the init of a microVM: PID 1,
+// started by the kernel as /init.
+func IsVMInit() bool {
+	return os.Getpid() == 1 && len(os.Args) > 0 && os.Args[0] == "/init"
+}
+
+// VMMain boots the guest and serves the agent protocol on its port. It
+// never returns: if anything fails, PID 1 exits and the kernel panics,
+// which (panic=-1, -no-reboot) ends QEMU.
+func VMMain() {
+	goruntime.GOMAXPROCS(min(2, goruntime.NumCPU()))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	slog.SetDefault(log)
+	port, err := vmBoot(log)
+	if err != nil {
+		log.Error("agent: vm boot failed", "err", err)
+		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		os.Exit(1)
+	}
+	a := New(log)
+	if err := a.Serve(port); err != nil {
+		log.Error("agent: serve", "err", err)
+	}
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+	os.Exit(1)
+}
+
+// vmBoot prepares the guest: pseudo file systems, modules, root, port.
+func vmBoot(log *slog.Logger) (*portListener, error) {
+	t0 := time.Now()
+	for _, m := range []struct{ src, dir, fs string }{
+		{"devtmpfs", "/dev", "devtmpfs"}, {"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"},
+	} {
+		_ = os.MkdirAll(m.dir, 0o755)
+		if err := unix.Mount(m.src, m.dir, m.fs, unix.MS_NOSUID|unix.MS_NOEXEC, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("mount %s: %w", m.dir, err)
+		}
+	}
+	if err := loadModules(VMModulesDir); err != nil {
+		return nil, err
+	}
+	params, err := kernelParams()
+	if err != nil {
+		return nil, err
+	}
+	nLayers, err := strconv.Atoi(params[VMParamLayers])
+	if err != nil || nLayers < 1 {
+		return nil, fmt.Errorf("kernel parameter %s=%q: want a count ≥ 1", VMParamLayers, params[VMParamLayers])
+	}
+	if err := vmRoot(nLayers); err != nil {
+		return nil, err
+	}
+	if h := params[VMParamHostname]; h != "" {
+		_ = unix.Sethostname([]byte(h))
+	}
+	name := params[VMParamPort]
+	if name == "" {
+		return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)
+	}
+	port, err := openPort(name)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("agent: vm booted", "layers", nLayers, "took", time.Since(t0))
+	return port, nil
+}
+
+// loadModules loads dir's modules in the order of dir/modules.order.
+func loadModules(dir string) error {
+	order, err := os.ReadFile(filepath.Join(dir, "modules.order"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // a kernel with everything built in
+	}
+	if err != nil {
+		return err
+	}
+	for _, name := range strings.Fields(string(order)) {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return fmt.Errorf("module %s: %w", name, err)
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// kernelParams are the key=value words of /proc/cmdline.
+func kernelParams() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, w := range strings.Fields(string(b)) {
+		if k, v, ok := strings.Cut(w, "="); ok {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
+
+// diskBySerial waits (bounded) until the virtio-blk disks with the given
+// serials exist and returns their /dev paths.
+func disksBySerial(serials []string) (map[string]string, error) {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		found := map[string]string{}
+		ents, _ := os.ReadDir("/sys/block")
+		for _, e := range ents {
+			s, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "serial"))
+			if err != nil {
+				continue
+			}
+			dev := "/dev/" + e.Name()
+			if _, err := os.Stat(dev); err == nil {
+				found[strings.TrimSpace(string(s))] = dev
+			}
+		}
+		missing := ""
+		for _, s := range serials {
+			if found[s] == "" {
+				missing = s
+				break
+			}
+		}
+		if missing == "" {
+			return found, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("disk with serial %q did not appear", missing)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// vmRoot mounts the layers and the writable disk, stacks them in an
+// overlay at /newroot and makes that the root (the initramfs's files are
+// removed first: switch_root's job).
+func vmRoot(nLayers int) error {
+	serials := []string{VMDiskRW}
+	for i := range nLayers {
+		serials = append(serials, "layer"+strconv.Itoa(i))
+	}
+	devs, err := disksBySerial(serials)
+	if err != nil {
+		return err
+	}
+	lowers := make([]string, nLayers)
+	for i := range nLayers {
+		dir := "/.warren/layer" + strconv.Itoa(i)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(devs["layer"+strconv.Itoa(i)], dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+			return fmt.Errorf("mount layer %d: %w", i, err)
+		}
+		lowers[i] = dir
+	}
+	if err := os.MkdirAll("/.warren/rw", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(devs[VMDiskRW], "/.warren/rw", "ext4", 0, ""); err != nil {
+		return fmt.Errorf("mount the writable disk: %w", err)
+	}
+	for _, d := range []string{"/.warren/rw/upper", "/.warren/rw/work", "/newroot"} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=/.warren/rw/upper,workdir=/.warren/rw/work"
+	if err := unix.Mount("overlay", "/newroot", "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount the root overlay: %w", err)
+	}
+	for _, d := range []string{"dev", "proc", "sys", "tmp"} {
+		_ = os.MkdirAll(filepath.Join("/newroot", d), 0o755)
+	}
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		if err := unix.Mount(d, "/newroot"+d, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move %s: %w", d, err)
+		}
+	}
+	// The initramfs's own files: nothing needs them any more.
+	_ = os.RemoveAll(VMModulesDir)
+	_ = os.Remove("/init")
+	if err := os.Chdir("/newroot"); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return err
+	}
+	for _, m := range []struct{ dir, fs, opts string }{
+		{"/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=620"},
+		{"/dev/shm", "tmpfs", "mode=1777"},
+		{"/tmp", "tmpfs", "mode=1777"},
+	} {
+		_ = os.MkdirAll(m.dir, 0o755)
+		if err := unix.Mount(m.fs, m.dir, m.fs, unix.MS_NOSUID|unix.MS_NODEV, m.opts); err != nil {
+			return fmt.Errorf("mount %s: %w", m.dir, err)
+		}
+	}
+	return nil
+}
+
+// openPort opens the virtio-serial port called name exclusively and
+// removes its device node.
+func openPort(name string) (*portListener, error) {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		dev, err := findPort(name)
+		if err == nil {
+			fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("open port %s: %w", dev, err)
+			}
+			if err := os.Remove(dev); err != nil {
+				unix.Close(fd)
+				return nil, fmt.Errorf("remove port node %s: %w", dev, err)
+			}
+			return &portListener{fd: fd}, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// findPort is the device node of the virtio-serial port called name.
+func findPort(name string) (string, error) {
+	ents, _ := os.ReadDir("/sys/class/virtio-ports")
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join("/sys/class/virtio-ports", n, "name"))
+		if err == nil && strings.TrimSpace(string(b)) == name {
+			dev := "/dev/" + n
+			if _, err := os.Stat(dev); err != nil {
+				return "", err
+			}
+			return dev, nil
+		}
+	}
+	return "", fmt.Errorf("no virtio-serial port named %q", name)
+}
+
+// portListener makes a virtio-serial port look like a listener: each time
+// the host connects to the socket behind the port, Accept returns a
+// connection, which ends (EOF) when the host disconnects. The port is read
+// and written with blocking calls: a read waits while the host is connected
+// and returns 0 once it is not.
+type portListener struct {
+	fd int
+
+	mu  sync.Mutex
+	cur *portConn
+}
+
+// Accept waits until the previous connection ended and the host sent
+// something on a new one.
+func (l *portListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	prev := l.cur
+	l.mu.Unlock()
+	if prev != nil {
+		<-prev.done
+	}
+	for {
+		fds := []unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 1000)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return nil, fmt.Errorf("poll port: %w", err)
+		}
+		if n > 0 && fds[0].Revents&unix.POLLIN != 0 {
+			break
+		}
+		// POLLHUP: no host connected; poll returns at once then.
+		time.Sleep(20 * time.Millisecond)
+	}
+	c := &portConn{fd: l.fd, done: make(chan struct{})}
+	l.mu.Lock()
+	l.cur = c
+	l.mu.Unlock()
+	return c, nil
+}
+
+func (l *portListener) Close() error   { return unix.Close(l.fd) }
+func (l *portListener) Addr() net.Addr { return portAddr{} }
+
+type portAddr struct{}
+
+func (portAddr) Network() string { return "virtio-serial" }
+func (portAddr) String() string  { return "port" }
+
+// portConn is one connection of the host over the port.
+type portConn struct {
+	fd   int
+	once sync.Once
+	done chan struct{}
+}
+
+func (c *portConn) end() { c.once.Do(func() { close(c.done) }) }
+
+func (c *portConn) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *portConn) Read(p []byte) (int, error) {
+	if c.ended() {
+		return 0, net.ErrClosed
+	}
+	for {
+		n, err := unix.Read(c.fd, p)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		if err != nil {
+			c.end()
+			return 0, err
+		}
+		if n == 0 {
+			c.end()
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (c *portConn) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		if c.ended() {
+			return done, net.ErrClosed
+		}
+		n, err := unix.Write(c.fd, p[done:])
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		if err != nil {
+			c.end()
+			return done, err
+		}
+		done += n
+	}
+	return done, nil
+}
+
+func (c *portConn) Close() error                       { c.end(); return nil }
+func (c *portConn) LocalAddr() net.Addr                { return portAddr{} }
+func (c *portConn) RemoteAddr() net.Addr               { return portAddr{} }
+func (c *portConn) SetDeadline(t time.Time) error      { return nil }
+func (c *portConn) SetReadDeadline(t time.Time) error  { return nil }
+func (c *portConn) SetWriteDeadline(t time.Time) error { return nil }

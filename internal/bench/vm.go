@@ -1,0 +1,158 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
+)
+
+// The microvm tier's figures (issue 17): create→first exec, and host
+// memory per idle microVM of 256 MiB. Each names the accelerator (TCG is
+// emulation: boots take seconds; with KVM QEMU's microvm boots in
+// ~100–200 ms).
+
+// VMOptions size the vm figures.
+type VMOptions struct {
+	Creates int // sandboxes created one after another for the latency; default 8
+	Idle    int // idle VMs measured for memory; default 3
+}
+
+func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	creates, idle := o.VM.Creates, o.VM.Idle
+	if creates <= 0 {
+		creates = 8
+	}
+	if idle <= 0 {
+		idle = 3
+	}
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	accel := ""
+	for _, n := range nodes {
+		accel = n.Accelerator
+	}
+	if accel == "" {
+		return fmt.Errorf("the node offers no microvm tier (make vm-kernel; qemu-system-x86)")
+	}
+	accel = strings.ToUpper(accel)
+	req := api.CreateSandboxRequest{Tier: api.TierMicroVM, Image: "busybox", MemoryMB: 256}
+
+	fmt.Fprintf(o.Out, "microvm create→first exec (%d, %s)...\n", creates, accel)
+	var lat []time.Duration
+	for range creates {
+		t0 := time.Now()
+		sb, err := c.Create(ctx, req)
+		if err != nil {
+			return err
+		}
+		_, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "true"})
+		d := time.Since(t0)
+		_, _ = c.Delete(context.WithoutCancel(ctx), sb.ID)
+		if err != nil {
+			return err
+		}
+		lat = append(lat, d)
+	}
+	p := percentiles(lat)
+	rep.add("microvm create→first exec p50 ("+accel+")", ms(p.p50), "ms", fmt.Sprintf("p99 %.0f ms over %d creates, 256 MiB guest", ms(p.p99), creates))
+
+	fmt.Fprintf(o.Out, "microvm memory: %d idle VMs of 256 MiB (%s)...\n", idle, accel)
+	var ids []string
+	defer func() {
+		for _, id := range ids {
+			_, _ = c.Delete(context.WithoutCancel(ctx), id)
+		}
+	}()
+	for range idle {
+		sb, err := c.Create(ctx, req)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, sb.ID)
+	}
+	time.Sleep(10 * time.Second) // boot work done, guest idle
+	var rss, pss int64
+	n := 0
+	for _, id := range ids {
+		pid := qemuPid(id)
+		if pid == 0 {
+			return fmt.Errorf("no QEMU process for %s", id)
+		}
+		r, p, err := procMemory(pid)
+		if err != nil {
+			return err
+		}
+		rss += r
+		pss += p
+		n++
+	}
+	rep.add("host memory per idle microVM, RSS ("+accel+")", float64(rss)/float64(n)/1024, "MiB",
+		fmt.Sprintf("PSS %.0f MiB (the kernel file and QEMU's code shared between VMs); 256 MiB guest, %d VMs, 10 s after create", float64(pss)/float64(n)/1024, n))
+
+	// Pause = a memory snapshot (QEMU ends); the next exec restores it.
+	var pauses, resumes []time.Duration
+	for _, id := range ids {
+		t0 := time.Now()
+		if _, err := c.Pause(ctx, id); err != nil {
+			return err
+		}
+		pauses = append(pauses, time.Since(t0))
+		if qemuPid(id) != 0 {
+			return fmt.Errorf("QEMU of %s runs while it is paused", id)
+		}
+		t0 = time.Now()
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "true"}); err != nil {
+			return err
+		}
+		resumes = append(resumes, time.Since(t0))
+	}
+	pp, rp := percentiles(pauses), percentiles(resumes)
+	rep.add("microvm pause to a memory snapshot p50 ("+accel+")", ms(pp.p50), "ms", fmt.Sprintf("QEMU ends: host memory freed entirely; p99 %.0f ms over %d", ms(pp.p99), len(pauses)))
+	rep.add("microvm resume from the snapshot → first exec p50 ("+accel+")", ms(rp.p50), "ms", fmt.Sprintf("p99 %.0f ms over %d", ms(rp.p99), len(resumes)))
+	return nil
+}
+
+// qemuPid is the pid of the QEMU running sandbox id (0: none).
+func qemuPid(id string) int {
+	out, _ := exec.Command("pgrep", "-f", "qemu-system.*warren-vm:.*/"+id+"( |$)").Output()
+	f := strings.Fields(string(out))
+	if len(f) == 0 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(f[0])
+	return pid
+}
+
+// procMemory is pid's RSS and PSS in KiB (smaps_rollup).
+func procMemory(pid int) (rss, pss int64, err error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(fs[1], 10, 64)
+		switch fs[0] {
+		case "Rss:":
+			rss = v
+		case "Pss:":
+			pss = v
+		}
+	}
+	return rss, pss, sc.Err()
+}

@@ -1,0 +1,687 @@
+package microvm
+
+// Locks: Runtime.mu only (children), never held across a call that blocks.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/digitalocean/go-qemu/qmp"
+	"github.com/digitalocean/go-qemu/qmp/raw"
+
+	"github.com/warrenhq/warren/internal/agent"
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+// Tier is the tier's name.
+const Tier = "microvm"
+
+// Files in a sandbox's StateDir.
+const (
+	SocketName  = "agent.sock" // the host end of the agent's virtio-serial port
+	QMPName     = "qmp.sock"
+	ConsoleName = "console.log" // the guest's serial console (kernel and agent log)
+	LogName     = "qemu.log"
+	DiskLink    = "disk" // symlink to the writable disk (it lives on the writable storage)
+	DiskName    = "vm-disk.ext4"
+	portName    = "warren.agent"
+	// namePrefix starts QEMU's -name, "warren-vm:<cgroup parent>/<id>":
+	// how Leftovers and Destroy recognise this runtime's VMs (and not
+	// those of another warren on the host).
+	namePrefix = "warren-vm:"
+)
+
+// Defaults of a sandbox that asks for nothing.
+const (
+	DefaultMemoryMB = 256
+	DefaultDiskMB   = 1024
+	// overheadMB is what QEMU needs beyond the guest's memory (TCG's code
+	// buffer, the kernel file's mapping, QEMU itself): the cgroup's limit
+	// is the guest memory plus this.
+	overheadMB = 256
+	// tcgBufferMB caps TCG's translated-code buffer (QEMU 7.2's default
+	// is 1 GiB, of which an idle guest touched ~43 MiB here; 32 MiB filled
+	// up during boot and slowed it).
+	tcgBufferMB = 64
+)
+
+// Config configures the tier.
+type Config struct {
+	// Kernel is the guest kernel (OpenKernel).
+	Kernel Kernel
+	// AgentPath is the warren-agent binary: /init of the initramfs.
+	AgentPath string
+	// CacheDir holds the initramfs (built once per agent and kernel).
+	CacheDir string
+	// LayerFile maps a layer's mounted directory (runtime.Spec.Lowers) to
+	// its EROFS image, which the VM attaches as a read-only disk.
+	LayerFile func(dir string) (string, error)
+	// QEMU is the qemu-system-x86_64 binary (default: found in PATH).
+	QEMU string
+	// Accel is "kvm" or "tcg"; "" picks KVM when a guest really runs
+	// with it (ProbeKVM), else TCG.
+	Accel string
+	// CgroupParent is the cgroup (relative to each hierarchy's root) under
+	// which every VM's QEMU gets its own; default "warren-vm".
+	CgroupParent string
+	Logger       *slog.Logger
+}
+
+// Runtime is the "microvm" tier.
+type Runtime struct {
+	cfg       Config
+	log       *slog.Logger
+	initramfs string
+	cg        cgroupDriver
+
+	mu       sync.Mutex
+	children map[int]chan struct{} // QEMUs this process started, closed when reaped
+	conns    map[string]*vmConn    // the edge's agent connection per sandbox (snapshot.go)
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New checks the configuration and builds the initramfs.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.AgentPath == "" || cfg.Kernel.Dir == "" || cfg.CacheDir == "" || cfg.LayerFile == nil {
+		return nil, errors.New("microvm: AgentPath, Kernel, CacheDir and LayerFile are required")
+	}
+	if cfg.QEMU == "" {
+		p, err := exec.LookPath("qemu-system-x86_64")
+		if err != nil {
+			return nil, fmt.Errorf("microvm: qemu-system-x86_64 not found (scripts/install-deps.sh installs it): %w", err)
+		}
+		cfg.QEMU = p
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "warren-vm"
+	}
+	if strings.ContainsAny(cfg.CgroupParent, ", \t\n") {
+		return nil, fmt.Errorf("microvm: cgroup parent %q: no commas or spaces (it is part of QEMU's -name)", cfg.CgroupParent)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = "tcg"
+		if ProbeKVM() {
+			cfg.Accel = "kvm"
+		}
+	}
+	initrd, err := BuildInitramfs(cfg.Kernel, cfg.AgentPath, cfg.CacheDir)
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, cg: newCgroupDriver(),
+		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}}, nil
+}
+
+// Close removes the tier's parent cgroups (when no VM is left in them).
+func (r *Runtime) Close() error {
+	return r.cg.remove(r.cfg.CgroupParent)
+}
+
+// Name is the tier.
+func (r *Runtime) Name() string { return Tier }
+
+// Accel is the accelerator the VMs run with: "kvm" or "tcg".
+func (r *Runtime) Accel() string { return r.cfg.Accel }
+
+// KernelVersion names the guest kernel.
+func (r *Runtime) KernelVersion() string { return r.cfg.Kernel.Version }
+
+func (r *Runtime) cgroupPath(id string) string { return r.cfg.CgroupParent + "/" + id }
+
+// Start boots the VM and returns once its agent answers setup.
+func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.Instance, err error) {
+	if spec.ID == "" || spec.ID != filepath.Base(spec.ID) || spec.ID[0] == '.' || strings.ContainsAny(spec.ID, ", ") {
+		return nil, fmt.Errorf("microvm: bad sandbox id %q", spec.ID)
+	}
+	if spec.StateDir == "" {
+		return nil, errors.New("microvm: StateDir is required")
+	}
+	switch {
+	case len(spec.Lowers) == 0:
+		return nil, errors.New("microvm: no layers")
+	case len(spec.Binds) > 0:
+		return nil, errors.New("microvm: layers attached at paths are not supported by this tier yet")
+	case len(spec.Stateless) > 0:
+		return nil, errors.New("microvm: stateless sandboxes are not supported by this tier")
+	case spec.Network != nil:
+		return nil, errors.New("microvm: networks are not supported by this tier yet")
+	}
+	t0 := time.Now()
+	h := runtime.Handle{ID: spec.ID, Tier: Tier, Socket: filepath.Join(spec.StateDir, SocketName), Cgroup: r.cgroupPath(spec.ID)}
+	var client *agentproto.Client
+	defer func() {
+		if err == nil {
+			return
+		}
+		if client != nil {
+			client.Close()
+		}
+		if derr := r.Destroy(context.WithoutCancel(ctx), h); derr != nil {
+			r.log.Error("microvm: undo failed start", "id", spec.ID, "err", derr)
+		}
+	}()
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("microvm: state dir: %w", err)
+	}
+	layers := make([]string, len(spec.Lowers))
+	for i, d := range spec.Lowers {
+		if layers[i], err = r.cfg.LayerFile(d); err != nil {
+			return nil, fmt.Errorf("microvm: layer %s: %w", d, err)
+		}
+	}
+	disk, err := makeDisk(spec)
+	if err != nil {
+		return nil, err
+	}
+	tDisk := time.Now()
+	if err := r.cg.create(h.Cgroup, memoryOf(spec)+overheadMB); err != nil {
+		return nil, err
+	}
+	cmd, err := r.command(spec, layers, disk)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.cg.startIn(h.Cgroup, cmd); err != nil {
+		return nil, fmt.Errorf("microvm: start qemu: %w", err)
+	}
+	h.Pid = cmd.Process.Pid
+	r.reap(cmd)
+	if h.PidStart, err = pidStart(h.Pid); err != nil {
+		return nil, fmt.Errorf("microvm: qemu start time: %w", err)
+	}
+	conn, err := r.dial(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	client = agentproto.NewClient(r.track(h.ID, conn))
+	tQEMU := time.Now()
+	setup := &agentproto.SetupConfig{
+		RootDir: "/", Unconfined: true, // the VM is the boundary; the agent assembled the root at boot
+		Hostname: spec.Hostname, Env: spec.Env, User: spec.User, Cwd: spec.Cwd,
+	}
+	var res agentproto.SetupResult
+	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
+		return nil, fmt.Errorf("microvm: agent setup: %w (qemu: %q; guest console: %q)", err,
+			logTail(filepath.Join(spec.StateDir, LogName), 300), logTail(filepath.Join(spec.StateDir, ConsoleName), 600))
+	}
+	// The CPU limit holds from now on: the boot (seconds of CPU under TCG)
+	// ran without it, as a container's agent set-up does.
+	if spec.CPU > 0 {
+		if err := r.cg.setCPU(h.Cgroup, spec.CPU); err != nil {
+			return nil, fmt.Errorf("microvm: cpu limit: %w", err)
+		}
+	}
+	r.log.Debug("microvm: started", "id", spec.ID, "pid", h.Pid, "accel", r.cfg.Accel,
+		"disk", tDisk.Sub(t0), "qemu", tQEMU.Sub(tDisk), "boot", time.Since(tQEMU), "total", time.Since(t0))
+	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// logTail is the last n bytes of the file at p (for errors: the state
+// directory goes with the failed sandbox).
+func logTail(p string, n int64) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return ""
+	}
+	if int64(len(b)) > n {
+		b = b[int64(len(b))-n:]
+	}
+	return string(bytes.TrimSpace(b))
+}
+
+func memoryOf(spec *runtime.Spec) int64 {
+	if spec.MemoryMB > 0 {
+		return spec.MemoryMB
+	}
+	return DefaultMemoryMB
+}
+
+// makeDisk makes the sandbox's writable disk: a sparse ext4 file on the
+// writable storage (spec.Work, else the state directory), linked from the
+// state directory so that Destroy finds it.
+func makeDisk(spec *runtime.Spec) (string, error) {
+	dir := spec.Work
+	if dir == "" {
+		dir = spec.StateDir
+	}
+	size := spec.DiskMB
+	if size <= 0 {
+		size = DefaultDiskMB
+	}
+	p := filepath.Join(dir, DiskName)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("microvm: disk: %w", err)
+	}
+	err = f.Truncate(size << 20)
+	f.Close()
+	if err != nil {
+		return "", fmt.Errorf("microvm: disk: %w", err)
+	}
+	link := filepath.Join(spec.StateDir, DiskLink)
+	os.Remove(link)
+	if err := os.Symlink(p, link); err != nil {
+		return "", fmt.Errorf("microvm: disk link: %w", err)
+	}
+	// No journal: the disk lives and dies with one sandbox. Lazy init:
+	// mkfs writes only the metadata it needs (~30 ms).
+	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0",
+		"-E", "lazy_itable_init=1,root_owner=0:0", p).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("microvm: mkfs.ext4: %v: %s", err, bytes.TrimSpace(out))
+	}
+	return p, nil
+}
+
+// command is QEMU's command line for spec.
+func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*exec.Cmd, error) {
+	smp := int(math.Ceil(spec.CPU))
+	if smp < 1 {
+		smp = 1
+	}
+	hostname := spec.Hostname
+	if hostname == "" || strings.ContainsAny(hostname, " \t\n") {
+		hostname = "sandbox"
+	}
+	params := []string{
+		"console=ttyS0", "quiet", "loglevel=3", "panic=-1", "reboot=t",
+		// Without it ~30 % of TCG boots hang calibrating the TSC.
+		"tsc_early_khz=2000000",
+		"cryptomgr.notests", // crypto self-tests cost ~1.2 s under TCG
+		agent.VMParamLayers + "=" + strconv.Itoa(len(layers)),
+		agent.VMParamPort + "=" + portName,
+		agent.VMParamHostname + "=" + hostname,
+	}
+	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(tcgBufferMB)
+	if r.cfg.Accel == "kvm" {
+		cpu, accel = "host", "kvm"
+	}
+	args := []string{
+		"-name", r.qemuName(spec.ID),
+		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on",
+		"-accel", accel, "-cpu", cpu,
+		"-m", strconv.FormatInt(memoryOf(spec), 10), "-smp", strconv.Itoa(smp),
+		"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none",
+		// QEMU's own seccomp filter: no obsolete syscalls, no set*id, no
+		// processes spawned, no scheduler/affinity changes. (QEMU still
+		// runs as root: with -runas to a uid of its own, the memory
+		// snapshot's completion reopens the disks by path, which that uid
+		// may not reach; passing the disks as descriptors is the way out.)
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-serial", "file:" + filepath.Join(spec.StateDir, ConsoleName),
+		"-kernel", r.cfg.Kernel.Vmlinux(), "-initrd", r.initramfs,
+		"-append", strings.Join(params, " "),
+		"-qmp", "unix:" + filepath.Join(spec.StateDir, QMPName) + ",server=on,wait=off",
+		// Free page reporting: memory the guest frees goes back to the
+		// host (within seconds).
+		"-device", "virtio-balloon-device,free-page-reporting=on",
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,path=" + filepath.Join(spec.StateDir, SocketName) + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=" + portName,
+		"-drive", "id=rw,file=" + disk + ",format=raw,if=none,cache=unsafe,discard=unmap",
+		"-device", "virtio-blk-device,drive=rw,serial=" + agent.VMDiskRW,
+	}
+	for i, l := range layers {
+		if strings.Contains(l, ",") {
+			return nil, fmt.Errorf("microvm: layer path %q has a comma", l)
+		}
+		id := "layer" + strconv.Itoa(i)
+		args = append(args,
+			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
+			"-device", "virtio-blk-device,drive="+id+",serial="+id)
+	}
+	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: qemu log: %w", err)
+	}
+	return r.qemuCommand(args, logf), nil
+}
+
+// qemuCommand runs QEMU with args, its output to logf (closed when reaped).
+func (r *Runtime) qemuCommand(args []string, logf *os.File) *exec.Cmd {
+	cmd := exec.Command(r.cfg.QEMU, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = []string{}
+	// VMs outlive the edge (a restarted edge adopts them).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd
+}
+
+// track registers c as the edge's connection to sandbox id's agent.
+func (r *Runtime) track(id string, c net.Conn) *vmConn {
+	v := newVMConn(c, func(v *vmConn) {
+		r.mu.Lock()
+		if r.conns[id] == v {
+			delete(r.conns, id)
+		}
+		r.mu.Unlock()
+	})
+	r.mu.Lock()
+	r.conns[id] = v
+	r.mu.Unlock()
+	return v
+}
+
+// conn is the edge's connection to sandbox id's agent, nil when none.
+func (r *Runtime) conn(id string) *vmConn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conns[id]
+}
+
+// pidOf is the pid of h's QEMU: h.Pid while it runs, else (a VM restored
+// from a memory snapshot runs in a new process) the one named for h; 0
+// when none runs.
+func (r *Runtime) pidOf(h runtime.Handle) int {
+	if r.alive(h) {
+		return h.Pid
+	}
+	found, err := r.findQEMUs()
+	if err != nil {
+		return 0
+	}
+	for _, q := range found {
+		if q.id == h.ID {
+			return q.pid
+		}
+	}
+	return 0
+}
+
+func syscall9(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
+
+// reap waits for a QEMU this process started.
+func (r *Runtime) reap(cmd *exec.Cmd) {
+	done := make(chan struct{})
+	r.mu.Lock()
+	r.children[cmd.Process.Pid] = done
+	r.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		if f, ok := cmd.Stdout.(*os.File); ok {
+			f.Close()
+		}
+		r.mu.Lock()
+		delete(r.children, cmd.Process.Pid)
+		r.mu.Unlock()
+		close(done)
+	}()
+}
+
+// dial connects to the agent's socket, waiting until QEMU made it.
+func (r *Runtime) dial(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	for {
+		c, err := net.Dial("unix", h.Socket)
+		if err == nil {
+			return c, nil
+		}
+		if r.pidOf(h) == 0 {
+			return nil, fmt.Errorf("microvm: qemu exited (log: %s): %w", filepath.Join(filepath.Dir(h.Socket), LogName), runtime.ErrGone)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("microvm: connect to the agent: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// alive reports whether h's QEMU still runs.
+func (r *Runtime) alive(h runtime.Handle) bool {
+	if h.Pid <= 0 {
+		return false
+	}
+	st, err := pidStart(h.Pid)
+	return err == nil && st == h.PidStart && !isZombie(h.Pid)
+}
+
+// Attach reconnects to a VM that outlived a restart of the edge. QEMU's
+// socket serves one connection at a time: this one is accepted when the
+// previous one closes.
+func (r *Runtime) Attach(ctx context.Context, h runtime.Handle) (*runtime.Instance, error) {
+	if r.pidOf(h) == 0 {
+		return nil, runtime.ErrGone
+	}
+	c, err := net.Dial("unix", h.Socket)
+	if err != nil {
+		if r.pidOf(h) == 0 {
+			return nil, runtime.ErrGone
+		}
+		return nil, fmt.Errorf("microvm: attach: %w", err)
+	}
+	return &runtime.Instance{Handle: h, Agent: agentproto.NewClient(r.track(h.ID, c))}, nil
+}
+
+// Destroy kills the VM's QEMU, waits for it and frees its disk, sockets
+// and cgroup. A handle without a pid (a start that failed early) finds the
+// QEMU by its name.
+func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
+	if h.ID == "" {
+		return errors.New("microvm: destroy: no id")
+	}
+	pids := map[int]bool{}
+	if r.alive(h) {
+		pids[h.Pid] = true
+	}
+	found, err := r.findQEMUs()
+	if err != nil {
+		return err
+	}
+	for _, q := range found {
+		if q.id == h.ID {
+			pids[q.pid] = true
+		}
+	}
+	for pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for pid := range pids {
+		if err := r.waitGone(ctx, pid); err != nil {
+			return err
+		}
+	}
+	if err := r.cg.remove(r.cgroupPath(h.ID)); err != nil {
+		return err
+	}
+
+	if h.Socket != "" {
+		dir := filepath.Dir(h.Socket)
+		if target, err := os.Readlink(filepath.Join(dir, DiskLink)); err == nil {
+			for _, p := range []string{target, filepath.Join(filepath.Dir(target), MemoryName)} {
+				if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+					return fmt.Errorf("microvm: remove disk: %w", err)
+				}
+			}
+		}
+		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName} {
+			if err := os.Remove(filepath.Join(dir, n)); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("microvm: destroy: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// waitGone waits until pid has exited (and, if ours, was reaped).
+func (r *Runtime) waitGone(ctx context.Context, pid int) error {
+	r.mu.Lock()
+	done := r.children[pid]
+	r.mu.Unlock()
+	deadline := time.After(10 * time.Second)
+	if done != nil {
+		select {
+		case <-done:
+			return nil
+		case <-deadline:
+			return fmt.Errorf("microvm: qemu %d still runs 10 s after SIGKILL", pid)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil || isZombie(pid) {
+			return nil
+		}
+		select {
+		case <-deadline:
+			return fmt.Errorf("microvm: qemu %d still runs 10 s after SIGKILL", pid)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Leftovers lists the VMs of this tier running on the host (QEMUs named
+// by it, whatever started them) and the cgroups of VMs whose QEMU is gone.
+func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
+	found, err := r.findQEMUs()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var hs []runtime.Handle
+	for _, q := range found {
+		st, err := pidStart(q.pid)
+		if err != nil {
+			continue
+		}
+		seen[q.id] = true
+		hs = append(hs, runtime.Handle{ID: q.id, Tier: Tier, Pid: q.pid, PidStart: st, Socket: q.socket, Cgroup: r.cgroupPath(q.id)})
+	}
+	for _, id := range r.cg.list(r.cfg.CgroupParent) {
+		if !seen[id] {
+			hs = append(hs, runtime.Handle{ID: id, Tier: Tier, Cgroup: r.cgroupPath(id)})
+		}
+	}
+	return hs, nil
+}
+
+// Freeze stops the VM's CPUs (QMP stop); Thaw continues them.
+func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
+	return r.qmp(h, func(m *raw.Monitor) error { return m.Stop() })
+}
+
+// Thaw continues a frozen VM.
+func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
+	return r.qmp(h, func(m *raw.Monitor) error { return m.Cont() })
+}
+
+// qmp runs fn on a QMP connection to h's QEMU.
+func (r *Runtime) qmp(h runtime.Handle, fn func(*raw.Monitor) error) error {
+	return r.qmpSocket(h, func(_ *qmp.SocketMonitor, m *raw.Monitor) error { return fn(m) })
+}
+
+// qmpSocket is qmp with the socket too (to pass a descriptor).
+func (r *Runtime) qmpSocket(h runtime.Handle, fn func(*qmp.SocketMonitor, *raw.Monitor) error) error {
+	if r.pidOf(h) == 0 {
+		return runtime.ErrGone
+	}
+	mon, err := qmp.NewSocketMonitor("unix", filepath.Join(filepath.Dir(h.Socket), QMPName), 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("microvm: qmp: %w", err)
+	}
+	if err := mon.Connect(); err != nil {
+		return fmt.Errorf("microvm: qmp: %w", err)
+	}
+	defer mon.Disconnect()
+	if err := fn(mon, raw.NewMonitor(mon)); err != nil {
+		return fmt.Errorf("microvm: qmp: %w", err)
+	}
+	return nil
+}
+
+// qemuProc is a QEMU of this tier found in /proc.
+type qemuProc struct {
+	pid    int
+	id     string
+	socket string
+}
+
+// qemuName is the -name of sandbox id's QEMU.
+func (r *Runtime) qemuName(id string) string { return namePrefix + r.cfg.CgroupParent + "/" + id }
+
+// findQEMUs scans /proc for QEMUs whose -name marks them as this
+// runtime's.
+func (r *Runtime) findQEMUs() ([]qemuProc, error) {
+	prefix := r.qemuName("")
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []qemuProc
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(b, []byte(namePrefix)) {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		q := qemuProc{pid: pid}
+		for i := 0; i+1 < len(args); i++ {
+			switch args[i] {
+			case "-name":
+				if id, ok := strings.CutPrefix(args[i+1], prefix); ok {
+					q.id = id
+				}
+			case "-chardev":
+				for _, kv := range strings.Split(args[i+1], ",") {
+					if p, ok := strings.CutPrefix(kv, "path="); ok && strings.HasSuffix(p, "/"+SocketName) {
+						q.socket = p
+					}
+				}
+			}
+		}
+		if q.id != "" && !isZombie(pid) {
+			out = append(out, q)
+		}
+	}
+	return out, nil
+}
+
+// ProbeKVM reports whether KVM can run guests here: /dev/kvm opens and the
+// CPU has hardware virtualisation (on some hosts /dev/kvm exists without
+// it, and a guest never runs).
+func ProbeKVM() bool {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "flags") {
+			for _, f := range strings.Fields(line) {
+				if f == "vmx" || f == "svm" {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	return false
+}

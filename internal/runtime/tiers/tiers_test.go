@@ -1,0 +1,75 @@
+package tiers
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/runtime/fake"
+)
+
+// named renames a fake runtime: a second tier.
+type named struct {
+	*fake.Runtime
+	name string
+}
+
+func (n named) Name() string { return n.name }
+
+func TestDispatch(t *testing.T) {
+	ctx := context.Background()
+	def, vm := fake.New(), fake.New()
+	r := New(def, named{vm, "microvm"})
+	if got := r.Tiers(); len(got) != 2 || got[0] != "fake" || got[1] != "microvm" {
+		t.Fatalf("tiers %v", got)
+	}
+	a, err := r.Start(ctx, &runtime.Spec{ID: "sb-a", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.Start(ctx, &runtime.Spec{ID: "sb-b", StateDir: t.TempDir(), Tier: "microvm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Handle.Tier != "" || b.Handle.Tier != "microvm" {
+		t.Errorf("handles' tiers %q %q", a.Handle.Tier, b.Handle.Tier)
+	}
+	if _, err := r.Start(ctx, &runtime.Spec{ID: "sb-c", StateDir: t.TempDir(), Tier: "quantum"}); err == nil {
+		t.Error("a tier the node lacks started")
+	}
+	left, err := r.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiers := map[string]string{}
+	for _, h := range left {
+		tiers[h.ID] = h.Tier
+	}
+	if len(tiers) != 2 || tiers["sb-a"] != "" || tiers["sb-b"] != "microvm" {
+		t.Errorf("leftovers %v", tiers)
+	}
+	// A VM's sandbox is never recycled and its CPU gate does nothing.
+	if err := r.Wipe(ctx, b); !errors.Is(err, runtime.ErrNotReusable) {
+		t.Errorf("Wipe of the second tier's sandbox: %v", err)
+	}
+	g, err := r.CPUGate(b.Handle, 1, 0.1)
+	if err != nil || g.Set(false) != nil {
+		t.Errorf("CPU gate of the second tier's sandbox: %v", err)
+	}
+	// Destroy reaches each sandbox's own runtime.
+	if err := r.Destroy(ctx, b.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := vm.Leftovers(ctx); len(left) != 0 {
+		t.Errorf("the second tier still has %v", left)
+	}
+	if left, _ := def.Leftovers(ctx); len(left) != 1 {
+		t.Errorf("the default tier has %v", left)
+	}
+	if err := r.Destroy(ctx, a.Handle); err != nil {
+		t.Fatal(err)
+	}
+	a.Agent.Close()
+	b.Agent.Close()
+}

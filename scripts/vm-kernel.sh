@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Fetches the guest kernel of the microvm tier (internal/runtime/microvm) from
+# the Debian mirror in the machine's apt sources and unpacks what the tier
+# needs into OUT/<version>/:
+#   vmlinux      the uncompressed kernel (QEMU's microvm machine boots an ELF)
+#   modules/     the modules the guest loads, in load order (modules.order)
+#   version      the kernel package's name and version
+# and points OUT/current at it. Idempotent: a version already unpacked is
+# kept, so it runs in well under a second once cached.
+#
+# Bring your own kernel: put a vmlinux (and the .ko files your kernel needs
+# as modules, listed in modules.order; none if they are built in) in a
+# directory and pass it to `warren serve --vm-kernel DIR`.
+#
+# usage: scripts/vm-kernel.sh OUT [PACKAGE]   (PACKAGE: default the one
+# linux-image-amd64 depends on)
+set -euo pipefail
+
+out=${1:?usage: vm-kernel.sh OUT [PACKAGE]}
+pkg=${2:-$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')}
+if [[ -z "$pkg" ]]; then
+  echo "vm-kernel: no linux-image package in the apt sources (run apt-get update)" >&2
+  exit 1
+fi
+pkgver=$(apt-cache policy "$pkg" | awk '/Candidate:/ {print $2}')
+dest="$out/$pkg"
+if [[ -s "$dest/vmlinux" && "$(cat "$dest/version" 2>/dev/null)" == "$pkg $pkgver" ]]; then
+  ln -sfn "$pkg" "$out/current"
+  exit 0
+fi
+
+# The modules the guest loads, dependencies first. virtio itself is modular
+# in Debian's kernel; ext4 (the writable disk), erofs (layers) and overlay
+# assemble the root.
+mods=(virtio_ring virtio virtio_mmio virtio_blk virtio_console virtio_balloon
+      crc32c_generic libcrc32c crc16 mbcache jbd2 ext4 erofs overlay)
+
+work=$(mktemp -d "$out/.fetch.XXXXXX" 2>/dev/null || { mkdir -p "$out"; mktemp -d "$out/.fetch.XXXXXX"; })
+trap 'rm -rf "$work"' EXIT
+(cd "$work" && apt-get download -q "$pkg" >/dev/null 2>&1) || {
+  echo "vm-kernel: apt-get download $pkg failed" >&2
+  exit 1
+}
+dpkg-deb -x "$work"/*.deb "$work/x"
+kver=$(ls "$work/x/lib/modules")
+vmlinuz="$work/x/boot/vmlinuz-$kver"
+
+# The bzImage's payload is xz: find its magic and decompress from there
+# (xz reports trailing garbage after the stream; the ELF is whole).
+off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$vmlinuz" | head -1 | cut -d: -f1 || true)
+if [[ -z "$off" ]]; then
+  echo "vm-kernel: no xz payload in $vmlinuz" >&2
+  exit 1
+fi
+tail -c +"$((off + 1))" "$vmlinuz" | xz -dc >"$work/vmlinux" 2>/dev/null || true
+if [[ "$(head -c 4 "$work/vmlinux" | od -An -c | tr -d ' ')" != '177ELF' ]]; then
+  echo "vm-kernel: the payload of $vmlinuz is not an ELF kernel" >&2
+  exit 1
+fi
+
+mkdir -p "$work/out/modules"
+mv "$work/vmlinux" "$work/out/vmlinux"
+: >"$work/out/modules/modules.order"
+for m in "${mods[@]}"; do
+  f=$(find "$work/x/lib/modules/$kver" -name "$m.ko" | head -1)
+  if [[ -z "$f" ]]; then
+    echo "vm-kernel: module $m not in $pkg" >&2
+    exit 1
+  fi
+  cp "$f" "$work/out/modules/$m.ko"
+  echo "$m.ko" >>"$work/out/modules/modules.order"
+done
+echo "$pkg $pkgver" >"$work/out/version"
+rm -rf "$dest"
+mv "$work/out" "$dest"
+ln -sfn "$pkg" "$out/current"
+echo "vm-kernel: $pkg $pkgver in $dest"
