@@ -35,10 +35,12 @@ package edge
 //     refuses new calls, lets these finish until the drain deadline, then
 //     cancels them (callCtx) and waits.
 //   - Edge.wg: the edge's own goroutines (the heartbeat, reaper, denial
-//     and roster loops, the network rules' watch, the data listener, pool fillers, FnCall workers starting and
-//     stopping, background stops and pauses, telemetry). Started with
-//     wg.Go, or wg.Add(1) by a goroutine already counted or by a call in
-//     flight (which Close drains first). Close cancels runCtx and waits.
+//     and roster loops, the network rules' watch, the data listener,
+//     background stops and pauses, telemetry, and what the job packages
+//     start through core.Core.Go: pool fillers, FnCall workers starting
+//     and resetting). Started with wg.Go, or wg.Add(1) by a goroutine
+//     already counted or by a call in flight (which Close drains first).
+//     Close cancels runCtx and waits.
 //   - Edge.watches: one per sandbox watching its agent's channel; they end
 //     with their sandboxes, so Close waits for them after stopping those.
 
