@@ -2,19 +2,20 @@
 // it. The core (package edge) keeps the sandboxes' records, admits work
 // against the node's capacity, starts and stops sandboxes, reconciles
 // after a crash and reaps expired ones. A job that is not the lifecycle
-// (FnCall workers in internal/edge/fncall, warm pools in internal/edge/pool,
-// and next recycling, pause, snapshots and trajectories) is a package written against Core: it
-// never sees the edge's records or locks, only the Sandbox handles the core
-// gives it.
+// (FnCall workers in internal/edge/fncall, warm pools in
+// internal/edge/pool, and next recycling, pause, snapshots and
+// trajectories) is a package written against Core: it never sees the
+// edge's records or locks, only the Sandbox handles the core gives it.
 //
 // # Contract
 //
-//   - Every Sandbox a job holds came from the core (StartWorker); the job
+//   - Every Sandbox a job holds came from the core (StartWorker), and only
+//     those go back to it (the core's own type is behind each); the job
 //     gives it back by Stop or Reclaim, hands it to a create (the warm
 //     pools' claim), or Close stops it with the rest.
 //   - A sandbox may stop under a job at any time (its agent exits, the
-//     node shuts down): Agent then answers nil, Ready false, and a call
-//     through an agent taken before fails (AgentError says how).
+//     node shuts down): Ready then answers false, Agent may answer nil,
+//     and a call through its agent fails (AgentError says how).
 //   - Go runs a goroutine owned by the edge: Close cancels Context and
 //     waits for every one. A job starts no goroutine of its own otherwise.
 //
@@ -41,7 +42,8 @@ import (
 // Sandbox is a handle on one sandbox of the core.
 type Sandbox interface {
 	ID() string
-	// Agent is the sandbox's agent; nil once it has stopped.
+	// Agent is the sandbox's agent; nil when it has none (a container
+	// handed on by recycling); once it stopped, calls through it fail.
 	Agent() *agentproto.Client
 	// Ready reports whether it is running and not stopping.
 	Ready() bool
@@ -65,7 +67,8 @@ type WorkerOptions struct {
 // Core is what the lifecycle core offers the edge's other jobs.
 type Core interface {
 	Logger() *slog.Logger
-	// Context is cancelled when the edge closes.
+	// Context is cancelled when the edge closes (the jobs are used only
+	// once the edge has started: Start loads the pools, ops follow).
 	Context() context.Context
 	// Go runs f as one of the edge's own goroutines (Close waits for it);
 	// call it from a call in flight or from a goroutine Go started.
