@@ -25,7 +25,15 @@ type NetworkSpec struct {
 	// but the interface. In JSON, the string "internet" alone stands for
 	// ["internet"].
 	Egress []string `json:"egress"`
+	// Group, when set, names the sandbox's network group: sandboxes of
+	// one project created with the same group (on one node) reach each
+	// other on any port and protocol, both ways, and no other sandbox.
+	// Set at create only; a list change (PUT …/network) keeps it.
+	Group string `json:"group,omitempty"`
 }
+
+// NetworkGroupRE is a valid NetworkSpec.Group.
+var NetworkGroupRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
 
 // EgressInternet is the egress entry that allows every public address:
 // everything but what is never reachable (the host, link-local and
@@ -37,11 +45,12 @@ const EgressInternet = "internet"
 func (n *NetworkSpec) UnmarshalJSON(b []byte) error {
 	var raw struct {
 		Egress json.RawMessage `json:"egress"`
+		Group  string          `json:"group"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	n.Egress = nil
+	n.Egress, n.Group = nil, raw.Group
 	if len(raw.Egress) == 0 || string(raw.Egress) == "null" {
 		return nil
 	}

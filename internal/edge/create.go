@@ -300,6 +300,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if rspec.Network, err = e.runtimeNetwork(spec.Network, false); err != nil {
 		return err
 	}
+	if rspec.Network != nil && spec.Network.Group != "" {
+		// Per project: two projects' groups of one name are two groups.
+		rspec.Network.Group = spec.Project + "\x00" + spec.Network.Group
+	}
 	var inst *runtime.Instance
 	if box != nil {
 		if inst = e.rerootInto(ctx, box, rspec); inst != nil {

@@ -288,7 +288,10 @@ func (e *Edge) setNetworkLocked(sb *sandbox, ns runtime.NetworkSetter, id string
 		return &api.Error{Code: api.CodeConflict, Message: "sandbox " + id + " was created without network (loopback only): its network cannot be changed"}
 	case sb.inst == nil || sb.inst.Handle.Net == nil || (sb.rec.Sandbox.State != api.StateRunning && sb.rec.Sandbox.State != api.StatePaused):
 		return &api.Error{Code: api.CodeConflict, Message: "sandbox " + id + " is " + sb.rec.Sandbox.State + ": its network cannot be changed"}
+	case n.Group != "" && n.Group != sb.rec.Spec.Network.Group:
+		return &api.Error{Code: api.CodeConflict, Message: "sandbox " + id + ": network.group is set at create only (it is \"" + sb.rec.Spec.Network.Group + "\")"}
 	}
+	n.Group = sb.rec.Spec.Network.Group // a change of the list keeps the group
 	if err := ns.SetEgress(sb.inst.Handle, egress); err != nil {
 		return fmt.Errorf("set network of %s: %w", id, err)
 	}

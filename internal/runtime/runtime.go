@@ -63,6 +63,9 @@ type Spec struct {
 // NetworkSpec is a sandbox's opt-in network, parsed.
 type NetworkSpec struct {
 	Egress []api.EgressRule
+	// Group is the key of the sandbox's network group, unique on the node
+	// (project and name; "" = none): its members reach each other.
+	Group string
 }
 
 // NetHandle is a networked sandbox's addresses.

@@ -14,12 +14,14 @@
 // other sandboxes; packets to the host itself are refused; everything
 // refused is counted per rule; what passes is masqueraded.
 //
-// Lock order: Manager.listMu, then Manager.mu. mu is held across making
-// and removing the edge's table (with the first networked sandbox, and at
+// Lock order: Manager.listMu, then Manager.groupMu, then Manager.mu. mu
+// is held across making and removing the edge's table (with the first networked sandbox, and at
 // Close), so that no sandbox's chains go into a table being removed; a
 // sandbox's own link and chains are made and removed without it. listMu
 // orders a change of a list (SetEgress, held) against the resolver's
 // admissions (read-held across matching a name and adding its addresses).
+// groupMu is held across the transactions that change a network group's
+// set (its making, its members, its removal with the last one: group.go).
 package sandboxnet
 
 import (
@@ -80,6 +82,8 @@ type Manager struct {
 	listMu  sync.RWMutex
 	mu      sync.Mutex
 	policy  map[string]dnsPolicy // by sandbox id: what the resolver needs
+	groupMu sync.Mutex           // held across a grouped sandbox's install or removal
+	groups  map[string]string    // by sandbox id: its group's set (g_<hash>)
 	dns     *resolver            // from the first networked sandbox to Close
 	used    map[int]string       // /31 index -> sandbox id
 	byID    map[string]int
@@ -100,7 +104,7 @@ func New(pool, owner string) (*Manager, error) {
 	}
 	h := sha256.Sum256([]byte(owner))
 	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{},
-		policy: map[string]dnsPolicy{}}, nil
+		policy: map[string]dnsPolicy{}, groups: map[string]string{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
@@ -126,6 +130,10 @@ type Attachment struct {
 	Egress  []api.EgressRule
 	// MaxConns bounds the sandbox's open connections.
 	MaxConns uint32
+	// Group is the set of the sandbox's network group (g_<hash>; ""
+	// none): its members' addresses, which it may reach and be reached
+	// from.
+	Group string
 }
 
 func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
@@ -173,6 +181,7 @@ func (m *Manager) loadLocked() {
 			m.used[i], m.byID[id] = id, i
 		}
 	}
+	m.loadGroupsLocked()
 }
 
 // alloc picks a free /31 for id: one no sandbox of this manager holds and
@@ -280,6 +289,13 @@ func (m *Manager) enableForwarding() error {
 // an address and a default route, and installs its policy. On an error
 // nothing of it is left.
 func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attachment, err error) {
+	return m.AttachGroup(id, pid, egress, "")
+}
+
+// AttachGroup is Attach for a member of the network group named by group
+// (a key unique on the node, e.g. project and name; "" = none): it may
+// reach the other members, and they it, on any port and protocol.
+func (m *Manager) AttachGroup(id string, pid int, egress []api.EgressRule, group string) (a *Attachment, err error) {
 	if err := m.enableForwarding(); err != nil {
 		return nil, err
 	}
@@ -289,7 +305,7 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 	}
 	gw, addr := m.addrs(i)
 	a = &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
-		MaxConns: m.MaxConns}
+		MaxConns: m.MaxConns, Group: groupSet(group)}
 	if a.MaxConns == 0 {
 		a.MaxConns = DefaultMaxConns
 	}
@@ -431,6 +447,9 @@ func (m *Manager) Sweep(live func(id string) bool) ([]string, error) {
 		}
 		gone = append(gone, id)
 	}
+	if err := m.sweepGroups(); err != nil {
+		errs = append(errs, err)
+	}
 	// A table left without sandboxes (a crash after the last one went).
 	if err := m.Close(); err != nil {
 		errs = append(errs, err)
@@ -475,6 +494,17 @@ func Owned(owner string) ([]string, error) {
 			}
 			for _, s := range sets {
 				out = append(out, "nftables set "+s)
+			}
+			groups, err := m.groupSets()
+			if err != nil {
+				return out, err
+			}
+			for name, addrs := range groups {
+				l := "nftables set " + name + " ("
+				for _, a := range addrs {
+					l += " " + a.String()
+				}
+				out = append(out, l+" )")
 			}
 		}
 	}

@@ -227,7 +227,11 @@ func (m *Manager) createTable() error {
 			Mask: binaryutil.NativeEndian.PutUint32(0x20), Xor: make([]byte, 4)}, // IPS_DST_NAT
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)}, verdict(expr.VerdictAccept)})
 	add(in, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(host)})
-	// Into a sandbox: replies only.
+	// Into a sandbox from another: what the sender's o_<id> let through
+	// (its group; it refuses every other sandbox address). From anywhere
+	// else: replies only.
+	add(into, []expr.Any{meta(expr.MetaKeyIIFNAME), member(links, false), meta(expr.MetaKeyOIFNAME), member(links, false),
+		verdict(expr.VerdictAccept)})
 	add(into, cat([]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false)}, established(), []expr.Any{verdict(expr.VerdictAccept)}))
 	add(into, []expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false), verdict(expr.VerdictDrop)})
 	// What leaves a sandbox through another interface leaves as the host.
@@ -241,6 +245,10 @@ func (m *Manager) createTable() error {
 
 // installPolicy adds a's chains and map elements in one transaction.
 func (m *Manager) installPolicy(a *Attachment) error {
+	if a.Group != "" {
+		m.groupMu.Lock()
+		defer m.groupMu.Unlock()
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("sandboxnet: nftables: %w", err)
@@ -281,7 +289,12 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	add(allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
 		&expr.Counter{}, rejectAdmin()})
 	add(allowed, "", []expr.Any{verdict(expr.VerdictAccept)})
-	m.outRules(c, fwd, a.ID, a.Address, a.Egress)
+	if a.Group != "" {
+		if err := m.joinGroup(c, t, a); err != nil {
+			return err
+		}
+	}
+	m.outRules(c, fwd, a.ID, a.Address, a.Group, a.Egress)
 
 	// The host itself (every address it has, the gateway too) is never
 	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
@@ -305,6 +318,11 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
 	}
+	if a.Group != "" {
+		m.mu.Lock()
+		m.groups[a.ID] = a.Group
+		m.mu.Unlock()
+	}
 	return nil
 }
 
@@ -312,7 +330,7 @@ func (m *Manager) installPolicy(a *Attachment) error {
 // not only a connection's first, must be allowed by the list, so that a
 // connection to a destination taken off the list (SetEgress) is cut at
 // its next packet.
-func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, addr netip.Addr, egress []api.EgressRule) {
+func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, addr netip.Addr, group string, egress []api.EgressRule) {
 	t := fwd.Table
 	add := func(reason string, ex []expr.Any) {
 		r := &nftables.Rule{Table: t, Chain: fwd, Exprs: ex}
@@ -331,6 +349,9 @@ func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, add
 	add(DenyIPv6, cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), counted(rejectAdmin())))
 	add(DenySpoofed, cat(ip4(12, expr.CmpOpNeq, netip.PrefixFrom(addr, 32)), counted(verdict(expr.VerdictDrop))))
 	refuse(DenyMetadata, ip4(16, expr.CmpOpEq, MetadataPrefix))
+	if group != "" {
+		add("", groupRule(id, group))
+	}
 	refuse(DenySandbox, ip4(16, expr.CmpOpEq, m.pool))
 	var hosts []api.EgressRule
 	internet := false
@@ -377,6 +398,7 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 	defer m.listMu.Unlock()
 	m.mu.Lock()
 	i, ok := m.byID[id]
+	group := m.groups[id]
 	m.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("sandboxnet: %s has no network here", id)
@@ -400,7 +422,7 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 		c.FlushSet(ap)
 		c.FlushSet(aa)
 	}
-	m.outRules(c, fwd, id, addr, egress)
+	m.outRules(c, fwd, id, addr, group, egress)
 	// The old counts go into a rule that matches nothing, so that Denied
 	// keeps summing them.
 	for reason, n := range before {
@@ -425,6 +447,9 @@ func (m *Manager) removePolicy(id string) error {
 	t := m.table()
 	outMap, hostMap, links := m.sets(t)
 	key := ifname(m.LinkName(id))
+	m.groupMu.Lock()
+	defer m.groupMu.Unlock()
+	leave, drop := m.leaveGroupSteps(c, t, id)
 	// One transaction; when it fails (something of it is gone already:
 	// a sweep after a crash), each step alone, so that one missing part
 	// does not keep the others.
@@ -448,6 +473,12 @@ func (m *Manager) removePolicy(id string) error {
 				c.DelSet(&nftables.Set{Table: t, Name: s})
 			}
 		},
+	}
+	if leave != nil {
+		steps = append([]func(){leave}, steps...)
+	}
+	if drop != nil {
+		steps = append(steps, drop)
 	}
 	for _, step := range steps {
 		step()

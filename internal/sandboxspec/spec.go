@@ -376,6 +376,9 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	if n.Egress == nil {
 		n.Egress = []string{}
 	}
+	if n.Group != "" && !api.NetworkGroupRE.MatchString(n.Group) {
+		return invalid("network.group %q: want 1-63 of a-z, 0-9 and -", truncate(n.Group))
+	}
 	return nil
 }
 
