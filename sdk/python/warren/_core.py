@@ -203,7 +203,8 @@ def create_body(*, tier: Optional[str], image: Optional[str], layers: Optional[S
 def network_fields(network: Any) -> Dict[str, Any]:
     """The create body's network: a dict of booleans is DSec's shape
     (``{"pypi": True, "npm": False}``: network_rules), "internet" or a
-    list of entries is the egress list, a dict with "egress" is sent as is."""
+    list of entries is the egress list, a dict with "egress" (and
+    optionally "group", the network group) is sent as is."""
     if network is None:
         return {}
     if isinstance(network, str):
