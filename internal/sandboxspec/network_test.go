@@ -1,6 +1,7 @@
 package sandboxspec
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -33,5 +34,25 @@ func TestNormalizeNetwork(t *testing.T) {
 		if err == nil || err.Code != api.CodeInvalid || len(err.Message) > 200 {
 			t.Errorf("egress %.40q: %v", bad, err)
 		}
+	}
+}
+
+func TestNetworkGroupName(t *testing.T) {
+	for _, ok := range []string{"", "g", "job-17", strings.Repeat("a", 63)} {
+		req := api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkSpec{Group: ok}}
+		if err := Normalize(&req); err != nil || req.Network.Group != ok {
+			t.Errorf("group %q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"G", "a_b", "a b", "a.b", strings.Repeat("a", 64), strings.Repeat("x", 100000)} {
+		req := api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkSpec{Group: bad}}
+		err := Normalize(&req)
+		if err == nil || err.Code != api.CodeInvalid || !strings.Contains(err.Message, "network.group") || len(err.Message) > 200 {
+			t.Errorf("group %.40q: %v", bad, err)
+		}
+	}
+	var n api.NetworkSpec
+	if err := json.Unmarshal([]byte(`{"egress":"internet","group":"g"}`), &n); err != nil || n.Group != "g" || len(n.Egress) != 1 {
+		t.Errorf("decoded %+v %v", n, err)
 	}
 }
