@@ -66,6 +66,8 @@ type NetworkSpec struct {
 	// Group is the key of the sandbox's network group, unique on the node
 	// (project and name; "" = none): its members reach each other.
 	Group string
+	// EgressRateMbit bounds what the sandbox sends (0: the node's default).
+	EgressRateMbit int
 }
 
 // NetHandle is a networked sandbox's addresses.

@@ -27,7 +27,7 @@ func TestGroup(t *testing.T) {
 	for _, n := range []struct{ name, group string }{{"a", "p\x00g"}, {"b", "p\x00g"}, {"c", ""}, {"d", "q\x00g"}} {
 		id := fmt.Sprintf("sb-grp-%s%d", n.name, os.Getpid())
 		pid[n.name] = nettest.NSProc(t)
-		at, err := m.AttachGroup(id, pid[n.name], nil, n.group)
+		at, err := m.AttachWith(id, pid[n.name], nil, AttachOptions{Group: n.group})
 		if err != nil {
 			t.Fatal(err)
 		}

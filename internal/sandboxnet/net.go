@@ -69,6 +69,10 @@ type Manager struct {
 	// MaxConns is each sandbox's limit of open connections (set before
 	// use; 0 = DefaultMaxConns).
 	MaxConns uint32
+	// EgressRateMbit is each sandbox's default egress rate limit, in
+	// Mbit/s, where its AttachOptions set none (set before use; 0 = no
+	// limit).
+	EgressRateMbit int
 	// Upstream is where the resolver forwards allowed names (host:port;
 	// "" = DefaultUpstream). Log is its logger. OnDNSDenial, when set,
 	// hears of every refused name. All set before use.
@@ -134,6 +138,19 @@ type Attachment struct {
 	// none): its members' addresses, which it may reach and be reached
 	// from.
 	Group string
+	// EgressRateMbit bounds what the sandbox sends (0: no limit).
+	EgressRateMbit int
+}
+
+// AttachOptions are a sandbox's network settings beyond its list.
+type AttachOptions struct {
+	// Group is the key of its network group, unique on the node (project
+	// and name; "" = none): it may reach the other members, and they it,
+	// on any port and protocol.
+	Group string
+	// EgressRateMbit bounds what it sends, in Mbit/s (0: the Manager's
+	// EgressRateMbit).
+	EgressRateMbit int
 }
 
 func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
@@ -289,13 +306,11 @@ func (m *Manager) enableForwarding() error {
 // an address and a default route, and installs its policy. On an error
 // nothing of it is left.
 func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attachment, err error) {
-	return m.AttachGroup(id, pid, egress, "")
+	return m.AttachWith(id, pid, egress, AttachOptions{})
 }
 
-// AttachGroup is Attach for a member of the network group named by group
-// (a key unique on the node, e.g. project and name; "" = none): it may
-// reach the other members, and they it, on any port and protocol.
-func (m *Manager) AttachGroup(id string, pid int, egress []api.EgressRule, group string) (a *Attachment, err error) {
+// AttachWith is Attach with the settings of opts.
+func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts AttachOptions) (a *Attachment, err error) {
 	if err := m.enableForwarding(); err != nil {
 		return nil, err
 	}
@@ -305,7 +320,10 @@ func (m *Manager) AttachGroup(id string, pid int, egress []api.EgressRule, group
 	}
 	gw, addr := m.addrs(i)
 	a = &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
-		MaxConns: m.MaxConns, Group: groupSet(group)}
+		MaxConns: m.MaxConns, Group: groupSet(opts.Group), EgressRateMbit: opts.EgressRateMbit}
+	if a.EgressRateMbit == 0 {
+		a.EgressRateMbit = m.EgressRateMbit
+	}
 	if a.MaxConns == 0 {
 		a.MaxConns = DefaultMaxConns
 	}

@@ -28,6 +28,8 @@ const (
 	DenySpoofed    = "spoofed"
 	DenyIPv6       = "ipv6"
 	DenyConnLimit  = "conn-limit"
+	// DenyRateLimit: a packet over the sandbox's egress rate, dropped.
+	DenyRateLimit = "rate-limit"
 	// DenyPrivate: a private, loopback, shared or multicast address that
 	// "internet" does not open (only an entry naming it does).
 	DenyPrivate = "private"
@@ -285,6 +287,13 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	// connection passes one rule that counts the sandbox's open
 	// connections (its own list, so a scan or a flood fills its share of
 	// the host's connection tracking, not the host's).
+	if a.EgressRateMbit > 0 {
+		// What the sandbox sends past its rate (and a burst of 100 ms of
+		// it, at least 64 KiB) is dropped: TCP backs off to the rate.
+		rate := uint64(a.EgressRateMbit) * 1000 * 1000 / 8
+		add(allowed, DenyRateLimit, []expr.Any{&expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Over: true,
+			Unit: expr.LimitTimeSecond, Burst: uint32(max(rate/10, 64<<10))}, &expr.Counter{}, verdict(expr.VerdictDrop)})
+	}
 	add(allowed, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
 	add(allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
 		&expr.Counter{}, rejectAdmin()})
@@ -426,7 +435,7 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 	// The old counts go into a rule that matches nothing, so that Denied
 	// keeps summing them.
 	for reason, n := range before {
-		if n > 0 && reason != DenyConnLimit && reason != DenyHost && reason != DenyDNS && reason != DenyDNSRate {
+		if n > 0 && reason != DenyConnLimit && reason != DenyRateLimit && reason != DenyHost && reason != DenyDNS && reason != DenyDNSRate {
 			c.AddRule(&nftables.Rule{Table: fwd.Table, Chain: fwd, UserData: []byte(reason),
 				Exprs: cat(nfproto(expr.CmpOpEq, 255), []expr.Any{&expr.Counter{Packets: uint64(n)}})})
 		}

@@ -390,7 +390,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	lf.Close() // only the agent holds the listener now: its death resets our connection
 	if spec.Network != nil {
 		// Before setup: the sandbox's first command finds its network up.
-		a, err := r.net.AttachGroup(spec.ID, h.Pid, spec.Network.Egress, spec.Network.Group)
+		a, err := r.net.AttachWith(spec.ID, h.Pid, spec.Network.Egress, sandboxnet.AttachOptions{Group: spec.Network.Group, EgressRateMbit: spec.Network.EgressRateMbit})
 		if err != nil {
 			return nil, fmt.Errorf("container: network: %w", err)
 		}

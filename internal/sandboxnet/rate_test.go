@@ -1,0 +1,89 @@
+package sandboxnet
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/internal/sandboxnet/nettest"
+)
+
+// sendFor writes to the fake internet's sink (HoldPort) from pid's
+// namespace for a second and then d, through a small send buffer, and
+// answers how many bytes the kernel took in d: the first second fills the
+// buffer and spends the burst, so what it takes after is what left.
+func sendFor(t *testing.T, pid int, d time.Duration) int64 {
+	t.Helper()
+	var n int64
+	atStart := int64(-1)
+	nettest.InNS(t, pid, func() {
+		c, err := net.DialTimeout("tcp4", nettest.Mirror+":"+nettest.HoldPort, 3*time.Second)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		_ = c.(*net.TCPConn).SetWriteBuffer(64 << 10)
+		b := make([]byte, 32<<10)
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Read(b[:5]); err != nil {
+			t.Error(err)
+			return
+		}
+		start := time.Now().Add(time.Second)
+		_ = c.SetWriteDeadline(start.Add(d))
+		for {
+			if atStart < 0 && time.Now().After(start) {
+				atStart = n
+			}
+			w, err := c.Write(b[:4<<10])
+			n += int64(w)
+			if err != nil {
+				return
+			}
+		}
+	})
+	return n - atStart
+}
+
+// TestEgressRate: a sandbox with an egress rate sends about that much
+// (here 8 Mbit/s: 1 MB/s), one beside it without a limit far more, and the
+// drops are counted as rate-limit refusals.
+func TestEgressRate(t *testing.T) {
+	needRoot(t)
+	nettest.FakeInternet(t)
+	m := newManager(t, "10.213.137.0/24")
+	slowPid, fastPid := nettest.NSProc(t), nettest.NSProc(t)
+	slow, fast := fmt.Sprintf("sb-rate-s%d", os.Getpid()), fmt.Sprintf("sb-rate-f%d", os.Getpid())
+	if _, err := m.AttachWith(slow, slowPid, mustParse(t, nettest.Mirror), AttachOptions{EgressRateMbit: 8}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(slow) })
+	if _, err := m.AttachWith(fast, fastPid, mustParse(t, nettest.Mirror), AttachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(fast) })
+	const d = 3 * time.Second
+	s, f := sendFor(t, slowPid, d), sendFor(t, fastPid, d)
+	t.Logf("in %v: limited to 8 Mbit/s %d bytes (%.1f Mbit/s), unlimited %d bytes (%.1f Mbit/s)",
+		d, s, float64(s)*8/d.Seconds()/1e6, f, float64(f)*8/d.Seconds()/1e6)
+	// 1 MB/s for 3 s (headers count against the rate: payload is less),
+	// and slack for a loaded machine's timing.
+	if limit := int64(3e6 * 1.25); s > limit {
+		t.Errorf("limited sandbox sent %d bytes in %v, at most %d allowed", s, d, limit)
+	}
+	if s < 3e6/3 {
+		t.Errorf("limited sandbox sent only %d bytes in %v: the limit starves it", s, d)
+	}
+	if f < 3*s {
+		t.Errorf("unlimited sandbox sent %d bytes, limited %d: no difference", f, s)
+	}
+	if got, _ := m.Denied(slow); got[DenyRateLimit] == 0 {
+		t.Errorf("no rate-limit drops counted: %v", got)
+	}
+	if got, _ := m.Denied(fast); got[DenyRateLimit] != 0 {
+		t.Errorf("unlimited sandbox has rate-limit drops: %v", got)
+	}
+}
