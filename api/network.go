@@ -30,7 +30,14 @@ type NetworkSpec struct {
 	// other on any port and protocol, both ways, and no other sandbox.
 	// Set at create only; a list change (PUT …/network) keeps it.
 	Group string `json:"group,omitempty"`
+	// EgressRateMbit bounds what the sandbox sends, in Mbit/s (0: the
+	// node's default, --net-egress-rate-mbit; none without it). Set at
+	// create only.
+	EgressRateMbit int `json:"egress_rate_mbit,omitempty"`
 }
+
+// MaxEgressRateMbit bounds NetworkSpec.EgressRateMbit.
+const MaxEgressRateMbit = 100000
 
 // NetworkGroupRE is a valid NetworkSpec.Group.
 var NetworkGroupRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
@@ -46,11 +53,12 @@ func (n *NetworkSpec) UnmarshalJSON(b []byte) error {
 	var raw struct {
 		Egress json.RawMessage `json:"egress"`
 		Group  string          `json:"group"`
+		Rate   int             `json:"egress_rate_mbit"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	n.Egress, n.Group = nil, raw.Group
+	n.Egress, n.Group, n.EgressRateMbit = nil, raw.Group, raw.Rate
 	if len(raw.Egress) == 0 || string(raw.Egress) == "null" {
 		return nil
 	}

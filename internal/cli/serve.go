@@ -84,6 +84,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&o.VMKernel, "vm-kernel", "", "guest kernel directory of the microvm tier: vmlinux, modules/ (default: DATA_DIR/"+serve.DefaultVMKernel+", made by `make vm-kernel`; \"off\": no microvm tier)")
 	f.StringVar(&o.Userns.NetPool, "net-pool", "", "node-local IPv4 pool of networked sandboxes' addresses, a /31 each (default 10.213.0.0/16)")
 	f.StringVar(&o.Userns.DNSUpstream, "dns-upstream", "", "where the resolver of networked sandboxes forwards the names they may resolve, host:port (default the host's resolver from /etc/resolv.conf)")
+	f.IntVar(&o.Userns.NetEgressRateMbit, "net-egress-rate-mbit", 0, "networked sandboxes' egress rate limit in Mbit/s when their create sets none (0: no limit)")
 	httpFlags(f, &o.HTTP)
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	return cmd

@@ -304,6 +304,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		// Per project: two projects' groups of one name are two groups.
 		rspec.Network.Group = spec.Project + "\x00" + spec.Network.Group
 	}
+	if rspec.Network != nil {
+		rspec.Network.EgressRateMbit = spec.Network.EgressRateMbit
+	}
 	var inst *runtime.Instance
 	if box != nil {
 		if inst = e.rerootInto(ctx, box, rspec); inst != nil {

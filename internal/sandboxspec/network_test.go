@@ -51,8 +51,14 @@ func TestNetworkGroupName(t *testing.T) {
 			t.Errorf("group %.40q: %v", bad, err)
 		}
 	}
+	for _, bad := range []int{-1, api.MaxEgressRateMbit + 1} {
+		req := api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkSpec{EgressRateMbit: bad}}
+		if err := Normalize(&req); err == nil || err.Code != api.CodeInvalid || !strings.Contains(err.Message, "egress_rate_mbit") {
+			t.Errorf("egress_rate_mbit %d: %v", bad, err)
+		}
+	}
 	var n api.NetworkSpec
-	if err := json.Unmarshal([]byte(`{"egress":"internet","group":"g"}`), &n); err != nil || n.Group != "g" || len(n.Egress) != 1 {
+	if err := json.Unmarshal([]byte(`{"egress":"internet","group":"g","egress_rate_mbit":8}`), &n); err != nil || n.Group != "g" || len(n.Egress) != 1 || n.EgressRateMbit != 8 {
 		t.Errorf("decoded %+v %v", n, err)
 	}
 }

@@ -379,6 +379,9 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	if n.Group != "" && !api.NetworkGroupRE.MatchString(n.Group) {
 		return invalid("network.group %q: want 1-63 of a-z, 0-9 and -", truncate(n.Group))
 	}
+	if n.EgressRateMbit < 0 || n.EgressRateMbit > api.MaxEgressRateMbit {
+		return invalid("network.egress_rate_mbit %d: want 0 (the node's default) to %d", n.EgressRateMbit, api.MaxEgressRateMbit)
+	}
 	return nil
 }
 

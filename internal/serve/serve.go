@@ -317,6 +317,9 @@ type UsernsOptions struct {
 	// DNSUpstream is where the resolver of networked sandboxes forwards
 	// (container.Config.DNSUpstream).
 	DNSUpstream string
+	// NetEgressRateMbit is networked sandboxes' default egress rate limit
+	// (container.Config.NetEgressRateMbit).
+	NetEgressRateMbit int
 }
 
 func (o *EdgeOptions) defaults() error {
@@ -419,7 +422,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
 		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
-		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream})
+		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream, NetEgressRateMbit: o.Userns.NetEgressRateMbit})
 	if err != nil {
 		stop()
 		return nil, err

@@ -51,6 +51,9 @@ type Config struct {
 	// forwards the names they may resolve (host:port; default the host's
 	// resolver).
 	DNSUpstream string
+	// NetEgressRateMbit is a networked sandbox's egress rate limit in
+	// Mbit/s when its create sets none (0: no limit).
+	NetEgressRateMbit int
 }
 
 // SocketName is the agent's socket inside a sandbox's StateDir.
@@ -117,6 +120,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r.net.Upstream, r.net.Log = cfg.DNSUpstream, cfg.Logger
+	r.net.EgressRateMbit = cfg.NetEgressRateMbit
 	return r, nil
 }
 
