@@ -8,6 +8,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -104,5 +105,64 @@ func TestGroup(t *testing.T) {
 	}
 	if g := members(); len(g) != 0 {
 		t.Errorf("after the last member of p left: %v", g)
+	}
+}
+
+// TestGroupOldTable: an edge that finds the table of an earlier edge (made
+// before groups, without forward-in's rule between links) adds the rule,
+// and its grouped sandboxes reach each other.
+func TestGroupOldTable(t *testing.T) {
+	needRoot(t)
+	m := newManager(t, "10.213.138.0/24")
+	old := fmt.Sprintf("sb-old-%d", os.Getpid())
+	if _, err := m.Attach(old, nettest.NSProc(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(old) })
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	into := &nftables.Chain{Name: chainInbound, Table: m.table()}
+	rules, err := c.GetRules(m.table(), into)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		if string(r.UserData) == tagBetweenLinks {
+			if err := c.DelRule(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := New("10.213.138.0/24", t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, addr := map[string]int{}, map[string]netip.Addr{}
+	for _, n := range []string{"a", "b"} {
+		id := fmt.Sprintf("sb-old-%s%d", n, os.Getpid())
+		pid[n] = nettest.NSProc(t)
+		at, err := m2.AttachWith(id, pid[n], nil, AttachOptions{Group: "p\x00g"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m2.Detach(id) })
+		addr[n] = at.Address
+	}
+	nettest.InNS(t, pid["b"], func() {
+		ln, err := net.Listen("tcp4", addr["b"].String()+":7000")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		t.Cleanup(func() { ln.Close() })
+		go nettest.Serve(ln)
+	})
+	if err := nettest.Dial(t, pid["a"], addr["b"].String()+":7000"); err != nil {
+		t.Errorf("members behind an earlier edge's table: %v", err)
 	}
 }

@@ -94,6 +94,9 @@ type Manager struct {
 	loaded  bool
 	forward bool
 	tableUp bool // the edge's table exists (removed with its last sandbox)
+	// upgraded: the table has what this edge's createTable makes (it may
+	// be an earlier edge's).
+	upgraded bool
 }
 
 // New makes a Manager over pool (DefaultPool when empty) for the edge
@@ -271,7 +274,13 @@ func (m *Manager) ensureTable() error {
 		if err := m.createTable(); err != nil {
 			return err
 		}
-		m.tableUp = true
+		m.tableUp, m.upgraded = true, true
+	}
+	if !m.upgraded {
+		if err := m.upgradeTable(); err != nil {
+			return err
+		}
+		m.upgraded = true
 	}
 	return m.ensureResolverLocked()
 }

@@ -232,8 +232,7 @@ func (m *Manager) createTable() error {
 	// Into a sandbox from another: what the sender's o_<id> let through
 	// (its group; it refuses every other sandbox address). From anywhere
 	// else: replies only.
-	add(into, []expr.Any{meta(expr.MetaKeyIIFNAME), member(links, false), meta(expr.MetaKeyOIFNAME), member(links, false),
-		verdict(expr.VerdictAccept)})
+	c.AddRule(betweenLinks(t, into))
 	add(into, cat([]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false)}, established(), []expr.Any{verdict(expr.VerdictAccept)}))
 	add(into, []expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false), verdict(expr.VerdictDrop)})
 	// What leaves a sandbox through another interface leaves as the host.
@@ -241,6 +240,43 @@ func (m *Manager) createTable() error {
 		[]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, true), &expr.Masq{}}))
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: create table %s: %w", m.tableName(), err)
+	}
+	return nil
+}
+
+// tagBetweenLinks marks forward-in's rule that lets through what one
+// sandbox link forwards to another (a table made before groups lacks it).
+const tagBetweenLinks = "between-links"
+
+func betweenLinks(t *nftables.Table, into *nftables.Chain) *nftables.Rule {
+	return &nftables.Rule{Table: t, Chain: into, UserData: []byte(tagBetweenLinks), Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, &expr.Lookup{SourceRegister: 1, SetName: setLinks},
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Lookup{SourceRegister: 1, SetName: setLinks},
+		verdict(expr.VerdictAccept)}}
+}
+
+// upgradeTable adds to a table made by an earlier edge (it outlives
+// restarts with its sandboxes) what this one's createTable makes and it
+// lacks: forward-in's rule between links, first.
+func (m *Manager) upgradeTable() error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	into := &nftables.Chain{Name: chainInbound, Table: t}
+	rules, err := c.GetRules(t, into)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: read %s/%s: %w", t.Name, chainInbound, err)
+	}
+	for _, r := range rules {
+		if string(r.UserData) == tagBetweenLinks {
+			return nil
+		}
+	}
+	c.InsertRule(betweenLinks(t, into))
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: upgrade %s: %w", t.Name, err)
 	}
 	return nil
 }
