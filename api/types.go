@@ -50,7 +50,7 @@ var Tiers = []string{TierContainer, TierMicroVM, TierVM}
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	Tier        string            `json:"tier,omitempty"`
-	Display     bool              `json:"display,omitempty"` // a virtual screen (tier vm only): screenshot, display, input
+	Display     bool              `json:"display,omitempty"`   // a virtual screen (tier vm only): screenshot, display, input
 	Project     string            `json:"project,omitempty"`   // default: the token's project
 	Image       string            `json:"image,omitempty"`     // required unless Snapshot or Resume
 	CPU         float64           `json:"cpu,omitempty"`       // cores; default 1
