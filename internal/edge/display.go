@@ -70,8 +70,7 @@ func (e *Edge) screenshot(ctx context.Context, id string) (*edgeproto.Screenshot
 
 // displayInput answers OpDisplayInput.
 func (e *Edge) displayInput(ctx context.Context, req *edgeproto.DisplayInputRequest) (struct{}, error) {
-	in := runtime.DisplayInput(req.Input)
-	return struct{}{}, e.withDisplay(req.ID, func(d runtime.Display, h runtime.Handle) error { return d.SendInput(ctx, h, in) })
+	return struct{}{}, e.withDisplay(req.ID, func(d runtime.Display, h runtime.Handle) error { return d.SendInput(ctx, h, req.Input) })
 }
 
 // serveDisplay serves one stream to a sandbox's VNC server.

@@ -254,16 +254,8 @@ type PortDialer interface {
 	DialPort(ctx context.Context, h Handle, port int) (net.Conn, error)
 }
 
-// DisplayInput is one input event for a sandbox's screen: Type "text"
-// (Text typed key by key), "key" (Key: keys held together, e.g.
-// "ctrl-alt-delete", QEMU's key names) or "click" (a left click at X, Y).
-type DisplayInput struct {
-	Type string `json:"type"`
-	Text string `json:"text,omitempty"`
-	Key  string `json:"key,omitempty"`
-	X    int    `json:"x,omitempty"`
-	Y    int    `json:"y,omitempty"`
-}
+// DisplayInput is one input event for a sandbox's screen (the API's).
+type DisplayInput = api.DisplayInput
 
 // Display is a runtime whose sandboxes may have a screen (the vm tier).
 // Each method returns ErrNoDisplay for a sandbox without one.
