@@ -14,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
 )
 
 // TestVMTier: `tier: "vm"` boots a q35 machine (the same kernel, agent and
@@ -64,27 +65,29 @@ func TestVMTier(t *testing.T) {
 	}
 
 	own := tokens["vmown"]
+	oc := warren.New(s.URL, own)
 	path := "/v1/sandboxes/" + sb.ID
 	shot := func() string {
 		t.Helper()
-		code, body := s.rawRequest(t, "GET", path+"/screenshot", own, nil, nil)
-		if code != 200 {
-			t.Fatalf("screenshot: %d %s", code, body)
+		b, err := oc.Screenshot(ctx, sb.ID) // the Go SDK
+		if err != nil {
+			t.Fatalf("screenshot: %v", err)
 		}
+		body := string(b)
 		img, err := png.Decode(strings.NewReader(body))
 		if err != nil {
 			t.Fatalf("screenshot is not a PNG: %v", err)
 		}
 		seen := map[uint32]bool{}
-		b := img.Bounds()
-		for y := b.Min.Y; y < b.Max.Y; y++ {
-			for x := b.Min.X; x < b.Max.X; x++ {
+		bounds := img.Bounds()
+		for y := bounds.Min.Y; y < bounds.Max.Y; y++ {
+			for x := bounds.Min.X; x < bounds.Max.X; x++ {
 				r, g, bl, _ := img.At(x, y).RGBA()
 				seen[r<<16^g<<8^bl] = true
 			}
 		}
 		if len(seen) < 2 {
-			t.Fatalf("the screenshot (%v) is blank", b.Size())
+			t.Fatalf("the screenshot (%v) is blank", bounds.Size())
 		}
 		return body
 	}
@@ -98,8 +101,8 @@ func TestVMTier(t *testing.T) {
 	input := func(tok string, in api.DisplayInput) (int, string) {
 		return s.rawRequest(t, "POST", path+"/display/input", tok, js(in), map[string]string{"Content-Type": "application/json"})
 	}
-	if code, body := input(own, api.DisplayInput{Type: "text", Text: "typed: Warren 1\n"}); code != 204 {
-		t.Fatalf("input: %d %s", code, body)
+	if err := oc.DisplayInput(ctx, sb.ID, api.DisplayInput{Type: "text", Text: "typed: Warren 1\n"}); err != nil {
+		t.Fatalf("input: %v", err)
 	}
 	var typed string
 	for deadline := time.Now().Add(30 * time.Second); typed == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
