@@ -155,6 +155,22 @@ func TestVMTier(t *testing.T) {
 		t.Errorf("screenshot of a container: %d %s", code, body)
 	}
 
+	// Pause is a memory snapshot here too; a screenshot resumes the VM,
+	// its processes (the shell's state) intact.
+	if r := s.sh(t, sb.ID, "echo kept > /dev/shm/mark; echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("before pause: %q", r.Stdout)
+	}
+	if _, err := s.C.Pause(ctx, sb.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if q := qemusOf(s.dataDir); strings.Contains(q, sb.ID) {
+		t.Errorf("QEMU still runs while paused: %s", q)
+	}
+	shot()
+	if r := s.sh(t, sb.ID, "cat /dev/shm/mark"); r.Stdout != "kept\n" {
+		t.Errorf("after the resume: %q", r.Stdout)
+	}
+
 	// Delete: no QEMU, disk, socket or cgroup left.
 	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)
