@@ -3,9 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -113,6 +115,23 @@ func TestVMTier(t *testing.T) {
 	}
 	if shot() == before {
 		t.Errorf("the screen did not change after typing")
+	}
+	// The Python SDK, sync and asyncio.
+	script := fmt.Sprintf(`import asyncio, warren, warren.aio
+sb = warren.Client(%[1]q, %[2]q).get(%[3]q)
+png = sb.screenshot()
+sb.display_input("key", key="shift")
+async def main():
+    async with warren.aio.AsyncClient(%[1]q, %[2]q) as c:
+        sb = await c.get(%[3]q)
+        await sb.display_input("click", x=1, y=1)
+        return await sb.screenshot()
+apng = asyncio.run(main())
+print(png[:8] == b"\x89PNG\r\n\x1a\n", apng[:8] == png[:8], len(png) > 100)`, s.URL, own, sb.ID)
+	cmd := exec.Command("python3", "-c", script)
+	cmd.Env = append(os.Environ(), "PYTHONPATH=../../sdk/python")
+	if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "True True True" {
+		t.Errorf("python SDK: %v\n%s", err, out)
 	}
 	for _, in := range []api.DisplayInput{{Type: "key", Key: "shift-a"}, {Type: "click", X: 5, Y: 5}} {
 		if code, body := input(own, in); code != 204 {
