@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/connlimit"
 	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
@@ -71,6 +72,7 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
 	f.IntVar(&o.Recycle, "recycle", serve.DefaultRecycle, "containers of deleted sandboxes kept per shape, wiped, for reuse by new sandboxes (0 = none: a new container for every sandbox)")
 	f.DurationVar(&o.RecycleIdle, "recycle-idle", edge.DefaultRecycleIdle, "how long a recycled container waits for a sandbox of its shape before it is destroyed")
+	f.DurationVar(&o.TrajectorySweep, "trajectory-sweep", apiserver.DefaultSweepEvery, "how often trajectories past their trajectory_ttl are deleted and storage quotas are copied to the storage account")
 	f.BoolVar(&o.NoTelemetry, "no-telemetry", false, "do not load the node's BPF telemetry (the audit of sandboxes then records nothing)")
 	f.BoolVar(&o.TelemetryRefusals, "telemetry-refusals", false, "also audit every syscall of a sandbox refused with EPERM (slows every syscall of the host)")
 	f.BoolVar(&o.TelemetryFiles, "telemetry-files", false, "also audit the file writes, renames, unlinks and chmods of sandbox processes (slows every syscall of the host)")

@@ -273,6 +273,7 @@ type Edge struct {
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
 	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
+	storage  *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
 
 	audit auditState // the node's telemetry (audit.go)
 }
@@ -364,6 +365,9 @@ func (e *Edge) Start(ctx context.Context) error {
 		return err
 	}
 	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
+		return err
+	}
+	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
 		return err
 	}
 	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {

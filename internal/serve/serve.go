@@ -67,6 +67,9 @@ type Options struct {
 	// one waits (0 = edge.DefaultRecycleIdle).
 	Recycle     int
 	RecycleIdle time.Duration
+	// TrajectorySweep is how often expired trajectories are deleted (0 =
+	// apiserver.DefaultSweepEvery).
+	TrajectorySweep time.Duration
 	// NoTelemetry: the node loads no BPF telemetry (edge.Config.Telemetry).
 	NoTelemetry bool
 	// TelemetryRefusals, TelemetryFiles: see edge.Config.
@@ -257,7 +260,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer stopEdge()
-	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node,
+	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node, TrajectorySweep: o.TrajectorySweep,
 		E2BListen: o.E2BListen, E2BReady: o.E2BReady, HTTP: o.HTTP})
 }
 
@@ -490,6 +493,9 @@ type APIOptions struct {
 	// URL and the admin token ("" as for Ready) before Ready.
 	E2BListen string
 	E2BReady  func(url, token string)
+	// TrajectorySweep is how often expired trajectories are deleted (0 =
+	// apiserver.DefaultSweepEvery).
+	TrajectorySweep time.Duration
 	// HTTP bounds the API's connections.
 	HTTP HTTPLimits
 }
@@ -562,10 +568,11 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	if err != nil {
 		return err
 	}
-	api, err := apiserver.New(ctx, apiserver.Config{Bus: conn, IAM: auth, Watcher: w, Logger: log})
+	api, err := apiserver.New(ctx, apiserver.Config{Bus: conn, IAM: auth, Watcher: w, Logger: log, SweepEvery: o.TrajectorySweep})
 	if err != nil {
 		return err
 	}
+	defer api.Close()
 	if o.WaitForNode != "" && !w.WaitForNode(o.WaitForNode, 10*time.Second) {
 		return errors.New("serve: the edge did not report in")
 	}
@@ -573,9 +580,11 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	errc := make(chan error, 2)
 	// The E2B front first: once the native API answers, both are up.
 	if e2bLn != nil {
-		e2bSrv := o.HTTP.server(e2b.New(e2b.Config{API: api, Logger: log}), limits)
+		front := e2b.New(e2b.Config{API: api, Logger: log})
+		e2bSrv := o.HTTP.server(front, limits)
 		go func() { errc <- e2bSrv.Serve(e2bLn) }()
 		defer func() {
+			front.Close() // its live commands (stdin, PTYs) end, and their streams
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_ = e2bSrv.Shutdown(sctx)
