@@ -173,6 +173,22 @@ print(png[:8] == b"\x89PNG\r\n\x1a\n", apng[:8] == png[:8], len(png) > 100)`, s.
 	if code, body := s.rawRequest(t, "GET", "/v1/sandboxes/"+ct.ID+"/screenshot", s.Token, nil, nil); code != 409 || !strings.Contains(body, "no display") {
 		t.Errorf("screenshot of a container: %d %s", code, body)
 	}
+	// A node with the VM tiers still forwards its containers' ports (the
+	// tiers dispatcher passes DialPort on).
+	s.sh(t, ct.ID, "mkdir -p /www && echo hello > /www/index.html")
+	if _, err := s.C.Exec(ctx, ct.ID, api.ExecRequest{Cmd: "busybox httpd -f -p 8000 -h /www", Background: true}); err != nil {
+		t.Fatal(err)
+	}
+	var code int
+	var body string
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if code, body = s.rawRequest(t, "GET", "/v1/sandboxes/"+ct.ID+"/ports/8000/index.html", s.Token, nil, nil); code == 200 {
+			break
+		}
+	}
+	if code != 200 || body != "hello\n" {
+		t.Errorf("a container's port on a node with VM tiers: %d %s", code, body)
+	}
 
 	// Pause is a memory snapshot here too; a screenshot resumes the VM,
 	// its processes (the shell's state) intact.

@@ -365,3 +365,18 @@ func (r *Runtime) DialDisplay(ctx context.Context, h runtime.Handle) (net.Conn, 
 	}
 	return d.DialDisplay(ctx, h)
 }
+
+var _ runtime.PortDialer = (*Runtime)(nil)
+
+// DialPort: h's tier's, an error when that tier forwards no ports.
+func (r *Runtime) DialPort(ctx context.Context, h runtime.Handle, port int) (net.Conn, error) {
+	rt, err := r.of(h)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := rt.(runtime.PortDialer)
+	if !ok {
+		return nil, fmt.Errorf("tiers: the %s tier does not forward ports", rt.Name())
+	}
+	return d.DialPort(ctx, h, port)
+}
