@@ -206,6 +206,18 @@ print(png[:8] == b"\x89PNG\r\n\x1a\n", apng[:8] == png[:8], len(png) > 100)`, s.
 		t.Errorf("after the resume: %q", r.Stdout)
 	}
 
+	// kill -9 of warren leaves the VM running; the next warren adopts it,
+	// screen included.
+	s.kill9()
+	if q := qemusOf(s.dataDir); !strings.Contains(q, sb.ID) {
+		t.Fatalf("after kill -9, QEMUs: %q", q)
+	}
+	s.start()
+	if r := s.sh(t, sb.ID, "cat /dev/shm/mark"); r.Stdout != "kept\n" {
+		t.Errorf("after the restart: %q %q", r.Stdout, r.Stderr)
+	}
+	shot()
+
 	// Delete: no QEMU, disk, socket or cgroup left.
 	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)
