@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"image/png"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -159,7 +162,38 @@ print(png[:8] == b"\x89PNG\r\n\x1a\n", apng[:8] == png[:8], len(png) > 100)`, s.
 	if ws.Subprotocol() != "binary" {
 		t.Errorf("subprotocol %q", ws.Subprotocol())
 	}
-	ws.Close(websocket.StatusNormalClosure, "")
+	// The handshake a VNC client makes, through the same WebSocket: no
+	// authentication (the API's token is the gate), then ServerInit with
+	// the screen's size.
+	nc := websocket.NetConn(wctx, ws, websocket.MessageBinary)
+	if _, err := nc.Write([]byte("RFB 003.008\n")); err != nil {
+		t.Fatal(err)
+	}
+	rd := func(n int) []byte {
+		t.Helper()
+		b := make([]byte, n)
+		if _, err := io.ReadFull(nc, b); err != nil {
+			t.Fatalf("RFB handshake: %v", err)
+		}
+		return b
+	}
+	types := rd(int(rd(1)[0]))
+	if !bytes.Contains(types, []byte{1}) {
+		t.Fatalf("security types %v offer no None", types)
+	}
+	_, _ = nc.Write([]byte{1})
+	if res := rd(4); binary.BigEndian.Uint32(res) != 0 {
+		t.Fatalf("security result %v", res)
+	}
+	_, _ = nc.Write([]byte{1}) // ClientInit, shared
+	init := rd(24)
+	w, h := binary.BigEndian.Uint16(init[0:2]), binary.BigEndian.Uint16(init[2:4])
+	name := rd(int(binary.BigEndian.Uint32(init[20:24])))
+	t.Logf("RFB ServerInit: %dx%d %q", w, h, name)
+	if w == 0 || h == 0 {
+		t.Errorf("ServerInit %dx%d", w, h)
+	}
+	nc.Close()
 
 	// A sibling project's token finds none of it.
 	sib := tokens["vmsib"]
