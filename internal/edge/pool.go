@@ -55,7 +55,7 @@ func (p *pool) id() string { return TrajKey(p.project, p.name) }
 
 // poolKey is what a create must match to be served from a pool.
 func poolKey(s *api.CreateSandboxRequest) (string, bool) {
-	if len(s.Env) > 0 || s.User != "" || s.Hostname != "sandbox" || s.Network != nil {
+	if len(s.Env) > 0 || s.User != "" || s.Hostname != "sandbox" || s.Network != nil || s.Display {
 		return "", false
 	}
 	return fmt.Sprintf("%s|%s|%g|%d|%d|%d|%s", s.Tier, s.Image, s.CPU, s.MemoryMB, s.DiskMB, s.Pids, s.Priority), true
