@@ -793,6 +793,12 @@ type NodeElastic struct {
 	HarvestedSeconds float64 `json:"harvested_seconds"`
 	IdleSandboxes    int     `json:"idle_sandboxes"`
 	FreedCPU         float64 `json:"freed_cpu"`
+	// ClassCapped: the best-effort class is capped now (a latency-class
+	// operation runs); ClassCaps and ClassReleases count the cap's writes
+	// since the node started.
+	ClassCapped   bool  `json:"class_capped"`
+	ClassCaps     int64 `json:"class_caps"`
+	ClassReleases int64 `json:"class_releases"`
 }
 
 // NodeRecycling is a node's recycled containers: Waiting now for a

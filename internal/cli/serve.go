@@ -68,6 +68,7 @@ func newServeCmd() *cobra.Command {
 	f.Float64Var(&o.DiskOvercommit, "disk-overcommit", serve.DefaultDiskOvercommit, "disk overcommit factor used by admission: disk_mb is admitted up to what the scratch filesystem can really hold × this")
 	f.Int64Var(&o.MinMemoryAvailableMB, "min-memory-available-mb", 0, "refuse new sandboxes while the host's MemAvailable is below this (0 = 2% of memory, at least 256; -1 = off)")
 	f.Float64Var(&o.MaxMemoryPressure, "max-memory-pressure", 0, "refuse new sandboxes while memory PSI some avg10 (percent) is above this (0 = 40; -1 = off)")
+	f.Float64Var(&o.BestEffortCap, "best-effort-cap", 0, "cap the best-effort class as a whole at this many cores while any latency-class sandbox runs an operation (0 = 0.1; -1 = never)")
 	f.Float64Var(&o.MaxCPUPressure, "max-cpu-pressure", 0, "count best-effort sandboxes between operations at their idle_cpu in admission only while CPU PSI some avg10 (percent) is at most this (0 = 90; -1 = always)")
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
 	f.IntVar(&o.Recycle, "recycle", serve.DefaultRecycle, "containers of deleted sandboxes kept per shape, wiped, for reuse by new sandboxes (0 = none: a new container for every sandbox)")

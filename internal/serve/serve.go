@@ -61,6 +61,7 @@ type Options struct {
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
 	MaxCPUPressure       float64 // see edge.Config
+	BestEffortCap        float64 // see edge.Config
 	KeepOnShutdown       bool
 	// Recycle is how many wiped containers of one shape the node keeps
 	// for reuse (edge.Config.Recycle); 0 = none. RecycleIdle is how long
@@ -252,7 +253,7 @@ func Run(ctx context.Context, o Options) error {
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		Userns: o.Userns, VMKernel: o.VMKernel,
 	})
@@ -281,6 +282,7 @@ type EdgeOptions struct {
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
 	MaxCPUPressure       float64       // see edge.Config
+	BestEffortCap        float64       // see edge.Config
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	NoTelemetry          bool          // see Options.NoTelemetry
@@ -457,7 +459,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
 		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
