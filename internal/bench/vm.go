@@ -47,24 +47,16 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 	accel = strings.ToUpper(accel)
 	req := api.CreateSandboxRequest{Tier: api.TierMicroVM, Image: "busybox", MemoryMB: 256}
 
-	fmt.Fprintf(o.Out, "microvm create→first exec (%d, %s)...\n", creates, accel)
-	var lat []time.Duration
-	for range creates {
-		t0 := time.Now()
-		sb, err := c.Create(ctx, req)
+	for _, tier := range []string{api.TierMicroVM, api.TierVM} {
+		fmt.Fprintf(o.Out, "%s create→first exec (%d, %s)...\n", tier, creates, accel)
+		r := req
+		r.Tier = tier
+		p, err := createLatency(ctx, c, r, creates)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", tier, err)
 		}
-		_, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "true"})
-		d := time.Since(t0)
-		_, _ = c.Delete(context.WithoutCancel(ctx), sb.ID)
-		if err != nil {
-			return err
-		}
-		lat = append(lat, d)
+		rep.add(tier+" create→first exec p50 ("+accel+")", ms(p.p50), "ms", fmt.Sprintf("p99 %.0f ms over %d creates, 256 MiB guest", ms(p.p99), creates))
 	}
-	p := percentiles(lat)
-	rep.add("microvm create→first exec p50 ("+accel+")", ms(p.p50), "ms", fmt.Sprintf("p99 %.0f ms over %d creates, 256 MiB guest", ms(p.p99), creates))
 
 	fmt.Fprintf(o.Out, "microvm memory: %d idle VMs of 256 MiB (%s)...\n", idle, accel)
 	var ids []string
@@ -120,6 +112,28 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 	rep.add("microvm pause to a memory snapshot p50 ("+accel+")", ms(pp.p50), "ms", fmt.Sprintf("QEMU ends: host memory freed entirely; p99 %.0f ms over %d", ms(pp.p99), len(pauses)))
 	rep.add("microvm resume from the snapshot → first exec p50 ("+accel+")", ms(rp.p50), "ms", fmt.Sprintf("p99 %.0f ms over %d", ms(rp.p99), len(resumes)))
 	return nil
+}
+
+// createLatency creates n sandboxes of req one after another, each
+// followed by `exec true` and a delete: the percentiles of create + first
+// exec.
+func createLatency(ctx context.Context, c *warren.Client, req api.CreateSandboxRequest, n int) (latencies, error) {
+	var lat []time.Duration
+	for range n {
+		t0 := time.Now()
+		sb, err := c.Create(ctx, req)
+		if err != nil {
+			return latencies{}, err
+		}
+		_, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "true"})
+		d := time.Since(t0)
+		_, _ = c.Delete(context.WithoutCancel(ctx), sb.ID)
+		if err != nil {
+			return latencies{}, err
+		}
+		lat = append(lat, d)
+	}
+	return percentiles(lat), nil
 }
 
 // qemuPid is the pid of the QEMU running sandbox id (0: none).

@@ -19,14 +19,15 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // dataUploads are the DataOps that read an upload.
-var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort: true}
+var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort: true, edgeproto.OpDisplay: true}
 
 // duplexOps read an upload while their answer streams: the uploads, and
 // the input of a command with live input.
-var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true}
+var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, edgeproto.OpDisplay: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -87,6 +88,9 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 	}
 	if op == OpPort {
 		return e.servePort(ctx, g, body, in, chunk)
+	}
+	if op == edgeproto.OpDisplay {
+		return e.serveDisplay(ctx, g, body, in, chunk)
 	}
 	if dataUploads[op] {
 		var req FileRequest

@@ -73,7 +73,7 @@ const OpFileUpload = "file_upload"
 const OpTarUpload = "tar_upload"
 
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true}
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, OpDisplay: true}
 
 // NetworkSetRequest replaces a running sandbox's egress list.
 type NetworkSetRequest struct {
