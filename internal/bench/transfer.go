@@ -36,7 +36,11 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	}
 	defer stop()
 
-	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 512, DiskMB: 2*int64(o.TransferMB) + 256})
+	// The sandbox's memory limit also bounds its page cache: with less
+	// memory than the file, the download would read most of it from disk
+	// while the plain server reads its copy from the host's page cache.
+	// Room for the file and 512 MiB more puts both on the same footing.
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: int64(o.TransferMB) + 512, DiskMB: 2*int64(o.TransferMB) + 256})
 	if err != nil {
 		return err
 	}
