@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/warrenhq/warren/api"
@@ -77,13 +78,18 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	}
 	rates := map[string]float64{}
 	for _, l := range legs {
+		cpu0 := processCPU()
 		rate, err := timeTransfer(ctx, hc, l.method, l.url, l.hdr, size)
 		if err != nil {
 			rep.add("transfer "+l.name, 0, "MB/s", "failed: "+err.Error())
 			continue
 		}
 		rates[l.name] = rate
-		rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), rate, "MB/s", "")
+		// The CPU this process spent on the leg (the client and the plain
+		// server, or the client, the apiserver and the edge; not the
+		// agent): less noisy than the rate on a shared machine.
+		perGiB := (processCPU() - cpu0).Seconds() * 1000 / (float64(size) / (1 << 30))
+		rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), rate, "MB/s", fmt.Sprintf("%.0f ms CPU per GiB in this process", perGiB))
 	}
 	for _, dir := range []string{"download", "upload"} {
 		if p, w := rates["plain "+dir], rates["warren "+dir]; p > 0 && w > 0 {
@@ -185,4 +191,13 @@ func plainFileServer(dir, diskDir string) (string, func(), error) {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// processCPU is the user and system CPU time of this process so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
