@@ -61,7 +61,7 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: fmt.Sprintf("dd if=/dev/zero of=/big bs=1M count=%d 2>/dev/null", o.TransferMB)}); err != nil || r.ExitCode != 0 {
 		return fmt.Errorf("write the file in the sandbox: %v %+v", err, r)
 	}
-	rep.add(fmt.Sprintf("transfer in-sandbox write (dd) %d MiB", o.TransferMB), float64(size)/1e6/time.Since(start).Seconds(), "MB/s", "bounds the upload")
+	rep.add(fmt.Sprintf("transfer in-sandbox write (dd) %d MiB", o.TransferMB), float64(size)/1e6/time.Since(start).Seconds(), "MB/s", "the sandbox's own write rate")
 	hc := &http.Client{}
 	auth := map[string]string{"Authorization": "Bearer " + o.apiToken}
 	files := o.apiURL + "/v1/sandboxes/" + sb.ID + "/files?"
