@@ -204,3 +204,19 @@ func readResponsePooled(r io.Reader, resp *Response) error {
 	*resp = Response{ID: binary.BigEndian.Uint64(b), Kind: KindChunk, Stream: byteStream(b[8]), Data: b[9:], pooled: bp}
 	return nil
 }
+
+// SocketBuffer is the send buffer asked for each end of an agent
+// connection (a Unix socket, whose sender's buffer bounds the bytes in
+// flight): a 4 MiB upload frame, or several 1 MiB chunks, fit in it, so
+// the writer does not wait for the reader to be scheduled every 200 KiB
+// (the default). The kernel caps it at net.core.wmem_max.
+const SocketBuffer = 4 << 20
+
+// SizeBuffers sizes c's socket buffers (SocketBuffer) when it is a Unix
+// socket; best effort.
+func SizeBuffers(c net.Conn) {
+	if uc, ok := c.(*net.UnixConn); ok {
+		_ = uc.SetWriteBuffer(SocketBuffer)
+		_ = uc.SetReadBuffer(SocketBuffer)
+	}
+}
