@@ -154,6 +154,10 @@ type Response struct {
 	Data   []byte          `json:"data,omitempty"`
 	Body   json.RawMessage `json:"body,omitempty"`
 	Error  *Error          `json:"error,omitempty"`
+
+	// pooled is the buffer holding a binary chunk's Data (Client), which
+	// a bulk call returns to chunkBufs once its consumer is done with it.
+	pooled *[]byte
 }
 
 // Error is an operation's failure as the agent reports it.

@@ -154,20 +154,41 @@ func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (
 	if sb.traj != nil {
 		size = uploadChunkJSON
 	}
-	buf := make([]byte, size)
-	for first := true; ; first = false {
+	// Two buffers: the next chunk arrives while the agent writes the last
+	// one (one write at a time, in order; each is waited for before the
+	// upload ends, also when it fails, so none outlives the removal of
+	// the temporary file).
+	bufs := [2][]byte{make([]byte, size), make([]byte, size)}
+	var inflight chan error
+	wait := func() error {
+		if inflight == nil {
+			return nil
+		}
+		err := <-inflight
+		inflight = nil
+		return err
+	}
+	for i, first := 0, true; ; i, first = i+1, false {
+		buf := bufs[i%2]
 		n, rerr := dataplane.ReadChunk(in, buf)
+		werr := wait()
 		if rerr != nil && rerr != io.EOF {
 			return fail(&api.Error{Code: api.CodeBadRequest, Message: "upload broken: " + rerr.Error()})
 		}
+		if werr != nil {
+			return fail(werr)
+		}
 		if n > 0 || first {
-			if err := e.uploadWrite(ctx, sb, &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: !first}); err != nil {
-				return fail(err)
-			}
+			w := &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: !first}
+			inflight = make(chan error, 1)
+			go func(done chan<- error) { done <- e.uploadWrite(ctx, sb, w) }(inflight)
 		}
 		if rerr != nil {
 			break
 		}
+	}
+	if err := wait(); err != nil {
+		return fail(err)
 	}
 	if _, err := e.fileRecorded(ctx, OpFileRename, &FileRequest{ID: req.ID, Path: tmp, To: req.Path}, nil); err != nil {
 		return fail(err)
