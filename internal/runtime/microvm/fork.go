@@ -14,12 +14,12 @@ package microvm
 
 import (
 	"context"
-	"errors"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -151,18 +151,34 @@ func (r *Runtime) startChild(ctx context.Context, s *runtime.Spec, parentArgs []
 	}
 	client := agentproto.NewClient(r.track(h.ID, conn))
 	inst := &runtime.Instance{Handle: h, Agent: client}
-	if s.Hostname != "" {
-		var res agentproto.ExecResult
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := client.Call(cctx, agentproto.OpExec, &agentproto.ExecRequest{Argv: []string{"hostname", s.Hostname}}, &res, nil)
-		cancel()
-		if err == nil && res.ExitCode != 0 {
-			err = errors.New("hostname exited " + strconv.Itoa(res.ExitCode))
-		}
-		if err != nil {
-			client.Close()
-			return fail(fmt.Errorf("set hostname: %w", err))
-		}
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = s.ID
+	}
+	if err := setIdentity(ctx, client, hostname); err != nil {
+		client.Close()
+		return fail(err)
 	}
 	return inst, nil
+}
+
+// setIdentity gives a restored child its own hostname, machine-id and
+// random pool (agentproto.OpIdentity): the host's random bytes, which no
+// sibling saw, are credited to the guest kernel's pool.
+func setIdentity(ctx context.Context, client *agentproto.Client, hostname string) error {
+	id := make([]byte, 16)
+	seed := make([]byte, 256)
+	if _, err := rand.Read(id); err != nil {
+		return err
+	}
+	if _, err := rand.Read(seed); err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req := &agentproto.IdentityRequest{Hostname: hostname, MachineID: hex.EncodeToString(id), Entropy: seed}
+	if err := client.Call(cctx, agentproto.OpIdentity, req, nil, nil); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	return nil
 }
