@@ -5,12 +5,20 @@ package microvm
 // snapshot and for a copy of its writable disk (the guest writes nothing
 // then, and QEMU has flushed it), and continues afterwards. Each child has
 // its own disk copy (cp --reflink=auto: a clone where the filesystem can),
-// sockets and cgroup; its hostname is set to its spec's.
+// sockets and cgroup.
 //
-// Not yet: the API (POST /v1/sandboxes/{id}/fork {"memory": true}) and the
-// edge's records of the children; guest memory is read into each child
-// (no copy-on-write sharing between them); machine-id and entropy are not
-// reseeded.
+// Memory is shared copy-on-write: a template QEMU restores the snapshot
+// into RAM that is a file (on /dev/shm) mapped shared, is snapshotted again
+// with x-ignore-shared (the device state only) and ends; each child maps
+// the file privately (memory-backend-file,share=off) and restores the small
+// snapshot, so it holds only the pages it writes. The file is unlinked once
+// the children run (their mappings keep it). A child that is paused or
+// forked in its turn goes back to anonymous RAM (withoutRAMFile). If the
+// template fails, each child reads the whole snapshot instead.
+//
+// Identity: the agent's OpIdentity gives each child its hostname, a new
+// /etc/machine-id, and the host's random bytes credited to the guest
+// kernel's pool (which was every sibling's) before it is handed out.
 
 import (
 	"context"
