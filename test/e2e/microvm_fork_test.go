@@ -94,6 +94,15 @@ func TestMicroVMForkMemory(t *testing.T) {
 		}
 		hosts[out[1]], ids[out[2]], rnd[out[3]] = true, true, true
 	}
+	// A child pauses (its memory, private and shared, to a file) and
+	// resumes like any VM.
+	k0 := res.Sandboxes[0].ID
+	if _, err := s.C.Pause(ctx, k0); err != nil {
+		t.Fatalf("pause a child: %v", err)
+	}
+	if r := s.sh(t, k0, "cat /tmp/out; hostname"); r.Stdout != fmt.Sprintf("%d\n%s\n", seed+1, k0) {
+		t.Errorf("child after pause and resume: %q exit %d %q", r.Stdout, r.ExitCode, r.Stderr)
+	}
 	// The source runs on, with its own holder.
 	if r := s.sh(t, src.ID, "touch /tmp/go; for n in $(seq 50); do [ -s /tmp/out ] && break; sleep 0.2; done; cat /tmp/out"); r.Stdout != fmt.Sprintf("%d\n", seed+1) {
 		t.Errorf("source after the fork: %q exit %d", r.Stdout, r.ExitCode)

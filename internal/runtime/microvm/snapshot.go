@@ -293,7 +293,8 @@ func (r *Runtime) Prefetch(ctx context.Context, h runtime.Handle, rest bool) (in
 	return 0, nil
 }
 
-// qemuArgs is the command line (without argv[0]) of the QEMU at pid.
+// qemuArgs is the command line (without argv[0] and -incoming) of the
+// QEMU at pid.
 func qemuArgs(pid int) ([]string, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil {
@@ -303,7 +304,17 @@ func qemuArgs(pid int) ([]string, error) {
 	if len(args) < 2 {
 		return nil, fmt.Errorf("microvm: qemu %d: empty command line", pid)
 	}
-	return args[1:], nil
+	// Without the -incoming of a restored VM: who starts it again says
+	// where from.
+	var out []string
+	for i := 1; i < len(args); i++ {
+		if args[i] == "-incoming" && i+1 < len(args) {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out, nil
 }
 
 // rssBytes is pid's resident memory (0 when unknown).
