@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp/raw"
@@ -125,12 +126,27 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 		defer os.Remove(dev)
 		tmpl.ram, tmpl.ramMB, tmpl.snapshot = ram, memMB, dev
 	}
+	// The children start side by side (each waits mostly on its QEMU).
+	started := make([]*runtime.Instance, len(specs))
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
 	for i, s := range specs {
-		inst, err := r.startChild(ctx, s, tmpl, disks[i])
-		if err != nil {
-			return insts, fmt.Errorf("microvm: fork: child %s: %w", s.ID, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if started[i], errs[i] = r.startChild(ctx, s, tmpl, disks[i]); errs[i] != nil {
+				errs[i] = fmt.Errorf("microvm: fork: child %s: %w", s.ID, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range specs {
+		if started[i] != nil {
+			insts = append(insts, started[i])
 		}
-		insts = append(insts, inst)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return insts, err
 	}
 	r.log.Debug("microvm: forked from memory", "id", h.ID, "children", len(specs), "frozen", frozen, "shared", tmpl.ram != "", "took", time.Since(t0))
 	return insts, nil
