@@ -21,11 +21,13 @@ package microvm
 // kernel's pool (which was every sibling's) before it is handed out.
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +37,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp/raw"
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -224,8 +227,58 @@ func (r *Runtime) ramTemplate(ctx context.Context, parentID string, src *forkSou
 	if err := r.saveMemory(ctx, th, dev, true); err != nil {
 		return ram, dev, err
 	}
+	if err := punchZeros(ram); err != nil {
+		r.log.Warn("microvm: fork: RAM file stays whole", "err", err)
+	}
 	return ram, dev, nil
 }
+
+// punchZeros frees the all-zero pages of the file at p (the restore read
+// every page of the guest, so the file holds pages the guest never used):
+// holes read as zeros, and a child's read of one shares a page again.
+func punchZeros(p string) error {
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	const page = 4096
+	buf := make([]byte, 2<<20)
+	var off, run, runAt int64
+	flush := func() error {
+		if run > 0 {
+			if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, runAt, run); err != nil {
+				return err
+			}
+		}
+		run = 0
+		return nil
+	}
+	for {
+		n, err := io.ReadFull(f, buf)
+		for i := 0; i+page <= n; i += page {
+			if allZero(buf[i : i+page]) {
+				if run == 0 {
+					runAt = off + int64(i)
+				}
+				run += page
+			} else if ferr := flush(); ferr != nil {
+				return ferr
+			}
+		}
+		off += int64(n)
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return flush()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+var zeroPage [4096]byte
+
+func allZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
 
 // The RAM backend of a fork's VMs: the machine's default RAM block's id,
 // so that a snapshot of anonymous RAM restores into it and back.
