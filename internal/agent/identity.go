@@ -28,9 +28,6 @@ const maxEntropy = 4096
 // it: a container's agent shares the host's kernel pool and the hostname
 // is its create's.
 func (a *Agent) identity(r *agentproto.IdentityRequest) error {
-	if os.Getpid() != 1 {
-		return errf(agentproto.ErrInvalid, "identity: only the agent of a VM sets an identity")
-	}
 	if r.Hostname == "" || len(r.Hostname) > 64 {
 		return errf(agentproto.ErrInvalid, "identity: hostname must be 1-64 bytes")
 	}
@@ -39,6 +36,9 @@ func (a *Agent) identity(r *agentproto.IdentityRequest) error {
 	}
 	if len(r.Entropy) < 32 || len(r.Entropy) > maxEntropy {
 		return errf(agentproto.ErrInvalid, "identity: entropy must be 32-%d bytes", maxEntropy)
+	}
+	if os.Getpid() != 1 {
+		return errf(agentproto.ErrInvalid, "identity: only the agent of a VM sets an identity")
 	}
 	if err := reseed(r.Entropy); err != nil {
 		return errf(agentproto.ErrInternal, "identity: reseed: %v", err)
