@@ -378,6 +378,9 @@ func TestSchemasMatchTypes(t *testing.T) {
 		"CreateSandboxRequest": api.CreateSandboxRequest{},
 		"Sandbox":              api.Sandbox{},
 		"SandboxList":          api.SandboxList{},
+		"SnapshotList":         api.SnapshotList{},
+		"Trajectory":           api.Trajectory{},
+		"TrajectoryList":       api.TrajectoryList{},
 		"ExecRequest":          api.ExecRequest{},
 		"ExecResult":           api.ExecResult{},
 		"ExecEvent":            api.ExecEvent{},
@@ -464,7 +467,7 @@ func TestSchemasMatchTypes(t *testing.T) {
 				t.Errorf("%s: property %q (field %s) missing from the spec", name, jname, f.Name)
 				continue
 			}
-			omit := strings.Contains(opts, "omitempty")
+			omit := strings.Contains(opts, "omitempty") || strings.Contains(opts, "omitzero")
 			if required[jname] == omit {
 				t.Errorf("%s.%s: required=%v but omitempty=%v", name, jname, required[jname], omit)
 			}

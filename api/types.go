@@ -86,6 +86,10 @@ type CreateSandboxRequest struct {
 	// Checkpoint: "none" (default), "every-step" (snapshot after each
 	// state-changing operation) or an interval of steps ("10").
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// TrajectoryTTL: a new trajectory (and each branch of it) is deleted,
+	// with its log and inputs, this many seconds after it is made, once no
+	// live sandbox records it. 0 = kept until DELETE /v1/trajectories/{name}.
+	TrajectoryTTL int `json:"trajectory_ttl,omitempty"`
 	// IdleCPU is the CPU, in cores, the sandbox's processes get between
 	// operations (docs/architecture.md, "Density and elasticity"): while an
 	// exec, a file operation or a command call runs, the sandbox has its
@@ -558,21 +562,49 @@ type CreateSnapshotRequest struct {
 // layers and every earlier diff (Layers, bottom first; the last entry is
 // this snapshot's own diff). Process memory is not captured.
 type Snapshot struct {
-	ID         string            `json:"id"`
-	Name       string            `json:"name,omitempty"`
-	Sandbox    string            `json:"sandbox"`
-	Project    string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
-	Image      string            `json:"image"`
-	Layers     []LayerAttachment `json:"layers"`
-	Diff       string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
-	Digest     string            `json:"digest"` // diff id of that layer
-	Size       int64             `json:"size"`   // bytes of the diff (uncompressed tar)
-	Entries    int               `json:"entries"`
-	Parent     string            `json:"parent,omitempty"`     // the snapshot the sandbox was restored from
-	Step       int64             `json:"step,omitempty"`       // trajectory step it was taken after (checkpoints)
-	Trajectory string            `json:"trajectory,omitempty"` // the trajectory it checkpoints
-	FrozenMs   float64           `json:"frozen_ms"`            // how long the sandbox was frozen
-	CreatedAt  time.Time         `json:"created_at"`
+	ID      string            `json:"id"`
+	Name    string            `json:"name,omitempty"`
+	Sandbox string            `json:"sandbox"`
+	Project string            `json:"project,omitempty"` // the sandbox's project, which owns the snapshot
+	Image   string            `json:"image"`
+	Layers  []LayerAttachment `json:"layers"`
+	Diff    string            `json:"diff"`   // the named layer holding this snapshot's changes (snap/<id>@1)
+	Digest  string            `json:"digest"` // diff id of that layer
+	Size    int64             `json:"size"`   // bytes of the diff (uncompressed tar)
+	Entries int               `json:"entries"`
+	Parent  string            `json:"parent,omitempty"` // the snapshot the sandbox was restored from
+	// Previous: the earlier snapshot of the same sandbox this one chains
+	// on (it packs only what changed since); empty for a full snapshot.
+	Previous   string    `json:"previous,omitempty"`
+	Step       int64     `json:"step,omitempty"`       // trajectory step it was taken after (checkpoints)
+	Trajectory string    `json:"trajectory,omitempty"` // the trajectory it checkpoints
+	FrozenMs   float64   `json:"frozen_ms"`            // how long the sandbox was frozen
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+// SnapshotList is the body of GET /v1/snapshots: the snapshots of the
+// caller's project and the projects below it, newest first.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// Trajectory describes one trajectory (GET /v1/trajectories): its owner,
+// its current sandbox, the bytes it holds (log and inputs) and when it
+// expires (ttl; zero = never).
+type Trajectory struct {
+	Name           string    `json:"name"`
+	Project        string    `json:"project,omitempty"`
+	Sandbox        string    `json:"sandbox"`
+	Parent         string    `json:"parent,omitempty"`
+	CheckpointSnap string    `json:"checkpoint_snapshot,omitempty"`
+	Bytes          int64     `json:"bytes"`
+	CreatedAt      time.Time `json:"created_at"`
+	ExpiresAt      time.Time `json:"expires_at,omitzero"`
+}
+
+// TrajectoryList is the body of GET /v1/trajectories.
+type TrajectoryList struct {
+	Trajectories []Trajectory `json:"trajectories"`
 }
 
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
@@ -764,6 +796,12 @@ type NodeElastic struct {
 	HarvestedSeconds float64 `json:"harvested_seconds"`
 	IdleSandboxes    int     `json:"idle_sandboxes"`
 	FreedCPU         float64 `json:"freed_cpu"`
+	// ClassCapped: the best-effort class is capped now (a latency-class
+	// operation runs); ClassCaps and ClassReleases count the cap's writes
+	// since the node started.
+	ClassCapped   bool  `json:"class_capped"`
+	ClassCaps     int64 `json:"class_caps"`
+	ClassReleases int64 `json:"class_releases"`
 }
 
 // NodeRecycling is a node's recycled containers: Waiting now for a
@@ -810,6 +848,8 @@ type Usage struct {
 	Sandboxes int     `json:"sandboxes"`
 	CPU       float64 `json:"cpu"`
 	MemoryMB  int64   `json:"memory_mb"`
+	// StorageBytes: what the project and its subprojects store now.
+	StorageBytes int64 `json:"storage_bytes"`
 }
 
 // Event is one entry of the event stream (GET /v1/events).
@@ -869,6 +909,9 @@ const (
 	ReasonNodeSelector = "node_selector" // no node has the labels asked for
 	ReasonNoNodes      = "no_nodes"      // no healthy node at all
 	ReasonShuttingDown = "shutting_down" // the node is stopping
+	// ReasonStorageQuota (a 413): the write would take the project over
+	// its storage_bytes quota.
+	ReasonStorageQuota = "storage_quota"
 )
 
 type ErrorBody struct {
@@ -907,6 +950,10 @@ type Quota struct {
 	Sandboxes int     `json:"sandboxes,omitempty"`
 	CPU       float64 `json:"cpu,omitempty"`
 	MemoryMB  int64   `json:"memory_mb,omitempty"`
+	// StorageBytes bounds what the project and its subprojects store:
+	// their trajectories' logs and inputs, their snapshots and their
+	// layers. A write beyond it is refused (413, reason storage_quota).
+	StorageBytes int64 `json:"storage_bytes,omitempty"`
 }
 
 // Project is a node of the project tree. Its id is the path of names from
@@ -999,10 +1046,11 @@ const (
 	AuditKindFile    = "file"    // a syscall asking to write, rename, unlink or chmod a file
 	AuditKindConnect = "connect" // a TCP connection attempt (Dest)
 	AuditKindLimit   = "limit"   // a limit hit by a command: oom, pids, disk_full, output (Op)
+	AuditKindDenied  = "denied"  // a network refusal: a name or a destination (Dest), Op the protocol, Reason why
 )
 
 // AuditKinds lists every kind of audit record.
-var AuditKinds = []string{AuditKindExec, AuditKindRefused, AuditKindSignal, AuditKindFile, AuditKindConnect, AuditKindLimit}
+var AuditKinds = []string{AuditKindExec, AuditKindRefused, AuditKindSignal, AuditKindFile, AuditKindConnect, AuditKindLimit, AuditKindDenied}
 
 // Limits an audit record of kind limit names in its Op.
 const (
@@ -1066,7 +1114,7 @@ type AuditRecord struct {
 	// Step is the trajectory step that was running then (0: between
 	// steps, or the sandbox records no trajectory).
 	Step int64  `json:"step"`
-	Kind string `json:"kind"` // exec, refused, signal, file, connect, limit
+	Kind string `json:"kind"` // exec, refused, signal, file, connect, limit, denied
 	// Pid and Ppid are in the sandbox's pid namespace; UID is as the
 	// sandbox's user namespace numbers it, HostUID as the host does.
 	Pid     int `json:"pid"`
@@ -1094,8 +1142,14 @@ type AuditRecord struct {
 	// or truncates), rename, unlink, chmod; To is a rename's new name.
 	Op string `json:"op,omitempty"`
 	To string `json:"to,omitempty"`
-	// Dest is a connection's destination, "ip:port" (connect).
+	// Dest is a connection's destination, "ip:port" (connect), or what
+	// the network refused: a name, ADDR:PORT or ADDR (denied).
 	Dest string `json:"dest,omitempty"`
+	// Reason is why the network refused it (denied: as in
+	// SandboxNetwork.DeniedBy); Count how many times since the last
+	// record of it.
+	Reason string `json:"reason,omitempty"`
+	Count  int64  `json:"count,omitempty"`
 	// Rule is the create's audit rule (its "on") that matched the record,
 	// and Action what it did (flag, kill-step, fail-sandbox).
 	Rule   string `json:"rule,omitempty"`

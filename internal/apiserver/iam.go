@@ -1,13 +1,17 @@
 package apiserver
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/warrenhq/warren/api"
 )
 
-func (s *Server) withUsage(p *api.Project) *api.Project {
+func (s *Server) withUsage(ctx context.Context, p *api.Project) *api.Project {
 	u := s.cfg.Watcher.ProjectUsage(p.ID)
+	if rec, _, err := s.storage.Get(ctx, p.ID); err == nil {
+		u.StorageBytes = rec.Bytes
+	}
 	p.Usage = &u
 	return p
 }
@@ -21,14 +25,15 @@ func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, s.withUsage(p))
+	s.syncStorageLimit(r.Context(), p)
+	writeJSON(w, http.StatusCreated, s.withUsage(r.Context(), p))
 	return nil
 }
 
 func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) error {
 	out := api.ProjectList{Projects: s.cfg.IAM.Projects(principal(r))}
 	for i := range out.Projects {
-		s.withUsage(&out.Projects[i])
+		s.withUsage(r.Context(), &out.Projects[i])
 	}
 	writeJSON(w, http.StatusOK, &out)
 	return nil
@@ -39,7 +44,7 @@ func (s *Server) getProject(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.withUsage(p))
+	writeJSON(w, http.StatusOK, s.withUsage(r.Context(), p))
 	return nil
 }
 
@@ -52,7 +57,8 @@ func (s *Server) updateProject(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.withUsage(p))
+	s.syncStorageLimit(r.Context(), p)
+	writeJSON(w, http.StatusOK, s.withUsage(r.Context(), p))
 	return nil
 }
 

@@ -99,14 +99,21 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 		if err := s.callEdge(r.Context(), req.FromSandbox, edgeproto.OpGet, &edgeproto.IDRequest{ID: req.FromSandbox}, &src, nil); err != nil {
 			return err
 		}
+		if err := s.checkStorage(r.Context(), src.Project, 1); err != nil {
+			return err
+		}
 		stored, err := s.claimLayerName(r.Context(), principal(r), req.Name, src.Project)
 		if err != nil {
 			return err
 		}
+		latest := s.latestVersion(r.Context(), stored)
 		var l api.Layer
 		if err := s.callEdge(r.Context(), req.FromSandbox, edgeproto.OpLayerCreate,
 			&edgeproto.LayerRequest{ID: req.FromSandbox, Name: stored, Version: req.Version}, &l, nil); err != nil {
 			return err
+		}
+		if l.Version > latest {
+			s.charge(r.Context(), src.Project, l.Size)
 		}
 		showLayer(principal(r), &l, src.Project)
 		writeJSON(w, http.StatusCreated, &l)
@@ -129,13 +136,20 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	p := principal(r)
+	if err := s.checkStorage(ctx, p.Project, max(r.ContentLength, 1)); err != nil {
+		return err
+	}
 	stored, err := s.claimLayerName(ctx, p, name, p.Project)
 	if err != nil {
 		return err
 	}
+	latest := s.latestVersion(ctx, stored)
 	var l api.Layer
 	if err := s.uploadToStore(w, r, edgeproto.LayerRequest{Name: stored, Version: version}, &l); err != nil {
 		return err
+	}
+	if l.Version > latest {
+		s.charge(ctx, p.Project, l.Size)
 	}
 	showLayer(p, &l, p.Project)
 	writeJSON(w, http.StatusCreated, &l)
@@ -312,6 +326,13 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.forgetLayerName(context.WithoutCancel(ctx), rl)
+	if rl.owner != "\x00" { // charged to its owner when made
+		var freed int64
+		for _, x := range l.Layers {
+			freed += x.Size
+		}
+		s.charge(ctx, rl.owner, -freed)
+	}
 	if l.Layers == nil {
 		l.Layers = []api.Layer{}
 	}
@@ -367,4 +388,19 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusCreated, &img)
 	return nil
+}
+
+// latestVersion is the highest version the store has of layer stored (0:
+// none, or unknown): publishing a layer's latest content again answers
+// that version, which is stored, and charged, once.
+func (s *Server) latestVersion(ctx context.Context, stored string) int {
+	var l api.LayerList
+	if err := s.callStore(ctx, edgeproto.OpLayerList, &edgeproto.LayerRequest{Name: stored}, &l); err != nil {
+		return 0
+	}
+	v := 0
+	for _, x := range l.Layers {
+		v = max(v, x.Version)
+	}
+	return v
 }

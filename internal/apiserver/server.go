@@ -45,6 +45,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// Registry receives the apiserver's metrics; nil = a private one.
 	Registry *prometheus.Registry
+	// SweepEvery: how often expired trajectories are deleted and storage
+	// quotas copied into the account (0 = DefaultSweepEvery).
+	SweepEvery time.Duration
 }
 
 // Server is the HTTP API.
@@ -64,7 +67,13 @@ type Server struct {
 	ports       *bus.Records // public ports (ports.go)
 	ff          *ffSessions
 	tlog        *bus.TrajLog
+	inputs      *bus.Inputs
+	storage     *bus.Storage // the projects' stored bytes and quotas (storage.go)
 	mux         *http.ServeMux
+	// sweepStop ends the sweeper (storage.go); sweepDone closes when it
+	// has.
+	sweepStop context.CancelFunc
+	sweepDone chan struct{}
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -122,9 +131,12 @@ func (s *Server) routes() []route {
 		{pattern: "DELETE /v1/tokens/{id}", handler: s.revokeToken, role: api.RoleViewer},
 		{pattern: "POST /v1/sandboxes/{id}/snapshots", handler: s.createSnapshot},
 		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.fork},
+		{pattern: "GET /v1/snapshots", handler: s.listSnapshots, role: api.RoleViewer},
 		{pattern: "GET /v1/snapshots/{sid}", handler: s.getSnapshot, role: api.RoleViewer},
 		{pattern: "DELETE /v1/snapshots/{sid}", handler: s.deleteSnapshot},
+		{pattern: "GET /v1/trajectories", handler: s.listTrajectories, role: api.RoleViewer},
 		{pattern: "GET /v1/trajectories/{name...}", handler: s.getTrajectory, role: api.RoleViewer},
+		{pattern: "DELETE /v1/trajectories/{name...}", handler: s.deleteTrajectory},
 		{pattern: "POST /v1/trajectories:replay", handler: s.replayTrajectory},
 		{pattern: "POST /v1/images", handler: s.pullImage},
 		{pattern: "POST /v1/images:commit", handler: s.commitImage},
@@ -204,6 +216,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.templates, err = cfg.Bus.Records(ctx, bus.BucketTemplates); err != nil {
 		return nil, err
 	}
+	if s.inputs, err = cfg.Bus.TrajectoryInputs(ctx); err != nil {
+		return nil, err
+	}
+	if s.storage, err = cfg.Bus.Storage(ctx); err != nil {
+		return nil, err
+	}
 	if s.netRules, err = cfg.Bus.Records(ctx, bus.BucketNetworkRules); err != nil {
 		return nil, err
 	}
@@ -214,6 +232,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	for _, r := range s.routes() {
 		s.mux.Handle(r.pattern, s.wrap(r))
 	}
+	every := cfg.SweepEvery
+	if every <= 0 {
+		every = DefaultSweepEvery
+	}
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.sweepStop, s.sweepDone = stop, make(chan struct{})
+	go s.sweep(sctx, every)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})

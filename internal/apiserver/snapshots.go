@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 
@@ -44,6 +45,30 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// listSnapshots lists the snapshots the caller sees (its project's and
+// those below it; ?sandbox= keeps one sandbox's), newest first.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	sandbox := r.URL.Query().Get("sandbox")
+	out := api.SnapshotList{Snapshots: []api.Snapshot{}}
+	err := s.snaps.Each(r.Context(), func(_ string, raw []byte) error {
+		var snap api.Snapshot
+		if json.Unmarshal(raw, &snap) != nil || !p.Sees(iam.KindSnapshot, snap.Project) {
+			return nil
+		}
+		if sandbox == "" || snap.Sandbox == sandbox {
+			out.Snapshots = append(out.Snapshots, snap)
+		}
+		return nil
+	})
+	if err != nil {
+		return storeUnavailable("the snapshot store", err)
+	}
+	sort.Slice(out.Snapshots, func(i, j int) bool { return out.Snapshots[i].CreatedAt.After(out.Snapshots[j].CreatedAt) })
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}
+
 // deleteSnapshot removes a snapshot and its layer, unless something still
 // needs it (409 saying what).
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
@@ -59,16 +84,30 @@ type errInUse struct{ why string }
 
 func (e *errInUse) Error() string { return e.why }
 
-// removeSnapshot deletes snapshot sid's layer and record. A snapshot is in
-// use while a sandbox that is not stopped was restored from it, a later
-// snapshot chains on it, or a trajectory needs it (its original state or
-// its latest checkpoint, which a rebuild starts from).
+// snapLayerID is the snapshot whose diff layer ref ("snap/<id>@1") is, or
+// "" for another layer.
+func snapLayerID(ref string) string {
+	name, _, _ := strings.Cut(ref, "@")
+	id, ok := strings.CutPrefix(name, "snap/")
+	if !ok {
+		return ""
+	}
+	return id
+}
+
+// removeSnapshot deletes snapshot sid's record, and its layer once nothing
+// needs it. A snapshot is in use (409) while a sandbox that is not stopped
+// was restored from it or a trajectory needs it (its original state or its
+// latest checkpoint, which a rebuild starts from). Later snapshots chain
+// on its layer (incremental snapshots of a sandbox, snapshots of a
+// restored one): deleting it keeps them whole, since a diff layer goes
+// only when no snapshot's chain and no live sandbox uses it any more (the
+// last one out takes it, and every earlier diff nobody needs).
 func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid string) ([]api.Layer, error) {
-	if _, err := s.snapshotOf(ctx, p, sid); err != nil {
+	snap, err := s.snapshotOf(ctx, p, sid)
+	if err != nil {
 		return nil, err
 	}
-	layer := edgeproto.SnapshotLayerName(sid)
-	usesLayer := func(ref string) bool { return ref == layer || strings.HasPrefix(ref, layer+"@") }
 	inUse := func(format string, a ...any) error {
 		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("snapshot %s is in use: ", sid) + fmt.Sprintf(format, a...)}
 	}
@@ -78,22 +117,6 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 			return inUse("%s", iu.why)
 		}
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
-	}
-	// Later snapshots in its chain.
-	err := s.snaps.Each(ctx, func(key string, raw []byte) error {
-		var o api.Snapshot
-		if key == sid || json.Unmarshal(raw, &o) != nil {
-			return nil
-		}
-		for _, l := range o.Layers {
-			if usesLayer(l.Layer) {
-				return &errInUse{fmt.Sprintf("snapshot %s chains on it (delete that first)", o.ID)}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, check(err)
 	}
 	// Trajectories.
 	err = s.trajMeta.Each(ctx, func(key string, raw []byte) error {
@@ -112,9 +135,71 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 	if err != nil {
 		return nil, check(err)
 	}
-	// Sandboxes on every node (whatever the caller may see).
+	// Sandboxes on every node (whatever the caller may see): one restored
+	// from it keeps it; the layers any live one uses stay.
+	liveLayers, users, err := s.liveSnapshotUse(ctx, sid)
+	if err != nil {
+		return nil, err
+	}
+	if len(users) > 0 {
+		return nil, inUse("sandbox %s was restored from it%s", users[0], map[bool]string{true: fmt.Sprintf(" (and %d more)", len(users)-1)}[len(users) > 1])
+	}
+	// Its chain's diffs that no other snapshot and no live sandbox needs
+	// go, then the record.
+	needed := map[string]bool{}
+	for id := range liveLayers {
+		needed[id] = true
+	}
+	err = s.snaps.Each(ctx, func(key string, raw []byte) error {
+		var o api.Snapshot
+		if key == sid || json.Unmarshal(raw, &o) != nil {
+			return nil
+		}
+		needed[o.ID] = true // its own diff
+		for _, l := range o.Layers {
+			if id := snapLayerID(l.Layer); id != "" {
+				needed[id] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, check(err)
+	}
+	gone := []api.Layer{}
+	candidates := []string{sid}
+	for _, l := range snap.Layers {
+		if id := snapLayerID(l.Layer); id != "" && id != sid {
+			candidates = append(candidates, id)
+		}
+	}
+	for _, id := range candidates {
+		if needed[id] {
+			continue
+		}
+		var l api.LayerList
+		if err := s.callStore(ctx, edgeproto.OpLayerDelete, &edgeproto.LayerRequest{Name: edgeproto.SnapshotLayerName(id)}, &l); err != nil {
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
+				return nil, err
+			}
+		}
+		gone = append(gone, l.Layers...)
+	}
+	if err := s.snaps.Delete(ctx, sid); err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	s.charge(ctx, snap.Project, -snap.Size)
+	return gone, nil
+}
+
+// liveSnapshotUse asks every node for its sandboxes that are not stopped:
+// the snapshot diffs they have mounted (by snapshot id) and those restored
+// from snapshot sid.
+func (s *Server) liveSnapshotUse(ctx context.Context, sid string) (map[string]bool, []string, error) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	layers := map[string]bool{}
 	var users []string
 	var firstErr error
 	for _, n := range s.cfg.Watcher.Up() {
@@ -133,37 +218,22 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 				if sb.State == api.StateStopped || sb.State == api.StateFailed {
 					continue
 				}
-				uses := sb.Snapshot == sid
-				for _, ref := range sb.Layers {
-					uses = uses || usesLayer(ref)
-				}
-				if uses {
+				if sb.Snapshot == sid {
 					users = append(users, sb.ID)
+				}
+				for _, ref := range sb.Layers {
+					if id := snapLayerID(ref); id != "" {
+						layers[id] = true
+					}
 				}
 			}
 		}(n.Name)
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: "cannot tell whether a sandbox uses the snapshot: " + firstErr.Error()}
+		return nil, nil, &api.Error{Code: api.CodeUnavailable, Message: "cannot tell whether a sandbox uses the snapshot: " + firstErr.Error()}
 	}
-	if len(users) > 0 {
-		return nil, inUse("sandbox %s was restored from it%s", users[0], map[bool]string{true: fmt.Sprintf(" (and %d more)", len(users)-1)}[len(users) > 1])
-	}
-	var l api.LayerList
-	if err := s.callStore(ctx, edgeproto.OpLayerDelete, &edgeproto.LayerRequest{Name: layer}, &l); err != nil {
-		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
-			return nil, err
-		}
-	}
-	if err := s.snaps.Delete(ctx, sid); err != nil {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
-	}
-	if l.Layers == nil {
-		l.Layers = []api.Layer{}
-	}
-	return l.Layers, nil
+	return layers, users, nil
 }
 
 // fork snapshots the source once and restores the snapshot N times on the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -213,6 +214,52 @@ func (s *Server) replayTrajectory(w http.ResponseWriter, r *http.Request) error 
 	}
 	writeJSON(w, http.StatusOK, &out)
 	return nil
+}
+
+// listTrajectories lists the trajectories the caller sees (its project's
+// and those below it), oldest first.
+func (s *Server) listTrajectories(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	out := api.TrajectoryList{Trajectories: []api.Trajectory{}}
+	err := s.trajMeta.Each(r.Context(), func(_ string, raw []byte) error {
+		var rec edgeproto.TrajectoryRecord
+		if json.Unmarshal(raw, &rec) != nil {
+			return nil
+		}
+		if !p.Sees(iam.KindTrajectory, trajOwner(&rec)) {
+			return nil
+		}
+		t := trajectoryOf(&rec)
+		if n, err := s.storage.TrajectoryBytes(r.Context(), trajKey(&rec)); err == nil {
+			t.Bytes = n
+		}
+		out.Trajectories = append(out.Trajectories, t)
+		return nil
+	})
+	if err != nil {
+		return storeUnavailable("the trajectory store", err)
+	}
+	sort.Slice(out.Trajectories, func(i, j int) bool {
+		return out.Trajectories[i].CreatedAt.Before(out.Trajectories[j].CreatedAt)
+	})
+	writeJSON(w, http.StatusOK, &out)
+	return nil
+}
+
+// trajOwner is the project that owns rec.
+func trajOwner(rec *edgeproto.TrajectoryRecord) string {
+	if rec.Project == "" {
+		return rec.Spec.Project // recorded before trajectories had owners
+	}
+	return rec.Project
+}
+
+// trajectoryOf is the wire form of a trajectory's record.
+func trajectoryOf(rec *edgeproto.TrajectoryRecord) api.Trajectory {
+	return api.Trajectory{
+		Name: rec.Name, Project: trajOwner(rec), Sandbox: rec.Sandbox, Parent: rec.Parent,
+		CheckpointSnap: rec.CheckpointSnap, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt,
+	}
 }
 
 func (s *Server) getTrajectory(w http.ResponseWriter, r *http.Request) error {

@@ -32,6 +32,7 @@ var ruleKinds = map[string]string{
 	"signal":  api.AuditKindSignal,
 	"connect": api.AuditKindConnect,
 	"limit":   api.AuditKindLimit,
+	"denied":  api.AuditKindDenied,
 }
 
 // Policy is a compiled api.AuditSpec. The zero Policy records everything
@@ -77,7 +78,7 @@ func Compile(spec *api.AuditSpec) (*Policy, error) {
 		kindName, pattern, _ := strings.Cut(r.On, ":")
 		kind, ok := ruleKinds[kindName]
 		if !ok {
-			return nil, fmt.Errorf("audit.policy[%d].on %q: want kind:pattern with kind one of exec, write, read, refused, signal, connect, limit", i, clip(r.On))
+			return nil, fmt.Errorf("audit.policy[%d].on %q: want kind:pattern with kind one of exec, write, read, refused, signal, connect, limit, denied", i, clip(r.On))
 		}
 		if len(pattern) > MaxPattern || strings.ContainsRune(pattern, 0) || !utf8.ValidString(pattern) {
 			return nil, fmt.Errorf("audit.policy[%d].on: the pattern is over %d bytes or not UTF-8", i, MaxPattern)
@@ -186,6 +187,8 @@ func subjects(r *api.AuditRecord) []string {
 		return []string{r.Dest}
 	case api.AuditKindLimit:
 		return []string{r.Op}
+	case api.AuditKindDenied:
+		return []string{r.Dest}
 	}
 	return nil
 }

@@ -73,6 +73,9 @@ type Options struct {
 	// process, run next to the interference figure's latency sandbox, with
 	// the CPU gate and without it (always_on); default 200, 0 = skip.
 	InterferenceIdle int
+	// BestEffortCap is the private server's --best-effort-cap (0 = its
+	// default, -1 = off): the interference figure with and without it.
+	BestEffortCap float64
 	// DebianTar is a root filesystem tarball of scripts/build-debian-image.sh,
 	// imported as debian:12 into the private server for the fncall python3
 	// figure (skipped when empty or missing).
@@ -217,6 +220,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
 			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
 			DiskOvercommit: BenchDiskOvercommit,
+			BestEffortCap:  o.BestEffortCap,
 			Recycle:        recycleOption(o.Recycle),
 			Userns:         serve.UsernsOptions{HostRoot: o.HostRoot},
 			VMKernel:       o.VMKernel,

@@ -512,6 +512,13 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	}
 	var ids []string
 	defer func() { deleteAll(ctx, c, ids) }()
+	once := func(id string) (time.Duration, error) {
+		r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: step})
+		if err != nil {
+			return 0, err
+		}
+		return time.Duration(r.DurationMs * float64(time.Millisecond)), nil
+	}
 	lat, err := mk(api.PriorityLatency, nil)
 	if err != nil {
 		return err
@@ -525,11 +532,11 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	measure := func(id string) (time.Duration, error) {
 		var ds []time.Duration
 		for i := 0; i < 7; i++ {
-			r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: step})
+			d, err := once(id)
 			if err != nil {
 				return 0, err
 			}
-			ds = append(ds, time.Duration(r.DurationMs*float64(time.Millisecond)))
+			ds = append(ds, d)
 		}
 		return percentiles(ds).p50, nil
 	}
@@ -543,13 +550,17 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		return err
 	}
 	fmt.Fprintln(o.Out, "interference: with best-effort neighbours saturating the CPU...")
+	var noise []string
 	for i := 0; i < 4; i++ {
 		id, err := mk(api.PriorityBestEffort, map[string]string{"bench": "noise"})
 		if err != nil {
 			return err
 		}
 		ids = append(ids, id)
-		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "while :; do :; done & while :; do :; done", Background: true}); err != nil {
+		noise = append(noise, id)
+		// The spinners' pids go to /tmp/spin (the paired figure stops
+		// and continues them).
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "echo $$ > /tmp/spin; while :; do :; done & echo $! >> /tmp/spin; while :; do :; done", Background: true}); err != nil {
 			return err
 		}
 	}
@@ -564,8 +575,16 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	}
 	slow := (float64(loaded)/float64(idle) - 1) * 100
 	slowBE := (float64(loadedBE)/float64(idleBE) - 1) * 100
-	rep.add("interference: latency sandbox slowdown", slow, "%", fmt.Sprintf("step %.0f ms idle, %.0f ms next to 4 best-effort sandboxes × 2 spinning processes; DSec 17.3 %%, target ≤ 10 %%", ms(idle), ms(loaded)))
+	rep.add("interference: latency sandbox slowdown", slow, "%", fmt.Sprintf("step %.0f ms idle, %.0f ms next to 4 best-effort sandboxes × 2 spinning processes; DSec 17.3 %%, target ≤ 10 %%; load average %s", ms(idle), ms(loaded), loadAvg()))
 	rep.add("interference: best-effort sandbox slowdown (contrast)", slowBE, "%", fmt.Sprintf("the same step in a best-effort sandbox: %.0f ms → %.0f ms", ms(idleBE), ms(loadedBE)))
+	// The same, paired: the neighbours' spinners are stopped (SIGSTOP)
+	// and continued around alternate steps, so that both halves see the
+	// same host (the figures above take the baseline first; on a host
+	// shared with other jobs the load moves between them by more than
+	// the effect).
+	if err := interferencePaired(ctx, o, c, rep, lat, noise, once); err != nil {
+		return err
+	}
 	deleteAll(ctx, c, ids[2:])
 	ids = ids[:2]
 	if o.InterferenceIdle <= 0 {
@@ -610,4 +629,63 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 			fmt.Sprintf("step %.0f ms against %.0f ms on the idle node; %s; all sandboxes used %.2f cores meanwhile", ms(step), ms(idle), note, used))
 	}
 	return nil
+}
+
+// interferencePaired times the latency step with the noise sandboxes'
+// spinners stopped and running, alternately (pairs), and reports the
+// median of the per-pair slowdowns.
+func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, noise []string, once func(string) (time.Duration, error)) error {
+	signal := func(sig string) error {
+		for _, id := range noise {
+			r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "kill -" + sig + " $(cat /tmp/spin)"})
+			if err != nil {
+				return err
+			}
+			if r.ExitCode != 0 {
+				return fmt.Errorf("interference: kill -%s in %s: exit %d %s", sig, id, r.ExitCode, r.Stderr)
+			}
+		}
+		return nil
+	}
+	const pairs = 9
+	var quiet, busy []time.Duration
+	var ratios []float64
+	for i := 0; i < pairs; i++ {
+		if err := signal("STOP"); err != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+		q, err := once(lat)
+		if err != nil {
+			return err
+		}
+		if err := signal("CONT"); err != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond)
+		b, err := once(lat)
+		if err != nil {
+			return err
+		}
+		quiet, busy = append(quiet, q), append(busy, b)
+		ratios = append(ratios, float64(b)/float64(q))
+	}
+	slices.Sort(ratios)
+	rep.add("interference: latency sandbox slowdown, paired", (ratios[pairs/2]-1)*100, "%",
+		fmt.Sprintf("median of %d pairs (neighbours' spinners stopped, then running); step p50 %.0f ms quiet, %.0f ms busy; pair slowdowns %.0f…%.0f %%; load average %s",
+			pairs, ms(percentiles(quiet).p50), ms(percentiles(busy).p50), (ratios[0]-1)*100, (ratios[pairs-1]-1)*100, loadAvg()))
+	return nil
+}
+
+// loadAvg is the host's 1, 5 and 15 minute load average.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }

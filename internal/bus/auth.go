@@ -233,7 +233,7 @@ func (a *Auth) apply(opts *server.Options) {
 func edgeStreams() []string {
 	return []string{"KV_" + BucketSnapshots, "KV_" + BucketTrajectories, streamTrajectories,
 		"OBJ_" + bucketTrajInputs, "KV_" + BucketLost, StreamEvents, "KV_" + BucketRoster, "KV_" + BucketDataPlane,
-		"KV_" + BucketNetworkRules}
+		"KV_" + BucketNetworkRules, "KV_" + BucketStorage}
 }
 
 func apiserverPermissions() *server.Permissions {
@@ -249,7 +249,7 @@ func edgePermissions(node string) *server.Permissions {
 		"$JS.API.INFO", "$JS.API.STREAM.NAMES", "$O." + bucketTrajInputs + ".>"}
 	// The data-plane key and the network rules are read-only to edges
 	// (apiservers write them).
-	for _, b := range []string{BucketSnapshots, BucketTrajectories, BucketLost, BucketRoster} {
+	for _, b := range []string{BucketSnapshots, BucketTrajectories, BucketLost, BucketRoster, BucketStorage} {
 		pub = append(pub, "$KV."+b+".>")
 	}
 	for _, s := range edgeStreams() {
@@ -272,7 +272,7 @@ var edgeStreamDeny = []string{"$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.
 // streams edges use, which edges may open and use but not make, remove or
 // reconfigure, and the data-plane key, which edges only read.
 func (c *Conn) EnsureBuckets(ctx context.Context) error {
-	for _, b := range []string{BucketSnapshots, BucketTrajectories, BucketNetworkRules} {
+	for _, b := range []string{BucketSnapshots, BucketTrajectories, BucketNetworkRules, BucketStorage} {
 		if _, err := c.Records(ctx, b); err != nil {
 			return err
 		}

@@ -80,8 +80,15 @@ func TestAuthRolesWork(t *testing.T) {
 	if err != nil {
 		t.Fatalf("edge opens the inputs: %v", err)
 	}
-	if err := in.Put(ctx, "k1", []byte("hello")); err != nil {
+	if _, err := in.Put(ctx, "k1", []byte("hello")); err != nil {
 		t.Fatalf("edge writes an input: %v", err)
+	}
+	st, err := edge.Storage(ctx)
+	if err != nil {
+		t.Fatalf("edge opens the storage account: %v", err)
+	}
+	if err := st.Add(ctx, "p1", 5); err != nil {
+		t.Fatalf("edge charges stored bytes: %v", err)
 	}
 	if b, err := in.Get(ctx, "k1"); err != nil || string(b) != "hello" {
 		t.Fatalf("edge reads an input: %q %v", b, err)

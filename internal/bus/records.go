@@ -2,10 +2,12 @@ package bus
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -163,11 +165,21 @@ func (c *Conn) TrajectoryLog(ctx context.Context) (*TrajLog, error) {
 		MaxMsgSize:        MaxPayload,
 		Duplicates:        2 * time.Minute,
 		MaxMsgsPerSubject: -1,
-		Replicas:          c.replicas(),
+		// The backstop behind the projects' storage quotas: a full
+		// stream refuses appends (the step answers 503) and keeps what
+		// it holds.
+		MaxBytes: TrajLogMaxBytes,
+		Discard:  jetstream.DiscardNew,
+		Replicas: c.replicas(),
 	}
 	st, err := openOrCreate(ctx, c,
 		func(ctx context.Context) (jetstream.Stream, error) { return c.js.Stream(ctx, streamTrajectories) },
-		func(ctx context.Context) (jetstream.Stream, error) { return c.js.CreateStream(ctx, cfg) },
+		func(ctx context.Context) (jetstream.Stream, error) {
+			return withinStore(cfg.MaxBytes, func(limit int64) (jetstream.Stream, error) {
+				cfg.MaxBytes = limit
+				return c.js.CreateStream(ctx, cfg)
+			})
+		},
 		jetstream.ErrStreamNameAlreadyInUse)
 	if err != nil {
 		return nil, fmt.Errorf("bus: trajectory stream: %w", err)
@@ -327,6 +339,36 @@ func (l *TrajLog) read(ctx context.Context, subject string, skip, limit int) ([]
 	return out, nil
 }
 
+// The backstops of trajectory storage, set when the stream and the object
+// store are made (an existing one keeps its configuration): whatever the
+// quotas, the log and the inputs never take more than this of the disk
+// JetStream shares with IAM.
+var (
+	TrajLogMaxBytes    int64 = 16 << 30
+	TrajInputsMaxBytes int64 = 64 << 30
+)
+
+// withinStore makes a stream with a byte limit of limit, or of half as
+// much while the server cannot reserve that much of its store (a small
+// disk), down to 64 MiB; below that, without a limit.
+func withinStore[T any](limit int64, create func(limit int64) (T, error)) (T, error) {
+	for ; limit >= 64<<20; limit /= 2 {
+		v, err := create(limit)
+		if err == nil || !strings.Contains(err.Error(), "insufficient storage") {
+			return v, err
+		}
+	}
+	return create(0)
+}
+
+// InputKey is where the input with SHA-256 hash of trajectory traj (a
+// TrajKey) is stored: each trajectory keeps its own inputs, so deleting it
+// frees them without asking which other trajectory has the same bytes.
+func InputKey(traj, hash string) string {
+	sum := sha256.Sum256([]byte(traj))
+	return hash + "." + hex.EncodeToString(sum[:16])
+}
+
 // bucketTrajInputs holds the inputs of logged operations (file data,
 // stdin) by SHA-256, so a log can be re-executed.
 const bucketTrajInputs = "warren-traj-inputs"
@@ -337,12 +379,17 @@ type Inputs struct{ os jetstream.ObjectStore }
 // TrajectoryInputs opens (creating when missing) the store of logged
 // operations' inputs.
 func (c *Conn) TrajectoryInputs(ctx context.Context) (*Inputs, error) {
-	cfg := jetstream.ObjectStoreConfig{Bucket: bucketTrajInputs, Storage: jetstream.FileStorage, Replicas: c.replicas()}
+	cfg := jetstream.ObjectStoreConfig{Bucket: bucketTrajInputs, Storage: jetstream.FileStorage, Replicas: c.replicas(), MaxBytes: TrajInputsMaxBytes}
 	os, err := openOrCreate(ctx, c,
 		func(ctx context.Context) (jetstream.ObjectStore, error) {
 			return c.js.ObjectStore(ctx, bucketTrajInputs)
 		},
-		func(ctx context.Context) (jetstream.ObjectStore, error) { return c.js.CreateObjectStore(ctx, cfg) },
+		func(ctx context.Context) (jetstream.ObjectStore, error) {
+			return withinStore(cfg.MaxBytes, func(limit int64) (jetstream.ObjectStore, error) {
+				cfg.MaxBytes = limit
+				return c.js.CreateObjectStore(ctx, cfg)
+			})
+		},
 		jetstream.ErrBucketExists)
 	if err != nil {
 		return nil, fmt.Errorf("bus: object store %s: %w", bucketTrajInputs, err)
@@ -350,15 +397,32 @@ func (c *Conn) TrajectoryInputs(ctx context.Context) (*Inputs, error) {
 	return &Inputs{os: os}, nil
 }
 
-// Put stores data under its SHA-256 (hex) key unless it is there already.
-func (in *Inputs) Put(ctx context.Context, key string, data []byte) error {
+// Put stores data under key unless it is there already; stored says
+// whether it was written now.
+func (in *Inputs) Put(ctx context.Context, key string, data []byte) (stored bool, err error) {
 	if _, err := in.os.GetInfo(ctx, key); err == nil {
-		return nil
+		return false, nil
 	}
 	if _, err := in.os.PutBytes(ctx, key, data); err != nil {
-		return fmt.Errorf("bus: store input: %w", err)
+		return false, fmt.Errorf("bus: store input: %w", err)
 	}
-	return nil
+	return true, nil
+}
+
+// Delete removes the object under key and returns its size (0 when there
+// was none).
+func (in *Inputs) Delete(ctx context.Context, key string) (int64, error) {
+	info, err := in.os.GetInfo(ctx, key)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bus: delete input: %w", err)
+	}
+	if err := in.os.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return 0, fmt.Errorf("bus: delete input: %w", err)
+	}
+	return int64(info.Size), nil
 }
 
 // Get returns the data stored under key, or ErrNotFound.

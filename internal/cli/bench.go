@@ -58,6 +58,7 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.BurstPool, "burst-pool", 200, "pool-burst: warm pool size of the second run")
 	f.IntVar(&o.PauseCount, "pause-count", 100, "pause: sandboxes paused")
 	f.IntVar(&o.PauseHoldMB, "pause-hold-mb", 64, "pause: anonymous memory each holds")
+	f.Float64Var(&o.BestEffortCap, "best-effort-cap", 0, "the private server's --best-effort-cap (0 = its default 0.1 core; -1 = off)")
 	f.IntVar(&o.InterferenceIdle, "interference-idle", 200, "interference: waiting sandboxes with a busy background process next to the latency sandbox, with and without the CPU gate (0 = skip)")
 	f.IntVar(&o.TransferMB, "transfer-mb", 1024, "transfer: size of the file downloaded and uploaded (MiB)")
 	debianTar := os.Getenv("WARREN_DEBIAN_TAR")

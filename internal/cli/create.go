@@ -111,6 +111,7 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.StringVar(&req.Snapshot, "snapshot", "", "restore this snapshot (instead of --image)")
 	f.StringVar(&req.Trajectory, "trajectory", "", "record every operation in this trajectory log")
 	f.StringVar(&req.Checkpoint, "checkpoint", "", "trajectory checkpoints: none, every-step or a number of steps")
+	f.IntVar(&req.TrajectoryTTL, "trajectory-ttl", 0, "delete the trajectory (log and inputs) this many seconds after it is made, once no sandbox records it (0 = keep until warren traj rm)")
 	f.BoolVar(&req.Resume, "resume", false, "re-attach to --trajectory (fast-forward through its log)")
 	f.BoolVar(&req.Branch, "branch", false, "with --resume: on divergence fork a new trajectory T~k instead of failing")
 	f.StringArrayVar(&layers, "layer", nil, "named layer above the image, bottom first: REF, or REF:/MOUNT[:protected] to attach it read-only at a mount point (repeatable)")

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/connlimit"
 	"github.com/warrenhq/warren/internal/e2b"
 	"github.com/warrenhq/warren/internal/edge"
@@ -67,10 +68,12 @@ func newServeCmd() *cobra.Command {
 	f.Float64Var(&o.DiskOvercommit, "disk-overcommit", serve.DefaultDiskOvercommit, "disk overcommit factor used by admission: disk_mb is admitted up to what the scratch filesystem can really hold × this")
 	f.Int64Var(&o.MinMemoryAvailableMB, "min-memory-available-mb", 0, "refuse new sandboxes while the host's MemAvailable is below this (0 = 2% of memory, at least 256; -1 = off)")
 	f.Float64Var(&o.MaxMemoryPressure, "max-memory-pressure", 0, "refuse new sandboxes while memory PSI some avg10 (percent) is above this (0 = 40; -1 = off)")
+	f.Float64Var(&o.BestEffortCap, "best-effort-cap", 0, "cap the best-effort class as a whole at this many cores while any latency-class sandbox runs an operation (0 = 0.1; -1 = never)")
 	f.Float64Var(&o.MaxCPUPressure, "max-cpu-pressure", 0, "count best-effort sandboxes between operations at their idle_cpu in admission only while CPU PSI some avg10 (percent) is at most this (0 = 90; -1 = always)")
 	f.BoolVar(&o.KeepOnShutdown, "keep-sandboxes", false, "leave sandboxes running on shutdown (they are adopted at the next start)")
 	f.IntVar(&o.Recycle, "recycle", serve.DefaultRecycle, "containers of deleted sandboxes kept per shape, wiped, for reuse by new sandboxes (0 = none: a new container for every sandbox)")
 	f.DurationVar(&o.RecycleIdle, "recycle-idle", edge.DefaultRecycleIdle, "how long a recycled container waits for a sandbox of its shape before it is destroyed")
+	f.DurationVar(&o.TrajectorySweep, "trajectory-sweep", apiserver.DefaultSweepEvery, "how often trajectories past their trajectory_ttl are deleted and storage quotas are copied to the storage account")
 	f.BoolVar(&o.NoTelemetry, "no-telemetry", false, "do not load the node's BPF telemetry (the audit of sandboxes then records nothing)")
 	f.BoolVar(&o.TelemetryRefusals, "telemetry-refusals", false, "also audit every syscall of a sandbox refused with EPERM (slows every syscall of the host)")
 	f.BoolVar(&o.TelemetryFiles, "telemetry-files", false, "also audit the file writes, renames, unlinks and chmods of sandbox processes (slows every syscall of the host)")

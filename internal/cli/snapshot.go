@@ -31,6 +31,41 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&req.Name, "name", "", "a name for the snapshot")
 	cmd.Flags().BoolVar(&req.Stop, "stop", false, "stop the sandbox after the snapshot")
+	var sandbox string
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "list the snapshots of the token's project and the projects below it, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			list, err := g.client().ListSnapshots(cmd.Context(), sandbox)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), list)
+			}
+			t := newTable(cmd.OutOrStdout(), "ID", "NAME", "SANDBOX", "PROJECT", "SIZE", "PARENT", "CREATED")
+			for _, sn := range list {
+				t.row(sn.ID, sn.Name, sn.Sandbox, sn.Project, fmt.Sprint(sn.Size), sn.Parent, sn.CreatedAt.Format(time.RFC3339))
+			}
+			return t.flush()
+		},
+	}
+	ls.Flags().StringVar(&sandbox, "sandbox", "", "only this sandbox's snapshots")
+	rm := &cobra.Command{
+		Use:   "rm SNAPSHOT...",
+		Short: "delete snapshots and their layers (one still in use is a 409 saying what uses it)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, id := range args {
+				if err := g.client().DeleteSnapshot(cmd.Context(), id); err != nil {
+					return fmt.Errorf("%s: %w", id, err)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, rm)
 	return cmd
 }
 
@@ -238,7 +273,43 @@ func newTrajCmd(g *globals) *cobra.Command {
 	replay.Flags().BoolVar(&rreq.Keep, "keep", false, "leave the replay's sandbox running")
 	replay.Flags().StringArrayVar(&rreq.Masks, "mask", nil, "regular expression whose matches in stdout and stderr are not compared (repeatable)")
 	replay.Flags().StringArrayVar(&rreq.Ignore, "ignore", nil, "outcome field not to compare: "+strings.Join(api.ReplayFields, ", ")+" (repeatable)")
-	cmd.AddCommand(show, diff, replay)
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "list the trajectories of the token's project and the projects below it, with the bytes each stores",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			list, err := g.client().ListTrajectories(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), list)
+			}
+			t := newTable(cmd.OutOrStdout(), "NAME", "PROJECT", "SANDBOX", "BYTES", "CREATED", "EXPIRES")
+			for _, tr := range list {
+				exp := "-"
+				if !tr.ExpiresAt.IsZero() {
+					exp = tr.ExpiresAt.Format(time.RFC3339)
+				}
+				t.row(tr.Name, tr.Project, tr.Sandbox, fmt.Sprint(tr.Bytes), tr.CreatedAt.Format(time.RFC3339), exp)
+			}
+			return t.flush()
+		},
+	}
+	rm := &cobra.Command{
+		Use:   "rm TRAJECTORY...",
+		Short: "delete trajectories: their logs and the inputs they kept (a live sandbox recording one, or a branch of it, keeps it: 409)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, name := range args {
+				if err := g.client().DeleteTrajectory(cmd.Context(), project, name); err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(show, diff, replay, ls, rm)
 	return cmd
 }
 

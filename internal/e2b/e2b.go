@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 
 	warren "github.com/warrenhq/warren/sdk/go"
 )
@@ -62,6 +63,12 @@ type Config struct {
 type Server struct {
 	hc       *http.Client
 	streamHC *http.Client // streamTransport: exec streams
+	api      http.Handler
+	// live: an in-process client that can upgrade to a WebSocket
+	// (terminals: process.go), made on first use; liveStop stops it.
+	liveOnce sync.Once
+	live     *http.Client
+	liveStop func()
 	log      *slog.Logger
 	mux      *http.ServeMux
 	envd     http.Handler // envd.go
@@ -83,6 +90,7 @@ func New(cfg Config) *Server {
 	s := &Server{
 		hc:       &http.Client{Transport: handlerTransport{h: cfg.API}},
 		streamHC: &http.Client{Transport: streamTransport{h: cfg.API}},
+		api:      cfg.API,
 		log:      cfg.Logger.With("part", "e2b"),
 		mux:      http.NewServeMux(),
 	}
@@ -91,9 +99,26 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// ServeHTTP implements http.Handler: envd traffic (by its E2b-Sandbox-Id
+// liveClient is the in-process client for commands with live input.
+func (s *Server) liveClient() *http.Client {
+	s.liveOnce.Do(func() { s.live, s.liveStop = warren.InProcess(s.api) })
+	return s.live
+}
+
+// Close stops the in-process connections of live commands and of sandbox
+// hosts: their commands end, and later ones fail.
+func (s *Server) Close() {
+	s.liveClient()
+	s.liveStop()
+}
+
+// ServeHTTP implements http.Handler: a sandbox's host
+// ("<port>-<id>.<domain>", host.go), envd traffic (by its E2b-Sandbox-Id
 // header) or the control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.serveHost(w, r) {
+		return
+	}
 	if isEnvd(r) {
 		s.envd.ServeHTTP(w, r)
 		return

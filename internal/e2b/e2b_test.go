@@ -54,3 +54,29 @@ func TestSignature(t *testing.T) {
 		t.Fatal("the expiration is not signed")
 	}
 }
+
+// TestPortHost reads the hosts getHost builds, and only those.
+func TestPortHost(t *testing.T) {
+	for _, c := range []struct {
+		host string
+		port int
+		id   string
+		ok   bool
+	}{
+		{"8000-e2e-0000abc.warren.example", 8000, "e2e-0000abc", true},
+		{"49983-sb1.localhost:3000", 49983, "sb1", true},
+		{"127.0.0.1:3000", 0, "", false},
+		{"localhost:3000", 0, "", false},
+		{"8000-sb1", 0, "", false},    // no domain
+		{"0-sb1.d", 0, "", false},     // port 0
+		{"65536-sb1.d", 0, "", false}, // too big
+		{"080-sb1.d", 0, "", false},   // not canonical
+		{"8000-.d", 0, "", false},     // no id
+		{"api.warren.example", 0, "", false},
+	} {
+		port, id, ok := portHost(c.host)
+		if ok != c.ok || port != c.port || id != c.id {
+			t.Errorf("portHost(%q) = %d %q %v; want %d %q %v", c.host, port, id, ok, c.port, c.id, c.ok)
+		}
+	}
+}

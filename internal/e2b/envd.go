@@ -66,7 +66,15 @@ type envdCaller struct {
 	id    string
 	c     *warren.Client
 	cs    *warren.Client // the same, with answers streamed (exec)
+	tok   string
+	s     *Server
 	facts *factCache
+}
+
+// live is the native client for commands with live input (terminals,
+// over a WebSocket upgrade on an in-process connection).
+func (ec *envdCaller) live() *warren.Client {
+	return warren.New(internalBase, ec.tok, warren.WithHTTPClient(ec.s.liveClient()), warren.WithRetry(1, 0, 0))
 }
 
 func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
@@ -76,8 +84,8 @@ func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
 		return nil, errors.New("missing or malformed X-Access-Token: connect to the sandbox through the control plane first")
 	}
 	return &envdCaller{id: id, c: warren.New(internalBase, tok, warren.WithHTTPClient(s.hc), warren.WithRetry(1, 0, 0)),
-		cs:    warren.New(internalBase, tok, warren.WithHTTPClient(s.streamHC), warren.WithRetry(1, 0, 0)),
-		facts: &s.facts}, nil
+		cs:  warren.New(internalBase, tok, warren.WithHTTPClient(s.streamHC), warren.WithRetry(1, 0, 0)),
+		tok: tok, s: s, facts: &s.facts}, nil
 }
 
 // newEnvd builds the envd handler.

@@ -6,7 +6,10 @@ package e2b
 // processes it started (procs.go: pid, tag, subscribers), so Connect,
 // List and SendSignal reach them; the command runs on even when the
 // client that started it goes away, until it ends, is killed, or its
-// Connect-Timeout-Ms passes. PTY and live stdin are not served yet.
+// Connect-Timeout-Ms passes. A process started with stdin: true or a PTY
+// is a live command instead (the native terminal, edge op exec_live, over
+// an in-process WebSocket): SendInput/StreamInput are its input,
+// CloseStdin its EOF, Update its size, SendSignal its signals.
 
 import (
 	"context"
@@ -63,8 +66,12 @@ func (p *procService) Start(ctx context.Context, req *connect.Request[eproc.Star
 	if cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
 	}
-	if req.Msg.Pty != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("warren does not serve PTY processes through envd yet"))
+	ptySize := api.TermSize{Cols: api.DefaultTermCols, Rows: api.DefaultTermRows}
+	if sz := req.Msg.GetPty().GetSize(); sz != nil {
+		ptySize = api.TermSize{Cols: int(sz.GetCols()), Rows: int(sz.GetRows())}
+		if !ptySize.Valid() {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("pty size %dx%d: cols and rows are 1..%d", sz.GetCols(), sz.GetRows(), api.MaxTermSize))
+		}
 	}
 	facts, err := p.s.facts.get(ctx, ec)
 	if err != nil {
@@ -87,7 +94,14 @@ func (p *procService) Start(ctx context.Context, req *connect.Request[eproc.Star
 	pr := p.s.procs.add(ec.id, cfg, req.Msg.GetTag())
 	sub := pr.subscribe()
 	defer pr.unsubscribe(sub)
-	go pr.run(ec, er)
+	if req.Msg.Pty != nil || req.Msg.GetStdin() {
+		if err := pr.startLive(ec, er, req.Msg.Pty != nil, ptySize); err != nil {
+			return err
+		}
+		go pr.runLive()
+	} else {
+		go pr.run(ec, er)
+	}
 	send := func(ev *eproc.ProcessEvent) error { return stream.Send(&eproc.StartResponse{Event: ev}) }
 	if err := send(&eproc.ProcessEvent{Event: &eproc.ProcessEvent_Start{Start: &eproc.ProcessEvent_StartEvent{Pid: pr.key.pid}}}); err != nil {
 		return err
@@ -238,36 +252,139 @@ func (p *procService) SendSignal(ctx context.Context, req *connect.Request[eproc
 	if err != nil {
 		return nil, err
 	}
+	if req.Msg.GetSignal() == eproc.Signal_SIGNAL_SIGTERM {
+		// A live command gets the signal itself (a shell may ignore it,
+		// as under envd); the others are ended.
+		if live, err := pr.signal(ctx, sigTERM); live {
+			if err != nil {
+				return nil, err
+			}
+			return connect.NewResponse(&eproc.SendSignalResponse{}), nil
+		}
+	}
 	pr.kill()
 	return connect.NewResponse(&eproc.SendSignalResponse{}), nil
 }
 
-// CloseStdin succeeds for a running process: every process's stdin is
-// already closed (/dev/null), as envd gives stdin:false.
+// CloseStdin ends a live command's stdin (a PTY gets its EOF character);
+// for any other process it succeeds at once, its stdin being closed
+// already (/dev/null), as envd gives stdin:false.
 func (p *procService) CloseStdin(ctx context.Context, req *connect.Request[eproc.CloseStdinRequest]) (*connect.Response[eproc.CloseStdinResponse], error) {
 	ec, err := p.caller(req.Header())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := p.find(ctx, ec, req.Msg.GetProcess()); err != nil {
+	pr, err := p.find(ctx, ec, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if err := pr.closeInput(ctx); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&eproc.CloseStdinResponse{}), nil
 }
 
-// errNoStdin answers what needs a process's live stdin or a PTY.
-var errNoStdin = errors.New("warren's E2B front does not serve process stdin or PTYs yet: pass the input in the command (a heredoc or a file written with files.write)")
-
-func (p *procService) SendInput(context.Context, *connect.Request[eproc.SendInputRequest]) (*connect.Response[eproc.SendInputResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errNoStdin)
+// inputOf is the bytes of a ProcessInput (stdin or pty alike).
+func inputOf(in *eproc.ProcessInput) []byte {
+	if b := in.GetPty(); b != nil {
+		return b
+	}
+	return in.GetStdin()
 }
 
-func (p *procService) StreamInput(context.Context, *connect.ClientStream[eproc.StreamInputRequest]) (*connect.Response[eproc.StreamInputResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errNoStdin)
+// SendInput sends input to a live command (started with stdin: true or a
+// PTY).
+func (p *procService) SendInput(ctx context.Context, req *connect.Request[eproc.SendInputRequest]) (*connect.Response[eproc.SendInputResponse], error) {
+	ec, err := p.caller(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	pr, err := p.find(ctx, ec, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if err := pr.input(ctx, inputOf(req.Msg.GetInput())); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&eproc.SendInputResponse{}), nil
 }
 
-func (p *procService) Update(context.Context, *connect.Request[eproc.UpdateRequest]) (*connect.Response[eproc.UpdateResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errNoStdin)
+// StreamInput is SendInput as a client stream: a start event naming the
+// process, then data events (and keepalives).
+func (p *procService) StreamInput(ctx context.Context, stream *connect.ClientStream[eproc.StreamInputRequest]) (*connect.Response[eproc.StreamInputResponse], error) {
+	ec, err := p.caller(stream.RequestHeader())
+	if err != nil {
+		return nil, err
+	}
+	var pr *proc
+	for stream.Receive() {
+		switch ev := stream.Msg().GetEvent().(type) {
+		case *eproc.StreamInputRequest_Start:
+			if pr, err = p.find(ctx, ec, ev.Start.GetProcess()); err != nil {
+				return nil, err
+			}
+		case *eproc.StreamInputRequest_Data:
+			if pr == nil {
+				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("the first StreamInput event must be start (naming the process)"))
+			}
+			if err := pr.input(ctx, inputOf(ev.Data.GetInput())); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&eproc.StreamInputResponse{}), nil
+}
+
+// Update resizes a PTY.
+func (p *procService) Update(ctx context.Context, req *connect.Request[eproc.UpdateRequest]) (*connect.Response[eproc.UpdateResponse], error) {
+	ec, err := p.caller(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	sz := req.Msg.GetPty().GetSize()
+	if sz == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("pty.size is required (Update changes a PTY's size)"))
+	}
+	pr, err := p.find(ctx, ec, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if err := pr.resize(ctx, sz.GetCols(), sz.GetRows()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&eproc.UpdateResponse{}), nil
+}
+
+// sigTERM is SIGTERM's number (the native terminal takes numbers).
+const sigTERM = 15
+
+// startLive opens the live command of a process started with stdin: true
+// or a PTY: a native terminal (GET /v1/sandboxes/{id}/pty over an
+// in-process connection), whose output becomes the process's data events.
+// It lives as long as the process (p.ctx: kill ends it).
+func (p *proc) startLive(ec *envdCaller, er api.ExecRequest, isPTY bool, size api.TermSize) error {
+	opt := warren.TerminalOptions{Argv: er.Argv, User: er.User, Cwd: er.Cwd, Env: er.Env, Timeout: er.Timeout, NoTTY: !isPTY}
+	if isPTY {
+		opt.Cols, opt.Rows = size.Cols, size.Rows
+		opt.Stdout = liveOut{p: p, kind: outPTY}
+		opt.Stderr = opt.Stdout
+	} else {
+		opt.Stdout = liveOut{p: p, kind: outStdout}
+		opt.Stderr = liveOut{p: p, kind: outStderr}
+	}
+	t, err := ec.live().Terminal(p.ctx, ec.id, opt)
+	if err != nil {
+		p.t.remove(p)
+		p.cancel()
+		return rpcError(err)
+	}
+	p.mu.Lock()
+	p.term, p.isPTY = t, isPTY
+	p.mu.Unlock()
+	return nil
 }
 
 // List answers the running processes started through envd.

@@ -6,8 +6,10 @@ package e2b
 // other way.
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	eproc "github.com/warrenhq/warren/api/e2b/process"
+	warren "github.com/warrenhq/warren/sdk/go"
 )
 
 const (
@@ -49,7 +52,14 @@ type proc struct {
 	ctx    context.Context // the command's: cancelled by kill
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
+	// inMu orders a live command's input.
+	inMu sync.Mutex
+
+	mu sync.Mutex
+	// term: the live command (stdin: true or a PTY), nil for the others;
+	// set once, before the pid is handed out (liveTerm reads it).
+	term   *warren.Terminal
+	isPTY  bool
 	subs   map[*procSub]struct{}
 	ended  bool
 	killed bool
@@ -154,6 +164,21 @@ func (p *proc) run(ec *envdCaller, req api.ExecRequest) {
 		p.publish(procItem{ev: &eproc.ProcessEvent{Event: &eproc.ProcessEvent_Data{Data: d}}})
 		return nil
 	})
+	p.end(res, err)
+}
+
+// runLive waits for the end of a live command (its output reaches the
+// streams through liveOut as it arrives), then ends the streams.
+func (p *proc) runLive() {
+	defer p.t.remove(p)
+	defer p.cancel()
+	t, _ := p.liveTerm()
+	res, err := t.Wait(context.Background())
+	p.end(res, err)
+}
+
+// end hands the command's end (or the error that ended it) to the streams.
+func (p *proc) end(res *api.ExecResult, err error) {
 	p.mu.Lock()
 	killed := p.killed
 	p.mu.Unlock()
@@ -222,6 +247,119 @@ func (p *proc) unsubscribe(s *procSub) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.subs, s)
+}
+
+// liveOut is one output stream of a live command: each write becomes a
+// data event (pty, stdout or stderr).
+type liveOut struct {
+	p    *proc
+	kind int
+}
+
+const (
+	outStdout = iota
+	outStderr
+	outPTY
+)
+
+func (o liveOut) Write(b []byte) (int, error) {
+	c := bytes.Clone(b)
+	d := &eproc.ProcessEvent_DataEvent{}
+	switch o.kind {
+	case outPTY:
+		d.Output = &eproc.ProcessEvent_DataEvent_Pty{Pty: c}
+	case outStderr:
+		d.Output = &eproc.ProcessEvent_DataEvent_Stderr{Stderr: c}
+	default:
+		d.Output = &eproc.ProcessEvent_DataEvent_Stdout{Stdout: c}
+	}
+	o.p.publish(procItem{ev: &eproc.ProcessEvent{Event: &eproc.ProcessEvent_Data{Data: d}}})
+	return len(b), nil
+}
+
+// liveTerm is the live command, nil for a process without one.
+func (p *proc) liveTerm() (*warren.Terminal, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.term, p.isPTY
+}
+
+// errEnded answers input to a process that has ended.
+func errEnded() error {
+	return connect.NewError(connect.CodeNotFound, errors.New("the process has ended"))
+}
+
+// input sends b to a live command's stdin (or terminal).
+func (p *proc) input(ctx context.Context, b []byte) error {
+	t, _ := p.liveTerm()
+	if t == nil {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started without stdin: start it with stdin: true (or as a PTY) to send it input", p.key.pid))
+	}
+	p.inMu.Lock()
+	defer p.inMu.Unlock()
+	if _, err := t.Write(b); err != nil {
+		return p.liveErr(t, err)
+	}
+	return nil
+}
+
+// closeInput ends a live command's stdin (a terminal gets its EOF
+// character); a command without live stdin already has it closed.
+func (p *proc) closeInput(ctx context.Context) error {
+	t, _ := p.liveTerm()
+	if t == nil {
+		return nil
+	}
+	p.inMu.Lock()
+	defer p.inMu.Unlock()
+	if err := t.CloseInput(ctx); err != nil {
+		return p.liveErr(t, err)
+	}
+	return nil
+}
+
+// resize changes a PTY's size.
+func (p *proc) resize(ctx context.Context, cols, rows uint32) error {
+	t, isPTY := p.liveTerm()
+	if t == nil || !isPTY {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d is not a PTY: only a PTY has a size", p.key.pid))
+	}
+	sz := api.TermSize{Cols: int(cols), Rows: int(rows)}
+	if !sz.Valid() {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("pty size %dx%d: cols and rows are 1..%d", cols, rows, api.MaxTermSize))
+	}
+	p.inMu.Lock()
+	defer p.inMu.Unlock()
+	if err := t.Resize(ctx, sz.Cols, sz.Rows); err != nil {
+		return p.liveErr(t, err)
+	}
+	return nil
+}
+
+// signal sends sig to a live command; false when it is not live.
+func (p *proc) signal(ctx context.Context, sig int) (bool, error) {
+	t, _ := p.liveTerm()
+	if t == nil {
+		return false, nil
+	}
+	p.inMu.Lock()
+	defer p.inMu.Unlock()
+	if err := t.Signal(ctx, sig); err != nil {
+		return true, p.liveErr(t, err)
+	}
+	return true, nil
+}
+
+// liveErr is the answer to input that could not reach the command.
+func (p *proc) liveErr(t *warren.Terminal, err error) error {
+	select {
+	case <-t.Done():
+		return errEnded()
+	case <-p.ctx.Done():
+		return errEnded()
+	default:
+	}
+	return connect.NewError(connect.CodeUnavailable, err)
 }
 
 // kill ends the command (SIGKILL: the exec is cancelled, and warren kills

@@ -19,13 +19,21 @@ import (
 
 // NewSandbox is the body of POST /sandboxes and /v2/sandboxes. Fields the
 // SDKs send that warren does not use (secure, allow_internet_access,
-// network, mcp, volumeMounts, …) are ignored.
+// mcp, volumeMounts, …) are ignored; of network, allowPublicTraffic.
 type NewSandbox struct {
 	TemplateID string            `json:"templateID"`
 	Timeout    *int64            `json:"timeout,omitempty"` // seconds
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	EnvVars    map[string]string `json:"envVars,omitempty"`
 	AutoPause  bool              `json:"autoPause,omitempty"`
+	Network    *Network          `json:"network,omitempty"`
+}
+
+// Network is the part of E2B's network config warren serves:
+// allowPublicTraffic false makes the sandbox's ports (host.go) need its
+// trafficAccessToken.
+type Network struct {
+	AllowPublicTraffic *bool `json:"allowPublicTraffic,omitempty"`
 }
 
 // Sandbox is E2B's answer to create and connect.
@@ -39,6 +47,10 @@ type Sandbox struct {
 	// EnvdAccessToken is the caller's own key: the SDK sends it as
 	// X-Access-Token with every envd request, which runs as that key.
 	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
+	// TrafficAccessToken (the caller's key too) is answered for a sandbox
+	// whose ports are not public: requests to its host carry it in
+	// e2b-traffic-access-token.
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
 }
 
 // SandboxDetail is E2B's answer to GET /sandboxes/{id} and one element of
@@ -122,7 +134,12 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 		return err
 	}
 	s.keys.remember(sb.ID, r.Header.Get(apiKeyHeader))
-	writeJSON(w, http.StatusCreated, toSandbox(sb, r.Header.Get(apiKeyHeader)))
+	out := toSandbox(sb, r.Header.Get(apiKeyHeader))
+	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
+		s.keys.setPrivate(sb.ID)
+		out.TrafficAccessToken = out.EnvdAccessToken
+	}
+	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
 

@@ -28,8 +28,25 @@ const maxSignedSandboxes = 10_000
 
 // keyTable is the access token given for each sandbox.
 type keyTable struct {
-	mu   sync.Mutex
-	keys map[string]string // sandbox id -> key
+	mu      sync.Mutex
+	keys    map[string]string   // sandbox id -> key
+	private map[string]struct{} // sandboxes whose ports need a key (host.go)
+}
+
+// setPrivate marks sandbox id's ports as reached with a key only.
+func (t *keyTable) setPrivate(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.private == nil {
+		t.private = map[string]struct{}{}
+	}
+	if len(t.private) >= maxSignedSandboxes {
+		for k := range t.private { // forget one at random (its ports then need a key anyway)
+			delete(t.private, k)
+			break
+		}
+	}
+	t.private[id] = struct{}{}
 }
 
 func (t *keyTable) remember(id, key string) {
@@ -51,10 +68,22 @@ func (t *keyTable) remember(id, key string) {
 	t.keys[id] = key
 }
 
+// public is the key remembered for sandbox id when its ports are public
+// ("" when none, or when they need a key).
+func (t *keyTable) public(id string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.private[id]; ok {
+		return ""
+	}
+	return t.keys[id]
+}
+
 func (t *keyTable) forget(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.keys, id)
+	delete(t.private, id)
 }
 
 // signature is the SDK's signature of a file operation.

@@ -1,9 +1,7 @@
 package edge
 
 import (
-	"context"
 	"fmt"
-	"time"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -17,16 +15,15 @@ import (
 // task waits for a worker of its shape, so a burst of tasks leaves sandboxes
 // room. Every refusal names the short resource (api.Error.Reason).
 //
-// Lock order: Edge.mu, then sandbox.mu.
+// Idle workers are internal/edge/fncall's; admission reaches them through
+// core.Reclaimer (e.fn), which also stops surplus ones (Shrink, from the
+// reaper).
+//
+// Lock order: Edge.mu, then fncall's Workers.mu, then sandbox.mu.
 
 // fnShare is the part of the node's cpu, memory and sandbox slots that
 // FnCall workers may grow into on demand.
 const fnShare = 0.5
-
-// fnIdleFor is how long a shape's surplus idle workers (beyond fnMinIdle)
-// stay once no task needed a new worker, and how long all of them stay
-// once no task came at all.
-const fnIdleFor = 30 * time.Second
 
 // usage is what live sandboxes hold on the node.
 type usage struct {
@@ -100,29 +97,23 @@ func (e *Edge) admitLocked(spec *api.CreateSandboxRequest) *api.Error {
 	return e.pressure()
 }
 
-// reclaimLocked stops idle FnCall workers until spec fits in u (updated),
-// if stopping all of them would make it fit; it reports whether it fits.
+// reclaimLocked stops idle FnCall workers (internal/edge/fncall, through
+// core.Reclaimer) until spec fits in u (updated), if stopping all of them
+// would make it fit; it reports whether it fits.
 func (e *Edge) reclaimLocked(u *usage, spec *api.CreateSandboxRequest) bool {
 	if e.closing {
 		return false
 	}
 	all := *u
-	for _, sh := range e.fn {
-		all.drop(&sh.spec, len(sh.idle))
+	for _, s := range e.fn.Idle() {
+		all.drop(s, 1)
 	}
 	if e.shortLocked(all, spec) != nil {
 		return false
 	}
-	for _, sh := range e.fn {
-		for e.shortLocked(*u, spec) != nil {
-			w := takeIdle(sh)
-			if w == nil {
-				break
-			}
-			e.reclaimWorkerLocked(sh, w, "reclaimed for a sandbox")
-			u.drop(&sh.spec, 1)
-		}
-	}
+	e.fn.ReclaimIdle("reclaimed for a sandbox",
+		func() bool { return e.shortLocked(*u, spec) != nil },
+		func(s *api.CreateSandboxRequest) { u.drop(s, 1) })
 	return e.shortLocked(*u, spec) == nil
 }
 
@@ -134,34 +125,9 @@ func (u *usage) drop(spec *api.CreateSandboxRequest, k int) {
 	u.disk -= int64(k) * spec.DiskMB
 }
 
-// takeIdle takes an idle worker off sh's queue without waiting; nil when
-// none is idle.
-func takeIdle(sh *fnShape) *sandbox {
-	select {
-	case w := <-sh.idle:
-		return w
-	default:
-		return nil
-	}
-}
-
-// reclaimWorkerLocked stops an idle worker taken off its shape's queue;
-// admission stops counting it at once.
-func (e *Edge) reclaimWorkerLocked(sh *fnShape, w *sandbox, reason string) {
-	w.mu.Lock()
-	w.reclaimed = true
-	w.mu.Unlock()
-	sh.total--
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		e.stop(context.Background(), w, api.StateStopped, reason)
-	}()
-}
-
-// fnRoomLocked reports whether FnCall workers may grow by one of spec
+// workerRoomLocked reports whether FnCall workers may grow by one of spec
 // within their share of the node.
-func (e *Edge) fnRoomLocked(spec *api.CreateSandboxRequest) bool {
+func (e *Edge) workerRoomLocked(spec *api.CreateSandboxRequest) bool {
 	u := e.usageLocked()
 	switch {
 	case float64(u.fnN+1) > fnShare*float64(e.cfg.MaxSandboxes):
@@ -172,32 +138,4 @@ func (e *Edge) fnRoomLocked(spec *api.CreateSandboxRequest) bool {
 		return false
 	}
 	return true
-}
-
-// fnShrink stops idle FnCall workers nobody needs: a shape's surplus over
-// fnMinIdle once no task has needed a new worker for fnIdleFor, all of
-// them once no task came for fnIdleFor or while the host is under pressure.
-func (e *Edge) fnShrink(now time.Time) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closing {
-		return
-	}
-	pressed := e.pressureErr != nil
-	for _, sh := range e.fn {
-		keep := len(sh.idle)
-		switch {
-		case pressed || now.Sub(sh.lastUsed) > fnIdleFor:
-			keep = 0
-		case now.Sub(sh.lastGrown) > fnIdleFor:
-			keep = min(keep, fnMinIdle)
-		}
-		for len(sh.idle) > keep {
-			w := takeIdle(sh)
-			if w == nil {
-				break
-			}
-			e.reclaimWorkerLocked(sh, w, "fncall worker idle")
-		}
-	}
 }

@@ -136,7 +136,12 @@ func (e *Edge) saveAudit(sb *sandbox, key string, step int64) {
 		defer cancel()
 		if err := e.tlog.AppendAudit(ctx, key, b); err != nil {
 			e.log.Warn("edge: persist a step's audit", "trajectory", key, "step", step, "err", err)
+			return
 		}
+		sb.mu.Lock()
+		project := sb.rec.Spec.Project
+		sb.mu.Unlock()
+		e.chargeTrajectory(ctx, project, key, int64(len(b)))
 	})
 }
 

@@ -221,6 +221,11 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		layerIDs = append(layerIDs, rootIDs[i])
 	}
 	layerIDs = append(layerIDs, img.Layers...)
+	// The same content twice in the root's chain (two snapshot diffs that
+	// changed nothing, a layer also in the image): overlayfs refuses a
+	// layer that is below itself (ELOOP), and the lower copy adds nothing
+	// that the upper one does not already show or hide.
+	layerIDs = topmostOnce(layerIDs)
 	layerIDs = append(layerIDs, bindIDs...)
 
 	// A recycled container of this shape (recycle.go) when one waits. Its
@@ -410,5 +415,18 @@ func (e *Edge) createBatch(ctx context.Context, req *CreateBatchRequest) *Create
 		}(i)
 	}
 	wg.Wait()
+	return out
+}
+
+// topmostOnce keeps the first (top-most) occurrence of each layer id.
+func topmostOnce(ids []string) []string {
+	seen := make(map[string]bool, len(ids))
+	out := ids[:0]
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
 	return out
 }

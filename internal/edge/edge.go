@@ -14,11 +14,17 @@ package edge
 //     resume): never both, and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
 //     taken under pmu by pause and resume, never under Edge.mu;
-//  4. Edge.mu: the edge's maps (sandboxes, live, pools, wiped, fn);
+//  4. Edge.mu: the edge's maps (sandboxes, live, wiped);
+//     4a. the jobs' own locks, each taken under Edge.mu and never
+//     around it (internal/edge/core): fncall.Workers.mu (the FnCall
+//     workers by shape; admission reclaims idle ones, core.Reclaimer)
+//     and pool.Pools.mu (the warm pools; create claims a member,
+//     claimLocked); never one under the other;
 //  5. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
 //     admission, the reaper, pool claims and the node view; Edge.mu is
 //     never taken under it);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
+//     classCap.mu (taken under sandbox.mu by acquire),
 //     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
 //     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).
@@ -30,10 +36,12 @@ package edge
 //     refuses new calls, lets these finish until the drain deadline, then
 //     cancels them (callCtx) and waits.
 //   - Edge.wg: the edge's own goroutines (the heartbeat, reaper, denial
-//     and roster loops, the network rules' watch, the data listener, pool fillers, FnCall workers starting and
-//     stopping, background stops and pauses, telemetry). Started with
-//     wg.Go, or wg.Add(1) by a goroutine already counted or by a call in
-//     flight (which Close drains first). Close cancels runCtx and waits.
+//     and roster loops, the network rules' watch, the data listener,
+//     background stops and pauses, telemetry, and what the job packages
+//     start through core.Core.Go: pool fillers, FnCall workers starting
+//     and resetting). Started with wg.Go, or wg.Add(1) by a goroutine
+//     already counted or by a call in flight (which Close drains first).
+//     Close cancels runCtx and waits.
 //   - Edge.watches: one per sandbox watching its agent's channel; they end
 //     with their sandboxes, so Close waits for them after stopping those.
 
@@ -53,70 +61,12 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
+	"github.com/warrenhq/warren/internal/edge/fncall"
+	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/lifetime"
 	"github.com/warrenhq/warren/internal/runtime"
 )
-
-// ResolvedImage is what a sandbox needs of its image.
-type ResolvedImage struct {
-	Digest string
-	Layers []string // layer diff ids ("sha256:<hex>"), top-most first
-	Env    []string // the image's KEY=VALUE environment
-	// WorkingDir and User are the image's defaults for exec (the create
-	// request's user wins over User).
-	WorkingDir string
-	User       string
-}
-
-// ImageResolver finds an image's layers and mounts them. Layers are
-// mounted once per node and shared; each sandbox holds references that
-// ReleaseLayers drops.
-type ImageResolver interface {
-	ResolveLayers(ctx context.Context, name string) (*ResolvedImage, error)
-	ListImages(ctx context.Context) ([]api.Image, error)
-	// MountLayers mounts the layers (diff ids) for holder and returns their
-	// read-only directories in the same order.
-	MountLayers(holder string, diffIDs []string) ([]string, error)
-	// ReleaseLayers drops holder's references (idempotent).
-	ReleaseLayers(holder string)
-	// ReconcileMounts keeps exactly the mounts the given holders need.
-	ReconcileMounts(holders map[string][]string) error
-
-	// Named layers. Errors are *api.Error where the caller is at fault.
-	ResolveLayer(ctx context.Context, ref string) (*api.Layer, error)
-	ListLayers(ctx context.Context, name string) ([]api.Layer, error)
-	DeleteLayer(ctx context.Context, name string, version int) ([]api.Layer, error)
-	CreateLayerFromTar(ctx context.Context, name string, version int, path string) (*api.Layer, error)
-	// CreateLayerFromChanges packs a sandbox's writable layer; idBase is
-	// the host id of the sandbox's root (runtime.Handle.IDBase), whose
-	// range is shifted back to the ids the sandbox saw.
-	CreateLayerFromChanges(ctx context.Context, name string, version int, upper string, lowers []string, idBase uint32, source string) (*api.Layer, error)
-	// CreateLayerFromPrivateChanges is the same for a copy of an upper
-	// directory that nothing else uses: it may change it (faster).
-	CreateLayerFromPrivateChanges(ctx context.Context, name string, version int, dir string, lowers []string, idBase uint32, source string) (*api.Layer, error)
-	GC(ctx context.Context) (*api.GCResult, error)
-	// PullImage fetches ref from its registry and stores it as name.
-	PullImage(ctx context.Context, ref, name string) (*api.Image, error)
-	// StageFile creates a private file for an upload (on the store's filesystem).
-	StageFile() (*os.File, error)
-	// CommitImage stores an image made of a base image and named layers.
-	CommitImage(ctx context.Context, req *api.CommitImageRequest) (*api.Image, error)
-	// ImportImage stores the archive at path (OCI, docker-save or a root
-	// filesystem tarball) as the image name.
-	ImportImage(ctx context.Context, path, name string) (*api.Image, error)
-}
-
-// ErrImageNotFound is what an ImageResolver returns for unknown names.
-var ErrImageNotFound = errors.New("image not found")
-
-// WritableLayers hands out each sandbox's private writable directory with a
-// disk limit.
-type WritableLayers interface {
-	Alloc(id string, limitBytes int64) (dir string, err error)
-	Free(id string) error
-	List() ([]string, error)
-}
 
 // Config configures an edge.
 type Config struct {
@@ -158,6 +108,10 @@ type Config struct {
 	// it, elastic.go) only while the host's CPU PSI ("some" avg10, percent)
 	// is at most this. 0 = 90; negative = no check.
 	MaxCPUPressure float64
+	// BestEffortCap caps the best-effort class as a whole at this many
+	// cores while any latency-class sandbox runs an operation
+	// (classcap.go). 0 = 0.1 core; negative = never.
+	BestEffortCap float64
 	// MinFreeTasks refuses new sandboxes while fewer than this many pids
 	// (threads) are left under kernel.pid_max / threads-max: every thread
 	// of every sandbox takes one, and a host out of pids cannot even start
@@ -214,8 +168,10 @@ type Edge struct {
 	// to date; the reaper drops those that have stopped since.
 	live    map[*sandbox]struct{}
 	closing bool
-	pools   map[string]*pool       // by pool.id(): names are per project
-	wiped   map[string][]*wipedBox // recycled containers by shape (recycle.go)
+	// pools is the warm pools (internal/edge/pool), written against the
+	// core (core.go); their own lock comes after mu.
+	pools *pool.Pools
+	wiped map[string][]*wipedBox // recycled containers by shape (recycle.go)
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -227,10 +183,13 @@ type Edge struct {
 	pressureErr *api.Error
 	// recycling counts kept, reused and refused containers (Waiting unused).
 	recycling api.NodeRecycling
-	fn        map[string]*fnShape
-	runCtx    context.Context
+	// fn is the FnCall tier (internal/edge/fncall), written against the
+	// core (core.go); its own lock comes after mu.
+	fn     *fncall.Workers
+	runCtx context.Context
 
 	features  api.NodeFeatures
+	class     classCap // the best-effort class's cap (classcap.go)
 	usageMu   sync.Mutex
 	lastUsage runtime.Usage
 	lastAt    time.Time
@@ -273,6 +232,7 @@ type Edge struct {
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
 	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
+	storage  *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
 
 	audit auditState // the node's telemetry (audit.go)
 }
@@ -321,13 +281,18 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MaxMemoryPressure == 0 {
 		cfg.MaxMemoryPressure = 40
 	}
+	if cfg.BestEffortCap == 0 {
+		cfg.BestEffortCap = 0.1
+	}
 	if cfg.MaxCPUPressure == 0 {
 		cfg.MaxCPUPressure = 90
 	}
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), pools: map[string]*pool{}, wiped: map[string][]*wipedBox{}, fn: map[string]*fnShape{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), wiped: map[string][]*wipedBox{}}
+	e.fn = fncall.New(jobCore{e})
+	e.pools = pool.New(jobCore{e}, filepath.Join(cfg.DataDir, "edge", "pools.json"))
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {
@@ -366,6 +331,9 @@ func (e *Edge) Start(ctx context.Context) error {
 	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
 		return err
 	}
+	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
+		return err
+	}
 	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {
 		return err
 	}
@@ -387,6 +355,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		dn.OnNetworkDenial(e.recordDenial)
 	}
 	e.startTelemetry(runCtx)
+	e.classReset(false)
 	err = e.reconcile(ctx)
 	close(e.reconciled)
 	if err != nil {
@@ -431,7 +400,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		e.wg.Add(1)
 		go e.rosterLoop(runCtx)
 	}
-	e.loadPools(runCtx)
+	e.pools.Load()
 	e.log.Info("edge serving", "sandboxes", e.count())
 	return nil
 }
@@ -477,6 +446,7 @@ func (e *Edge) Close(ctx context.Context) error {
 	// What the stops started ends too, and the watches with their agents.
 	_ = e.wg.Wait(context.Background())
 	_ = e.watches.Wait(context.Background())
+	e.classReset(true)
 	return nil
 }
 

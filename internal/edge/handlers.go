@@ -153,11 +153,18 @@ func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) 
 	sb.inflight++
 	sb.lastActive = time.Now()
 	e.cpuSwitchLocked(sb) // the CPU is there before the agent hears of the operation
+	lat := e.latencyOp(sb)
+	if lat {
+		e.classBegin() // and the best-effort class is capped
+	}
 	return sb, sb.inst.Agent, func() {
 		sb.mu.Lock()
 		sb.inflight--
 		sb.lastActive = time.Now()
 		e.cpuSwitchLocked(sb)
+		if lat {
+			e.classEnd()
+		}
 		sb.mu.Unlock()
 	}, nil
 }

@@ -161,19 +161,16 @@ func (e *Edge) NodeStatus() api.Node {
 		}
 		sb.mu.Unlock()
 	}
-	for _, p := range e.pools {
-		v := e.poolViewLocked(p)
-		n.Pools = append(n.Pools, api.NodePool{Name: v.Name, Project: v.Project, Size: v.Size, Ready: v.Ready})
-	}
-	n.Pools = append(n.Pools, e.fnViewLocked()...)
+	n.Pools = append(n.Pools, e.pools.NodeView()...)
+	n.Pools = append(n.Pools, e.fn.View()...)
 	// Idle FnCall workers give way to any create (admission reclaims
 	// them), so placement must not count them as taken.
-	for _, sh := range e.fn {
-		k := len(sh.idle)
-		n.CPURequested -= float64(k) * sh.spec.CPU
-		n.MemRequested -= int64(k) * sh.spec.MemoryMB
+	for _, s := range e.fn.Idle() {
+		n.CPURequested -= s.CPU
+		n.MemRequested -= s.MemoryMB
 	}
 	sort.Slice(n.Pools, func(i, j int) bool { return n.Pools[i].Name < n.Pools[j].Name })
+	e.classNode(&n.Elastic)
 	return n
 }
 
@@ -276,7 +273,12 @@ func (e *Edge) reap(ctx context.Context) {
 		}
 	}
 	e.expireWiped(e.cfg.RecycleIdle)
-	e.fnShrink(now)
+	e.mu.Lock()
+	closing, pressed := e.closing, e.pressureErr != nil
+	e.mu.Unlock()
+	if !closing {
+		e.fn.Shrink(now, pressed)
+	}
 	for _, v := range victims {
 		e.wg.Add(1)
 		go func() {

@@ -144,3 +144,10 @@ func PoolSpec(r *api.PoolRequest) (api.CreateSandboxRequest, *api.Error) {
 
 // SameOp reports whether a re-issued operation equals the logged one.
 func SameOp(a, b *api.TrajectoryStep) bool { return edgeproto.SameOp(a, b) }
+
+func truncateName(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}

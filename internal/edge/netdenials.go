@@ -98,7 +98,16 @@ func (e *Edge) recordDenial(id string, r api.NetworkDenialRecord) {
 	e.denials.mu.Lock()
 	e.denials.addLocked(id, r)
 	e.denials.mu.Unlock()
+	e.auditDenials(sb, r)
 	e.maybeDenialEvent(sb)
+}
+
+// auditDenials adds network refusals to sb's audit (kind denied).
+func (e *Edge) auditDenials(sb *sandbox, recs ...api.NetworkDenialRecord) {
+	for _, r := range recs {
+		e.addAudit(sb, api.AuditRecord{Time: r.Time, Step: sb.auditStepNow.Load(), Kind: api.AuditKindDenied,
+			Dest: r.Destination, Op: r.Protocol, Reason: r.Reason, Count: r.Count})
+	}
 }
 
 // pollDenials reads sb's kernel record and logs what grew.
@@ -136,6 +145,7 @@ func (e *Edge) pollDenials(sb *sandbox) error {
 	e.denials.addLocked(id, recs...)
 	e.denials.mu.Unlock()
 	if len(recs) > 0 {
+		e.auditDenials(sb, recs...)
 		e.maybeDenialEvent(sb)
 	}
 	return nil

@@ -67,6 +67,8 @@ func ofSandbox(run func(*Edge, context.Context, *opCall) (any, error)) opSpec {
 // DataOps) on the data listener.
 var edgeOps map[string]opSpec
 
+// init fills edgeOps. It is one long function on purpose: it is the table
+// itself, one short entry per op, and reads best whole.
 func init() {
 	edgeOps = map[string]opSpec{
 		OpCreate:      {scope: scopeOwn, run: decoded(runCreate)},
@@ -113,14 +115,14 @@ func init() {
 		})},
 
 		OpPoolPut: {run: decoded(func(e *Edge, ctx context.Context, _ *opCall, req *api.PoolRequest) (any, error) {
-			return e.putPool(ctx, req)
+			return e.pools.Put(req)
 		})},
-		OpPoolList: {run: func(e *Edge, _ context.Context, _ *opCall) (any, error) { return e.listPools(), nil }},
+		OpPoolList: {run: func(e *Edge, _ context.Context, _ *opCall) (any, error) { return e.pools.List(), nil }},
 		OpPoolDelete: {run: decoded(func(e *Edge, _ context.Context, _ *opCall, req *PoolNameRequest) (any, error) {
-			return e.deletePool(req.Project, req.Name)
+			return e.pools.Delete(req.Project, req.Name)
 		})},
 		OpFnCall: {run: decoded(func(e *Edge, ctx context.Context, _ *opCall, req *FnCallRequest) (any, error) {
-			return e.fncall(ctx, req)
+			return e.fn.Call(ctx, req)
 		})},
 
 		OpSnapshot: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *SnapshotRequest) (any, error) {

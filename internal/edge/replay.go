@@ -35,13 +35,14 @@ func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.T
 	if !req.Keep {
 		defer e.stop(context.WithoutCancel(ctx), sb, api.StateStopped, "replay done")
 	}
+	keys := e.inputKeys(ctx, req.Project, req.Trajectory)
 	out := &api.TrajectoryReplay{Trajectory: req.Trajectory, Sandbox: req.ID, Differences: []api.StepDifference{}}
 	for i := range steps {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		logged := &steps[i]
-		got, err := e.rerun(ctx, req.ID, logged)
+		got, err := e.rerun(ctx, req.ID, logged, keys)
 		if err != nil {
 			return nil, fmt.Errorf("replay of %q stopped at step %d: %w", req.Trajectory, logged.Step, err)
 		}
@@ -55,15 +56,45 @@ func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.T
 	return out, nil
 }
 
+// inputKeys lists the trajectories whose inputs a replay of project's
+// trajectory name reads: its own, then each trajectory it branched from
+// (a branch shares its parent's log up to the branch point).
+func (e *Edge) inputKeys(ctx context.Context, project, name string) []string {
+	var keys []string
+	for i := 0; name != "" && i < 64; i++ {
+		key := TrajKey(project, name)
+		keys = append(keys, key)
+		var rec TrajectoryRecord
+		if found, _, err := e.trajMeta.Get(ctx, key, &rec); err != nil || !found {
+			break
+		}
+		name = rec.Parent
+	}
+	return keys
+}
+
 // rerun runs a logged operation again on sandbox id and returns the step
 // with the new result. An error means the replay cannot go on.
-func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep) (*api.TrajectoryStep, error) {
+func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep, keys []string) (*api.TrajectoryStep, error) {
 	got := opOnly(*logged)
 	got.Sandbox, got.At = id, time.Now().UTC()
 	input := func(hash string, size int64) ([]byte, error) {
 		if hash == "" || hash == digest(nil) {
 			return nil, nil
 		}
+		for _, k := range keys {
+			b, err := e.inputs.Get(ctx, bus.InputKey(k, hash))
+			if errors.Is(err, bus.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if digest(b) == hash {
+				return b, nil
+			}
+		}
+		// Kept before inputs were per trajectory: under the bare hash.
 		b, err := e.inputs.Get(ctx, hash)
 		if errors.Is(err, bus.ErrNotFound) || (err == nil && digest(b) != hash) {
 			return nil, errNoInput

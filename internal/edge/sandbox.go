@@ -71,6 +71,7 @@ type sandbox struct {
 	wmu        sync.Mutex // serializes persistSandbox's writes of rec
 	mu         sync.Mutex
 	snapMu     sync.Mutex // one snapshot at a time
+	incr       incrState  // its last snapshot, for an incremental next one (under snapMu; snapdiff.go)
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time

@@ -68,6 +68,11 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	if upper == "" || h == nil {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to snapshot", id)}
 	}
+	// A snapshot's layer counts against the project's storage quota: none
+	// is taken once the project is at its quota.
+	if err := e.checkStorage(ctx, spec.Project, 1); err != nil {
+		return nil, err
+	}
 	holder := id + "/snapshot"
 	lowers, err := e.cfg.Images.MountLayers(holder, ids)
 	if err != nil {
@@ -129,8 +134,17 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), *h)
 	frozen := time.Since(t0)
 	t1 := time.Now()
-	if cerr == nil {
-		if terr == nil {
+	// The chain this snapshot's diff goes on: the previous snapshot of
+	// the sandbox (only what changed since is packed), else its layers.
+	var manifest map[string]entryMeta
+	var prev *api.Snapshot
+	links := 1
+	if cerr == nil && terr == nil {
+		manifest, prev, links, perr = e.increment(ctx, sb, id, copyDir)
+		if prev != nil {
+			chain = append([]api.LayerAttachment(nil), prev.Layers...)
+		}
+		if perr == nil {
 			l, perr = e.cfg.Images.CreateLayerFromPrivateChanges(ctx, SnapshotLayerName(snapID), 1, copyDir, lowers, h.IDBase, "snapshot of "+id)
 		}
 	}
@@ -153,11 +167,74 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 		}(),
 		FrozenMs: float64(frozen.Microseconds()) / 1000, CreatedAt: time.Now().UTC(),
 	}
+	if prev != nil {
+		snap.Previous = prev.ID
+	}
 	if err := e.snaps.Put(ctx, snapID, snap); err != nil {
 		return nil, err
 	}
+	if prev != nil {
+		// The previous snapshot may have been deleted while this one was
+		// packed, and with it a diff nobody else needed yet: this one
+		// must not name a layer that is gone.
+		if err := e.chainWhole(ctx, snap); err != nil {
+			sb.incr = incrState{}
+			_ = e.snaps.Delete(context.WithoutCancel(ctx), snapID)
+			_, _ = e.cfg.Images.DeleteLayer(context.WithoutCancel(ctx), SnapshotLayerName(snapID), 0)
+			return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("snapshot of %s: %v while it was taken; take it again (it will be full)", id, err)}
+		}
+	}
+	if manifest != nil {
+		sb.incr = incrState{snap: snapID, links: links, manifest: manifest}
+	} else {
+		sb.incr = incrState{} // packed from the live directory: the next one is full
+	}
+	e.charge(ctx, spec.Project, snap.Size)
 	e.log.Debug("snapshot", "sandbox", id, "snapshot", snapID, "flush", t0.Sub(start), "frozen", frozen, "pack", time.Since(t1), "bytes", l.Size)
 	return snap, nil
+}
+
+// increment prepares copyDir, a private copy of sb's writable layer, to be
+// packed: against the sandbox's previous snapshot when it has one that
+// still exists and its chain is not long yet (only what changed since is
+// left), else whole. It returns the manifest of the layer for the next
+// snapshot (nil if it could not be read: the next one is full), the
+// snapshot this one chains on (nil = a full one) and its link count.
+// The caller holds sb.snapMu.
+func (e *Edge) increment(ctx context.Context, sb *sandbox, id, copyDir string) (map[string]entryMeta, *api.Snapshot, int, error) {
+	last := sb.incr
+	if last.snap != "" && last.manifest != nil && last.links < maxChainLinks {
+		prev, err := e.getSnapshot(ctx, last.snap)
+		if err == nil && len(prev.Layers) < sandboxspec.MaxLayers {
+			manifest, err := pruneUnchanged(copyDir, last.manifest)
+			if err != nil {
+				// The copy may be half pruned: it is neither whole nor
+				// the diff.
+				sb.incr = incrState{}
+				return nil, nil, 0, fmt.Errorf("incremental snapshot of %s: %w", id, err)
+			}
+			return manifest, prev, last.links + 1, nil
+		}
+	}
+	manifest, err := scanManifest(copyDir)
+	if err != nil {
+		e.log.Warn("snapshot manifest; the next snapshot is full", "sandbox", id, "err", err)
+		return nil, nil, 1, nil
+	}
+	return manifest, nil, 1, nil
+}
+
+// chainWhole checks that every snapshot diff snap chains on still exists.
+func (e *Edge) chainWhole(ctx context.Context, snap *api.Snapshot) error {
+	for _, l := range snap.Layers[:len(snap.Layers)-1] {
+		if !strings.HasPrefix(l.Layer, "snap/") {
+			continue
+		}
+		if _, err := e.cfg.Images.ResolveLayer(ctx, l.Layer); err != nil {
+			return fmt.Errorf("layer %s of the previous snapshot was deleted", l.Layer)
+		}
+	}
+	return nil
 }
 
 // getSnapshot reads a snapshot record (404 when unknown).

@@ -27,6 +27,14 @@ const MaxLoggedOutput = 1 << 20
 // operations keeps other resumers out.
 const resumeLease = 30 * time.Second
 
+// expiresAt is when a trajectory made at t with ttl seconds expires.
+func expiresAt(t time.Time, ttl int) time.Time {
+	if ttl <= 0 {
+		return time.Time{}
+	}
+	return t.Add(time.Duration(ttl) * time.Second)
+}
+
 // traj is the trajectory state of one sandbox. mu serializes the
 // sandbox's state-changing operations so the log is totally ordered.
 type traj struct {
@@ -207,6 +215,7 @@ func (e *Edge) registerTrajectory(ctx context.Context, id string, spec *api.Crea
 		return nil
 	}
 	rec := TrajectoryRecord{Name: spec.Trajectory, Project: spec.Project, Sandbox: id, Spec: *spec, CreatedAt: time.Now().UTC()}
+	rec.ExpiresAt = expiresAt(rec.CreatedAt, spec.TrajectoryTTL)
 	key := TrajKey(spec.Project, spec.Trajectory)
 	err := e.trajMeta.Create(ctx, key, &rec)
 	if errors.Is(err, bus.ErrExists) {
@@ -366,6 +375,15 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		// Nothing can happen in it: refuse without logging.
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", sb.rec.Sandbox.ID, word)}
 	}
+	sb.mu.Lock()
+	project := sb.rec.Spec.Project
+	sb.mu.Unlock()
+	// The log and the inputs count against the project's storage quota:
+	// refused (413) before it runs, without a step, once they would
+	// exceed it.
+	if err := e.checkStorage(ctx, project, int64(len(ro.input))); err != nil {
+		return nil, err
+	}
 	op.Step = t.last + 1
 	op.Sandbox = sb.rec.Sandbox.ID
 	op.At = time.Now().UTC()
@@ -393,8 +411,10 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	if len(ro.input) > 0 {
 		// What re-execution (replay) needs besides the log: a step whose
 		// input is missing is reported as not replayable.
-		if perr := e.inputs.Put(ctx, digest(ro.input), ro.input); perr != nil {
+		if stored, perr := e.inputs.Put(ctx, bus.InputKey(t.key, digest(ro.input)), ro.input); perr != nil {
 			e.log.Warn("store a logged operation's input", "trajectory", t.name, "step", op.Step, "err", perr)
+		} else if stored {
+			e.chargeTrajectory(ctx, project, t.key, int64(len(ro.input)))
 		}
 	}
 	b, merr := json.Marshal(op)
@@ -408,6 +428,7 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("the operation ran but the trajectory log could not record step %d: %v", op.Step, aerr)}
 	}
 	t.last = op.Step
+	e.chargeTrajectory(ctx, project, t.key, int64(len(b)))
 	e.saveAudit(sb, t.key, op.Step)
 	if op.Checkpoint != "" {
 		// Only while the record still names this sandbox, and only over
@@ -483,6 +504,7 @@ func (e *Edge) branchAt(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 		spec.Trajectory, base.Trajectory = name, name
 		nrec := TrajectoryRecord{Name: name, Project: base.Project, Sandbox: id, Spec: base, CheckpointSnap: t.branchSnap, CheckpointStep: t.branchStep,
 			Parent: t.name, ParentStep: k - 1, CreatedAt: time.Now().UTC()}
+		nrec.ExpiresAt = expiresAt(nrec.CreatedAt, base.TrajectoryTTL)
 		err := e.trajMeta.Create(ctx, TrajKey(base.Project, name), &nrec)
 		if err == nil {
 			break
@@ -507,6 +529,11 @@ func (e *Edge) branchAt(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	if err := e.tlog.AppendAll(ctx, TrajKey(base.Project, name), shared); err != nil {
 		return nil, undo(&api.Error{Code: api.CodeUnavailable, Message: err.Error()})
 	}
+	var sharedBytes int64
+	for _, b := range shared {
+		sharedBytes += int64(len(b))
+	}
+	e.chargeTrajectory(ctx, base.Project, TrajKey(base.Project, name), sharedBytes)
 	if _, err := e.create(ctx, &CreateRequest{ID: id, Spec: spec}); err != nil {
 		return nil, undo(err)
 	}

@@ -21,6 +21,10 @@ type TrajectoryRecord struct {
 	Parent     string    `json:"parent,omitempty"`
 	ParentStep int64     `json:"parent_step,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
+	// ExpiresAt: the apiservers' sweeper deletes the trajectory (its log,
+	// inputs and record) after this, once no live sandbox records it
+	// (CreateSandboxRequest.TrajectoryTTL). Zero = never.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
 // TrajKey is where the record and the log of project's trajectory name

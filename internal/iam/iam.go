@@ -429,13 +429,16 @@ func (m *IAM) effectiveLocked(id string) api.Quota {
 		if r.Quota.MemoryMB > 0 && (q.MemoryMB == 0 || r.Quota.MemoryMB < q.MemoryMB) {
 			q.MemoryMB = r.Quota.MemoryMB
 		}
+		if r.Quota.StorageBytes > 0 && (q.StorageBytes == 0 || r.Quota.StorageBytes < q.StorageBytes) {
+			q.StorageBytes = r.Quota.StorageBytes
+		}
 	}
 	return q
 }
 
 // checkQuotaFits refuses a quota above what the parent (and its ancestors) allow.
 func checkQuotaFits(q, parent api.Quota, parentID string) error {
-	if q.Sandboxes < 0 || q.CPU < 0 || q.MemoryMB < 0 || q.CPU > 1e9 || q.MemoryMB > 1<<40 {
+	if q.Sandboxes < 0 || q.CPU < 0 || q.MemoryMB < 0 || q.StorageBytes < 0 || q.CPU > 1e9 || q.MemoryMB > 1<<40 {
 		return invalid("quota values must be zero (no own limit) or positive")
 	}
 	where := "its parent"
@@ -450,6 +453,9 @@ func checkQuotaFits(q, parent api.Quota, parentID string) error {
 	}
 	if parent.MemoryMB > 0 && q.MemoryMB > parent.MemoryMB {
 		return forbidden("quota of %d MiB exceeds the %d that %s allows", q.MemoryMB, parent.MemoryMB, where)
+	}
+	if parent.StorageBytes > 0 && q.StorageBytes > parent.StorageBytes {
+		return forbidden("quota of %d storage bytes exceeds the %d that %s allows", q.StorageBytes, parent.StorageBytes, where)
 	}
 	return nil
 }

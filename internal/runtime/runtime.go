@@ -219,6 +219,16 @@ type CPUGater interface {
 	CPUGate(h Handle, full, idle float64) (CPUGate, error)
 }
 
+// ClassCapper is implemented by runtimes whose best-effort sandboxes
+// share one parent cgroup (docs/architecture.md, "Density and
+// elasticity"): the edge caps that parent while latency-class sandboxes run
+// operations. ClassCap opens the class's CPU controls with the cap, in
+// cores; the gate's Set(true) releases the cap, Set(false) applies it.
+// ErrGone: no best-effort sandbox was ever started (nothing to cap).
+type ClassCapper interface {
+	ClassCap(cores float64) (CPUGate, error)
+}
+
 // CPUGate switches one sandbox's CPU quota. Its methods are not safe for
 // concurrent use: the edge calls them under the sandbox's lock.
 type CPUGate interface {

@@ -87,8 +87,11 @@ func checkHistory(req *api.CreateSandboxRequest) *api.Error {
 	if req.Trajectory != "" && !ValidTrajectory(req.Trajectory) {
 		return invalid("trajectory %q is malformed (letters, digits, . _ / ~ : -, at most 200)", truncate(req.Trajectory))
 	}
-	if (req.Resume || req.Branch || req.Checkpoint != "") && req.Trajectory == "" {
-		return invalid("resume, branch and checkpoint need a trajectory")
+	if (req.Resume || req.Branch || req.Checkpoint != "" || req.TrajectoryTTL != 0) && req.Trajectory == "" {
+		return invalid("resume, branch, checkpoint and trajectory_ttl need a trajectory")
+	}
+	if req.TrajectoryTTL < 0 || req.TrajectoryTTL > 10*365*86400 {
+		return invalid("trajectory_ttl must be between 0 (kept until deleted) and %d seconds", 10*365*86400)
 	}
 	switch {
 	case req.Checkpoint == "", req.Checkpoint == "none", req.Checkpoint == "every-step", checkRE.MatchString(req.Checkpoint):

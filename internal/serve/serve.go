@@ -61,12 +61,16 @@ type Options struct {
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
 	MaxCPUPressure       float64 // see edge.Config
+	BestEffortCap        float64 // see edge.Config
 	KeepOnShutdown       bool
 	// Recycle is how many wiped containers of one shape the node keeps
 	// for reuse (edge.Config.Recycle); 0 = none. RecycleIdle is how long
 	// one waits (0 = edge.DefaultRecycleIdle).
 	Recycle     int
 	RecycleIdle time.Duration
+	// TrajectorySweep is how often expired trajectories are deleted (0 =
+	// apiserver.DefaultSweepEvery).
+	TrajectorySweep time.Duration
 	// NoTelemetry: the node loads no BPF telemetry (edge.Config.Telemetry).
 	NoTelemetry bool
 	// TelemetryRefusals, TelemetryFiles: see edge.Config.
@@ -249,7 +253,7 @@ func Run(ctx context.Context, o Options) error {
 	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		Userns: o.Userns, VMKernel: o.VMKernel,
 	})
@@ -257,7 +261,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer stopEdge()
-	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node,
+	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node, TrajectorySweep: o.TrajectorySweep,
 		E2BListen: o.E2BListen, E2BReady: o.E2BReady, HTTP: o.HTTP})
 }
 
@@ -278,6 +282,7 @@ type EdgeOptions struct {
 	MinMemoryAvailableMB int64
 	MaxMemoryPressure    float64
 	MaxCPUPressure       float64       // see edge.Config
+	BestEffortCap        float64       // see edge.Config
 	Recycle              int           // see Options.Recycle
 	RecycleIdle          time.Duration // see Options.RecycleIdle
 	NoTelemetry          bool          // see Options.NoTelemetry
@@ -451,7 +456,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
 		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
 		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
 		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
 	})
@@ -487,6 +492,9 @@ type APIOptions struct {
 	// URL and the admin token ("" as for Ready) before Ready.
 	E2BListen string
 	E2BReady  func(url, token string)
+	// TrajectorySweep is how often expired trajectories are deleted (0 =
+	// apiserver.DefaultSweepEvery).
+	TrajectorySweep time.Duration
 	// HTTP bounds the API's connections.
 	HTTP HTTPLimits
 }
@@ -559,10 +567,11 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	if err != nil {
 		return err
 	}
-	api, err := apiserver.New(ctx, apiserver.Config{Bus: conn, IAM: auth, Watcher: w, Logger: log})
+	api, err := apiserver.New(ctx, apiserver.Config{Bus: conn, IAM: auth, Watcher: w, Logger: log, SweepEvery: o.TrajectorySweep})
 	if err != nil {
 		return err
 	}
+	defer api.Close()
 	if o.WaitForNode != "" && !w.WaitForNode(o.WaitForNode, 10*time.Second) {
 		return errors.New("serve: the edge did not report in")
 	}
@@ -570,9 +579,11 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	errc := make(chan error, 2)
 	// The E2B front first: once the native API answers, both are up.
 	if e2bLn != nil {
-		e2bSrv := o.HTTP.server(e2b.New(e2b.Config{API: api, Logger: log}), limits)
+		front := e2b.New(e2b.Config{API: api, Logger: log})
+		e2bSrv := o.HTTP.server(front, limits)
 		go func() { errc <- e2bSrv.Serve(e2bLn) }()
 		defer func() {
+			front.Close() // its live commands (stdin, PTYs) end, and their streams
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_ = e2bSrv.Shutdown(sctx)

@@ -37,6 +37,43 @@ func (c *Client) DeleteSnapshot(ctx context.Context, snapID string) error {
 	return err
 }
 
+// ListSnapshots lists the snapshots of the token's project and the
+// projects below it (of one sandbox when sandbox is not ""), newest first.
+func (c *Client) ListSnapshots(ctx context.Context, sandbox string) ([]api.Snapshot, error) {
+	q := url.Values{}
+	if sandbox != "" {
+		q.Set("sandbox", sandbox)
+	}
+	var l api.SnapshotList
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/snapshots", query: q, retry: true}, &l); err != nil {
+		return nil, err
+	}
+	return l.Snapshots, nil
+}
+
+// ListTrajectories lists the trajectories of the token's project and the
+// projects below it, with the bytes each stores and when it expires.
+func (c *Client) ListTrajectories(ctx context.Context) ([]api.Trajectory, error) {
+	var l api.TrajectoryList
+	if _, err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/trajectories", retry: true}, &l); err != nil {
+		return nil, err
+	}
+	return l.Trajectories, nil
+}
+
+// DeleteTrajectory removes a trajectory of project ("" = the token's): its
+// log, its inputs and its record, freeing their bytes from the project's
+// storage quota. A trajectory a live sandbox still records, or that a
+// branch shares its log with, is a 409 conflict.
+func (c *Client) DeleteTrajectory(ctx context.Context, project, name string) error {
+	q := url.Values{}
+	if project != "" {
+		q.Set("project", project)
+	}
+	_, err := c.doJSON(ctx, &request{method: http.MethodDelete, path: "/v1/trajectories/" + escPath(name), query: q}, nil)
+	return err
+}
+
 // Fork makes count new sandboxes from one snapshot of the sandbox's current
 // filesystem; the source keeps running.
 func (c *Client) Fork(ctx context.Context, id string, count int) (*api.ForkResult, error) {

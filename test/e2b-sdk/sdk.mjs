@@ -4,6 +4,8 @@
 // E2B_TEMPLATE naming the image. Each check prints one line "ok NAME" or
 // "FAIL NAME: why"; the exit status is non-zero when any check failed.
 import { Sandbox, CommandExitError, FileNotFoundError, SandboxError } from 'e2b'
+import { readFileSync } from 'node:fs'
+import http from 'node:http'
 
 const template = process.env.E2B_TEMPLATE || 'busybox'
 let failed = 0
@@ -197,25 +199,140 @@ await step('watchDir', async () => {
   }
 })
 
-await step('not supported yet', async () => {
-  // Live stdin and PTYs answer a clear error at once, never a hang.
-  const h = await sbx.commands.run('sleep 30', { background: true, stdin: true })
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+await step('stdin', async () => {
+  // A command started with stdin: true reads what sendStdin sends, and
+  // sees its end at closeStdin.
+  const h = await sbx.commands.run('read a; echo got:$a; cat; echo end', { background: true, stdin: true })
+  await sbx.commands.sendStdin(h.pid, 'first\n')
+  await h.sendStdin('more\n')
+  await h.closeStdin()
+  const r = await h.wait()
+  check('stdin echoed', r.stdout === 'got:first\nmore\nend\n' && r.exitCode === 0, r)
+  const h2 = await sbx.commands.run('read n; echo err >&2; exit $n', { background: true, stdin: true })
+  await h2.sendStdin('7\n')
   try {
-    await sbx.commands.sendStdin(h.pid, 'input')
-    check('sendStdin unsupported', false, 'accepted')
+    await h2.wait()
+    check('stdin exit code', false, 'wait resolved')
   } catch (e) {
-    check('sendStdin unsupported', e instanceof SandboxError && /stdin/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+    check('stdin exit code', e instanceof CommandExitError && e.exitCode === 7 && e.stderr === 'err\n', `${e?.constructor?.name}: ${e?.message} ${e?.stderr}`)
   }
-  await h.kill()
-  // A command that reads stdin sees it empty and ends (never a hang).
-  const cat = await sbx.commands.run('cat; echo done', { stdin: true, timeoutMs: 20_000 })
-  check('stdin is empty', cat.stdout === 'done\n', cat.stdout)
+  // Without stdin a command that reads it sees it empty (never a hang),
+  // and sendStdin to it is refused.
+  const cat = await sbx.commands.run('cat; echo done', { timeoutMs: 20_000 })
+  check('stdin off is empty', cat.stdout === 'done\n', cat.stdout)
+  const h3 = await sbx.commands.run('sleep 30', { background: true })
   try {
-    const t = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
-    await t.kill()
-    check('pty unsupported', false, 'created')
+    await sbx.commands.sendStdin(h3.pid, 'input')
+    check('sendStdin without stdin', false, 'accepted')
   } catch (e) {
-    check('pty unsupported', e instanceof SandboxError && /PTY/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+    check('sendStdin without stdin', e instanceof SandboxError && /stdin/.test(e.message), `${e?.constructor?.name}: ${e?.message}`)
+  }
+  await h3.kill()
+})
+
+await step('pty', async () => {
+  const enc = (s) => new TextEncoder().encode(s)
+  const dec = new TextDecoder()
+  let out = ''
+  const t = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d, { stream: true }) } })
+  check('pty pid', typeof t.pid === 'number' && t.pid > 0, t.pid)
+  const waitOut = async (what, re) => {
+    for (let i = 0; i < 150 && !re.test(out); i++) await sleep(100)
+    check(what, re.test(out), out.slice(-400))
+  }
+  // The loop reads with head, not the shell's read builtin: busybox ash's
+  // read ends when SIGWINCH interrupts it (and its line editor asks the
+  // terminal for the cursor position, ESC[6n, at each prompt; bash does
+  // neither).
+  await sbx.pty.sendInput(t.pid, enc("stty size; tty; exec sh -c 'while head -n1 | grep -qv stop; do stty size; done; exit 5'\n"))
+  await waitOut('pty stty size', /24 80\r?\n/)
+  await waitOut('pty is a terminal', /\/dev\/pts\//)
+  await sbx.pty.resize(t.pid, { cols: 100, rows: 30 })
+  out = ''
+  await sbx.pty.sendInput(t.pid, enc('\n'))
+  await waitOut('pty resize', /30 100\r?\n/)
+  check('pty listed', (await sbx.commands.list()).some((p) => p.pid === t.pid), 'not listed')
+  await sbx.pty.sendInput(t.pid, enc('stop\n'))
+  try {
+    await t.wait()
+    check('pty exit code', false, 'wait resolved')
+  } catch (e) {
+    check('pty exit code', e instanceof CommandExitError && e.exitCode === 5, `${e?.constructor?.name}: ${e?.message}`)
+  }
+  const t2 = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
+  check('pty kill', (await sbx.pty.kill(t2.pid)) === true, 'answered false')
+  try {
+    await t2.wait()
+    check('pty killed wait', false, 'wait resolved')
+  } catch (e) {
+    check('pty killed wait', e instanceof CommandExitError && e.exitCode === -1, `${e?.constructor?.name}: ${e?.message}`)
+  }
+  check('pty kill ended', (await sbx.pty.kill(t2.pid)) === false, 'answered true')
+})
+
+await step('getHost', async () => {
+  // A server in the sandbox is reached at sbx.getHost(port):
+  // "<port>-<sandboxID>.<E2B_DOMAIN>", served by warren's E2B listener
+  // (in a deployment, wildcard DNS points *.<domain> at it; here the
+  // request goes to the listener with that Host).
+  const bin = process.env.E2B_PORTSRV
+  if (!bin) {
+    check('getHost', false, 'E2B_PORTSRV (the portsrv test server) is not set')
+    return
+  }
+  await sbx.files.write('/tmp/portsrv', new Blob([readFileSync(bin)]))
+  await sbx.commands.run('chmod 755 /tmp/portsrv')
+  const srv = await sbx.commands.run('/tmp/portsrv http 8000', { background: true, timeoutMs: 0 })
+  const host = sbx.getHost(8000)
+  check('getHost shape', host === `8000-${sbx.sandboxId}.${process.env.E2B_DOMAIN}`, host)
+  const api = new URL(process.env.E2B_API_URL)
+  const get = (host, path) => new Promise((resolve, reject) => {
+    const req = http.request({ host: api.hostname, port: api.port, path, headers: { host, 'x-test': 'yes' } }, (res) => {
+      let body = ''
+      res.on('data', (d) => { body += d })
+      res.on('end', () => resolve({ status: res.statusCode, body, type: res.headers['content-type'] }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+  let r
+  for (let i = 0; i < 100; i++) {
+    r = await get(host, '/info?q=1')
+    if (r.status === 200) break
+    await sleep(100)
+  }
+  let info = {}
+  try { info = JSON.parse(r.body) } catch {}
+  check('getHost proxied', r.status === 200 && info.uri === '/info?q=1' && info.x === 'yes' && info.host === host && info.authorization === '', r)
+  r = await get(sbx.getHost(8001), '/')
+  let body = {}
+  try { body = JSON.parse(r.body) } catch {}
+  check('getHost closed port', r.status === 502 && body.code === 502 && /8001/.test(body.message), r)
+  r = await get(`8000-nosuchsandbox.${process.env.E2B_DOMAIN}`, '/')
+  try { body = JSON.parse(r.body) } catch { body = {} }
+  check('getHost unknown sandbox', (r.status === 404 || r.status === 401) && body.code === r.status, r)
+  await srv.kill()
+  // network.allowPublicTraffic false: the host needs the sandbox's
+  // trafficAccessToken in e2b-traffic-access-token.
+  const priv = await Sandbox.create(template, { timeoutMs: 60_000, network: { allowPublicTraffic: false } })
+  try {
+    check('trafficAccessToken', typeof priv.trafficAccessToken === 'string' && priv.trafficAccessToken.length > 0, priv.trafficAccessToken)
+    r = await get(priv.getHost(8000), '/')
+    try { body = JSON.parse(r.body) } catch { body = {} }
+    check('private host without token', r.status === 401 && body.code === 401, r)
+    r = await new Promise((resolve, reject) => {
+      const req = http.request({ host: api.hostname, port: api.port, path: '/', headers: { host: priv.getHost(8000), 'e2b-traffic-access-token': priv.trafficAccessToken } }, (res) => {
+        res.resume()
+        res.on('end', () => resolve({ status: res.statusCode }))
+      })
+      req.on('error', reject)
+      req.end()
+    })
+    check('private host with token', r.status === 502, r) // authorised; nothing listens on 8000 there
+  } finally {
+    await priv.kill()
   }
 })
 

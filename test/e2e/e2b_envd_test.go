@@ -342,8 +342,9 @@ func (st *envdStream) rest(t *testing.T) (stdout, stderr string, end map[string]
 
 // TestE2BEnvdProcess runs commands through envd's process service as the
 // SDK does: commands.run (exit code, stdout, stderr, envs, cwd), a
-// background command listed and killed by pid, Connect to it, and
-// Connect-Timeout-Ms killing a command.
+// background command listed and killed by pid, Connect to it,
+// Connect-Timeout-Ms killing a command, and live stdin (SendInput,
+// CloseStdin, SIGTERM, bad input to Update and SendInput).
 func TestE2BEnvdProcess(t *testing.T) {
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
@@ -417,5 +418,46 @@ func TestE2BEnvdProcess(t *testing.T) {
 	}
 	if l := e.req(t, "POST", "/process.Process/List", "application/json", strings.NewReader(`{}`), map[string]string{"Connect-Protocol-Version": "1"}); strings.Contains(string(l.body), "sleep 60") {
 		t.Fatalf("the command past its deadline still runs: %s", l.body)
+	}
+
+	// stdin: true: live input (SendInput), its end (CloseStdin), SIGTERM
+	// reaching the command itself; bad input to the live RPCs.
+	rpc := func(method, body string) *e2bAnswer {
+		return e.req(t, "POST", "/process.Process/"+method, "application/json", strings.NewReader(body), map[string]string{"Connect-Protocol-Version": "1"})
+	}
+	live := e.stream(t, "Start", `{"process":{"cmd":"/bin/sh","args":["-c","cat; echo done"]},"stdin":true}`, nil)
+	lpid := int64(live.event(t)["start"].(map[string]any)["pid"].(float64))
+	for _, c := range []struct{ method, body, code string }{
+		{"Update", fmt.Sprintf(`{"process":{"pid":%d},"pty":{"size":{"cols":100,"rows":30}}}`, lpid), "failed_precondition"},
+		{"Update", fmt.Sprintf(`{"process":{"pid":%d}}`, lpid), "invalid_argument"},
+		{"SendInput", `{"process":{"pid":999999},"input":{"stdin":"aGkK"}}`, "not_found"},
+	} {
+		if r := rpc(c.method, c.body); r.status != 400 && r.status != 404 || !strings.Contains(string(r.body), `"`+c.code+`"`) {
+			t.Fatalf("%s %s: %d %s, want %s", c.method, c.body, r.status, r.body, c.code)
+		}
+	}
+	if r := rpc("SendInput", fmt.Sprintf(`{"process":{"pid":%d},"input":{"stdin":"aGkK"}}`, lpid)); r.status != 200 {
+		t.Fatalf("SendInput: %d %s", r.status, r.body)
+	}
+	if r := rpc("CloseStdin", fmt.Sprintf(`{"process":{"pid":%d}}`, lpid)); r.status != 200 {
+		t.Fatalf("CloseStdin: %d %s", r.status, r.body)
+	}
+	if out, _, end := live.rest(t); out != "hi\ndone\n" || end["status"] != "exit status 0" {
+		t.Fatalf("live stdin: %q %v", out, end)
+	}
+	if r := rpc("SendInput", fmt.Sprintf(`{"process":{"pid":%d},"input":{"stdin":"aGkK"}}`, lpid)); r.status != 404 {
+		t.Fatalf("SendInput to an ended process: %d %s", r.status, r.body)
+	}
+	bad := e.stream(t, "Start", `{"process":{"cmd":"/bin/sh"},"pty":{"size":{"cols":0,"rows":24}}}`, nil)
+	if flags, m := bad.next(t); flags != 2 || !strings.Contains(fmt.Sprint(m), "invalid_argument") {
+		t.Fatalf("Start with a 0-column PTY: %d %v", flags, m)
+	}
+	term := e.stream(t, "Start", `{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]},"stdin":true}`, nil)
+	tpid := int64(term.event(t)["start"].(map[string]any)["pid"].(float64))
+	if r := rpc("SendSignal", fmt.Sprintf(`{"process":{"pid":%d},"signal":"SIGNAL_SIGTERM"}`, tpid)); r.status != 200 {
+		t.Fatalf("SendSignal SIGTERM: %d %s", r.status, r.body)
+	}
+	if _, _, end := term.rest(t); end["status"] != "signal: terminated" || end["exitCode"] != float64(-1) {
+		t.Fatalf("end of a SIGTERMed live command: %v", end)
 	}
 }

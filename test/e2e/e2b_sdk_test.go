@@ -44,11 +44,14 @@ func runE2BSDK(t *testing.T, script, base, token string, env ...string) (string,
 // the command ends), a failing command, background + kill; files write
 // (one and many), read, list, exists, makeDir, rename, remove, a missing
 // file; getInfo, Sandbox.list, setTimeout, connect, pause and resume;
+// stdin (sendStdin, closeStdin), a PTY (pty.create, sendInput, resize,
+// kill), getHost (a server in the sandbox through the E2B listener);
 // kill twice; an unknown template.
 func TestE2BOfficialSDK(t *testing.T) {
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
-	out, err := runE2BSDK(t, "sdk.mjs", "http://"+e2bAddr, s.Token)
+	portsrvBinary(t) // sdk.mjs copies it into the sandbox (getHost)
+	out, err := runE2BSDK(t, "sdk.mjs", "http://"+e2bAddr, s.Token, "E2B_PORTSRV="+portsrv.path)
 	t.Logf("sdk.mjs:\n%s", out)
 	if err != nil || !strings.Contains(out, "all checks passed") {
 		t.Fatalf("the official SDK failed against warren (%v):\n%s\nserver log:\n%s", err, out, tail(s.logs.String(), 30))

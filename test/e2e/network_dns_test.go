@@ -94,6 +94,16 @@ func TestNetworkDNS(t *testing.T) {
 			t.Errorf("denial log lacks %q: %+v", want, dl.Denials)
 		}
 	}
+	// The same refusals are in the sandbox's audit (kind denied).
+	auditUntil(t, s.C, sb.ID, "the refusals", func(recs []api.AuditRecord) bool {
+		got := map[string]bool{}
+		for _, r := range recs {
+			if r.Kind == api.AuditKindDenied {
+				got[r.Op+" "+r.Dest+" "+r.Reason] = true
+			}
+		}
+		return got["dns nothing.test dns"] && got["tcp "+nettest.Elsewhere+":443 not-allowed"]
+	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		evs, err := s.C.Events(t.Context(), 0, 1000, 0)

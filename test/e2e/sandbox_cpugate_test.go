@@ -57,6 +57,45 @@ func cgroupUsage(t *testing.T, pid int) int64 {
 	return 0
 }
 
+// cgroupQuota reads the CFS quota (µs per 100 ms period) of the cgroup
+// that holds pid: cpu.cfs_quota_us on cgroup v1, cpu.max's first field on
+// v2 (-1 for max).
+func cgroupQuota(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v2 string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(parts[1], ","), "cpu") {
+			q, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", parts[2], "cpu.cfs_quota_us"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := strconv.ParseInt(strings.TrimSpace(string(q)), 10, 64)
+			return n
+		}
+		if parts[0] == "0" {
+			v2 = parts[2]
+		}
+	}
+	q, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", v2, "cpu.max"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(q))
+	if len(f) == 0 || f[0] == "max" {
+		return -1
+	}
+	n, _ := strconv.ParseInt(f[0], 10, 64)
+	return n
+}
+
 // cpuRateOf is the cores pid's cgroup uses over d.
 func cpuRateOf(t *testing.T, pid int, d time.Duration) float64 {
 	t.Helper()
@@ -145,6 +184,21 @@ func TestCPUOnlyWhileWorkRuns(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if r := cpuRateOf(t, gpid, 2*time.Second); r > 0.04 {
 		t.Errorf("after pause and resume the gated sandbox uses %.3f cores between operations", r)
+	}
+	// ... and still raised while an operation runs: the quota in effect
+	// during a command is the full cpu, and the idle budget after it.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.sh(t, gated.ID, "sleep 1")
+	}()
+	time.Sleep(400 * time.Millisecond)
+	if q := cgroupQuota(t, gpid); q != 100000 {
+		t.Errorf("after pause and resume, during an operation: quota %d, want the full 100000", q)
+	}
+	<-done
+	if q := cgroupQuota(t, gpid); q != 2000 {
+		t.Errorf("after pause and resume, after the operation: quota %d, want the idle 2000", q)
 	}
 
 	// The views: the sandbox's split, the node's sums.

@@ -521,11 +521,3 @@ func TestIdempotentCreate(t *testing.T) {
 		t.Fatalf("retried create made another sandbox: %s vs %v %v", a.ID, b, err)
 	}
 }
-
-func TestZZSharedServerStopsClean(t *testing.T) {
-	for _, stop := range sharedStops {
-		stop()
-	}
-	sharedStops = nil
-	assertNoLeaks(t)
-}

@@ -589,6 +589,28 @@ func (d *v2Driver) create(path string, lim limits) error {
 	return makeSplit(dir, false)
 }
 
+// createClass makes path the best-effort class's parent (runtime.go,
+// ClassBestEffort): the lowest CPU weight and cpu.idle, no limit, no split
+// of its own.
+func (d *v2Driver) createClass(path string) error {
+	cur := d.mount
+	for _, p := range strings.Split(strings.Trim(path, "/"), "/") {
+		if err := os.WriteFile(filepath.Join(cur, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0); err != nil {
+			return fmt.Errorf("container: enable controllers in %s: %w", cur, err)
+		}
+		cur = filepath.Join(cur, p)
+		if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("container: create cgroup %s: %w", cur, err)
+		}
+	}
+	for _, f := range [][2]string{{"cpu.weight", "1"}, {"cpu.idle", "1"}} {
+		if err := os.WriteFile(filepath.Join(cur, f[0]), []byte(f[1]), 0); err != nil && !(f[0] == "cpu.idle" && errors.Is(err, os.ErrNotExist)) {
+			return fmt.Errorf("container: set %s of %s: %w", f[0], path, err)
+		}
+	}
+	return nil
+}
+
 func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool, owner uint32) error {
 	f, err := os.Open(filepath.Join(d.mount, path))
 	if err != nil {

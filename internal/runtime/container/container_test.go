@@ -76,7 +76,11 @@ func newFixture(t testing.TB) *fixture {
 	}
 	f := &fixture{rt: rt, parent: parent, base: t.TempDir()}
 	t.Cleanup(func() {
-		for _, d := range rt.cg.dirs(parent) {
+		var class []string
+		if rt.classed() {
+			class = rt.cg.dirs(rt.classPath())
+		}
+		for _, d := range append(class, rt.cg.dirs(parent)...) {
 			if err := os.Remove(d); err != nil {
 				t.Errorf("remove cgroup parent: %v", err)
 			}

@@ -2,8 +2,13 @@ package container
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
@@ -121,5 +126,78 @@ func TestCPUGate(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if r := cpuRate(t, g0, 2*time.Second); r > 0.015 {
 		t.Errorf("idle_cpu 0: the spinner uses %.4f cores, want 0.01", r)
+	}
+}
+
+// TestBestEffortClassCap: on cgroup v2, best-effort sandboxes live under
+// the class's parent cgroup (lowest weight, cpu.idle), which ClassCap caps
+// as a whole with one write and releases with another; Leftovers and a
+// handle made from the id alone find the sandbox there. On cgroup v1 the
+// kernel refuses a parent quota below a child's, so the runtime keeps the
+// flat layout and offers no cap.
+func TestBestEffortClassCap(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.rt.ClassCap(0.05); err == nil {
+		t.Errorf("ClassCap before any best-effort sandbox: no error")
+	}
+	spec := f.spec(t, "classcap")
+	spec.CPU = 1
+	spec.Priority = api.PriorityBestEffort
+	inst := f.start(t, spec)
+	if d, ok := f.rt.cg.(*v1Driver); ok {
+		if want := f.parent + "/classcap"; inst.Handle.Cgroup != want {
+			t.Errorf("best-effort cgroup on v1 %s, want %s", inst.Handle.Cgroup, want)
+		}
+		if _, err := f.rt.ClassCap(0.05); !errors.Is(err, ErrClassCapV1) {
+			t.Errorf("ClassCap on cgroup v1: %v, want ErrClassCapV1", err)
+		}
+		// The kernel rule that forbids it: a parent (here the sandboxes'
+		// parent, whose child has its cpu's quota) cannot take a quota
+		// below a child's.
+		q := filepath.Join(d.mountOf("cpu"), f.parent, "cpu.cfs_quota_us")
+		err := os.WriteFile(q, []byte("5000"), 0)
+		if !errors.Is(err, unix.EINVAL) {
+			t.Errorf("a v1 parent quota below its child's: %v, want EINVAL", err)
+		}
+		_ = os.WriteFile(q, []byte("-1"), 0)
+		return
+	}
+	if want := f.parent + "/" + ClassBestEffort + "/classcap"; inst.Handle.Cgroup != want {
+		t.Fatalf("best-effort cgroup %s, want %s", inst.Handle.Cgroup, want)
+	}
+	if got := f.rt.cgroupPath("classcap"); got != inst.Handle.Cgroup {
+		t.Errorf("cgroupPath from the id: %s", got)
+	}
+	left, err := f.rt.Leftovers(context.Background())
+	if err != nil || len(left) != 1 || left[0].ID != "classcap" || left[0].Cgroup != inst.Handle.Cgroup {
+		t.Errorf("Leftovers = %+v, %v", left, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var res agentproto.ExecResult
+	if err := inst.Agent.Call(ctx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "yes > /dev/null", Background: true}, &res, nil); err != nil {
+		t.Fatal(err)
+	}
+	g, err := f.rt.ClassCap(0.05)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	time.Sleep(200 * time.Millisecond)
+	if r := cpuRate(t, g, 500*time.Millisecond); r < 0.06 {
+		t.Fatalf("the spinner uses only %.3f cores uncapped; the test cannot tell", r)
+	}
+	if err := g.Set(false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if r := cpuRate(t, g, time.Second); r > 0.07 {
+		t.Errorf("capped: the class uses %.3f cores, want at most the 0.05 cap", r)
+	}
+	if err := g.Set(true); err != nil {
+		t.Fatal(err)
+	}
+	if r := cpuRate(t, g, 500*time.Millisecond); r < 0.06 {
+		t.Errorf("released: the class uses only %.3f cores", r)
 	}
 }

@@ -80,6 +80,9 @@ type Runtime struct {
 	// a sandbox without a network pays for.
 	net *sandboxnet.Manager
 
+	classMu   sync.Mutex // ensureClass; a leaf
+	classMade bool
+
 	mu       sync.Mutex
 	children map[int]chan struct{} // agents this process started, closed when reaped
 	recycle  map[int]*recycleFDs   // by agent pid (recycle.go)
@@ -167,7 +170,81 @@ func (r *Runtime) Isolation() (mode, reason string) {
 // Name is the tier.
 func (r *Runtime) Name() string { return "container" }
 
-func (r *Runtime) cgroupPath(id string) string { return path.Join(r.cfg.CgroupParent, id) }
+// ClassBestEffort is the parent cgroup, under CgroupParent, of the
+// best-effort sandboxes (CgroupParent/besteffort/<id>) where the cpu
+// controller is on cgroup v2: the lowest weight and cpu.idle as a whole,
+// and a CFS quota the edge sets while latency-class sandboxes run
+// operations (ClassCap). Latency-class sandboxes live directly under
+// CgroupParent. With the cpu controller on cgroup v1 (hybrid hosts) every
+// sandbox lives directly under CgroupParent: v1 cannot cap the class
+// (ErrClassCapV1), so the extra level would buy nothing.
+const ClassBestEffort = "besteffort"
+
+// classed says whether best-effort sandboxes live under ClassBestEffort.
+func (r *Runtime) classed() bool {
+	_, v2 := r.cg.(*v2Driver)
+	return v2
+}
+
+// cgroupPathFor is where a sandbox of that class gets its cgroup.
+func (r *Runtime) cgroupPathFor(id string, bestEffort bool) string {
+	if bestEffort && r.classed() {
+		return path.Join(r.cfg.CgroupParent, ClassBestEffort, id)
+	}
+	return path.Join(r.cfg.CgroupParent, id)
+}
+
+// classPath is the best-effort class's parent cgroup.
+func (r *Runtime) classPath() string { return path.Join(r.cfg.CgroupParent, ClassBestEffort) }
+
+// cgroupPath finds sandbox id's cgroup when its handle does not say
+// (handles made from an id alone): under the best-effort class when it
+// exists there.
+func (r *Runtime) cgroupPath(id string) string {
+	if be := r.cgroupPathFor(id, true); r.classed() && len(r.cg.dirs(be)) > 0 {
+		return be
+	}
+	return r.cgroupPathFor(id, false)
+}
+
+// ensureClass creates the best-effort class's parent once.
+func (r *Runtime) ensureClass() error {
+	r.classMu.Lock()
+	defer r.classMu.Unlock()
+	if r.classMade {
+		return nil
+	}
+	d, ok := r.cg.(*v2Driver)
+	if !ok {
+		return ErrClassCapV1
+	}
+	if err := d.createClass(r.classPath()); err != nil {
+		return err
+	}
+	r.classMade = true
+	return nil
+}
+
+// ErrClassCapV1 says the class cap is not available on cgroup v1: the
+// kernel refuses a CFS quota on a parent below a quota of one of its
+// descendants (tg_cfs_schedulable_down: EINVAL on v1, the effective
+// minimum on v2), and every best-effort sandbox has a quota of its own (its
+// cpu, its idle_cpu). A capped parent would also make every raise of a
+// best-effort sandbox's quota above the cap fail, and its creation.
+var ErrClassCapV1 = errors.New("container: the best-effort class cap needs the cpu controller on cgroup v2 (cgroup v1 refuses a parent quota below a child's)")
+
+// ClassCap implements runtime.ClassCapper: a gate on the best-effort
+// class's parent whose idle level is the cap and whose full level is no
+// quota.
+func (r *Runtime) ClassCap(cores float64) (runtime.CPUGate, error) {
+	if _, v1 := r.cg.(*v1Driver); v1 {
+		return nil, ErrClassCapV1
+	}
+	if len(r.cg.dirs(r.classPath())) == 0 {
+		return nil, fmt.Errorf("%w: no best-effort class cgroup yet", runtime.ErrGone)
+	}
+	return r.CPUGate(runtime.Handle{ID: ClassBestEffort, Cgroup: r.classPath()}, 0, cores)
+}
 
 // Start creates the sandbox; see the package doc for the sequence.
 func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.Instance, err error) {
@@ -181,7 +258,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	h := runtime.Handle{
 		ID:     spec.ID,
 		Socket: filepath.Join(spec.StateDir, SocketName),
-		Cgroup: r.cgroupPath(spec.ID),
+		Cgroup: r.cgroupPathFor(spec.ID, spec.Priority == api.PriorityBestEffort),
 	}
 	var (
 		cmd    *exec.Cmd
@@ -234,6 +311,11 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	tListen := time.Now()
 
 	idle := spec.Priority == api.PriorityBestEffort
+	if idle && r.classed() {
+		if err := r.ensureClass(); err != nil {
+			return nil, err
+		}
+	}
 	// The CPU quota is set once the agent is set up: its start and
 	// confinement (a few ms of CPU, ours, not the sandbox's) would
 	// otherwise use up a small quota's first period and hold the first
@@ -568,13 +650,14 @@ func (r *Runtime) waitReaped(ctx context.Context, pid int) {
 // Leftovers lists the sandboxes found under CgroupParent. Pid is the
 // agent's (PID 1 of the sandbox) when it is still alive; Socket is unknown.
 func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
-	names, err := r.cg.children(r.cfg.CgroupParent)
+	cgs, err := r.sandboxCgroups()
 	if err != nil {
 		return nil, fmt.Errorf("container: list cgroups: %w", err)
 	}
 	var out []runtime.Handle
-	for _, id := range names {
-		h := runtime.Handle{ID: id, Cgroup: r.cgroupPath(id)}
+	for _, cg := range cgs {
+		id := path.Base(cg)
+		h := runtime.Handle{ID: id, Cgroup: cg}
 		pids := procsOf(r.cg.dirs(h.Cgroup))
 		slices.Sort(pids)
 		for _, pid := range pids {
@@ -604,6 +687,31 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 		return out, fmt.Errorf("container: sweep networks: %w", err)
 	} else if len(gone) > 0 {
 		r.log.Info("container: removed leftover networks", "ids", gone)
+	}
+	return out, nil
+}
+
+// sandboxCgroups lists the sandboxes' cgroups of both classes.
+func (r *Runtime) sandboxCgroups() ([]string, error) {
+	names, err := r.cg.children(r.cfg.CgroupParent)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range names {
+		if n != ClassBestEffort || !r.classed() {
+			out = append(out, r.cgroupPathFor(n, false))
+		}
+	}
+	if !r.classed() {
+		return out, nil
+	}
+	be, err := r.cg.children(r.classPath())
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range be {
+		out = append(out, r.cgroupPathFor(n, true))
 	}
 	return out, nil
 }
@@ -657,9 +765,14 @@ func (r *Runtime) Close() error {
 	if err := r.net.Close(); err != nil {
 		r.log.Warn("container: remove the network table", "err", err) // the next start's sweep retries
 	}
-	names, err := r.cg.children(r.cfg.CgroupParent)
-	if err != nil || len(names) > 0 {
+	cgs, err := r.sandboxCgroups()
+	if err != nil || len(cgs) > 0 {
 		return err
+	}
+	if r.classed() {
+		if err := r.cg.remove(r.classPath()); err != nil {
+			return err
+		}
 	}
 	if err := r.cg.remove(r.cfg.CgroupParent); err != nil {
 		return err

@@ -22,7 +22,8 @@ import (
 // runCommand) and runs nothing. It serves any number of channels at once
 // (one per Start or Attach), as the real agent does.
 type Agent struct {
-	handle runtime.Handle
+	handle   runtime.Handle
+	priority string // the spec's, set at start (ClassCap)
 
 	mu     sync.Mutex
 	env    map[string]string
@@ -34,7 +35,7 @@ type Agent struct {
 }
 
 func newAgent(h runtime.Handle, spec *runtime.Spec) *Agent {
-	return &Agent{handle: h, env: copyEnv(spec.Env), files: map[string][]byte{}, conns: map[net.Conn]struct{}{}}
+	return &Agent{handle: h, priority: spec.Priority, env: copyEnv(spec.Env), files: map[string][]byte{}, conns: map[net.Conn]struct{}{}}
 }
 
 func copyEnv(m map[string]string) map[string]string {

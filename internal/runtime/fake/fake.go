@@ -30,6 +30,10 @@ type Runtime struct {
 	// Wipe (SetWipeErr).
 	startErr, wipeErr       error
 	starts, destroys, wipes int
+	// classCaps, classReleases, classCapped: the class cap's writes
+	// (classcap.go).
+	classCaps, classReleases int
+	classCapped              bool
 }
 
 var (

@@ -58,6 +58,26 @@ class SnapshotTest(unittest.TestCase):
             C.delete_snapshot(snap.id)
 
 
+class StorageTest(unittest.TestCase):
+    def test_list_and_delete(self):
+        name = "py-rm/" + uuid.uuid4().hex[:8]
+        with C.create("busybox", trajectory=name, trajectory_ttl=3600) as sb:
+            sb.run("echo hi > /f", check=True)
+            snap = sb.snapshot(name="listed")
+            self.assertIn(snap.id, [s.id for s in C.list_snapshots()])
+            self.assertEqual([s.id for s in C.list_snapshots(sandbox=sb.id)], [snap.id])
+            mine = [t for t in C.list_trajectories() if t["name"] == name]
+            self.assertEqual(len(mine), 1)
+            self.assertGreater(mine[0]["bytes"], 0)
+            self.assertIn("expires_at", mine[0])
+            with self.assertRaises(warren.Conflict):
+                C.delete_trajectory(name)  # its sandbox still records it
+        C.delete_trajectory(name)
+        with self.assertRaises(warren.NotFound):
+            C.trajectory(name)
+        C.delete_snapshot(snap.id)
+
+
 class TrajectoryTest(unittest.TestCase):
     def test_record_resume_diverge(self):
         name = "py/" + uuid.uuid4().hex[:8]

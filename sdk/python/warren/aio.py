@@ -159,6 +159,21 @@ class AsyncClient:
         """Remove a snapshot and its layer (see Client.delete_snapshot)."""
         await self._json(Req("DELETE", "/v1/snapshots/" + _core.q(snapshot_id)))
 
+    async def list_snapshots(self, sandbox: Optional[str] = None) -> List[Snapshot]:
+        """See Client.list_snapshots."""
+        params = [("sandbox", sandbox)] if sandbox else []
+        doc = await self._json(Req("GET", "/v1/snapshots", params=params))
+        return [Snapshot.from_json(d) for d in _core.items_from(doc, "snapshots")]
+
+    async def list_trajectories(self) -> List[Dict[str, Any]]:
+        """See Client.list_trajectories."""
+        return list(_core.items_from(await self._json(Req("GET", "/v1/trajectories")), "trajectories"))
+
+    async def delete_trajectory(self, trajectory: str, *, project: Optional[str] = None) -> None:
+        """See Client.delete_trajectory."""
+        params = [("project", project)] if project else []
+        await self._json(Req("DELETE", _core.trajectory_path(trajectory), params=params))
+
     async def gc_layers(self) -> Dict[str, Any]:
         return await self._json(Req("POST", "/v1/layers:gc"))
 

@@ -172,6 +172,26 @@ class Client:
         or latest checkpoint) raises :class:`Conflict`."""
         self._json(Req("DELETE", "/v1/snapshots/" + _core.q(snapshot_id)))
 
+    def list_snapshots(self, sandbox: Optional[str] = None) -> List[Snapshot]:
+        """The snapshots of the token's project and the projects below it
+        (one sandbox's with ``sandbox``), newest first."""
+        params = [("sandbox", sandbox)] if sandbox else []
+        return [Snapshot.from_json(d) for d in
+                _core.items_from(self._json(Req("GET", "/v1/snapshots", params=params)), "snapshots")]
+
+    def list_trajectories(self) -> List[Dict[str, Any]]:
+        """The trajectories of the token's project and the projects below it:
+        ``name``, ``project``, ``sandbox``, ``bytes`` (log and inputs),
+        ``created_at``, ``expires_at`` (with a ``trajectory_ttl``)."""
+        return list(_core.items_from(self._json(Req("GET", "/v1/trajectories")), "trajectories"))
+
+    def delete_trajectory(self, trajectory: str, *, project: Optional[str] = None) -> None:
+        """Delete a trajectory: its log, the inputs it kept and its record, freeing
+        their bytes from the project's storage quota. One a live sandbox still
+        records, or that a branch shares its log with, raises :class:`Conflict`."""
+        params = [("project", project)] if project else []
+        self._json(Req("DELETE", _core.trajectory_path(trajectory), params=params))
+
     def gc_layers(self) -> Dict[str, Any]:
         """Remove layers no image, named layer or sandbox uses."""
         return self._json(Req("POST", "/v1/layers:gc"))

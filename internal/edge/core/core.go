@@ -1,0 +1,120 @@
+// Package core is the edge's lifecycle core as the edge's other jobs see
+// it. The core (package edge) keeps the sandboxes' records, admits work
+// against the node's capacity, starts and stops sandboxes, reconciles
+// after a crash and reaps expired ones. A job that is not the lifecycle
+// (FnCall workers in internal/edge/fncall, warm pools in
+// internal/edge/pool, and next recycling, pause, snapshots and
+// trajectories) is a package written against Core: it never sees the
+// edge's records or locks, only the Sandbox handles the core gives it.
+//
+// # Contract
+//
+//   - Every Sandbox a job holds came from the core (StartWorker), and only
+//     those go back to it (the core's own type is behind each); the job
+//     gives it back by Stop or Reclaim, hands it to a create (the warm
+//     pools' claim), or Close stops it with the rest.
+//   - A sandbox may stop under a job at any time (its agent exits, the
+//     node shuts down): Ready then answers false, Agent may answer nil,
+//     and a call through its agent fails (AgentError says how).
+//   - Go runs a goroutine owned by the edge: Close cancels Context and
+//     waits for every one. A job starts no goroutine of its own otherwise.
+//
+// # Locks
+//
+// The core's locks (the order is at the top of internal/edge/edge.go) are
+// never visible here. A job's own lock comes after the core's map lock
+// (Edge.mu) and before a sandbox's lock (sandbox.mu): the core may call a
+// job's Reclaimer (and the warm pools' Take) under Edge.mu, and Reclaim
+// takes sandbox.mu. Therefore a job calls no Core method while it holds
+// its own lock, except Logger, Context, Go, Stop and Reclaim (none takes
+// Edge.mu). Two jobs' locks are never held together.
+package core
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
+)
+
+// Sandbox is a handle on one sandbox of the core.
+type Sandbox interface {
+	ID() string
+	// Agent is the sandbox's agent; nil when it has none (a container
+	// handed on by recycling); once it stopped, calls through it fail.
+	Agent() *agentproto.Client
+	// Ready reports whether it is running and not stopping.
+	Ready() bool
+}
+
+// WorkerOptions says what kind of sandbox StartWorker makes.
+type WorkerOptions struct {
+	// Pool names the job holding the worker (in the node view and the
+	// record); it is never "".
+	Pool string
+	// Stateless makes an FnCall worker: tier fncall, a read-only root with
+	// only edgeproto.FnCallDirs writable, counted in the workers' share of
+	// the node (Room).
+	Stateless bool
+	// Spare: the worker is started ahead of demand, so it only takes room
+	// that is free (within the workers' share when stateless); it neither
+	// reclaims idle workers nor crowds sandboxes out.
+	Spare bool
+}
+
+// Core is what the lifecycle core offers the edge's other jobs.
+type Core interface {
+	Logger() *slog.Logger
+	// Context is cancelled when the edge closes (the jobs are used only
+	// once the edge has started: Start loads the pools, ops follow).
+	Context() context.Context
+	// Go runs f as one of the edge's own goroutines (Close waits for it);
+	// call it from a call in flight or from a goroutine Go started.
+	Go(f func())
+	// Closing reports whether the edge is shutting down.
+	Closing() bool
+	// Room reports whether stateless workers may grow by one of spec
+	// within their share of the node.
+	Room(spec *api.CreateSandboxRequest) bool
+	// StartWorker admits a sandbox of spec (a refusal is an *api.Error
+	// naming the short resource) and starts it; ctx bounds the wait, not
+	// the start, which finishes either way.
+	StartWorker(ctx context.Context, spec api.CreateSandboxRequest, o WorkerOptions) (Sandbox, error)
+	// Stop stops sb in the background (Go).
+	Stop(sb Sandbox, reason string)
+	// Reclaim is Stop for an idle worker given up for room: admission
+	// stops counting it at once. It does not take Edge.mu.
+	Reclaim(sb Sandbox, reason string)
+	// BeforeCommand and AfterCommand frame a command run through the
+	// agent: AfterCommand explains an end the sandbox caused (OOM kill,
+	// pids limit, full disk) in res.
+	BeforeCommand(sb Sandbox)
+	AfterCommand(sb Sandbox, res *api.ExecResult)
+	// AgentError turns an agent call's error into the API's.
+	AgentError(sb Sandbox, err error) error
+}
+
+// Reclaimer is a job holding idle workers that give way to any create:
+// admission calls it under Edge.mu (so it takes only its own lock and
+// calls only Reclaim and Go of the core).
+type Reclaimer interface {
+	// Idle lists the spec of every idle worker (one entry each).
+	Idle() []*api.CreateSandboxRequest
+	// ReclaimIdle takes idle workers one at a time while more() says room
+	// is still wanted, calling took with each one's spec, and gives them
+	// back to the core (Core.Reclaim) with reason.
+	ReclaimIdle(reason string, more func() bool, took func(*api.CreateSandboxRequest))
+}
+
+// ShapeKey names the shape of spec: sandboxes of one shape are
+// interchangeable (warm pools, FnCall workers). ok is false for specs that
+// make each sandbox its own (environment, user, hostname, network).
+func ShapeKey(s *api.CreateSandboxRequest) (key string, ok bool) {
+	k := fmt.Sprintf("%s|%s|%g|%d|%d|%d|%s", s.Tier, s.Image, s.CPU, s.MemoryMB, s.DiskMB, s.Pids, s.Priority)
+	if len(s.Env) > 0 || s.User != "" || s.Hostname != "sandbox" || s.Network != nil {
+		return "", false
+	}
+	return k, true
+}
