@@ -47,6 +47,10 @@ const (
 // Tiers are the tiers a create request may name.
 var Tiers = []string{TierContainer, TierMicroVM, TierVM}
 
+// MemoryForkTiers are the tiers whose sandboxes fork from memory
+// (POST /v1/sandboxes/{id}/fork {"memory": true}).
+var MemoryForkTiers = []string{TierMicroVM}
+
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	Tier        string            `json:"tier,omitempty"`
@@ -611,11 +615,15 @@ type TrajectoryList struct {
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
 type ForkRequest struct {
 	Count int `json:"count"`
+	// Memory forks from a memory snapshot: the children continue the
+	// source's running processes (tiers MemoryForkTiers only).
+	Memory bool `json:"memory,omitempty"`
 }
 
-// ForkResult answers a fork: the snapshot and the new sandboxes.
+// ForkResult answers a fork: the snapshot (a disk fork's; none for a
+// memory fork) and the new sandboxes.
 type ForkResult struct {
-	Snapshot  Snapshot  `json:"snapshot"`
+	Snapshot  *Snapshot `json:"snapshot,omitempty"`
 	Sandboxes []Sandbox `json:"sandboxes"`
 }
 

@@ -135,6 +135,9 @@ func init() {
 		OpSnapshot: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *SnapshotRequest) (any, error) {
 			return e.snapshotOp(ctx, req)
 		})),
+		OpForkMemory: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *ForkMemoryRequest) (any, error) {
+			return e.forkMemory(ctx, req)
+		})),
 		OpSnapshotGet: {run: decoded(func(e *Edge, ctx context.Context, _ *opCall, req *SnapshotGetRequest) (any, error) {
 			return e.getSnapshot(ctx, req.Snapshot)
 		})},

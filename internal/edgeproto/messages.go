@@ -145,6 +145,22 @@ type CreateRequest struct {
 	FromStep int64 `json:"from_step,omitempty"`
 }
 
+// OpForkMemory starts sandboxes from a memory snapshot of a running one
+// (tiers api.MemoryForkTiers): ForkMemoryRequest -> ForkMemoryResult.
+const OpForkMemory = "fork_memory"
+
+// ForkMemoryRequest names the source and the children's ids (of the
+// source's node, made by the apiserver, which reserved their place).
+type ForkMemoryRequest struct {
+	ID       string   `json:"id"`
+	Children []string `json:"children"`
+}
+
+// ForkMemoryResult is the new sandboxes, in Children's order.
+type ForkMemoryResult struct {
+	Sandboxes []api.Sandbox `json:"sandboxes"`
+}
+
 // IDRequest names one sandbox.
 type IDRequest struct {
 	ID string `json:"id"`

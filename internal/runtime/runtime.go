@@ -167,6 +167,18 @@ type NetworkSetter interface {
 	SetEgress(h Handle, egress []api.EgressRule) error
 }
 
+// MemoryForker is implemented by runtimes whose sandboxes can be forked
+// from memory: Fork starts one sandbox per spec from a memory snapshot of
+// h's running sandbox, each continuing its processes with an identity of
+// its own (hostname: the spec's, else its ID; machine-id; entropy). The
+// source runs on afterwards. On an error nothing of the children is left.
+type MemoryForker interface {
+	Fork(ctx context.Context, h Handle, specs []*Spec) ([]*Instance, error)
+}
+
+// ErrNoMemoryFork means a sandbox's tier cannot fork from memory.
+var ErrNoMemoryFork = errors.New("runtime: this tier cannot fork from memory")
+
 // ErrNotReusable means a sandbox's container cannot be recycled (something
 // of it could outlive it); destroy it instead.
 var ErrNotReusable = errors.New("runtime: sandbox cannot be reused")

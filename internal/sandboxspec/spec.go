@@ -105,6 +105,9 @@ func invalid(format string, a ...any) *api.Error {
 	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(format, a...)}
 }
 
+// DefaultHostname is the hostname of a sandbox whose create names none.
+const DefaultHostname = "sandbox"
+
 // Normalize validates req and fills in defaults in place.
 func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if req.Tier == "" {
@@ -218,7 +221,7 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 		return invalid("user %q is malformed", truncate(req.User))
 	}
 	if req.Hostname == "" {
-		req.Hostname = "sandbox"
+		req.Hostname = DefaultHostname
 	}
 	if !hostnameRE.MatchString(req.Hostname) {
 		return invalid("hostname %q is malformed", truncate(req.Hostname))

@@ -380,3 +380,25 @@ func (r *Runtime) DialPort(ctx context.Context, h runtime.Handle, port int) (net
 	}
 	return d.DialPort(ctx, h, port)
 }
+
+var _ runtime.MemoryForker = (*Runtime)(nil)
+
+// Fork: h's tier's, when it forks from memory (runtime.ErrNoMemoryFork
+// else); the children are of h's tier.
+func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.Spec) ([]*runtime.Instance, error) {
+	rt, err := r.of(h)
+	if err != nil {
+		return nil, err
+	}
+	fk, ok := rt.(runtime.MemoryForker)
+	if !ok {
+		return nil, fmt.Errorf("tiers: %s: %w", rt.Name(), runtime.ErrNoMemoryFork)
+	}
+	insts, err := fk.Fork(ctx, h, specs)
+	if err == nil && rt != r.def {
+		for _, in := range insts {
+			in.Handle.Tier = rt.Name()
+		}
+	}
+	return insts, err
+}
