@@ -39,14 +39,22 @@ const (
 	// TierMicroVM runs the sandbox in a QEMU microVM (its own kernel; the
 	// agent is the guest's PID 1).
 	TierMicroVM = "microvm"
+	// TierVM runs the sandbox in a full QEMU VM (q35: PCI, a BIOS, an
+	// optional screen) with the same kernel, agent and layers as microvm.
+	TierVM = "vm"
 )
 
 // Tiers are the tiers a create request may name.
-var Tiers = []string{TierContainer, TierMicroVM}
+var Tiers = []string{TierContainer, TierMicroVM, TierVM}
+
+// MemoryForkTiers are the tiers whose sandboxes fork from memory
+// (POST /v1/sandboxes/{id}/fork {"memory": true}).
+var MemoryForkTiers = []string{TierMicroVM}
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	Tier        string            `json:"tier,omitempty"`
+	Display     bool              `json:"display,omitempty"`   // a virtual screen (tier vm only): screenshot, display, input
 	Project     string            `json:"project,omitempty"`   // default: the token's project
 	Image       string            `json:"image,omitempty"`     // required unless Snapshot or Resume
 	CPU         float64           `json:"cpu,omitempty"`       // cores; default 1
@@ -122,6 +130,7 @@ type Sandbox struct {
 	Node        string            `json:"node"`
 	Project     string            `json:"project,omitempty"`
 	Tier        string            `json:"tier"`
+	Display     bool              `json:"display,omitempty"` // it has a screen (tier vm)
 	Image       string            `json:"image"`
 	CPU         float64           `json:"cpu"`
 	MemoryMB    int64             `json:"memory_mb"`
@@ -606,11 +615,15 @@ type TrajectoryList struct {
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
 type ForkRequest struct {
 	Count int `json:"count"`
+	// Memory forks from a memory snapshot: the children continue the
+	// source's running processes (tiers MemoryForkTiers only).
+	Memory bool `json:"memory,omitempty"`
 }
 
-// ForkResult answers a fork: the snapshot and the new sandboxes.
+// ForkResult answers a fork: the snapshot (a disk fork's; none for a
+// memory fork) and the new sandboxes.
 type ForkResult struct {
-	Snapshot  Snapshot  `json:"snapshot"`
+	Snapshot  *Snapshot `json:"snapshot,omitempty"`
 	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
@@ -1170,4 +1183,17 @@ type AuditStepSummary struct {
 	// Matched counts the step's records that a policy rule of the create
 	// matched (flagged, or acted on).
 	Matched int64 `json:"matched,omitempty"`
+}
+
+// DisplayInput is the body of POST /v1/sandboxes/{id}/display/input: one
+// of {"type":"text","text":"…"} (printable ASCII, tab, newline; a US
+// layout), {"type":"key","key":"ctrl-alt-delete"} (QEMU's key names
+// joined by '-', pressed together) or {"type":"click","x":…,"y":…} (a
+// left click at that pixel).
+type DisplayInput struct {
+	Type string `json:"type"`
+	Text string `json:"text,omitempty"`
+	Key  string `json:"key,omitempty"`
+	X    int    `json:"x,omitempty"`
+	Y    int    `json:"y,omitempty"`
 }

@@ -24,16 +24,20 @@ if [[ -z "$pkg" ]]; then
 fi
 pkgver=$(apt-cache policy "$pkg" | awk '/Candidate:/ {print $2}')
 dest="$out/$pkg"
-if [[ -s "$dest/vmlinux" && "$(cat "$dest/version" 2>/dev/null)" == "$pkg $pkgver" ]]; then
+
+# The modules the guest loads, dependencies first. virtio itself is modular
+# in Debian's kernel (virtio_mmio for the microvm machine, virtio_pci for
+# the vm tier's q35); ext4 (the writable disk), erofs (layers) and overlay
+# assemble the root.
+mods=(virtio_ring virtio virtio_mmio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
+      virtio_blk virtio_console virtio_balloon
+      crc32c_generic libcrc32c crc16 mbcache jbd2 ext4 erofs overlay)
+# A version already unpacked with every module is kept.
+if [[ -s "$dest/vmlinux" && "$(cat "$dest/version" 2>/dev/null)" == "$pkg $pkgver" &&
+      "$(cat "$dest/modules/modules.order" 2>/dev/null)" == "$(printf '%s.ko\n' "${mods[@]}")" ]]; then
   ln -sfn "$pkg" "$out/current"
   exit 0
 fi
-
-# The modules the guest loads, dependencies first. virtio itself is modular
-# in Debian's kernel; ext4 (the writable disk), erofs (layers) and overlay
-# assemble the root.
-mods=(virtio_ring virtio virtio_mmio virtio_blk virtio_console virtio_balloon
-      crc32c_generic libcrc32c crc16 mbcache jbd2 ext4 erofs overlay)
 
 work=$(mktemp -d "$out/.fetch.XXXXXX" 2>/dev/null || { mkdir -p "$out"; mktemp -d "$out/.fetch.XXXXXX"; })
 trap 'rm -rf "$work"' EXIT

@@ -163,6 +163,7 @@ func (a *Agent) Serve(ln net.Listener) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
+		agentproto.SizeBuffers(c)
 		a.connMu.Lock()
 		if a.curConn != nil {
 			a.curConn.Close()

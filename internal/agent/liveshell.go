@@ -476,6 +476,22 @@ const clockTicks = 100
 // in the very tick (10 ms) the command began is killed too.
 func killSince(pgid int, since uint64) {
 	_ = unix.Kill(pgid, unix.SIGKILL)
+	// state ppid pgrp ... starttime is field 22 of the line, index 19 here.
+	killMatching(func(f []string) bool {
+		if len(f) < 20 {
+			return false
+		}
+		pg, _ := strconv.Atoi(f[2])
+		start, _ := strconv.ParseUint(f[19], 10, 64)
+		return pg == pgid && start >= since
+	})
+}
+
+// killMatching SIGKILLs every process (but the agent) whose
+// /proc/<pid>/stat fields after the command name (statFields) match, in
+// rounds until a round finds none (a process forking meanwhile is caught
+// by the next), at most three.
+func killMatching(match func(fields []string) bool) {
 	for round := 0; round < 3; round++ {
 		ents, err := os.ReadDir("/proc")
 		if err != nil {
@@ -487,15 +503,7 @@ func killSince(pgid int, since uint64) {
 			if err != nil || pid == os.Getpid() {
 				continue
 			}
-			// state ppid pgrp ... starttime is field 22 of the line,
-			// index 19 here.
-			f := statFields(e.Name())
-			if len(f) < 20 {
-				continue
-			}
-			pg, _ := strconv.Atoi(f[2])
-			start, _ := strconv.ParseUint(f[19], 10, 64)
-			if pg == pgid && start >= since {
+			if match(statFields(e.Name())) {
 				_ = unix.Kill(pid, unix.SIGKILL)
 				killed++
 			}

@@ -62,6 +62,10 @@ var agentOps = map[string]agentOp{
 		return a.resume(r)
 	})},
 
+	agentproto.OpIdentity: {phase: phaseSetUp, run: withBody(func(a *Agent, _ context.Context, _ *call, _ *agentproto.Request, r *agentproto.IdentityRequest) (any, error) {
+		return nil, a.identity(r)
+	})},
+
 	agentproto.OpInput: {run: withBody(func(a *Agent, ctx context.Context, cl *call, req *agentproto.Request, r *agentproto.InputRequest) (any, error) {
 		if req.Payload != nil { // sent raw, after the request
 			r.Data = req.Payload

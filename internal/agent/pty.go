@@ -301,29 +301,12 @@ func (a *Agent) startArgvLive(p *execPlan, emit func(string, []byte)) (*running,
 // shell's jobs live in process groups of their own.
 func killSession(sid int) {
 	_ = unix.Kill(-sid, unix.SIGKILL)
-	for round := 0; round < 3; round++ {
-		ents, err := os.ReadDir("/proc")
-		if err != nil {
-			return
+	// state ppid pgrp session ...
+	killMatching(func(f []string) bool {
+		if len(f) < 4 {
+			return false
 		}
-		killed := 0
-		for _, e := range ents {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == os.Getpid() {
-				continue
-			}
-			// state ppid pgrp session ...
-			f := statFields(e.Name())
-			if len(f) < 4 {
-				continue
-			}
-			if s, _ := strconv.Atoi(f[3]); s == sid {
-				_ = unix.Kill(pid, unix.SIGKILL)
-				killed++
-			}
-		}
-		if killed == 0 {
-			return
-		}
-	}
+		s, _ := strconv.Atoi(f[3])
+		return s == sid
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 )
 
 // Binary frames carry bulk bytes without JSON (no base64, no scanning).
@@ -126,14 +127,19 @@ func ReadResponse(r io.Reader, resp *Response) error {
 	if err != nil {
 		return err
 	}
+	return decodeResponse(b, bin, resp)
+}
+
+// decodeResponse decodes a frame's body b: JSON, or a binary chunk.
+func decodeResponse(b []byte, bin bool, resp *Response) error {
 	if !bin {
 		if err := json.Unmarshal(b, resp); err != nil {
 			return fmt.Errorf("agentproto: decode: %w", err)
 		}
 		return nil
 	}
-	if n < 9 {
-		return fmt.Errorf("agentproto: binary chunk of %d bytes", n)
+	if len(b) < 9 {
+		return fmt.Errorf("agentproto: binary chunk of %d bytes", len(b))
 	}
 	*resp = Response{ID: binary.BigEndian.Uint64(b), Kind: KindChunk, Stream: byteStream(b[8]), Data: b[9:]}
 	return nil
@@ -167,4 +173,50 @@ func ReadRequest(r io.Reader, req *Request) error {
 		return fmt.Errorf("agentproto: decode: %w", err)
 	}
 	return nil
+}
+
+// chunkBufs holds the buffers of binary chunks (a frame of up to
+// BulkChunkSize of data) that the Client reads.
+var chunkBufs = sync.Pool{New: func() any { b := make([]byte, 9+BulkChunkSize); return &b }}
+
+// readResponsePooled is ReadResponse with a binary chunk of up to
+// BulkChunkSize read into a buffer of chunkBufs (resp.pooled): a bulk call
+// puts it back once its consumer returned, every other call leaves it to
+// the garbage collector (its consumer may keep Data).
+func readResponsePooled(r io.Reader, resp *Response) error {
+	n, bin, err := readHeader(r)
+	if err != nil {
+		return err
+	}
+	if !bin || n < 9 || n > 9+BulkChunkSize {
+		b, err := readBody(r, n)
+		if err != nil {
+			return err
+		}
+		return decodeResponse(b, bin, resp)
+	}
+	bp := chunkBufs.Get().(*[]byte)
+	b := (*bp)[:n]
+	if _, err := io.ReadFull(r, b); err != nil {
+		chunkBufs.Put(bp)
+		return fmt.Errorf("agentproto: short frame: %w", err)
+	}
+	*resp = Response{ID: binary.BigEndian.Uint64(b), Kind: KindChunk, Stream: byteStream(b[8]), Data: b[9:], pooled: bp}
+	return nil
+}
+
+// SocketBuffer is the send buffer asked for each end of an agent
+// connection (a Unix socket, whose sender's buffer bounds the bytes in
+// flight): a 4 MiB upload frame, or several 1 MiB chunks, fit in it, so
+// the writer does not wait for the reader to be scheduled every 200 KiB
+// (the default). The kernel caps it at net.core.wmem_max.
+const SocketBuffer = 4 << 20
+
+// SizeBuffers sizes c's socket buffers (SocketBuffer) when it is a Unix
+// socket; best effort.
+func SizeBuffers(c net.Conn) {
+	if uc, ok := c.(*net.UnixConn); ok {
+		_ = uc.SetWriteBuffer(SocketBuffer)
+		_ = uc.SetReadBuffer(SocketBuffer)
+	}
 }

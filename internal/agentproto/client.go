@@ -58,7 +58,7 @@ func (c *Client) readLoop() {
 	var err error
 	for {
 		r := new(Response)
-		if err = ReadResponse(c.conn, r); err != nil {
+		if err = readResponsePooled(c.conn, r); err != nil {
 			break
 		}
 		c.mu.Lock()
@@ -101,17 +101,24 @@ func (c *Client) Proto() int { return int(c.proto.Load()) }
 // CallPayload is Call with bulk data sent raw after the request (see
 // Request.Payload). Only for an agent whose Proto is ProtoPayload or later.
 func (c *Client) CallPayload(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error) error {
-	return c.call(ctx, op, body, payload, out, onChunk, nil)
+	return c.call(ctx, op, body, payload, out, onChunk, nil, false)
+}
+
+// CallBulk is Call for a consumer that keeps no chunk's Data after
+// onChunk returns (it copies what it needs): the buffers of the chunks are
+// reused, so a long read makes no garbage.
+func (c *Client) CallBulk(ctx context.Context, op string, body any, out any, onChunk func(*Response) error) error {
+	return c.call(ctx, op, body, nil, out, onChunk, nil, true)
 }
 
 // CallLive is Call for an exec with live input: started learns the call's
 // id once its request is sent (before any chunk), for the OpInput calls
 // that feed it.
 func (c *Client) CallLive(ctx context.Context, op string, body any, out any, onChunk func(*Response) error, started func(id uint64)) error {
-	return c.call(ctx, op, body, nil, out, onChunk, started)
+	return c.call(ctx, op, body, nil, out, onChunk, started, false)
 }
 
-func (c *Client) call(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error, started func(uint64)) error {
+func (c *Client) call(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error, started func(uint64), bulk bool) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("agentproto: encode %s: %w", op, err)
@@ -164,6 +171,9 @@ func (c *Client) call(ctx context.Context, op string, body any, payload []byte, 
 			case KindChunk:
 				if onChunk != nil && chunkErr == nil {
 					chunkErr = onChunk(r)
+				}
+				if bulk && r.pooled != nil {
+					chunkBufs.Put(r.pooled)
 				}
 				if window > 0 {
 					if owed += int64(len(r.Data)) + FrameCost; owed >= window/4 {

@@ -74,6 +74,11 @@ const (
 	// OpInput feeds a running exec that has live input (a PTY or
 	// LiveStdin): InputRequest (+ payload) -> nothing.
 	OpInput = "input"
+	// OpIdentity gives a VM restored from another's memory (a fork) an
+	// identity of its own: hostname, /etc/hostname, /etc/machine-id, and
+	// the kernel's random pool reseeded with the host's bytes (the
+	// restored pool is every sibling's). IdentityRequest -> nothing
+	OpIdentity = "identity"
 )
 
 // Flow control of a call's chunks. A request with a Window may have at most
@@ -154,6 +159,10 @@ type Response struct {
 	Data   []byte          `json:"data,omitempty"`
 	Body   json.RawMessage `json:"body,omitempty"`
 	Error  *Error          `json:"error,omitempty"`
+
+	// pooled is the buffer holding a binary chunk's Data (Client), which
+	// a bulk call returns to chunkBufs once its consumer is done with it.
+	pooled *[]byte
 }
 
 // Error is an operation's failure as the agent reports it.

@@ -252,6 +252,13 @@ type ResumeRequest struct {
 	Cwd  string            `json:"cwd,omitempty"`
 }
 
+// IdentityRequest is OpIdentity's.
+type IdentityRequest struct {
+	Hostname  string `json:"hostname"`
+	MachineID string `json:"machine_id"` // 32 lower-case hex digits
+	Entropy   []byte `json:"entropy"`    // from the host's random source, credited to the pool
+}
+
 // ResetResult answers OpReset.
 type ResetResult struct {
 	Killed  int `json:"killed"`  // processes killed

@@ -159,7 +159,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /v1/network-rules/{name}", handler: s.getNetworkRule, role: api.RoleViewer},
 		{pattern: "PUT /v1/network-rules/{name}", handler: s.putNetworkRule},
 		{pattern: "DELETE /v1/network-rules/{name}", handler: s.deleteNetworkRule},
-	}, portRoutes(s)...)
+	}, append(portRoutes(s), displayRoutes(s)...)...)
 }
 
 // Routes lists every route pattern ("METHOD /path") the server answers,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -256,6 +257,15 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	if err := s.callEdge(ctx, id, edgeproto.OpGet, &edgeproto.IDRequest{ID: id}, &src, nil); err != nil {
 		return err
 	}
+	if req.Memory && !slices.Contains(api.MemoryForkTiers, src.Tier) {
+		tier := src.Tier
+		if tier == "" {
+			tier = api.TierContainer
+		}
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(
+			"sandbox %s is a %s sandbox: a fork from memory needs tier %s (a disk fork, without \"memory\", works on every tier)",
+			id, tier, strings.Join(api.MemoryForkTiers, " or "))}
+	}
 	// The children are the source's project's: they count against its
 	// quota (and every quota above it), checked before the snapshot.
 	spec := api.CreateSandboxRequest{
@@ -276,13 +286,16 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 		}
 		reserved++
 	}
+	if req.Memory {
+		return s.forkMemory(w, r, id, node, req.Count, release)
+	}
 	var snap api.Snapshot
 	if err := s.callEdge(ctx, id, edgeproto.OpSnapshot, &edgeproto.SnapshotRequest{ID: id, Name: "fork of " + id}, &snap, nil); err != nil {
 		release()
 		return err
 	}
 	spec.Snapshot = snap.ID
-	out := api.ForkResult{Snapshot: snap, Sandboxes: make([]api.Sandbox, req.Count)}
+	out := api.ForkResult{Snapshot: &snap, Sandboxes: make([]api.Sandbox, req.Count)}
 	errs := make([]error, req.Count)
 	var wg sync.WaitGroup
 	for i := 0; i < req.Count; i++ {
@@ -307,5 +320,22 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	writeJSON(w, http.StatusCreated, &out)
+	return nil
+}
+
+// forkMemory asks the source's edge for count children restored from one
+// memory snapshot of it (their place is reserved; release frees it on an
+// error).
+func (s *Server) forkMemory(w http.ResponseWriter, r *http.Request, id, node string, count int, release func()) error {
+	kids := make([]string, count)
+	for i := range kids {
+		kids[i] = edgeproto.NewSandboxID(node)
+	}
+	var res edgeproto.ForkMemoryResult
+	if err := s.callEdge(r.Context(), id, edgeproto.OpForkMemory, &edgeproto.ForkMemoryRequest{ID: id, Children: kids}, &res, nil); err != nil {
+		release()
+		return err
+	}
+	writeJSON(w, http.StatusCreated, &api.ForkResult{Sandboxes: res.Sandboxes})
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/warrenhq/warren/api"
@@ -30,20 +32,36 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	if err := writeZeros(filepath.Join(dir, "big"), size); err != nil {
 		return err
 	}
-	plainURL, stop, err := plainFileServer(dir)
+	// A second upload target of the plain server on the filesystem that
+	// holds the sandboxes' writable layers (a btrfs image on a loop
+	// device): the same disk as the sandbox's upload writes to.
+	diskDir := filepath.Join(o.dataDir, "writable", "bench-plain-upload")
+	if err := os.MkdirAll(diskDir, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(diskDir)
+	plainURL, stop, err := plainFileServer(dir, diskDir)
 	if err != nil {
 		return err
 	}
 	defer stop()
 
-	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 512, DiskMB: 2*int64(o.TransferMB) + 256})
+	// The sandbox's memory limit also bounds its page cache: with less
+	// memory than the file, the download would read most of it from disk
+	// while the plain server reads its copy from the host's page cache.
+	// Room for the file and 512 MiB more puts both on the same footing.
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 2*int64(o.TransferMB) + 512, DiskMB: 2*int64(o.TransferMB) + 256})
 	if err != nil {
 		return err
 	}
 	defer c.Delete(context.WithoutCancel(ctx), sb.ID)
-	if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: fmt.Sprintf("head -c %d /dev/zero > /big", size)}); err != nil || r.ExitCode != 0 {
+	// The file is written inside the sandbox, timed: the rate its own
+	// disk takes writes at bounds what an upload can reach.
+	start := time.Now()
+	if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: fmt.Sprintf("dd if=/dev/zero of=/big bs=1M count=%d 2>/dev/null", o.TransferMB)}); err != nil || r.ExitCode != 0 {
 		return fmt.Errorf("write the file in the sandbox: %v %+v", err, r)
 	}
+	rep.add(fmt.Sprintf("transfer in-sandbox write (dd) %d MiB", o.TransferMB), float64(size)/1e6/time.Since(start).Seconds(), "MB/s", "the sandbox's own write rate")
 	hc := &http.Client{}
 	auth := map[string]string{"Authorization": "Bearer " + o.apiToken}
 	files := o.apiURL + "/v1/sandboxes/" + sb.ID + "/files?"
@@ -55,22 +73,31 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 		{"plain download", http.MethodGet, plainURL + "/big", nil},
 		{"warren download", http.MethodGet, files + url.Values{"path": {"/big"}}.Encode(), auth},
 		{"plain upload", http.MethodPut, plainURL + "/up", nil},
+		{"plain upload to the sandboxes' disk", http.MethodPut, plainURL + "/disk/up", nil},
 		{"warren upload", http.MethodPut, files + url.Values{"path": {"/up"}}.Encode(), auth},
 	}
 	rates := map[string]float64{}
 	for _, l := range legs {
+		cpu0 := processCPU()
 		rate, err := timeTransfer(ctx, hc, l.method, l.url, l.hdr, size)
 		if err != nil {
 			rep.add("transfer "+l.name, 0, "MB/s", "failed: "+err.Error())
 			continue
 		}
 		rates[l.name] = rate
-		rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), rate, "MB/s", "")
+		// The CPU this process spent on the leg (the client and the plain
+		// server, or the client, the apiserver and the edge; not the
+		// agent): less noisy than the rate on a shared machine.
+		perGiB := (processCPU() - cpu0).Seconds() * 1000 / (float64(size) / (1 << 30))
+		rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), rate, "MB/s", fmt.Sprintf("%.0f ms CPU per GiB in this process", perGiB))
 	}
 	for _, dir := range []string{"download", "upload"} {
 		if p, w := rates["plain "+dir], rates["warren "+dir]; p > 0 && w > 0 {
 			rep.add("ratio warren / plain net/http "+dir, w/p, "×", "target ≥ 0.5")
 		}
+	}
+	if p, w := rates["plain upload to the sandboxes' disk"], rates["warren upload"]; p > 0 && w > 0 {
+		rep.add("ratio warren / plain net/http upload, same disk", w/p, "×", "both write to the sandboxes' filesystem")
 	}
 	return nil
 }
@@ -131,8 +158,8 @@ func writeZeros(path string, size int64) error {
 }
 
 // plainFileServer serves dir with net/http on loopback: GET serves a
-// file, PUT writes one.
-func plainFileServer(dir string) (string, func(), error) {
+// file, PUT writes one (into diskDir for a path under /disk/).
+func plainFileServer(dir, diskDir string) (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
@@ -143,7 +170,11 @@ func plainFileServer(dir string) (string, func(), error) {
 			fs.ServeHTTP(w, r)
 			return
 		}
-		f, err := os.Create(filepath.Join(dir, filepath.Base(r.URL.Path)))
+		to := dir
+		if strings.HasPrefix(r.URL.Path, "/disk/") {
+			to = diskDir
+		}
+		f, err := os.Create(filepath.Join(to, filepath.Base(r.URL.Path)))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
@@ -160,4 +191,13 @@ func plainFileServer(dir string) (string, func(), error) {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// processCPU is the user and system CPU time of this process so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

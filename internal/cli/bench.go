@@ -69,6 +69,7 @@ func newBenchCmd() *cobra.Command {
 	f.StringVar(&o.VMKernel, "vm-kernel", serve.VMKernelDir(DefaultDataDir, ""), "vm: the microvm tier's guest kernel directory (make vm-kernel)")
 	f.IntVar(&o.VM.Creates, "vm-creates", 8, "vm: microVMs created one after another for create→first exec")
 	f.IntVar(&o.VM.Idle, "vm-idle", 3, "vm: idle microVMs measured for host memory")
+	f.IntVar(&o.VM.Forks, "vm-fork", 8, "vm: children of the fork from memory")
 	f.StringVar(&out, "out", "", "append the results to this file: a CSV history (docs/benchmarks-history.csv) when it ends in .csv, else a Markdown table")
 	f.StringVar(&o.E2BSDKDir, "e2b-sdk", filepath.Join("test", "e2b-sdk"), "e2b: directory of the official e2b npm package (scripts/install-deps.sh installs it in test/e2b-sdk)")
 	f.StringVar(&o.Figures, "figures", "core", "what to measure, comma-separated: core, layers, elastic, history, all, or any of "+strings.Join(bench.FigureSets, ", "))

@@ -157,7 +157,7 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Method == "POST" && len(parts) == 3 && parts[2] == "fork":
 		var req api.ForkRequest
 		_ = json.Unmarshal(body, &req)
-		res := api.ForkResult{Snapshot: api.Snapshot{ID: "snap-1"}}
+		res := api.ForkResult{Snapshot: &api.Snapshot{ID: "snap-1"}}
 		for i := 0; i < req.Count; i++ {
 			res.Sandboxes = append(res.Sandboxes, api.Sandbox{ID: "sb-n1-f" + strconv.Itoa(i)})
 		}

@@ -99,7 +99,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.Image, "image", "", "image name (required unless --snapshot or --resume)")
-	f.StringVar(&req.Tier, "tier", "", "isolation tier: container (default) or microvm")
+	f.StringVar(&req.Tier, "tier", "", "isolation tier: container (default), microvm or vm")
+	f.BoolVar(&req.Display, "display", false, "a virtual screen (tier vm): screenshot, display, input routes")
 	f.Float64Var(&req.CPU, "cpu", 0, "CPU cores (default 1)")
 	f.StringVar(&memory, "memory", "", "memory limit: MiB or a size like 512m, 4g (default 512m)")
 	f.StringVar(&disk, "disk", "", "writable layer limit: MiB or a size like 1g (default 1g)")

@@ -68,7 +68,7 @@ func newPoolCmd(g *globals) *cobra.Command {
 	f := create.Flags()
 	f.StringVar(&req.Image, "image", "", "image of the pool's sandboxes (required)")
 	f.IntVar(&req.Size, "size", 1, "sandboxes kept ready per node (0 empties the pool)")
-	f.StringVar(&req.Tier, "tier", "", "isolation tier: container (default) or microvm")
+	f.StringVar(&req.Tier, "tier", "", "isolation tier: container (default), microvm or vm")
 	f.Float64Var(&req.CPU, "cpu", 0, "CPU cores (default 1)")
 	f.StringVar(&memory, "memory", "", "memory limit: MiB or a size like 512m (default 512m)")
 	f.StringVar(&disk, "disk", "", "writable layer limit: MiB or a size like 1g (default 1g)")

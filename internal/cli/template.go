@@ -60,7 +60,7 @@ func newTemplateCmd(g *globals) *cobra.Command {
 	}
 	f := create.Flags()
 	f.StringVar(&t.Spec.Image, "image", "", "image (required)")
-	f.StringVar(&t.Spec.Tier, "tier", "", "isolation tier: container (default) or microvm")
+	f.StringVar(&t.Spec.Tier, "tier", "", "isolation tier: container (default), microvm or vm")
 	f.Float64Var(&t.Spec.CPU, "cpu", 0, "CPU cores (default 1)")
 	f.StringVar(&memory, "memory", "", "memory limit: MiB or a size like 512m, 4g (default 512m)")
 	f.StringVar(&disk, "disk", "", "writable layer limit: MiB or a size like 1g (default 1g)")

@@ -74,7 +74,7 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		rec: record{
 			Spec: spec,
 			Sandbox: api.Sandbox{
-				ID: id, State: api.StateCreating, Node: e.cfg.Node, Project: spec.Project, Tier: spec.Tier, Image: spec.Image,
+				ID: id, State: api.StateCreating, Node: e.cfg.Node, Project: spec.Project, Tier: spec.Tier, Display: spec.Display, Image: spec.Image,
 				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
 				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
 				Priority: spec.Priority, IdleAction: spec.IdleTimeoutAction,
@@ -292,7 +292,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		ID: id, Hostname: spec.Hostname, StateDir: stateDir, RootDir: filepath.Join(stateDir, "root"),
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids, DiskMB: spec.DiskMB,
-		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority, Tier: spec.Tier,
+		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority, Tier: spec.Tier, Display: spec.Display,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs

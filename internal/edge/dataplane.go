@@ -19,14 +19,15 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
+	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
 // dataUploads are the DataOps that read an upload.
-var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort: true}
+var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort: true, edgeproto.OpDisplay: true}
 
 // duplexOps read an upload while their answer streams: the uploads, and
 // the input of a command with live input.
-var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true}
+var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, edgeproto.OpDisplay: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -87,6 +88,9 @@ func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, bo
 	}
 	if op == OpPort {
 		return e.servePort(ctx, g, body, in, chunk)
+	}
+	if op == edgeproto.OpDisplay {
+		return e.serveDisplay(ctx, g, body, in, chunk)
 	}
 	if dataUploads[op] {
 		var req FileRequest
@@ -150,20 +154,41 @@ func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (
 	if sb.traj != nil {
 		size = uploadChunkJSON
 	}
-	buf := make([]byte, size)
-	for first := true; ; first = false {
+	// Two buffers: the next chunk arrives while the agent writes the last
+	// one (one write at a time, in order; each is waited for before the
+	// upload ends, also when it fails, so none outlives the removal of
+	// the temporary file).
+	bufs := [2][]byte{make([]byte, size), make([]byte, size)}
+	var inflight chan error
+	wait := func() error {
+		if inflight == nil {
+			return nil
+		}
+		err := <-inflight
+		inflight = nil
+		return err
+	}
+	for i, first := 0, true; ; i, first = i+1, false {
+		buf := bufs[i%2]
 		n, rerr := dataplane.ReadChunk(in, buf)
+		werr := wait()
 		if rerr != nil && rerr != io.EOF {
 			return fail(&api.Error{Code: api.CodeBadRequest, Message: "upload broken: " + rerr.Error()})
 		}
+		if werr != nil {
+			return fail(werr)
+		}
 		if n > 0 || first {
-			if err := e.uploadWrite(ctx, sb, &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: !first}); err != nil {
-				return fail(err)
-			}
+			w := &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: !first}
+			inflight = make(chan error, 1)
+			go func(done chan<- error) { done <- e.uploadWrite(ctx, sb, w) }(inflight)
 		}
 		if rerr != nil {
 			break
 		}
+	}
+	if err := wait(); err != nil {
+		return fail(err)
 	}
 	if _, err := e.fileRecorded(ctx, OpFileRename, &FileRequest{ID: req.ID, Path: tmp, To: req.Path}, nil); err != nil {
 		return fail(err)

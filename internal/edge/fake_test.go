@@ -275,6 +275,7 @@ func TestFakePoolClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitContainers(t, n, 2)
+	waitPoolReady(t, n, "warm", 2) // started is not yet ready to be claimed
 	starts, _, _ := n.Runtime.Counts()
 	members := n.Runtime.IDs()
 	sb, err := n.Create(api.CreateSandboxRequest{Project: "p1", CPU: 0.5, MemoryMB: 256})
@@ -325,6 +326,27 @@ func fnIdle(n *edgetest.Node, want int) bool {
 		}
 	}
 	return false
+}
+
+// waitPoolReady waits until pool name has want members ready to claim.
+func waitPoolReady(t *testing.T, n *edgetest.Node, name string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var pl api.PoolList
+		if err := n.Call(edge.OpPoolList, struct{}{}, &pl); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pl.Pools {
+			if p.Name == name && p.Ready >= want {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %s: %+v, want %d ready", name, pl.Pools, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func waitContainers(t *testing.T, n *edgetest.Node, want int) {

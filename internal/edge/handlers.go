@@ -359,7 +359,10 @@ func (e *Edge) file(ctx context.Context, op string, req *FileRequest, w *bus.Rep
 	case OpTarPut:
 		agentOp, body, out = agentproto.OpTarPut, &agentproto.TarPutRequest{Path: req.Path, Handle: req.Handle, Data: req.Data, Final: req.Final, Abort: req.Abort}, &TarPutResult{}
 	}
-	if err := agent.Call(ctx, agentOp, body, out, onChunk); err != nil {
+	// The chunks' buffers are reused: a Replier copies each chunk before
+	// Chunk returns (onto the data-plane connection, or into the bus's
+	// outgoing buffer).
+	if err := agent.CallBulk(ctx, agentOp, body, out, onChunk); err != nil {
 		return nil, e.agentError(sb, err)
 	}
 	return out, nil

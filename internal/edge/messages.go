@@ -59,6 +59,7 @@ const (
 	OpNetworkDenials = edgeproto.OpNetworkDenials
 	OpFileUpload     = edgeproto.OpFileUpload
 	OpTarUpload      = edgeproto.OpTarUpload
+	OpForkMemory     = edgeproto.OpForkMemory
 )
 
 // Request and answer bodies.
@@ -90,6 +91,8 @@ type (
 	ReplayRequest        = edgeproto.ReplayRequest
 	TrajectoryRecord     = edgeproto.TrajectoryRecord
 	ReplayFilter         = edgeproto.ReplayFilter
+	ForkMemoryRequest    = edgeproto.ForkMemoryRequest
+	ForkMemoryResult     = edgeproto.ForkMemoryResult
 )
 
 // Limits, ids and checks shared with the apiserver.

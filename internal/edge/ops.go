@@ -6,6 +6,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
@@ -91,6 +92,12 @@ func init() {
 		OpNetworkSet: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *NetworkSetRequest) (any, error) {
 			return e.setNetwork(ctx, req)
 		})),
+		edgeproto.OpScreenshot: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *IDRequest) (any, error) {
+			return e.screenshot(ctx, req.ID)
+		})),
+		edgeproto.OpDisplayInput: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *edgeproto.DisplayInputRequest) (any, error) {
+			return e.displayInput(ctx, req)
+		})),
 		OpNetworkDenials: ofSandbox(decoded(func(e *Edge, _ context.Context, _ *opCall, req *IDRequest) (any, error) {
 			return e.networkDenials(req.ID)
 		})),
@@ -127,6 +134,9 @@ func init() {
 
 		OpSnapshot: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *SnapshotRequest) (any, error) {
 			return e.snapshotOp(ctx, req)
+		})),
+		OpForkMemory: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *ForkMemoryRequest) (any, error) {
+			return e.forkMemory(ctx, req)
 		})),
 		OpSnapshotGet: {run: decoded(func(e *Edge, ctx context.Context, _ *opCall, req *SnapshotGetRequest) (any, error) {
 			return e.getSnapshot(ctx, req.Snapshot)

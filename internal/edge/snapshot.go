@@ -62,8 +62,8 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	chain := append([]api.LayerAttachment(nil), spec.Layers...)
 	h := sb.rec.Handle
 	sb.mu.Unlock()
-	if spec.Tier == api.TierMicroVM {
-		return nil, invalidf("sandbox %s: snapshots of tier microvm are not supported yet", id)
+	if spec.Tier == api.TierMicroVM || spec.Tier == api.TierVM {
+		return nil, invalidf("sandbox %s: snapshots of tier %s are not supported yet", id, spec.Tier)
 	}
 	if upper == "" || h == nil {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to snapshot", id)}

@@ -73,7 +73,7 @@ const OpFileUpload = "file_upload"
 const OpTarUpload = "tar_upload"
 
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true}
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, OpDisplay: true}
 
 // NetworkSetRequest replaces a running sandbox's egress list.
 type NetworkSetRequest struct {
@@ -143,6 +143,22 @@ type CreateRequest struct {
 	// trajectory's log (a branch from its parent's checkpoint) starts
 	// after this step.
 	FromStep int64 `json:"from_step,omitempty"`
+}
+
+// OpForkMemory starts sandboxes from a memory snapshot of a running one
+// (tiers api.MemoryForkTiers): ForkMemoryRequest -> ForkMemoryResult.
+const OpForkMemory = "fork_memory"
+
+// ForkMemoryRequest names the source and the children's ids (of the
+// source's node, made by the apiserver, which reserved their place).
+type ForkMemoryRequest struct {
+	ID       string   `json:"id"`
+	Children []string `json:"children"`
+}
+
+// ForkMemoryResult is the new sandboxes, in Children's order.
+type ForkMemoryResult struct {
+	Sandboxes []api.Sandbox `json:"sandboxes"`
 }
 
 // IDRequest names one sandbox.

@@ -11,6 +11,10 @@ import (
 	"github.com/warrenhq/warren/internal/agentproto"
 )
 
+// ErrNoDisplay means the sandbox has no screen (it was not created with
+// one, or its tier has none).
+var ErrNoDisplay = errors.New("runtime: the sandbox has no display")
+
 // ErrGone means the sandbox's processes no longer exist.
 var ErrGone = errors.New("runtime: sandbox is gone")
 
@@ -58,6 +62,8 @@ type Spec struct {
 	// Tier is the sandbox's tier (api.Tier*; "" = the container tier):
 	// internal/runtime/tiers starts it on that tier's runtime.
 	Tier string
+	// Display gives the sandbox a virtual screen (the vm tier only).
+	Display bool
 }
 
 // NetworkSpec is a sandbox's opt-in network, parsed.
@@ -166,6 +172,18 @@ type NetworkSetter interface {
 	SetEgress(h Handle, egress []api.EgressRule) error
 }
 
+// MemoryForker is implemented by runtimes whose sandboxes can be forked
+// from memory: Fork starts one sandbox per spec from a memory snapshot of
+// h's running sandbox, each continuing its processes with an identity of
+// its own (hostname: the spec's, else its ID; machine-id; entropy). The
+// source runs on afterwards. On an error nothing of the children is left.
+type MemoryForker interface {
+	Fork(ctx context.Context, h Handle, specs []*Spec) ([]*Instance, error)
+}
+
+// ErrNoMemoryFork means a sandbox's tier cannot fork from memory.
+var ErrNoMemoryFork = errors.New("runtime: this tier cannot fork from memory")
+
 // ErrNotReusable means a sandbox's container cannot be recycled (something
 // of it could outlive it); destroy it instead.
 var ErrNotReusable = errors.New("runtime: sandbox cannot be reused")
@@ -262,3 +280,21 @@ type SandboxUsageReporter interface {
 type PortDialer interface {
 	DialPort(ctx context.Context, h Handle, port int) (net.Conn, error)
 }
+
+// DisplayInput is one input event for a sandbox's screen (the API's).
+type DisplayInput = api.DisplayInput
+
+// Display is a runtime whose sandboxes may have a screen (the vm tier).
+// Each method returns ErrNoDisplay for a sandbox without one.
+type Display interface {
+	// Screenshot is the screen as a PNG.
+	Screenshot(ctx context.Context, h Handle) ([]byte, error)
+	// SendInput sends keyboard or mouse input; a bad event is an error
+	// wrapping ErrBadInput.
+	SendInput(ctx context.Context, h Handle, in DisplayInput) error
+	// DialDisplay connects to the screen's VNC server (RFB).
+	DialDisplay(ctx context.Context, h Handle) (net.Conn, error)
+}
+
+// ErrBadInput means a display input event is malformed.
+var ErrBadInput = errors.New("runtime: bad display input")

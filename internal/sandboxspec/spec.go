@@ -105,6 +105,9 @@ func invalid(format string, a ...any) *api.Error {
 	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(format, a...)}
 }
 
+// DefaultHostname is the hostname of a sandbox whose create names none.
+const DefaultHostname = "sandbox"
+
 // Normalize validates req and fills in defaults in place.
 func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if req.Tier == "" {
@@ -218,7 +221,7 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 		return invalid("user %q is malformed", truncate(req.User))
 	}
 	if req.Hostname == "" {
-		req.Hostname = "sandbox"
+		req.Hostname = DefaultHostname
 	}
 	if !hostnameRE.MatchString(req.Hostname) {
 		return invalid("hostname %q is malformed", truncate(req.Hostname))
@@ -388,26 +391,31 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 // MinMicroVMMemoryMB is the least memory a microVM boots with.
 const MinMicroVMMemoryMB = 128
 
-// checkMicroVM refuses what the microvm tier does not offer yet: networks,
-// layers attached at paths, snapshots and trajectory checkpoints (its
-// writable layer is a disk inside the VM), too little memory to boot.
+// checkMicroVM refuses what the microvm and vm tiers do not offer yet:
+// networks, layers attached at paths, snapshots and trajectory checkpoints
+// (their writable layer is a disk inside the VM), too little memory to
+// boot; and a display anywhere but on the vm tier.
 func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
-	if req.Tier != api.TierMicroVM {
+	if req.Display && req.Tier != api.TierVM {
+		return invalid("display: true needs tier vm (tier %s has no screen)", req.Tier)
+	}
+	if req.Tier != api.TierMicroVM && req.Tier != api.TierVM {
 		return nil
 	}
+	t := req.Tier
 	switch {
 	case req.Network != nil:
-		return invalid("tier microvm: network is not supported yet")
+		return invalid("tier %s: network is not supported yet", t)
 	case req.Snapshot != "":
-		return invalid("tier microvm: snapshot is not supported yet")
+		return invalid("tier %s: snapshot is not supported yet", t)
 	case req.Trajectory != "" || (req.Checkpoint != "" && req.Checkpoint != "none"):
-		return invalid("tier microvm: trajectories and checkpoints are not supported yet")
+		return invalid("tier %s: trajectories and checkpoints are not supported yet", t)
 	case req.MemoryMB != 0 && req.MemoryMB < MinMicroVMMemoryMB:
-		return invalid("tier microvm: memory_mb must be at least %d", MinMicroVMMemoryMB)
+		return invalid("tier %s: memory_mb must be at least %d", t, MinMicroVMMemoryMB)
 	}
 	for _, l := range req.Layers {
 		if l.Mount != "" {
-			return invalid("tier microvm: layers attached at a mount point are not supported yet")
+			return invalid("tier %s: layers attached at a mount point are not supported yet", t)
 		}
 	}
 	return nil

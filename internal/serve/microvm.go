@@ -8,6 +8,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/runtime/microvm"
+	"github.com/warrenhq/warren/internal/runtime/vm"
 )
 
 // DefaultVMKernel is where `make vm-kernel` (scripts/vm-kernel.sh) puts the
@@ -25,24 +26,24 @@ func VMKernelDir(dataDir, flag string) string {
 	return flag
 }
 
-// openMicroVM makes the microvm tier when the node can run it: a guest
-// kernel and QEMU. Otherwise it says why not.
-func openMicroVM(o EdgeOptions, images *image.LocalStore) (*microvm.Runtime, string) {
+// vmConfig is the configuration of the microvm and vm tiers when the node
+// can run them: a guest kernel and QEMU. Otherwise it says why not.
+func vmConfig(o EdgeOptions, images *image.LocalStore) (microvm.Config, string) {
 	dir := VMKernelDir(o.DataDir, o.VMKernel)
 	if dir == "" {
-		return nil, "--vm-kernel off"
+		return microvm.Config{}, "--vm-kernel off"
 	}
 	if _, err := os.Stat(filepath.Join(dir, "vmlinux")); err != nil {
-		return nil, fmt.Sprintf("no guest kernel in %s (make vm-kernel)", dir)
+		return microvm.Config{}, fmt.Sprintf("no guest kernel in %s (make vm-kernel)", dir)
 	}
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		return nil, "qemu-system-x86_64 is not installed"
+		return microvm.Config{}, "qemu-system-x86_64 is not installed"
 	}
 	k, err := microvm.OpenKernel(dir)
 	if err != nil {
-		return nil, err.Error()
+		return microvm.Config{}, err.Error()
 	}
-	rt, err := microvm.New(microvm.Config{
+	return microvm.Config{
 		Kernel: k, AgentPath: o.AgentPath, CacheDir: filepath.Join(o.DataDir, "cache", "microvm"),
 		CgroupParent: CgroupParent(o.DataDir) + "-vm", Logger: o.Logger,
 		LayerFile: func(dir string) (string, error) {
@@ -52,9 +53,26 @@ func openMicroVM(o EdgeOptions, images *image.LocalStore) (*microvm.Runtime, str
 			}
 			return p, nil
 		},
-	})
-	if err != nil {
-		return nil, err.Error()
+	}, ""
+}
+
+// openVMTiers makes the microvm and vm tiers when the node can run them.
+// Otherwise it says why not.
+func openVMTiers(o EdgeOptions, images *image.LocalStore) (*microvm.Runtime, *vm.Runtime, string) {
+	cfg, why := vmConfig(o, images)
+	if why != "" {
+		return nil, nil, why
 	}
-	return rt, ""
+	micro, err := microvm.New(cfg)
+	if err != nil {
+		return nil, nil, err.Error()
+	}
+	// Its own cgroup parent, hence its own QEMU -name: neither tier
+	// adopts or reaps the other's VMs.
+	cfg.CgroupParent = CgroupParent(o.DataDir) + "-q35"
+	full, err := vm.New(cfg)
+	if err != nil {
+		return nil, nil, err.Error()
+	}
+	return micro, full, ""
 }

@@ -435,18 +435,21 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		}
 	})
 	var edgeRT runtime.Runtime = rt
-	if vm, why := openMicroVM(o, images); vm != nil {
-		edgeRT = tiers.New(rt, vm)
+	if vm, full, why := openVMTiers(o, images); vm != nil {
+		edgeRT = tiers.New(rt, vm, full)
 		closers = append(closers, func() {
 			if !o.KeepOnShutdown {
 				if err := vm.Close(); err != nil {
 					log.Warn("remove the microvm tier's parent cgroup", "err", err)
 				}
+				if err := full.Close(); err != nil {
+					log.Warn("remove the vm tier's parent cgroup", "err", err)
+				}
 			}
 		})
-		log.Info("microvm tier on", "accel", vm.Accel(), "kernel", vm.KernelVersion())
+		log.Info("microvm and vm tiers on", "accel", vm.Accel(), "kernel", vm.KernelVersion())
 	} else {
-		log.Info("microvm tier off", "reason", why)
+		log.Info("microvm and vm tiers off", "reason", why)
 	}
 	memMB := totalMemoryMB()
 	diskMB, diskSpace := diskCapacity(writable, o.DiskOvercommit, log)

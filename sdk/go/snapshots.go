@@ -197,3 +197,14 @@ func escPath(name string) string {
 	}
 	return strings.Join(parts, "/")
 }
+
+// ForkMemory makes count new sandboxes from one memory snapshot of a VM
+// sandbox (tiers api.MemoryForkTiers): they continue its running
+// processes, each with its own hostname, machine-id and entropy.
+func (c *Client) ForkMemory(ctx context.Context, id string, count int) (*api.ForkResult, error) {
+	var out api.ForkResult
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/sandboxes/" + esc(id) + "/fork", json: api.ForkRequest{Count: count, Memory: true}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

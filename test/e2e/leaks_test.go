@@ -46,6 +46,8 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 		for dataDir := range dataDirs {
 			dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir))
 			vmDirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir) + "-vm")
+			q35Dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + serve.CgroupParent(dataDir) + "-q35")
+			vmDirs = append(vmDirs, q35Dirs...)
 			dirs = append(dirs, vmDirs...)
 			if q := qemusOf(dataDir); q != "" {
 				leaks = append(leaks, "qemu processes "+q)

@@ -757,6 +757,9 @@ func auditRoutes(t *testing.T, o *owned) {
 		"PUT /v1/sandboxes/{id}/ports/{port}/{path}":    {{path: sb + "/ports/8000/secret", body: []byte("x")}},
 		"PATCH /v1/sandboxes/{id}/ports/{port}/{path}":  {{path: sb + "/ports/8000/secret", body: []byte("x")}},
 		"DELETE /v1/sandboxes/{id}/ports/{port}/{path}": {{path: sb + "/ports/8000/secret"}},
+		"GET /v1/sandboxes/{id}/screenshot":             {{path: sb + "/screenshot"}},
+		"GET /v1/sandboxes/{id}/display":                {{path: sb + "/display"}},
+		"POST /v1/sandboxes/{id}/display/input":         {{path: sb + "/display/input", body: js(api.DisplayInput{Type: "text", Text: "x"})}},
 		// A made-up secret reaches nothing (p1's port is not public).
 		"GET /p/{secret}/{path}":    {{path: "/p/" + strings.Repeat("x", 43) + "/secret"}},
 		"POST /p/{secret}/{path}":   {{path: "/p/" + strings.Repeat("x", 43) + "/secret", body: []byte("x")}},

@@ -110,10 +110,11 @@ type Reclaimer interface {
 
 // ShapeKey names the shape of spec: sandboxes of one shape are
 // interchangeable (warm pools, FnCall workers). ok is false for specs that
-// make each sandbox its own (environment, user, hostname, network).
+// make each sandbox its own (environment, user, hostname, network, a
+// screen).
 func ShapeKey(s *api.CreateSandboxRequest) (key string, ok bool) {
 	k := fmt.Sprintf("%s|%s|%g|%d|%d|%d|%s", s.Tier, s.Image, s.CPU, s.MemoryMB, s.DiskMB, s.Pids, s.Priority)
-	if len(s.Env) > 0 || s.User != "" || s.Hostname != "sandbox" || s.Network != nil {
+	if len(s.Env) > 0 || s.User != "" || s.Hostname != "sandbox" || s.Network != nil || s.Display {
 		return "", false
 	}
 	return k, true

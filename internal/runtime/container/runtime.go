@@ -307,6 +307,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if err != nil {
 		return nil, fmt.Errorf("container: connect: %w", err)
 	}
+	agentproto.SizeBuffers(conn)
 	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("container: agent log: %w", err)
@@ -519,6 +520,7 @@ func (r *Runtime) Attach(ctx context.Context, h runtime.Handle) (*runtime.Instan
 			return nil, fmt.Errorf("container: network of %s: %w", h.ID, err)
 		}
 	}
+	agentproto.SizeBuffers(conn)
 	client := agentproto.NewClient(conn)
 	if err := client.Call(ctx, agentproto.OpPing, nil, nil, nil); err != nil {
 		client.Close()

@@ -33,5 +33,6 @@
 // /proc and its cgroups without one.
 //
 // Freeze and Thaw are QMP stop and cont. Reclaim and Restore make pause a
-// memory snapshot (snapshot.go).
+// memory snapshot (snapshot.go). Fork starts VMs from a memory snapshot of a
+// running one, sharing its memory copy-on-write (fork.go).
 package microvm

@@ -5,25 +5,39 @@ package microvm
 // snapshot and for a copy of its writable disk (the guest writes nothing
 // then, and QEMU has flushed it), and continues afterwards. Each child has
 // its own disk copy (cp --reflink=auto: a clone where the filesystem can),
-// sockets and cgroup; its hostname is set to its spec's.
+// sockets and cgroup.
 //
-// Not yet: the API (POST /v1/sandboxes/{id}/fork {"memory": true}) and the
-// edge's records of the children; guest memory is read into each child
-// (no copy-on-write sharing between them); machine-id and entropy are not
-// reseeded.
+// Memory is shared copy-on-write: a template QEMU restores the snapshot
+// into RAM that is a file (on /dev/shm) mapped shared, is snapshotted again
+// with x-ignore-shared (the device state only) and ends; each child maps
+// the file privately (memory-backend-file,share=off) and restores the small
+// snapshot, so it holds only the pages it writes. The file is unlinked once
+// the children run (their mappings keep it). A child that is paused or
+// forked in its turn goes back to anonymous RAM (withoutRAMFile). If the
+// template fails, each child reads the whole snapshot instead.
+//
+// Identity: the agent's OpIdentity gives each child its hostname, a new
+// /etc/machine-id, and the host's random bytes credited to the guest
+// kernel's pool (which was every sibling's) before it is handed out.
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp/raw"
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -40,6 +54,11 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 	args, err := qemuArgs(pid)
 	if err != nil {
 		return nil, err
+	}
+	args = withoutRAMFile(args)
+	memMB, err := memoryArg(args)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: fork: %w", err)
 	}
 	parentState := filepath.Dir(h.Socket)
 	parentDisk, err := os.Readlink(filepath.Join(parentState, DiskLink))
@@ -62,8 +81,9 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 	if err := r.Freeze(ctx, h); err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
 	disks := make([]string, len(specs))
-	err = r.saveMemory(ctx, h, mem)
+	err = r.saveMemory(ctx, h, mem, false)
 	for i, s := range specs {
 		if err != nil {
 			break
@@ -87,6 +107,7 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 	if terr := r.Thaw(context.WithoutCancel(ctx), h); terr != nil && err == nil {
 		err = terr
 	}
+	frozen := time.Since(t0)
 	if err != nil {
 		for i, s := range specs {
 			if disks[i] != "" {
@@ -97,42 +118,251 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 		return nil, fmt.Errorf("microvm: fork: %w", err)
 	}
 
-	for i, s := range specs {
-		inst, err := r.startChild(ctx, s, args, parentState, parentDisk, disks[i], mem)
-		if err != nil {
-			return insts, fmt.Errorf("microvm: fork: child %s: %w", s.ID, err)
-		}
-		insts = append(insts, inst)
+	// The children's memory: one RAM file that each maps privately
+	// (copy-on-write), else (the template failed) the snapshot read into
+	// each.
+	tmpl := &forkSource{args: args, parentState: parentState, parentDisk: parentDisk, snapshot: mem}
+	if ram, dev, terr := r.ramTemplate(ctx, h.ID, tmpl, disks[0], memMB); terr != nil {
+		r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", h.ID, "err", terr)
+	} else {
+		defer os.Remove(ram) // the children hold it mapped
+		defer os.Remove(dev)
+		tmpl.ram, tmpl.ramMB, tmpl.snapshot = ram, memMB, dev
 	}
+	// The children start side by side (each waits mostly on its QEMU).
+	started := make([]*runtime.Instance, len(specs))
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	for i, s := range specs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if started[i], errs[i] = r.startChild(ctx, s, tmpl, disks[i]); errs[i] != nil {
+				errs[i] = fmt.Errorf("microvm: fork: child %s: %w", s.ID, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range specs {
+		if started[i] != nil {
+			insts = append(insts, started[i])
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return insts, err
+	}
+	r.log.Debug("microvm: forked from memory", "id", h.ID, "children", len(specs), "frozen", frozen, "shared", tmpl.ram != "", "took", time.Since(t0))
 	return insts, nil
 }
 
-// startChild starts one child of a fork from the parent's command line with
-// the child's name, state directory and disk, and sets its hostname.
-func (r *Runtime) startChild(ctx context.Context, s *runtime.Spec, parentArgs []string, parentState, parentDisk, disk, mem string) (*runtime.Instance, error) {
-	if s.ID == "" || s.ID != filepath.Base(s.ID) || strings.ContainsAny(s.ID, ", ") {
-		return nil, fmt.Errorf("bad sandbox id %q", s.ID)
-	}
-	args := make([]string, len(parentArgs))
-	for i, a := range parentArgs {
+// forkSource is what a fork's children start from.
+type forkSource struct {
+	args                    []string // the parent's QEMU arguments (anonymous RAM)
+	parentState, parentDisk string
+	snapshot                string // the memory snapshot the children read
+	ram                     string // the RAM file they map privately ("": none)
+	ramMB                   int64
+}
+
+// argsFor is src's command line for the VM named name with the state
+// directory state and the disk disk.
+func (src *forkSource) argsFor(name, state, disk string) []string {
+	args := make([]string, len(src.args))
+	for i, a := range src.args {
 		switch {
-		case i > 0 && parentArgs[i-1] == "-name":
-			a = r.qemuName(s.ID)
+		case i > 0 && src.args[i-1] == "-name":
+			a = name
 		default:
-			a = strings.ReplaceAll(a, parentDisk, disk)
-			a = strings.ReplaceAll(a, parentState+"/", s.StateDir+"/")
+			a = strings.ReplaceAll(a, src.parentDisk, disk)
+			a = strings.ReplaceAll(a, src.parentState+"/", state+"/")
 		}
 		args[i] = a
 	}
+	return args
+}
+
+// ramTemplate restores the snapshot once into a QEMU whose RAM is a file
+// mapped shared (so the file holds the guest's memory), snapshots that
+// QEMU again without its RAM (x-ignore-shared: the device state alone) and
+// ends it. Children restore the small snapshot over a private mapping of
+// the file: they share its pages until they write them.
+func (r *Runtime) ramTemplate(ctx context.Context, parentID string, src *forkSource, disk string, memMB int64) (ram, dev string, err error) {
+	dir, err := os.MkdirTemp("", "warren-vmt") // short: socket paths
+	if err != nil {
+		return "", "", err
+	}
+	tid := parentID + ".fork"
+	th := runtime.Handle{ID: tid, Tier: Tier, Socket: filepath.Join(dir, SocketName), Cgroup: r.cgroupPath(tid)}
+	defer func() {
+		if derr := r.Destroy(context.WithoutCancel(ctx), th); derr != nil && err == nil {
+			err = derr
+		}
+		os.RemoveAll(dir)
+		if err != nil {
+			os.Remove(ram)
+			os.Remove(dev)
+		}
+	}()
+	shm := "/dev/shm"
+	if st, serr := os.Stat(shm); serr != nil || !st.IsDir() {
+		shm = filepath.Dir(src.snapshot)
+	}
+	f, err := os.CreateTemp(shm, "warren-vm-ram-")
+	if err != nil {
+		return "", "", err
+	}
+	ram = f.Name()
+	f.Close()
+	args, err := withRAMFile(src.argsFor(r.qemuName(tid), dir, disk), ram, memMB, true)
+	if err != nil {
+		return ram, "", err
+	}
+	if err := r.cg.create(th.Cgroup, memMB+overheadMB); err != nil {
+		return ram, "", err
+	}
+	if th, err = r.startIncoming(ctx, th, args, src.snapshot, false); err != nil {
+		return ram, "", err
+	}
+	dev = src.snapshot + ".dev"
+	if err := r.saveMemory(ctx, th, dev, true); err != nil {
+		return ram, dev, err
+	}
+	if err := punchZeros(ram); err != nil {
+		r.log.Warn("microvm: fork: RAM file stays whole", "err", err)
+	}
+	return ram, dev, nil
+}
+
+// punchZeros frees the all-zero pages of the file at p (the restore read
+// every page of the guest, so the file holds pages the guest never used):
+// holes read as zeros, and a child's read of one shares a page again.
+func punchZeros(p string) error {
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	const page = 4096
+	buf := make([]byte, 2<<20)
+	var off, run, runAt int64
+	flush := func() error {
+		if run > 0 {
+			if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, runAt, run); err != nil {
+				return err
+			}
+		}
+		run = 0
+		return nil
+	}
+	for {
+		n, err := io.ReadFull(f, buf)
+		for i := 0; i+page <= n; i += page {
+			if allZero(buf[i : i+page]) {
+				if run == 0 {
+					runAt = off + int64(i)
+				}
+				run += page
+			} else if ferr := flush(); ferr != nil {
+				return ferr
+			}
+		}
+		off += int64(n)
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return flush()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+var zeroPage [4096]byte
+
+func allZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
+
+// The RAM backend of a fork's VMs: the machine's default RAM block's id,
+// so that a snapshot of anonymous RAM restores into it and back.
+const ramID = "microvm.ram"
+
+// withRAMFile maps args's RAM (memMB) from the file path, shared (the
+// template) or private (a child).
+func withRAMFile(args []string, path string, memMB int64, share bool) ([]string, error) {
+	if strings.ContainsAny(path, ", ") {
+		return nil, fmt.Errorf("RAM file path %q has a comma or space", path)
+	}
+	out := append([]string(nil), args...)
+	found := false
+	for i := 0; i+1 < len(out); i++ {
+		if out[i] == "-M" && strings.HasPrefix(out[i+1], "microvm") {
+			out[i+1] += ",memory-backend=" + ramID
+			found = true
+		}
+	}
+	if !found {
+		return nil, errors.New("no -M microvm argument")
+	}
+	on := "off"
+	if share {
+		on = "on"
+	}
+	return append(out, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s", ramID, memMB, path, on)), nil
+}
+
+// withoutRAMFile undoes withRAMFile: anonymous RAM again (a child paused
+// or forked in its turn).
+func withoutRAMFile(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "-object" && i+1 < len(args) && strings.HasPrefix(args[i+1], "memory-backend-file,id="+ramID+",") {
+			i++
+			continue
+		}
+		a := args[i]
+		if i > 0 && args[i-1] == "-M" {
+			a = strings.Replace(a, ",memory-backend="+ramID, "", 1)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// memoryArg is the guest memory (-m) of args, in MiB.
+func memoryArg(args []string) (int64, error) {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-m" {
+			n, err := strconv.ParseInt(strings.TrimSuffix(args[i+1], "M"), 10, 64)
+			if err != nil || n <= 0 {
+				return 0, fmt.Errorf("-m %q", args[i+1])
+			}
+			return n, nil
+		}
+	}
+	return 0, errors.New("no -m argument")
+}
+
+// startChild starts one child of a fork from src with the child's name,
+// state directory and disk, and gives it its identity.
+func (r *Runtime) startChild(ctx context.Context, s *runtime.Spec, src *forkSource, disk string) (*runtime.Instance, error) {
+	if s.ID == "" || s.ID != filepath.Base(s.ID) || strings.ContainsAny(s.ID, ", ") {
+		return nil, fmt.Errorf("bad sandbox id %q", s.ID)
+	}
+	args := src.argsFor(r.qemuName(s.ID), s.StateDir, disk)
 	h := runtime.Handle{ID: s.ID, Tier: Tier, Socket: filepath.Join(s.StateDir, SocketName), Cgroup: r.cgroupPath(s.ID)}
 	fail := func(err error) (*runtime.Instance, error) {
 		_ = r.Destroy(context.WithoutCancel(ctx), h)
 		return nil, err
 	}
+	shared := src.ram != ""
+	if shared {
+		var err error
+		if args, err = withRAMFile(args, src.ram, src.ramMB, false); err != nil {
+			return fail(err)
+		}
+	}
 	if err := r.cg.create(h.Cgroup, memoryOf(s)+overheadMB); err != nil {
 		return fail(err)
 	}
-	nh, err := r.startIncoming(ctx, h, args, mem)
+	nh, err := r.startIncoming(ctx, h, args, src.snapshot, shared)
 	h = nh
 	if err != nil {
 		return fail(err)
@@ -151,18 +381,34 @@ func (r *Runtime) startChild(ctx context.Context, s *runtime.Spec, parentArgs []
 	}
 	client := agentproto.NewClient(r.track(h.ID, conn))
 	inst := &runtime.Instance{Handle: h, Agent: client}
-	if s.Hostname != "" {
-		var res agentproto.ExecResult
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := client.Call(cctx, agentproto.OpExec, &agentproto.ExecRequest{Argv: []string{"hostname", s.Hostname}}, &res, nil)
-		cancel()
-		if err == nil && res.ExitCode != 0 {
-			err = errors.New("hostname exited " + strconv.Itoa(res.ExitCode))
-		}
-		if err != nil {
-			client.Close()
-			return fail(fmt.Errorf("set hostname: %w", err))
-		}
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = s.ID
+	}
+	if err := setIdentity(ctx, client, hostname); err != nil {
+		client.Close()
+		return fail(err)
 	}
 	return inst, nil
+}
+
+// setIdentity gives a restored child its own hostname, machine-id and
+// random pool (agentproto.OpIdentity): the host's random bytes, which no
+// sibling saw, are credited to the guest kernel's pool.
+func setIdentity(ctx context.Context, client *agentproto.Client, hostname string) error {
+	id := make([]byte, 16)
+	seed := make([]byte, 256)
+	if _, err := rand.Read(id); err != nil {
+		return err
+	}
+	if _, err := rand.Read(seed); err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req := &agentproto.IdentityRequest{Hostname: hostname, MachineID: hex.EncodeToString(id), Entropy: seed}
+	if err := client.Call(cctx, agentproto.OpIdentity, req, nil, nil); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	return nil
 }

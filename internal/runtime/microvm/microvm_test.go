@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -452,6 +453,31 @@ func TestForkFromMemory(t *testing.T) {
 			t.Errorf("child %d: %q (parent's count was %d)", i, r.Stdout, before)
 		}
 	}
+	// The children map one RAM file privately: its pages are shared
+	// until a child writes them.
+	time.Sleep(2 * time.Second) // let the children settle (free page reporting)
+	var kidMem memUse
+	ramFile := int64(0)
+	for i, k := range kids {
+		ram, size := ramMapping(k.Handle.Pid)
+		if ram == "" {
+			t.Errorf("child %d maps no RAM file", i)
+			continue
+		}
+		ramFile = size
+		kidMem.add(qemuMemUse(t, k.Handle.Pid))
+	}
+	cold := startCold(ctx, t, f, 3)
+	var coldMem memUse
+	for _, c := range cold {
+		coldMem.add(qemuMemUse(t, c.Handle.Pid))
+	}
+	t.Logf("3 children: RSS %d MiB, PSS %d MiB, private %d MiB, + the RAM file %d MiB (allocated) = %d MiB; 3 cold VMs: RSS %d MiB, PSS %d MiB",
+		kidMem.rss>>20, kidMem.pss>>20, kidMem.private>>20, ramFile>>20, (kidMem.private+ramFile)>>20, coldMem.rss>>20, coldMem.pss>>20)
+	if kidMem.private+ramFile >= coldMem.pss {
+		t.Errorf("the children's memory (private %d + file %d) is not below 3 cold VMs' (%d)", kidMem.private, ramFile, coldMem.pss)
+	}
+
 	// The children's disks are their own; the parent goes on counting.
 	r, err = runtimetest.Exec(ctx, parent.Agent, "cat /root/disk; a=$(cat /dev/shm/count); sleep 0.5; b=$(cat /dev/shm/count); [ $b -gt $a ] && echo counting; hostname")
 	if err != nil || r.Stdout != "parent\ncounting\n"+spec.Hostname+"\n" {
@@ -460,4 +486,79 @@ func TestForkFromMemory(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(spec.Work, "vm-fork-memory")); err == nil {
 		t.Error("the fork's memory snapshot was left")
 	}
+}
+
+// memUse is QEMU processes' memory, in bytes.
+type memUse struct{ rss, pss, private int64 }
+
+func (m *memUse) add(o memUse) { m.rss += o.rss; m.pss += o.pss; m.private += o.private }
+
+// qemuMemUse reads pid's smaps_rollup.
+func qemuMemUse(t *testing.T, pid int) memUse {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m memUse
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "Rss:":
+			m.rss = n << 10
+		case "Pss:":
+			m.pss = n << 10
+		case "Private_Clean:", "Private_Dirty:":
+			m.private += n << 10
+		}
+	}
+	return m
+}
+
+// ramMapping is the fork's RAM file that pid maps and its allocated size.
+func ramMapping(pid int) (string, int64) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	if err != nil {
+		return "", 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 6 && strings.Contains(f[5], "warren-vm-ram-") {
+			var st syscall.Stat_t
+			if err := syscall.Stat("/proc/"+strconv.Itoa(pid)+"/map_files/"+f[0], &st); err != nil {
+				return f[5], 0
+			}
+			return f[5], st.Blocks * 512
+		}
+	}
+	return "", 0
+}
+
+// startCold boots n VMs running the same counting loop as the fork's
+// parent, for comparison; they are destroyed at the test's end.
+func startCold(ctx context.Context, t *testing.T, f *fixture, n int) []*runtime.Instance {
+	t.Helper()
+	var out []*runtime.Instance
+	for i := range n {
+		in, err := f.rt.Start(ctx, f.spec(t, fmt.Sprintf("cold%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			in.Agent.Close()
+			if err := f.rt.Destroy(context.Background(), in.Handle); err != nil {
+				t.Error(err)
+			}
+		})
+		if _, err := runtimetest.Exec(ctx, in.Agent, "echo in-memory > /dev/shm/mark; (i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.1; done) >/dev/null 2>&1 &"); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, in)
+	}
+	time.Sleep(2 * time.Second)
+	return out
 }

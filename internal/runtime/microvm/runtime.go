@@ -79,7 +79,19 @@ type Config struct {
 	// which every VM's QEMU gets its own; default "warren-vm".
 	CgroupParent string
 	Logger       *slog.Logger
+	// Machine is QEMU's machine: "" (microvm) or MachineQ35, which the
+	// "vm" tier (internal/runtime/vm) boots with the same kernel,
+	// initramfs, disks and agent port on PCI.
+	Machine string
+	// TierName names the tier (default Tier).
+	TierName string
+	// Extra, when set, adds QEMU arguments and kernel parameters for a
+	// sandbox (the vm tier's display).
+	Extra func(spec *runtime.Spec) (args, params []string)
 }
+
+// MachineQ35 is the full-VM machine of the "vm" tier.
+const MachineQ35 = "q35"
 
 // Runtime is the "microvm" tier.
 type Runtime struct {
@@ -116,6 +128,9 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.TierName == "" {
+		cfg.TierName = Tier
+	}
 	if cfg.Accel == "" {
 		cfg.Accel = "tcg"
 		if ProbeKVM() {
@@ -136,7 +151,7 @@ func (r *Runtime) Close() error {
 }
 
 // Name is the tier.
-func (r *Runtime) Name() string { return Tier }
+func (r *Runtime) Name() string { return r.cfg.TierName }
 
 // Accel is the accelerator the VMs run with: "kvm" or "tcg".
 func (r *Runtime) Accel() string { return r.cfg.Accel }
@@ -165,7 +180,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, errors.New("microvm: networks are not supported by this tier yet")
 	}
 	t0 := time.Now()
-	h := runtime.Handle{ID: spec.ID, Tier: Tier, Socket: filepath.Join(spec.StateDir, SocketName), Cgroup: r.cgroupPath(spec.ID)}
+	h := runtime.Handle{ID: spec.ID, Tier: r.Name(), Socket: filepath.Join(spec.StateDir, SocketName), Cgroup: r.cgroupPath(spec.ID)}
 	var client *agentproto.Client
 	defer func() {
 		if err == nil {
@@ -310,13 +325,22 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		agent.VMParamPort + "=" + portName,
 		agent.VMParamHostname + "=" + hostname,
 	}
+	if r.cfg.Extra != nil {
+		_, more := r.cfg.Extra(spec)
+		params = append(more, params...)
+	}
 	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(tcgBufferMB)
 	if r.cfg.Accel == "kvm" {
 		cpu, accel = "host", "kvm"
 	}
+	// virtio devices: on MMIO for microvm, on PCI for q35.
+	machine, bus := "microvm,x-option-roms=off,isa-serial=on,rtc=on", "-device"
+	if r.cfg.Machine == MachineQ35 {
+		machine, bus = MachineQ35, "-pci"
+	}
 	args := []string{
 		"-name", r.qemuName(spec.ID),
-		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on",
+		"-M", machine,
 		"-accel", accel, "-cpu", cpu,
 		"-m", strconv.FormatInt(memoryOf(spec), 10), "-smp", strconv.Itoa(smp),
 		"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none",
@@ -332,12 +356,16 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		"-qmp", "unix:" + filepath.Join(spec.StateDir, QMPName) + ",server=on,wait=off",
 		// Free page reporting: memory the guest frees goes back to the
 		// host (within seconds).
-		"-device", "virtio-balloon-device,free-page-reporting=on",
-		"-device", "virtio-serial-device",
+		"-device", "virtio-balloon" + bus + ",free-page-reporting=on",
+		"-device", "virtio-serial" + bus,
 		"-chardev", "socket,id=agent,path=" + filepath.Join(spec.StateDir, SocketName) + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + portName,
 		"-drive", "id=rw,file=" + disk + ",format=raw,if=none,cache=unsafe,discard=unmap",
-		"-device", "virtio-blk-device,drive=rw,serial=" + agent.VMDiskRW,
+		"-device", "virtio-blk" + bus + ",drive=rw,serial=" + agent.VMDiskRW,
+	}
+	if r.cfg.Extra != nil {
+		more, _ := r.cfg.Extra(spec)
+		args = append(args, more...)
 	}
 	for i, l := range layers {
 		if strings.Contains(l, ",") {
@@ -346,7 +374,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		id := "layer" + strconv.Itoa(i)
 		args = append(args,
 			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
-			"-device", "virtio-blk-device,drive="+id+",serial="+id)
+			"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
 	}
 	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -565,11 +593,11 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 			continue
 		}
 		seen[q.id] = true
-		hs = append(hs, runtime.Handle{ID: q.id, Tier: Tier, Pid: q.pid, PidStart: st, Socket: q.socket, Cgroup: r.cgroupPath(q.id)})
+		hs = append(hs, runtime.Handle{ID: q.id, Tier: r.Name(), Pid: q.pid, PidStart: st, Socket: q.socket, Cgroup: r.cgroupPath(q.id)})
 	}
 	for _, id := range r.cg.list(r.cfg.CgroupParent) {
 		if !seen[id] {
-			hs = append(hs, runtime.Handle{ID: id, Tier: Tier, Cgroup: r.cgroupPath(id)})
+			hs = append(hs, runtime.Handle{ID: id, Tier: r.Name(), Cgroup: r.cgroupPath(id)})
 		}
 	}
 	return hs, nil
@@ -584,6 +612,9 @@ func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
 func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
 	return r.qmp(h, func(m *raw.Monitor) error { return m.Cont() })
 }
+
+// QMP runs fn on a QMP connection to h's QEMU (the vm tier's screen).
+func (r *Runtime) QMP(h runtime.Handle, fn func(*raw.Monitor) error) error { return r.qmp(h, fn) }
 
 // qmp runs fn on a QMP connection to h's QEMU.
 func (r *Runtime) qmp(h runtime.Handle, fn func(*raw.Monitor) error) error {

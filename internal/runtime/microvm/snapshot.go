@@ -71,12 +71,12 @@ func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after 
 	}
 	mem := filepath.Join(filepath.Dir(disk), MemoryName)
 	t0 := time.Now()
-	err = r.saveMemory(ctx, h, mem)
+	err = r.saveMemory(ctx, h, mem, false)
 	if err != nil {
 		_ = os.Remove(mem)
 		return before, before, fmt.Errorf("microvm: pause: memory snapshot: %w (qemu: %q)", err, logTail(filepath.Join(stateDir, LogName), 300))
 	}
-	b, _ := json.Marshal(pausedVM{Args: args, Memory: mem})
+	b, _ := json.Marshal(pausedVM{Args: withoutRAMFile(args), Memory: mem})
 	if err := writeAtomic(filepath.Join(stateDir, PausedName), b); err != nil {
 		_ = os.Remove(mem)
 		return before, before, fmt.Errorf("microvm: pause: %w", err)
@@ -96,7 +96,7 @@ func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after 
 // saveMemory writes the (stopped) VM's memory and device state to mem: the
 // file is opened here and passed to QEMU (QMP getfd), which may spawn
 // nothing.
-func (r *Runtime) saveMemory(ctx context.Context, h runtime.Handle, mem string) error {
+func (r *Runtime) saveMemory(ctx context.Context, h runtime.Handle, mem string, ignoreShared bool) error {
 	mf, err := os.OpenFile(mem, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -105,6 +105,11 @@ func (r *Runtime) saveMemory(ctx context.Context, h runtime.Handle, mem string) 
 	return r.qmpSocket(h, func(mon *qmp.SocketMonitor, m *raw.Monitor) error {
 		bw := int64(1) << 40 // no bandwidth limit: the VM is stopped
 		if err := m.MigrateSetParameters(&raw.MigrateSetParameters{MaxBandwidth: &bw}); err != nil {
+			return err
+		}
+		// A child of a fork had it on for its restore: its own RAM is
+		// private and written in full.
+		if err := setIgnoreShared(mon, ignoreShared); err != nil {
 			return err
 		}
 		if _, err := mon.RunWithFile([]byte(`{"execute":"getfd","arguments":{"fdname":"snapshot"}}`), mf); err != nil {
@@ -189,7 +194,7 @@ func (r *Runtime) Restore(ctx context.Context, h runtime.Handle, memoryMB int64)
 // restart starts QEMU from p and waits until it has read the snapshot.
 func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) error {
 	t0 := time.Now()
-	nh, err := r.startIncoming(ctx, h, p.Args, p.Memory)
+	nh, err := r.startIncoming(ctx, h, p.Args, p.Memory, false)
 	if err != nil {
 		return fmt.Errorf("microvm: resume: %w", err)
 	}
@@ -199,20 +204,29 @@ func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) err
 
 // startIncoming starts QEMU with args reading the memory snapshot mem (as
 // its fd 3), in h's cgroup, and waits until it has read it; the VM is then
-// paused (QMP cont runs it). It returns h with the new QEMU's pid.
-func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []string, mem string) (runtime.Handle, error) {
+// paused (QMP cont runs it). It returns h with the new QEMU's pid. With
+// ignoreShared, the snapshot leaves out the RAM that args map from a file
+// (fork.go): QEMU starts with "-incoming defer", the capability is set and
+// the snapshot passed over QMP.
+func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []string, mem string, ignoreShared bool) (runtime.Handle, error) {
 	mf, err := os.Open(mem)
 	if err != nil {
 		return h, err
 	}
 	defer mf.Close()
-	args = append(append([]string(nil), args...), "-incoming", "fd:3")
+	if ignoreShared {
+		args = append(append([]string(nil), args...), "-incoming", "defer")
+	} else {
+		args = append(append([]string(nil), args...), "-incoming", "fd:3")
+	}
 	logf, err := os.OpenFile(filepath.Join(filepath.Dir(h.Socket), LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return h, err
 	}
 	cmd := r.qemuCommand(args, logf)
-	cmd.ExtraFiles = []*os.File{mf}
+	if !ignoreShared {
+		cmd.ExtraFiles = []*os.File{mf}
+	}
 	if err := r.cg.startIn(h.Cgroup, cmd); err != nil {
 		logf.Close()
 		return h, fmt.Errorf("start qemu: %w", err)
@@ -225,9 +239,22 @@ func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []st
 	nh := h
 	nh.Pid, nh.PidStart = cmd.Process.Pid, st
 	deadline := time.Now().Add(2 * time.Minute)
+	started := !ignoreShared
 	for {
 		var status raw.RunState
-		err := r.qmp(nh, func(m *raw.Monitor) error {
+		err := r.qmpSocket(nh, func(mon *qmp.SocketMonitor, m *raw.Monitor) error {
+			if !started {
+				if err := setIgnoreShared(mon, true); err != nil {
+					return err
+				}
+				if _, err := mon.RunWithFile([]byte(`{"execute":"getfd","arguments":{"fdname":"snapshot"}}`), mf); err != nil {
+					return fmt.Errorf("getfd: %w", err)
+				}
+				if err := m.MigrateIncoming("fd:snapshot"); err != nil {
+					return err
+				}
+				started = true
+			}
 			s, err := m.QueryStatus()
 			status = s.Status
 			return err
@@ -249,12 +276,25 @@ func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []st
 	}
 }
 
+// setIgnoreShared turns QEMU's x-ignore-shared migration capability on or
+// off: with it, a snapshot leaves out RAM mapped shared from a file. (The
+// QMP library's capability enum lacks it: the command goes through the
+// library's Run as it is.)
+func setIgnoreShared(mon *qmp.SocketMonitor, on bool) error {
+	cmd := fmt.Sprintf(`{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":%t}]}}`, on)
+	if _, err := mon.Run([]byte(cmd)); err != nil {
+		return fmt.Errorf("x-ignore-shared: %w", err)
+	}
+	return nil
+}
+
 // Prefetch has nothing to do: a restored VM's memory is all read.
 func (r *Runtime) Prefetch(ctx context.Context, h runtime.Handle, rest bool) (int64, error) {
 	return 0, nil
 }
 
-// qemuArgs is the command line (without argv[0]) of the QEMU at pid.
+// qemuArgs is the command line (without argv[0] and -incoming) of the
+// QEMU at pid.
 func qemuArgs(pid int) ([]string, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil {
@@ -264,7 +304,17 @@ func qemuArgs(pid int) ([]string, error) {
 	if len(args) < 2 {
 		return nil, fmt.Errorf("microvm: qemu %d: empty command line", pid)
 	}
-	return args[1:], nil
+	// Without the -incoming of a restored VM: who starts it again says
+	// where from.
+	var out []string
+	for i := 1; i < len(args); i++ {
+		if args[i] == "-incoming" && i+1 < len(args) {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out, nil
 }
 
 // rssBytes is pid's resident memory (0 when unknown).

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -321,4 +322,83 @@ func (r *Runtime) KernelVersion() string {
 		}
 	}
 	return ""
+}
+
+var _ runtime.Display = (*Runtime)(nil)
+
+// display is h's tier's screen capability, ErrNoDisplay when it has none.
+func (r *Runtime) display(h runtime.Handle) (runtime.Display, error) {
+	rt, err := r.of(h)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := rt.(runtime.Display)
+	if !ok {
+		return nil, runtime.ErrNoDisplay
+	}
+	return d, nil
+}
+
+// Screenshot: h's tier's.
+func (r *Runtime) Screenshot(ctx context.Context, h runtime.Handle) ([]byte, error) {
+	d, err := r.display(h)
+	if err != nil {
+		return nil, err
+	}
+	return d.Screenshot(ctx, h)
+}
+
+// SendInput: h's tier's.
+func (r *Runtime) SendInput(ctx context.Context, h runtime.Handle, in runtime.DisplayInput) error {
+	d, err := r.display(h)
+	if err != nil {
+		return err
+	}
+	return d.SendInput(ctx, h, in)
+}
+
+// DialDisplay: h's tier's.
+func (r *Runtime) DialDisplay(ctx context.Context, h runtime.Handle) (net.Conn, error) {
+	d, err := r.display(h)
+	if err != nil {
+		return nil, err
+	}
+	return d.DialDisplay(ctx, h)
+}
+
+var _ runtime.PortDialer = (*Runtime)(nil)
+
+// DialPort: h's tier's, an error when that tier forwards no ports.
+func (r *Runtime) DialPort(ctx context.Context, h runtime.Handle, port int) (net.Conn, error) {
+	rt, err := r.of(h)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := rt.(runtime.PortDialer)
+	if !ok {
+		return nil, fmt.Errorf("tiers: the %s tier does not forward ports", rt.Name())
+	}
+	return d.DialPort(ctx, h, port)
+}
+
+var _ runtime.MemoryForker = (*Runtime)(nil)
+
+// Fork: h's tier's, when it forks from memory (runtime.ErrNoMemoryFork
+// else); the children are of h's tier.
+func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.Spec) ([]*runtime.Instance, error) {
+	rt, err := r.of(h)
+	if err != nil {
+		return nil, err
+	}
+	fk, ok := rt.(runtime.MemoryForker)
+	if !ok {
+		return nil, fmt.Errorf("tiers: %s: %w", rt.Name(), runtime.ErrNoMemoryFork)
+	}
+	insts, err := fk.Fork(ctx, h, specs)
+	if err == nil && rt != r.def {
+		for _, in := range insts {
+			in.Handle.Tier = rt.Name()
+		}
+	}
+	return insts, err
 }

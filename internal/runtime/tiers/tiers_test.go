@@ -3,6 +3,7 @@ package tiers
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 
 	"github.com/warrenhq/warren/internal/runtime"
@@ -72,4 +73,41 @@ func TestDispatch(t *testing.T) {
 	}
 	a.Agent.Close()
 	b.Agent.Close()
+}
+
+// dialer is a default tier that forwards ports.
+type dialer struct {
+	*fake.Runtime
+	dialed *int
+}
+
+func (d dialer) DialPort(_ context.Context, _ runtime.Handle, port int) (net.Conn, error) {
+	*d.dialed = port
+	a, b := net.Pipe()
+	b.Close()
+	return a, nil
+}
+
+// TestPortsAndDisplay: a node with several tiers still forwards its
+// containers' ports (the default tier's), refuses a tier without them, and
+// answers ErrNoDisplay for a sandbox of a tier without a screen.
+func TestPortsAndDisplay(t *testing.T) {
+	ctx := context.Background()
+	var dialed int
+	r := New(dialer{fake.New(), &dialed}, named{fake.New(), "vm"})
+	pd, ok := any(r).(runtime.PortDialer)
+	if !ok {
+		t.Fatal("a node with several tiers does not forward ports")
+	}
+	c, err := pd.DialPort(ctx, runtime.Handle{ID: "sb-a"}, 8000)
+	if err != nil || dialed != 8000 {
+		t.Fatalf("DialPort of the default tier: %v (dialed %d)", err, dialed)
+	}
+	c.Close()
+	if _, err := pd.DialPort(ctx, runtime.Handle{ID: "sb-b", Tier: "vm"}, 8000); err == nil {
+		t.Error("DialPort reached a tier that forwards no ports")
+	}
+	if _, err := r.Screenshot(ctx, runtime.Handle{ID: "sb-a"}); !errors.Is(err, runtime.ErrNoDisplay) {
+		t.Errorf("Screenshot of a container: %v", err)
+	}
 }

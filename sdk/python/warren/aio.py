@@ -564,6 +564,14 @@ class AsyncSandbox:
         """The sandbox's network and its refusals (see Sandbox.network)."""
         return dict(await self.client._json(json_req("GET", self._path("network"))))
 
+    async def screenshot(self) -> bytes:
+        """The screen as PNG bytes (see Sandbox.screenshot)."""
+        return (await self.client._t.request(Req("GET", self._path("screenshot"), accept="image/png"))).body
+
+    async def display_input(self, type: str, **fields: Any) -> None:
+        """One keyboard or mouse event for the screen (see Sandbox.display_input)."""
+        await self.client._t.request(json_req("POST", self._path("display", "input"), dict(fields, type=type)))
+
     async def set_network(self, egress: List[str]) -> Dict[str, Any]:
         """Replace the egress list (see Sandbox.set_network)."""
         return dict(await self.client._json(json_req("PUT", self._path("network"),

@@ -639,6 +639,16 @@ class Sandbox:
         ``denied`` and ``denied_by`` (by reason)."""
         return dict(self.client._json(json_req("GET", self._path("network"))))
 
+    def screenshot(self) -> bytes:
+        """The screen of a ``tier="vm"``, ``display=True`` sandbox, as PNG bytes."""
+        return self.client._t.request(Req("GET", self._path("screenshot"), accept="image/png")).body
+
+    def display_input(self, type: str, **fields: Any) -> None:
+        """One keyboard or mouse event for the screen: ``display_input("text",
+        text="ls\\n")``, ``display_input("key", key="ctrl-alt-delete")`` or
+        ``display_input("click", x=10, y=20)``."""
+        self.client._t.request(json_req("POST", self._path("display", "input"), dict(fields, type=type)))
+
     def set_network(self, egress: List[str]) -> Dict[str, Any]:
         """Replace the egress list (``PUT .../network``): new connections
         obey it on return; open ones to destinations taken off are cut."""

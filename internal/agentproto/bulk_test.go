@@ -1,0 +1,70 @@
+package agentproto
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"runtime"
+	"testing"
+)
+
+// fakeReader answers the first request on conn with chunks binary chunks
+// of 1 MiB within the call's window, then a done frame, as an agent
+// answers a file read.
+func fakeReader(t *testing.T, conn net.Conn, chunks int) {
+	t.Helper()
+	go func() {
+		var req Request
+		if err := ReadRequest(conn, &req); err != nil {
+			return
+		}
+		data := make([]byte, BulkChunkSize)
+		avail := req.Window // the credit, as the agent keeps it
+		for range chunks {
+			for avail <= 0 {
+				var cr Request
+				var credit CreditRequest
+				if ReadRequest(conn, &cr) != nil || json.Unmarshal(cr.Body, &credit) != nil {
+					return
+				}
+				avail += credit.Bytes
+			}
+			if WriteChunk(conn, req.ID, StreamData, data) != nil {
+				return
+			}
+			avail -= BulkChunkSize + FrameCost
+		}
+		_ = WriteFrame(conn, &Response{ID: req.ID, Kind: KindDone})
+		// Credits and the like until the end.
+		for ReadRequest(conn, &req) == nil {
+		}
+	}()
+}
+
+// TestBulkReadReusesBuffers: a CallBulk read of many 1 MiB chunks
+// allocates far less than it reads (the chunks' buffers are reused).
+func TestBulkReadReusesBuffers(t *testing.T) {
+	const chunks = 64 // 64 MiB
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	fakeReader(t, b, chunks)
+	c := NewClient(a)
+	defer c.Close()
+	var got int
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := c.CallBulk(context.Background(), OpFileRead, &PathRequest{Path: "/big"}, nil, func(r *Response) error {
+		got += len(r.Data)
+		return nil
+	})
+	runtime.ReadMemStats(&after)
+	if err != nil || got != chunks*BulkChunkSize {
+		t.Fatalf("read %d bytes, %v", got, err)
+	}
+	// The window lets at most a few chunks be in flight: their buffers,
+	// and some slack, are all a read of any length allocates.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*BulkChunkSize {
+		t.Fatalf("a %d MiB bulk read allocated %d MiB", chunks, alloc>>20)
+	}
+}
