@@ -63,8 +63,10 @@ func TestBulkReadReusesBuffers(t *testing.T) {
 		t.Fatalf("read %d bytes, %v", got, err)
 	}
 	// The window lets at most a few chunks be in flight: their buffers,
-	// and some slack, are all a read of any length allocates.
-	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*BulkChunkSize {
+	// and some slack, are all a read of any length allocates (≤ 16 MiB
+	// here; the race detector's own allocations add ~6 MiB). A buffer per
+	// chunk allocates the whole 64 MiB.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 32*BulkChunkSize {
 		t.Fatalf("a %d MiB bulk read allocated %d MiB", chunks, alloc>>20)
 	}
 }
