@@ -62,7 +62,7 @@ func auditFigures(ctx context.Context, o Options, _ *warren.Client, rep *Report)
 		higher     bool // a higher value is better
 	}{
 		{"audit: exec `/bin/true` p50", "ms", func(s sample) float64 { return s.execP50 }, false},
-		{"audit: exec-heavy task (200 execs, find | xargs stat)", "ms", func(s sample) float64 { return s.task }, false},
+		{"audit: exec-heavy task (200 execs, find piped to xargs stat)", "ms", func(s sample) float64 { return s.task }, false},
 		{"audit: create→exec→stop", "sandboxes/s", func(s sample) float64 { return s.rate }, true},
 	} {
 		a, b := med(off, m.f), med(on, m.f)
