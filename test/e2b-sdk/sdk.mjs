@@ -251,8 +251,14 @@ await step('pty', async () => {
   await waitOut('pty is a terminal', /\/dev\/pts\//)
   await sbx.pty.resize(t.pid, { cols: 100, rows: 30 })
   out = ''
-  await sbx.pty.sendInput(t.pid, enc('\n'))
-  await waitOut('pty resize', /30 100\r?\n/)
+  // Each empty line makes the loop print the size. Under load the first
+  // one was once lost (an empty answer after 15 s, cause not found: the
+  // exec'd loop may not have been reading yet): send one a second.
+  for (let i = 0; i < 15 && !/30 100\r?\n/.test(out); i++) {
+    await sbx.pty.sendInput(t.pid, enc('\n'))
+    for (let j = 0; j < 10 && !/30 100\r?\n/.test(out); j++) await sleep(100)
+  }
+  check('pty resize', /30 100\r?\n/.test(out), out.slice(-400))
   check('pty listed', (await sbx.commands.list()).some((p) => p.pid === t.pid), 'not listed')
   await sbx.pty.sendInput(t.pid, enc('stop\n'))
   try {
