@@ -74,21 +74,11 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 		ids = append(ids, sb.ID)
 	}
 	time.Sleep(10 * time.Second) // boot work done, guest idle
-	var rss, pss int64
-	n := 0
-	for _, id := range ids {
-		pid := qemuPid(id)
-		if pid == 0 {
-			return fmt.Errorf("no QEMU process for %s", id)
-		}
-		r, p, err := procMemory(pid)
-		if err != nil {
-			return err
-		}
-		rss += r
-		pss += p
-		n++
+	rss, pss, err := qemuMemory(ids)
+	if err != nil {
+		return err
 	}
+	n := len(ids)
 	rep.add("host memory per idle microVM, RSS ("+accel+")", float64(rss)/float64(n)/1024, "MiB",
 		fmt.Sprintf("PSS %.0f MiB (the kernel file and QEMU's code shared between VMs); 256 MiB guest, %d VMs, 10 s after create", float64(pss)/float64(n)/1024, n))
 
@@ -153,18 +143,9 @@ func vmForkFigure(ctx context.Context, o Options, c *warren.Client, rep *Report,
 	}
 	took := time.Since(t0)
 	time.Sleep(5 * time.Second) // the children settle
-	var rss, pss int64
-	for _, id := range kids {
-		pid := qemuPid(id)
-		if pid == 0 {
-			return fmt.Errorf("no QEMU process for %s", id)
-		}
-		r, p, err := procMemory(pid)
-		if err != nil {
-			return err
-		}
-		rss += r
-		pss += p
+	rss, pss, err := qemuMemory(kids)
+	if err != nil {
+		return err
 	}
 	rep.add(fmt.Sprintf("microvm fork of %d from memory until all accept exec (%s)", n, accel), ms(took), "ms",
 		fmt.Sprintf("one memory snapshot, disks copied, children restored side by side over one shared RAM file; their QEMUs 5 s later: RSS %.0f MiB, PSS %.0f MiB per child (256 MiB guest)",
@@ -227,4 +208,21 @@ func procMemory(pid int) (rss, pss int64, err error) {
 		}
 	}
 	return rss, pss, sc.Err()
+}
+
+// qemuMemory sums the RSS and PSS of the QEMU processes of sandboxes ids.
+func qemuMemory(ids []string) (rss, pss int64, err error) {
+	for _, id := range ids {
+		pid := qemuPid(id)
+		if pid == 0 {
+			return 0, 0, fmt.Errorf("no QEMU process for %s", id)
+		}
+		r, p, err := procMemory(pid)
+		if err != nil {
+			return 0, 0, err
+		}
+		rss += r
+		pss += p
+	}
+	return rss, pss, nil
 }
