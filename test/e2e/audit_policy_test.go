@@ -329,8 +329,11 @@ func TestPidsLimitAnswers429(t *testing.T) {
 	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"/probe", "hold", "20"}, Background: true}); err != nil {
 		t.Fatal(err)
 	}
+	// Each try holds its pid too (a background sleep): a command that ended
+	// at once would give its pid back to the agent's warm shell, which
+	// then runs the next one without a fork, for as long as the test asks.
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		_, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"/bin/true"}})
+		_, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"/bin/sleep", "60"}, Background: true})
 		if err == nil {
 			if time.Now().After(deadline) {
 				t.Fatal("the probe never filled the pids limit")

@@ -118,7 +118,7 @@ x=a; while true; do x=$x$x; done
 		if err == nil && out.String() == "alive\n" {
 			break
 		}
-		if err != nil && !agentproto.IsCode(err, agentproto.ErrInternal) || time.Now().After(deadline) {
+		if err != nil && !agentproto.IsCode(err, agentproto.ErrInternal) && !agentproto.IsCode(err, agentproto.ErrPidsLimit) || time.Now().After(deadline) {
 			t.Fatalf("after the storm: %q %+v %v", out.String(), res, err)
 		}
 		time.Sleep(100 * time.Millisecond)
