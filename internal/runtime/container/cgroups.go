@@ -603,12 +603,7 @@ func (d *v2Driver) createClass(path string) error {
 			return fmt.Errorf("container: create cgroup %s: %w", cur, err)
 		}
 	}
-	for _, f := range [][2]string{{"cpu.weight", "1"}, {"cpu.idle", "1"}} {
-		if err := os.WriteFile(filepath.Join(cur, f[0]), []byte(f[1]), 0); err != nil && !(f[0] == "cpu.idle" && errors.Is(err, os.ErrNotExist)) {
-			return fmt.Errorf("container: set %s of %s: %w", f[0], path, err)
-		}
-	}
-	return nil
+	return setIdleClass(cur, "cpu.weight", "1")
 }
 
 func (d *v2Driver) start(path string, cmd *exec.Cmd, idle bool, owner uint32) error {

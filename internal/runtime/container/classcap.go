@@ -2,6 +2,7 @@ package container
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path"
 	"path/filepath"
@@ -195,11 +196,21 @@ func (d *v1Driver) createClass(p string) error {
 			return err
 		}
 	}
-	cpu := filepath.Join(d.mountOf("cpu"), p)
-	for _, f := range [][2]string{{"cpu.shares", strconv.Itoa(sharesBestEffort)}, {"cpu.idle", "1"}} {
-		if err := os.WriteFile(filepath.Join(cpu, f[0]), []byte(f[1]), 0); err != nil && !(f[0] == "cpu.idle" && errors.Is(err, os.ErrNotExist)) {
-			return err
-		}
+	return setIdleClass(filepath.Join(d.mountOf("cpu"), p), "cpu.shares", strconv.Itoa(sharesBestEffort))
+}
+
+// setIdleClass gives the class's cpu directory dir the lowest weight
+// (weightFile) and cpu.idle. A group already idle (made by an earlier
+// process) refuses a weight (EINVAL: sched_group_set_shares) and keeps it.
+func setIdleClass(dir, weightFile, weight string) error {
+	if b, err := os.ReadFile(filepath.Join(dir, "cpu.idle")); err == nil && strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(dir, weightFile), []byte(weight), 0); err != nil {
+		return fmt.Errorf("set %s of %s: %w", weightFile, dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cpu.idle"), []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("set cpu.idle of %s: %w", dir, err)
 	}
 	return nil
 }
