@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -500,7 +501,14 @@ func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report)
 // reports the slowdown; a best-effort prober under the same load is the
 // contrast.
 func interference(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
-	const step = `i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done`
+	// The step reads its shell's /proc/self/schedstat before and after
+	// the loop: its own CPU time and its run-queue wait (time runnable but
+	// not running), in ns.
+	const step = `read c0 w0 x < /proc/self/schedstat; i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; read c1 w1 x < /proc/self/schedstat; echo $((c1-c0)) $((w1-w0))`
+	capNote := "best-effort class cap off"
+	if o.BestEffortCap >= 0 {
+		capNote = fmt.Sprintf("best-effort class cap %g core", cmp.Or(o.BestEffortCap, 0.1))
+	}
 	// Every sandbox here is always_on: the neighbours must stay busy
 	// between operations (the CPU gate's own figure follows).
 	mk := func(prio string, labels map[string]string) (string, error) {
@@ -512,12 +520,18 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	}
 	var ids []string
 	defer func() { deleteAll(ctx, c, ids) }()
-	once := func(id string) (time.Duration, error) {
+	once := func(id string) (stepStat, error) {
 		r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: step})
 		if err != nil {
-			return 0, err
+			return stepStat{}, err
 		}
-		return time.Duration(r.DurationMs * float64(time.Millisecond)), nil
+		st := stepStat{d: time.Duration(r.DurationMs * float64(time.Millisecond))}
+		var cpu, wait int64
+		if _, err := fmt.Sscan(r.Stdout, &cpu, &wait); err != nil || r.ExitCode != 0 {
+			return st, fmt.Errorf("interference: step: exit %d, output %q %q", r.ExitCode, r.Stdout, r.Stderr)
+		}
+		st.cpu, st.wait = time.Duration(cpu), time.Duration(wait)
+		return st, nil
 	}
 	lat, err := mk(api.PriorityLatency, nil)
 	if err != nil {
@@ -529,16 +543,16 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		return err
 	}
 	ids = append(ids, be)
-	measure := func(id string) (time.Duration, error) {
-		var ds []time.Duration
+	measure := func(id string) (stepStat, error) {
+		var ss []stepStat
 		for i := 0; i < 7; i++ {
-			d, err := once(id)
+			st, err := once(id)
 			if err != nil {
-				return 0, err
+				return stepStat{}, err
 			}
-			ds = append(ds, d)
+			ss = append(ss, st)
 		}
-		return percentiles(ds).p50, nil
+		return medianStat(ss), nil
 	}
 	fmt.Fprintln(o.Out, "interference: idle baseline...")
 	idle, err := measure(lat)
@@ -573,16 +587,17 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	if err != nil {
 		return err
 	}
-	slow := (float64(loaded)/float64(idle) - 1) * 100
-	slowBE := (float64(loadedBE)/float64(idleBE) - 1) * 100
-	rep.add("interference: latency sandbox slowdown", slow, "%", fmt.Sprintf("step %.0f ms idle, %.0f ms next to 4 best-effort sandboxes × 2 spinning processes; DSec 17.3 %%, target ≤ 10 %%; load average %s", ms(idle), ms(loaded), loadAvg()))
-	rep.add("interference: best-effort sandbox slowdown (contrast)", slowBE, "%", fmt.Sprintf("the same step in a best-effort sandbox: %.0f ms → %.0f ms", ms(idleBE), ms(loadedBE)))
+	slow := (float64(loaded.d)/float64(idle.d) - 1) * 100
+	slowBE := (float64(loadedBE.d)/float64(idleBE.d) - 1) * 100
+	rep.add("interference: latency sandbox slowdown", slow, "%", fmt.Sprintf("step %.0f ms idle, %.0f ms next to 4 best-effort sandboxes × 2 spinning processes; the step's own CPU %.0f / %.0f ms, run-queue wait %.0f / %.0f ms (medians, /proc/self/schedstat); %s; DSec 17.3 %%, target ≤ 10 %%; load average %s",
+		ms(idle.d), ms(loaded.d), ms(idle.cpu), ms(loaded.cpu), ms(idle.wait), ms(loaded.wait), capNote, loadAvg()))
+	rep.add("interference: best-effort sandbox slowdown (contrast)", slowBE, "%", fmt.Sprintf("the same step in a best-effort sandbox: %.0f ms → %.0f ms", ms(idleBE.d), ms(loadedBE.d)))
 	// The same, paired: the neighbours' spinners are stopped (SIGSTOP)
 	// and continued around alternate steps, so that both halves see the
 	// same host (the figures above take the baseline first; on a host
 	// shared with other jobs the load moves between them by more than
 	// the effect).
-	if err := interferencePaired(ctx, o, c, rep, lat, noise, once); err != nil {
+	if err := interferencePaired(ctx, o, c, rep, lat, noise, once, capNote); err != nil {
 		return err
 	}
 	deleteAll(ctx, c, ids[2:])
@@ -590,11 +605,48 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	if o.InterferenceIdle <= 0 {
 		return nil
 	}
-	// The CPU gate: many waiting sandboxes, each with a busy background
-	// process, next to the latency sandbox; with the gate (default) and
-	// without it (always_on).
+	return interferenceWaiting(ctx, o, c, rep, lat, idle.d, measure)
+}
+
+// stepStat is one interference step: its time as the agent measured it,
+// and its shell's own CPU time and run-queue wait.
+type stepStat struct{ d, cpu, wait time.Duration }
+
+// medianStat takes the median of each field.
+func medianStat(ss []stepStat) stepStat {
+	var d, c, w []time.Duration
+	for _, s := range ss {
+		d, c, w = append(d, s.d), append(c, s.cpu), append(w, s.wait)
+	}
+	return stepStat{d: percentiles(d).p50, cpu: percentiles(c).p50, wait: percentiles(w).p50}
+}
+
+// interferenceWaiting is the CPU gate's figure: many waiting sandboxes,
+// each with a busy background process, next to the latency sandbox; with
+// the gate (default) and without it (always_on): the latency step's
+// slowdown against the empty node, exec `true` p50, and the CPU the
+// waiting sandboxes took.
+func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, idle time.Duration, measure func(string) (stepStat, error)) error {
+	const execs = 200
+	execP50 := func() (time.Duration, error) {
+		var ds []time.Duration
+		for i := 0; i < execs; i++ {
+			t0 := time.Now()
+			if _, err := c.Exec(ctx, lat, api.ExecRequest{Cmd: "true"}); err != nil {
+				return 0, err
+			}
+			ds = append(ds, time.Since(t0))
+		}
+		return percentiles(ds).p50, nil
+	}
+	empty, err := execP50()
+	if err != nil {
+		return err
+	}
 	zero := 0.0
-	for _, always := range []bool{false, true} {
+	var steps, trues [2]time.Duration
+	var used [2]float64
+	for k, always := range []bool{false, true} {
 		fmt.Fprintf(o.Out, "interference: %d waiting sandboxes with a busy background process, always_on %v...\n", o.InterferenceIdle, always)
 		noise := make([]string, o.InterferenceIdle)
 		_, err := parallel(ctx, len(noise), 8, func(ctx context.Context, i int) error {
@@ -615,26 +667,39 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		}
 		time.Sleep(2 * time.Second)
 		u0, t0 := sandboxCPU(o.cgroupParent), time.Now()
-		step, err := measure(lat)
-		used := (sandboxCPU(o.cgroupParent) - u0).Seconds() / time.Since(t0).Seconds()
+		st, err := measure(lat)
+		used[k] = (sandboxCPU(o.cgroupParent) - u0).Seconds() / time.Since(t0).Seconds()
+		if err == nil {
+			trues[k], err = execP50()
+		}
 		deleteAll(ctx, c, noise)
 		if err != nil {
 			return err
 		}
+		steps[k] = st.d
 		name, note := "with the CPU gate", "idle_cpu 0 each (0.01 core)"
 		if always {
 			name, note = "without the CPU gate", "always_on"
 		}
-		rep.add(fmt.Sprintf("interference: latency step next to %d waiting busy sandboxes, %s", o.InterferenceIdle, name), (float64(step)/float64(idle)-1)*100, "%",
-			fmt.Sprintf("step %.0f ms against %.0f ms on the idle node; %s; all sandboxes used %.2f cores meanwhile", ms(step), ms(idle), note, used))
+		rep.add(fmt.Sprintf("interference: latency step next to %d waiting busy sandboxes, %s", o.InterferenceIdle, name), (float64(st.d)/float64(idle)-1)*100, "%",
+			fmt.Sprintf("step %.0f ms against %.0f ms on the idle node (run-queue wait %.0f ms); %s; all sandboxes used %.2f cores meanwhile", ms(st.d), ms(idle), ms(st.wait), note, used[k]))
+		rep.add(fmt.Sprintf("interference: exec `true` p50 next to %d waiting busy sandboxes, %s", o.InterferenceIdle, name), ms(trues[k]), "ms",
+			fmt.Sprintf("%d execs on the latency sandbox; %.3f ms on the empty node", execs, ms(empty)))
 	}
+	rep.add(fmt.Sprintf("interference: latency step with the CPU gate against without, %d waiting busy sandboxes", o.InterferenceIdle), (float64(steps[0])/float64(steps[1])-1)*100, "%",
+		fmt.Sprintf("%.0f ms gated, %.0f ms always_on, same run; goal within 5 %% of an empty node (%.0f ms)", ms(steps[0]), ms(steps[1]), ms(idle)))
+	rep.add(fmt.Sprintf("interference: exec `true` p50 with the CPU gate minus without, %d waiting busy sandboxes", o.InterferenceIdle), ms(trues[0]-trues[1]), "ms",
+		fmt.Sprintf("%.3f ms gated, %.3f ms always_on, %.3f ms empty node; goal ≤ 0.05 ms", ms(trues[0]), ms(trues[1]), ms(empty)))
+	rep.add(fmt.Sprintf("interference: host CPU harvested from %d waiting busy sandboxes", o.InterferenceIdle), used[1]-used[0], "cores",
+		fmt.Sprintf("all sandboxes used %.2f cores always_on, %.2f gated, during the latency steps", used[1], used[0]))
 	return nil
 }
 
 // interferencePaired times the latency step with the noise sandboxes'
 // spinners stopped and running, alternately (pairs), and reports the
-// median of the per-pair slowdowns.
-func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, noise []string, once func(string) (time.Duration, error)) error {
+// median of the per-pair slowdowns and the step's run-queue wait in both
+// halves.
+func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, noise []string, once func(string) (stepStat, error), capNote string) error {
 	signal := func(sig string) error {
 		for _, id := range noise {
 			r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "kill -" + sig + " $(cat /tmp/spin)"})
@@ -648,7 +713,7 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 		return nil
 	}
 	const pairs = 9
-	var quiet, busy []time.Duration
+	var quiet, busy []stepStat
 	var ratios []float64
 	for i := 0; i < pairs; i++ {
 		if err := signal("STOP"); err != nil {
@@ -668,12 +733,17 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 			return err
 		}
 		quiet, busy = append(quiet, q), append(busy, b)
-		ratios = append(ratios, float64(b)/float64(q))
+		ratios = append(ratios, float64(b.d)/float64(q.d))
 	}
 	slices.Sort(ratios)
+	mq, mb := medianStat(quiet), medianStat(busy)
 	rep.add("interference: latency sandbox slowdown, paired", (ratios[pairs/2]-1)*100, "%",
-		fmt.Sprintf("median of %d pairs (neighbours' spinners stopped, then running); step p50 %.0f ms quiet, %.0f ms busy; pair slowdowns %.0f…%.0f %%; load average %s",
-			pairs, ms(percentiles(quiet).p50), ms(percentiles(busy).p50), (ratios[0]-1)*100, (ratios[pairs-1]-1)*100, loadAvg()))
+		fmt.Sprintf("median of %d pairs (neighbours' spinners stopped, then running); step p50 %.0f ms quiet, %.0f ms busy; own CPU %.0f / %.0f ms, run-queue wait %.0f / %.0f ms; pair slowdowns %.0f…%.0f %%; %s; load average %s",
+			pairs, ms(mq.d), ms(mb.d), ms(mq.cpu), ms(mb.cpu), ms(mq.wait), ms(mb.wait), (ratios[0]-1)*100, (ratios[pairs-1]-1)*100, capNote, loadAvg()))
+	if nodes, err := c.Nodes(ctx); err == nil && len(nodes) > 0 {
+		el := nodes[0].Elastic
+		rep.add("interference: best-effort class caps applied", float64(el.ClassCaps), "caps", fmt.Sprintf("%d releases; %s", el.ClassReleases, capNote))
+	}
 	return nil
 }
 

@@ -47,6 +47,7 @@ var (
 	_ runtime.Recycler             = (*Runtime)(nil)
 	_ runtime.UsageReporter        = (*Runtime)(nil)
 	_ runtime.CPUGater             = (*Runtime)(nil)
+	_ runtime.ClassCapper          = (*Runtime)(nil)
 	_ runtime.CgroupLister         = (*Runtime)(nil)
 	_ runtime.SandboxUsageReporter = (*Runtime)(nil)
 )
@@ -260,6 +261,15 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 		return g.CPUGate(h, full, idle)
 	}
 	return noGate{}, nil
+}
+
+// ClassCap: the default tier's best-effort class (other tiers' sandboxes
+// are not in it).
+func (r *Runtime) ClassCap(cores float64) (runtime.CPUGate, error) {
+	if cc, ok := r.def.(runtime.ClassCapper); ok {
+		return cc.ClassCap(cores)
+	}
+	return nil, fmt.Errorf("tiers: the default tier %s has no best-effort class: %w", r.def.Name(), errors.ErrUnsupported)
 }
 
 type noGate struct{}

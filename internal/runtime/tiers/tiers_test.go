@@ -6,6 +6,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/runtime/fake"
 )
@@ -109,5 +110,35 @@ func TestPortsAndDisplay(t *testing.T) {
 	}
 	if _, err := r.Screenshot(ctx, runtime.Handle{ID: "sb-a"}); !errors.Is(err, runtime.ErrNoDisplay) {
 		t.Errorf("Screenshot of a container: %v", err)
+	}
+}
+
+// TestClassCapReachesDefaultTier: the best-effort class's cap is the
+// default tier's (a node with the microvm tiers on capped nothing: the
+// edge found no runtime.ClassCapper behind the dispatcher).
+func TestClassCapReachesDefaultTier(t *testing.T) {
+	def := fake.New()
+	var r runtime.Runtime = New(def, named{fake.New(), "microvm"})
+	cc, ok := r.(runtime.ClassCapper)
+	if !ok {
+		t.Fatal("the tier dispatcher offers no best-effort class cap")
+	}
+	if _, err := cc.ClassCap(0.1); !errors.Is(err, runtime.ErrGone) {
+		t.Errorf("ClassCap before a best-effort sandbox: %v, want ErrGone", err)
+	}
+	inst, err := r.Start(context.Background(), &runtime.Spec{ID: "sb-be", StateDir: t.TempDir(), Priority: api.PriorityBestEffort})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Agent.Close()
+	g, err := cc.ClassCap(0.1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Set(false); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, capped := def.ClassWrites(); c != 1 || !capped {
+		t.Errorf("the default tier saw %d caps, capped %v", c, capped)
 	}
 }
