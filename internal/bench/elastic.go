@@ -579,18 +579,21 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		}
 	}
 	time.Sleep(time.Second)
+	class := o.cgroupParent + "/besteffort"
+	c0, t0 := sandboxCPU(class), time.Now()
 	loaded, err := measure(lat)
 	if err != nil {
 		return err
 	}
+	beUsed := (sandboxCPU(class) - c0).Seconds() / time.Since(t0).Seconds()
 	loadedBE, err := measure(be)
 	if err != nil {
 		return err
 	}
 	slow := (float64(loaded.d)/float64(idle.d) - 1) * 100
 	slowBE := (float64(loadedBE.d)/float64(idleBE.d) - 1) * 100
-	rep.add("interference: latency sandbox slowdown", slow, "%", fmt.Sprintf("step %.0f ms idle, %.0f ms next to 4 best-effort sandboxes × 2 spinning processes; the step's own CPU %.0f / %.0f ms, run-queue wait %.0f / %.0f ms (medians, /proc/self/schedstat); %s; DSec 17.3 %%, target ≤ 10 %%; load average %s",
-		ms(idle.d), ms(loaded.d), ms(idle.cpu), ms(loaded.cpu), ms(idle.wait), ms(loaded.wait), capNote, loadAvg()))
+	rep.add("interference: latency sandbox slowdown", slow, "%", fmt.Sprintf("step %.0f ms idle, %.0f ms next to 4 best-effort sandboxes × 2 spinning processes; the step's own CPU %.0f / %.0f ms, run-queue wait %.0f / %.0f ms (medians, /proc/self/schedstat); the best-effort class used %.3f cores meanwhile; %s; DSec 17.3 %%, target ≤ 10 %%; load average %s",
+		ms(idle.d), ms(loaded.d), ms(idle.cpu), ms(loaded.cpu), ms(idle.wait), ms(loaded.wait), beUsed, capNote, loadAvg()))
 	rep.add("interference: best-effort sandbox slowdown (contrast)", slowBE, "%", fmt.Sprintf("the same step in a best-effort sandbox: %.0f ms → %.0f ms", ms(idleBE.d), ms(loadedBE.d)))
 	// The same, paired: the neighbours' spinners are stopped (SIGSTOP)
 	// and continued around alternate steps, so that both halves see the
@@ -713,6 +716,8 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 		return nil
 	}
 	const pairs = 9
+	class := o.cgroupParent + "/besteffort"
+	var beCPU, beWall time.Duration
 	var quiet, busy []stepStat
 	var ratios []float64
 	for i := 0; i < pairs; i++ {
@@ -728,18 +733,20 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 			return err
 		}
 		time.Sleep(300 * time.Millisecond)
+		c0, t0 := sandboxCPU(class), time.Now()
 		b, err := once(lat)
 		if err != nil {
 			return err
 		}
+		beCPU, beWall = beCPU+sandboxCPU(class)-c0, beWall+time.Since(t0)
 		quiet, busy = append(quiet, q), append(busy, b)
 		ratios = append(ratios, float64(b.d)/float64(q.d))
 	}
 	slices.Sort(ratios)
 	mq, mb := medianStat(quiet), medianStat(busy)
 	rep.add("interference: latency sandbox slowdown, paired", (ratios[pairs/2]-1)*100, "%",
-		fmt.Sprintf("median of %d pairs (neighbours' spinners stopped, then running); step p50 %.0f ms quiet, %.0f ms busy; own CPU %.0f / %.0f ms, run-queue wait %.0f / %.0f ms; pair slowdowns %.0f…%.0f %%; %s; load average %s",
-			pairs, ms(mq.d), ms(mb.d), ms(mq.cpu), ms(mb.cpu), ms(mq.wait), ms(mb.wait), (ratios[0]-1)*100, (ratios[pairs-1]-1)*100, capNote, loadAvg()))
+		fmt.Sprintf("median of %d pairs (neighbours' spinners stopped, then running); step p50 %.0f ms quiet, %.0f ms busy; own CPU %.0f / %.0f ms, run-queue wait %.0f / %.0f ms; the best-effort class used %.3f cores during the busy steps; pair slowdowns %.0f…%.0f %%; %s; load average %s",
+			pairs, ms(mq.d), ms(mb.d), ms(mq.cpu), ms(mb.cpu), ms(mq.wait), ms(mb.wait), beCPU.Seconds()/beWall.Seconds(), (ratios[0]-1)*100, (ratios[pairs-1]-1)*100, capNote, loadAvg()))
 	if nodes, err := c.Nodes(ctx); err == nil && len(nodes) > 0 {
 		el := nodes[0].Elastic
 		rep.add("interference: best-effort class caps applied", float64(el.ClassCaps), "caps", fmt.Sprintf("%d releases; %s", el.ClassReleases, capNote))
