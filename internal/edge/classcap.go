@@ -11,14 +11,15 @@ import (
 // The latency class holds (docs/architecture.md, "Density and
 // elasticity"): best-effort sandboxes yield to latency-class ones through
 // their weight, cpu.idle and SCHED_IDLE, but on a host without core
-// scheduling their spinning processes still slow a latency-class command
-// down (measured: +40 % next to 4 best-effort sandboxes × 2 spinners, see
-// docs/BENCHMARKS.md). So while any latency-class sandbox runs an
-// operation, the best-effort class as a whole (its parent cgroup,
-// runtime.ClassCapper) is capped at Config.BestEffortCap cores, and the
-// cap is released when the last latency-class operation ends: one quota
-// write each way, on a file kept open. Best-effort operations and nodes
-// without latency-class sandboxes pay nothing.
+// scheduling their spinning processes may still slow a latency-class
+// command down (the interference figure, docs/BENCHMARKS.md). So while any
+// latency-class sandbox runs an operation, the best-effort class as a
+// whole (its parent cgroup, runtime.ClassCapper) is capped at
+// Config.BestEffortCap cores, and the cap is released when the last
+// latency-class operation ends: one quota write each way, on a file kept
+// open (on cgroup v1 also one per best-effort sandbox running above the
+// cap: internal/runtime/container/classcap.go). Best-effort operations and
+// nodes without latency-class sandboxes pay nothing.
 //
 // classCap.mu is a leaf: it is taken under sandbox.mu (acquire) and
 // nothing is locked under it.
@@ -28,7 +29,8 @@ type classCap struct {
 	mu   sync.Mutex
 	ops  int             // latency-class operations in flight
 	gate runtime.CPUGate // nil until a best-effort class exists
-	// off: the runtime cannot cap the class (cgroup v1), logged once.
+	// off: the runtime cannot cap the class (no cpu controller, a
+	// default tier without a class), logged once.
 	off bool
 	// caps and releases count the writes (node view).
 	caps, releases int64
