@@ -689,8 +689,18 @@ func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *
 		rep.add(fmt.Sprintf("interference: exec `true` p50 next to %d waiting busy sandboxes, %s", o.InterferenceIdle, name), ms(trues[k]), "ms",
 			fmt.Sprintf("%d execs on the latency sandbox; %.3f ms on the empty node", execs, ms(empty)))
 	}
+	// The empty node again, after both: the host's other load moves the
+	// baseline by more than the effect between the start and the end.
+	after, err := measure(lat)
+	if err != nil {
+		return err
+	}
+	trueAfter, err := execP50()
+	if err != nil {
+		return err
+	}
 	rep.add(fmt.Sprintf("interference: latency step with the CPU gate against without, %d waiting busy sandboxes", o.InterferenceIdle), (float64(steps[0])/float64(steps[1])-1)*100, "%",
-		fmt.Sprintf("%.0f ms gated, %.0f ms always_on, same run; goal within 5 %% of an empty node (%.0f ms)", ms(steps[0]), ms(steps[1]), ms(idle)))
+		fmt.Sprintf("%.0f ms gated, %.0f ms always_on, same run; goal within 5 %% of an empty node (%.0f ms before, %.0f ms after; exec `true` %.3f / %.3f ms)", ms(steps[0]), ms(steps[1]), ms(idle), ms(after.d), ms(empty), ms(trueAfter)))
 	rep.add(fmt.Sprintf("interference: exec `true` p50 with the CPU gate minus without, %d waiting busy sandboxes", o.InterferenceIdle), ms(trues[0]-trues[1]), "ms",
 		fmt.Sprintf("%.3f ms gated, %.3f ms always_on, %.3f ms empty node; goal ≤ 0.05 ms", ms(trues[0]), ms(trues[1]), ms(empty)))
 	rep.add(fmt.Sprintf("interference: host CPU harvested from %d waiting busy sandboxes", o.InterferenceIdle), used[1]-used[0], "cores",
