@@ -12,6 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/edge/recycle"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
@@ -228,7 +229,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	layerIDs = topmostOnce(layerIDs)
 	layerIDs = append(layerIDs, bindIDs...)
 
-	// A recycled container of this shape (recycle.go) when one waits. Its
+	// A recycled container of this shape (internal/edge/recycle) when one waits. Its
 	// fresh root serves as it is when it has the same layers and disk
 	// limit; else it is rerooted again, into a root made here.
 	env := sandboxEnv(img.Env, spec.Env)
@@ -236,20 +237,20 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if user == "" {
 		user = img.User // the image's USER
 	}
-	root := rootKey(layerIDs, spec.DiskMB)
-	var box *wipedBox
-	if len(binds) == 0 && !sb.stateless && spec.Network == nil && e.recycler() != nil {
-		box = e.takeWiped(recycleKey(spec), root)
+	root := recycle.RootKey(layerIDs, spec.DiskMB)
+	var box *recycle.Box
+	if len(binds) == 0 && !sb.stateless && spec.Network == nil && e.shelf.Enabled() {
+		box = e.shelf.Take(spec, root)
 	}
-	if box != nil && box.root == root {
-		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: user, Cwd: img.WorkingDir}); inst != nil {
+	if box != nil && box.Root == root {
+		if inst := e.shelf.Resume(ctx, box, &runtime.Spec{Env: env, User: user, Cwd: img.WorkingDir}); inst != nil {
 			sb.mu.Lock()
-			sb.rec.Storage, sb.rec.Layer = box.store, box.layer
-			sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = layerIDs, box.upper, nil
+			sb.rec.Storage, sb.rec.Layer = box.Store, box.Layer
+			sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = layerIDs, box.Upper, nil
 			sb.rec.Sandbox.Layers = names
 			sb.mu.Unlock()
 			if err := e.started(ctx, sb, inst, t0); err != nil {
-				e.freeStorage(box.store, box.layer)
+				e.freeStorage(box.Store, box.Layer)
 				return err
 			}
 			return nil
@@ -260,7 +261,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	defer func() {
 		if err != nil {
 			if box != nil {
-				e.discardBox(box)
+				e.shelf.Discard(box)
 			}
 			e.freeStorage(store, id)
 		}
@@ -309,10 +310,10 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	var inst *runtime.Instance
 	if box != nil {
-		if inst = e.rerootInto(ctx, box, rspec); inst != nil {
-			store = box.store
+		if inst = e.shelf.Reroot(ctx, box, rspec); inst != nil {
+			store = box.Store
 			sb.mu.Lock()
-			sb.rec.Storage, sb.rec.Layer = box.store, id
+			sb.rec.Storage, sb.rec.Layer = box.Store, id
 			sb.mu.Unlock()
 		} else {
 			// The work dir of a volatile overlay that was mounted is

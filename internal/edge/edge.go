@@ -14,7 +14,7 @@ package edge
 //     resume): never both, and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
 //     taken under pmu by pause and resume, never under Edge.mu;
-//  4. Edge.mu: the edge's maps (sandboxes, live, wiped);
+//  4. Edge.mu: the edge's maps (sandboxes, live);
 //     4a. the jobs' own locks, each taken under Edge.mu and never
 //     around it (internal/edge/core): fncall.Workers.mu (the FnCall
 //     workers by shape; admission reclaims idle ones, core.Reclaimer)
@@ -25,7 +25,8 @@ package edge
 //     never taken under it);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     classCap.mu (taken under sandbox.mu by acquire),
-//     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
+//     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu,
+//     recycle.Shelf.mu (the recycled containers; taken under no lock), and
 //     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).
 //
@@ -63,6 +64,7 @@ import (
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge/fncall"
 	"github.com/warrenhq/warren/internal/edge/pool"
+	"github.com/warrenhq/warren/internal/edge/recycle"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/lifetime"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -171,7 +173,9 @@ type Edge struct {
 	// pools is the warm pools (internal/edge/pool), written against the
 	// core (core.go); their own lock comes after mu.
 	pools *pool.Pools
-	wiped map[string][]*wipedBox // recycled containers by shape (recycle.go)
+	// shelf is the recycled containers (internal/edge/recycle), written
+	// against the core (core.go, recycle.go); its own lock is a leaf.
+	shelf *recycle.Shelf
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -181,8 +185,6 @@ type Edge struct {
 	// (admission), under mu.
 	pressureAt  time.Time
 	pressureErr *api.Error
-	// recycling counts kept, reused and refused containers (Waiting unused).
-	recycling api.NodeRecycling
 	// fn is the FnCall tier (internal/edge/fncall), written against the
 	// core (core.go); its own lock comes after mu.
 	fn     *fncall.Workers
@@ -290,9 +292,10 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), wiped: map[string][]*wipedBox{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{})}
 	e.fn = fncall.New(jobCore{e})
 	e.pools = pool.New(jobCore{e}, filepath.Join(cfg.DataDir, "edge", "pools.json"))
+	e.shelf = recycle.New(jobCore{e}, jobCore{e}, cfg.Runtime, cfg.Recycle)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {
@@ -442,7 +445,7 @@ func (e *Edge) Close(ctx context.Context) error {
 		}(sb)
 	}
 	wg.Wait()
-	e.expireWiped(0)
+	e.shelf.Close()
 	// What the stops started ends too, and the watches with their agents.
 	_ = e.wg.Wait(context.Background())
 	_ = e.watches.Wait(context.Background())

@@ -3,8 +3,8 @@
 // against the node's capacity, starts and stops sandboxes, reconciles
 // after a crash and reaps expired ones. A job that is not the lifecycle
 // (FnCall workers in internal/edge/fncall, warm pools in
-// internal/edge/pool, and next recycling, pause, snapshots and
-// trajectories) is a package written against Core: it never sees the
+// internal/edge/pool, recycled containers in internal/edge/recycle, and
+// next pause, snapshots and trajectories) is a package written against Core: it never sees the
 // edge's records or locks, only the Sandbox handles the core gives it.
 //
 // # Contract
@@ -94,6 +94,26 @@ type Core interface {
 	AfterCommand(sb Sandbox, res *api.ExecResult)
 	// AgentError turns an agent call's error into the API's.
 	AgentError(sb Sandbox, err error) error
+}
+
+// Roots is the core's storage of sandbox roots, for a job that keeps a
+// container across sandboxes (internal/edge/recycle). None of its methods
+// takes a lock of the core.
+type Roots interface {
+	// NewID names a new writable layer (or sandbox).
+	NewID() string
+	// AllocWritable makes the writable layer name with a disk limit of
+	// diskMB, and its overlay upper and work directories.
+	AllocWritable(name string, diskMB int64) (upper, work string, err error)
+	// MountLayers mounts layers (diff ids, top-most first) for holder and
+	// returns their directories; FreeLayer(holder) lets them go.
+	MountLayers(holder string, layers []string) ([]string, error)
+	// FreeLayer frees a writable layer and the layer mounts its name
+	// holds ("": none).
+	FreeLayer(name string)
+	// FreeStorage is FreeLayer(layer) and the removal of the container
+	// store's state directory.
+	FreeStorage(store, layer string)
 }
 
 // Reclaimer is a job holding idle workers that give way to any create:
