@@ -168,16 +168,7 @@ func (e *Edge) refreeze(sb *sandbox, frozen func()) {
 		frozen = sync.OnceFunc(frozen)
 		defer frozen() // also when there is nothing to freeze
 	}
-	sb.pmu.Lock()
-	defer sb.pmu.Unlock()
-	sb.mu.Lock()
-	if sb.rec.Sandbox.State != api.StatePaused || sb.stopping || sb.inst == nil {
-		sb.mu.Unlock()
-		return
-	}
-	h := sb.inst.Handle
-	sb.mu.Unlock()
-	if err := e.freezeAndReclaim(e.runCtx, sb, h, "paused before the restart", frozen); err != nil {
+	if err := e.pauser.Refreeze(e.runCtx, e.pausable(sb), "paused before the restart", frozen); err != nil {
 		e.log.Warn("pause adopted sandbox again", "id", sb.rec.Sandbox.ID, "err", err)
 	}
 }

@@ -11,7 +11,8 @@ package edge
 //  1. traj.mu (trajectory.go): held over one whole logged operation, which
 //     may snapshot, branch (create) or stop a sandbox;
 //  2. sandbox.snapMu (one snapshot at a time) or sandbox.pmu (pause and
-//     resume): never both, and each is held over runtime calls (freeze);
+//     resume, internal/edge/pause: core.Pausable.PauseLock): never both,
+//     and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
 //     taken under pmu by pause and resume, never under Edge.mu;
 //  4. Edge.mu: the edge's maps (sandboxes, live);
@@ -63,6 +64,7 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge/fncall"
+	"github.com/warrenhq/warren/internal/edge/pause"
 	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/edge/recycle"
 	"github.com/warrenhq/warren/internal/hoststat"
@@ -176,6 +178,9 @@ type Edge struct {
 	// shelf is the recycled containers (internal/edge/recycle), written
 	// against the core (core.go, recycle.go); its own lock is a leaf.
 	shelf *recycle.Shelf
+	// pauser pauses and resumes sandboxes (internal/edge/pause); it has
+	// no lock of its own but each sandbox's pmu.
+	pauser *pause.Pauser
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -296,6 +301,7 @@ func New(cfg Config) (*Edge, error) {
 	e.fn = fncall.New(jobCore{e})
 	e.pools = pool.New(jobCore{e}, filepath.Join(cfg.DataDir, "edge", "pools.json"))
 	e.shelf = recycle.New(jobCore{e}, jobCore{e}, cfg.Runtime, cfg.Recycle)
+	e.pauser = pause.New(jobCore{e}, cfg.Runtime)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {

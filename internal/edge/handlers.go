@@ -141,7 +141,7 @@ func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) 
 	for sb.rec.Sandbox.State == api.StatePaused && !sb.stopping {
 		// Any operation on a paused sandbox resumes it first.
 		sb.mu.Unlock()
-		err := e.resume(context.Background(), sb, true)
+		err := e.pauser.Resume(context.Background(), e.pausable(sb), true)
 		sb.mu.Lock()
 		if err != nil {
 			return nil, nil, nil, err

@@ -297,7 +297,7 @@ func (e *Edge) reap(ctx context.Context) {
 		e.wg.Add(1)
 		go func(sb *sandbox) {
 			defer e.wg.Done()
-			if err := e.pause(ctx, sb, "idle timeout"); err != nil {
+			if err := e.pauser.Pause(ctx, e.pausable(sb), "idle timeout"); err != nil {
 				e.log.Warn("idle pause", "id", sb.rec.Sandbox.ID, "err", err)
 			}
 			sb.mu.Lock()

@@ -363,7 +363,7 @@ func (e *Edge) recorded(ctx context.Context, sb *sandbox, ro *recOp) (any, error
 	if paused {
 		// Any operation resumes a paused sandbox; the resume is no step
 		// of the trajectory (nothing in the sandbox changes).
-		if err := e.resume(ctx, sb, true); err != nil {
+		if err := e.pauser.Resume(ctx, e.pausable(sb), true); err != nil {
 			return nil, err
 		}
 	}
