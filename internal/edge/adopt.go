@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -55,7 +56,7 @@ func (e *Edge) adopt(ctx context.Context, rec record, refreezes *sync.WaitGroup)
 		e.log.Warn("sandbox did not survive the restart", "id", id, "err", err)
 		return false
 	}
-	sb := &sandbox{rec: rec, lastActive: adoptedActivity(&rec), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
+	sb := &sandbox{rec: rec, lastActive: adoptedActivity(&rec), ready: make(chan struct{}), traj: trajectory.New(&rec.Spec)}
 	if err != nil {
 		e.log.Warn("adopted sandbox's agent does not answer; retrying in the background", "id", id, "err", err)
 		e.put(id, sb)

@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/edge/recycle"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
@@ -85,12 +86,12 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		},
 		lastActive: now,
 		ready:      make(chan struct{}),
-		traj:       newTraj(&spec),
+		traj:       trajectory.New(&spec),
 	}
 	e.putLocked(id, sb)
 	e.mu.Unlock()
 
-	err = e.registerTrajectory(ctx, id, &spec)
+	err = e.trajs.Register(ctx, id, &spec)
 	if err == nil {
 		err = e.start(ctx, sb)
 	}
@@ -101,17 +102,13 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		if snap != nil && snap.Trajectory == spec.Trajectory {
 			from = snap.Step
 		}
-		if err = e.rebuildTraj(ctx, sb, from, spec.Branch); err != nil {
+		if err = e.trajs.Rebuild(ctx, e.trajSandbox(sb), from, spec.Branch); err != nil {
 			e.stop(ctx, sb, api.StateFailed, "rebuild: "+err.Error())
 		}
 	}
 	if err != nil {
 		if spec.Trajectory != "" && !spec.Resume {
-			var tr TrajectoryRecord
-			key := TrajKey(spec.Project, spec.Trajectory)
-			if found, _, gerr := e.trajMeta.Get(ctx, key, &tr); gerr == nil && found && tr.Sandbox == id {
-				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), key)
-			}
+			e.trajs.Unregister(ctx, id, &spec)
 		}
 		sb.createErr = err
 		e.mu.Lock()

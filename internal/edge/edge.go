@@ -8,7 +8,8 @@ package edge
 // Lock order of the edge (outermost first; a lock is only taken while
 // holding locks that come before it in this list):
 //
-//  1. traj.mu (trajectory.go): held over one whole logged operation, which
+//  1. trajectory.Traj.mu (internal/edge/trajectory, one per sandbox that
+//     records a trajectory): held over one whole logged operation, which
 //     may snapshot, branch (create) or stop a sandbox;
 //  2. sandbox.snapMu (one snapshot at a time) or sandbox.pmu (pause and
 //     resume, internal/edge/pause: core.Pausable.PauseLock): never both,
@@ -67,6 +68,7 @@ import (
 	"github.com/warrenhq/warren/internal/edge/pause"
 	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/edge/recycle"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/lifetime"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -239,7 +241,11 @@ type Edge struct {
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
 	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
-	storage  *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
+	// trajs is the trajectories (internal/edge/trajectory) over trajMeta,
+	// tlog and inputs, written against the core (trajectory.go); its
+	// locks (each sandbox's Traj.mu) come first of all.
+	trajs   *trajectory.Recorder
+	storage *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
 
 	audit auditState // the node's telemetry (audit.go)
 }
@@ -340,6 +346,7 @@ func (e *Edge) Start(ctx context.Context) error {
 	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
 		return err
 	}
+	e.trajs = trajectory.NewRecorder(trajHost{e}, e.trajMeta, e.tlog, e.inputs)
 	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
 		return err
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 )
 
 // replayTrajectory re-executes every logged step of a trajectory, in
@@ -19,7 +19,7 @@ func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.T
 	if err != nil {
 		return nil, err
 	}
-	steps, err := e.readTrajectory(ctx, TrajKey(req.Project, req.Trajectory))
+	steps, err := e.trajs.Read(ctx, TrajKey(req.Project, req.Trajectory))
 	if err != nil {
 		return nil, err
 	}
@@ -35,7 +35,7 @@ func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.T
 	if !req.Keep {
 		defer e.stop(context.WithoutCancel(ctx), sb, api.StateStopped, "replay done")
 	}
-	keys := e.inputKeys(ctx, req.Project, req.Trajectory)
+	keys := e.trajs.InputKeys(ctx, req.Project, req.Trajectory)
 	out := &api.TrajectoryReplay{Trajectory: req.Trajectory, Sandbox: req.ID, Differences: []api.StepDifference{}}
 	for i := range steps {
 		if err := ctx.Err(); err != nil {
@@ -56,51 +56,12 @@ func (e *Edge) replayTrajectory(ctx context.Context, req *ReplayRequest) (*api.T
 	return out, nil
 }
 
-// inputKeys lists the trajectories whose inputs a replay of project's
-// trajectory name reads: its own, then each trajectory it branched from
-// (a branch shares its parent's log up to the branch point).
-func (e *Edge) inputKeys(ctx context.Context, project, name string) []string {
-	var keys []string
-	for i := 0; name != "" && i < 64; i++ {
-		key := TrajKey(project, name)
-		keys = append(keys, key)
-		var rec TrajectoryRecord
-		if found, _, err := e.trajMeta.Get(ctx, key, &rec); err != nil || !found {
-			break
-		}
-		name = rec.Parent
-	}
-	return keys
-}
-
 // rerun runs a logged operation again on sandbox id and returns the step
 // with the new result. An error means the replay cannot go on.
 func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep, keys []string) (*api.TrajectoryStep, error) {
-	got := opOnly(*logged)
+	got := trajectory.OpOnly(*logged)
 	got.Sandbox, got.At = id, time.Now().UTC()
-	input := func(hash string, size int64) ([]byte, error) {
-		if hash == "" || hash == digest(nil) {
-			return nil, nil
-		}
-		for _, k := range keys {
-			b, err := e.inputs.Get(ctx, bus.InputKey(k, hash))
-			if errors.Is(err, bus.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-			if digest(b) == hash {
-				return b, nil
-			}
-		}
-		// Kept before inputs were per trajectory: under the bare hash.
-		b, err := e.inputs.Get(ctx, hash)
-		if errors.Is(err, bus.ErrNotFound) || (err == nil && digest(b) != hash) {
-			return nil, errNoInput
-		}
-		return b, err
-	}
+	input := func(hash string, _ int64) ([]byte, error) { return e.trajs.Input(ctx, keys, hash) }
 	var out any
 	var err error
 	switch logged.Op {
@@ -118,7 +79,7 @@ func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep,
 				if stream == "stderr" {
 					buf = &stderr
 				}
-				if n := MaxLoggedOutput - len(*buf); n > 0 {
+				if n := trajectory.MaxLoggedOutput - len(*buf); n > 0 {
 					*buf = append(*buf, data[:min(n, len(data))]...)
 				}
 				return nil
@@ -150,9 +111,9 @@ func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep,
 	if err != nil {
 		var ae *api.Error
 		switch {
-		case errors.Is(err, errNoInput):
+		case errors.Is(err, trajectory.ErrNoInput):
 			got.Error = &api.Error{Code: api.CodeNotFound, Message: "the operation's input (file data or stdin) was not kept: it cannot be re-executed"}
-		case errors.As(err, &ae) && !unknownOutcome(err):
+		case errors.As(err, &ae) && !trajectory.UnknownOutcome(err):
 			got.Error = &api.Error{Code: ae.Code, Message: ae.Message}
 		default:
 			return nil, err
@@ -160,5 +121,3 @@ func (e *Edge) rerun(ctx context.Context, id string, logged *api.TrajectoryStep,
 	}
 	return &got, nil
 }
-
-var errNoInput = errors.New("input not kept")
