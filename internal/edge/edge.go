@@ -334,26 +334,7 @@ func (e *Edge) Start(ctx context.Context) error {
 	} else if len(changed) > 0 {
 		e.log.Info("edge: raised per-user limits that sandboxes share with the host's root", "sysctls", changed)
 	}
-	if e.snaps, err = e.cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
-		return err
-	}
-	if e.trajMeta, err = e.cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
-		return err
-	}
-	if e.tlog, err = e.cfg.Bus.TrajectoryLog(ctx); err != nil {
-		return err
-	}
-	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
-		return err
-	}
-	e.trajs = trajectory.NewRecorder(trajHost{e}, e.trajMeta, e.tlog, e.inputs)
-	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
-		return err
-	}
-	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {
-		return err
-	}
-	if e.events, err = e.cfg.Bus.OpenEvents(ctx); err != nil {
+	if err := e.openStores(ctx); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -419,6 +400,34 @@ func (e *Edge) Start(ctx context.Context) error {
 	e.pools.Load()
 	e.log.Info("edge serving", "sandboxes", e.count())
 	return nil
+}
+
+// openStores opens what the edge keeps on the bus: snapshot and
+// trajectory records, trajectory logs and inputs, storage use, lost
+// sandboxes, events.
+func (e *Edge) openStores(ctx context.Context) error {
+	var err error
+	if e.snaps, err = e.cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
+		return err
+	}
+	if e.trajMeta, err = e.cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
+		return err
+	}
+	if e.tlog, err = e.cfg.Bus.TrajectoryLog(ctx); err != nil {
+		return err
+	}
+	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
+		return err
+	}
+	e.trajs = trajectory.NewRecorder(trajHost{e}, e.trajMeta, e.tlog, e.inputs)
+	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
+		return err
+	}
+	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {
+		return err
+	}
+	e.events, err = e.cfg.Bus.OpenEvents(ctx)
+	return err
 }
 
 // Close stops serving: it takes no more calls, lets those in flight
