@@ -7,11 +7,14 @@
 // its sandbox resumes: the logged steps it re-issues are answered from the
 // log (fast-forward) or, on a sandbox rebuilt from a checkpoint, run
 // again; one that diverges is refused, or with branch: true forks a new
-// trajectory on a new sandbox (Recorder.Record, branchAt).
+// trajectory on a new sandbox (Recorder.Record, branchAt). A replay runs
+// every logged step again in a fresh sandbox and reports the steps whose
+// outcome differs (Recorder.Replay, through the core's Runner).
 //
 // The core keeps what runs an operation: it builds each Op (what to run,
-// how to record and replay it) and calls Record; it also answers the
-// calls that need its records (resume, advance, replay).
+// how to record and replay it) and calls Record, and runs a replay's
+// operations (Runner); it answers the calls that need its sandboxes
+// (resume, advance) and hands them over as a Sandbox.
 //
 // Lock order: Traj.mu first, held over one whole logged operation (which
 // may snapshot, branch, i.e. create a sandbox, or stop one), then the
