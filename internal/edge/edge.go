@@ -27,7 +27,7 @@ package edge
 //     never taken under it);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     classCap.mu (taken under sandbox.mu by acquire),
-//     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu,
+//     Edge.usageMu, uploads.mu, history.Commands.mu, auditRing.mu,
 //     recycle.Shelf.mu (the recycled containers; taken under no lock), and
 //     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).

@@ -291,7 +291,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	}
 	if err != nil {
 		err = e.agentError(sb, err)
-		sb.hist.note(x, start, nil, err)
+		sb.hist.Note(x, start, nil, err)
 		return nil, err
 	}
 	out := &api.ExecResult{
@@ -310,7 +310,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 		trustedBackground = true
 		e.afterCommand(agent, res.CommandID, sb.trusted.end)
 	}
-	sb.hist.note(x, start, out, nil)
+	sb.hist.Note(x, start, out, nil)
 	return out, nil
 }
 

@@ -2,6 +2,7 @@ package trajectory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -79,5 +80,46 @@ func TestReplay(t *testing.T) {
 	req.Keep, run.stopped, run.stdout["date"] = true, "", "out of date"
 	if out, err = r.Replay(ctx, req, run); err != nil || !out.Deterministic || run.stopped != "" {
 		t.Fatalf("a kept, deterministic replay: %+v %v, stopped %q", out, err, run.stopped)
+	}
+}
+
+func TestReplayFilter(t *testing.T) {
+	step := func(out, errs string, code int) *api.TrajectoryStep {
+		return &api.TrajectoryStep{Op: "exec", Result: &api.ExecResult{Stdout: out, Stderr: errs, ExitCode: code}}
+	}
+	logged := step("Ran 2 tests in 0.005s\nOK\n", "took 17ms", 0)
+	got := step("Ran 2 tests in 0.113s\nOK\n", "took 4ms", 1)
+	none, err := edgeproto.NewReplayFilter(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := strings.Join(none.Differs(logged, got), ","); f != "exit_code,stdout,stderr" {
+		t.Fatalf("unmasked: %s", f)
+	}
+	f, err := edgeproto.NewReplayFilter([]string{`in [0-9.]+s`, `took \d+ms`}, []string{"exit_code", "duration_ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := f.Differs(logged, got); len(d) != 0 {
+		t.Fatalf("masked: %v", d)
+	}
+	// A mask hides only its matches.
+	if d := f.Differs(logged, step("Ran 3 tests in 0.1s\nOK\n", "took 4ms", 0)); strings.Join(d, ",") != "stdout" {
+		t.Fatalf("other text: %v", d)
+	}
+	// An error is a difference unless ignored.
+	failed := &api.TrajectoryStep{Op: "exec", Error: &api.Error{Code: api.CodeConflict}}
+	if d := f.Differs(logged, failed); strings.Join(d, ",") != "error" {
+		t.Fatalf("error: %v", d)
+	}
+	if f2, _ := edgeproto.NewReplayFilter(nil, []string{"error"}); len(f2.Differs(logged, failed)) != 0 {
+		t.Fatal("ignored error still differs")
+	}
+	for _, bad := range [][2][]string{{{"("}, nil}, {{""}, nil}, {nil, {"stdin"}}, {make([]string, api.MaxReplayMasks+1), nil}} {
+		if _, err := edgeproto.NewReplayFilter(bad[0], bad[1]); err == nil {
+			t.Errorf("edgeproto.NewReplayFilter(%q, %q) accepted", bad[0], bad[1])
+		} else if ae := new(api.Error); !errors.As(err, &ae) || ae.Code != api.CodeBadRequest {
+			t.Errorf("edgeproto.NewReplayFilter(%q, %q): %v is not a bad_request", bad[0], bad[1], err)
+		}
 	}
 }
