@@ -29,7 +29,7 @@ package edge
 //     classCap.mu (taken under sandbox.mu by acquire),
 //     Edge.usageMu, uploads.mu, history.Commands.mu, auditRing.mu,
 //     recycle.Shelf.mu (the recycled containers; taken under no lock), and
-//     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
+//     auditState.mu (under Traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).
 //
 // Goroutines of the edge (Close waits for every one; see Close and drain):
