@@ -371,6 +371,7 @@ func TestMemorySnapshot(t *testing.T) {
 	if err := f.rt.Thaw(ctx, h); err != nil {
 		t.Fatal(err)
 	}
+	assertUnprivileged(t, f.rt.pidOf(h)) // the restored QEMU too
 	r, err = runtimetest.Exec(ctx, inst.Agent, "cat /dev/shm/mark; a=$(cat /dev/shm/count); sleep 0.5; b=$(cat /dev/shm/count); [ $b -gt $a ] && echo counting")
 	tResume := time.Since(t0)
 	if err != nil || r.Stdout != "in-memory\ncounting\n" {
@@ -434,6 +435,7 @@ func TestForkFromMemory(t *testing.T) {
 	}
 	t.Logf("fork of 3 from memory: %v", time.Since(t0))
 	for i, k := range kids {
+		assertUnprivileged(t, k.Handle.Pid)
 		defer func() {
 			k.Agent.Close()
 			if err := f.rt.Destroy(context.Background(), k.Handle); err != nil {

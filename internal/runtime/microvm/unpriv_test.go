@@ -1,0 +1,212 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// qemuCreds is what /proc/<pid>/status says of a QEMU's credentials.
+type qemuCreds struct {
+	uids, gids, groups []string
+	caps               map[string]string // CapInh, CapPrm, CapEff, CapAmb
+}
+
+func readCreds(t *testing.T, pid int) qemuCreds {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := qemuCreds{caps: map[string]string{}}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch f := strings.Fields(v); k {
+		case "Uid":
+			c.uids = f
+		case "Gid":
+			c.gids = f
+		case "Groups":
+			c.groups = f
+		case "CapInh", "CapPrm", "CapEff", "CapAmb":
+			c.caps[k] = strings.TrimSpace(v)
+		}
+	}
+	return c
+}
+
+// assertUnprivileged checks that the QEMU at pid runs as a uid and gid of
+// its own (real, effective, saved, fs all the same, not root), with no
+// supplementary group but its gid, no capabilities, chrooted away from
+// the host's root; it returns the uid.
+func assertUnprivileged(t *testing.T, pid int) int {
+	t.Helper()
+	c := readCreds(t, pid)
+	if len(c.uids) != 4 || len(c.gids) != 4 {
+		t.Fatalf("qemu %d: Uid %v Gid %v", pid, c.uids, c.gids)
+	}
+	for i := range 4 {
+		if c.uids[i] == "0" || c.uids[i] != c.uids[0] || c.gids[i] == "0" || c.gids[i] != c.gids[0] {
+			t.Errorf("qemu %d runs privileged: Uid %v Gid %v", pid, c.uids, c.gids)
+			break
+		}
+	}
+	for _, g := range c.groups {
+		if g != c.gids[0] {
+			t.Errorf("qemu %d has supplementary groups %v", pid, c.groups)
+		}
+	}
+	for k, v := range c.caps {
+		if strings.Trim(v, "0") != "" {
+			t.Errorf("qemu %d has capabilities: %s %s", pid, k, v)
+		}
+	}
+	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err != nil || root == "/" {
+		t.Errorf("qemu %d is not chrooted: root %q %v", pid, root, err)
+	}
+	uid, _ := strconv.Atoi(c.uids[0])
+	return uid
+}
+
+// asUID runs fn on an OS thread whose credentials are uid:uid with no
+// groups (the thread is discarded afterwards).
+func asUID(t *testing.T, uid int, fn func() error) error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+			errc <- fmt.Errorf("setgroups: %w", e)
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+			errc <- fmt.Errorf("setresgid: %w", e)
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+			errc <- fmt.Errorf("setresuid: %w", e)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// layerFDs lists the descriptors of QEMU pid open on the file at path,
+// with their open flags.
+func layerFDs(t *testing.T, pid int, path string) map[string]int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, e := range ents {
+		p := fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())
+		if st, err := os.Stat(p); err != nil || !os.SameFile(st, want) {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+				out[p] = int(n)
+			}
+		}
+	}
+	return out
+}
+
+// TestQEMUUnprivileged: each VM's QEMU runs as a uid of its own, without
+// capabilities, chrooted; it holds the shared layer read-only and cannot
+// write it, and its uid reaches neither another VM's sockets nor its disk.
+func TestQEMUUnprivileged(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var pids, uids []int
+	var specs []*struct{ state, work string }
+	for _, id := range []string{"priv-a", "priv-b"} {
+		spec := f.spec(t, id)
+		inst, err := f.rt.Start(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			inst.Agent.Close()
+			if err := f.rt.Destroy(context.Background(), inst.Handle); err != nil {
+				t.Error(err)
+			}
+		}()
+		pids = append(pids, inst.Handle.Pid)
+		uids = append(uids, assertUnprivileged(t, inst.Handle.Pid))
+		specs = append(specs, &struct{ state, work string }{spec.StateDir, spec.Work})
+	}
+	if uids[0] == uids[1] {
+		t.Errorf("two VMs share the uid %d", uids[0])
+	}
+	// The shared layer: open read-only only, and not writable by the
+	// QEMU's uid even through its own descriptor.
+	fds := layerFDs(t, pids[0], f.layer)
+	if len(fds) == 0 {
+		t.Fatalf("qemu %d holds no descriptor of the layer %s", pids[0], f.layer)
+	}
+	for p, flags := range fds {
+		if flags&unix.O_ACCMODE != unix.O_RDONLY {
+			t.Errorf("qemu holds the layer writable: %s flags %o", p, flags)
+		}
+		if err := asUID(t, uids[0], func() error {
+			w, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err == nil {
+				w.Close()
+				return fmt.Errorf("opened %s for writing", p)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("the QEMU's uid writes the shared layer: %v", err)
+		}
+	}
+	// VM b's uid reaches neither VM a's agent and QMP sockets nor its disk.
+	for _, p := range []string{filepath.Join(specs[0].state, SocketName), filepath.Join(specs[0].state, QMPName)} {
+		if err := asUID(t, uids[1], func() error {
+			c, err := net.Dial("unix", p)
+			if err == nil {
+				c.Close()
+				return fmt.Errorf("connected to %s", p)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("another VM's uid: %v", err)
+		}
+	}
+	disk := filepath.Join(specs[0].work, DiskName)
+	if err := asUID(t, uids[1], func() error {
+		w, err := os.OpenFile(disk, os.O_RDWR, 0)
+		if err == nil {
+			w.Close()
+			return fmt.Errorf("opened %s", disk)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("another VM's uid: %v", err)
+	}
+}
