@@ -98,6 +98,7 @@ type Runtime struct {
 	cfg       Config
 	log       *slog.Logger
 	initramfs string
+	chroot    string // QEMU's empty root (spawn.go)
 	cg        cgroupDriver
 
 	mu       sync.Mutex
@@ -141,7 +142,11 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, cg: newCgroupDriver(),
+	chroot := filepath.Join(cfg.CacheDir, chrootName)
+	if err := makeChroot(chroot); err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, chroot: chroot, cg: newCgroupDriver(),
 		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}}, nil
 }
 
@@ -210,15 +215,15 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if err := r.cg.create(h.Cgroup, memoryOf(spec)+overheadMB); err != nil {
 		return nil, err
 	}
-	cmd, err := r.command(spec, layers, disk)
+	args, err := r.command(spec, layers, disk)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.cg.startIn(h.Cgroup, cmd); err != nil {
-		return nil, fmt.Errorf("microvm: start qemu: %w", err)
+	cmd, err := r.spawn(spec.StateDir, h.Cgroup, args)
+	if err != nil {
+		return nil, err
 	}
 	h.Pid = cmd.Process.Pid
-	r.reap(cmd)
 	if h.PidStart, err = pidStart(h.Pid); err != nil {
 		return nil, fmt.Errorf("microvm: qemu start time: %w", err)
 	}
@@ -306,8 +311,8 @@ func makeDisk(spec *runtime.Spec) (string, error) {
 	return p, nil
 }
 
-// command is QEMU's command line for spec.
-func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*exec.Cmd, error) {
+// command is QEMU's command line for spec (spawn starts it).
+func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]string, error) {
 	smp := int(math.Ceil(spec.CPU))
 	if smp < 1 {
 		smp = 1
@@ -344,12 +349,11 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		"-accel", accel, "-cpu", cpu,
 		"-m", strconv.FormatInt(memoryOf(spec), 10), "-smp", strconv.Itoa(smp),
 		"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none",
-		// QEMU's own seccomp filter: no obsolete syscalls, no set*id, no
-		// processes spawned, no scheduler/affinity changes. (QEMU still
-		// runs as root: with -runas to a uid of its own, the memory
-		// snapshot's completion reopens the disks by path, which that uid
-		// may not reach; passing the disks as descriptors is the way out.)
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		// QEMU's own seccomp filter: no obsolete syscalls, no processes
+		// spawned, no scheduler/affinity changes. set*id stays allowed:
+		// "-runas" (spawn.go) drops QEMU to a uid of its own with them,
+		// after which they cannot raise anything (no capabilities).
+		"-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny",
 		"-serial", "file:" + filepath.Join(spec.StateDir, ConsoleName),
 		"-kernel", r.cfg.Kernel.Vmlinux(), "-initrd", r.initramfs,
 		"-append", strings.Join(params, " "),
@@ -376,21 +380,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
 			"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
 	}
-	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("microvm: qemu log: %w", err)
-	}
-	return r.qemuCommand(args, logf), nil
-}
-
-// qemuCommand runs QEMU with args, its output to logf (closed when reaped).
-func (r *Runtime) qemuCommand(args []string, logf *os.File) *exec.Cmd {
-	cmd := exec.Command(r.cfg.QEMU, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = []string{}
-	// VMs outlive the edge (a restarted edge adopts them).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	return cmd
+	return args, nil
 }
 
 // track registers c as the edge's connection to sandbox id's agent.
@@ -539,7 +529,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 				}
 			}
 		}
-		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName} {
+		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName, ArgsName} {
 			if err := os.Remove(filepath.Join(dir, n)); err != nil && !os.IsNotExist(err) {
 				return fmt.Errorf("microvm: destroy: %w", err)
 			}

@@ -210,3 +210,51 @@ func TestQEMUUnprivileged(t *testing.T) {
 		t.Errorf("another VM's uid: %v", err)
 	}
 }
+
+// TestWithFDSets: disk paths become fd sets of descriptors opened here
+// (a writable disk read-write and read-only, a read-only one read-only
+// alone), image locking off; other arguments stay as they are.
+func TestWithFDSets(t *testing.T) {
+	dir := t.TempDir()
+	rw, ro, base := filepath.Join(dir, "rw"), filepath.Join(dir, "ro"), filepath.Join(dir, "base")
+	for _, p := range []string{rw, ro, base} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{"-name", "x", "-kernel", "/k",
+		"-drive", "id=rw,file=" + rw + ",format=raw,if=none",
+		"-drive", "id=l0,file=" + ro + ",format=raw,if=none,readonly=on",
+		"-blockdev", "driver=qcow2,node-name=o,file.driver=file,file.filename=" + rw + ",backing.file.filename=" + base}
+	out, files, err := withFDSets(args)
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"-add-fd", "fd=3,set=1,opaque=" + rw, "-add-fd", "fd=4,set=1,opaque=" + rw,
+		"-add-fd", "fd=5,set=2,opaque=" + ro,
+		"-add-fd", "fd=6,set=3,opaque=" + rw, "-add-fd", "fd=7,set=3,opaque=" + rw,
+		"-add-fd", "fd=8,set=4,opaque=" + base,
+		"-name", "x", "-kernel", "/k",
+		"-drive", "id=rw,file=/dev/fdset/1,format=raw,if=none,file.locking=off",
+		"-drive", "id=l0,file=/dev/fdset/2,format=raw,if=none,readonly=on,file.locking=off",
+		"-blockdev", "driver=qcow2,node-name=o,file.driver=file,file.filename=/dev/fdset/3,backing.file.filename=/dev/fdset/4,file.locking=off,backing.file.locking=off"}
+	if strings.Join(out, " ") != strings.Join(want, " ") {
+		t.Errorf("args:\n got %q\nwant %q", out, want)
+	}
+	modes := []int{os.O_RDWR, os.O_RDONLY, os.O_RDONLY, os.O_RDWR, os.O_RDONLY, os.O_RDONLY}
+	if len(files) != len(modes) {
+		t.Fatalf("%d files, want %d", len(files), len(modes))
+	}
+	for i, f := range files {
+		fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+		if err != nil || fl&unix.O_ACCMODE != modes[i] {
+			t.Errorf("file %d (%s): flags %o %v, want mode %o", i, f.Name(), fl, err, modes[i])
+		}
+	}
+}
