@@ -56,6 +56,11 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/digitalocean/go-qemu/qmp"
+	"github.com/digitalocean/go-qemu/qmp/raw"
+
+	"github.com/warrenhq/warren/internal/runtime"
 )
 
 // The uids (and gids) of QEMU processes: 2^24 ids just below 2^31,
@@ -297,4 +302,27 @@ func qemuArgs(stateDir string) ([]string, error) {
 		out = append(out, args[i])
 	}
 	return out, nil
+}
+
+// QMPFile runs fn on a QMP connection to h's QEMU with f handed to QEMU
+// as an fd set: fn gets the set's path ("/dev/fdset/N"), which QEMU opens
+// where it takes a file name (e.g. screendump; QEMU, chrooted, reaches no
+// path of the host). The set is removed afterwards.
+func (r *Runtime) QMPFile(h runtime.Handle, f *os.File, fn func(m *raw.Monitor, path string) error) error {
+	return r.qmpSocket(h, func(mon *qmp.SocketMonitor, m *raw.Monitor) error {
+		out, err := mon.RunWithFile([]byte(`{"execute":"add-fd"}`), f)
+		if err != nil {
+			return fmt.Errorf("add-fd: %w", err)
+		}
+		var res struct {
+			Return struct {
+				FdsetID int `json:"fdset-id"`
+			} `json:"return"`
+		}
+		if err := json.Unmarshal(out, &res); err != nil {
+			return fmt.Errorf("add-fd: %w", err)
+		}
+		defer mon.Run([]byte(fmt.Sprintf(`{"execute":"remove-fd","arguments":{"fdset-id":%d}}`, res.Return.FdsetID)))
+		return fn(m, "/dev/fdset/"+strconv.Itoa(res.Return.FdsetID))
+	})
 }
