@@ -114,7 +114,10 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 		req.Tier = api.TierContainer
 	}
 	if !slices.Contains(api.Tiers, req.Tier) {
-		return invalid("tier %q is unknown (tiers: %s)", truncate(req.Tier), strings.Join(api.Tiers, ", "))
+		// A request naming no tier the API has is a bad request (400),
+		// as an unknown route is; a known tier no node offers is the
+		// placement's 503.
+		return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("tier %q is unknown (tiers: %s)", truncate(req.Tier), strings.Join(api.Tiers, ", "))}
 	}
 	if aerr := checkMicroVM(req); aerr != nil {
 		return aerr
