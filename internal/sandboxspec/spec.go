@@ -395,9 +395,9 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 const MinMicroVMMemoryMB = 128
 
 // checkMicroVM refuses what the microvm and vm tiers do not offer yet:
-// networks, layers attached at paths, trajectory checkpoints, too little
-// memory to boot; and a display anywhere but on the vm tier. (A snapshot
-// starts a VM: its layers are the VM's disks.)
+// networks, layers attached at paths, too little memory to boot; and a
+// display anywhere but on the vm tier. (Snapshots and trajectories work:
+// a snapshot's layers are a VM's disks, a checkpoint is a disk snapshot.)
 func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
 	if req.Display && req.Tier != api.TierVM {
 		return invalid("display: true needs tier vm (tier %s has no screen)", req.Tier)
@@ -409,8 +409,6 @@ func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
 	switch {
 	case req.Network != nil:
 		return invalid("tier %s: network is not supported yet", t)
-	case req.Trajectory != "" || (req.Checkpoint != "" && req.Checkpoint != "none"):
-		return invalid("tier %s: trajectories and checkpoints are not supported yet", t)
 	case req.MemoryMB != 0 && req.MemoryMB < MinMicroVMMemoryMB:
 		return invalid("tier %s: memory_mb must be at least %d", t, MinMicroVMMemoryMB)
 	}

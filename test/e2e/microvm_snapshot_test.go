@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,6 +79,91 @@ func TestMicroVMSnapshot(t *testing.T) {
 		if _, err := s.C.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}
+
+// TestMicroVMTrajectory: a microVM records a trajectory with checkpoints
+// (disk snapshots of the VM). kill -9 of warren: the VM is adopted and a
+// resuming client's steps are replayed. kill -9 again, the VM lost too:
+// resume rebuilds a microVM from the last checkpoint, replays the logged
+// steps and runs the new ones live on it.
+func TestMicroVMTrajectory(t *testing.T) {
+	kdir := vmKernelDir(t)
+	s := startServer(t, "--vm-kernel", kdir)
+	ctx := context.Background()
+	const traj = "vm-rollout"
+	sb := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256, Trajectory: traj, Checkpoint: "every-step"})
+	if _, err := s.C.Mkdir(ctx, sb.ID, api.MkdirRequest{Path: "/state"}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	for i := 1; i <= n; i++ {
+		if res, err := s.C.Exec(ctx, sb.ID, counterOp(i)); err != nil || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+			t.Fatalf("step %d: %+v %v", i, res, err)
+		}
+	}
+	steps, err := s.C.TrajectoryAll(ctx, traj)
+	if err != nil || len(steps) != n+1 || steps[n].Checkpoint == "" {
+		t.Fatalf("checkpoints: %d steps %v\n%s", len(steps), err, tail(s.logs.String(), 20))
+	}
+
+	// kill -9 of warren; the VM runs on and is adopted; a resuming client
+	// is answered from the log.
+	s.kill9()
+	s.start()
+	if _, err := s.C.ResumeTrajectory(ctx, traj, false); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	replay := func(id string) {
+		t.Helper()
+		if r, err := s.C.Mkdir(ctx, id, api.MkdirRequest{Path: "/state"}); err != nil || !r.Replayed {
+			t.Fatalf("replayed mkdir: %+v %v", r, err)
+		}
+		for i := 1; i <= n; i++ {
+			if res, err := s.C.Exec(ctx, id, counterOp(i)); err != nil || !res.Replayed || strings.TrimSpace(res.Stdout) != fmt.Sprint(i) {
+				t.Fatalf("replay %d: %+v %v", i, res, err)
+			}
+		}
+	}
+	replay(sb.ID)
+	if res, err := s.C.Exec(ctx, sb.ID, counterOp(n+1)); err != nil || res.Replayed || strings.TrimSpace(res.Stdout) != fmt.Sprint(n+1) {
+		t.Fatalf("live step on the adopted VM: %+v %v", res, err)
+	}
+
+	// kill -9 again, and the VM is lost while warren is down.
+	steps, err = s.C.TrajectoryAll(ctx, traj)
+	if err != nil || len(steps) != n+2 || steps[n+1].Checkpoint == "" {
+		t.Fatalf("checkpoints: %d steps %v", len(steps), err)
+	}
+	pid := agentPid(t, s, sb.ID)
+	s.kill9()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	s.start()
+	nb, err := s.C.ResumeTrajectory(ctx, traj, false)
+	if err != nil {
+		t.Fatalf("resume of a lost microVM: %v\n%s", err, tail(s.logs.String(), 30))
+	}
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), nb.ID) })
+	if nb.ID == sb.ID || nb.Tier != api.TierMicroVM || nb.Snapshot != steps[n+1].Checkpoint {
+		t.Fatalf("rebuilt sandbox: %+v (checkpoint %s)", nb, steps[n+1].Checkpoint)
+	}
+	replay(nb.ID)
+	if res, err := s.C.Exec(ctx, nb.ID, counterOp(n+1)); err != nil || !res.Replayed {
+		t.Fatalf("replay %d: %+v %v", n+1, res, err)
+	}
+	if res, err := s.C.Exec(ctx, nb.ID, counterOp(n+2)); err != nil || res.Replayed || res.Step != int64(n+3) {
+		t.Fatalf("live step on the rebuilt VM: %+v %v", res, err)
+	}
+	if got := s.sh(t, nb.ID, "wc -l < /counter; ls /state | wc -l; grep -c hypervisor /proc/cpuinfo").Stdout; got != fmt.Sprintf("%d\n%d\n1\n", n+2, n+2) {
+		t.Fatalf("rebuilt VM's filesystem: %q", got)
+	}
+	if _, err := s.C.Delete(ctx, nb.ID); err != nil {
+		t.Fatal(err)
 	}
 	s.stop()
 	assertNoLeaks(t, s)
