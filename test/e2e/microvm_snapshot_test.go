@@ -62,6 +62,21 @@ func TestMicroVMSnapshot(t *testing.T) {
 	m := s.createFrom(t, api.TierMicroVM, snap.ID)
 	check(m.ID, "a microVM")
 
+	// The VM's next snapshot holds only what changed since (chained on the
+	// first one), and a sandbox from it sees both.
+	snap2, err := s.C.Snapshot(ctx, vm.ID, api.CreateSnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap2.Previous != snap.ID || snap2.Entries >= snap.Entries {
+		t.Errorf("second snapshot: previous %q (want %s), %d entries (first: %d)", snap2.Previous, snap.ID, snap2.Entries, snap.Entries)
+	}
+	t.Logf("microVM snapshots: frozen %.1f ms and %.1f ms (%d and %d entries)", snap.FrozenMs, snap2.FrozenMs, snap.Entries, snap2.Entries)
+	c2 := s.createFrom(t, api.TierContainer, snap2.ID)
+	if r := s.sh(t, c2.ID, "cat /work/after /work/link"); r.Stdout != "after\nmade in the vm\n" {
+		t.Errorf("a container from the vm's second snapshot sees %q (stderr %q)", r.Stdout, r.Stderr)
+	}
+
 	// The other way: a container's snapshot starts a microVM.
 	if r := s.sh(t, c.ID, "echo made in the container > /work/c && rm /work/sub/f && echo ok"); r.Stdout != "ok\n" {
 		t.Fatalf("container: %q %q", r.Stdout, r.Stderr)
@@ -75,7 +90,7 @@ func TestMicroVMSnapshot(t *testing.T) {
 		t.Errorf("a microVM from a container's snapshot sees %q (stderr %q)", r.Stdout, r.Stderr)
 	}
 	t.Logf("microVM snapshot round trips: %v", time.Since(t0))
-	for _, id := range []string{vm.ID, c.ID, m.ID, m2.ID} {
+	for _, id := range []string{vm.ID, c.ID, c2.ID, m.ID, m2.ID} {
 		if _, err := s.C.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
