@@ -183,3 +183,38 @@ func TestMicroVMTrajectory(t *testing.T) {
 	s.stop()
 	assertNoLeaks(t, s)
 }
+
+// TestVMTierSnapshot: the vm tier (q35, the same agent and disks) takes
+// disk snapshots as the microvm tier does; one starts a container and a vm.
+func TestVMTierSnapshot(t *testing.T) {
+	kdir := vmKernelDir(t)
+	s := startServer(t, "--vm-kernel", kdir)
+	ctx := context.Background()
+	vm := s.create(t, api.CreateSandboxRequest{Tier: api.TierVM, MemoryMB: 256})
+	if r := s.sh(t, vm.ID, "echo from q35 > /root/q && rm /etc/group && echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("setup: %q %q", r.Stdout, r.Stderr)
+	}
+	t0 := time.Now()
+	snap, err := s.C.Snapshot(ctx, vm.ID, api.CreateSnapshotRequest{Stop: true})
+	if err != nil {
+		t.Fatalf("snapshot of a vm: %v\n%s", err, tail(s.logs.String(), 20))
+	}
+	t.Logf("vm snapshot: %v (frozen %.1f ms)", time.Since(t0), snap.FrozenMs)
+	if got, err := s.C.Get(ctx, vm.ID); err != nil || got.State != api.StateStopped {
+		t.Errorf("after snapshot with stop: %+v %v", got, err)
+	}
+	for _, tier := range []string{api.TierContainer, api.TierVM} {
+		sb := s.createFrom(t, tier, snap.ID)
+		if r := s.sh(t, sb.ID, "cat /root/q; test -e /etc/group || echo gone"); r.Stdout != "from q35\ngone\n" {
+			t.Errorf("%s from a vm's snapshot sees %q (stderr %q)", tier, r.Stdout, r.Stderr)
+		}
+		if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.C.Delete(ctx, vm.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}
