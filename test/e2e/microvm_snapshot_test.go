@@ -218,3 +218,36 @@ func TestVMTierSnapshot(t *testing.T) {
 	s.stop()
 	assertNoLeaks(t, s)
 }
+
+// TestMicroVMForkDisk: a fork (not from memory) of a microVM is one disk
+// snapshot and children of the source's tier, which see its files.
+func TestMicroVMForkDisk(t *testing.T) {
+	kdir := vmKernelDir(t)
+	s := startServer(t, "--vm-kernel", kdir)
+	ctx := context.Background()
+	vm := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256})
+	if r := s.sh(t, vm.ID, "echo forked > /root/f && echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("setup: %q %q", r.Stdout, r.Stderr)
+	}
+	res, err := s.C.Fork(ctx, vm.ID, 2)
+	if err != nil {
+		t.Fatalf("fork: %v\n%s", err, tail(s.logs.String(), 20))
+	}
+	if res.Snapshot == nil || len(res.Sandboxes) != 2 {
+		t.Fatalf("fork: %+v", res)
+	}
+	for _, kid := range res.Sandboxes {
+		t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), kid.ID) })
+		r := s.sh(t, kid.ID, "cat /root/f; grep -c hypervisor /proc/cpuinfo")
+		if kid.Tier != api.TierMicroVM || r.Stdout != "forked\n1\n" {
+			t.Errorf("child %s: tier %q, sees %q (stderr %q)", kid.ID, kid.Tier, r.Stdout, r.Stderr)
+		}
+	}
+	for _, id := range []string{vm.ID, res.Sandboxes[0].ID, res.Sandboxes[1].ID} {
+		if _, err := s.C.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}
