@@ -26,6 +26,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
 // isVMTier reports whether tier runs sandboxes as VMs.
@@ -42,6 +43,9 @@ func (e *Edge) copyVMUpper(ctx context.Context, sb *sandbox, dst string, maxByte
 	sb.mu.Unlock()
 	if inst == nil || inst.Agent == nil {
 		return 0, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is not running", id)}
+	}
+	if maxBytes <= 0 {
+		maxBytes = sandboxspec.DefaultDiskMB << 20 // never the unpacker's default of 64 GiB for a guest's stream
 	}
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		return 0, fmt.Errorf("snapshot of %s: %w", id, err)
