@@ -277,6 +277,15 @@ func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest)
 	if len(snap.Layers) > sandboxspec.MaxLayers {
 		return nil, invalidf("snapshot %s chains %d layers (at most %d)", snap.ID, len(snap.Layers), sandboxspec.MaxLayers)
 	}
+	if isVMTier(spec.Tier) {
+		// The create's own layers were checked for the tier; the
+		// snapshot's are checked here.
+		for _, l := range snap.Layers {
+			if l.Mount != "" {
+				return nil, invalidf("snapshot %s attaches layer %s at %s: tier %s cannot attach layers at a path yet (restore it as a container)", snap.ID, l.Layer, l.Mount, spec.Tier)
+			}
+		}
+	}
 	spec.Image = snap.Image
 	spec.Layers = append([]api.LayerAttachment(nil), snap.Layers...)
 	return snap, nil

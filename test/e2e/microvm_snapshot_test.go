@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
 )
 
 // createFrom creates a sandbox of tier from snapshot snapID.
@@ -256,4 +259,29 @@ func TestMicroVMForkDisk(t *testing.T) {
 	}
 	s.stop()
 	assertNoLeaks(t, s)
+}
+
+// TestMicroVMSnapshotRefusal: a container's snapshot that attaches a layer
+// at a path (a protected toolkit) cannot start a microVM (the tier has no
+// such attachments yet): a 422 that says why, not a failed start.
+func TestMicroVMSnapshotRefusal(t *testing.T) {
+	kdir := vmKernelDir(t)
+	s := startServer(t, "--vm-kernel", kdir)
+	ctx := context.Background()
+	if _, err := s.C.CreateLayerFromTar(ctx, "tk/vm", 0, bytes.NewReader(tarOf(t, [2]string{"bin/tool", "x"}))); err != nil {
+		t.Fatal(err)
+	}
+	c := s.create(t, api.CreateSandboxRequest{Layers: []api.LayerAttachment{{Layer: "tk/vm", Mount: "/opt/tk", Protected: true}}})
+	snap, err := s.C.Snapshot(ctx, c.ID, api.CreateSnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.C.Create(ctx, api.CreateSandboxRequest{Tier: api.TierMicroVM, Snapshot: snap.ID})
+	var we *warren.APIError
+	if !errors.As(err, &we) || we.Status != 422 || !strings.Contains(we.Message, "/opt/tk") {
+		t.Fatalf("a microVM from a snapshot with a layer at a path: %v", err)
+	}
+	if q := qemusOf(s.dataDir); q != "" {
+		t.Errorf("QEMU started: %s", q)
+	}
 }
