@@ -54,6 +54,9 @@ type Config struct {
 	// NetEgressRateMbit is a networked sandbox's egress rate limit in
 	// Mbit/s when its create sets none (0: no limit).
 	NetEgressRateMbit int
+	// NetMaxConns is a networked sandbox's limit of open connections
+	// (0: sandboxnet.DefaultMaxConns).
+	NetMaxConns uint32
 }
 
 // SocketName is the agent's socket inside a sandbox's StateDir.
@@ -121,6 +124,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r.net.Upstream, r.net.Log = cfg.DNSUpstream, cfg.Logger
 	r.net.EgressRateMbit = cfg.NetEgressRateMbit
+	r.net.MaxConns = cfg.NetMaxConns
 	return r, nil
 }
 
