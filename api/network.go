@@ -34,9 +34,15 @@ type NetworkSpec struct {
 	// node's default, --net-egress-rate-mbit; none without it). Set at
 	// create only.
 	EgressRateMbit int `json:"egress_rate_mbit,omitempty"`
+	// IngressRateMbit bounds what is forwarded into the sandbox (its
+	// downloads, what its group sends it), in Mbit/s (0: the node's
+	// default, --net-ingress-rate-mbit; none without it). Set at create
+	// only.
+	IngressRateMbit int `json:"ingress_rate_mbit,omitempty"`
 }
 
-// MaxEgressRateMbit bounds NetworkSpec.EgressRateMbit.
+// MaxEgressRateMbit bounds NetworkSpec.EgressRateMbit and
+// NetworkSpec.IngressRateMbit.
 const MaxEgressRateMbit = 100000
 
 // NetworkGroupRE is a valid NetworkSpec.Group.
@@ -54,11 +60,12 @@ func (n *NetworkSpec) UnmarshalJSON(b []byte) error {
 		Egress json.RawMessage `json:"egress"`
 		Group  string          `json:"group"`
 		Rate   int             `json:"egress_rate_mbit"`
+		In     int             `json:"ingress_rate_mbit"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	n.Egress, n.Group, n.EgressRateMbit = nil, raw.Group, raw.Rate
+	n.Egress, n.Group, n.EgressRateMbit, n.IngressRateMbit = nil, raw.Group, raw.Rate, raw.In
 	if len(raw.Egress) == 0 || string(raw.Egress) == "null" {
 		return nil
 	}

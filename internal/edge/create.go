@@ -306,6 +306,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	}
 	if rspec.Network != nil {
 		rspec.Network.EgressRateMbit = spec.Network.EgressRateMbit
+		rspec.Network.IngressRateMbit = spec.Network.IngressRateMbit
 	}
 	var inst *runtime.Instance
 	if box != nil {

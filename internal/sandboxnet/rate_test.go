@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,5 +86,84 @@ func TestEgressRate(t *testing.T) {
 	}
 	if got, _ := m.Denied(fast); got[DenyRateLimit] != 0 {
 		t.Errorf("unlimited sandbox has rate-limit drops: %v", got)
+	}
+}
+
+// receiveFor downloads from the fake internet's source (SourcePort) in
+// pid's namespace for a second and then d, through a small receive
+// buffer, and answers how many bytes it read in d.
+func receiveFor(t *testing.T, pid int, d time.Duration) int64 {
+	t.Helper()
+	var n int64
+	atStart := int64(-1)
+	nettest.InNS(t, pid, func() {
+		dl := net.Dialer{Timeout: 3 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 64<<10) })
+		}}
+		c, err := dl.Dial("tcp4", nettest.Mirror+":"+nettest.SourcePort)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		b := make([]byte, 32<<10)
+		start := time.Now().Add(time.Second)
+		_ = c.SetReadDeadline(start.Add(d))
+		for {
+			if atStart < 0 && time.Now().After(start) {
+				atStart = n
+			}
+			r, err := c.Read(b)
+			n += int64(r)
+			if err != nil {
+				return
+			}
+		}
+	})
+	return n - atStart
+}
+
+// TestIngressRate: a sandbox with an ingress rate receives about that
+// much (8 Mbit/s: 1 MB/s), one beside it without a limit far more, and
+// the drops are counted as ingress-rate-limit refusals.
+func TestIngressRate(t *testing.T) {
+	needRoot(t)
+	nettest.FakeInternet(t)
+	m := newManager(t, "10.213.138.0/24")
+	slowPid, fastPid := nettest.NSProc(t), nettest.NSProc(t)
+	slow, fast := fmt.Sprintf("sb-irate-s%d", os.Getpid()), fmt.Sprintf("sb-irate-f%d", os.Getpid())
+	if _, err := m.AttachWith(slow, slowPid, mustParse(t, nettest.Mirror), AttachOptions{IngressRateMbit: 8}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(slow) })
+	if _, err := m.AttachWith(fast, fastPid, mustParse(t, nettest.Mirror), AttachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(fast) })
+	const d = 3 * time.Second
+	s, f := receiveFor(t, slowPid, d), receiveFor(t, fastPid, d)
+	t.Logf("in %v: limited to 8 Mbit/s %d bytes (%.1f Mbit/s), unlimited %d bytes (%.1f Mbit/s)",
+		d, s, float64(s)*8/d.Seconds()/1e6, f, float64(f)*8/d.Seconds()/1e6)
+	if limit := int64(3e6 * 1.25); s > limit {
+		t.Errorf("limited sandbox received %d bytes in %v, at most %d allowed", s, d, limit)
+	}
+	if s < 3e6/3 {
+		t.Errorf("limited sandbox received only %d bytes in %v: the limit starves it", s, d)
+	}
+	if f < 3*s {
+		t.Errorf("unlimited sandbox received %d bytes, limited %d: no difference", f, s)
+	}
+	if got, _ := m.Denied(slow); got[DenyIngressRate] == 0 {
+		t.Errorf("no ingress-rate-limit drops counted: %v", got)
+	}
+	if got, _ := m.Denied(fast); got[DenyIngressRate] != 0 || got[DenyRateLimit] != 0 {
+		t.Errorf("unlimited sandbox has rate-limit drops: %v", got)
+	}
+	// The list changes, the rate stays.
+	if err := m.SetEgress(slow, mustParse(t, nettest.Mirror+":"+nettest.SourcePort+"/tcp")); err != nil {
+		t.Fatal(err)
+	}
+	if s := receiveFor(t, slowPid, d); s > int64(3e6*1.25) {
+		t.Errorf("after a change of the list, the limited sandbox received %d bytes in %v", s, d)
 	}
 }

@@ -385,6 +385,9 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	if n.EgressRateMbit < 0 || n.EgressRateMbit > api.MaxEgressRateMbit {
 		return invalid("network.egress_rate_mbit %d: want 0 (the node's default) to %d", n.EgressRateMbit, api.MaxEgressRateMbit)
 	}
+	if n.IngressRateMbit < 0 || n.IngressRateMbit > api.MaxEgressRateMbit {
+		return invalid("network.ingress_rate_mbit %d: want 0 (the node's default) to %d", n.IngressRateMbit, api.MaxEgressRateMbit)
+	}
 	return nil
 }
 
