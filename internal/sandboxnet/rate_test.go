@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/nftables"
 
 	"github.com/warrenhq/warren/internal/sandboxnet/nettest"
 )
@@ -129,7 +132,7 @@ func receiveFor(t *testing.T, pid int, d time.Duration) int64 {
 func TestIngressRate(t *testing.T) {
 	needRoot(t)
 	nettest.FakeInternet(t)
-	m := newManager(t, "10.213.138.0/24")
+	m := newManager(t, "10.213.139.0/24")
 	slowPid, fastPid := nettest.NSProc(t), nettest.NSProc(t)
 	slow, fast := fmt.Sprintf("sb-irate-s%d", os.Getpid()), fmt.Sprintf("sb-irate-f%d", os.Getpid())
 	if _, err := m.AttachWith(slow, slowPid, mustParse(t, nettest.Mirror), AttachOptions{IngressRateMbit: 8}); err != nil {
@@ -165,5 +168,76 @@ func TestIngressRate(t *testing.T) {
 	}
 	if s := receiveFor(t, slowPid, d); s > int64(3e6*1.25) {
 		t.Errorf("after a change of the list, the limited sandbox received %d bytes in %v", s, d)
+	}
+}
+
+// TestIngressOldTable: an edge that finds the table of an earlier edge
+// (made before ingress rates: no in_by_link, no i_<id> chains) adds the
+// map and its rule; the old sandbox's counts still read and it detaches
+// without leftovers, and a new one's ingress rate holds.
+func TestIngressOldTable(t *testing.T) {
+	needRoot(t)
+	nettest.FakeInternet(t)
+	m := newManager(t, "10.213.140.0/24")
+	old := fmt.Sprintf("sb-iold-%d", os.Getpid())
+	a, err := m.Attach(old, nettest.NSProc(t), mustParse(t, nettest.Mirror))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(old) })
+	// Make it an earlier edge's table: the rule, the map, the chain gone.
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := m.table()
+	rules, err := c.GetRules(tb, &nftables.Chain{Name: chainInbound, Table: tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		if string(r.UserData) == tagInByLink {
+			if err := c.DelRule(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := c.SetDeleteElements(inMap(tb), []nftables.SetElement{{Key: ifname(a.Link)}}); err != nil {
+		t.Fatal(err)
+	}
+	c.DelChain(&nftables.Chain{Name: inChain(old), Table: tb})
+	c.DelSet(inMap(tb))
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := New("10.213.140.0/24", t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m2.Denied(old); err != nil {
+		t.Errorf("counts of an earlier edge's sandbox: %v", err)
+	}
+	id, pid := fmt.Sprintf("sb-inew-%d", os.Getpid()), nettest.NSProc(t)
+	if _, err := m2.AttachWith(id, pid, mustParse(t, nettest.Mirror), AttachOptions{IngressRateMbit: 8}); err != nil {
+		t.Fatalf("attach behind an earlier edge's table: %v", err)
+	}
+	t.Cleanup(func() { _ = m2.Detach(id) })
+	if n := receiveFor(t, pid, 2*time.Second); n > int64(2e6*1.25) {
+		t.Errorf("behind an earlier edge's table, 8 Mbit/s received %d bytes in 2 s", n)
+	}
+	if err := m2.Detach(old); err != nil {
+		t.Errorf("detach an earlier edge's sandbox: %v", err)
+	}
+	if err := m2.Detach(id); err != nil {
+		t.Errorf("detach: %v", err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == tb.Name && strings.HasSuffix(ch.Name, fmt.Sprint(os.Getpid())) {
+			t.Errorf("chain %s left", ch.Name)
+		}
 	}
 }
