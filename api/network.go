@@ -226,7 +226,8 @@ type SandboxNetwork struct {
 	// connection: each refused connect is one (the refusal answers it at
 	// once, so it is not retried). DeniedBy splits it by the rule that
 	// refused: "not-allowed", "metadata", "host", "sandbox", "spoofed",
-	// "ipv6", "conn-limit".
+	// "ipv6", "conn-limit", "rate-limit", "ingress-rate-limit", "dns",
+	// "dns-rate".
 	Denied   int64            `json:"denied"`
 	DeniedBy map[string]int64 `json:"denied_by"`
 	// DeniedDestinations are the distinct destinations refused so far
