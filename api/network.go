@@ -39,7 +39,14 @@ type NetworkSpec struct {
 	// default, --net-ingress-rate-mbit; none without it). Set at create
 	// only.
 	IngressRateMbit int `json:"ingress_rate_mbit,omitempty"`
+	// MaxConns bounds the sandbox's open connections (0: the node's
+	// --net-max-conns, 4096 without it); past it a new connection is
+	// refused (conn-limit). Set at create only.
+	MaxConns int `json:"max_conns,omitempty"`
 }
+
+// MaxNetConns bounds NetworkSpec.MaxConns.
+const MaxNetConns = 65536
 
 // MaxEgressRateMbit bounds NetworkSpec.EgressRateMbit and
 // NetworkSpec.IngressRateMbit.
@@ -61,11 +68,12 @@ func (n *NetworkSpec) UnmarshalJSON(b []byte) error {
 		Group  string          `json:"group"`
 		Rate   int             `json:"egress_rate_mbit"`
 		In     int             `json:"ingress_rate_mbit"`
+		Conns  int             `json:"max_conns"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	n.Egress, n.Group, n.EgressRateMbit, n.IngressRateMbit = nil, raw.Group, raw.Rate, raw.In
+	n.Egress, n.Group, n.EgressRateMbit, n.IngressRateMbit, n.MaxConns = nil, raw.Group, raw.Rate, raw.In, raw.Conns
 	if len(raw.Egress) == 0 || string(raw.Egress) == "null" {
 		return nil
 	}

@@ -965,6 +965,9 @@ type Quota struct {
 	// 403); a networked sandbox that asks none is given the quota's.
 	EgressRateMbit  int `json:"egress_rate_mbit,omitempty"`
 	IngressRateMbit int `json:"ingress_rate_mbit,omitempty"`
+	// MaxConns bounds, the same way, the open connections one sandbox of
+	// the project may ask for (network.max_conns).
+	MaxConns int `json:"max_conns,omitempty"`
 }
 
 // Project is a node of the project tree. Its id is the path of names from

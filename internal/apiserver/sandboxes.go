@@ -162,20 +162,22 @@ func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) (
 	return limits, nil
 }
 
-// checkNetRates holds a networked create's rates within its projects'
-// quotas (403 naming the project whose quota a rate exceeds); a rate the
-// create leaves to the node becomes the tightest quota's.
+// checkNetRates holds a networked create's rates and connection limit
+// within its projects' quotas (403 naming the project whose quota one
+// exceeds); one the create leaves to the node becomes the tightest
+// quota's.
 func checkNetRates(n *api.NetworkSpec, limits []placement.Limit) error {
 	if n == nil {
 		return nil
 	}
 	for _, r := range []struct {
-		field string
-		rate  *int
-		quota func(api.Quota) int
+		field, unit string
+		rate        *int
+		quota       func(api.Quota) int
 	}{
-		{"egress_rate_mbit", &n.EgressRateMbit, func(q api.Quota) int { return q.EgressRateMbit }},
-		{"ingress_rate_mbit", &n.IngressRateMbit, func(q api.Quota) int { return q.IngressRateMbit }},
+		{"egress_rate_mbit", "Mbit/s", &n.EgressRateMbit, func(q api.Quota) int { return q.EgressRateMbit }},
+		{"ingress_rate_mbit", "Mbit/s", &n.IngressRateMbit, func(q api.Quota) int { return q.IngressRateMbit }},
+		{"max_conns", "connections", &n.MaxConns, func(q api.Quota) int { return q.MaxConns }},
 	} {
 		tightest := 0
 		for _, l := range limits {
@@ -185,7 +187,7 @@ func checkNetRates(n *api.NetworkSpec, limits []placement.Limit) error {
 			}
 			if *r.rate > q {
 				return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf(
-					"network.%s %d exceeds the %d Mbit/s per sandbox that project %s's quota allows", r.field, *r.rate, q, l.Project)}
+					"network.%s %d exceeds the %d %s per sandbox that project %s's quota allows", r.field, *r.rate, q, r.unit, l.Project)}
 			}
 			if tightest == 0 || q < tightest {
 				tightest = q

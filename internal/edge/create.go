@@ -307,6 +307,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if rspec.Network != nil {
 		rspec.Network.EgressRateMbit = spec.Network.EgressRateMbit
 		rspec.Network.IngressRateMbit = spec.Network.IngressRateMbit
+		rspec.Network.MaxConns = spec.Network.MaxConns
 	}
 	var inst *runtime.Instance
 	if box != nil {

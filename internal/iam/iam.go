@@ -438,6 +438,9 @@ func (m *IAM) effectiveLocked(id string) api.Quota {
 		if r.Quota.IngressRateMbit > 0 && (q.IngressRateMbit == 0 || r.Quota.IngressRateMbit < q.IngressRateMbit) {
 			q.IngressRateMbit = r.Quota.IngressRateMbit
 		}
+		if r.Quota.MaxConns > 0 && (q.MaxConns == 0 || r.Quota.MaxConns < q.MaxConns) {
+			q.MaxConns = r.Quota.MaxConns
+		}
 	}
 	return q
 }
@@ -449,6 +452,9 @@ func checkQuotaFits(q, parent api.Quota, parentID string) error {
 	}
 	if q.EgressRateMbit < 0 || q.IngressRateMbit < 0 || q.EgressRateMbit > api.MaxEgressRateMbit || q.IngressRateMbit > api.MaxEgressRateMbit {
 		return invalid("quota egress_rate_mbit and ingress_rate_mbit must be 0 (no own limit) to %d", api.MaxEgressRateMbit)
+	}
+	if q.MaxConns < 0 || q.MaxConns > api.MaxNetConns {
+		return invalid("quota max_conns must be 0 (no own limit) to %d", api.MaxNetConns)
 	}
 	where := "its parent"
 	if parentID != "" {
@@ -471,6 +477,9 @@ func checkQuotaFits(q, parent api.Quota, parentID string) error {
 	}
 	if parent.IngressRateMbit > 0 && q.IngressRateMbit > parent.IngressRateMbit {
 		return forbidden("quota of %d Mbit/s ingress per sandbox exceeds the %d that %s allows", q.IngressRateMbit, parent.IngressRateMbit, where)
+	}
+	if parent.MaxConns > 0 && q.MaxConns > parent.MaxConns {
+		return forbidden("quota of %d connections per sandbox exceeds the %d that %s allows", q.MaxConns, parent.MaxConns, where)
 	}
 	return nil
 }

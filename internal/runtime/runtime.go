@@ -76,6 +76,8 @@ type NetworkSpec struct {
 	EgressRateMbit int
 	// IngressRateMbit bounds what it receives (0: the node's default).
 	IngressRateMbit int
+	// MaxConns bounds its open connections (0: the node's default).
+	MaxConns int
 }
 
 // NetHandle is a networked sandbox's addresses.

@@ -164,6 +164,8 @@ type AttachOptions struct {
 	// IngressRateMbit bounds what it receives, in Mbit/s (0: the
 	// Manager's IngressRateMbit).
 	IngressRateMbit int
+	// MaxConns bounds its open connections (0: the Manager's MaxConns).
+	MaxConns int
 }
 
 func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
@@ -353,6 +355,9 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 	}()
 	m.setPolicy(id, egress)
 	a.IngressRateMbit = cmp.Or(opts.IngressRateMbit, m.IngressRateMbit)
+	if opts.MaxConns > 0 {
+		a.MaxConns = uint32(opts.MaxConns)
+	}
 	// The policy comes first: the sandbox's end is never up without it.
 	if err := m.ensureTable(); err != nil {
 		return nil, err

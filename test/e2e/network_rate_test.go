@@ -85,9 +85,9 @@ func TestNetworkEgressRate(t *testing.T) {
 
 // TestNetworkIngressRateAndQuota: a networked sandbox's downloads are held
 // to its ingress rate (network.ingress_rate_mbit); a project's quota
-// bounds the rates one of its sandboxes may ask for (more is 403 naming
-// the project; a subproject's quota may not exceed it) and gives a create
-// that asks none the quota's rates.
+// bounds the rates and the connection limit one of its sandboxes may ask
+// for (more is 403 naming the project; a subproject's quota may not
+// exceed it) and gives a create that asks none the quota's.
 func TestNetworkIngressRateAndQuota(t *testing.T) {
 	nettest.FakeInternet(t)
 	pool := fmt.Sprintf("10.213.%d.0/24", 230+(os.Getpid()+10)%20)
@@ -99,7 +99,7 @@ func TestNetworkIngressRateAndQuota(t *testing.T) {
 	if code, body := s.rawRequest(t, "POST", "/v1/sandboxes", "", b, json); code != 422 || !strings.Contains(body, "ingress_rate_mbit") {
 		t.Errorf("ingress_rate_mbit 100001: %d %s, want 422 naming it", code, body)
 	}
-	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "netq", Quota: api.Quota{EgressRateMbit: 8, IngressRateMbit: 4}}); err != nil {
+	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "netq", Quota: api.Quota{EgressRateMbit: 8, IngressRateMbit: 4, MaxConns: 16}}); err != nil {
 		t.Fatal(err)
 	}
 	tok, err := s.C.CreateToken(ctx, api.CreateTokenRequest{Principal: "netq-lead", Project: "netq", Role: api.RoleAdmin})
@@ -115,11 +115,11 @@ func TestNetworkIngressRateAndQuota(t *testing.T) {
 		t.Errorf("a negative rate quota was accepted")
 	}
 	egress := []string{nettest.Mirror + ":" + nettest.SourcePort + "/tcp"}
-	for _, n := range []api.NetworkSpec{{Egress: egress, EgressRateMbit: 9}, {Egress: egress, IngressRateMbit: 5}} {
+	for _, n := range []api.NetworkSpec{{Egress: egress, EgressRateMbit: 9}, {Egress: egress, IngressRateMbit: 5}, {Egress: egress, MaxConns: 17}} {
 		_, err := p.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Network: &n})
 		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code != api.CodeForbidden || !strings.Contains(ae.Message, "netq") || !strings.Contains(ae.Message, "rate_mbit") {
-			t.Errorf("create over the project's rate quota (%d/%d): %v, want 403 naming the project", n.EgressRateMbit, n.IngressRateMbit, err)
+		if !errors.As(err, &ae) || ae.Code != api.CodeForbidden || !strings.Contains(ae.Message, "netq") || !strings.Contains(ae.Message, "network.") {
+			t.Errorf("create over the project's quota (%d/%d/%d): %v, want 403 naming the project", n.EgressRateMbit, n.IngressRateMbit, n.MaxConns, err)
 		}
 	}
 	// Without rates: the quota's.
@@ -128,8 +128,9 @@ func TestNetworkIngressRateAndQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), byQuota.ID) })
-	if got, _ := p.Get(ctx, byQuota.ID); got == nil || got.Network == nil || got.Network.EgressRateMbit != 8 || got.Network.IngressRateMbit != 4 {
-		t.Errorf("a create without rates under a quota of 8/4 Mbit/s: %+v", got)
+	if got, _ := p.Get(ctx, byQuota.ID); got == nil || got.Network == nil || got.Network.EgressRateMbit != 8 || got.Network.IngressRateMbit != 4 ||
+		got.Network.MaxConns != 16 {
+		t.Errorf("a create without rates under a quota of 8/4 Mbit/s and 16 connections: %+v", got)
 	}
 	fast := s.create(t, api.CreateSandboxRequest{Network: &api.NetworkSpec{Egress: egress}})
 	// MB megabytes from the mirror's source.
@@ -155,6 +156,22 @@ func TestNetworkIngressRateAndQuota(t *testing.T) {
 	}
 	if n, err := p.Network(ctx, byQuota.ID); err != nil || n.DeniedBy["ingress-rate-limit"] == 0 {
 		t.Errorf("ingress-rate-limit drops not counted: %+v %v", n, err)
+	}
+	// Its connection limit, the quota's 16.
+	probe, err := os.ReadFile(bins.probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.WriteFileBytes(ctx, byQuota.ID, "/probe", probe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.Exec(ctx, byQuota.ID, api.ExecRequest{Cmd: "/probe conns " + nettest.Mirror + ":" + nettest.SourcePort + " 40 0 2>/dev/null"})
+	var greeted int
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Sscanf(r.Stdout, "greeted %d", &greeted); err != nil || greeted < 1 || greeted > 16 {
+		t.Errorf("40 connections at once with a limit of 16: %q %q", r.Stdout, r.Stderr)
 	}
 	for _, id := range []string{byQuota.ID, fast.ID} {
 		if _, err := s.C.Delete(ctx, id); err != nil {

@@ -404,7 +404,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if spec.Network != nil {
 		// Before setup: the sandbox's first command finds its network up.
 		a, err := r.net.AttachWith(spec.ID, h.Pid, spec.Network.Egress, sandboxnet.AttachOptions{Group: spec.Network.Group, EgressRateMbit: spec.Network.EgressRateMbit,
-			IngressRateMbit: spec.Network.IngressRateMbit})
+			IngressRateMbit: spec.Network.IngressRateMbit, MaxConns: spec.Network.MaxConns})
 		if err != nil {
 			return nil, fmt.Errorf("container: network: %w", err)
 		}
