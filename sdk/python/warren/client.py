@@ -254,7 +254,8 @@ class Client:
                        quota: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """Create a subproject (default under the token's project). ``quota`` may set
         ``sandboxes``, ``cpu``, ``memory_mb``, ``storage_bytes`` and the per-sandbox
-        network rates ``egress_rate_mbit`` and ``ingress_rate_mbit``; it can never exceed the parent's."""
+        network rates ``egress_rate_mbit`` and ``ingress_rate_mbit`` and ``max_conns``; it can never
+        exceed the parent's."""
         return self._json(json_req("POST", "/v1/projects", _core.project_body(name, parent, quota)))
 
     def projects(self) -> List[Dict[str, Any]]:
