@@ -88,6 +88,7 @@ func InNS(t testing.TB, pid int, f func()) {
 // FakeInternet makes the namespace and its routes.
 func FakeInternet(t testing.TB) {
 	t.Helper()
+	lockInternet(t)
 	pid := NSProc(t)
 	name := fmt.Sprintf("wtinet%d", os.Getpid()%100000)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "inet0", PeerNamespace: netlink.NsPid(pid)}
