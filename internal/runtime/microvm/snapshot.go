@@ -60,7 +60,7 @@ func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after 
 		return 0, 0, runtime.ErrGone
 	}
 	stateDir := filepath.Dir(h.Socket)
-	args, err := qemuArgs(stateDir)
+	args, err := qemuArgs(stateDir, pid)
 	if err != nil {
 		return 0, 0, err
 	}

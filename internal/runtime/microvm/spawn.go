@@ -281,9 +281,14 @@ func lockingKey(key string) string {
 }
 
 // qemuArgs is the command line (without -incoming) that the VM whose
-// state directory is stateDir was last started with.
-func qemuArgs(stateDir string) ([]string, error) {
+// state directory is stateDir was last started with. A VM started by an
+// earlier edge, which ran QEMU as root and recorded nothing, is read from
+// its process pid (legacyArgs).
+func qemuArgs(stateDir string, pid int) ([]string, error) {
 	b, err := os.ReadFile(filepath.Join(stateDir, ArgsName))
+	if errors.Is(err, os.ErrNotExist) && pid > 0 {
+		return legacyArgs(pid)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("microvm: qemu's command line: %w", err)
 	}
@@ -291,8 +296,12 @@ func qemuArgs(stateDir string) ([]string, error) {
 	if err := json.Unmarshal(b, &args); err != nil || len(args) == 0 {
 		return nil, fmt.Errorf("microvm: malformed %s: %v", ArgsName, err)
 	}
-	// Without the -incoming of a restored VM: who starts it again says
-	// where from.
+	return withoutIncoming(args), nil
+}
+
+// withoutIncoming is args without the -incoming of a restored VM: who
+// starts it again says where from.
+func withoutIncoming(args []string) []string {
 	var out []string
 	for i := 0; i < len(args); i++ {
 		if args[i] == "-incoming" && i+1 < len(args) {
@@ -301,7 +310,33 @@ func qemuArgs(stateDir string) ([]string, error) {
 		}
 		out = append(out, args[i])
 	}
-	return out, nil
+	return out
+}
+
+// legacyArgs is the command line of a QEMU that an earlier edge started
+// as root, from /proc (trusted only because it runs as root: an
+// unprivileged QEMU could have rewritten it), made fit for spawn: its
+// seccomp filter no longer denies set*id, which -runas needs.
+func legacyArgs(pid int) ([]string, error) {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil || !strings.Contains(string(st), "\nUid:\t0\t0\t0\t0\n") {
+		return nil, fmt.Errorf("microvm: qemu %d: no %s and not a root QEMU of an earlier edge", pid, ArgsName)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return nil, err
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if len(args) < 2 {
+		return nil, fmt.Errorf("microvm: qemu %d: empty command line", pid)
+	}
+	args = withoutIncoming(args[1:])
+	for i := 1; i < len(args); i++ {
+		if args[i-1] == "-sandbox" {
+			args[i] = strings.ReplaceAll(args[i], ",elevateprivileges=deny", "")
+		}
+	}
+	return args, nil
 }
 
 // QMPFile runs fn on a QMP connection to h's QEMU with f handed to QEMU

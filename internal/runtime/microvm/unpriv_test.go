@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -256,5 +257,52 @@ func TestWithFDSets(t *testing.T) {
 		if err != nil || fl&unix.O_ACCMODE != modes[i] {
 			t.Errorf("file %d (%s): flags %o %v, want mode %o", i, f.Name(), fl, err, modes[i])
 		}
+	}
+}
+
+// TestLegacyArgs: a VM that an earlier edge started (QEMU as root, no
+// recorded command line) is paused and forked from its /proc command line,
+// made fit for -runas; an unprivileged QEMU's /proc command line is never
+// trusted.
+func TestLegacyArgs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: needs root")
+	}
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Skip("SKIP: no qemu-system-x86_64")
+	}
+	run := func(sandbox string, extra ...string) *exec.Cmd {
+		args := append([]string{"-M", "microvm", "-accel", "tcg", "-display", "none", "-nodefaults", "-S",
+			"-sandbox", sandbox, "-incoming", "defer"}, extra...)
+		cmd := exec.Command(qemu, args...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	root := run("on,obsolete=deny,elevateprivileges=deny,spawn=deny")
+	dir := t.TempDir()
+	var args []string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if args, err = qemuArgs(dir, root.Process.Pid); err == nil {
+			break
+		}
+	}
+	want := "-M microvm -accel tcg -display none -nodefaults -S -sandbox on,obsolete=deny,spawn=deny"
+	if err != nil || strings.Join(args, " ") != want {
+		t.Errorf("legacy args: %q %v, want %q", args, err, want)
+	}
+	unpriv := run("on,obsolete=deny,spawn=deny", "-runas", "2130706433:2130706433")
+	var st []byte
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !strings.Contains(string(st), "\nUid:\t2130706433"); time.Sleep(20 * time.Millisecond) {
+		st, _ = os.ReadFile(fmt.Sprintf("/proc/%d/status", unpriv.Process.Pid))
+	}
+	if !strings.Contains(string(st), "\nUid:\t2130706433") {
+		t.Fatalf("qemu -runas did not start: %s", st)
+	}
+	if args, err := qemuArgs(dir, unpriv.Process.Pid); err == nil {
+		t.Errorf("an unprivileged QEMU's /proc command line was trusted: %q", args)
 	}
 }
