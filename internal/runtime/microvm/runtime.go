@@ -417,7 +417,7 @@ func (r *Runtime) pidOf(h runtime.Handle) int {
 		return 0
 	}
 	for _, q := range found {
-		if q.id == h.ID {
+		if q.id == h.ID && h.Socket != "" && runsAsRecorded(filepath.Dir(h.Socket), q.pid) {
 			return q.pid
 		}
 	}
@@ -529,7 +529,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 				}
 			}
 		}
-		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName, ArgsName} {
+		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName, ArgsName, uidName} {
 			if err := os.Remove(filepath.Join(dir, n)); err != nil && !os.IsNotExist(err) {
 				return fmt.Errorf("microvm: destroy: %w", err)
 			}

@@ -28,7 +28,10 @@ package microvm
 //   - The command line is recorded in the state directory (ArgsName, root
 //     only) and read from there for a pause or a fork: never from
 //     /proc/<pid>/cmdline, which an escaped QEMU can rewrite to make the
-//     edge open other files.
+//     edge open other files. The uid is recorded there too (uidName): a
+//     QEMU found in /proc by the -name in its command line counts as its
+//     sandbox's only if it runs as that uid (pidOf), so a QEMU that
+//     renames itself cannot pass for another sandbox's.
 //
 // The state directory stays root's (0700): QEMU's sockets and console are
 // made there before the drop, and the edge (root) uses them; no VM's uid
@@ -73,6 +76,10 @@ const (
 // ArgsName is the file in a state directory that holds its QEMU's
 // command line (as spawn got it: paths, not descriptors).
 const ArgsName = "qemu-args.json"
+
+// uidName is the file in a state directory that holds the uid its QEMU
+// runs as (spawn writes it; pidOf checks a QEMU found by name against it).
+const uidName = "qemu.uid"
 
 // chrootName is the empty directory under CacheDir that QEMU chroots into.
 const chrootName = "qemu-root"
@@ -194,6 +201,9 @@ func (r *Runtime) spawn(stateDir, cgroup string, args []string) (*exec.Cmd, erro
 	defer releaseUID(uid)
 	id := strconv.FormatUint(uint64(uid), 10)
 	qargs = append(qargs, "-runas", id+":"+id, "-chroot", r.chroot)
+	if err := writeAtomic(filepath.Join(stateDir, uidName), []byte(id)); err != nil {
+		return nil, fmt.Errorf("microvm: %w", err)
+	}
 	logf, err := os.OpenFile(filepath.Join(stateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("microvm: qemu log: %w", err)
@@ -210,6 +220,31 @@ func (r *Runtime) spawn(stateDir, cgroup string, args []string) (*exec.Cmd, erro
 	}
 	r.reap(cmd)
 	return cmd, nil
+}
+
+// runsAsRecorded reports whether the process pid runs as the uid that
+// spawn recorded in stateDir (when none is recorded: as root, a QEMU of
+// an earlier edge). A QEMU found by the name in its command line is its
+// sandbox's only then: an escaped QEMU can rewrite its command line to
+// name another sandbox, not its uid.
+func runsAsRecorded(stateDir string, pid int) bool {
+	want := "0"
+	if b, err := os.ReadFile(filepath.Join(stateDir, uidName)); err == nil {
+		want = strings.TrimSpace(string(b))
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+			f := strings.Fields(v)
+			return len(f) == 4 && f[0] == want && f[1] == want && f[2] == want && f[3] == want
+		}
+	}
+	return false
 }
 
 // withFDSets replaces each disk path of args's -drive and -blockdev

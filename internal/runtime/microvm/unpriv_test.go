@@ -10,10 +10,18 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	wruntime "github.com/warrenhq/warren/internal/runtime"
+)
+
+type (
+	runtimeSpec   = wruntime.Spec
+	runtimeHandle = wruntime.Handle
 )
 
 // qemuCreds is what /proc/<pid>/status says of a QEMU's credentials.
@@ -305,4 +313,36 @@ func TestLegacyArgs(t *testing.T) {
 	if args, err := qemuArgs(dir, unpriv.Process.Pid); err == nil {
 		t.Errorf("an unprivileged QEMU's /proc command line was trusted: %q", args)
 	}
+}
+
+// TestPidOfIgnoresImpostor: an unprivileged process that names itself as
+// a sandbox's QEMU in its command line (an escaped QEMU can rewrite its
+// own) is not taken for that sandbox's QEMU: not while it is paused (no
+// QEMU runs) and not while its own QEMU runs as another uid.
+func TestPidOfIgnoresImpostor(t *testing.T) {
+	f := newFixture(t)
+	spec := f.spec(t, "ghost")
+	if err := os.WriteFile(filepath.Join(spec.StateDir, uidName), []byte("2130706441"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := f.rtHandle(spec)
+	cmd := exec.Command("/bin/sh", "-c", "sleep 60", "-name", f.rt.qemuName(spec.ID), "-chardev", "socket,id=agent,path="+h.Socket)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 2130706440, Gid: 2130706440}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		found, _ := f.rt.findQEMUs()
+		if len(found) > 0 {
+			break
+		}
+	}
+	if pid := f.rt.pidOf(h); pid != 0 {
+		t.Errorf("pidOf took the impostor %d (its own %d) for the sandbox's QEMU", pid, cmd.Process.Pid)
+	}
+}
+
+func (f *fixture) rtHandle(spec *runtimeSpec) runtimeHandle {
+	return runtimeHandle{ID: spec.ID, Tier: Tier, Socket: filepath.Join(spec.StateDir, SocketName), Cgroup: f.rt.cgroupPath(spec.ID)}
 }
