@@ -67,3 +67,33 @@ func TestUploadWritesInParallel(t *testing.T) {
 		t.Fatalf("at most %d agent write in flight: the upload waits for each write before sending the next", m)
 	}
 }
+
+// TestUploadFailedWriteLeavesNothing: a write that fails while others are
+// in flight fails the upload; every write is waited for, and neither the
+// file nor its temporary name is left.
+func TestUploadFailedWriteLeavesNothing(t *testing.T) {
+	addr := freeAddr(t)
+	n := edgetest.Start(t, func(c *edge.Config) { c.DataListen = addr })
+	sb, err := n.Create(api.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := n.Runtime.Agent(sb.ID)
+	agent.SetWriteDelay(20 * time.Millisecond)
+	agent.FailWritesFrom(4)
+	data := make([]byte, 40<<20)
+	err = upload(t, n, addr, sb.ID, "/up/file", data)
+	if ae := edgetest.APIError(err); ae == nil || ae.Code == "" {
+		t.Fatalf("upload with a failing write: %v, want an error answer", err)
+	}
+	var left api.FileList
+	if err := n.Call(edge.OpFileList, edge.FileRequest{ID: sb.ID, Path: "/up"}, &left); err != nil && edgetest.APIError(err) == nil {
+		t.Fatal(err)
+	}
+	for _, f := range left.Files {
+		t.Errorf("left after the failed upload: %s", f.Path)
+	}
+	if _, ok := agent.File("/up/file"); ok {
+		t.Fatal("the target exists after a failed upload")
+	}
+}

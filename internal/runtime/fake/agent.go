@@ -36,6 +36,15 @@ type Agent struct {
 	// Writes in flight (file.write): their delay, the most at once.
 	writeDelay       time.Duration
 	writing, maxWrit int
+	writes, failFrom int // file.write requests answered; fail from this one on (0: never)
+}
+
+// FailWritesFrom makes the n-th file.write and every later one fail
+// (no_space), as a full disk does.
+func (a *Agent) FailWritesFrom(n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.failFrom = n
 }
 
 // SetWriteDelay makes each file.write take d (before it writes), so that
@@ -366,6 +375,9 @@ func (a *Agent) write(ctx context.Context, r *agentproto.WriteRequest) (any, err
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.writing--
+	if a.writes++; a.failFrom > 0 && a.writes >= a.failFrom {
+		return nil, &agentproto.Error{Code: agentproto.ErrNoSpace, Message: p + ": no space left on device"}
+	}
 	if r.At {
 		old, ok := a.files[p]
 		if !ok {
