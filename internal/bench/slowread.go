@@ -19,7 +19,7 @@ import (
 )
 
 // Slow-read figure: the rate of the slow client, and how much of the file
-// it reads (the marks at which the memory is sampled are 100 MiB and this).
+// it reads (the memory is sampled after each 100 MiB).
 const (
 	slowReadRate = 5e6 // bytes/s
 	slowReadMB   = 500
@@ -28,12 +28,16 @@ const (
 // slowRead is the "slow-read" figure: the memory (VmRSS) of this process,
 // which holds the private server's apiserver and edge, while a client
 // reads a TransferMB file through the API (GET /v1/sandboxes/{id}/files)
-// at 5 MB/s: before the read, after 100 MiB, after 500 MiB (or the whole
-// file, if smaller), and the most seen in between (sampled each second).
+// at 5 MB/s: before the read, after each 100 MiB up to 500 MiB (or the
+// whole file, if smaller), and the most seen in between (sampled each
+// second).
 // Bounded means no growth with the bytes read: every hop holds at most
 // its window while the client is slow.
 func slowRead(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
 	size := int64(o.TransferMB) << 20
+	if size <= 0 {
+		return fmt.Errorf("slow-read: --transfer-mb must be positive")
+	}
 	upto := min(size, slowReadMB<<20)
 	fmt.Fprintf(o.Out, "slow-read: %d MiB of a %d MiB file read at 5 MB/s (%.0f s)...\n", upto>>20, o.TransferMB, float64(upto)/slowReadRate)
 	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: int64(o.TransferMB) + 512, DiskMB: int64(o.TransferMB) + 256})
@@ -62,15 +66,22 @@ func slowRead(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("status %d", resp.StatusCode)
 	}
-	var at100, peak float64
+	type mark struct {
+		read      int64
+		rss, heap float64
+	}
+	var marks []mark // each 100 MiB read
+	var peak float64
 	var read int64
 	buf := make([]byte, 64<<10)
 	start, sampled := time.Now(), time.Now()
 	for read < upto {
 		n, err := resp.Body.Read(buf[:min(int64(len(buf)), upto-read)])
 		read += int64(n)
-		if read >= 100<<20 && at100 == 0 {
-			at100 = rssMiB()
+		if next := int64(len(marks)+1) * 100 << 20; read >= next || read == upto {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			marks = append(marks, mark{read, rssMiB(), float64(ms.HeapInuse) / (1 << 20)})
 		}
 		if time.Since(sampled) >= time.Second {
 			peak, sampled = max(peak, rssMiB()), time.Now()
@@ -86,16 +97,13 @@ func slowRead(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 			time.Sleep(d)
 		}
 	}
-	end := rssMiB()
-	peak = max(peak, end)
 	took := time.Since(start)
-	note := fmt.Sprintf("%d MiB read in %.0f s (%.1f MB/s)", read>>20, took.Seconds(), float64(read)/1e6/took.Seconds())
 	rep.add("slow-read RSS of apiserver+edge before the read", before, "MiB", fmt.Sprintf("%d MiB file", o.TransferMB))
-	if at100 > 0 {
-		rep.add("slow-read RSS after 100 MiB read", at100, "MiB", "")
+	for _, m := range marks {
+		rep.add(fmt.Sprintf("slow-read RSS after %d MiB read", m.read>>20), m.rss, "MiB", fmt.Sprintf("Go heap in use %.1f MiB", m.heap))
 	}
-	rep.add(fmt.Sprintf("slow-read RSS after %d MiB read", read>>20), end, "MiB", note)
-	rep.add("slow-read RSS, most during the read", peak, "MiB", "sampled each second")
+	rep.add("slow-read RSS, most during the read", max(peak, marks[len(marks)-1].rss), "MiB",
+		fmt.Sprintf("sampled each second; %d MiB read in %.0f s (%.1f MB/s)", read>>20, took.Seconds(), float64(read)/1e6/took.Seconds()))
 	return nil
 }
 
