@@ -79,9 +79,13 @@ func slowRead(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 		n, err := resp.Body.Read(buf[:min(int64(len(buf)), upto-read)])
 		read += int64(n)
 		if next := int64(len(marks)+1) * 100 << 20; read >= next || read == upto {
+			// RSS as it is, then the live heap: what a collection keeps
+			// (in use before it counts garbage not yet collected).
+			rss := rssMiB()
+			runtime.GC()
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
-			marks = append(marks, mark{read, rssMiB(), float64(ms.HeapInuse) / (1 << 20)})
+			marks = append(marks, mark{read, rss, float64(ms.HeapAlloc) / (1 << 20)})
 		}
 		if time.Since(sampled) >= time.Second {
 			peak, sampled = max(peak, rssMiB()), time.Now()
@@ -100,7 +104,7 @@ func slowRead(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	took := time.Since(start)
 	rep.add("slow-read RSS of apiserver+edge before the read", before, "MiB", fmt.Sprintf("%d MiB file", o.TransferMB))
 	for _, m := range marks {
-		rep.add(fmt.Sprintf("slow-read RSS after %d MiB read", m.read>>20), m.rss, "MiB", fmt.Sprintf("Go heap in use %.1f MiB", m.heap))
+		rep.add(fmt.Sprintf("slow-read RSS after %d MiB read", m.read>>20), m.rss, "MiB", fmt.Sprintf("live Go heap %.1f MiB", m.heap))
 	}
 	rep.add("slow-read RSS, most during the read", max(peak, marks[len(marks)-1].rss), "MiB",
 		fmt.Sprintf("sampled each second; %d MiB read in %.0f s (%.1f MB/s)", read>>20, took.Seconds(), float64(read)/1e6/took.Seconds()))
