@@ -21,6 +21,7 @@ import (
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/auditpolicy"
 	"github.com/warrenhq/warren/internal/edge/history"
+	"github.com/warrenhq/warren/internal/edge/snapshot"
 	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/runtime"
 )
@@ -72,8 +73,8 @@ type sandbox struct {
 	pmu        sync.Mutex // serializes pause and resume
 	wmu        sync.Mutex // serializes persistSandbox's writes of rec
 	mu         sync.Mutex
-	snapMu     sync.Mutex // one snapshot at a time
-	incr       incrState  // its last snapshot, for an incremental next one (under snapMu; snapdiff.go)
+	snapMu     sync.Mutex    // one snapshot at a time
+	incr       snapshot.Last // its last snapshot, for an incremental next one (under snapMu; internal/edge/snapshot)
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time

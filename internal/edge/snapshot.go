@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge/snapshot"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 	"github.com/warrenhq/warren/internal/scratch"
@@ -145,7 +146,7 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	t1 := time.Now()
 	// The chain this snapshot's diff goes on: the previous snapshot of
 	// the sandbox (only what changed since is packed), else its layers.
-	var manifest map[string]entryMeta
+	var manifest snapshot.Manifest
 	var prev *api.Snapshot
 	links := 1
 	if cerr == nil && terr == nil {
@@ -187,16 +188,16 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 		// packed, and with it a diff nobody else needed yet: this one
 		// must not name a layer that is gone.
 		if err := e.chainWhole(ctx, snap); err != nil {
-			sb.incr = incrState{}
+			sb.incr = snapshot.Last{}
 			_ = e.snaps.Delete(context.WithoutCancel(ctx), snapID)
 			_, _ = e.cfg.Images.DeleteLayer(context.WithoutCancel(ctx), SnapshotLayerName(snapID), 0)
 			return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("snapshot of %s: %v while it was taken; take it again (it will be full)", id, err)}
 		}
 	}
 	if manifest != nil {
-		sb.incr = incrState{snap: snapID, links: links, manifest: manifest}
+		sb.incr = snapshot.Last{Snap: snapID, Links: links, Manifest: manifest}
 	} else {
-		sb.incr = incrState{} // packed from the live directory: the next one is full
+		sb.incr = snapshot.Last{} // packed from the live directory: the next one is full
 	}
 	e.charge(ctx, spec.Project, snap.Size)
 	e.log.Debug("snapshot", "sandbox", id, "snapshot", snapID, "flush", t0.Sub(start), "frozen", frozen, "pack", time.Since(t1), "bytes", l.Size)
@@ -210,22 +211,22 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 // snapshot (nil if it could not be read: the next one is full), the
 // snapshot this one chains on (nil = a full one) and its link count.
 // The caller holds sb.snapMu.
-func (e *Edge) increment(ctx context.Context, sb *sandbox, id, copyDir string) (map[string]entryMeta, *api.Snapshot, int, error) {
+func (e *Edge) increment(ctx context.Context, sb *sandbox, id, copyDir string) (snapshot.Manifest, *api.Snapshot, int, error) {
 	last := sb.incr
-	if last.snap != "" && last.manifest != nil && last.links < maxChainLinks {
-		prev, err := e.getSnapshot(ctx, last.snap)
+	if last.Snap != "" && last.Manifest != nil && last.Links < snapshot.MaxChainLinks {
+		prev, err := e.getSnapshot(ctx, last.Snap)
 		if err == nil && len(prev.Layers) < sandboxspec.MaxLayers {
-			manifest, err := pruneUnchanged(copyDir, last.manifest)
+			manifest, err := snapshot.PruneUnchanged(copyDir, last.Manifest)
 			if err != nil {
 				// The copy may be half pruned: it is neither whole nor
 				// the diff.
-				sb.incr = incrState{}
+				sb.incr = snapshot.Last{}
 				return nil, nil, 0, fmt.Errorf("incremental snapshot of %s: %w", id, err)
 			}
-			return manifest, prev, last.links + 1, nil
+			return manifest, prev, last.Links + 1, nil
 		}
 	}
-	manifest, err := scanManifest(copyDir)
+	manifest, err := snapshot.ScanManifest(copyDir)
 	if err != nil {
 		e.log.Warn("snapshot manifest; the next snapshot is full", "sandbox", id, "err", err)
 		return nil, nil, 1, nil

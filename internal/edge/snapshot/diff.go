@@ -1,5 +1,3 @@
-package edge
-
 // Incremental snapshots. A sandbox's first snapshot packs its whole
 // writable layer; each later one packs only what changed since the
 // previous snapshot of the same sandbox, chained on that snapshot's layers
@@ -8,10 +6,12 @@ package edge
 // mode, owner, size, mtime, link target, device, opaque): an entry that is
 // the same is left out (the chain below holds it), a path that is gone
 // becomes a whiteout, a directory that became opaque since is packed
-// whole. After maxChainLinks incremental links the next snapshot is full
+// whole. After MaxChainLinks incremental links the next snapshot is full
 // again (compaction): chains stay short, and a restore mounts at most
 // that many diffs of one sandbox. The manifest lives with the sandbox in
-// memory (snapMu): after an edge restart its next snapshot is full.
+// memory (State): after an edge restart its next snapshot is full.
+
+package snapshot
 
 import (
 	"errors"
@@ -23,14 +23,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxChainLinks is how many incremental snapshots chain on one full one.
-const maxChainLinks = 8
+// MaxChainLinks is how many incremental snapshots chain on one full one.
+const MaxChainLinks = 8
 
 // opaqueXattr marks an overlay directory that hides the layers below.
 const opaqueXattr = "trusted.overlay.opaque"
 
-// entryMeta is what a snapshot's manifest records of one path.
-type entryMeta struct {
+// Meta is what a snapshot's manifest records of one path.
+type Meta struct {
 	Mode   uint32 // type and permission bits
 	UID    uint32
 	GID    uint32
@@ -41,16 +41,19 @@ type entryMeta struct {
 	Opaque bool
 }
 
-// incrState is a sandbox's last snapshot, for the next one (under
-// sandbox.snapMu).
-type incrState struct {
-	snap     string               // the sandbox's last snapshot
-	links    int                  // incremental links since the last full snapshot (1 = it is full)
-	manifest map[string]entryMeta // its writable layer then, by path relative to the layer
+// Manifest is a writable layer's entries by path relative to the layer.
+type Manifest map[string]Meta
+
+// Last is a sandbox's last snapshot, for the next one (the core keeps it
+// under sandbox.snapMu).
+type Last struct {
+	Snap     string   // the sandbox's last snapshot
+	Links    int      // incremental links since the last full snapshot (1 = it is full)
+	Manifest Manifest // its writable layer then
 }
 
-func metaOf(p string, st *unix.Stat_t) (entryMeta, error) {
-	m := entryMeta{Mode: st.Mode, UID: st.Uid, GID: st.Gid, Size: st.Size, Mtime: st.Mtim.Nano(), Rdev: st.Rdev}
+func metaOf(p string, st *unix.Stat_t) (Meta, error) {
+	m := Meta{Mode: st.Mode, UID: st.Uid, GID: st.Gid, Size: st.Size, Mtime: st.Mtim.Nano(), Rdev: st.Rdev}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFLNK:
 		l, err := os.Readlink(p)
@@ -68,11 +71,11 @@ func metaOf(p string, st *unix.Stat_t) (entryMeta, error) {
 	return m, nil
 }
 
-func isDir(m entryMeta) bool { return m.Mode&unix.S_IFMT == unix.S_IFDIR }
+func isDir(m Meta) bool { return m.Mode&unix.S_IFMT == unix.S_IFDIR }
 
-// scanManifest records every entry under dir.
-func scanManifest(dir string) (map[string]entryMeta, error) {
-	out := map[string]entryMeta{}
+// ScanManifest records every entry under dir.
+func ScanManifest(dir string) (Manifest, error) {
+	out := Manifest{}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -94,13 +97,13 @@ func scanManifest(dir string) (map[string]entryMeta, error) {
 	return out, err
 }
 
-// pruneUnchanged turns dir, a private copy of a writable layer, into the
+// PruneUnchanged turns dir, a private copy of a writable layer, into the
 // diff against the layer as prev recorded it: it removes what is the same
 // there, adds whiteouts for what is gone and un-marks directories that
 // were opaque already. It returns the manifest of dir as it was (for the
 // next snapshot) and how many entries it kept.
-func pruneUnchanged(dir string, prev map[string]entryMeta) (map[string]entryMeta, error) {
-	cur := map[string]entryMeta{}
+func PruneUnchanged(dir string, prev Manifest) (Manifest, error) {
+	cur := Manifest{}
 	times := map[string]unix.Stat_t{} // directories whose entries change, as they were
 	var drop []string
 	var unOpaque []string
