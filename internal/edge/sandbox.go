@@ -1,6 +1,6 @@
 package edge
 
-// Lock order: sandbox.snapMu or sandbox.pmu, then Edge.mu, then sandbox.mu
+// Lock order: sandbox.snap or sandbox.pmu, then Edge.mu, then sandbox.mu
 // (the whole order is in edge.go).
 
 import (
@@ -73,8 +73,7 @@ type sandbox struct {
 	pmu        sync.Mutex // serializes pause and resume
 	wmu        sync.Mutex // serializes persistSandbox's writes of rec
 	mu         sync.Mutex
-	snapMu     sync.Mutex    // one snapshot at a time
-	incr       snapshot.Last // its last snapshot, for an incremental next one (under snapMu; internal/edge/snapshot)
+	snap       snapshot.State // one snapshot at a time, and its last one (internal/edge/snapshot)
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time

@@ -44,8 +44,8 @@ type Meta struct {
 // Manifest is a writable layer's entries by path relative to the layer.
 type Manifest map[string]Meta
 
-// Last is a sandbox's last snapshot, for the next one (the core keeps it
-// under sandbox.snapMu).
+// Last is a sandbox's last snapshot, for the next one (in its State,
+// under State.mu).
 type Last struct {
 	Snap     string   // the sandbox's last snapshot
 	Links    int      // incremental links since the last full snapshot (1 = it is full)
