@@ -101,21 +101,59 @@ func ScanManifest(dir string) (Manifest, error) {
 // diff against the layer as prev recorded it: it removes what is the same
 // there, adds whiteouts for what is gone and un-marks directories that
 // were opaque already. It returns the manifest of dir as it was (for the
-// next snapshot) and how many entries it kept.
+// next snapshot).
 func PruneUnchanged(dir string, prev Manifest) (Manifest, error) {
-	cur := Manifest{}
-	times := map[string]unix.Stat_t{} // directories whose entries change, as they were
-	var drop []string
-	var unOpaque []string
-	var full []string // directories made opaque since prev: packed whole
-	inFull := func(rel string) bool {
-		for _, f := range full {
-			if strings.HasPrefix(rel, f+"/") {
-				return true
-			}
-		}
-		return false
+	pl, err := planPrune(dir, prev)
+	if err != nil {
+		return nil, err
 	}
+	for _, rel := range pl.drop {
+		if err := os.Remove(filepath.Join(dir, rel)); err != nil {
+			return nil, err
+		}
+	}
+	for _, rel := range pl.unOpaque {
+		if err := unix.Lremovexattr(filepath.Join(dir, rel), opaqueXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+			return nil, err
+		}
+	}
+	if err := pl.whiteouts(dir, prev); err != nil {
+		return nil, err
+	}
+	// Removing and adding entries changed their directories' times: put
+	// them back (the layer keeps them).
+	for rel, st := range pl.times {
+		ts := []unix.Timespec{st.Atim, st.Mtim}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(dir, rel), ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return nil, err
+		}
+	}
+	return pl.cur, nil
+}
+
+// prunePlan is what PruneUnchanged does to a copy, read before it
+// changes anything.
+type prunePlan struct {
+	cur      Manifest               // the copy as it is
+	times    map[string]unix.Stat_t // directories whose entries change, as they were
+	drop     []string               // unchanged since prev: removed
+	unOpaque []string               // opaque in prev already: un-marked
+	full     []string               // directories made opaque since prev: packed whole
+}
+
+// inFull reports whether rel is under a directory packed whole.
+func (pl *prunePlan) inFull(rel string) bool {
+	for _, f := range pl.full {
+		if strings.HasPrefix(rel, f+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// planPrune reads dir against prev (see PruneUnchanged).
+func planPrune(dir string, prev Manifest) (*prunePlan, error) {
+	pl := &prunePlan{cur: Manifest{}, times: map[string]unix.Stat_t{}}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -132,23 +170,23 @@ func PruneUnchanged(dir string, prev Manifest) (Manifest, error) {
 		if err != nil {
 			return err
 		}
-		cur[rel] = m
+		pl.cur[rel] = m
 		if isDir(m) {
-			times[rel] = st
-			if m.Opaque && !inFull(rel) {
+			pl.times[rel] = st
+			if m.Opaque && !pl.inFull(rel) {
 				if old, ok := prev[rel]; ok && isDir(old) && old.Opaque {
-					unOpaque = append(unOpaque, rel) // the chain below hides the lower layers already
+					pl.unOpaque = append(pl.unOpaque, rel) // the chain below hides the lower layers already
 				} else {
-					full = append(full, rel)
+					pl.full = append(pl.full, rel)
 				}
 			}
 			return nil
 		}
-		if inFull(rel) {
+		if pl.inFull(rel) {
 			return nil
 		}
 		if old, ok := prev[rel]; ok && old == m {
-			drop = append(drop, rel)
+			pl.drop = append(pl.drop, rel)
 		}
 		return nil
 	})
@@ -156,21 +194,16 @@ func PruneUnchanged(dir string, prev Manifest) (Manifest, error) {
 		return nil, err
 	}
 	if st, err := lstat(dir); err == nil {
-		times[""] = st
+		pl.times[""] = st
 	}
-	for _, rel := range drop {
-		if err := os.Remove(filepath.Join(dir, rel)); err != nil {
-			return nil, err
-		}
-	}
-	for _, rel := range unOpaque {
-		if err := unix.Lremovexattr(filepath.Join(dir, rel), opaqueXattr); err != nil && !errors.Is(err, unix.ENODATA) {
-			return nil, err
-		}
-	}
-	// Gone since prev: a whiteout at the highest path that is gone.
+	return pl, nil
+}
+
+// whiteouts marks in dir what prev had and is gone: a whiteout at the
+// highest path that is gone.
+func (pl *prunePlan) whiteouts(dir string, prev Manifest) error {
 	for rel, old := range prev {
-		if _, ok := cur[rel]; ok || old.Mode&unix.S_IFMT == unix.S_IFCHR && old.Rdev == 0 {
+		if _, ok := pl.cur[rel]; ok || old.Mode&unix.S_IFMT == unix.S_IFCHR && old.Rdev == 0 {
 			continue // still there, or a whiteout already
 		}
 		parent := filepath.Dir(rel)
@@ -178,24 +211,16 @@ func PruneUnchanged(dir string, prev Manifest) (Manifest, error) {
 			parent = ""
 		}
 		if parent != "" {
-			pm, ok := cur[parent]
-			if !ok || !isDir(pm) || inFull(parent+"/x") {
+			pm, ok := pl.cur[parent]
+			if !ok || !isDir(pm) || pl.inFull(parent+"/x") {
 				continue // the parent is gone (its whiteout covers it) or hides the chain below
 			}
 		}
 		if err := unix.Mknod(filepath.Join(dir, rel), unix.S_IFCHR, 0); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// Removing and adding entries changed their directories' times: put
-	// them back (the layer keeps them).
-	for rel, st := range times {
-		ts := []unix.Timespec{st.Atim, st.Mtim}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(dir, rel), ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return nil, err
-		}
-	}
-	return cur, nil
+	return nil
 }
 
 func lstat(p string) (unix.Stat_t, error) {
