@@ -66,6 +66,7 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge/fncall"
+	"github.com/warrenhq/warren/internal/edge/fork"
 	"github.com/warrenhq/warren/internal/edge/pause"
 	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/edge/recycle"
@@ -188,6 +189,9 @@ type Edge struct {
 	// snapshots takes and reads snapshots (internal/edge/snapshot); its
 	// lock is each sandbox's snap.
 	snapshots *snapshot.Snapshotter
+	// forker forks sandboxes from memory (internal/edge/fork); it has no
+	// lock of its own.
+	forker *fork.Forker
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -314,6 +318,7 @@ func New(cfg Config) (*Edge, error) {
 	e.shelf = recycle.New(jobCore{e}, jobCore{e}, cfg.Runtime, cfg.Recycle)
 	e.pauser = pause.New(jobCore{e}, cfg.Runtime)
 	e.snapshots = e.newSnapshotter()
+	e.forker = fork.New(forkHost{e}, cfg.Runtime)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {
