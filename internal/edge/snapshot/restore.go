@@ -42,7 +42,7 @@ func (s *Snapshotter) Restore(ctx context.Context, spec *api.CreateSandboxReques
 	if len(snap.Layers) > sandboxspec.MaxLayers {
 		return nil, invalidf("snapshot %s chains %d layers (at most %d)", snap.ID, len(snap.Layers), sandboxspec.MaxLayers)
 	}
-	if IsVMTier(spec.Tier) {
+	if isVMTier(spec.Tier) {
 		// The create's own layers were checked for the tier; the
 		// snapshot's are checked here.
 		for _, l := range snap.Layers {

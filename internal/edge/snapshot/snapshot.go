@@ -138,9 +138,9 @@ func newSnapshotID() string {
 	return "snap-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
 
-// IsVMTier reports whether tier runs sandboxes as VMs (whose disk the
+// isVMTier reports whether tier runs sandboxes as VMs (whose disk the
 // guest packs, vm.go).
-func IsVMTier(tier string) bool { return tier == api.TierMicroVM || tier == api.TierVM }
+func isVMTier(tier string) bool { return tier == api.TierMicroVM || tier == api.TierVM }
 
 func invalidf(format string, a ...any) error {
 	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(format, a...)}
@@ -184,7 +184,7 @@ func (s *Snapshotter) Take(ctx context.Context, sb Sandbox, name string, step in
 
 	snapID := newSnapshotID()
 	var c copied
-	if IsVMTier(src.Spec.Tier) {
+	if isVMTier(src.Spec.Tier) {
 		// The guest packs its disk's changes (vm.go) into a private copy
 		// beside the writable layer, as a container's is copied.
 		c.dir = filepath.Join(filepath.Dir(filepath.Clean(src.Upper)), ".snapshot-"+snapID)
