@@ -17,7 +17,8 @@ import (
 	"github.com/warrenhq/warren/internal/agentproto"
 )
 
-// tarOf is an upper.tar as a guest agent streams it: files by path.
+// tarOf is an upper.tar as a guest agent streams it: files by path, owned
+// by the test's user (the unpacker sets owners: no root needed).
 func tarOf(t *testing.T, files map[string]string, mtime time.Time) []byte {
 	t.Helper()
 	var buf bytes.Buffer
@@ -27,7 +28,7 @@ func tarOf(t *testing.T, files map[string]string, mtime time.Time) []byte {
 		if !ok {
 			continue
 		}
-		h := &tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: mtime, Typeflag: tar.TypeReg, Format: tar.FormatPAX}
+		h := &tar.Header{Name: name, Uid: os.Getuid(), Gid: os.Getgid(), Mode: 0o644, Size: int64(len(data)), ModTime: mtime, Typeflag: tar.TypeReg, Format: tar.FormatPAX}
 		if strings.HasSuffix(name, "/") {
 			h.Mode, h.Size, h.Typeflag = 0o755, 0, tar.TypeDir
 		}
