@@ -80,6 +80,9 @@ type Image struct {
 	Size      int64     `json:"size"` // bytes of uncompressed layer tars
 	CreatedAt time.Time `json:"created_at"`
 	Config    Config    `json:"config"`
+	// Disk, set on an image of the vm tier imported from a disk image
+	// (disk.go), is that disk; such an image has no layers.
+	Disk *Disk `json:"disk,omitempty"`
 }
 
 // API returns the wire form of the image.
@@ -287,11 +290,15 @@ func (s *LocalStore) Remove(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
+	old, _ := s.readImage(name)
 	if err := os.Remove(s.imagePath(name)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("%w: %s", ErrNotFound, name)
 		}
 		return fmt.Errorf("image: remove %s: %w", name, err)
+	}
+	if old != nil && old.Disk != nil {
+		s.collectDiskLocked(old.Disk.Digest)
 	}
 	_, err = s.gcLocked(nil)
 	return err
