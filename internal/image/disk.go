@@ -11,7 +11,7 @@ package image
 // sandbox of such an image gets a qcow2 overlay with the stored file as its
 // read-only backing file: no per-sandbox copy.
 //
-// What import refuses (ErrBadContent, a 400 through the API):
+// What import refuses (ErrBadDisk, a 400 through the API):
 //   - a format other than qcow2 or raw (given, or from the file name);
 //   - a backing file or an external data file: QEMU would open that host
 //     path for the guest (a host-file-read attack);
@@ -38,6 +38,10 @@ import (
 	"strings"
 	"time"
 )
+
+// ErrBadDisk wraps every refusal of a disk image at import (a 400 through
+// the API).
+var ErrBadDisk = errors.New("bad disk image")
 
 // Disk formats import accepts.
 const (
@@ -146,12 +150,12 @@ func (e *qemuImgError) Error() string { return e.msg }
 
 // bad is ErrBadContent with a reason about the disk image src.
 func bad(src, format string, args ...any) error {
-	return fmt.Errorf("%w: disk image %s: %s", ErrBadContent, filepath.Base(src), fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s: %s", ErrBadDisk, filepath.Base(src), fmt.Sprintf(format, args...))
 }
 
 // InspectDisk validates the disk image file src in format (DiskQcow2 or
 // DiskRaw; "" = from its name, DiskFormat). Every refusal wraps
-// ErrBadContent.
+// ErrBadDisk.
 func InspectDisk(ctx context.Context, src, format string) (*DiskInfo, error) {
 	if format == "" {
 		format = DiskFormat(src)

@@ -105,7 +105,7 @@ func TestImportDisk(t *testing.T) {
 }
 
 // TestImportDiskRefused: corrupt images, backing files, data files and
-// unknown formats are refused with ErrBadContent and a reason; a raw file
+// unknown formats are refused with ErrBadDisk and a reason; a raw file
 // whose bytes look like a qcow2 with a backing file is only bytes.
 func TestImportDiskRefused(t *testing.T) {
 	needQemuImg(t)
@@ -148,8 +148,8 @@ func TestImportDiskRefused(t *testing.T) {
 		{backed, "vmdk", "format must be qcow2 or raw"},
 	} {
 		_, err := s.ImportDisk(ctx, c.path, "refused:1", c.format)
-		if !errors.Is(err, ErrBadContent) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s (%q): %v, want ErrBadContent saying %q", filepath.Base(c.path), c.format, err, c.want)
+		if !errors.Is(err, ErrBadDisk) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s (%q): %v, want ErrBadDisk saying %q", filepath.Base(c.path), c.format, err, c.want)
 		}
 	}
 	if _, _, err := s.Resolve(ctx, "refused:1"); !errors.Is(err, ErrNotFound) {

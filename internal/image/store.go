@@ -93,6 +93,9 @@ func (i *Image) API() api.Image {
 		a.Config = &api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Cmd: c.Cmd,
 			Entrypoint: c.Entrypoint, Labels: c.Labels, ExposedPorts: c.ExposedPorts}
 	}
+	if d := i.Disk; d != nil {
+		a.Disk = &api.ImageDisk{Format: d.Format, VirtualSize: d.VirtualSize, StoredSize: d.StoredSize}
+	}
 	return a
 }
 

@@ -170,6 +170,10 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, errors.New("microvm: StateDir is required")
 	}
 	switch {
+	case spec.Disk != "":
+		if err := r.checkDiskSpec(spec); err != nil {
+			return nil, err
+		}
 	case len(spec.Lowers) == 0:
 		return nil, errors.New("microvm: no layers")
 	case len(spec.Binds) > 0:
@@ -273,6 +277,9 @@ func memoryOf(spec *runtime.Spec) int64 {
 // writable storage (spec.Work, else the state directory), linked from the
 // state directory so that Destroy finds it.
 func makeDisk(spec *runtime.Spec) (string, error) {
+	if spec.Disk != "" {
+		return makeOverlay(spec) // diskboot.go
+	}
 	dir := spec.Work
 	if dir == "" {
 		dir = spec.StateDir
@@ -375,6 +382,9 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		args = append(args,
 			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
 			"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
+	}
+	if spec.Disk != "" {
+		args = bootFromDisk(args) // diskboot.go
 	}
 	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
