@@ -4,10 +4,12 @@
 # a systemd service (warren-agent.service: `warren-agent --vm-service PORT`)
 # that serves the agent protocol on the VM's virtio-serial port.
 #
-#   CACHE/rootfs-<key>/      debootstrap's tree (the slow part, ~2–4 min),
-#                            key = this script + the mirror
+#   CACHE/rootfs-<key>/      debootstrap's tree (the slow part: 4–6 min on a
+#                            loaded 2-core machine), key = its build steps,
+#                            packages and mirror
 #   CACHE/disk-<key2>.raw    the bootable disk: MBR, GRUB in the gap after
-#                            it, one ext4 partition; key2 = key + the agent
+#                            it, one ext4 partition; key2 = key + this script
+#                            + the agent (~20 s to re-pack)
 #   CACHE/debian-12.raw      symlink to the newest disk
 #
 # Offline but for the Debian mirror of the machine's apt sources. Idempotent:
@@ -24,6 +26,8 @@ mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
 exec 9>"$cache/.lock"
 flock 9
+# Standard output is the disk's path alone; the tools' chatter goes to stderr.
+exec 3>&1 1>&2
 
 # The first deb.debian.org-style mirror of the apt sources (deb822 or one-line).
 mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null |
@@ -33,8 +37,6 @@ mirror=${mirror:-http://deb.debian.org/debian}
 # What the image holds: its kernel, initramfs-tools, GRUB's BIOS images,
 # systemd as init, udev (it loads the virtio modules), ps and kmod.
 include=linux-image-amd64,initramfs-tools,grub-pc-bin,systemd-sysv,udev,procps,kmod,zstd
-key=$(cat "$0" <(echo "$mirror") | sha256sum | cut -c1-16)
-rootfs="$cache/rootfs-$key"
 
 build_rootfs() {
   local tmp="$cache/.rootfs-$key.tmp"
@@ -64,17 +66,20 @@ EOF
   mv "$tmp" "$rootfs"
 }
 
+# The tree's key: what builds it (not the rest of this script).
+key=$( (declare -f build_rootfs; echo "$include $mirror") | sha256sum | cut -c1-16)
+rootfs="$cache/rootfs-$key"
 if [[ ! -d "$rootfs" ]]; then
   build_rootfs
   # Older trees of this cache: replaced by this one.
   for d in "$cache"/rootfs-*; do [[ "$d" == "$rootfs" ]] || rm -rf "$d"; done
 fi
 
-key2=$(cat <(echo "$key") "$agent" | sha256sum | cut -c1-16)
+key2=$(cat <(echo "$key") "$0" "$agent" | sha256sum | cut -c1-16)
 disk="$cache/disk-$key2.raw"
 if [[ -s "$disk" ]]; then
   ln -sfn "$(basename "$disk")" "$cache/debian-12.raw"
-  echo "$cache/debian-12.raw"
+  echo "$cache/debian-12.raw" >&3
   exit 0
 fi
 
@@ -152,4 +157,4 @@ dd if="$core" of="$work/disk.raw" bs=512 seek=1 conv=notrunc status=none
 mv "$work/disk.raw" "$disk"
 for d in "$cache"/disk-*.raw; do [[ "$d" == "$disk" ]] || rm -f "$d"; done
 ln -sfn "$(basename "$disk")" "$cache/debian-12.raw"
-echo "$cache/debian-12.raw"
+echo "$cache/debian-12.raw" >&3
