@@ -30,6 +30,7 @@ func VMServiceMain(port string) {
 	}
 	log.Info("agent: serving as a vm service", "port", port)
 	a := New(log)
+	a.vmService = true
 	if err := a.Serve(p); err != nil {
 		log.Error("agent: serve", "err", err)
 	}

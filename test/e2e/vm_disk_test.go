@@ -122,8 +122,11 @@ func TestVMDiskImage(t *testing.T) {
 	}
 
 	t0 = time.Now()
-	sb := s.create(t, api.CreateSandboxRequest{Image: "debian:12-vm", Tier: api.TierVM, MemoryMB: 512})
+	sb := s.create(t, api.CreateSandboxRequest{Image: "debian:12-vm", Tier: api.TierVM, MemoryMB: 512, Hostname: "vmdisk"})
 	t.Logf("create (boot to the agent service): %v", time.Since(t0))
+	if r := s.sh(t, sb.ID, "hostname"); r.Stdout != "vmdisk\n" {
+		t.Errorf("hostname: %q", r.Stdout)
+	}
 	if r := s.sh(t, sb.ID, "ps -p 1 -o comm="); r.Stdout != "systemd\n" {
 		t.Errorf("PID 1: %q %q", r.Stdout, r.Stderr)
 	}

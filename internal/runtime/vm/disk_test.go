@@ -149,6 +149,9 @@ func TestDiskImage(t *testing.T) {
 		failed, _ := runtimetest.Exec(ctx, inst.Agent, "systemctl --failed --no-legend")
 		t.Errorf("system state %q (exit %d); failed units: %s", r.Stdout, r.ExitCode, failed.Stdout)
 	}
+	if got := run("hostname"); got != "diskvm" {
+		t.Errorf("hostname %q, want the spec's", got)
+	}
 	if got := run("systemctl is-active warren-agent.service"); got != "active" {
 		t.Errorf("warren-agent.service: %q", got)
 	}
