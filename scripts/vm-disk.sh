@@ -141,7 +141,8 @@ EOF
 # boot sector in the MBR and its core image in the gap before the partition.
 size_mb=2048
 part="$work/part.ext4"
-mkfs.ext4 -q -F -L root -d "$tree" -E root_owner=0:0 "$part" $((size_mb - 1))M
+truncate -s $((size_mb - 1))M "$part"
+mkfs.ext4 -q -F -L root -d "$tree" -E root_owner=0:0 "$part"
 truncate -s "${size_mb}M" "$work/disk.raw"
 echo 'start=2048, type=83, bootable' | sfdisk -q "$work/disk.raw"
 dd if="$part" of="$work/disk.raw" bs=1M seek=1 conv=notrunc,sparse status=none
