@@ -148,9 +148,12 @@ type qemuImgError struct{ msg string }
 
 func (e *qemuImgError) Error() string { return e.msg }
 
-// bad is ErrBadContent with a reason about the disk image src.
+// bad is ErrBadDisk with a reason about the disk image src. The reason
+// names src by its base name only (qemu-img's messages name the whole
+// path, which is the node's business).
 func bad(src, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", ErrBadDisk, filepath.Base(src), fmt.Sprintf(format, args...))
+	msg := strings.ReplaceAll(fmt.Sprintf(format, args...), src, filepath.Base(src))
+	return fmt.Errorf("%w: %s: %s", ErrBadDisk, filepath.Base(src), msg)
 }
 
 // InspectDisk validates the disk image file src in format (DiskQcow2 or

@@ -148,7 +148,7 @@ func TestImportDiskRefused(t *testing.T) {
 		{backed, "vmdk", "format must be qcow2 or raw"},
 	} {
 		_, err := s.ImportDisk(ctx, c.path, "refused:1", c.format)
-		if !errors.Is(err, ErrBadDisk) || !strings.Contains(err.Error(), c.want) {
+		if !errors.Is(err, ErrBadDisk) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), c.path) {
 			t.Errorf("%s (%q): %v, want ErrBadDisk saying %q", filepath.Base(c.path), c.format, err, c.want)
 		}
 	}

@@ -217,8 +217,8 @@ func (r imageResolver) ImportDisk(ctx context.Context, path, name, format string
 		err = storeErr(err)
 		var ae *api.Error
 		if errors.As(err, &ae) { // the staging file means nothing to the client
-			ae.Message = strings.ReplaceAll(ae.Message, filepath.Base(path), "the uploaded disk image")
 			ae.Message = strings.ReplaceAll(ae.Message, path, "the uploaded disk image")
+			ae.Message = strings.ReplaceAll(ae.Message, filepath.Base(path), "the uploaded disk image")
 		}
 		return nil, err
 	}
