@@ -101,9 +101,10 @@ mv "$tree/usr/local/sbin/warren-agent.new" "$tree/usr/local/sbin/warren-agent"
 cat >"$tree/etc/systemd/system/warren-agent.service" <<'EOF'
 [Unit]
 Description=warren agent (serves the host on the virtio-serial port warren.agent)
+# As early as the root is writable (the kernel mounts it so): a create
+# returns when the agent answers; systemd goes on booting meanwhile.
 DefaultDependencies=no
-After=systemd-remount-fs.service local-fs.target
-Wants=local-fs.target
+After=systemd-remount-fs.service
 
 [Service]
 ExecStartPre=-/sbin/modprobe virtio_console
@@ -120,7 +121,7 @@ EOF
 ln -sf /etc/systemd/system/warren-agent.service "$tree/etc/systemd/system/sysinit.target.wants/warren-agent.service"
 # Nothing of a headless, networkless VM waits for these.
 for u in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
-  systemd-networkd-wait-online.service getty@tty1.service; do
+  systemd-networkd-wait-online.service getty@tty1.service getty-static.service; do
   ln -sf /dev/null "$tree/etc/systemd/system/$u"
 done
 
@@ -132,7 +133,7 @@ terminal_input serial
 terminal_output serial
 set timeout=0
 menuentry debian {
-  linux /boot/vmlinuz-$kver root=/dev/vda1 ro console=ttyS0 quiet loglevel=3 panic=-1 tsc_early_khz=2000000 cryptomgr.notests systemd.show_status=0
+  linux /boot/vmlinuz-$kver root=/dev/vda1 rw console=ttyS0 quiet loglevel=3 panic=-1 tsc_early_khz=2000000 cryptomgr.notests systemd.show_status=0
   initrd /boot/initrd.img-$kver
 }
 EOF
