@@ -32,6 +32,10 @@ func (r *Runtime) checkDiskSpec(spec *runtime.Spec) error {
 		return errors.New("microvm: a disk image boots on the vm tier only")
 	case len(spec.Lowers) > 0 || len(spec.Binds) > 0:
 		return errors.New("microvm: a disk image VM has no layers")
+	case len(spec.Stateless) > 0:
+		return errors.New("microvm: stateless sandboxes are not supported by this tier")
+	case spec.Network != nil:
+		return errors.New("microvm: networks are not supported by this tier yet")
 	case !filepath.IsAbs(spec.Disk) || strings.Contains(spec.Disk, ","):
 		return fmt.Errorf("microvm: disk image path %q: absolute and without commas", spec.Disk)
 	}
