@@ -48,9 +48,11 @@ func vmDiskFile(t *testing.T) string {
 // TestVMDiskImage: `warren image import --disk` uploads a VM disk image
 // (a corrupt one, or one with a backing file, is a 400 that says why); a
 // `tier: "vm"` sandbox of it boots the image's own GRUB, kernel and systemd,
-// whose warren-agent service serves exec and files; pause and resume keep
-// its processes; other tiers and layers are refused; delete leaves no QEMU
-// and no overlay.
+// whose warren-agent service serves exec and files (its port node gone);
+// pause and resume keep its processes; other tiers and layers are refused;
+// delete leaves no QEMU and no overlay, and the stored disk never changed.
+// (The one test that boots the disk: a boot costs a minute or more under
+// TCG.)
 func TestVMDiskImage(t *testing.T) {
 	kdir := vmKernelDir(t)
 	raw := vmDiskFile(t)
@@ -110,6 +112,14 @@ func TestVMDiskImage(t *testing.T) {
 	if img.Disk == nil || img.Disk.Format != "qcow2" || img.Disk.VirtualSize != 2<<30 || len(img.Layers) != 0 {
 		t.Fatalf("debian:12-vm in the list: %+v (disk %+v)", img, img.Disk)
 	}
+	stored, _ := filepath.Glob(filepath.Join(s.dataDir, "images", "blobs", "sha256", "*.qcow2"))
+	if len(stored) != 1 {
+		t.Fatalf("stored disks: %v", stored)
+	}
+	before, err := os.Stat(stored[0])
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Not on other tiers, not with layers.
 	for _, body := range []string{
@@ -139,8 +149,10 @@ func TestVMDiskImage(t *testing.T) {
 	if _, err := s.C.WriteFile(ctx, sb.ID, "/root/f", strings.NewReader("on the overlay\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if r := s.sh(t, sb.ID, "cat /root/f; grep -c BOOT_IMAGE /proc/cmdline"); r.Stdout != "on the overlay\n1\n" {
-		t.Errorf("file and cmdline: %q %q", r.Stdout, r.Stderr)
+	// The image's GRUB booted its kernel; the agent is its systemd
+	// service, and no process of the guest finds its port.
+	if r := s.sh(t, sb.ID, "cat /root/f; grep -o 'BOOT_IMAGE=/boot/vmlinuz-[^ ]*' /proc/cmdline | wc -l; systemctl is-active warren-agent.service; ls /dev | grep -c '^vport'"); r.Stdout != "on the overlay\n1\nactive\n0\n" {
+		t.Errorf("file, cmdline, service, port node: %q %q", r.Stdout, r.Stderr)
 	}
 
 	// Pause (a memory snapshot) and resume: the processes stay.
@@ -172,6 +184,9 @@ func TestVMDiskImage(t *testing.T) {
 	})
 	if len(left) > 0 {
 		t.Errorf("left after delete: %v", left)
+	}
+	if after, err := os.Stat(stored[0]); err != nil || !after.ModTime().Equal(before.ModTime()) || after.Size() != before.Size() {
+		t.Errorf("the stored disk changed: %v %v", after, err)
 	}
 	s.stop()
 	assertNoLeaks(t, s)

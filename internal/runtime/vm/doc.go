@@ -27,5 +27,5 @@
 // Debian 12 test disk scripts/vm-disk.sh builds), whose warren-agent service
 // (`warren-agent --vm-service warren.agent`) answers on the same port.
 // The mechanics live beside the layered boot, in
-// internal/runtime/microvm/diskboot.go; TestDiskImage boots the test disk.
+// internal/runtime/microvm/diskboot.go; e2e:TestVMDiskImage boots the test disk.
 package vm
