@@ -170,6 +170,11 @@ func InspectDisk(ctx context.Context, src, format string) (*DiskInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image: import disk: %w", err)
 	}
+	// An absolute path: qemu-img reads a file name starting "json:" as a
+	// block device description, not as a file.
+	if src, err = filepath.Abs(src); err != nil {
+		return nil, fmt.Errorf("image: import disk: %w", err)
+	}
 	if !fi.Mode().IsRegular() {
 		return nil, bad(src, "not a regular file")
 	}
@@ -230,6 +235,10 @@ func InspectDisk(ctx context.Context, src, format string) (*DiskInfo, error) {
 func (s *LocalStore) ImportDisk(ctx context.Context, src, name, format string) (*Image, error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
+	}
+	src, err := filepath.Abs(src)
+	if err != nil {
+		return nil, fmt.Errorf("image: import disk: %w", err)
 	}
 	info, err := InspectDisk(ctx, src, format)
 	if err != nil {
