@@ -59,9 +59,13 @@ EOF
   kdir=$(ls -d "$tmp"/lib/modules/*)
   rm -rf "$kdir"/kernel/sound "$kdir"/kernel/drivers/{gpu,media,infiniband,staging,net/wireless,bluetooth,isdn,iio,hid,usb,scsi/qla2xxx,scsi/lpfc,scsi/mpt3sas,net/ethernet}
   chroot "$tmp" depmod "$(basename "$kdir")"
+  # /proc for update-initramfs, unmounted whatever happens (also if this
+  # script is interrupted) so that no mount outlives it.
   mount -t proc proc "$tmp/proc"
-  chroot "$tmp" update-initramfs -u -k all >>"$cache/debootstrap.log" 2>&1 || { umount "$tmp/proc"; echo "vm-disk: update-initramfs failed" >&2; exit 1; }
+  trap 'umount "$tmp/proc" 2>/dev/null || true' EXIT INT TERM
+  chroot "$tmp" update-initramfs -u -k all >>"$cache/debootstrap.log" 2>&1 || { echo "vm-disk: update-initramfs failed" >&2; exit 1; }
   umount "$tmp/proc"
+  trap - EXIT INT TERM
   rm -rf "$tmp"/usr/share/{doc,man,info,locale} "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
   mv "$tmp" "$rootfs"
 }
