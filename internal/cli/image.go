@@ -58,7 +58,11 @@ func newImageLsCmd(g *globals) *cobra.Command {
 			now := time.Now()
 			t := newTable(cmd.OutOrStdout(), "NAME", "DIGEST", "LAYERS", "SIZE", "CREATED")
 			for _, im := range imgs {
-				t.row(im.Name, shortDigest(im.Digest), fmt.Sprint(len(im.Layers)), humanBytes(im.Size), age(im.CreatedAt, now))
+				layers := fmt.Sprint(len(im.Layers))
+				if im.Disk != nil {
+					layers = "vm disk" // a VM disk image: its size is the disk's
+				}
+				t.row(im.Name, shortDigest(im.Digest), layers, humanBytes(im.Size), age(im.CreatedAt, now))
 			}
 			return t.flush()
 		},
