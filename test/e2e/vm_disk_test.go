@@ -48,7 +48,8 @@ func vmDiskFile(t *testing.T) string {
 // TestVMDiskImage: `warren image import --disk` uploads a VM disk image
 // (a corrupt one, or one with a backing file, is a 400 that says why); a
 // `tier: "vm"` sandbox of it boots the image's own GRUB, kernel and systemd,
-// whose warren-agent service serves exec and files (its port node gone);
+// whose warren-agent service serves exec and files (its port node gone),
+// which runs systemd services and loads kernel modules;
 // pause and resume keep its processes; other tiers and layers are refused;
 // delete leaves no QEMU and no overlay, and the stored disk never changed.
 // (The one test that boots the disk: a boot costs a minute or more under
@@ -155,6 +156,12 @@ func TestVMDiskImage(t *testing.T) {
 		t.Errorf("file, cmdline, service, port node: %q %q", r.Stdout, r.Stderr)
 	}
 
+	// What a container never could: a systemd service of its own, a
+	// kernel module loaded into its own kernel.
+	if r := s.sh(t, sb.ID, "systemd-run --unit=warren-hello sleep 600 >/dev/null 2>&1; systemctl is-active warren-hello; modprobe dummy && grep -c '^dummy ' /proc/modules"); r.Stdout != "active\n1\n" {
+		t.Errorf("a systemd service and a kernel module: %q %q", r.Stdout, r.Stderr)
+	}
+
 	// Pause (a memory snapshot) and resume: the processes stay.
 	if r := s.sh(t, sb.ID, "echo kept > /dev/shm/mark; echo ok"); r.Stdout != "ok\n" {
 		t.Fatalf("before pause: %q", r.Stdout)
@@ -165,7 +172,7 @@ func TestVMDiskImage(t *testing.T) {
 	if q := qemusOf(s.dataDir); strings.Contains(q, sb.ID) {
 		t.Errorf("QEMU still runs while paused: %s", q)
 	}
-	if r := s.sh(t, sb.ID, "cat /dev/shm/mark /root/f; ps -p 1 -o comm="); r.Stdout != "kept\non the overlay\nsystemd\n" {
+	if r := s.sh(t, sb.ID, "cat /dev/shm/mark /root/f; ps -p 1 -o comm=; systemctl is-active warren-hello"); r.Stdout != "kept\non the overlay\nsystemd\nactive\n" {
 		t.Errorf("after the resume: %q %q", r.Stdout, r.Stderr)
 	}
 
