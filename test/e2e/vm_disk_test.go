@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,6 +92,16 @@ func TestVMDiskImage(t *testing.T) {
 	}
 	if _, errs, code := s.cli(t, "image", "import", "--disk", corrupt, "--name", "bad:1"); code == 0 || !strings.Contains(errs, "bad disk image") {
 		t.Errorf("CLI import of a corrupt disk: exit %d, %s", code, errs)
+	}
+	py := exec.Command("python3", "-c", fmt.Sprintf(`import warren
+try:
+    warren.Client(%q, %q).import_disk("bad:1", %q)
+    print("imported")
+except warren.BadRequest as e:
+    print("refused", e.status, "backing file" in str(e))`, s.URL, s.Token, backed))
+	py.Env = append(os.Environ(), "PYTHONPATH=../../sdk/python")
+	if out, err := py.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "refused 400 True" {
+		t.Errorf("python SDK import_disk of a backed qcow2: %v %s", err, out)
 	}
 
 	// The test disk, as qcow2 (a smaller upload), through the CLI.
