@@ -51,7 +51,9 @@ func vmDiskFile(t *testing.T) string {
 // `tier: "vm"` sandbox of it boots the image's own GRUB, kernel and systemd,
 // whose warren-agent service serves exec and files (its port node gone),
 // which runs systemd services and loads kernel modules;
-// pause and resume keep its processes; other tiers and layers are refused;
+// pause and resume keep its processes, and so does kill -9 of warren (the
+// next one adopts the VM); a disk snapshot is a 409; other tiers and layers
+// are refused;
 // delete leaves no QEMU and no overlay, and the stored disk never changed.
 // (The one test that boots the disk: a boot costs a minute or more under
 // TCG.)
@@ -185,6 +187,20 @@ except warren.BadRequest as e:
 	}
 	if r := s.sh(t, sb.ID, "cat /dev/shm/mark /root/f; ps -p 1 -o comm=; systemctl is-active warren-hello"); r.Stdout != "kept\non the overlay\nsystemd\nactive\n" {
 		t.Errorf("after the resume: %q %q", r.Stdout, r.Stderr)
+	}
+
+	// kill -9 of warren leaves the VM running; the next warren adopts it.
+	s.kill9()
+	if q := qemusOf(s.dataDir); !strings.Contains(q, sb.ID) {
+		t.Fatalf("after kill -9, QEMUs: %q", q)
+	}
+	s.start()
+	if r := s.sh(t, sb.ID, "cat /dev/shm/mark; systemctl is-active warren-hello"); r.Stdout != "kept\nactive\n" {
+		t.Errorf("after the restart: %q %q", r.Stdout, r.Stderr)
+	}
+	// No disk snapshots of a disk image's VM yet: a 409 that says so.
+	if _, err := s.C.Snapshot(ctx, sb.ID, api.CreateSnapshotRequest{}); err == nil || !strings.Contains(err.Error(), "no VM writable disk") {
+		t.Errorf("snapshot of a disk-image VM: %v", err)
 	}
 
 	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
