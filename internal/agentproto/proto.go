@@ -156,6 +156,8 @@ type Request struct {
 	// Payload is bulk data sent after the JSON in a binary request frame
 	// (an agent of ProtoPayload or later; a file.write takes it as Data).
 	Payload []byte `json:"-"`
+
+	pooled *[]byte // the frame's buffer (ReadRequestPooled)
 }
 
 // Response is one frame of an answer.

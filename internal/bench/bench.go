@@ -100,7 +100,7 @@ type Options struct {
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit", "ports", "e2b", "vm"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "slow-read", "audit", "ports", "e2b", "vm"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -113,7 +113,7 @@ func (o *Options) want(f string) bool {
 		w = strings.TrimSpace(w)
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && f != "ports" && f != "e2b" && f != "vm" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && f != "slow-read" && f != "audit" && f != "ports" && f != "e2b" && f != "vm" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -261,7 +261,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}, {"ports", portsFigures}, {"e2b", e2bFigures}, {"vm", vmFigures}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"slow-read", slowRead}, {"audit", auditFigures}, {"ports", portsFigures}, {"e2b", e2bFigures}, {"vm", vmFigures}} {
 		if !o.want(f.name) {
 			continue
 		}

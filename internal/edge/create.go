@@ -391,6 +391,8 @@ func (e *Edge) startNetwork(spec *api.CreateSandboxRequest) (*runtime.NetworkSpe
 		n.Group = spec.Project + "\x00" + spec.Network.Group
 	}
 	n.EgressRateMbit = spec.Network.EgressRateMbit
+	n.IngressRateMbit = spec.Network.IngressRateMbit
+	n.MaxConns = spec.Network.MaxConns
 	return n, nil
 }
 

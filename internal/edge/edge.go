@@ -11,7 +11,8 @@ package edge
 //  1. trajectory.Traj.mu (internal/edge/trajectory, one per sandbox that
 //     records a trajectory): held over one whole logged operation, which
 //     may snapshot, branch (create) or stop a sandbox;
-//  2. sandbox.snapMu (one snapshot at a time) or sandbox.pmu (pause and
+//  2. sandbox.snap (one snapshot at a time: snapshot.State, in
+//     internal/edge/snapshot) or sandbox.pmu (pause and
 //     resume, internal/edge/pause: core.Pausable.PauseLock): never both,
 //     and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
@@ -65,9 +66,11 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge/fncall"
+	"github.com/warrenhq/warren/internal/edge/fork"
 	"github.com/warrenhq/warren/internal/edge/pause"
 	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/edge/recycle"
+	"github.com/warrenhq/warren/internal/edge/snapshot"
 	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/lifetime"
@@ -183,6 +186,12 @@ type Edge struct {
 	// pauser pauses and resumes sandboxes (internal/edge/pause); it has
 	// no lock of its own but each sandbox's pmu.
 	pauser *pause.Pauser
+	// snapshots takes and reads snapshots (internal/edge/snapshot); its
+	// lock is each sandbox's snap.
+	snapshots *snapshot.Snapshotter
+	// forker forks sandboxes from memory (internal/edge/fork); it has no
+	// lock of its own.
+	forker *fork.Forker
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -308,6 +317,8 @@ func New(cfg Config) (*Edge, error) {
 	e.pools = pool.New(jobCore{e}, filepath.Join(cfg.DataDir, "edge", "pools.json"))
 	e.shelf = recycle.New(jobCore{e}, jobCore{e}, cfg.Runtime, cfg.Recycle)
 	e.pauser = pause.New(jobCore{e}, cfg.Runtime)
+	e.snapshots = e.newSnapshotter()
+	e.forker = fork.New(forkHost{e}, cfg.Runtime)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {

@@ -29,6 +29,7 @@ func TestSnapshotScope(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &Edge{cfg: Config{Node: "n1"}, log: slog.New(slog.DiscardHandler), snaps: snaps}
+	e.snapshots = e.newSnapshotter()
 	if err := snaps.Put(ctx, "snap-p1", &api.Snapshot{ID: "snap-p1", Project: "p1"}); err != nil {
 		t.Fatal(err)
 	}

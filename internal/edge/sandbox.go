@@ -1,6 +1,6 @@
 package edge
 
-// Lock order: sandbox.snapMu or sandbox.pmu, then Edge.mu, then sandbox.mu
+// Lock order: sandbox.snap or sandbox.pmu, then Edge.mu, then sandbox.mu
 // (the whole order is in edge.go).
 
 import (
@@ -21,6 +21,7 @@ import (
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/auditpolicy"
 	"github.com/warrenhq/warren/internal/edge/history"
+	"github.com/warrenhq/warren/internal/edge/snapshot"
 	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/runtime"
 )
@@ -72,8 +73,7 @@ type sandbox struct {
 	pmu        sync.Mutex // serializes pause and resume
 	wmu        sync.Mutex // serializes persistSandbox's writes of rec
 	mu         sync.Mutex
-	snapMu     sync.Mutex // one snapshot at a time
-	incr       incrState  // its last snapshot, for an incremental next one (under snapMu; snapdiff.go)
+	snap       snapshot.State // one snapshot at a time, and its last one (internal/edge/snapshot)
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time

@@ -388,6 +388,12 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	if n.EgressRateMbit < 0 || n.EgressRateMbit > api.MaxEgressRateMbit {
 		return invalid("network.egress_rate_mbit %d: want 0 (the node's default) to %d", n.EgressRateMbit, api.MaxEgressRateMbit)
 	}
+	if n.IngressRateMbit < 0 || n.IngressRateMbit > api.MaxEgressRateMbit {
+		return invalid("network.ingress_rate_mbit %d: want 0 (the node's default) to %d", n.IngressRateMbit, api.MaxEgressRateMbit)
+	}
+	if n.MaxConns < 0 || n.MaxConns > api.MaxNetConns {
+		return invalid("network.max_conns %d: want 0 (the node's default) to %d", n.MaxConns, api.MaxNetConns)
+	}
 	return nil
 }
 

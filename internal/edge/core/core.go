@@ -4,12 +4,15 @@
 // after a crash and reaps expired ones. A job that is not the lifecycle
 // (FnCall workers in internal/edge/fncall, warm pools in
 // internal/edge/pool, recycled containers in internal/edge/recycle, pause
-// in internal/edge/pause, trajectories in internal/edge/trajectory, and
-// next snapshots) is a package written against Core: it never sees the
-// edge's records or locks, only the Sandbox handles the core gives it.
-// Trajectories are written against a Host and a Sandbox of their own
-// (their Sandbox extends this one) because those name their Traj state: here
-// they would import the package that imports this one.
+// in internal/edge/pause, trajectories in internal/edge/trajectory,
+// snapshots in internal/edge/snapshot, fork from memory in
+// internal/edge/fork) is a package written against Core or against small
+// interfaces of its own: it never sees the edge's records or locks, only
+// the handles the core gives it. Trajectories are written against a Host
+// and a Sandbox of their own (their Sandbox extends this one) because
+// those name their Traj state: here they would import the package that
+// imports this one. Snapshots and fork need none of Core's lifecycle
+// calls, only their own Host, Sandbox (Source, Child) and stores.
 //
 // # Contract
 //

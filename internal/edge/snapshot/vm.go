@@ -1,4 +1,4 @@
-package edge
+package snapshot
 
 // Disk snapshots of VM sandboxes (microvm, vm). A VM's writable layer is
 // the overlay's upper directory inside the guest, on the sandbox's
@@ -29,20 +29,14 @@ import (
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
-// isVMTier reports whether tier runs sandboxes as VMs.
-func isVMTier(tier string) bool { return tier == api.TierMicroVM || tier == api.TierVM }
-
-// copyVMUpper unpacks the writable changes of VM sandbox sb into dst (a
+// copyVMUpper unpacks the writable changes of VM sandbox src into dst (a
 // new directory) and returns how long the guest's disk was frozen.
-// maxBytes bounds the content (the sandbox's disk size). The caller holds
-// the sandbox (acquire) and sb.snapMu.
-func (e *Edge) copyVMUpper(ctx context.Context, sb *sandbox, dst string, maxBytes int64) (time.Duration, error) {
-	sb.mu.Lock()
-	inst := sb.inst
-	id := sb.rec.Sandbox.ID
-	sb.mu.Unlock()
-	if inst == nil || inst.Agent == nil {
-		return 0, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is not running", id)}
+// maxBytes bounds the content (the sandbox's disk size; 0: the default
+// disk size). The caller holds the sandbox (acquire) and its State.mu.
+func (s *Snapshotter) copyVMUpper(ctx context.Context, src *Source, dst string, maxBytes int64) (time.Duration, error) {
+	id := src.ID
+	if src.Agent == nil {
+		return 0, conflictf("sandbox %s is not running", id)
 	}
 	if maxBytes <= 0 {
 		maxBytes = sandboxspec.DefaultDiskMB << 20 // never the unpacker's default of 64 GiB for a guest's stream
@@ -68,19 +62,19 @@ func (e *Edge) copyVMUpper(ctx context.Context, sb *sandbox, dst string, maxByte
 	var res agentproto.UpperTarResult
 	// io.Pipe's Write returns once the unpacker has taken the bytes: the
 	// chunk's buffer is free again.
-	err := inst.Agent.CallBulk(ctx, agentproto.OpUpperTar, nil, &res, func(r *agentproto.Response) error {
+	err := src.Agent.CallBulk(ctx, agentproto.OpUpperTar, nil, &res, func(r *agentproto.Response) error {
 		_, err := pw.Write(r.Data)
 		return err
 	})
 	pw.CloseWithError(err)
 	uerr := <-unpacked
 	if uerr != nil {
-		return 0, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("snapshot of %s: its writable disk cannot be packed: %v", id, uerr)}
+		return 0, conflictf("snapshot of %s: its writable disk cannot be packed: %v", id, uerr)
 	}
 	if err != nil {
 		var ae *agentproto.Error
 		if errors.As(err, &ae) && ae.Code == agentproto.ErrInvalid {
-			return 0, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s: %s", id, ae.Message)}
+			return 0, conflictf("sandbox %s: %s", id, ae.Message)
 		}
 		return 0, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("snapshot of %s: reading its writable disk: %v", id, err)}
 	}
