@@ -485,6 +485,21 @@ type Image struct {
 	// environment, working directory and user), and what a Dockerfile
 	// recorded (cmd, entrypoint, labels, exposed ports).
 	Config *ImageConfig `json:"config,omitempty"`
+	// Disk is set on a VM disk image (imported with `warren image import
+	// --disk`): sandboxes of tier "vm" boot it with its own bootloader,
+	// kernel and init. Such an image has no layers.
+	Disk *ImageDisk `json:"disk,omitempty"`
+}
+
+// ImageDisk describes a VM disk image.
+type ImageDisk struct {
+	// Format is the imported file's format ("qcow2" or "raw"); the node
+	// stores it as a self-contained qcow2.
+	Format string `json:"format"`
+	// VirtualSize is the disk's size as the guest sees it, in bytes.
+	VirtualSize int64 `json:"virtual_size"`
+	// StoredSize is the stored qcow2's size in bytes.
+	StoredSize int64 `json:"stored_size"`
 }
 
 // ImageConfig is the part of an OCI image config warren keeps. A sandbox

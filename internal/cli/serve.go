@@ -29,6 +29,14 @@ func init() {
 		_, err = store.Import(ctx, src, name)
 		return err
 	}
+	importDisk = func(ctx context.Context, storeDir, src, name, format string) error {
+		store, err := image.Open(storeDir)
+		if err != nil {
+			return err
+		}
+		_, err = store.ImportDisk(ctx, src, name, format)
+		return err
+	}
 }
 
 func newServeCmd() *cobra.Command {

@@ -22,6 +22,26 @@ import (
 // startTimeout bounds how long a sandbox may take to come up.
 const startTimeout = 60 * time.Second
 
+// vmStartTimeout bounds a vm tier sandbox's start: a disk image boots its
+// own firmware, bootloader, kernel and init (systemd), which under TCG
+// takes a minute or more.
+const vmStartTimeout = 4 * time.Minute
+
+// checkDiskImage refuses what a VM disk image (img.Disk) cannot do: boot
+// on another tier than vm, or take named layers.
+func checkDiskImage(spec *api.CreateSandboxRequest, img *ResolvedImage) error {
+	if img.Disk == "" {
+		return nil
+	}
+	if spec.Tier != api.TierVM {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("image %q is a VM disk image: create it with tier %q", spec.Image, api.TierVM)}
+	}
+	if len(spec.Layers) > 0 {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("image %q is a VM disk image: it takes no layers", spec.Image)}
+	}
+	return nil
+}
+
 func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, error) {
 	spec := req.Spec
 	if aerr := sandboxspec.Normalize(&spec); aerr != nil {
@@ -208,6 +228,9 @@ func (e *Edge) resolveRoot(ctx context.Context, spec *api.CreateSandboxRequest) 
 		}
 		return nil, fmt.Errorf("resolve image %s: %w", spec.Image, err)
 	}
+	if err := checkDiskImage(spec, img); err != nil {
+		return nil, err
+	}
 	var rootIDs, bindIDs, names []string
 	var binds []agentproto.Bind
 	for i, a := range spec.Layers {
@@ -254,7 +277,7 @@ func (e *Edge) resolveRoot(ctx context.Context, spec *api.CreateSandboxRequest) 
 // root the caller makes.
 func (e *Edge) takeRecycled(ctx context.Context, sb *sandbox, root *rootLayers, rs *runtime.Spec, t0 time.Time) (box *recycle.Box, done bool, err error) {
 	spec := &sb.rec.Spec
-	if len(root.binds) != 0 || sb.stateless || spec.Network != nil || !e.shelf.Enabled() {
+	if len(root.binds) != 0 || sb.stateless || spec.Network != nil || root.img.Disk != "" || !e.shelf.Enabled() {
 		return nil, false, nil
 	}
 	key := recycle.RootKey(root.ids, spec.DiskMB)
@@ -280,7 +303,11 @@ func (e *Edge) takeRecycled(ctx context.Context, sb *sandbox, root *rootLayers, 
 func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	spec := &sb.rec.Spec
 	id := sb.rec.storage()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+	timeout := startTimeout
+	if spec.Tier == api.TierVM {
+		timeout = vmStartTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	t0 := time.Now()
 	root, err := e.resolveRoot(ctx, spec)
@@ -334,6 +361,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids, DiskMB: spec.DiskMB,
 		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority, Tier: spec.Tier, Display: spec.Display,
+		Disk: img.Disk,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs

@@ -175,6 +175,10 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, errors.New("microvm: StateDir is required")
 	}
 	switch {
+	case spec.Disk != "":
+		if err := r.checkDiskSpec(spec); err != nil {
+			return nil, err
+		}
 	case len(spec.Lowers) == 0:
 		return nil, errors.New("microvm: no layers")
 	case len(spec.Binds) > 0:
@@ -278,6 +282,9 @@ func memoryOf(spec *runtime.Spec) int64 {
 // writable storage (spec.Work, else the state directory), linked from the
 // state directory so that Destroy finds it.
 func makeDisk(spec *runtime.Spec) (string, error) {
+	if spec.Disk != "" {
+		return makeOverlay(spec) // diskboot.go
+	}
 	dir := spec.Work
 	if dir == "" {
 		dir = spec.StateDir
@@ -379,6 +386,9 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]s
 		args = append(args,
 			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
 			"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
+	}
+	if spec.Disk != "" {
+		args = bootFromDisk(args, spec.Disk) // diskboot.go
 	}
 	return args, nil
 }

@@ -399,6 +399,23 @@ def import_image_req(name: str, archive: bytes) -> Req:
                content_type="application/x-tar", timeout=3600.0)
 
 
+def import_disk_req(name: str, disk: bytes, fmt: str) -> Req:
+    return Req("POST", "/v1/images:import", params=[("name", name), ("disk", fmt)], body=disk,
+               content_type="application/octet-stream", timeout=3600.0)
+
+
+def disk_format(path: str, fmt: Optional[str]) -> str:
+    """A VM disk image's format: ``fmt``, else by the file's name."""
+    if fmt:
+        return fmt
+    low = str(path).lower()
+    if low.endswith(".qcow2"):
+        return "qcow2"
+    if low.endswith(".raw") or low.endswith(".img"):
+        return "raw"
+    raise ValueError("the disk image's format must be qcow2 or raw: name it .qcow2, .raw or .img, or pass fmt")
+
+
 def commit_image_req(name: str, base: Optional[str], layers: Optional[List[str]],
                      config: Optional[Dict[str, Any]]) -> Req:
     return json_req("POST", "/v1/images:commit", drop_none(
