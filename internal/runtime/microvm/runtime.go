@@ -56,9 +56,12 @@ const (
 )
 
 // TCGBufferMB caps TCG's translated-code buffer (QEMU 7.2's default is 1
-// GiB, of which a booting guest fills ~55 MiB; what it filled stays
-// resident while the VM lives, idle or not).
-const TCGBufferMB = 64
+// GiB). A booting guest fills ~55 MiB of it, and what it filled stays
+// resident while the VM lives, idle or not. 32 MiB (one flush of the
+// buffer during boot) saved ~26 MiB per VM against 64 at no measurable
+// cost to create→first exec; 16 and 8 MiB slowed the boot (flushes and
+// retranslation). See docs/BENCHMARKS.md, "MicroVM figures".
+const TCGBufferMB = 32
 
 // tcgBufferMB is TCGBufferMB, a variable for the tests.
 var tcgBufferMB = TCGBufferMB
