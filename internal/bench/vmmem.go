@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	goruntime "runtime"
 	"strconv"
@@ -50,9 +51,14 @@ func qemuParts(pid int, accel string) (vmParts, error) {
 		return vmParts{}, err
 	}
 	defer f.Close()
+	return parseSmaps(f, accel)
+}
+
+// parseSmaps sums an smaps file by part.
+func parseSmaps(r io.Reader, accel string) (vmParts, error) {
 	var p vmParts
 	kind := ""
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
 		if len(fs) == 0 {
