@@ -959,6 +959,15 @@ type Quota struct {
 	// their trajectories' logs and inputs, their snapshots and their
 	// layers. A write beyond it is refused (413, reason storage_quota).
 	StorageBytes int64 `json:"storage_bytes,omitempty"`
+	// EgressRateMbit and IngressRateMbit bound, in Mbit/s, the network
+	// rates one sandbox of the project may ask for at create
+	// (network.egress_rate_mbit, network.ingress_rate_mbit; more is a
+	// 403); a networked sandbox that asks none is given the quota's.
+	EgressRateMbit  int `json:"egress_rate_mbit,omitempty"`
+	IngressRateMbit int `json:"ingress_rate_mbit,omitempty"`
+	// MaxConns bounds, the same way, the open connections one sandbox of
+	// the project may ask for (network.max_conns).
+	MaxConns int `json:"max_conns,omitempty"`
 }
 
 // Project is a node of the project tree. Its id is the path of names from

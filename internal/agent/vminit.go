@@ -234,6 +234,13 @@ func vmRoot(nLayers int) error {
 			return err
 		}
 	}
+	// Kept for disk snapshots (vmupper.go): no path reaches it once the
+	// root is switched.
+	upper, err := unix.Open("/.warren/rw/upper", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the upper directory: %w", err)
+	}
+	vmUpper.fd = upper
 	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=/.warren/rw/upper,workdir=/.warren/rw/work"
 	if err := unix.Mount("overlay", "/newroot", "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount the root overlay: %w", err)

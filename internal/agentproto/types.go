@@ -259,6 +259,11 @@ type IdentityRequest struct {
 	Entropy   []byte `json:"entropy"`    // from the host's random source, credited to the pool
 }
 
+// UpperTarResult answers OpUpperTar.
+type UpperTarResult struct {
+	FrozenMs float64 `json:"frozen_ms"` // how long the writable disk was frozen
+}
+
 // ResetResult answers OpReset.
 type ResetResult struct {
 	Killed  int `json:"killed"`  // processes killed

@@ -62,9 +62,6 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 	chain := append([]api.LayerAttachment(nil), spec.Layers...)
 	h := sb.rec.Handle
 	sb.mu.Unlock()
-	if spec.Tier == api.TierMicroVM || spec.Tier == api.TierVM {
-		return nil, invalidf("sandbox %s: snapshots of tier %s are not supported yet", id, spec.Tier)
-	}
 	if upper == "" || h == nil {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s has no writable layer to snapshot", id)}
 	}
@@ -82,57 +79,69 @@ func (e *Edge) snapshot(ctx context.Context, sb *sandbox, name string, step int6
 
 	snapID := newSnapshotID()
 	start := time.Now()
-	cl, canClone := e.cfg.Writable.(cloner)
-	if canClone && filepath.Base(filepath.Clean(upper)) == "upper" {
-		// Write the sandbox's pending data out before freezing it: the
-		// clone then has little to flush while it is frozen.
-		if err := cl.Flush(layer); err != nil {
-			e.log.Warn("flush before snapshot", "sandbox", id, "err", err)
-		}
-	}
-	t0 := time.Now()
-	if err := e.freeze(ctx, *h); err != nil {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox %s could not be frozen for the snapshot: %v", id, err)}
-	}
-	// Frozen only while the writable layer is copied: a copy-on-write
-	// snapshot of the sandbox's writable directory where its filesystem
-	// can (btrfs: one ioctl), else a copy (cloning extents where it can);
-	// packing the copy runs with the sandbox thawed. If the copy fails,
-	// pack the live directory while frozen.
-	src := filepath.Clean(upper)
 	var l *api.Layer
-	var perr error
-	copyDir, cerr := "", error(nil)
-	if canClone && filepath.Base(src) == "upper" {
-		var dir string
-		var release func() error
-		if dir, release, cerr = cl.Clone(layer); cerr == nil {
-			copyDir = filepath.Join(dir, "upper")
-			defer func() {
-				if err := release(); err != nil {
-					e.log.Warn("remove the snapshot's clone", "sandbox", id, "err", err)
-				}
-			}()
-		} else if !errors.Is(cerr, scratch.ErrNoClone) {
-			e.log.Warn("snapshot clone failed; copying", "sandbox", id, "err", cerr)
+	var perr, cerr, terr error
+	var copyDir string
+	var frozen time.Duration
+	t0 := start
+	if isVMTier(spec.Tier) {
+		// The guest packs its disk's changes (snapvm.go) into a private
+		// copy beside the writable layer, as a container's is copied.
+		copyDir = filepath.Join(filepath.Dir(filepath.Clean(upper)), ".snapshot-"+snapID)
+		defer os.RemoveAll(copyDir)
+		if frozen, cerr = e.copyVMUpper(ctx, sb, copyDir, int64(spec.DiskMB)<<20); cerr != nil {
+			return nil, cerr
 		}
-	}
-	if copyDir == "" {
-		// Beside the upper dir: the same filesystem, so the copy clones
-		// extents (xfs) instead of copying data; it goes with the
-		// sandbox's writable layer if warren dies before removing it.
-		copyDir = filepath.Join(filepath.Dir(src), ".snapshot-"+snapID)
-		if cerr = copyTree(ctx, src, copyDir); cerr == nil {
-			defer os.RemoveAll(copyDir)
+	} else {
+		cl, canClone := e.cfg.Writable.(cloner)
+		if canClone && filepath.Base(filepath.Clean(upper)) == "upper" {
+			// Write the sandbox's pending data out before freezing it: the
+			// clone then has little to flush while it is frozen.
+			if err := cl.Flush(layer); err != nil {
+				e.log.Warn("flush before snapshot", "sandbox", id, "err", err)
+			}
 		}
+		t0 = time.Now()
+		if err := e.freeze(ctx, *h); err != nil {
+			return nil, &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("sandbox %s could not be frozen for the snapshot: %v", id, err)}
+		}
+		// Frozen only while the writable layer is copied: a copy-on-write
+		// snapshot of the sandbox's writable directory where its filesystem
+		// can (btrfs: one ioctl), else a copy (cloning extents where it can);
+		// packing the copy runs with the sandbox thawed. If the copy fails,
+		// pack the live directory while frozen.
+		src := filepath.Clean(upper)
+		if canClone && filepath.Base(src) == "upper" {
+			var dir string
+			var release func() error
+			if dir, release, cerr = cl.Clone(layer); cerr == nil {
+				copyDir = filepath.Join(dir, "upper")
+				defer func() {
+					if err := release(); err != nil {
+						e.log.Warn("remove the snapshot's clone", "sandbox", id, "err", err)
+					}
+				}()
+			} else if !errors.Is(cerr, scratch.ErrNoClone) {
+				e.log.Warn("snapshot clone failed; copying", "sandbox", id, "err", cerr)
+			}
+		}
+		if copyDir == "" {
+			// Beside the upper dir: the same filesystem, so the copy clones
+			// extents (xfs) instead of copying data; it goes with the
+			// sandbox's writable layer if warren dies before removing it.
+			copyDir = filepath.Join(filepath.Dir(src), ".snapshot-"+snapID)
+			if cerr = copyTree(ctx, src, copyDir); cerr == nil {
+				defer os.RemoveAll(copyDir)
+			}
+		}
+		if cerr != nil {
+			_ = os.RemoveAll(copyDir)
+			e.log.Warn("snapshot copy failed; packing while frozen", "sandbox", id, "err", cerr)
+			l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, src, lowers, h.IDBase, "snapshot of "+id)
+		}
+		terr = e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), *h)
+		frozen = time.Since(t0)
 	}
-	if cerr != nil {
-		_ = os.RemoveAll(copyDir)
-		e.log.Warn("snapshot copy failed; packing while frozen", "sandbox", id, "err", cerr)
-		l, perr = e.cfg.Images.CreateLayerFromChanges(ctx, SnapshotLayerName(snapID), 1, src, lowers, h.IDBase, "snapshot of "+id)
-	}
-	terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), *h)
-	frozen := time.Since(t0)
 	t1 := time.Now()
 	// The chain this snapshot's diff goes on: the previous snapshot of
 	// the sandbox (only what changed since is packed), else its layers.
@@ -267,6 +276,15 @@ func (e *Edge) fromSnapshot(ctx context.Context, spec *api.CreateSandboxRequest)
 	}
 	if len(snap.Layers) > sandboxspec.MaxLayers {
 		return nil, invalidf("snapshot %s chains %d layers (at most %d)", snap.ID, len(snap.Layers), sandboxspec.MaxLayers)
+	}
+	if isVMTier(spec.Tier) {
+		// The create's own layers were checked for the tier; the
+		// snapshot's are checked here.
+		for _, l := range snap.Layers {
+			if l.Mount != "" {
+				return nil, invalidf("snapshot %s attaches layer %s at %s: tier %s cannot attach layers at a path yet (restore it as a container)", snap.ID, l.Layer, l.Mount, spec.Tier)
+			}
+		}
 	}
 	spec.Image = snap.Image
 	spec.Layers = append([]api.LayerAttachment(nil), snap.Layers...)

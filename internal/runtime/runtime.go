@@ -74,6 +74,10 @@ type NetworkSpec struct {
 	Group string
 	// EgressRateMbit bounds what the sandbox sends (0: the node's default).
 	EgressRateMbit int
+	// IngressRateMbit bounds what it receives (0: the node's default).
+	IngressRateMbit int
+	// MaxConns bounds its open connections (0: the node's default).
+	MaxConns int
 }
 
 // NetHandle is a networked sandbox's addresses.

@@ -25,6 +25,7 @@
 package sandboxnet
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -73,6 +74,10 @@ type Manager struct {
 	// Mbit/s, where its AttachOptions set none (set before use; 0 = no
 	// limit).
 	EgressRateMbit int
+	// IngressRateMbit is each sandbox's default ingress rate limit, in
+	// Mbit/s, where its AttachOptions set none (set before use; 0 = no
+	// limit).
+	IngressRateMbit int
 	// Upstream is where the resolver forwards allowed names (host:port;
 	// "" = DefaultUpstream). Log is its logger. OnDNSDenial, when set,
 	// hears of every refused name. All set before use.
@@ -143,6 +148,8 @@ type Attachment struct {
 	Group string
 	// EgressRateMbit bounds what the sandbox sends (0: no limit).
 	EgressRateMbit int
+	// IngressRateMbit bounds what is forwarded into it (0: no limit).
+	IngressRateMbit int
 }
 
 // AttachOptions are a sandbox's network settings beyond its list.
@@ -154,6 +161,11 @@ type AttachOptions struct {
 	// EgressRateMbit bounds what it sends, in Mbit/s (0: the Manager's
 	// EgressRateMbit).
 	EgressRateMbit int
+	// IngressRateMbit bounds what it receives, in Mbit/s (0: the
+	// Manager's IngressRateMbit).
+	IngressRateMbit int
+	// MaxConns bounds its open connections (0: the Manager's MaxConns).
+	MaxConns int
 }
 
 func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
@@ -342,6 +354,10 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 		}
 	}()
 	m.setPolicy(id, egress)
+	a.IngressRateMbit = cmp.Or(opts.IngressRateMbit, m.IngressRateMbit)
+	if opts.MaxConns > 0 {
+		a.MaxConns = uint32(opts.MaxConns)
+	}
 	// The policy comes first: the sandbox's end is never up without it.
 	if err := m.ensureTable(); err != nil {
 		return nil, err

@@ -204,7 +204,10 @@ def network_fields(network: Any) -> Dict[str, Any]:
     """The create body's network: a dict of booleans is DSec's shape
     (``{"pypi": True, "npm": False}``: network_rules), "internet" or a
     list of entries is the egress list, a dict with "egress" (and
-    optionally "group", the network group) is sent as is."""
+    optionally "group", the network group, and "egress_rate_mbit" /
+    "ingress_rate_mbit", the rates in Mbit/s, and "max_conns", within the
+    project's quota)
+    is sent as is."""
     if network is None:
         return {}
     if isinstance(network, str):

@@ -253,7 +253,9 @@ class Client:
     def create_project(self, name: str, *, parent: Optional[str] = None,
                        quota: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """Create a subproject (default under the token's project). ``quota`` may set
-        ``sandboxes``, ``cpu`` and ``memory_mb``; it can never exceed the parent's."""
+        ``sandboxes``, ``cpu``, ``memory_mb``, ``storage_bytes`` and the per-sandbox
+        network rates ``egress_rate_mbit`` and ``ingress_rate_mbit`` and ``max_conns``; it can never
+        exceed the parent's."""
         return self._json(json_req("POST", "/v1/projects", _core.project_body(name, parent, quota)))
 
     def projects(self) -> List[Dict[str, Any]]:
