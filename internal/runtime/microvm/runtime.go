@@ -362,7 +362,8 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		"-append", strings.Join(params, " "),
 		"-qmp", "unix:" + filepath.Join(spec.StateDir, QMPName) + ",server=on,wait=off",
 		// Free page reporting: memory the guest frees goes back to the
-		// host (within seconds).
+		// host (within seconds; blocks of any size, as the agent sets the
+		// guest's page_reporting_order to 0).
 		"-device", "virtio-balloon" + bus + ",free-page-reporting=on",
 		"-device", "virtio-serial" + bus,
 		"-chardev", "socket,id=agent,path=" + filepath.Join(spec.StateDir, SocketName) + ",server=on,wait=off",
