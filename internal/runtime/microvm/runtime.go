@@ -63,9 +63,6 @@ const (
 // retranslation). See docs/BENCHMARKS.md, "MicroVM figures".
 const TCGBufferMB = 32
 
-// tcgBufferMB is TCGBufferMB, a variable for the tests.
-var tcgBufferMB = TCGBufferMB
-
 // Config configures the tier.
 type Config struct {
 	// Kernel is the guest kernel (OpenKernel).
@@ -336,7 +333,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		_, more := r.cfg.Extra(spec)
 		params = append(more, params...)
 	}
-	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(tcgBufferMB)
+	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(TCGBufferMB)
 	if r.cfg.Accel == "kvm" {
 		cpu, accel = "host", "kvm"
 	}
