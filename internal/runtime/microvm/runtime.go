@@ -53,11 +53,15 @@ const (
 	// buffer, the kernel file's mapping, QEMU itself): the cgroup's limit
 	// is the guest memory plus this.
 	overheadMB = 256
-	// tcgBufferMB caps TCG's translated-code buffer (QEMU 7.2's default
-	// is 1 GiB, of which an idle guest touched ~43 MiB here; 32 MiB filled
-	// up during boot and slowed it).
-	tcgBufferMB = 64
 )
+
+// TCGBufferMB caps TCG's translated-code buffer (QEMU 7.2's default is 1
+// GiB). A booting guest fills ~55 MiB of it, and what it filled stays
+// resident while the VM lives, idle or not. 32 MiB (one flush of the
+// buffer during boot) saved ~26 MiB per VM against 64 at no measurable
+// cost to create→first exec; 16 and 8 MiB slowed the boot (flushes and
+// retranslation). See docs/BENCHMARKS.md, "MicroVM figures".
+const TCGBufferMB = 32
 
 // Config configures the tier.
 type Config struct {
@@ -341,7 +345,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]s
 		_, more := r.cfg.Extra(spec)
 		params = append(more, params...)
 	}
-	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(tcgBufferMB)
+	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(TCGBufferMB)
 	if r.cfg.Accel == "kvm" {
 		cpu, accel = "host", "kvm"
 	}
@@ -366,7 +370,8 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]s
 		"-append", strings.Join(params, " "),
 		"-qmp", "unix:" + filepath.Join(spec.StateDir, QMPName) + ",server=on,wait=off",
 		// Free page reporting: memory the guest frees goes back to the
-		// host (within seconds).
+		// host (within seconds; blocks of any size, as the agent sets the
+		// guest's page_reporting_order to 0).
 		"-device", "virtio-balloon" + bus + ",free-page-reporting=on",
 		"-device", "virtio-serial" + bus,
 		"-chardev", "socket,id=agent,path=" + filepath.Join(spec.StateDir, SocketName) + ",server=on,wait=off",
