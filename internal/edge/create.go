@@ -237,12 +237,23 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		user = img.User // the image's USER
 	}
 	root := rootKey(layerIDs, spec.DiskMB)
+	rnet, err := e.runtimeNetwork(spec.Network, false)
+	if err != nil {
+		return err
+	}
+	if rnet != nil {
+		// Per project: two projects' groups of one name are two groups.
+		if spec.Network.Group != "" {
+			rnet.Group = spec.Project + "\x00" + spec.Network.Group
+		}
+		rnet.EgressRateMbit = spec.Network.EgressRateMbit
+	}
 	var box *wipedBox
-	if len(binds) == 0 && !sb.stateless && spec.Network == nil && e.recycler() != nil {
+	if len(binds) == 0 && !sb.stateless && e.recycler() != nil {
 		box = e.takeWiped(recycleKey(spec), root)
 	}
 	if box != nil && box.root == root {
-		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: user, Cwd: img.WorkingDir}); inst != nil {
+		if inst := e.resumeBox(ctx, box, &runtime.Spec{ID: id, Env: env, User: user, Cwd: img.WorkingDir, Network: rnet}); inst != nil {
 			sb.mu.Lock()
 			sb.rec.Storage, sb.rec.Layer = box.store, box.layer
 			sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = layerIDs, box.upper, nil
@@ -297,16 +308,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
-	if rspec.Network, err = e.runtimeNetwork(spec.Network, false); err != nil {
-		return err
-	}
-	if rspec.Network != nil && spec.Network.Group != "" {
-		// Per project: two projects' groups of one name are two groups.
-		rspec.Network.Group = spec.Project + "\x00" + spec.Network.Group
-	}
-	if rspec.Network != nil {
-		rspec.Network.EgressRateMbit = spec.Network.EgressRateMbit
-	}
+	rspec.Network = rnet
 	var inst *runtime.Instance
 	if box != nil {
 		if inst = e.rerootInto(ctx, box, rspec); inst != nil {

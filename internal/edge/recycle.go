@@ -24,7 +24,8 @@ import (
 // resumes it with its own environment and user; a create with other
 // layers or another disk limit reroots it once more. A container that
 // could pass anything on is not kept: one with sockets left in its network
-// namespace, or whose agent's scheduling or limits were changed from
+// namespace (a networked one keeps its link and address for the next
+// networked sandbox, with nothing else of its network: sandboxnet.Park), or whose agent's scheduling or limits were changed from
 // inside, or that was paused, busy, stateless or failed. Wiped containers
 // have no record: after a crash, reconcile destroys them like any
 // leftover.
@@ -46,7 +47,9 @@ type wipedBox struct {
 
 // recycleKey is the shape a container fixes for every sandbox it holds.
 func recycleKey(s *api.CreateSandboxRequest) string {
-	return fmt.Sprintf("%s|%s|%g|%d|%d|%s|%s", s.Project, s.Tier, s.CPU, s.MemoryMB, s.Pids, s.Priority, s.Hostname)
+	// A networked container keeps its link for the next networked
+	// sandbox (its policy is that sandbox's: runtime Resume).
+	return fmt.Sprintf("%s|%s|%g|%d|%d|%s|%s|%t", s.Project, s.Tier, s.CPU, s.MemoryMB, s.Pids, s.Priority, s.Hostname, s.Network != nil)
 }
 
 // rootKey names a root: its layers (diff ids, top-most first) and the
@@ -68,8 +71,7 @@ func (e *Edge) recycler() runtime.Recycler {
 func (e *Edge) recyclableLocked(sb *sandbox, state string) bool {
 	return e.recycler() != nil && state == api.StateStopped && sb.inst != nil && sb.rec.Handle != nil &&
 		!sb.stateless && sb.pool == "" && sb.inflight == 0 && !sb.pausing &&
-		sb.rec.Sandbox.State == api.StateRunning && len(sb.rec.Binds) == 0 &&
-		sb.rec.Spec.Network == nil // a network is never handed on (runtime.NetHandle)
+		sb.rec.Sandbox.State == api.StateRunning && len(sb.rec.Binds) == 0
 }
 
 // roomFor says whether the shelf of shape key has room for one more.

@@ -327,15 +327,7 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 	if err != nil {
 		return nil, err
 	}
-	gw, addr := m.addrs(i)
-	a = &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
-		MaxConns: m.MaxConns, Group: groupSet(opts.Group), EgressRateMbit: opts.EgressRateMbit}
-	if a.EgressRateMbit == 0 {
-		a.EgressRateMbit = m.EgressRateMbit
-	}
-	if a.MaxConns == 0 {
-		a.MaxConns = DefaultMaxConns
-	}
+	a = m.attachment(id, i, egress, opts)
 	defer func() {
 		if err != nil {
 			_ = m.Detach(id)
@@ -353,6 +345,20 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 		return nil, err
 	}
 	return a, nil
+}
+
+// attachment is the network of id on the /31 of index i.
+func (m *Manager) attachment(id string, i int, egress []api.EgressRule, opts AttachOptions) *Attachment {
+	gw, addr := m.addrs(i)
+	a := &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
+		MaxConns: m.MaxConns, Group: groupSet(opts.Group), EgressRateMbit: opts.EgressRateMbit}
+	if a.EgressRateMbit == 0 {
+		a.EgressRateMbit = m.EgressRateMbit
+	}
+	if a.MaxConns == 0 {
+		a.MaxConns = DefaultMaxConns
+	}
+	return a
 }
 
 func (m *Manager) link(a *Attachment, pid int) error {
