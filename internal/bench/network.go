@@ -285,7 +285,8 @@ func netCreateFigures(ctx context.Context, o Options, c *warren.Client, rep *Rep
 			return err
 		}
 	}
-	var cpu, rate [2][]float64
+	var cpu, sbCPU, rate [2][]float64
+	var reused [2]int64
 	var lat [2][]time.Duration
 	for round := 0; round < netRounds; round++ {
 		for k, nw := range []bool{false, true} {
@@ -294,24 +295,29 @@ func netCreateFigures(ctx context.Context, o Options, c *warren.Client, rep *Rep
 				k = 1 - k
 			}
 			s := spec(nw)
+			r0 := nodeRecycling(ctx, c)
 			c0, s0, t0 := selfCPU(), sandboxCPU(o.cgroupParent), time.Now()
 			lats, err := parallel(ctx, perLeg, clients, func(ctx context.Context, _ int) error { return cycle(ctx, s) })
 			if err != nil {
 				return err
 			}
 			took := time.Since(t0)
-			used := selfCPU() - c0 + sandboxCPU(o.cgroupParent) - s0
+			inSandboxes := sandboxCPU(o.cgroupParent) - s0
+			used := selfCPU() - c0 + inSandboxes
 			cpu[k] = append(cpu[k], ms(used)/perLeg)
+			sbCPU[k] = append(sbCPU[k], ms(inSandboxes)/perLeg)
 			rate[k] = append(rate[k], perLeg/took.Seconds())
 			lat[k] = append(lat[k], lats...)
+			time.Sleep(1500 * time.Millisecond) // the node view comes with the next heartbeat
+			reused[k] += nodeRecycling(ctx, c).Reused - r0.Reused
 		}
 	}
 	p0, p1 := percentiles(lat[0]), percentiles(lat[1])
 	c0, c1 := median(cpu[0]), median(cpu[1])
 	rep.add("network: create→exec→stop host CPU per sandbox, without network", c0, "ms",
-		fmt.Sprintf("median of %d rounds of %d (%s); %.1f sandboxes/s, p50 %.1f ms", netRounds, perLeg, fmtRounds(cpu[0]), median(rate[0]), ms(p0.p50)))
+		fmt.Sprintf("median of %d rounds of %d (%s), of which in the sandboxes' cgroups %.2f ms; %.1f sandboxes/s, p50 %.1f ms; %d in a recycled container", netRounds, perLeg, fmtRounds(cpu[0]), median(sbCPU[0]), median(rate[0]), ms(p0.p50), reused[0]))
 	rep.add("network: create→exec→stop host CPU per sandbox, with network", c1, "ms",
-		fmt.Sprintf("median of %d rounds of %d (%s); %.1f sandboxes/s, p50 %.1f ms", netRounds, perLeg, fmtRounds(cpu[1]), median(rate[1]), ms(p1.p50)))
+		fmt.Sprintf("median of %d rounds of %d (%s), of which in the sandboxes' cgroups %.2f ms; %.1f sandboxes/s, p50 %.1f ms; %d in a recycled container", netRounds, perLeg, fmtRounds(cpu[1]), median(sbCPU[1]), median(rate[1]), ms(p1.p50), reused[1]))
 	diffs := make([]float64, len(cpu[0]))
 	for i := range diffs {
 		diffs[i] = cpu[1][i] - cpu[0][i]

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -16,20 +18,22 @@ import (
 // containers"): making a network namespace's veth pair, its addresses and
 // route costs more than the rest of a recycled create. Park, when the
 // container is wiped, takes away everything of its sandbox's network that
-// is not the link itself: its chains, sets and map elements (so its
-// counters, refusal record, admitted names and group membership), its
-// resolver state, the host's connection tracking entries of its address
+// is not the link, its address and the (emptied) chains and sets: their
+// rules and elements (so its counters, refusal record, admitted names),
+// its group membership, its resolver state, the host's connection tracking entries of its address
 // and the neighbour entries on both ends of its link. Reassign, when the
 // container serves the next sandbox, installs that sandbox's policy on the
-// same link and address, exactly as Attach would on a new one. Wipe has
+// same link and address, into the same chains, exactly as Attach would on
+// a new one (one transaction, without making chains, sets and map
+// elements again). Wipe has
 // already refused a namespace that holds any socket. Root in a sandbox has
 // no CAP_NET_ADMIN, so it could change neither the link's addresses nor
 // its routes: they are as Attach left them.
 
 // Park removes the policy and the kernel state of the network of id (a
 // container whose every process but its agent is gone; pid is the agent's)
-// and keeps its link and address for Reassign. While parked, its link is
-// in no set of the edge's table: nothing runs behind it to send.
+// and keeps its link and address for Reassign. While parked, everything
+// from its link is dropped (nothing runs behind it to send).
 func (m *Manager) Park(id string, pid int) error {
 	m.mu.Lock()
 	i, ok := m.byID[id]
@@ -37,32 +41,85 @@ func (m *Manager) Park(id string, pid int) error {
 	if !ok {
 		return fmt.Errorf("sandboxnet: %s has no network here", id)
 	}
-	if err := m.removePolicy(id); err != nil {
+	if err := m.parkPolicy(id); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	delete(m.policy, id) // its names, budget and refused names
 	m.mu.Unlock()
 	_, addr := m.addrs(i)
-	return m.scrub(m.LinkName(id), pid, net.IP(addr.AsSlice()))
+	return m.scrub(id, pid, net.IP(addr.AsSlice()))
 }
 
+// parkPolicy empties id's chains and sets in one transaction (its
+// counters, refusal record and admitted addresses go), takes it out of
+// its group, and refuses everything from its link until Reassign; its
+// chains, sets and map elements stay for the next sandbox.
+func (m *Manager) parkPolicy(id string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	m.groupMu.Lock()
+	defer m.groupMu.Unlock()
+	leave, drop := m.leaveGroupSteps(c, t, id)
+	if leave != nil {
+		leave()
+	}
+	emptyPolicy(c, t, id)
+	for _, ch := range []string{outChain(id), hostChain(id)} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: ch, Table: t}, Exprs: []expr.Any{verdict(expr.VerdictDrop)}})
+	}
+	if drop != nil {
+		drop() // after the chain that named the set was emptied
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: park %s's policy: %w", id, err)
+	}
+	return nil
+}
+
+// linkCount is what a host end has received and sent, in packets.
+type linkCount struct{ rx, tx uint64 }
+
 // scrub deletes the host's connection tracking entries to and from addr
-// and the neighbour entries of the host's end of the link and of the
-// sandbox's (in pid's network namespace).
-func (m *Manager) scrub(link string, pid int, addr net.IP) error {
+// and the neighbour entries of the host's end of id's link and of the
+// sandbox's (in pid's network namespace). The connection tracking table
+// is read whole to find them (~10 ms under load with its 262,144
+// buckets), so that is skipped when the link has carried no packet
+// either way since it was made or last scrubbed: no entry can be its
+// (IPv6 is off on both ends, so the kernel sends nothing on its own).
+func (m *Manager) scrub(id string, pid int, addr net.IP) error {
 	var errs []error
-	var src, dst netlink.ConntrackFilter
-	if err := errors.Join(src.AddIP(netlink.ConntrackOrigSrcIP, addr), dst.AddIP(netlink.ConntrackOrigDstIP, addr)); err != nil {
-		return err
+	link := m.LinkName(id)
+	host, err := netlink.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: find %s: %w", link, err)
 	}
-	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst); err != nil {
-		errs = append(errs, fmt.Errorf("sandboxnet: connection tracking of %s: %w", addr, err))
+	var now linkCount
+	if st := host.Attrs().Statistics; st != nil {
+		now = linkCount{st.RxPackets, st.TxPackets}
 	}
-	if host, err := netlink.LinkByName(link); err != nil {
-		errs = append(errs, fmt.Errorf("sandboxnet: find %s: %w", link, err))
-	} else if err := flushNeigh(nil, host.Attrs().Index); err != nil {
+	m.mu.Lock()
+	was, known := m.carried[id]
+	m.mu.Unlock()
+	if !known || now != was || host.Attrs().Statistics == nil {
+		var src, dst netlink.ConntrackFilter
+		if err := errors.Join(src.AddIP(netlink.ConntrackOrigSrcIP, addr), dst.AddIP(netlink.ConntrackOrigDstIP, addr)); err != nil {
+			return err
+		}
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst); err != nil {
+			errs = append(errs, fmt.Errorf("sandboxnet: connection tracking of %s: %w", addr, err))
+		}
+	}
+	if err := flushNeigh(nil, host.Attrs().Index); err != nil {
 		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		m.mu.Lock()
+		m.carried[id] = now
+		m.mu.Unlock()
 	}
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
@@ -116,7 +173,7 @@ func (m *Manager) Reassign(id string, egress []api.EgressRule, opts AttachOption
 	if err := m.ensureTable(); err != nil {
 		return nil, err
 	}
-	if err := m.installPolicy(a); err != nil {
+	if err := m.writePolicy(a, true); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -85,6 +84,12 @@ func TestParkReassign(t *testing.T) {
 			conntrackOf(t, a.Address), neighbours(t, 0, a.Link), neighbours(t, pid, SandboxLink))
 	}
 
+	nettest.InNS(t, pid, func() {
+		if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + SandboxLink + "/disable_ipv6"); err == nil && string(b) != "1\n" {
+			t.Errorf("IPv6 on the sandbox's end: disable_ipv6 %q", b)
+		}
+	})
+
 	if err := m.Park(id, pid); err != nil {
 		t.Fatal(err)
 	}
@@ -94,8 +99,14 @@ func TestParkReassign(t *testing.T) {
 	if h, s := neighbours(t, 0, a.Link), neighbours(t, pid, SandboxLink); h != 0 || s != 0 {
 		t.Errorf("parked: neighbour entries left: host end %d, sandbox end %d", h, s)
 	}
-	if ids, err := m.chainIDs(); err != nil || slices.Contains(ids, id) {
-		t.Errorf("parked: chains %v %v", ids, err)
+	if d, err := m.Denied(id); err != nil || len(d) != 0 {
+		t.Errorf("parked: counts %v %v", d, err)
+	}
+	if dd, err := m.DeniedDestinations(id); err != nil || len(dd) != 0 {
+		t.Errorf("parked: refusal record %v %v", dd, err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); err == nil {
+		t.Error("parked: the previous list's destination reachable")
 	}
 	if g, err := m.groupSets(); err != nil || len(g) != 0 {
 		t.Errorf("parked: group sets %v %v", g, err)

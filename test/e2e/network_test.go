@@ -167,12 +167,15 @@ func TestNetworkEgress(t *testing.T) {
 		t.Errorf("a sandbox created after a networked one has its interface:\n%s", r.Stdout)
 	}
 	// Its chains and sets go with the delete; the veth pair with the
-	// sandbox's namespace, which the kernel tears down right after, or
-	// with its container when that is kept for the next networked sandbox
-	// of its shape (TestNetworkRecycledContainer); the edge's table when
-	// the server stops.
+	// sandbox's namespace, which the kernel tears down right after. When
+	// its container is kept for the next networked sandbox of its shape
+	// (TestNetworkRecycledContainer), its link and emptied chains and sets
+	// wait with it. The edge's table goes when the server stops.
+	left := func(x string) bool {
+		return !strings.HasPrefix(x, "nftables table") && !strings.HasPrefix(x, "link ") && !strings.HasSuffix(x, "_"+sb.ID) && x != "nftables chains of "+sb.ID
+	}
 	deadline = time.Now().Add(5 * time.Second)
-	for l := netLeaks(s.dataDir); slices.ContainsFunc(l, func(x string) bool { return !strings.HasPrefix(x, "nftables table") && !strings.HasPrefix(x, "link ") }); l = netLeaks(s.dataDir) {
+	for l := netLeaks(s.dataDir); slices.ContainsFunc(l, left); l = netLeaks(s.dataDir) {
 		if time.Now().After(deadline) {
 			t.Fatalf("deleted networked sandbox left: %v", l)
 		}
