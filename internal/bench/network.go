@@ -547,7 +547,7 @@ func netIdleMemory(ctx context.Context, o Options, c *warren.Client, rep *Report
 	fmt.Fprintf(o.Out, "network: %d idle sandboxes without a network, then %d with one...\n", n, n)
 	_, restore := raisePidMax(4 << 20)
 	defer restore()
-	type mem struct{ avail, kernel int64 }
+	type mem struct{ avail, kernel, rss int64 }
 	read := func() mem {
 		runtime.GC()
 		settle()
@@ -555,7 +555,7 @@ func netIdleMemory(ctx context.Context, o Options, c *warren.Client, rep *Report
 		if err != nil {
 			return mem{}
 		}
-		return mem{m.Available, kernelMemory()}
+		return mem{m.Available, kernelMemory(), selfRSS()}
 	}
 	var per [2]mem
 	var took [2]time.Duration
@@ -588,15 +588,18 @@ func netIdleMemory(ctx context.Context, o Options, c *warren.Client, rep *Report
 		if len(ids) != n {
 			return fmt.Errorf("%d of %d created: %v", len(ids), n, failed.Load())
 		}
-		per[k] = mem{(before.avail - after.avail) / int64(n), (after.kernel - before.kernel) / int64(n)}
+		per[k] = mem{(before.avail - after.avail) / int64(n), (after.kernel - before.kernel) / int64(n), (after.rss - before.rss) / int64(n)}
 	}
 	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
-	rep.add("network: host memory per idle sandbox, without network", mib(per[0].avail), "MiB",
-		fmt.Sprintf("MemAvailable delta / %d; kernel part %.2f MiB; created in %.1f s", n, mib(per[0].kernel), took[0].Seconds()))
-	rep.add("network: host memory per idle sandbox, with network", mib(per[1].avail), "MiB",
-		fmt.Sprintf("MemAvailable delta / %d; kernel part %.2f MiB; created in %.1f s", n, mib(per[1].kernel), took[1].Seconds()))
-	rep.add("network: extra host memory per networked idle sandbox", mib(per[1].avail-per[0].avail), "MiB",
-		fmt.Sprintf("MemAvailable; the kernel part's difference (slab, per-CPU, page tables, stacks): %.2f MiB; target ≤ 0.5 MiB", mib(per[1].kernel-per[0].kernel)))
+	for k, name := range []string{"without network", "with network"} {
+		rep.add("network: host memory per idle sandbox, "+name, mib(per[k].avail), "MiB",
+			fmt.Sprintf("MemAvailable delta / %d (page cache of other work on the machine is in it); kernel part %.0f KiB, warren's RSS %.0f KiB; created in %.1f s",
+				n, float64(per[k].kernel)/1024, float64(per[k].rss)/1024, took[k].Seconds()))
+	}
+	extra := per[1].kernel - per[0].kernel + per[1].rss - per[0].rss
+	rep.add("network: extra host memory per networked idle sandbox", mib(extra), "MiB",
+		fmt.Sprintf("the kernel's own memory (slab, per-CPU, page tables, stacks: %.0f KiB) and warren's RSS (%.0f KiB), with against without; MemAvailable says %.2f MiB; target ≤ 0.5 MiB",
+			float64(per[1].kernel-per[0].kernel)/1024, float64(per[1].rss-per[0].rss)/1024, mib(per[1].avail-per[0].avail)))
 	return nil
 }
 
