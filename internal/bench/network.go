@@ -540,8 +540,8 @@ func netRuleChange(ctx context.Context, o Options, c *warren.Client, rep *Report
 
 // netIdleMemory creates o.NetworkIdle idle sandboxes without a network,
 // measures, deletes them, then as many with one: the host memory each
-// took (MemAvailable) and the kernel's own part (slab, per-CPU, page
-// tables, kernel stacks), whose difference is what a network adds.
+// took (MemAvailable) and the kernel's own part (kernelMemory) with
+// warren's RSS, whose difference is what a network adds.
 func netIdleMemory(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
 	n := o.NetworkIdle
 	fmt.Fprintf(o.Out, "network: %d idle sandboxes without a network, then %d with one...\n", n, n)
@@ -598,13 +598,15 @@ func netIdleMemory(ctx context.Context, o Options, c *warren.Client, rep *Report
 	}
 	extra := per[1].kernel - per[0].kernel + per[1].rss - per[0].rss
 	rep.add("network: extra host memory per networked idle sandbox", mib(extra), "MiB",
-		fmt.Sprintf("the kernel's own memory (slab, per-CPU, page tables, stacks: %.0f KiB) and warren's RSS (%.0f KiB), with against without; MemAvailable says %.2f MiB; target ≤ 0.5 MiB",
+		fmt.Sprintf("the kernel's own memory (unreclaimable slab, per-CPU, page tables, stacks: %.0f KiB) and warren's RSS (%.0f KiB), with against without; MemAvailable says %.2f MiB; target ≤ 0.5 MiB",
 			float64(per[1].kernel-per[0].kernel)/1024, float64(per[1].rss-per[0].rss)/1024, mib(per[1].avail-per[0].avail)))
 	return nil
 }
 
-// kernelMemory is the host kernel's own memory: slab, per-CPU areas, page
-// tables and kernel stacks (/proc/meminfo), in bytes.
+// kernelMemory is the host kernel's own memory: unreclaimable slab,
+// per-CPU areas, page tables and kernel stacks (/proc/meminfo), in bytes.
+// Reclaimable slab (dentries and inodes of other work's builds) is left
+// out: it swings by hundreds of MiB on this shared machine.
 func kernelMemory() int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
@@ -617,7 +619,7 @@ func kernelMemory() int64 {
 			continue
 		}
 		switch f[0] {
-		case "Slab:", "Percpu:", "PageTables:", "KernelStack:":
+		case "SUnreclaim:", "Percpu:", "PageTables:", "KernelStack:":
 			v, _ := strconv.ParseInt(f[1], 10, 64)
 			sum += v << 10
 		}
