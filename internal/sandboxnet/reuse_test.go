@@ -143,4 +143,36 @@ func TestParkReassign(t *testing.T) {
 	if g, err := m.groupSets(); err != nil || len(g) != 0 {
 		t.Errorf("reassigned without a group: group sets %v %v", g, err)
 	}
+
+	// Again, without a group: the rules stay parked until Reassign
+	// replaces them.
+	if err := m.Park(id, pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Reassign(id, mustParse(t, nettest.Mirror+":443/tcp"), AttachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); err != nil {
+		t.Errorf("third: its list's destination: %v", err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":80"); !errors.Is(err, unix.ECONNREFUSED) {
+		t.Errorf("third: the previous list's destination: %v, want refused", err)
+	}
+	if n := conntrackOf(t, a.Address); n == 0 {
+		t.Error("third: no connection tracking entry after a connection")
+	}
+	d, err = m.Denied(id)
+	sum = 0
+	for _, n := range d {
+		sum += n
+	}
+	if err != nil || sum != 1 {
+		t.Errorf("third: counts %v %v, want only its own refusal", d, err)
+	}
+	if err := m.Park(id, pid); err != nil {
+		t.Fatal(err)
+	}
+	if n := conntrackOf(t, a.Address); n != 0 {
+		t.Errorf("parked again: %d connection tracking entries left", n)
+	}
 }

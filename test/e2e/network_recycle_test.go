@@ -123,3 +123,19 @@ func conntrackOf(t *testing.T, addr net.IP) int {
 	}
 	return n
 }
+
+// onlyParked says whether the leftovers l of an edge's network (netLeaks)
+// are at most its table and what containers kept for recycling hold: their
+// links and their own chains and sets (no group set, which a parked
+// network leaves at once).
+func onlyParked(l []string) bool {
+	for _, x := range l {
+		switch {
+		case strings.HasPrefix(x, "nftables table"), strings.HasPrefix(x, "link "), strings.HasPrefix(x, "nftables chains of "),
+			strings.HasPrefix(x, "nftables set d_"), strings.HasPrefix(x, "nftables set n_"), strings.HasPrefix(x, "nftables set na_"):
+		default:
+			return false
+		}
+	}
+	return true
+}
