@@ -25,7 +25,9 @@ import (
 // sandbox into a fresh overlay (and removes its POSIX message queues), and
 // the agent moves to it. Resume: the agent serves again, with the new
 // sandbox's environment and user. Namespaces, cgroups and the agent stay: that
-// is the saving.
+// is the saving. A networked container keeps its link and address too: Wipe
+// parks its network (sandboxnet.Park), Resume gives it the next networked
+// sandbox's policy (sandboxnet.Reassign) and resolver.
 
 // recycleFDs are descriptors of one container's kernel objects that Wipe
 // keeps from one sandbox to the next (opening them cost more than using
