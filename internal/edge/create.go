@@ -277,7 +277,7 @@ func (e *Edge) resolveRoot(ctx context.Context, spec *api.CreateSandboxRequest) 
 // root the caller makes.
 func (e *Edge) takeRecycled(ctx context.Context, sb *sandbox, root *rootLayers, rs *runtime.Spec, t0 time.Time) (box *recycle.Box, done bool, err error) {
 	spec := &sb.rec.Spec
-	if len(root.binds) != 0 || sb.stateless || spec.Network != nil || root.img.Disk != "" || !e.shelf.Enabled() {
+	if len(root.binds) != 0 || sb.stateless || root.img.Disk != "" || !e.shelf.Enabled() {
 		return nil, false, nil
 	}
 	key := recycle.RootKey(root.ids, spec.DiskMB)
@@ -320,7 +320,12 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if user == "" {
 		user = img.User // the image's USER
 	}
-	box, done, err := e.takeRecycled(ctx, sb, root, &runtime.Spec{Env: env, User: user, Cwd: img.WorkingDir}, t0)
+	// The network first: a recycled networked container resumes with it.
+	rnet, err := e.startNetwork(spec)
+	if err != nil {
+		return err
+	}
+	box, done, err := e.takeRecycled(ctx, sb, root, &runtime.Spec{ID: id, Env: env, User: user, Cwd: img.WorkingDir, Network: rnet}, t0)
 	if done {
 		return err
 	}
@@ -366,9 +371,7 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
-	if rspec.Network, err = e.startNetwork(spec); err != nil {
-		return err
-	}
+	rspec.Network = rnet
 	inst, rerooted, err := e.launch(ctx, sb, box, rspec)
 	box = nil // launch took it
 	if rerooted != "" {

@@ -28,8 +28,7 @@ var _ core.Roots = jobCore{}
 func (e *Edge) recyclableLocked(sb *sandbox, state string) bool {
 	return e.shelf.Enabled() && state == api.StateStopped && sb.inst != nil && sb.rec.Handle != nil &&
 		!sb.stateless && sb.pool == "" && sb.inflight == 0 && !sb.pausing &&
-		sb.rec.Sandbox.State == api.StateRunning && len(sb.rec.Binds) == 0 &&
-		sb.rec.Spec.Network == nil // a network is never handed on (runtime.NetHandle)
+		sb.rec.Sandbox.State == api.StateRunning && len(sb.rec.Binds) == 0
 }
 
 // keepContainer offers the stopping sandbox's container to the shelf;

@@ -296,7 +296,12 @@ func (m *Manager) upgradeTable() error {
 }
 
 // installPolicy adds a's chains and map elements in one transaction.
-func (m *Manager) installPolicy(a *Attachment) error {
+func (m *Manager) installPolicy(a *Attachment) error { return m.writePolicy(a, false) }
+
+// writePolicy writes a's policy in one transaction: into new chains, sets
+// and map elements, or (parked) into the chains and sets that Park
+// emptied, which the map elements name already.
+func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 	if a.Group != "" {
 		m.groupMu.Lock()
 		defer m.groupMu.Unlock()
@@ -307,13 +312,18 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	}
 	t := m.table()
 	outMap, hostMap, links := m.sets(t)
-	fwd := c.AddChain(&nftables.Chain{Name: outChain(a.ID), Table: t})
-	in := c.AddChain(&nftables.Chain{Name: hostChain(a.ID), Table: t})
-	allowed := c.AddChain(&nftables.Chain{Name: allowedChain(a.ID), Table: t})
 	ap, aa := admitSets(t, a.ID)
-	for _, s := range []*nftables.Set{deniedSetOf(t, a.ID), ap, aa} {
-		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+	fwd := &nftables.Chain{Name: outChain(a.ID), Table: t}
+	in := &nftables.Chain{Name: hostChain(a.ID), Table: t}
+	allowed := &nftables.Chain{Name: allowedChain(a.ID), Table: t}
+	if parked {
+		emptyPolicy(c, t, a.ID)
+	} else {
+		fwd, in, allowed = c.AddChain(fwd), c.AddChain(in), c.AddChain(allowed)
+		for _, s := range []*nftables.Set{deniedSetOf(t, a.ID), ap, aa} {
+			if err := c.AddSet(s, nil); err != nil {
+				return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+			}
 		}
 	}
 	add := func(ch *nftables.Chain, reason string, ex []expr.Any) {
@@ -365,6 +375,13 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	add(in, "", recordDenied(a.ID, DenyHost))
 	refuse(in, DenyHost)
 
+	if parked {
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("sandboxnet: write %s's chains: %w", a.ID, err)
+		}
+		m.joined(a)
+		return nil
+	}
 	key := ifname(a.Link)
 	if err := c.SetAddElements(outMap, []nftables.SetElement{{Key: key,
 		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: outChain(a.ID)}}}); err != nil {
@@ -380,12 +397,28 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
 	}
+	m.joined(a)
+	return nil
+}
+
+// joined records a's group (none: nothing).
+func (m *Manager) joined(a *Attachment) {
 	if a.Group != "" {
 		m.mu.Lock()
 		m.groups[a.ID] = a.Group
 		m.mu.Unlock()
 	}
-	return nil
+}
+
+// emptyPolicy empties id's chains and sets in the transaction c.
+func emptyPolicy(c *nftables.Conn, t *nftables.Table, id string) {
+	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+		c.FlushChain(&nftables.Chain{Name: ch, Table: t})
+	}
+	ap, aa := admitSets(t, id)
+	for _, s := range []*nftables.Set{deniedSetOf(t, id), ap, aa} {
+		c.FlushSet(s)
+	}
 }
 
 // outRules writes o_<id>: what leaves the sandbox. Every packet of it,

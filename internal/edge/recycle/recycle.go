@@ -54,7 +54,9 @@ type Box struct {
 
 // Key is the shape a container fixes for every sandbox it holds.
 func Key(s *api.CreateSandboxRequest) string {
-	return fmt.Sprintf("%s|%s|%g|%d|%d|%s|%s", s.Project, s.Tier, s.CPU, s.MemoryMB, s.Pids, s.Priority, s.Hostname)
+	// A networked container keeps its link and address for the next
+	// networked sandbox (its policy is that sandbox's: runtime Resume).
+	return fmt.Sprintf("%s|%s|%g|%d|%d|%s|%s|%t", s.Project, s.Tier, s.CPU, s.MemoryMB, s.Pids, s.Priority, s.Hostname, s.Network != nil)
 }
 
 // RootKey names a root: its layers (diff ids, top-most first) and the
