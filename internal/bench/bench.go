@@ -439,8 +439,14 @@ func throughput(ctx context.Context, o Options, cycle func(context.Context) erro
 	return float64(n.Load()) / time.Since(start).Seconds(), percentiles(lats), nil
 }
 
-func warrenCycle(ctx context.Context, c *warren.Client) error {
-	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64})
+// cycleSpec is the sandbox of the create→exec→stop figures.
+var cycleSpec = api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64}
+
+func warrenCycle(ctx context.Context, c *warren.Client) error { return cycleOf(ctx, c, cycleSpec) }
+
+// cycleOf creates a sandbox of s, runs `true` in it and deletes it.
+func cycleOf(ctx context.Context, c *warren.Client, s api.CreateSandboxRequest) error {
+	sb, err := c.Create(ctx, s)
 	if err != nil {
 		return err
 	}

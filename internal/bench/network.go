@@ -266,20 +266,7 @@ func netCreateFigures(ctx context.Context, o Options, c *warren.Client, rep *Rep
 		}
 		return s
 	}
-	cycle := func(ctx context.Context, s api.CreateSandboxRequest) error {
-		sb, err := c.Create(ctx, s)
-		if err != nil {
-			return err
-		}
-		r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"true"}})
-		if err == nil && r.ExitCode != 0 {
-			err = fmt.Errorf("true exited %d", r.ExitCode)
-		}
-		if _, derr := c.Delete(ctx, sb.ID); err == nil {
-			err = derr
-		}
-		return err
-	}
+	cycle := func(ctx context.Context, s api.CreateSandboxRequest) error { return cycleOf(ctx, c, s) }
 	// Warm up both shapes (recycled containers of the plain one).
 	for _, nw := range []bool{false, true} {
 		if _, err := parallel(ctx, 2*clients, clients, func(ctx context.Context, _ int) error { return cycle(ctx, spec(nw)) }); err != nil {
