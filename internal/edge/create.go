@@ -303,11 +303,7 @@ func (e *Edge) takeRecycled(ctx context.Context, sb *sandbox, root *rootLayers, 
 func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	spec := &sb.rec.Spec
 	id := sb.rec.storage()
-	timeout := startTimeout
-	if spec.Tier == api.TierVM {
-		timeout = vmStartTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeoutOf(spec.Tier))
 	defer cancel()
 	t0 := time.Now()
 	root, err := e.resolveRoot(ctx, spec)
@@ -381,6 +377,15 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		return err
 	}
 	return e.started(ctx, sb, inst, t0)
+}
+
+// startTimeoutOf is how long a sandbox of tier may take to start: a whole
+// OS booting from its disk image takes longer.
+func startTimeoutOf(tier string) time.Duration {
+	if tier == api.TierVM {
+		return vmStartTimeout
+	}
+	return startTimeout
 }
 
 // startNetwork is the runtime's network of spec (nil: none).
