@@ -6,7 +6,7 @@ LISTEN    ?= 127.0.0.1:7070
 E2B_LISTEN ?= 127.0.0.1:3000
 export CGO_ENABLED := 0
 
-.PHONY: all deps build run test test-go test-python bench images debian-image vm-kernel lint fmt clean e2b-proto
+.PHONY: all deps build run test test-go test-python bench images debian-image vm-kernel vm-disk vm-image lint fmt clean e2b-proto
 
 all: build
 
@@ -27,10 +27,21 @@ debian-image: build
 vm-kernel:
 	@bash scripts/vm-kernel.sh $(DATA_DIR)/cache/vm-kernel
 
-run: deps build debian-image
+# The vm tier's test disk image (internal/runtime/vm): Debian 12 with its own
+# kernel, GRUB and systemd, warren-agent installed as a systemd service; built
+# with debootstrap from the apt sources' mirror, cached, rebuilt only when its
+# inputs (build steps, packages, mirror, the agent) change.
+vm-disk: build
+	@bash scripts/vm-disk.sh $(DATA_DIR)/cache/vm-disk $(BIN)/warren-agent >/dev/null
+
+# ...imported into the node's store as debian:12-vm (`tier: "vm"` sandboxes).
+vm-image: vm-disk
+	@$(BIN)/warren image import --disk $(DATA_DIR)/cache/vm-disk/debian-12.raw --name debian:12-vm --data-dir $(DATA_DIR)
+
+run: deps build debian-image vm-image
 	$(BIN)/warren serve --data-dir $(DATA_DIR) --listen $(LISTEN) --e2b-listen $(E2B_LISTEN)
 
-test: deps build vm-kernel
+test: deps build vm-kernel vm-disk
 	@bash scripts/test.sh
 
 bench: deps build

@@ -34,9 +34,22 @@ type NetworkSpec struct {
 	// node's default, --net-egress-rate-mbit; none without it). Set at
 	// create only.
 	EgressRateMbit int `json:"egress_rate_mbit,omitempty"`
+	// IngressRateMbit bounds what is forwarded into the sandbox (its
+	// downloads, what its group sends it), in Mbit/s (0: the node's
+	// default, --net-ingress-rate-mbit; none without it). Set at create
+	// only.
+	IngressRateMbit int `json:"ingress_rate_mbit,omitempty"`
+	// MaxConns bounds the sandbox's open connections (0: the node's
+	// --net-max-conns, 4096 without it); past it a new connection is
+	// refused (conn-limit). Set at create only.
+	MaxConns int `json:"max_conns,omitempty"`
 }
 
-// MaxEgressRateMbit bounds NetworkSpec.EgressRateMbit.
+// MaxNetConns bounds NetworkSpec.MaxConns.
+const MaxNetConns = 65536
+
+// MaxEgressRateMbit bounds NetworkSpec.EgressRateMbit and
+// NetworkSpec.IngressRateMbit.
 const MaxEgressRateMbit = 100000
 
 // NetworkGroupRE is a valid NetworkSpec.Group.
@@ -54,11 +67,13 @@ func (n *NetworkSpec) UnmarshalJSON(b []byte) error {
 		Egress json.RawMessage `json:"egress"`
 		Group  string          `json:"group"`
 		Rate   int             `json:"egress_rate_mbit"`
+		In     int             `json:"ingress_rate_mbit"`
+		Conns  int             `json:"max_conns"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	n.Egress, n.Group, n.EgressRateMbit = nil, raw.Group, raw.Rate
+	n.Egress, n.Group, n.EgressRateMbit, n.IngressRateMbit, n.MaxConns = nil, raw.Group, raw.Rate, raw.In, raw.Conns
 	if len(raw.Egress) == 0 || string(raw.Egress) == "null" {
 		return nil
 	}
@@ -219,7 +234,8 @@ type SandboxNetwork struct {
 	// connection: each refused connect is one (the refusal answers it at
 	// once, so it is not retried). DeniedBy splits it by the rule that
 	// refused: "not-allowed", "metadata", "host", "sandbox", "spoofed",
-	// "ipv6", "conn-limit".
+	// "ipv6", "conn-limit", "rate-limit", "ingress-rate-limit", "dns",
+	// "dns-rate".
 	Denied   int64            `json:"denied"`
 	DeniedBy map[string]int64 `json:"denied_by"`
 	// DeniedDestinations are the distinct destinations refused so far

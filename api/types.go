@@ -485,6 +485,21 @@ type Image struct {
 	// environment, working directory and user), and what a Dockerfile
 	// recorded (cmd, entrypoint, labels, exposed ports).
 	Config *ImageConfig `json:"config,omitempty"`
+	// Disk is set on a VM disk image (imported with `warren image import
+	// --disk`): sandboxes of tier "vm" boot it with its own bootloader,
+	// kernel and init. Such an image has no layers.
+	Disk *ImageDisk `json:"disk,omitempty"`
+}
+
+// ImageDisk describes a VM disk image.
+type ImageDisk struct {
+	// Format is the imported file's format ("qcow2" or "raw"); the node
+	// stores it as a self-contained qcow2.
+	Format string `json:"format"`
+	// VirtualSize is the disk's size as the guest sees it, in bytes.
+	VirtualSize int64 `json:"virtual_size"`
+	// StoredSize is the stored qcow2's size in bytes.
+	StoredSize int64 `json:"stored_size"`
 }
 
 // ImageConfig is the part of an OCI image config warren keeps. A sandbox
@@ -959,6 +974,15 @@ type Quota struct {
 	// their trajectories' logs and inputs, their snapshots and their
 	// layers. A write beyond it is refused (413, reason storage_quota).
 	StorageBytes int64 `json:"storage_bytes,omitempty"`
+	// EgressRateMbit and IngressRateMbit bound, in Mbit/s, the network
+	// rates one sandbox of the project may ask for at create
+	// (network.egress_rate_mbit, network.ingress_rate_mbit; more is a
+	// 403); a networked sandbox that asks none is given the quota's.
+	EgressRateMbit  int `json:"egress_rate_mbit,omitempty"`
+	IngressRateMbit int `json:"ingress_rate_mbit,omitempty"`
+	// MaxConns bounds, the same way, the open connections one sandbox of
+	// the project may ask for (network.max_conns).
+	MaxConns int `json:"max_conns,omitempty"`
 }
 
 // Project is a node of the project tree. Its id is the path of names from

@@ -1,9 +1,11 @@
 // Command warren-agent is PID 1 inside a warren sandbox. The edge starts it
 // with fd 3 a listening unix socket; see internal/agent. In a microVM the
-// kernel starts it as /init and it serves on a virtio-serial port.
+// kernel starts it as /init and it serves on a virtio-serial port; in a VM
+// booted from a disk image, systemd starts it with --vm-service PORT.
 package main
 
 import (
+	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +25,9 @@ func init() {
 func main() {
 	if agent.IsVMInit() {
 		agent.VMMain() // PID 1 of a microVM (internal/runtime/microvm)
+	}
+	if len(os.Args) == 3 && os.Args[1] == agent.VMServiceFlag {
+		agent.VMServiceMain(os.Args[2]) // a service of a disk image's own init (internal/runtime/vm)
 	}
 	agent.Main()
 }

@@ -109,6 +109,10 @@ type Agent struct {
 
 	connMu  sync.Mutex
 	curConn net.Conn
+
+	// vmService: the agent is a service of a VM's own init
+	// (VMServiceMain); setup then sets the VM's hostname.
+	vmService bool
 }
 
 // New returns an agent. It starts the reaper and makes the agent a child
@@ -222,6 +226,11 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	root, err := openRoot(rootDir)
 	if err != nil {
 		return nil, errf(agentproto.ErrInternal, "setup: open root %s: %v", rootDir, err)
+	}
+	if a.vmService && cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			a.log.Warn("agent: sethostname", "err", err)
+		}
 	}
 	a.root = root
 	a.cfg = *cfg

@@ -138,7 +138,7 @@ func (a *Agent) serveConn(nc net.Conn) {
 	br := bufio.NewReaderSize(nc, 64<<10)
 	for {
 		req := new(agentproto.Request)
-		if err := agentproto.ReadRequest(br, req); err != nil {
+		if err := agentproto.ReadRequestPooled(br, req); err != nil {
 			break
 		}
 		switch req.Op {
@@ -168,6 +168,9 @@ func (a *Agent) serveConn(nc net.Conn) {
 		go func() {
 			defer done()
 			a.serve(cctx, &call{id: req.ID, conn: c, ctx: cctx, withdrawn: withdrawn, win: win, binary: req.Binary}, req)
+			if req.Op == agentproto.OpFileWrite {
+				req.Release() // written: an upload's next write reuses its buffer
+			}
 		}()
 	}
 	nc.Close()

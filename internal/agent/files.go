@@ -244,6 +244,9 @@ func (a *Agent) fileWrite(req *agentproto.WriteRequest) (any, error) {
 	if req.Mode == 0 {
 		mode = 0o644
 	}
+	if req.At {
+		return a.writeAt(p, req.Data, req.Offset)
+	}
 	if err := a.mkdirAll(path.Dir(p), 0o755); err != nil {
 		return nil, fsErr("write", p, err)
 	}
@@ -313,6 +316,40 @@ func (a *Agent) appendFile(p string, data []byte, mode uint32) (any, error) {
 	}
 	if err := writeAll(fd, data); err != nil {
 		return nil, fsErr("write", p, err)
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fsErr("write", p, err)
+	}
+	return fileInfo(path.Base(p), p, &st, ""), nil
+}
+
+// writeAt writes data at offset of the existing regular file p: one
+// chunk of an upload whose chunks are written in parallel.
+func (a *Agent) writeAt(p string, data []byte, offset int64) (any, error) {
+	if offset < 0 {
+		return nil, errf(agentproto.ErrInvalid, "write %s: negative offset", p)
+	}
+	fd, err := a.root.open(p, unix.O_WRONLY, 0)
+	if err != nil {
+		return nil, fsErr("write", p, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fsErr("write", p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, errf(agentproto.ErrInvalid, "write %s: not a regular file", p)
+	}
+	for len(data) > 0 {
+		n, err := unix.Pwrite(fd, data, offset)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fsErr("write", p, err)
+		}
+		data, offset = data[n:], offset+int64(n)
 	}
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fsErr("write", p, err)

@@ -427,3 +427,37 @@ func TestTarPutAtomic(t *testing.T) {
 		t.Errorf("entries %v", ents)
 	}
 }
+
+// TestWriteAtOffsets: the writes of one upload, each at its offset, sent
+// as payloads together and in reverse order, make the file whole; a write
+// at an offset neither creates a file nor writes into a directory.
+func TestWriteAtOffsets(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{})
+	if err := a.call(agentproto.OpFileWrite, &agentproto.WriteRequest{Path: "/up/f", Data: []byte("0123")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	const piece, pieces = 1 << 20, 6
+	want := bytes.Repeat([]byte("0123"), 1)
+	for i := range pieces {
+		want = append(want, bytes.Repeat([]byte{byte('a' + i)}, piece)...)
+	}
+	errs := make(chan error, pieces)
+	for i := pieces - 1; i >= 0; i-- {
+		go func() {
+			off := int64(4 + i*piece)
+			errs <- a.c.CallPayload(ctx(t), agentproto.OpFileWrite, &agentproto.WriteRequest{Path: "/up/f", At: true, Offset: off},
+				want[off:off+piece], nil, nil)
+		}()
+	}
+	for range pieces {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(a.root, "up/f")); !bytes.Equal(got, want) {
+		t.Fatalf("file of %d bytes after the offset writes, want the %d written", len(got), len(want))
+	}
+	wantCode(t, a.call(agentproto.OpFileWrite, &agentproto.WriteRequest{Path: "/up/none", At: true, Data: []byte("x")}, nil), agentproto.ErrNotFound)
+	wantCode(t, a.call(agentproto.OpFileWrite, &agentproto.WriteRequest{Path: "/up", At: true, Data: []byte("x")}, nil), agentproto.ErrIsDir)
+	wantCode(t, a.call(agentproto.OpFileWrite, &agentproto.WriteRequest{Path: "/up/f", At: true, Offset: -1, Data: []byte("x")}, nil), agentproto.ErrInvalid)
+}

@@ -66,6 +66,10 @@ var agentOps = map[string]agentOp{
 		return nil, a.identity(r)
 	})},
 
+	agentproto.OpUpperTar: {run: func(a *Agent, ctx context.Context, cl *call, _ *agentproto.Request) (any, error) {
+		return a.upperTar(ctx, cl)
+	}},
+
 	agentproto.OpInput: {run: withBody(func(a *Agent, ctx context.Context, cl *call, req *agentproto.Request, r *agentproto.InputRequest) (any, error) {
 		if req.Payload != nil { // sent raw, after the request
 			r.Data = req.Payload

@@ -23,8 +23,9 @@ const binaryFlag = 1 << 31
 // OpSetup (SetupResult) and OpPing (PingResult). 0 (absent): an agent that
 // knows no binary frames, credits or cancels.
 const (
-	Proto        = 2
+	Proto        = 3
 	ProtoPayload = 2 // binary requests (Request.Payload) are understood
+	ProtoOffset  = 3 // a file.write may name its offset (WriteRequest.At)
 )
 
 // PingResult answers OpPing.
@@ -155,7 +156,62 @@ func ReadRequest(r io.Reader, req *Request) error {
 	if err != nil {
 		return err
 	}
+	return decodeRequest(b, bin, req)
+}
+
+// requestBufs holds the frames of binary requests of up to
+// PooledRequestFrame bytes (an upload's 4 MiB write and its JSON) that the
+// agent reads with ReadRequestPooled.
+var requestBufs = sync.Pool{New: func() any { b := make([]byte, PooledRequestFrame); return &b }}
+
+// PooledRequestFrame is the largest binary request frame that
+// ReadRequestPooled reads into a reused buffer.
+const PooledRequestFrame = 4<<20 + 64<<10
+
+// ReadRequestPooled is ReadRequest with a binary request's frame (up to
+// PooledRequestFrame bytes) read into a reused buffer: its reader calls
+// req.Release once nothing uses req.Payload (or req.Body) any more; a
+// request it does not release is left to the garbage collector.
+func ReadRequestPooled(r io.Reader, req *Request) error {
+	n, bin, err := readHeader(r)
+	if err != nil {
+		return err
+	}
+	if !bin || n > PooledRequestFrame {
+		b, err := readBody(r, n)
+		if err != nil {
+			return err
+		}
+		return decodeRequest(b, bin, req)
+	}
+	bp := requestBufs.Get().(*[]byte)
+	b := (*bp)[:n]
+	if _, err := io.ReadFull(r, b); err != nil {
+		requestBufs.Put(bp)
+		return fmt.Errorf("agentproto: short frame: %w", err)
+	}
+	if err := decodeRequest(b, bin, req); err != nil {
+		requestBufs.Put(bp)
+		return err
+	}
+	req.pooled = bp
+	return nil
+}
+
+// Release gives back the buffer of a request read by ReadRequestPooled
+// (its Payload must not be used after); a no-op for any other request.
+func (r *Request) Release() {
+	if r.pooled != nil {
+		requestBufs.Put(r.pooled)
+		r.pooled, r.Payload = nil, nil
+	}
+}
+
+// decodeRequest decodes a request frame's body b: JSON, or binary (the
+// JSON's length, the JSON, then the Payload, which stays in b).
+func decodeRequest(b []byte, bin bool, req *Request) error {
 	if bin {
+		n := len(b)
 		if n < 4 {
 			return fmt.Errorf("agentproto: binary request of %d bytes", n)
 		}

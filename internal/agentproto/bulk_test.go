@@ -70,3 +70,40 @@ func TestBulkReadReusesBuffers(t *testing.T) {
 		t.Fatalf("a %d MiB bulk read allocated %d MiB", chunks, alloc>>20)
 	}
 }
+
+// TestPayloadReadReusesBuffers: the agent's reads of 4 MiB upload writes
+// (binary requests with a payload) reuse their buffers once released:
+// 64 of them allocate far less than the 256 MiB they carry.
+func TestPayloadReadReusesBuffers(t *testing.T) {
+	const writes, size = 64, 4 << 20
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	payload := make([]byte, size)
+	go func() {
+		for i := range writes {
+			req := &Request{ID: uint64(i + 1), Op: OpFileWrite, Body: json.RawMessage(`{"path":"/f","at":true}`), Payload: payload}
+			if WriteRequestFrame(a, req) != nil {
+				return
+			}
+		}
+	}()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got := 0
+	for range writes {
+		var req Request
+		if err := ReadRequestPooled(b, &req); err != nil {
+			t.Fatal(err)
+		}
+		got += len(req.Payload)
+		req.Release()
+	}
+	runtime.ReadMemStats(&after)
+	if got != writes*size {
+		t.Fatalf("read %d payload bytes, want %d", got, writes*size)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8*size {
+		t.Fatalf("%d payload reads of %d MiB allocated %d MiB", writes, size>>20, alloc>>20)
+	}
+}

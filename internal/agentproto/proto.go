@@ -79,6 +79,13 @@ const (
 	// the kernel's random pool reseeded with the host's bytes (the
 	// restored pool is every sibling's). IdentityRequest -> nothing
 	OpIdentity = "identity"
+	// OpUpperTar streams a VM's writable changes (the guest overlay's
+	// upper directory on the sandbox's writable disk) as an OCI layer tar:
+	// overlay whiteouts as ".wh.NAME", opaque directories with
+	// ".wh..wh..opq". The disk's filesystem is frozen (FIFREEZE) while the
+	// tar is read, so it is one moment's state; writers in the guest wait.
+	// Only the agent of a VM answers it. -> chunks (data) + UpperTarResult
+	OpUpperTar = "upper.tar"
 )
 
 // Flow control of a call's chunks. A request with a Window may have at most
@@ -149,6 +156,8 @@ type Request struct {
 	// Payload is bulk data sent after the JSON in a binary request frame
 	// (an agent of ProtoPayload or later; a file.write takes it as Data).
 	Payload []byte `json:"-"`
+
+	pooled *[]byte // the frame's buffer (ReadRequestPooled)
 }
 
 // Response is one frame of an answer.

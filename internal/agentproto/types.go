@@ -185,6 +185,11 @@ type WriteRequest struct {
 	Data   []byte `json:"data,omitempty"`
 	Mode   uint32 `json:"mode,omitempty"` // default 0644
 	Append bool   `json:"append,omitempty"`
+	// At writes Data at Offset of an existing regular file (pwrite; an
+	// agent of ProtoOffset or later): the writes of one upload may be in
+	// flight together and finish in any order.
+	At     bool  `json:"at,omitempty"`
+	Offset int64 `json:"offset,omitempty"`
 }
 
 type MkdirRequest struct {
@@ -257,6 +262,11 @@ type IdentityRequest struct {
 	Hostname  string `json:"hostname"`
 	MachineID string `json:"machine_id"` // 32 lower-case hex digits
 	Entropy   []byte `json:"entropy"`    // from the host's random source, credited to the pool
+}
+
+// UpperTarResult answers OpUpperTar.
+type UpperTarResult struct {
+	FrozenMs float64 `json:"frozen_ms"` // how long the writable disk was frozen
 }
 
 // ResetResult answers OpReset.

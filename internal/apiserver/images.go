@@ -93,11 +93,16 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) error {
 	if err := rootOnlyImages(r, "importing an image"); err != nil {
 		return err
 	}
+	// disk=qcow2|raw: a VM disk image for the vm tier (validated on the node).
+	disk := r.URL.Query().Get("disk")
+	if disk != "" && disk != "qcow2" && disk != "raw" {
+		return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("disk must be qcow2 or raw, not %q", truncate(disk))}
+	}
 	if r.ContentLength > MaxLayerUpload {
 		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("image archive exceeds %d bytes", int64(MaxLayerUpload))}
 	}
 	var img api.Image
-	if err := s.uploadToStore(w, r, edgeproto.LayerRequest{Image: name}, &img); err != nil {
+	if err := s.uploadToStore(w, r, edgeproto.LayerRequest{Image: name, Disk: disk}, &img); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, &img)

@@ -155,7 +155,49 @@ func (s *Server) prepareCreate(r *http.Request, req *api.CreateSandboxRequest) (
 	if err := s.checkSpecUses(r.Context(), p, req); err != nil {
 		return nil, err
 	}
-	return s.limitsOf(req.Project), nil
+	limits := s.limitsOf(req.Project)
+	if err := checkNetRates(req.Network, limits); err != nil {
+		return nil, err
+	}
+	return limits, nil
+}
+
+// checkNetRates holds a networked create's rates and connection limit
+// within its projects' quotas (403 naming the project whose quota one
+// exceeds); one the create leaves to the node becomes the tightest
+// quota's.
+func checkNetRates(n *api.NetworkSpec, limits []placement.Limit) error {
+	if n == nil {
+		return nil
+	}
+	for _, r := range []struct {
+		field, unit string
+		rate        *int
+		quota       func(api.Quota) int
+	}{
+		{"egress_rate_mbit", "Mbit/s", &n.EgressRateMbit, func(q api.Quota) int { return q.EgressRateMbit }},
+		{"ingress_rate_mbit", "Mbit/s", &n.IngressRateMbit, func(q api.Quota) int { return q.IngressRateMbit }},
+		{"max_conns", "connections", &n.MaxConns, func(q api.Quota) int { return q.MaxConns }},
+	} {
+		tightest := 0
+		for _, l := range limits {
+			q := r.quota(l.Quota)
+			if q == 0 {
+				continue
+			}
+			if *r.rate > q {
+				return &api.Error{Code: api.CodeForbidden, Message: fmt.Sprintf(
+					"network.%s %d exceeds the %d %s per sandbox that project %s's quota allows", r.field, *r.rate, q, r.unit, l.Project)}
+			}
+			if tightest == 0 || q < tightest {
+				tightest = q
+			}
+		}
+		if *r.rate == 0 {
+			*r.rate = tightest
+		}
+	}
+	return nil
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {

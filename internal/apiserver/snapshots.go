@@ -267,8 +267,10 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			id, tier, strings.Join(api.MemoryForkTiers, " or "))}
 	}
 	// The children are the source's project's: they count against its
-	// quota (and every quota above it), checked before the snapshot.
+	// quota (and every quota above it), checked before the snapshot. They
+	// run on the source's tier (a microVM's children are microVMs).
 	spec := api.CreateSandboxRequest{
+		Tier: src.Tier, Display: src.Display,
 		Project: src.Project, CPU: src.CPU, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, Pids: src.Pids,
 		Labels: src.Labels, User: src.User, TTL: src.TTL, IdleTimeout: src.IdleTimeout,
 	}

@@ -81,6 +81,13 @@ type Options struct {
 	// figure (skipped when empty or missing).
 	DebianTar string
 
+	// NetworkIdle is how many idle sandboxes the network figure creates
+	// without and then with a network; default 1000.
+	NetworkIdle int
+	// NetworkParts limits the network figure to some of create,
+	// throughput, rule, idle ("": all).
+	NetworkParts string
+
 	// TransferMB is the size of the transfer figure's file; default 1024.
 	TransferMB int
 	// E2BSDKDir holds the official e2b npm package for the e2b figure
@@ -100,7 +107,7 @@ type Options struct {
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
-var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "audit", "ports", "e2b", "vm"}
+var FigureSets = []string{"core", "exec", "create", "create-size", "lazy", "burst", "upgrade", "density", "pool-burst", "fncall", "pause", "interference", "fast-forward", "snapshot", "fork", "transfer", "slow-read", "audit", "ports", "network", "e2b", "vm"}
 
 var coreFigures = []string{"exec", "create"}
 
@@ -111,9 +118,12 @@ var historySets = []string{"fast-forward", "snapshot", "fork"}
 func (o *Options) want(f string) bool {
 	for _, w := range strings.Split(o.Figures, ",") {
 		w = strings.TrimSpace(w)
+		if w == "network" && f == "ports" {
+			return true // the port proxy's figures are network figures too
+		}
 		if w == f || w == "all" || w == "core" && slices.Contains(coreFigures, f) || w == "layers" && slices.Contains(layerFigures, f) ||
 			w == "history" && slices.Contains(historySets, f) ||
-			w == "elastic" && f != "core" && f != "transfer" && f != "audit" && f != "ports" && f != "e2b" && f != "vm" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
+			w == "elastic" && f != "core" && f != "transfer" && f != "slow-read" && f != "audit" && f != "ports" && f != "network" && f != "e2b" && f != "vm" && !slices.Contains(coreFigures, f) && !slices.Contains(layerFigures, f) && !slices.Contains(historySets, f) {
 			return true
 		}
 	}
@@ -167,6 +177,9 @@ func (o *Options) defaults() {
 	}
 	if o.PauseHoldMB == 0 {
 		o.PauseHoldMB = 64
+	}
+	if o.NetworkIdle == 0 {
+		o.NetworkIdle = 1000
 	}
 	if o.TransferMB == 0 {
 		o.TransferMB = 1024
@@ -261,7 +274,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, f := range []struct {
 		name string
 		fn   func(context.Context, Options, *warren.Client, *Report) error
-	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"audit", auditFigures}, {"ports", portsFigures}, {"e2b", e2bFigures}, {"vm", vmFigures}} {
+	}{{"interference", interference}, {"fncall", fncallFigures}, {"pool-burst", burst}, {"pause", pauseFigures}, {"density", density}, {"transfer", transfer}, {"slow-read", slowRead}, {"audit", auditFigures}, {"ports", portsFigures}, {"network", networkFigures}, {"e2b", e2bFigures}, {"vm", vmFigures}} {
 		if !o.want(f.name) {
 			continue
 		}
@@ -426,8 +439,14 @@ func throughput(ctx context.Context, o Options, cycle func(context.Context) erro
 	return float64(n.Load()) / time.Since(start).Seconds(), percentiles(lats), nil
 }
 
-func warrenCycle(ctx context.Context, c *warren.Client) error {
-	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64})
+// cycleSpec is the sandbox of the create→exec→stop figures.
+var cycleSpec = api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64}
+
+func warrenCycle(ctx context.Context, c *warren.Client) error { return cycleOf(ctx, c, cycleSpec) }
+
+// cycleOf creates a sandbox of s, runs `true` in it and deletes it.
+func cycleOf(ctx context.Context, c *warren.Client, s api.CreateSandboxRequest) error {
+	sb, err := c.Create(ctx, s)
 	if err != nil {
 		return err
 	}

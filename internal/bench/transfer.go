@@ -78,6 +78,12 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	}
 	rates := map[string]float64{}
 	for _, l := range legs {
+		if x := os.Getenv("WARREN_BENCH_LEGS"); x != "" && !strings.Contains(x, l.name) {
+			continue // for profiling one leg alone
+		}
+		// Each leg starts with no dirty pages of the legs before it:
+		// the disk's writeback of one upload would slow the next.
+		syscall.Sync()
 		cpu0 := processCPU()
 		rate, err := timeTransfer(ctx, hc, l.method, l.url, l.hdr, size)
 		if err != nil {

@@ -21,9 +21,10 @@ import (
 
 // VMOptions size the vm figures.
 type VMOptions struct {
-	Creates int // sandboxes created one after another for the latency; default 8
-	Idle    int // idle VMs measured for memory; default 3
-	Forks   int // children of the fork from memory; default 8
+	Creates int  // sandboxes created one after another for the latency; default 8
+	Idle    int  // idle VMs measured for memory and node capacity; default 20
+	KSM     bool // also measure them with the host's KSM merging their memory
+	Forks   int  // children of the fork from memory; default 8
 }
 
 func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
@@ -32,7 +33,7 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 		creates = 8
 	}
 	if idle <= 0 {
-		idle = 3
+		idle = 20
 	}
 	nodes, err := c.Nodes(ctx)
 	if err != nil {
@@ -60,12 +61,14 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 	}
 
 	fmt.Fprintf(o.Out, "microvm memory: %d idle VMs of 256 MiB (%s)...\n", idle, accel)
+	availBefore := memAvailable() >> 10 // KiB
 	var ids []string
 	defer func() {
 		for _, id := range ids {
 			_, _ = c.Delete(context.WithoutCancel(ctx), id)
 		}
 	}()
+	t0 := time.Now()
 	for range idle {
 		sb, err := c.Create(ctx, req)
 		if err != nil {
@@ -73,18 +76,20 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 		}
 		ids = append(ids, sb.ID)
 	}
-	time.Sleep(10 * time.Second) // boot work done, guest idle
-	rss, pss, err := qemuMemory(ids)
-	if err != nil {
+	started := time.Since(t0)
+	for _, id := range ids {
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "true"}); err != nil {
+			return fmt.Errorf("idle VM %s: %w", id, err)
+		}
+	}
+	time.Sleep(10 * time.Second) // boot work done, guest idle, free pages reported
+	if err := idleFigures(ctx, o, rep, ids, accel, availBefore, started); err != nil {
 		return err
 	}
-	n := len(ids)
-	rep.add("host memory per idle microVM, RSS ("+accel+")", float64(rss)/float64(n)/1024, "MiB",
-		fmt.Sprintf("PSS %.0f MiB (the kernel file and QEMU's code shared between VMs); 256 MiB guest, %d VMs, 10 s after create", float64(pss)/float64(n)/1024, n))
 
 	// Pause = a memory snapshot (QEMU ends); the next exec restores it.
 	var pauses, resumes []time.Duration
-	for _, id := range ids {
+	for _, id := range ids[:min(3, len(ids))] {
 		t0 := time.Now()
 		if _, err := c.Pause(ctx, id); err != nil {
 			return err

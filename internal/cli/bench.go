@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	var o bench.Options
-	var out string
+	var out, cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "measure warren against runc and bubblewrap on this machine (starts a private server)",
@@ -30,6 +31,17 @@ func newBenchCmd() *cobra.Command {
 				o.AgentPath = p
 			}
 			o.Out = cmd.ErrOrStderr()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			rep, err := bench.Run(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -60,6 +72,8 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.PauseHoldMB, "pause-hold-mb", 64, "pause: anonymous memory each holds")
 	f.Float64Var(&o.BestEffortCap, "best-effort-cap", 0, "the private server's --best-effort-cap (0 = its default 0.1 core; -1 = off)")
 	f.IntVar(&o.InterferenceIdle, "interference-idle", 200, "interference: waiting sandboxes with a busy background process next to the latency sandbox, with and without the CPU gate (0 = skip)")
+	f.IntVar(&o.NetworkIdle, "net-idle", 1000, "network: idle sandboxes created without and then with a network for the memory figure")
+	f.StringVar(&o.NetworkParts, "net-parts", "", "network: only these parts, comma-separated: create, throughput, rule, idle (default all)")
 	f.IntVar(&o.TransferMB, "transfer-mb", 1024, "transfer: size of the file downloaded and uploaded (MiB)")
 	debianTar := os.Getenv("WARREN_DEBIAN_TAR")
 	if debianTar == "" {
@@ -68,8 +82,10 @@ func newBenchCmd() *cobra.Command {
 	f.StringVar(&o.DebianTar, "debian-tar", debianTar, "fncall: debian:12 root filesystem tarball (scripts/build-debian-image.sh) to import for the python3 figure")
 	f.StringVar(&o.VMKernel, "vm-kernel", serve.VMKernelDir(DefaultDataDir, ""), "vm: the microvm tier's guest kernel directory (make vm-kernel)")
 	f.IntVar(&o.VM.Creates, "vm-creates", 8, "vm: microVMs created one after another for create→first exec")
-	f.IntVar(&o.VM.Idle, "vm-idle", 3, "vm: idle microVMs measured for host memory")
+	f.IntVar(&o.VM.Idle, "vm-idle", 20, "vm: idle microVMs started together and measured for host memory and node capacity")
+	f.BoolVar(&o.VM.KSM, "vm-ksm", false, "vm: also measure the idle microVMs with the host's KSM on (host-wide; put back afterwards)")
 	f.IntVar(&o.VM.Forks, "vm-fork", 8, "vm: children of the fork from memory")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the run (the bench and its in-process server) to this file")
 	f.StringVar(&out, "out", "", "append the results to this file: a CSV history (docs/benchmarks-history.csv) when it ends in .csv, else a Markdown table")
 	f.StringVar(&o.E2BSDKDir, "e2b-sdk", filepath.Join("test", "e2b-sdk"), "e2b: directory of the official e2b npm package (scripts/install-deps.sh installs it in test/e2b-sdk)")
 	f.StringVar(&o.Figures, "figures", "core", "what to measure, comma-separated: core, layers, elastic, history, all, or any of "+strings.Join(bench.FigureSets, ", "))

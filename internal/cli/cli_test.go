@@ -1008,3 +1008,43 @@ func TestAudit(t *testing.T) {
 		t.Fatalf("audit --json %d: %q", code, out)
 	}
 }
+
+// TestImageImportDisk: `image import --disk` imports into a local store
+// (with the format from the name or --format) or uploads with ?disk=.
+func TestImageImportDisk(t *testing.T) {
+	f := newFakeAPI(t)
+	old := importDisk
+	t.Cleanup(func() { importDisk = old })
+	var got []string
+	importDisk = func(ctx context.Context, store, src, name, format string) error {
+		got = []string{store, src, name, format}
+		return nil
+	}
+	code, out, errs := f.run(t, "", "image", "import", "--disk", "/tmp/d.qcow2", "--name", "deb:vm", "--data-dir", "/srv/w")
+	if code != 0 || out != "deb:vm\n" || strings.Join(got, ",") != "/srv/w/images,/tmp/d.qcow2,deb:vm,qcow2" {
+		t.Fatalf("local: %d %q %q %v", code, out, errs, got)
+	}
+	f.run(t, "", "image", "import", "--disk", "/tmp/d.bin", "--format", "raw", "--name", "n", "--store", "/s")
+	if strings.Join(got, ",") != "/s,/tmp/d.bin,n,raw" {
+		t.Fatalf("--format: %v", got)
+	}
+	for _, args := range [][]string{
+		{"image", "import", "--disk", "/tmp/d.vmdk", "--name", "n", "--store", "/s"},
+		{"image", "import", "--disk", "/tmp/d.qcow2", "--format", "vdi", "--name", "n", "--store", "/s"},
+		{"image", "import", "x.tar", "--format", "raw", "--name", "n"},
+		{"image", "import", "x.tar", "--disk", "/tmp/d.qcow2", "--name", "n"},
+	} {
+		got = nil
+		if code, _, errs := f.run(t, "", args...); code == 0 || got != nil {
+			t.Errorf("%v: exit %d (%s), imported %v", args, code, errs, got)
+		}
+	}
+	// Without --data-dir or --store: uploaded with the format.
+	disk := filepath.Join(t.TempDir(), "d.raw")
+	os.WriteFile(disk, []byte("disk bytes"), 0o644)
+	f.run(t, "", "image", "import", "--disk", disk, "--name", "up:1")
+	r := f.last("POST", "/v1/images:import")
+	if q := url.Values(r.Query); q.Get("name") != "up:1" || q.Get("disk") != "raw" || string(r.Body) != "disk bytes" {
+		t.Fatalf("upload: query %v, body %q", r.Query, r.Body)
+	}
+}

@@ -144,6 +144,8 @@ func newEdgeCmd() *cobra.Command {
 	f.StringVar(&o.Userns.NetPool, "net-pool", "", "node-local IPv4 pool of networked sandboxes' addresses, a /31 each (default 10.213.0.0/16)")
 	f.StringVar(&o.Userns.DNSUpstream, "dns-upstream", "", "where the resolver of networked sandboxes forwards the names they may resolve, host:port (default the host's resolver from /etc/resolv.conf)")
 	f.IntVar(&o.Userns.NetEgressRateMbit, "net-egress-rate-mbit", 0, "networked sandboxes' egress rate limit in Mbit/s when their create sets none (0: no limit)")
+	f.IntVar(&o.Userns.NetIngressRateMbit, "net-ingress-rate-mbit", 0, "networked sandboxes' ingress rate limit in Mbit/s when their create sets none (0: no limit)")
+	f.Uint32Var(&o.Userns.NetMaxConns, "net-max-conns", 0, "networked sandboxes' limit of open connections each, counted in the host's connection tracking (0 = 4096)")
 	f.BoolVar(&verbose, "verbose", false, "debug logging")
 	_ = cmd.MarkFlagRequired("nats")
 	return cmd

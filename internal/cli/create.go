@@ -24,6 +24,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 		network      bool
 		netGroup     string
 		netRate      int
+		netInRate    int
+		netMaxConns  int
 		idleCPU      float64
 	)
 	cmd := &cobra.Command{
@@ -73,8 +75,9 @@ func newCreateCmd(g *globals) *cobra.Command {
 				}
 				req.Layers = append(req.Layers, a)
 			}
-			if network || len(allow) > 0 || netGroup != "" || netRate != 0 {
-				req.Network = &api.NetworkSpec{Egress: append([]string{}, allow...), Group: netGroup, EgressRateMbit: netRate}
+			if network || len(allow) > 0 || netGroup != "" || netRate != 0 || netInRate != 0 || netMaxConns != 0 {
+				req.Network = &api.NetworkSpec{Egress: append([]string{}, allow...), Group: netGroup, EgressRateMbit: netRate,
+					IngressRateMbit: netInRate, MaxConns: netMaxConns}
 			}
 			if len(auditWS) > 0 || len(auditPolicy) > 0 {
 				req.Audit = &api.AuditSpec{Workspace: auditWS}
@@ -126,6 +129,8 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.BoolVar(&network, "network", false, "give the sandbox a network interface (nothing reachable beyond --allow)")
 	f.StringVar(&netGroup, "network-group", "", "put the sandbox in this network group ([a-z0-9-]{1,63}): the project's sandboxes of the group on its node reach each other (implies --network)")
 	f.IntVar(&netRate, "network-egress-rate-mbit", 0, "bound what the sandbox sends, in Mbit/s (0: the node's default; implies --network)")
+	f.IntVar(&netInRate, "network-ingress-rate-mbit", 0, "bound what the sandbox receives, in Mbit/s (0: the node's default; implies --network)")
+	f.IntVar(&netMaxConns, "network-max-conns", 0, "bound the sandbox's open connections (0: the node's default; implies --network)")
 	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
 	f.StringArrayVar(&auditWS, "audit-workspace", nil, "a directory the agent is meant to change: its file operations stay out of the audit (repeatable)")
 	f.StringArrayVar(&auditPolicy, "audit-policy", nil, "an audit hook KIND:PATTERN=ACTION, e.g. 'write:/opt/toolkit/**=kill-step'; actions flag, kill-step, fail-sandbox (repeatable)")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -55,7 +56,7 @@ func (e *Edge) adopt(ctx context.Context, rec record, refreezes *sync.WaitGroup)
 		e.log.Warn("sandbox did not survive the restart", "id", id, "err", err)
 		return false
 	}
-	sb := &sandbox{rec: rec, lastActive: adoptedActivity(&rec), ready: make(chan struct{}), traj: newTraj(&rec.Spec)}
+	sb := &sandbox{rec: rec, lastActive: adoptedActivity(&rec), ready: make(chan struct{}), traj: trajectory.New(&rec.Spec)}
 	if err != nil {
 		e.log.Warn("adopted sandbox's agent does not answer; retrying in the background", "id", id, "err", err)
 		e.put(id, sb)
@@ -168,16 +169,7 @@ func (e *Edge) refreeze(sb *sandbox, frozen func()) {
 		frozen = sync.OnceFunc(frozen)
 		defer frozen() // also when there is nothing to freeze
 	}
-	sb.pmu.Lock()
-	defer sb.pmu.Unlock()
-	sb.mu.Lock()
-	if sb.rec.Sandbox.State != api.StatePaused || sb.stopping || sb.inst == nil {
-		sb.mu.Unlock()
-		return
-	}
-	h := sb.inst.Handle
-	sb.mu.Unlock()
-	if err := e.freezeAndReclaim(e.runCtx, sb, h, "paused before the restart", frozen); err != nil {
+	if err := e.pauser.Refreeze(e.runCtx, e.pausable(sb), "paused before the restart", frozen); err != nil {
 		e.log.Warn("pause adopted sandbox again", "id", sb.rec.Sandbox.ID, "err", err)
 	}
 }

@@ -15,8 +15,9 @@ import (
 // The lifecycle core as the edge's job packages see it (core.Core): the
 // Edge itself keeps records, admission, start and stop, reconcile and the
 // reaper; jobCore hands the rest of the edge (internal/edge/fncall,
-// internal/edge/pool, ...)
-// what they may use of it, and *sandbox is their core.Sandbox.
+// internal/edge/pool, internal/edge/recycle, ...) what they may use of it
+// (core.Core, and core.Roots in recycle.go), and *sandbox is their
+// core.Sandbox.
 //
 // Lock order: as in edge.go. Edge.mu, then a job's own lock (fncall's
 // Workers.mu, pool's Pools.mu), then sandbox.mu: reclaimLocked (admission)

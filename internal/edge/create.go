@@ -12,6 +12,8 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/edge/recycle"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
@@ -19,6 +21,26 @@ import (
 
 // startTimeout bounds how long a sandbox may take to come up.
 const startTimeout = 60 * time.Second
+
+// vmStartTimeout bounds a vm tier sandbox's start: a disk image boots its
+// own firmware, bootloader, kernel and init (systemd), which under TCG
+// takes a minute or more.
+const vmStartTimeout = 4 * time.Minute
+
+// checkDiskImage refuses what a VM disk image (img.Disk) cannot do: boot
+// on another tier than vm, or take named layers.
+func checkDiskImage(spec *api.CreateSandboxRequest, img *ResolvedImage) error {
+	if img.Disk == "" {
+		return nil
+	}
+	if spec.Tier != api.TierVM {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("image %q is a VM disk image: create it with tier %q", spec.Image, api.TierVM)}
+	}
+	if len(spec.Layers) > 0 {
+		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("image %q is a VM disk image: it takes no layers", spec.Image)}
+	}
+	return nil
+}
 
 func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, error) {
 	spec := req.Spec
@@ -68,49 +90,13 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 		e.mu.Unlock()
 		return nil, aerr
 	}
-	now := time.Now().UTC()
-	expires := now.Add(time.Duration(spec.TTL) * time.Second)
-	sb := &sandbox{
-		rec: record{
-			Spec: spec,
-			Sandbox: api.Sandbox{
-				ID: id, State: api.StateCreating, Node: e.cfg.Node, Project: spec.Project, Tier: spec.Tier, Display: spec.Display, Image: spec.Image,
-				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
-				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
-				Priority: spec.Priority, IdleAction: spec.IdleTimeoutAction,
-				Snapshot: spec.Snapshot, Trajectory: spec.Trajectory,
-				CreatedAt: now, ExpiresAt: &expires,
-			},
-		},
-		lastActive: now,
-		ready:      make(chan struct{}),
-		traj:       newTraj(&spec),
-	}
+	sb := e.newSandbox(id, &spec)
 	e.putLocked(id, sb)
 	e.mu.Unlock()
 
-	err = e.registerTrajectory(ctx, id, &spec)
-	if err == nil {
-		err = e.start(ctx, sb)
-	}
-	if err == nil && spec.Trajectory != "" && spec.Resume {
-		// A rebuild of a lost trajectory sandbox: from a checkpoint
-		// snapshot, or from the original state (step 0).
-		from := req.FromStep
-		if snap != nil && snap.Trajectory == spec.Trajectory {
-			from = snap.Step
-		}
-		if err = e.rebuildTraj(ctx, sb, from, spec.Branch); err != nil {
-			e.stop(ctx, sb, api.StateFailed, "rebuild: "+err.Error())
-		}
-	}
-	if err != nil {
+	if err = e.bringUp(ctx, sb, req.FromStep, snap); err != nil {
 		if spec.Trajectory != "" && !spec.Resume {
-			var tr TrajectoryRecord
-			key := TrajKey(spec.Project, spec.Trajectory)
-			if found, _, gerr := e.trajMeta.Get(ctx, key, &tr); gerr == nil && found && tr.Sandbox == id {
-				_ = e.trajMeta.Delete(context.WithoutCancel(ctx), key)
-			}
+			e.trajs.Unregister(ctx, id, &spec)
 		}
 		sb.createErr = err
 		e.mu.Lock()
@@ -122,6 +108,53 @@ func (e *Edge) create(ctx context.Context, req *CreateRequest) (*api.Sandbox, er
 	close(sb.ready)
 	v := sb.view()
 	return &v, nil
+}
+
+// newSandbox is the new sandbox id of spec, creating.
+func (e *Edge) newSandbox(id string, spec *api.CreateSandboxRequest) *sandbox {
+	now := time.Now().UTC()
+	expires := now.Add(time.Duration(spec.TTL) * time.Second)
+	return &sandbox{
+		rec: record{
+			Spec: *spec,
+			Sandbox: api.Sandbox{
+				ID: id, State: api.StateCreating, Node: e.cfg.Node, Project: spec.Project, Tier: spec.Tier, Display: spec.Display, Image: spec.Image,
+				CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, Pids: spec.Pids,
+				Labels: copyMap(spec.Labels), User: spec.User, TTL: spec.TTL, IdleTimeout: spec.IdleTimeout,
+				Priority: spec.Priority, IdleAction: spec.IdleTimeoutAction,
+				Snapshot: spec.Snapshot, Trajectory: spec.Trajectory,
+				CreatedAt: now, ExpiresAt: &expires,
+			},
+		},
+		lastActive: now,
+		ready:      make(chan struct{}),
+		traj:       trajectory.New(spec),
+	}
+}
+
+// bringUp claims the new sandbox's trajectory name and starts it; a
+// rebuild of a lost trajectory sandbox (resume) then serves the log up to
+// the state it was rebuilt from: a checkpoint snapshot (snap), or the
+// original state (step fromStep, 0).
+func (e *Edge) bringUp(ctx context.Context, sb *sandbox, fromStep int64, snap *api.Snapshot) error {
+	spec := &sb.rec.Spec // fixed while it is creating
+	if err := e.trajs.Register(ctx, sb.rec.Sandbox.ID, spec); err != nil {
+		return err
+	}
+	if err := e.start(ctx, sb); err != nil {
+		return err
+	}
+	if spec.Trajectory == "" || !spec.Resume {
+		return nil
+	}
+	if snap != nil && snap.Trajectory == spec.Trajectory {
+		fromStep = snap.Step
+	}
+	if err := e.trajs.Rebuild(ctx, e.trajSandbox(sb), fromStep, spec.Branch); err != nil {
+		e.stop(ctx, sb, api.StateFailed, "rebuild: "+err.Error())
+		return err
+	}
+	return nil
 }
 
 // pressureFor is how long a reading of the host's pressure is reused:
@@ -174,23 +207,30 @@ func (e *Edge) readPressure() *api.Error {
 	return nil
 }
 
-func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
-	spec := &sb.rec.Spec
-	id := sb.rec.storage()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
-	defer cancel()
-	t0 := time.Now()
+// rootLayers is what a sandbox's root is made of.
+type rootLayers struct {
+	img *ResolvedImage
+	// ids are the root's layers (diff ids, top-most first), then the
+	// bound layers' (one per bind, in order); names describe them for the
+	// record.
+	ids, names []string
+	binds      []agentproto.Bind
+}
 
+// resolveRoot resolves spec's image and named layers (pinning the layers'
+// versions in spec): named layers are stacked above the image (bottom
+// first in the request), or attached at mount points.
+func (e *Edge) resolveRoot(ctx context.Context, spec *api.CreateSandboxRequest) (*rootLayers, error) {
 	img, err := e.cfg.Images.ResolveLayers(ctx, spec.Image)
 	if err != nil {
 		if errors.Is(err, ErrImageNotFound) {
-			return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("image %q not found", spec.Image)}
+			return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("image %q not found", spec.Image)}
 		}
-		return fmt.Errorf("resolve image %s: %w", spec.Image, err)
+		return nil, fmt.Errorf("resolve image %s: %w", spec.Image, err)
 	}
-
-	// Named layers: stacked above the image (bottom first in the request),
-	// or attached at mount points.
+	if err := checkDiskImage(spec, img); err != nil {
+		return nil, err
+	}
 	var rootIDs, bindIDs, names []string
 	var binds []agentproto.Bind
 	for i, a := range spec.Layers {
@@ -198,9 +238,9 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		if err != nil {
 			var ae *api.Error
 			if errors.As(err, &ae) && ae.Code == api.CodeNotFound {
-				return &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", a.Layer)}
+				return nil, &api.Error{Code: api.CodeNotFound, Message: fmt.Sprintf("layer %q not found", a.Layer)}
 			}
-			return fmt.Errorf("resolve layer %s: %w", a.Layer, err)
+			return nil, fmt.Errorf("resolve layer %s: %w", a.Layer, err)
 		}
 		desc := fmt.Sprintf("%s@%d", l.Name, l.Version)
 		spec.Layers[i].Layer = desc // pinned: snapshots record exact versions
@@ -226,41 +266,70 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 	// layer that is below itself (ELOOP), and the lower copy adds nothing
 	// that the upper one does not already show or hide.
 	layerIDs = topmostOnce(layerIDs)
-	layerIDs = append(layerIDs, bindIDs...)
+	return &rootLayers{img: img, ids: append(layerIDs, bindIDs...), names: names, binds: binds}, nil
+}
 
-	// A recycled container of this shape (recycle.go) when one waits. Its
-	// fresh root serves as it is when it has the same layers and disk
-	// limit; else it is rerooted again, into a root made here.
+// takeRecycled takes a recycled container of sb's shape
+// (internal/edge/recycle) when one waits. Its fresh root serves as it is
+// when it has the same layers and disk limit: then it is resumed with
+// spec's environment and user, and sb has started (done; err says how
+// the start ended). Else box, when not nil, is to be rerooted into the
+// root the caller makes.
+func (e *Edge) takeRecycled(ctx context.Context, sb *sandbox, root *rootLayers, rs *runtime.Spec, t0 time.Time) (box *recycle.Box, done bool, err error) {
+	spec := &sb.rec.Spec
+	if len(root.binds) != 0 || sb.stateless || root.img.Disk != "" || !e.shelf.Enabled() {
+		return nil, false, nil
+	}
+	key := recycle.RootKey(root.ids, spec.DiskMB)
+	if box = e.shelf.Take(spec, key); box == nil || box.Root != key {
+		return box, false, nil
+	}
+	inst := e.shelf.Resume(ctx, box, rs)
+	if inst == nil {
+		return nil, false, nil
+	}
+	sb.mu.Lock()
+	sb.rec.Storage, sb.rec.Layer = box.Store, box.Layer
+	sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = root.ids, box.Upper, nil
+	sb.rec.Sandbox.Layers = root.names
+	sb.mu.Unlock()
+	if err := e.started(ctx, sb, inst, t0); err != nil {
+		e.freeStorage(box.Store, box.Layer)
+		return nil, true, err
+	}
+	return nil, true, nil
+}
+
+func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
+	spec := &sb.rec.Spec
+	id := sb.rec.storage()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeoutOf(spec.Tier))
+	defer cancel()
+	t0 := time.Now()
+	root, err := e.resolveRoot(ctx, spec)
+	if err != nil {
+		return err
+	}
+	img, layerIDs, names, binds := root.img, root.ids, root.names, root.binds
 	env := sandboxEnv(img.Env, spec.Env)
 	user := spec.User
 	if user == "" {
 		user = img.User // the image's USER
 	}
-	root := rootKey(layerIDs, spec.DiskMB)
-	var box *wipedBox
-	if len(binds) == 0 && !sb.stateless && spec.Network == nil && e.recycler() != nil {
-		box = e.takeWiped(recycleKey(spec), root)
+	// The network first: a recycled networked container resumes with it.
+	rnet, err := e.startNetwork(spec)
+	if err != nil {
+		return err
 	}
-	if box != nil && box.root == root {
-		if inst := e.resumeBox(ctx, box, &runtime.Spec{Env: env, User: user, Cwd: img.WorkingDir}); inst != nil {
-			sb.mu.Lock()
-			sb.rec.Storage, sb.rec.Layer = box.store, box.layer
-			sb.rec.Layers, sb.rec.Upper, sb.rec.Binds = layerIDs, box.upper, nil
-			sb.rec.Sandbox.Layers = names
-			sb.mu.Unlock()
-			if err := e.started(ctx, sb, inst, t0); err != nil {
-				e.freeStorage(box.store, box.layer)
-				return err
-			}
-			return nil
-		}
-		box = nil
+	box, done, err := e.takeRecycled(ctx, sb, root, &runtime.Spec{ID: id, Env: env, User: user, Cwd: img.WorkingDir, Network: rnet}, t0)
+	if done {
+		return err
 	}
 	store := id // the container's name (a recycled one's once rerooted); the writable layer's is id
 	defer func() {
 		if err != nil {
 			if box != nil {
-				e.discardBox(box)
+				e.shelf.Discard(box)
 			}
 			e.freeStorage(store, id)
 		}
@@ -293,48 +362,76 @@ func (e *Edge) start(ctx context.Context, sb *sandbox) (err error) {
 		Lowers: lowers, Binds: binds, Upper: upper, Work: work,
 		CPU: spec.CPU, MemoryMB: spec.MemoryMB, Pids: spec.Pids, DiskMB: spec.DiskMB,
 		Env: env, User: user, Cwd: img.WorkingDir, Priority: spec.Priority, Tier: spec.Tier, Display: spec.Display,
+		Disk: img.Disk,
 	}
 	if sb.stateless {
 		rspec.Stateless = FnCallDirs
 	}
-	if rspec.Network, err = e.runtimeNetwork(spec.Network, false); err != nil {
+	rspec.Network = rnet
+	inst, rerooted, err := e.launch(ctx, sb, box, rspec)
+	box = nil // launch took it
+	if rerooted != "" {
+		store = rerooted
+	}
+	if err != nil {
 		return err
 	}
-	if rspec.Network != nil && spec.Network.Group != "" {
-		// Per project: two projects' groups of one name are two groups.
-		rspec.Network.Group = spec.Project + "\x00" + spec.Network.Group
-	}
-	if rspec.Network != nil {
-		rspec.Network.EgressRateMbit = spec.Network.EgressRateMbit
-	}
-	var inst *runtime.Instance
-	if box != nil {
-		if inst = e.rerootInto(ctx, box, rspec); inst != nil {
-			store = box.store
-			sb.mu.Lock()
-			sb.rec.Storage, sb.rec.Layer = box.store, id
-			sb.mu.Unlock()
-		} else {
-			// The work dir of a volatile overlay that was mounted is
-			// refused by the next mount: start it again.
-			_ = os.RemoveAll(work)
-			if err := os.Mkdir(work, 0o755); err != nil {
-				return fmt.Errorf("prepare %s: %w", work, err)
-			}
-		}
-		box = nil
-	}
-	if inst == nil {
-		if err := os.MkdirAll(rspec.RootDir, 0o755); err != nil {
-			return fmt.Errorf("prepare %s: %w", rspec.RootDir, err)
-		}
-		inst, err = e.cfg.Runtime.Start(ctx, rspec)
-		if err != nil {
-			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Tier: rspec.Tier, Socket: filepath.Join(stateDir, "agent.sock")})
-			return startError(err)
-		}
-	}
 	return e.started(ctx, sb, inst, t0)
+}
+
+// startTimeoutOf is how long a sandbox of tier may take to start: a whole
+// OS booting from its disk image takes longer.
+func startTimeoutOf(tier string) time.Duration {
+	if tier == api.TierVM {
+		return vmStartTimeout
+	}
+	return startTimeout
+}
+
+// startNetwork is the runtime's network of spec (nil: none).
+func (e *Edge) startNetwork(spec *api.CreateSandboxRequest) (*runtime.NetworkSpec, error) {
+	n, err := e.runtimeNetwork(spec.Network, false)
+	if err != nil || n == nil {
+		return nil, err
+	}
+	if spec.Network.Group != "" {
+		// Per project: two projects' groups of one name are two groups.
+		n.Group = spec.Project + "\x00" + spec.Network.Group
+	}
+	n.EgressRateMbit = spec.Network.EgressRateMbit
+	n.IngressRateMbit = spec.Network.IngressRateMbit
+	n.MaxConns = spec.Network.MaxConns
+	return n, nil
+}
+
+// launch starts sb's container from rspec: the recycled box rerooted into
+// rspec's root when there is one and that works (rerooted names the
+// container then: box's name), else a new container.
+func (e *Edge) launch(ctx context.Context, sb *sandbox, box *recycle.Box, rspec *runtime.Spec) (inst *runtime.Instance, rerooted string, err error) {
+	id := rspec.ID
+	if box != nil {
+		if inst = e.shelf.Reroot(ctx, box, rspec); inst != nil {
+			sb.mu.Lock()
+			sb.rec.Storage, sb.rec.Layer = box.Store, id
+			sb.mu.Unlock()
+			return inst, box.Store, nil
+		}
+		// The work dir of a volatile overlay that was mounted is refused
+		// by the next mount: start it again.
+		_ = os.RemoveAll(rspec.Work)
+		if err := os.Mkdir(rspec.Work, 0o755); err != nil {
+			return nil, "", fmt.Errorf("prepare %s: %w", rspec.Work, err)
+		}
+	}
+	if err := os.MkdirAll(rspec.RootDir, 0o755); err != nil {
+		return nil, "", fmt.Errorf("prepare %s: %w", rspec.RootDir, err)
+	}
+	inst, err = e.cfg.Runtime.Start(ctx, rspec)
+	if err != nil {
+		_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), runtime.Handle{ID: id, Tier: rspec.Tier, Socket: filepath.Join(rspec.StateDir, "agent.sock")})
+		return nil, "", startError(err)
+	}
+	return inst, "", nil
 }
 
 // startError is the API error of a sandbox that failed to start: the

@@ -11,6 +11,7 @@ import (
 	"net"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/internal/agentproto"
@@ -122,14 +123,16 @@ func (e *Edge) inScope(g *dataplane.Grant) error {
 }
 
 // Upload chunks: what one agent write carries (raw, or base64 in JSON to
-// an agent that takes no payload).
+// an agent that takes no payload), and how many writes of one upload may
+// be in flight at once (each at its offset, to an agent of ProtoOffset).
 const (
 	uploadChunk     = 4 << 20
 	uploadChunkJSON = 1 << 20
+	uploadDepth     = 3
 )
 
-// uploadFile writes req.Path from in: appended to a temporary name beside it,
-// then renamed into place; a broken upload (in fails: the caller went
+// uploadFile writes req.Path from in: written to a temporary name beside
+// it, then renamed into place; a broken upload (in fails: the caller went
 // away) removes the temporary file. In a trajectory sandbox every write
 // goes through fileRecorded, as the chunks of an upload over the bus do.
 func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (any, error) {
@@ -150,44 +153,50 @@ func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (
 		_, _ = e.fileRecorded(cctx, OpFileRemove, &FileRequest{ID: req.ID, Path: tmp}, nil)
 		return nil, err
 	}
-	size := uploadChunk
+	size, depth := uploadChunk, e.uploadDepth(req.ID, sb)
 	if sb.traj != nil {
 		size = uploadChunkJSON
 	}
-	// Two buffers: the next chunk arrives while the agent writes the last
-	// one (one write at a time, in order; each is waited for before the
-	// upload ends, also when it fails, so none outlives the removal of
-	// the temporary file).
-	bufs := [2][]byte{make([]byte, size), make([]byte, size)}
-	var inflight chan error
-	wait := func() error {
-		if inflight == nil {
-			return nil
-		}
-		err := <-inflight
-		inflight = nil
-		return err
-	}
-	for i, first := 0, true; ; i, first = i+1, false {
-		buf := bufs[i%2]
+	up := newUploadWrites(size, depth)
+	var off int64
+	for first := true; ; first = false {
+		buf := up.buffer()
 		n, rerr := dataplane.ReadChunk(in, buf)
-		werr := wait()
 		if rerr != nil && rerr != io.EOF {
+			up.wait()
 			return fail(&api.Error{Code: api.CodeBadRequest, Message: "upload broken: " + rerr.Error()})
 		}
-		if werr != nil {
-			return fail(werr)
+		if err := up.err(); err != nil {
+			up.wait()
+			return fail(err)
 		}
-		if n > 0 || first {
-			w := &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: !first}
-			inflight = make(chan error, 1)
-			go func(done chan<- error) { done <- e.uploadWrite(ctx, sb, w) }(inflight)
+		switch {
+		case first:
+			// The first write creates the file, alone: the others
+			// append to it or write into it.
+			w := &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n]}
+			up.start(func() error { return e.uploadWrite(ctx, sb, w, -1) }, buf)
+			up.wait()
+			if err := up.err(); err != nil {
+				return fail(err)
+			}
+		case n > 0:
+			w := &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: true}
+			at := off
+			if depth == 1 {
+				at = -1 // appended, in order: one write at a time
+			}
+			up.start(func() error { return e.uploadWrite(ctx, sb, w, at) }, buf)
+		default:
+			up.release(buf)
 		}
+		off += int64(n)
 		if rerr != nil {
 			break
 		}
 	}
-	if err := wait(); err != nil {
+	up.wait()
+	if err := up.err(); err != nil {
 		return fail(err)
 	}
 	if _, err := e.fileRecorded(ctx, OpFileRename, &FileRequest{ID: req.ID, Path: tmp, To: req.Path}, nil); err != nil {
@@ -196,13 +205,84 @@ func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (
 	return e.file(ctx, OpFileStat, &FileRequest{ID: req.ID, Path: req.Path}, nil)
 }
 
+// uploadDepth is how many writes of an upload to sb may be in flight: one
+// (appended in order) in a trajectory sandbox, whose writes are recorded
+// in order, and to an agent that cannot write at an offset.
+func (e *Edge) uploadDepth(id string, sb *sandbox) int {
+	if sb.traj != nil {
+		return 1
+	}
+	_, agent, release, err := e.acquire(id)
+	if err != nil {
+		return 1 // the first write answers the error
+	}
+	defer release()
+	if agent.Proto() < agentproto.ProtoOffset {
+		return 1
+	}
+	return uploadDepth
+}
+
+// uploadWrites are the agent writes of one upload in flight: at most
+// depth at once, and one more buffer being filled from the upload
+// meanwhile. Every write is waited for before the upload ends or fails,
+// so none outlives the removal of the temporary file.
+type uploadWrites struct {
+	free  chan []byte   // buffers not in use
+	slots chan struct{} // one per write in flight
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	first error // the first write that failed
+}
+
+func newUploadWrites(size, depth int) *uploadWrites {
+	u := &uploadWrites{free: make(chan []byte, depth+1), slots: make(chan struct{}, depth)}
+	for range depth + 1 {
+		u.free <- make([]byte, size)
+	}
+	return u
+}
+
+// buffer waits for a buffer no write uses.
+func (u *uploadWrites) buffer() []byte { return <-u.free }
+
+func (u *uploadWrites) release(buf []byte) { u.free <- buf }
+
+// start runs write once a slot is free; its buffer is released after it.
+func (u *uploadWrites) start(write func() error, buf []byte) {
+	u.slots <- struct{}{}
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		err := write()
+		if err != nil {
+			u.mu.Lock()
+			if u.first == nil {
+				u.first = err
+			}
+			u.mu.Unlock()
+		}
+		<-u.slots
+		u.release(buf)
+	}()
+}
+
+func (u *uploadWrites) wait() { u.wg.Wait() }
+
+func (u *uploadWrites) err() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.first
+}
+
 // uploadWrite writes one chunk of an upload: recorded in a trajectory
-// sandbox, else straight to the agent (raw when it takes a payload).
+// sandbox, else straight to the agent (raw when it takes a payload); at
+// its offset at (pwrite) unless at is negative.
 //
 // A write is not cancelled with its upload: a short one that the agent
 // finished after the edge stopped waiting would recreate the temporary
 // file that the upload's failure removes.
-func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest) error {
+func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest, at int64) error {
 	ctx = context.WithoutCancel(ctx)
 	if sb.traj != nil {
 		_, err := e.fileRecorded(ctx, OpFileWrite, req, nil)
@@ -214,6 +294,9 @@ func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest) e
 	}
 	defer release()
 	w := &agentproto.WriteRequest{Path: req.Path, Mode: req.Mode, Append: req.Append}
+	if at >= 0 {
+		w.At, w.Offset, w.Append = true, at, false
+	}
 	if agent.Proto() >= agentproto.ProtoPayload {
 		err = agent.CallPayload(ctx, agentproto.OpFileWrite, w, req.Data, nil, nil)
 	} else {

@@ -8,13 +8,16 @@ package edge
 // Lock order of the edge (outermost first; a lock is only taken while
 // holding locks that come before it in this list):
 //
-//  1. traj.mu (trajectory.go): held over one whole logged operation, which
+//  1. trajectory.Traj.mu (internal/edge/trajectory, one per sandbox that
+//     records a trajectory): held over one whole logged operation, which
 //     may snapshot, branch (create) or stop a sandbox;
-//  2. sandbox.snapMu (one snapshot at a time) or sandbox.pmu (pause and
-//     resume): never both, and each is held over runtime calls (freeze);
+//  2. sandbox.snap (one snapshot at a time: snapshot.State, in
+//     internal/edge/snapshot) or sandbox.pmu (pause and
+//     resume, internal/edge/pause: core.Pausable.PauseLock): never both,
+//     and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
 //     taken under pmu by pause and resume, never under Edge.mu;
-//  4. Edge.mu: the edge's maps (sandboxes, live, wiped);
+//  4. Edge.mu: the edge's maps (sandboxes, live);
 //     4a. the jobs' own locks, each taken under Edge.mu and never
 //     around it (internal/edge/core): fncall.Workers.mu (the FnCall
 //     workers by shape; admission reclaims idle ones, core.Reclaimer)
@@ -25,8 +28,9 @@ package edge
 //     never taken under it);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     classCap.mu (taken under sandbox.mu by acquire),
-//     Edge.usageMu, uploads.mu, cmdHistory.mu, auditRing.mu, and
-//     auditState.mu (under traj.mu; it takes only telemetry.Collector.mu,
+//     Edge.usageMu, uploads.mu, history.Commands.mu, auditRing.mu,
+//     recycle.Shelf.mu (the recycled containers; taken under no lock), and
+//     auditState.mu (under Traj.mu; it takes only telemetry.Collector.mu,
 //     see audit.go).
 //
 // Goroutines of the edge (Close waits for every one; see Close and drain):
@@ -62,7 +66,12 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge/fncall"
+	"github.com/warrenhq/warren/internal/edge/fork"
+	"github.com/warrenhq/warren/internal/edge/pause"
 	"github.com/warrenhq/warren/internal/edge/pool"
+	"github.com/warrenhq/warren/internal/edge/recycle"
+	"github.com/warrenhq/warren/internal/edge/snapshot"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/hoststat"
 	"github.com/warrenhq/warren/internal/lifetime"
 	"github.com/warrenhq/warren/internal/runtime"
@@ -171,7 +180,18 @@ type Edge struct {
 	// pools is the warm pools (internal/edge/pool), written against the
 	// core (core.go); their own lock comes after mu.
 	pools *pool.Pools
-	wiped map[string][]*wipedBox // recycled containers by shape (recycle.go)
+	// shelf is the recycled containers (internal/edge/recycle), written
+	// against the core (core.go, recycle.go); its own lock is a leaf.
+	shelf *recycle.Shelf
+	// pauser pauses and resumes sandboxes (internal/edge/pause); it has
+	// no lock of its own but each sandbox's pmu.
+	pauser *pause.Pauser
+	// snapshots takes and reads snapshots (internal/edge/snapshot); its
+	// lock is each sandbox's snap.
+	snapshots *snapshot.Snapshotter
+	// forker forks sandboxes from memory (internal/edge/fork); it has no
+	// lock of its own.
+	forker *fork.Forker
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -181,8 +201,6 @@ type Edge struct {
 	// (admission), under mu.
 	pressureAt  time.Time
 	pressureErr *api.Error
-	// recycling counts kept, reused and refused containers (Waiting unused).
-	recycling api.NodeRecycling
 	// fn is the FnCall tier (internal/edge/fncall), written against the
 	// core (core.go); its own lock comes after mu.
 	fn     *fncall.Workers
@@ -232,7 +250,11 @@ type Edge struct {
 	trajMeta *bus.Records // trajectory records
 	tlog     *bus.TrajLog // trajectory logs
 	inputs   *bus.Inputs  // logged operations' file data and stdin, by SHA-256
-	storage  *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
+	// trajs is the trajectories (internal/edge/trajectory) over trajMeta,
+	// tlog and inputs, written against the core (trajectory.go); its
+	// locks (each sandbox's Traj.mu) come first of all.
+	trajs   *trajectory.Recorder
+	storage *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
 
 	audit auditState // the node's telemetry (audit.go)
 }
@@ -290,9 +312,13 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), wiped: map[string][]*wipedBox{}}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{})}
 	e.fn = fncall.New(jobCore{e})
 	e.pools = pool.New(jobCore{e}, filepath.Join(cfg.DataDir, "edge", "pools.json"))
+	e.shelf = recycle.New(jobCore{e}, jobCore{e}, cfg.Runtime, cfg.Recycle)
+	e.pauser = pause.New(jobCore{e}, cfg.Runtime)
+	e.snapshots = e.newSnapshotter()
+	e.forker = fork.New(forkHost{e}, cfg.Runtime)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {
@@ -319,25 +345,7 @@ func (e *Edge) Start(ctx context.Context) error {
 	} else if len(changed) > 0 {
 		e.log.Info("edge: raised per-user limits that sandboxes share with the host's root", "sysctls", changed)
 	}
-	if e.snaps, err = e.cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
-		return err
-	}
-	if e.trajMeta, err = e.cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
-		return err
-	}
-	if e.tlog, err = e.cfg.Bus.TrajectoryLog(ctx); err != nil {
-		return err
-	}
-	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
-		return err
-	}
-	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
-		return err
-	}
-	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {
-		return err
-	}
-	if e.events, err = e.cfg.Bus.OpenEvents(ctx); err != nil {
+	if err := e.openStores(ctx); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -405,6 +413,34 @@ func (e *Edge) Start(ctx context.Context) error {
 	return nil
 }
 
+// openStores opens what the edge keeps on the bus: snapshot and
+// trajectory records, trajectory logs and inputs, storage use, lost
+// sandboxes, events.
+func (e *Edge) openStores(ctx context.Context) error {
+	var err error
+	if e.snaps, err = e.cfg.Bus.Records(ctx, bus.BucketSnapshots); err != nil {
+		return err
+	}
+	if e.trajMeta, err = e.cfg.Bus.Records(ctx, bus.BucketTrajectories); err != nil {
+		return err
+	}
+	if e.tlog, err = e.cfg.Bus.TrajectoryLog(ctx); err != nil {
+		return err
+	}
+	if e.inputs, err = e.cfg.Bus.TrajectoryInputs(ctx); err != nil {
+		return err
+	}
+	e.trajs = trajectory.NewRecorder(trajHost{e}, e.trajMeta, e.tlog, e.inputs)
+	if e.storage, err = e.cfg.Bus.Storage(ctx); err != nil {
+		return err
+	}
+	if e.lostKV, err = e.cfg.Bus.OpenLost(ctx); err != nil {
+		return err
+	}
+	e.events, err = e.cfg.Bus.OpenEvents(ctx)
+	return err
+}
+
 // Close stops serving: it takes no more calls, lets those in flight
 // finish (until the drain deadline, then cancels them), stops the edge's
 // goroutines and waits for all of them. Unless KeepOnShutdown, every
@@ -442,7 +478,7 @@ func (e *Edge) Close(ctx context.Context) error {
 		}(sb)
 	}
 	wg.Wait()
-	e.expireWiped(0)
+	e.shelf.Close()
 	// What the stops started ends too, and the watches with their agents.
 	_ = e.wg.Wait(context.Background())
 	_ = e.watches.Wait(context.Background())

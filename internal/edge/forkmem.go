@@ -1,147 +1,109 @@
 package edge
 
-// Fork from memory (OpForkMemory): children started from a memory snapshot
-// of a running VM sandbox, continuing its processes. Each child is a
-// sandbox like any other: its own record, writable storage (the runtime
-// copies the source's disk into it), references to the source's layers,
-// admission and the source's owner, project and limits. The source is
-// stopped for the snapshot and runs on (a paused source is resumed first).
+// Fork from memory (OpForkMemory) is internal/edge/fork's (its package
+// comment): it checks the request, asks the runtime for the children and
+// keeps the fork whole or nothing. The core admits, records and starts
+// each child (forkChild, started) as forkHost: a child is a sandbox like
+// any other, with its own record, writable storage (the runtime copies
+// the source's disk into it), references to the source's layers,
+// admission and the source's owner, project and limits.
 //
 // Locks: as create (Edge.mu, then nothing; sandbox.mu alone).
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
-	"strings"
+	"log/slog"
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge/fork"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
-// forkTimeout bounds a whole fork from memory (snapshot, disk copies,
-// every child's restore: seconds each under TCG).
-const forkTimeout = 5 * time.Minute
-
-// notMemoryForkable is the 422 of a sandbox whose tier cannot fork from
-// memory.
-func notMemoryForkable(id, tier string) *api.Error {
-	if tier == "" {
-		tier = api.TierContainer
-	}
-	return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(
-		"sandbox %s is a %s sandbox: a fork from memory needs tier %s (a disk fork, without \"memory\", works on every tier)",
-		id, tier, strings.Join(api.MemoryForkTiers, " or "))}
+func (e *Edge) forkMemory(ctx context.Context, req *ForkMemoryRequest) (*ForkMemoryResult, error) {
+	return e.forker.Fork(ctx, req)
 }
 
-func (e *Edge) forkMemory(ctx context.Context, req *ForkMemoryRequest) (*ForkMemoryResult, error) {
-	if len(req.Children) == 0 {
-		return nil, badRequest("a fork needs at least one child id")
-	}
-	seen := map[string]bool{}
-	for _, id := range req.Children {
-		if NodeOf(id) != e.cfg.Node || seen[id] || id == req.ID {
-			return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("child id %q: not a new sandbox id of node %s", id, e.cfg.Node)}
-		}
-		seen[id] = true
-	}
-	src, err := e.lookup(req.ID)
-	if err != nil {
-		return nil, err
-	}
-	<-src.ready
-	src.mu.Lock()
-	tier := src.rec.Spec.Tier
-	src.mu.Unlock()
-	fk, ok := e.cfg.Runtime.(runtime.MemoryForker)
-	if !ok || !slices.Contains(api.MemoryForkTiers, tier) {
-		return nil, notMemoryForkable(req.ID, tier)
-	}
-	// acquire resumes a paused source and holds it as busy meanwhile.
-	src, _, release, err := e.acquire(req.ID)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	src.mu.Lock()
-	rec := src.rec
-	rec.Spec.Labels = copyMap(rec.Spec.Labels)
-	h := src.inst.Handle
-	src.mu.Unlock()
+// forkHost is the core as a fork from memory sees it.
+type forkHost struct{ e *Edge }
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), forkTimeout)
-	defer cancel()
-	t0 := time.Now()
-	kids := make([]*sandbox, 0, len(req.Children))
-	specs := make([]*runtime.Spec, 0, len(req.Children))
-	fail := func(err error) (*ForkMemoryResult, error) {
-		for _, sb := range kids {
-			id := sb.rec.Sandbox.ID
-			e.freeStorage(id, id)
-			sb.createErr = err
-			e.mu.Lock()
-			e.dropLocked(id)
-			e.mu.Unlock()
-			close(sb.ready)
-		}
-		return nil, err
-	}
-	for _, id := range req.Children {
-		sb, rspec, err := e.forkChild(ctx, id, &rec)
-		if sb != nil {
-			kids = append(kids, sb)
-		}
-		if err != nil {
-			return fail(err)
-		}
-		specs = append(specs, rspec)
-	}
-	insts, err := fk.Fork(ctx, h, specs)
+var _ fork.Host = forkHost{}
+
+// forkSource is a held source: a copy of its record and its container.
+type forkSource struct {
+	rec record
+	h   runtime.Handle
+}
+
+func (s *forkSource) Handle() runtime.Handle { return s.h }
+
+// forkChild is a child sandbox the core recorded.
+type forkChild struct{ *sandbox }
+
+func (c forkChild) ID() string { return c.rec.Sandbox.ID }
+
+func (h forkHost) Logger() *slog.Logger { return h.e.log }
+func (h forkHost) Node() string         { return h.e.cfg.Node }
+
+func (h forkHost) Tier(id string) (string, error) {
+	sb, err := h.e.lookup(id)
 	if err != nil {
-		if errors.Is(err, runtime.ErrNoMemoryFork) {
-			return fail(notMemoryForkable(req.ID, tier))
-		}
-		return fail(&api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("fork of %s from memory: %v", req.ID, err)})
+		return "", err
 	}
-	out := &ForkMemoryResult{Sandboxes: make([]api.Sandbox, 0, len(kids))}
-	var firstErr error
-	for i, sb := range kids {
-		if firstErr == nil {
-			firstErr = e.started(ctx, sb, insts[i], t0)
-			if firstErr == nil {
-				out.Sandboxes = append(out.Sandboxes, sb.view())
-				continue
-			}
-		} else {
-			_ = insts[i].Agent.Close()
-			_ = e.cfg.Runtime.Destroy(context.WithoutCancel(ctx), insts[i].Handle)
-		}
-		id := sb.rec.Sandbox.ID
-		e.freeStorage(id, id)
-		sb.createErr = firstErr
-		e.mu.Lock()
-		e.dropLocked(id)
-		e.mu.Unlock()
-		close(sb.ready)
+	<-sb.ready
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.rec.Spec.Tier, nil
+}
+
+// Hold is acquire: it resumes a paused source and holds it as busy.
+func (h forkHost) Hold(id string) (fork.Source, func(), error) {
+	sb, _, release, err := h.e.acquire(id)
+	if err != nil {
+		return nil, nil, err
 	}
-	if firstErr != nil {
-		// The children started are deleted: a fork is whole or nothing.
-		for _, v := range out.Sandboxes {
-			if sb, err := e.lookup(v.ID); err == nil {
-				close(sb.ready)
-				e.stop(context.WithoutCancel(ctx), sb, api.StateStopped, "the fork failed")
-			}
-		}
-		return nil, firstErr
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	src := &forkSource{rec: sb.rec, h: sb.inst.Handle}
+	src.rec.Spec.Labels = copyMap(src.rec.Spec.Labels)
+	return src, release, nil
+}
+
+func (h forkHost) NewChild(ctx context.Context, id string, src fork.Source) (fork.Child, *runtime.Spec, error) {
+	sb, spec, err := h.e.forkChild(ctx, id, &src.(*forkSource).rec)
+	if sb == nil {
+		return nil, nil, err
 	}
-	for _, sb := range kids {
-		close(sb.ready)
+	return forkChild{sb}, spec, err
+}
+
+func (h forkHost) Start(ctx context.Context, c fork.Child, inst *runtime.Instance, t0 time.Time) (api.Sandbox, error) {
+	sb := c.(forkChild).sandbox
+	if err := h.e.started(ctx, sb, inst, t0); err != nil {
+		return api.Sandbox{}, err
 	}
-	e.log.Info("sandbox forked from memory", "id", req.ID, "children", len(kids), "took", time.Since(t0))
-	return out, nil
+	return sb.view(), nil
+}
+
+func (h forkHost) Abandon(c fork.Child, err error) {
+	sb := c.(forkChild).sandbox
+	id := sb.rec.Sandbox.ID
+	h.e.freeStorage(id, id)
+	sb.createErr = err
+	h.e.mu.Lock()
+	h.e.dropLocked(id)
+	h.e.mu.Unlock()
+	close(sb.ready)
+}
+
+func (h forkHost) Done(c fork.Child) { close(c.(forkChild).ready) }
+
+func (h forkHost) Stop(ctx context.Context, c fork.Child, reason string) {
+	sb := c.(forkChild).sandbox
+	close(sb.ready)
+	h.e.stop(ctx, sb, api.StateStopped, reason)
 }
 
 // forkChild admits and records child id of the source rec and makes its

@@ -141,7 +141,7 @@ func (e *Edge) acquire(id string) (*sandbox, *agentproto.Client, func(), error) 
 	for sb.rec.Sandbox.State == api.StatePaused && !sb.stopping {
 		// Any operation on a paused sandbox resumes it first.
 		sb.mu.Unlock()
-		err := e.resume(context.Background(), sb, true)
+		err := e.pauser.Resume(context.Background(), e.pausable(sb), true)
 		sb.mu.Lock()
 		if err != nil {
 			return nil, nil, nil, err
@@ -212,28 +212,28 @@ func (e *Edge) agentError(sb *sandbox, err error) error {
 	return err
 }
 
-func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream string, data []byte) error) (any, error) {
-	x := &req.Exec
+// checkExec refuses an exec request that is not well formed.
+func checkExec(x *api.ExecRequest) *api.Error {
 	if (x.Cmd == "") == (len(x.Argv) == 0) {
-		return nil, &api.Error{Code: api.CodeInvalid, Message: "exactly one of cmd and argv is required"}
+		return &api.Error{Code: api.CodeInvalid, Message: "exactly one of cmd and argv is required"}
 	}
 	if aerr := sandboxspec.CheckEnv(x.Env); aerr != nil {
-		return nil, aerr
+		return aerr
 	}
 	if aerr := sandboxspec.CheckUser(x.User); aerr != nil {
-		return nil, aerr
+		return aerr
 	}
 	if x.KeepCPU && !x.Background {
-		return nil, &api.Error{Code: api.CodeInvalid, Message: "keep_cpu is only for background commands"}
+		return &api.Error{Code: api.CodeInvalid, Message: "keep_cpu is only for background commands"}
 	}
 	if x.Timeout < 0 || x.OutputCap < 0 || x.OutputCap > MaxOutputCap {
-		return nil, &api.Error{Code: api.CodeInvalid, Message: "timeout and output_cap must be positive (output_cap at most 1 GiB)"}
+		return &api.Error{Code: api.CodeInvalid, Message: "timeout and output_cap must be positive (output_cap at most 1 GiB)"}
 	}
-	sb, agent, release, err := e.acquire(req.ID)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
+	return nil
+}
+
+// agentExec is the agent's request for exec x, defaults filled in.
+func agentExec(x *api.ExecRequest) *agentproto.ExecRequest {
 	timeout := DefaultExecTimeout
 	if x.Timeout > 0 {
 		timeout = time.Duration(x.Timeout * float64(time.Second))
@@ -248,6 +248,20 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	if x.Stdin != "" {
 		areq.Stdin = []byte(x.Stdin)
 	}
+	return areq
+}
+
+func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream string, data []byte) error) (any, error) {
+	x := &req.Exec
+	if aerr := checkExec(x); aerr != nil {
+		return nil, aerr
+	}
+	sb, agent, release, err := e.acquire(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	areq := agentExec(x)
 	if !x.Background {
 		e.killsBefore(sb)
 	}
@@ -277,7 +291,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	}
 	if err != nil {
 		err = e.agentError(sb, err)
-		sb.hist.note(x, start, nil, err)
+		sb.hist.Note(x, start, nil, err)
 		return nil, err
 	}
 	out := &api.ExecResult{
@@ -296,7 +310,7 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 		trustedBackground = true
 		e.afterCommand(agent, res.CommandID, sb.trusted.end)
 	}
-	sb.hist.note(x, start, out, nil)
+	sb.hist.Note(x, start, out, nil)
 	return out, nil
 }
 

@@ -1,82 +1,14 @@
 package edge
 
+// A sandbox's command history is internal/edge/history's (sandbox.hist);
+// the core notes each command (handlers.go, live.go) and answers from it.
+
 import (
 	"context"
-	"sync"
-	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/runtime"
 )
-
-// maxHistoryText bounds the command text a history entry keeps.
-const maxHistoryText = 4 << 10
-
-// cmdHistory is a sandbox's recent commands, a ring of the last
-// api.MaxCommandHistory, kept in memory only (a restart of the node's
-// warren forgets it). Its mutex is a leaf: nothing else is locked under it.
-type cmdHistory struct {
-	mu    sync.Mutex
-	ring  []api.CommandRecord
-	next  int   // where the next entry goes once the ring is full
-	total int64 // commands since the sandbox started
-}
-
-// note records one command and how it ended (res nil: it did not run, err says why).
-func (h *cmdHistory) note(x *api.ExecRequest, start time.Time, res *api.ExecResult, err error) {
-	r := api.CommandRecord{StartedAt: start.UTC(), Session: x.Session, User: x.User, Trusted: x.Trusted}
-	if x.Cmd != "" {
-		r.Cmd = clipText(x.Cmd, maxHistoryText)
-	} else {
-		n := 0
-		for _, a := range x.Argv {
-			if n+len(a) > maxHistoryText {
-				r.Argv = append(r.Argv, clipText(a, max(maxHistoryText-n, 0)))
-				break
-			}
-			n += len(a)
-			r.Argv = append(r.Argv, a)
-		}
-	}
-	switch {
-	case err != nil:
-		r.Error = err.Error()
-		r.DurationMs = float64(time.Since(start).Microseconds()) / 1000
-	case res.CommandID != "":
-		r.CommandID = res.CommandID
-	default:
-		code := res.ExitCode
-		r.ExitCode = &code
-		r.TimedOut, r.Signal, r.Truncated, r.DurationMs = res.TimedOut, res.Signal, res.Truncated, res.DurationMs
-		r.KilledBy, r.OOMKilled, r.PidsLimited, r.DiskFull = res.KilledBy, res.OOMKilled, res.PidsLimited, res.DiskFull
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.total++
-	if len(h.ring) < api.MaxCommandHistory {
-		h.ring = append(h.ring, r)
-		return
-	}
-	h.ring[h.next] = r
-	h.next = (h.next + 1) % len(h.ring)
-}
-
-// list returns the recorded commands, oldest first, and how many ran in all.
-func (h *cmdHistory) list() ([]api.CommandRecord, int64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]api.CommandRecord, 0, len(h.ring))
-	out = append(out, h.ring[h.next:]...)
-	out = append(out, h.ring[:h.next]...)
-	return out, h.total
-}
-
-func clipText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
 
 // commands answers OpCommands: the sandbox's recent command history.
 func (e *Edge) commands(id string) (*api.CommandHistory, error) {
@@ -84,7 +16,7 @@ func (e *Edge) commands(id string) (*api.CommandHistory, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmds, _ := sb.hist.list()
+	cmds, _ := sb.hist.List()
 	return &api.CommandHistory{Commands: cmds}, nil
 }
 
@@ -109,7 +41,7 @@ func (e *Edge) stats(ctx context.Context, id string) (*api.SandboxStats, error) 
 		cs = e.cpuStatsLocked(sb)
 	}
 	sb.mu.Unlock()
-	_, n := sb.hist.list()
+	_, n := sb.hist.List()
 	st := &api.SandboxStats{ID: v.ID, State: v.State, CPU: v.CPU, MemoryLimitMB: v.MemoryMB, Commands: n, CPUStats: cs}
 	if ur, ok := e.cfg.Runtime.(runtime.SandboxUsageReporter); ok && h != nil {
 		u, err := ur.SandboxUsage(*h)

@@ -28,6 +28,10 @@ type ResolvedImage struct {
 	// request's user wins over User).
 	WorkingDir string
 	User       string
+	// Disk is the path of the image's VM disk (an image of the vm tier,
+	// imported with `warren image import --disk`; it has no layers), "" for
+	// an image of layers.
+	Disk string
 }
 
 // ImageCatalog resolves the node's images.
@@ -45,6 +49,10 @@ type ImageIntake interface {
 	// ImportImage stores the archive at path (OCI, docker-save or a root
 	// filesystem tarball) as the image name.
 	ImportImage(ctx context.Context, path, name string) (*api.Image, error)
+	// ImportDisk validates the VM disk image at path (format "qcow2" or
+	// "raw") and stores it as the image name of the vm tier; a file it
+	// refuses is a 400.
+	ImportDisk(ctx context.Context, path, name, format string) (*api.Image, error)
 	// CommitImage stores an image made of a base image and named layers.
 	CommitImage(ctx context.Context, req *api.CommitImageRequest) (*api.Image, error)
 	// StageFile creates a private file for an upload (on the store's

@@ -26,6 +26,7 @@ type upload struct {
 	name  string
 	ver   int
 	image string // an image archive to import as this name
+	disk  string // with image: the upload is a VM disk image of this format
 	last  time.Time
 	inUse bool
 }
@@ -125,7 +126,7 @@ func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
 		handle = hex.EncodeToString(b[:])
-		u = &upload{f: f, name: req.Name, ver: req.Version, image: req.Image}
+		u = &upload{f: f, name: req.Name, ver: req.Version, image: req.Image, disk: req.Disk}
 		e.uploads.m[handle] = u
 	} else if u = e.uploads.m[handle]; u == nil || u.inUse {
 		e.uploads.mu.Unlock()
@@ -165,6 +166,9 @@ func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
 	defer finish()
 	if u.n == 0 {
 		return nil, badRequest("the uploaded archive is empty")
+	}
+	if u.image != "" && u.disk != "" {
+		return e.cfg.Images.ImportDisk(ctx, u.f.Name(), u.image, u.disk)
 	}
 	if u.image != "" {
 		return e.cfg.Images.ImportImage(ctx, u.f.Name(), u.image)

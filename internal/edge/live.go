@@ -91,12 +91,12 @@ func (e *Edge) execLive(ctx context.Context, req *ExecLiveRequest, in io.Reader,
 	hist := api.ExecRequest{Cmd: x.Cmd, Argv: x.Argv, User: x.User, Cwd: x.Cwd}
 	if err != nil {
 		err = e.agentError(sb, err)
-		sb.hist.note(&hist, start, nil, err)
+		sb.hist.Note(&hist, start, nil, err)
 		return nil, err
 	}
 	out := &api.ExecResult{ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal, DurationMs: res.Duration}
 	e.explainEnd(sb, out)
-	sb.hist.note(&hist, start, out, nil)
+	sb.hist.Note(&hist, start, out, nil)
 	return out, nil
 }
 

@@ -123,9 +123,9 @@ func (e *Edge) NodeStatus() api.Node {
 	}
 	n.Accelerator, n.VMKernel = e.vmInfo()
 	e.measure(&n)
+	n.Recycling = e.shelf.Stats()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	n.Recycling = e.recyclingLocked()
 	for _, sb := range e.sandboxes {
 		sb.mu.Lock()
 		st, prio, pooled := sb.rec.Sandbox.State, sb.rec.Spec.Priority, sb.pool != ""
@@ -272,7 +272,7 @@ func (e *Edge) reap(ctx context.Context) {
 			e.log.Debug("persist last activity", "id", sb.rec.Sandbox.ID, "err", err)
 		}
 	}
-	e.expireWiped(e.cfg.RecycleIdle)
+	e.shelf.Expire(e.cfg.RecycleIdle)
 	e.mu.Lock()
 	closing, pressed := e.closing, e.pressureErr != nil
 	e.mu.Unlock()
@@ -297,7 +297,7 @@ func (e *Edge) reap(ctx context.Context) {
 		e.wg.Add(1)
 		go func(sb *sandbox) {
 			defer e.wg.Done()
-			if err := e.pause(ctx, sb, "idle timeout"); err != nil {
+			if err := e.pauser.Pause(ctx, e.pausable(sb), "idle timeout"); err != nil {
 				e.log.Warn("idle pause", "id", sb.rec.Sandbox.ID, "err", err)
 			}
 			sb.mu.Lock()

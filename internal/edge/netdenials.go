@@ -84,15 +84,16 @@ func (d *denials) forget(id string) {
 	delete(d.bySB, id)
 }
 
-// recordDenial is the runtime's hook: a refused name.
-func (e *Edge) recordDenial(id string, r api.NetworkDenialRecord) {
-	e.mu.Lock()
-	sb := e.sandboxes[id]
-	e.mu.Unlock()
+// recordDenial is the runtime's hook: a refused name. id is the
+// runtime's (Handle.ID): a recycled container's is the sandbox's that
+// first had it.
+func (e *Edge) recordDenial(hid string, r api.NetworkDenialRecord) {
+	sb := e.byHandle(hid)
 	if sb == nil {
 		return
 	}
 	sb.mu.Lock()
+	id := sb.rec.Sandbox.ID
 	r.Step = sb.rec.Sandbox.Step
 	sb.mu.Unlock()
 	e.denials.mu.Lock()
@@ -100,6 +101,29 @@ func (e *Edge) recordDenial(id string, r api.NetworkDenialRecord) {
 	e.denials.mu.Unlock()
 	e.auditDenials(sb, r)
 	e.maybeDenialEvent(sb)
+}
+
+// byHandle is the sandbox whose container's runtime id is hid.
+func (e *Edge) byHandle(hid string) *sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if sb := e.sandboxes[hid]; sb != nil {
+		sb.mu.Lock()
+		same := sb.inst != nil && sb.inst.Handle.ID == hid
+		sb.mu.Unlock()
+		if same {
+			return sb
+		}
+	}
+	for _, sb := range e.sandboxes {
+		sb.mu.Lock()
+		same := sb.inst != nil && sb.inst.Handle.ID == hid
+		sb.mu.Unlock()
+		if same {
+			return sb
+		}
+	}
+	return nil
 }
 
 // auditDenials adds network refusals to sb's audit (kind denied).

@@ -291,8 +291,9 @@ func (e *Edge) setNetworkLocked(sb *sandbox, ns runtime.NetworkSetter, id string
 	case n.Group != "" && n.Group != sb.rec.Spec.Network.Group:
 		return &api.Error{Code: api.CodeConflict, Message: "sandbox " + id + ": network.group is set at create only (it is \"" + sb.rec.Spec.Network.Group + "\")"}
 	}
-	// A change of the list keeps the group and the rate.
+	// A change of the list keeps the group, the rates and the limit.
 	n.Group, n.EgressRateMbit = sb.rec.Spec.Network.Group, sb.rec.Spec.Network.EgressRateMbit
+	n.IngressRateMbit, n.MaxConns = sb.rec.Spec.Network.IngressRateMbit, sb.rec.Spec.Network.MaxConns
 	if err := ns.SetEgress(sb.inst.Handle, egress); err != nil {
 		return fmt.Errorf("set network of %s: %w", id, err)
 	}

@@ -29,6 +29,7 @@ func TestSnapshotScope(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &Edge{cfg: Config{Node: "n1"}, log: slog.New(slog.DiscardHandler), snaps: snaps}
+	e.snapshots = e.newSnapshotter()
 	if err := snaps.Put(ctx, "snap-p1", &api.Snapshot{ID: "snap-p1", Project: "p1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -74,43 +75,6 @@ func TestTrajKey(t *testing.T) {
 	}
 	if TrajKey("", "run-42") != "run-42" {
 		t.Fatal("the root project's keys must stay the bare names")
-	}
-}
-
-// TestLegacyTrajectoryKey: a trajectory recorded before trajectories had
-// owners (under its bare name) keeps its record and log for its sandbox.
-func TestLegacyTrajectoryKey(t *testing.T) {
-	srv, err := bus.StartEmbedded(bus.EmbeddedConfig{DataDir: t.TempDir(), NoAuth: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	conn, err := srv.Connect("edge-legacy-test", bus.RoleAPIServer, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx := context.Background()
-	meta, err := conn.Records(ctx, bus.BucketTrajectories)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &Edge{cfg: Config{Node: "n1"}, log: slog.New(slog.DiscardHandler), trajMeta: meta}
-	put := func(key string, rec TrajectoryRecord) {
-		if err := meta.Put(ctx, key, &rec); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put("old", TrajectoryRecord{Name: "old", Spec: api.CreateSandboxRequest{Project: "p1", Trajectory: "old"}})
-	put("other", TrajectoryRecord{Name: "other", Spec: api.CreateSandboxRequest{Project: "p2", Trajectory: "other"}})
-	put("p1|new", TrajectoryRecord{Name: "new", Project: "p1", Spec: api.CreateSandboxRequest{Project: "p1", Trajectory: "new"}})
-	put("new", TrajectoryRecord{Name: "new", Spec: api.CreateSandboxRequest{Project: "p1", Trajectory: "new"}})
-	for name, want := range map[string]string{"old": "old", "other": "p1|other", "new": "p1|new", "none": "p1|none"} {
-		tr := newTraj(&api.CreateSandboxRequest{Project: "p1", Trajectory: name})
-		e.resolveKey(ctx, tr)
-		if tr.key != want {
-			t.Errorf("trajectory %q of p1: key %q, want %q", name, tr.key, want)
-		}
 	}
 }
 

@@ -1,8 +1,8 @@
 package edge
 
-// Lock order: sandbox.pmu (held over the freeze), then sandbox.wmu (one
-// record write), then sandbox.mu; Edge.mu is not taken under sandbox.mu
-// (the whole order is in edge.go).
+// Lock order: sandbox.pmu (held over the freeze, internal/edge/pause),
+// then sandbox.wmu (one record write), then sandbox.mu; Edge.mu is not
+// taken under sandbox.mu (the whole order is in edge.go).
 
 import (
 	"context"
@@ -11,143 +11,66 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge/core"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
-// pause freezes a running sandbox and pushes its memory out (to swap where
-// the host has it, page cache dropped). The state turns "paused" before the
-// freeze, so an operation arriving meanwhile waits for the pause to finish
-// and then resumes the sandbox (see acquire).
-func (e *Edge) pause(ctx context.Context, sb *sandbox, why string) error {
-	sb.pmu.Lock()
-	defer sb.pmu.Unlock()
-	sb.mu.Lock()
-	id := sb.rec.Sandbox.ID
-	if sb.rec.Sandbox.State == api.StatePaused {
-		sb.mu.Unlock()
-		return nil
-	}
-	if sb.rec.Sandbox.State != api.StateRunning || sb.stopping || sb.inst == nil {
-		defer sb.mu.Unlock()
-		return &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, stateWord(sb))}
-	}
-	h := sb.inst.Handle
-	sb.rec.Sandbox.State = api.StatePaused
-	sb.mu.Unlock()
+// Pause and resume are internal/edge/pause's (its package comment); the
+// core answers the calls (pauseOne, resumeOne, pauseMatching), pauses for
+// idleness (the reaper), resumes for any operation (acquire) and refreezes
+// after a restart (adopt.go), each through e.pauser with the sandbox as a
+// core.Pausable (pausable).
 
-	// The intent first: a crash from here on leaves a record that says
-	// paused, which the restart resolves (reconcile thaws, attaches and
-	// pauses again). A record saying running over a frozen agent would
-	// make the restart call an agent that cannot answer.
-	if err := e.persistSandbox(sb); err != nil {
-		sb.mu.Lock()
-		sb.rec.Sandbox.State = api.StateRunning
-		sb.mu.Unlock()
-		return fmt.Errorf("edge: record the pause of %s: %w", id, err)
-	}
-	return e.freezeAndReclaim(ctx, sb, h, why, nil)
+// pausable is sb as pause sees it: its record, written through e.
+type pausable struct {
+	*sandbox
+	e *Edge
 }
 
-// freezeAndReclaim freezes sb (recorded paused already) and pushes its
-// memory out; a freeze that fails leaves it thawed and running again.
-// frozen, when set, is called once the freeze is over (either way), before
-// the reclaim. The caller holds sb.pmu.
-func (e *Edge) freezeAndReclaim(ctx context.Context, sb *sandbox, h runtime.Handle, why string, frozen func()) error {
-	id := sb.rec.Sandbox.ID
-	t0 := time.Now()
-	err := e.cfg.Runtime.Freeze(ctx, h)
-	if frozen != nil {
-		frozen()
+var _ core.Pausable = pausable{}
+
+func (e *Edge) pausable(sb *sandbox) pausable { return pausable{sandbox: sb, e: e} }
+
+func (p pausable) PauseLock() sync.Locker { return &p.pmu }
+func (p pausable) Persist() error         { return p.e.persistSandbox(p.sandbox) }
+
+func (p pausable) PauseState() (state string, live bool, h runtime.Handle, memoryMB int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	live = !p.stopping && p.inst != nil
+	if live {
+		h = p.inst.Handle
 	}
-	if err != nil {
-		// A freeze that timed out leaves the cgroup FREEZING: thaw it.
-		if terr := e.cfg.Runtime.Thaw(context.WithoutCancel(ctx), h); terr != nil {
-			e.log.Warn("thaw after a failed freeze", "id", id, "err", terr)
-		}
-		sb.mu.Lock()
-		sb.rec.Sandbox.State = api.StateRunning
-		sb.rec.Sandbox.PausedAt = nil
-		sb.mu.Unlock()
-		if perr := e.persistSandbox(sb); perr != nil {
-			e.log.Warn("persist sandbox after a failed freeze", "id", id, "err", perr)
-		}
-		return fmt.Errorf("edge: freeze %s: %w", id, err)
-	}
-	var before, after int64
-	if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
-		var err error
-		if before, after, err = rc.Reclaim(ctx, h); err != nil {
-			e.log.Warn("reclaim paused sandbox", "id", id, "err", err)
-		}
-	}
-	now := time.Now().UTC()
-	sb.mu.Lock()
-	sb.rec.Sandbox.PausedAt = &now
-	sb.mu.Unlock()
-	if err := e.persistSandbox(sb); err != nil {
-		e.log.Warn("persist paused sandbox", "id", id, "err", err)
-	}
-	e.log.Info("sandbox paused", "id", id, "why", why, "memory_before", before, "memory_after", after, "took", time.Since(t0))
-	return nil
+	return p.rec.Sandbox.State, live, h, p.rec.Spec.MemoryMB
 }
 
-// resume thaws a paused sandbox after giving its memory limit back and,
-// with prefetch, after asking the kernel to read its swapped-out memory
-// back (the reads run while the sandbox thaws and serves its first call).
-func (e *Edge) resume(ctx context.Context, sb *sandbox, prefetch bool) error {
-	sb.pmu.Lock()
-	defer sb.pmu.Unlock()
-	sb.mu.Lock()
-	id := sb.rec.Sandbox.ID
-	if sb.rec.Sandbox.State != api.StatePaused || sb.stopping || sb.inst == nil {
-		sb.mu.Unlock()
-		return nil
+func (p pausable) MarkPaused() (runtime.Handle, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rec.Sandbox.State == api.StatePaused {
+		return runtime.Handle{}, true, nil
 	}
-	h := sb.inst.Handle
-	mem := sb.rec.Spec.MemoryMB
-	sb.mu.Unlock()
-	t0 := time.Now()
-	var prefetched int64
-	if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok {
-		if err := rc.Restore(ctx, h, mem); err != nil {
-			return fmt.Errorf("edge: restore memory of %s: %w", id, err)
-		}
-		if prefetch {
-			// The agent first, before the thaw: it serves the first call.
-			var err error
-			if prefetched, err = rc.Prefetch(ctx, h, false); err != nil {
-				e.log.Warn("prefetch resumed sandbox's agent", "id", id, "err", err)
-			}
-		}
+	if p.rec.Sandbox.State != api.StateRunning || p.stopping || p.inst == nil {
+		return runtime.Handle{}, false, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", p.rec.Sandbox.ID, stateWord(p.sandbox))}
 	}
-	if err := e.cfg.Runtime.Thaw(ctx, h); err != nil {
-		return fmt.Errorf("edge: thaw %s: %w", id, err)
+	p.rec.Sandbox.State = api.StatePaused
+	return p.inst.Handle, false, nil
+}
+
+func (p pausable) SetRunning(active bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rec.Sandbox.State = api.StateRunning
+	p.rec.Sandbox.PausedAt = nil
+	if active {
+		p.lastActive = time.Now()
 	}
-	if rc, ok := e.cfg.Runtime.(runtime.Reclaimer); ok && prefetch {
-		// The rest while the sandbox already runs: queuing the reads of a
-		// big working set takes tens of milliseconds.
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			if n, err := rc.Prefetch(context.WithoutCancel(ctx), h, true); err != nil {
-				e.log.Warn("prefetch resumed sandbox", "id", id, "err", err)
-			} else {
-				e.log.Debug("sandbox prefetched", "id", id, "bytes", n)
-			}
-		}()
-	}
-	sb.mu.Lock()
-	sb.rec.Sandbox.State = api.StateRunning
-	sb.rec.Sandbox.PausedAt = nil
-	sb.lastActive = time.Now()
-	sb.mu.Unlock()
-	// A crash before this write leaves a record saying paused over a
-	// thawed sandbox: the restart pauses it again (consistent).
-	if err := e.persistSandbox(sb); err != nil {
-		e.log.Warn("persist resumed sandbox", "id", id, "err", err)
-	}
-	e.log.Info("sandbox resumed", "id", id, "prefetched", prefetched, "took", time.Since(t0))
-	return nil
+}
+
+func (p pausable) SetPausedAt(t time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rec.Sandbox.PausedAt = &t
 }
 
 // pauseOne and resumeOne answer the per-sandbox API calls.
@@ -157,7 +80,7 @@ func (e *Edge) pauseOne(ctx context.Context, id string) (any, error) {
 		return nil, err
 	}
 	<-sb.ready
-	if err := e.pause(ctx, sb, "requested"); err != nil {
+	if err := e.pauser.Pause(ctx, e.pausable(sb), "requested"); err != nil {
 		return nil, err
 	}
 	v := sb.view()
@@ -177,7 +100,7 @@ func (e *Edge) resumeOne(ctx context.Context, id string, prefetch bool) (any, er
 	if (st != api.StatePaused && st != api.StateRunning) || stopping {
 		return nil, &api.Error{Code: api.CodeConflict, Message: fmt.Sprintf("sandbox %s is %s", id, st)}
 	}
-	if err := e.resume(ctx, sb, prefetch); err != nil {
+	if err := e.pauser.Resume(ctx, e.pausable(sb), prefetch); err != nil {
 		return nil, err
 	}
 	v := sb.view()
@@ -194,42 +117,13 @@ func (e *Edge) pauseMatching(ctx context.Context, req *PauseMatchingRequest) (*a
 	if req.Resume {
 		want = api.StatePaused
 	}
-	var victims []*sandbox
+	var victims []core.Pausable
 	for _, v := range e.list(&ListRequest{Labels: req.Labels, State: want}).Sandboxes {
 		if sb, err := e.lookup(v.ID); err == nil {
-			victims = append(victims, sb)
+			victims = append(victims, e.pausable(sb))
 		}
 	}
-	out := &api.PauseResult{Sandboxes: []string{}}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 8)
-	for _, sb := range victims {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(sb *sandbox) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			var err error
-			if req.Resume {
-				err = e.resume(ctx, sb, true)
-			} else {
-				err = e.pause(ctx, sb, "job-level pause")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if out.Errors == nil {
-					out.Errors = map[string]string{}
-				}
-				out.Errors[sb.rec.Sandbox.ID] = err.Error()
-				return
-			}
-			out.Sandboxes = append(out.Sandboxes, sb.rec.Sandbox.ID)
-		}(sb)
-	}
-	wg.Wait()
-	return out, nil
+	return e.pauser.Matching(ctx, victims, req.Resume), nil
 }
 
 // setTimeout makes a live sandbox expire TTL seconds from now (E2B's

@@ -1,6 +1,6 @@
 package edge
 
-// Lock order: sandbox.snapMu or sandbox.pmu, then Edge.mu, then sandbox.mu
+// Lock order: sandbox.snap or sandbox.pmu, then Edge.mu, then sandbox.mu
 // (the whole order is in edge.go).
 
 import (
@@ -20,6 +20,9 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/auditpolicy"
+	"github.com/warrenhq/warren/internal/edge/history"
+	"github.com/warrenhq/warren/internal/edge/snapshot"
+	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
@@ -70,8 +73,7 @@ type sandbox struct {
 	pmu        sync.Mutex // serializes pause and resume
 	wmu        sync.Mutex // serializes persistSandbox's writes of rec
 	mu         sync.Mutex
-	snapMu     sync.Mutex // one snapshot at a time
-	incr       incrState  // its last snapshot, for an incremental next one (under snapMu; snapdiff.go)
+	snap       snapshot.State // one snapshot at a time, and its last one (internal/edge/snapshot)
 	rec        record
 	inst       *runtime.Instance
 	lastActive time.Time
@@ -82,13 +84,13 @@ type sandbox struct {
 	stoppedAt  time.Time
 	ready      chan struct{} // closed once creation finished (either way)
 	createErr  error
-	pool       string        // the warm pool holding it, until claimed ("" = a user's sandbox)
-	stopWatch  chan struct{} // closed to end watch (its container was recycled)
-	stateless  bool          // an FnCall worker
-	reclaimed  bool          // an idle FnCall worker stopped for room: admission no longer counts it
-	traj       *traj         // nil unless the sandbox records a trajectory
-	hist       cmdHistory    // recent commands (its own lock)
-	cpu        cpuState      // its CPU gate: full CPU only while operations run (elastic.go)
+	pool       string           // the warm pool holding it, until claimed ("" = a user's sandbox)
+	stopWatch  chan struct{}    // closed to end watch (its container was recycled)
+	stateless  bool             // an FnCall worker
+	reclaimed  bool             // an idle FnCall worker stopped for room: admission no longer counts it
+	traj       *trajectory.Traj // nil unless the sandbox records a trajectory
+	hist       history.Commands // recent commands (its own lock)
+	cpu        cpuState         // its CPU gate: full CPU only while operations run (elastic.go)
 	// cookie names the sandbox to the node's telemetry while its cgroups
 	// are registered (audit.go, under auditState.mu); audit holds what it
 	// recorded.

@@ -96,6 +96,9 @@ type LayerRequest struct {
 	// Image makes an upload an image archive imported under this name
 	// (layer_upload; Name and Version are then unused).
 	Image string `json:"image,omitempty"`
+	// Disk, with Image, makes the upload a VM disk image of this format
+	// ("qcow2" or "raw") for the vm tier.
+	Disk string `json:"disk,omitempty"`
 }
 
 // UploadResult answers a non-final upload chunk.

@@ -432,6 +432,15 @@ func (m *IAM) effectiveLocked(id string) api.Quota {
 		if r.Quota.StorageBytes > 0 && (q.StorageBytes == 0 || r.Quota.StorageBytes < q.StorageBytes) {
 			q.StorageBytes = r.Quota.StorageBytes
 		}
+		if r.Quota.EgressRateMbit > 0 && (q.EgressRateMbit == 0 || r.Quota.EgressRateMbit < q.EgressRateMbit) {
+			q.EgressRateMbit = r.Quota.EgressRateMbit
+		}
+		if r.Quota.IngressRateMbit > 0 && (q.IngressRateMbit == 0 || r.Quota.IngressRateMbit < q.IngressRateMbit) {
+			q.IngressRateMbit = r.Quota.IngressRateMbit
+		}
+		if r.Quota.MaxConns > 0 && (q.MaxConns == 0 || r.Quota.MaxConns < q.MaxConns) {
+			q.MaxConns = r.Quota.MaxConns
+		}
 	}
 	return q
 }
@@ -440,6 +449,12 @@ func (m *IAM) effectiveLocked(id string) api.Quota {
 func checkQuotaFits(q, parent api.Quota, parentID string) error {
 	if q.Sandboxes < 0 || q.CPU < 0 || q.MemoryMB < 0 || q.StorageBytes < 0 || q.CPU > 1e9 || q.MemoryMB > 1<<40 {
 		return invalid("quota values must be zero (no own limit) or positive")
+	}
+	if q.EgressRateMbit < 0 || q.IngressRateMbit < 0 || q.EgressRateMbit > api.MaxEgressRateMbit || q.IngressRateMbit > api.MaxEgressRateMbit {
+		return invalid("quota egress_rate_mbit and ingress_rate_mbit must be 0 (no own limit) to %d", api.MaxEgressRateMbit)
+	}
+	if q.MaxConns < 0 || q.MaxConns > api.MaxNetConns {
+		return invalid("quota max_conns must be 0 (no own limit) to %d", api.MaxNetConns)
 	}
 	where := "its parent"
 	if parentID != "" {
@@ -456,6 +471,15 @@ func checkQuotaFits(q, parent api.Quota, parentID string) error {
 	}
 	if parent.StorageBytes > 0 && q.StorageBytes > parent.StorageBytes {
 		return forbidden("quota of %d storage bytes exceeds the %d that %s allows", q.StorageBytes, parent.StorageBytes, where)
+	}
+	if parent.EgressRateMbit > 0 && q.EgressRateMbit > parent.EgressRateMbit {
+		return forbidden("quota of %d Mbit/s egress per sandbox exceeds the %d that %s allows", q.EgressRateMbit, parent.EgressRateMbit, where)
+	}
+	if parent.IngressRateMbit > 0 && q.IngressRateMbit > parent.IngressRateMbit {
+		return forbidden("quota of %d Mbit/s ingress per sandbox exceeds the %d that %s allows", q.IngressRateMbit, parent.IngressRateMbit, where)
+	}
+	if parent.MaxConns > 0 && q.MaxConns > parent.MaxConns {
+		return forbidden("quota of %d connections per sandbox exceeds the %d that %s allows", q.MaxConns, parent.MaxConns, where)
 	}
 	return nil
 }

@@ -80,6 +80,9 @@ type Image struct {
 	Size      int64     `json:"size"` // bytes of uncompressed layer tars
 	CreatedAt time.Time `json:"created_at"`
 	Config    Config    `json:"config"`
+	// Disk, set on an image of the vm tier imported from a disk image
+	// (disk.go), is that disk; such an image has no layers.
+	Disk *Disk `json:"disk,omitempty"`
 }
 
 // API returns the wire form of the image.
@@ -89,6 +92,9 @@ func (i *Image) API() api.Image {
 	if len(c.Env) > 0 || c.WorkingDir != "" || c.User != "" || len(c.Cmd) > 0 || len(c.Entrypoint) > 0 || len(c.Labels) > 0 || len(c.ExposedPorts) > 0 {
 		a.Config = &api.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Cmd: c.Cmd,
 			Entrypoint: c.Entrypoint, Labels: c.Labels, ExposedPorts: c.ExposedPorts}
+	}
+	if d := i.Disk; d != nil {
+		a.Disk = &api.ImageDisk{Format: d.Format, VirtualSize: d.VirtualSize, StoredSize: d.StoredSize}
 	}
 	return a
 }
@@ -287,11 +293,15 @@ func (s *LocalStore) Remove(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
+	old, _ := s.readImage(name)
 	if err := os.Remove(s.imagePath(name)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("%w: %s", ErrNotFound, name)
 		}
 		return fmt.Errorf("image: remove %s: %w", name, err)
+	}
+	if old != nil && old.Disk != nil {
+		s.collectDiskLocked(old.Disk.Digest)
 	}
 	_, err = s.gcLocked(nil)
 	return err

@@ -64,6 +64,11 @@ type Spec struct {
 	Tier string
 	// Display gives the sandbox a virtual screen (the vm tier only).
 	Display bool
+	// Disk, set instead of Lowers for the vm tier, is a disk image (a
+	// self-contained qcow2 file of the image store, internal/image) that
+	// the VM boots with its own bootloader, kernel and init; the sandbox
+	// writes to a copy-on-write overlay over it.
+	Disk string
 }
 
 // NetworkSpec is a sandbox's opt-in network, parsed.
@@ -74,6 +79,10 @@ type NetworkSpec struct {
 	Group string
 	// EgressRateMbit bounds what the sandbox sends (0: the node's default).
 	EgressRateMbit int
+	// IngressRateMbit bounds what it receives (0: the node's default).
+	IngressRateMbit int
+	// MaxConns bounds its open connections (0: the node's default).
+	MaxConns int
 }
 
 // NetHandle is a networked sandbox's addresses.

@@ -25,6 +25,7 @@
 package sandboxnet
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -34,6 +35,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -73,6 +75,10 @@ type Manager struct {
 	// Mbit/s, where its AttachOptions set none (set before use; 0 = no
 	// limit).
 	EgressRateMbit int
+	// IngressRateMbit is each sandbox's default ingress rate limit, in
+	// Mbit/s, where its AttachOptions set none (set before use; 0 = no
+	// limit).
+	IngressRateMbit int
 	// Upstream is where the resolver forwards allowed names (host:port;
 	// "" = DefaultUpstream). Log is its logger. OnDNSDenial, when set,
 	// hears of every refused name. All set before use.
@@ -88,8 +94,11 @@ type Manager struct {
 	policy  map[string]dnsPolicy // by sandbox id: what the resolver needs
 	groupMu sync.Mutex           // held across a grouped sandbox's install or removal
 	groups  map[string]string    // by sandbox id: its group's set (g_<hash>)
-	dns     *resolver            // from the first networked sandbox to Close
-	used    map[int]string       // /31 index -> sandbox id
+	// carried: by sandbox id, the packet counts of its host end when its
+	// link was made or last parked (reuse.go); none after a restart.
+	carried map[string]linkCount
+	dns     *resolver      // from the first networked sandbox to Close
+	used    map[int]string // /31 index -> sandbox id
 	byID    map[string]int
 	loaded  bool
 	forward bool
@@ -111,7 +120,7 @@ func New(pool, owner string) (*Manager, error) {
 	}
 	h := sha256.Sum256([]byte(owner))
 	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{},
-		policy: map[string]dnsPolicy{}, groups: map[string]string{}}, nil
+		policy: map[string]dnsPolicy{}, groups: map[string]string{}, carried: map[string]linkCount{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
@@ -143,6 +152,8 @@ type Attachment struct {
 	Group string
 	// EgressRateMbit bounds what the sandbox sends (0: no limit).
 	EgressRateMbit int
+	// IngressRateMbit bounds what is forwarded into it (0: no limit).
+	IngressRateMbit int
 }
 
 // AttachOptions are a sandbox's network settings beyond its list.
@@ -154,6 +165,11 @@ type AttachOptions struct {
 	// EgressRateMbit bounds what it sends, in Mbit/s (0: the Manager's
 	// EgressRateMbit).
 	EgressRateMbit int
+	// IngressRateMbit bounds what it receives, in Mbit/s (0: the
+	// Manager's IngressRateMbit).
+	IngressRateMbit int
+	// MaxConns bounds its open connections (0: the Manager's MaxConns).
+	MaxConns int
 }
 
 func (m *Manager) addrs(i int) (gw, sb netip.Addr) {
@@ -240,6 +256,7 @@ func (m *Manager) release(id string) error {
 		delete(m.byID, id)
 	}
 	delete(m.policy, id)
+	delete(m.carried, id)
 	return nil
 }
 
@@ -327,21 +344,17 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 	if err != nil {
 		return nil, err
 	}
-	gw, addr := m.addrs(i)
-	a = &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
-		MaxConns: m.MaxConns, Group: groupSet(opts.Group), EgressRateMbit: opts.EgressRateMbit}
-	if a.EgressRateMbit == 0 {
-		a.EgressRateMbit = m.EgressRateMbit
-	}
-	if a.MaxConns == 0 {
-		a.MaxConns = DefaultMaxConns
-	}
+	a = m.attachment(id, i, egress, opts)
 	defer func() {
 		if err != nil {
 			_ = m.Detach(id)
 		}
 	}()
 	m.setPolicy(id, egress)
+	a.IngressRateMbit = cmp.Or(opts.IngressRateMbit, m.IngressRateMbit)
+	if opts.MaxConns > 0 {
+		a.MaxConns = uint32(opts.MaxConns)
+	}
 	// The policy comes first: the sandbox's end is never up without it.
 	if err := m.ensureTable(); err != nil {
 		return nil, err
@@ -353,6 +366,20 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 		return nil, err
 	}
 	return a, nil
+}
+
+// attachment is the network of id on the /31 of index i.
+func (m *Manager) attachment(id string, i int, egress []api.EgressRule, opts AttachOptions) *Attachment {
+	gw, addr := m.addrs(i)
+	a := &Attachment{ID: id, Link: m.LinkName(id), Address: addr, Gateway: gw, Egress: egress,
+		MaxConns: m.MaxConns, Group: groupSet(opts.Group), EgressRateMbit: opts.EgressRateMbit}
+	if a.EgressRateMbit == 0 {
+		a.EgressRateMbit = m.EgressRateMbit
+	}
+	if a.MaxConns == 0 {
+		a.MaxConns = DefaultMaxConns
+	}
+	return a
 }
 
 func (m *Manager) link(a *Attachment, pid int) error {
@@ -390,6 +417,12 @@ func (m *Manager) link(a *Attachment, pid int) error {
 	if err != nil {
 		return fmt.Errorf("sandboxnet: find sandbox end: %w", err)
 	}
+	// No IPv6 on the sandbox's end either: its IPv6 is closed, and its
+	// link carries nothing (no router solicitation, no MLD report) that
+	// the sandbox did not send (Park reads that).
+	if err := disableIPv6In(int(ns), SandboxLink); err != nil {
+		return err
+	}
 	if err := h.AddrAdd(in, &netlink.Addr{IPNet: ipnet(a.Address, 31)}); err != nil {
 		return fmt.Errorf("sandboxnet: sandbox address: %w", err)
 	}
@@ -399,7 +432,43 @@ func (m *Manager) link(a *Attachment, pid int) error {
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: in.Attrs().Index, Gw: net.IP(a.Gateway.AsSlice())}); err != nil {
 		return fmt.Errorf("sandboxnet: default route: %w", err)
 	}
+	m.mu.Lock()
+	m.carried[a.ID] = linkCount{} // a new link has carried nothing
+	m.mu.Unlock()
 	return nil
+}
+
+// disableIPv6In turns IPv6 off on link in the network namespace nsfd
+// (its /proc/sys/net is the namespace of the thread that opens it).
+func disableIPv6In(nsfd int, link string) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("sandboxnet: own network namespace: %w", err)
+			return
+		}
+		defer unix.Close(home)
+		if err := unix.Setns(nsfd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("sandboxnet: enter the sandbox's network namespace: %w", err)
+			return
+		}
+		err = os.WriteFile("/proc/sys/net/ipv6/conf/"+link+"/disable_ipv6", []byte("1"), 0o644)
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil // no IPv6 in this kernel
+		}
+		if unix.Setns(home, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread() // else the thread ends with the goroutine
+		}
+		if err != nil {
+			err = fmt.Errorf("sandboxnet: disable IPv6 of the sandbox's end: %w", err)
+		}
+		errc <- err
+	}()
+	return <-errc
 }
 
 func ipnet(a netip.Addr, bits int) *net.IPNet {

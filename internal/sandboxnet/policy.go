@@ -194,7 +194,8 @@ func (m *Manager) createTable() error {
 	}
 	t := c.AddTable(m.table())
 	out, host, links := m.sets(t)
-	for _, s := range []*nftables.Set{out, host, links} {
+	inm := inMap(t)
+	for _, s := range []*nftables.Set{out, host, links, inm} {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
 		}
@@ -231,7 +232,8 @@ func (m *Manager) createTable() error {
 	add(in, []expr.Any{meta(expr.MetaKeyIIFNAME), vmap(host)})
 	// Into a sandbox from another: what the sender's o_<id> let through
 	// (its group; it refuses every other sandbox address). From anywhere
-	// else: replies only.
+	// else: replies only. First, each sandbox's ingress rate.
+	c.AddRule(inByLink(t, into, inm))
 	c.AddRule(betweenLinks(t, into))
 	add(into, cat([]expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false)}, established(), []expr.Any{verdict(expr.VerdictAccept)}))
 	add(into, []expr.Any{meta(expr.MetaKeyOIFNAME), member(links, false), verdict(expr.VerdictDrop)})
@@ -257,7 +259,8 @@ func betweenLinks(t *nftables.Table, into *nftables.Chain) *nftables.Rule {
 
 // upgradeTable adds to a table made by an earlier edge (it outlives
 // restarts with its sandboxes) what this one's createTable makes and it
-// lacks: forward-in's rule between links, first.
+// lacks: forward-in's rule between links, and before it the lookup of
+// ingress rates (with its map).
 func (m *Manager) upgradeTable() error {
 	c, err := nftables.New()
 	if err != nil {
@@ -269,12 +272,23 @@ func (m *Manager) upgradeTable() error {
 	if err != nil {
 		return fmt.Errorf("sandboxnet: read %s/%s: %w", t.Name, chainInbound, err)
 	}
+	has := map[string]bool{}
 	for _, r := range rules {
-		if string(r.UserData) == tagBetweenLinks {
-			return nil
-		}
+		has[string(r.UserData)] = true
 	}
-	c.InsertRule(betweenLinks(t, into))
+	if has[tagBetweenLinks] && has[tagInByLink] {
+		return nil
+	}
+	if !has[tagBetweenLinks] {
+		c.InsertRule(betweenLinks(t, into))
+	}
+	if !has[tagInByLink] { // inserted first: before between-links
+		inm := inMap(t)
+		if err := c.AddSet(inm, nil); err != nil {
+			return fmt.Errorf("sandboxnet: set %s: %w", inm.Name, err)
+		}
+		c.InsertRule(inByLink(t, into, inm))
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: upgrade %s: %w", t.Name, err)
 	}
@@ -282,7 +296,12 @@ func (m *Manager) upgradeTable() error {
 }
 
 // installPolicy adds a's chains and map elements in one transaction.
-func (m *Manager) installPolicy(a *Attachment) error {
+func (m *Manager) installPolicy(a *Attachment) error { return m.writePolicy(a, false) }
+
+// writePolicy writes a's policy in one transaction: into new chains, sets
+// and map elements, or (parked) into the chains and sets that Park
+// emptied, which the map elements name already.
+func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 	if a.Group != "" {
 		m.groupMu.Lock()
 		defer m.groupMu.Unlock()
@@ -293,13 +312,18 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	}
 	t := m.table()
 	outMap, hostMap, links := m.sets(t)
-	fwd := c.AddChain(&nftables.Chain{Name: outChain(a.ID), Table: t})
-	in := c.AddChain(&nftables.Chain{Name: hostChain(a.ID), Table: t})
-	allowed := c.AddChain(&nftables.Chain{Name: allowedChain(a.ID), Table: t})
 	ap, aa := admitSets(t, a.ID)
-	for _, s := range []*nftables.Set{deniedSetOf(t, a.ID), ap, aa} {
-		if err := c.AddSet(s, nil); err != nil {
-			return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+	fwd := &nftables.Chain{Name: outChain(a.ID), Table: t}
+	in := &nftables.Chain{Name: hostChain(a.ID), Table: t}
+	allowed := &nftables.Chain{Name: allowedChain(a.ID), Table: t}
+	if parked {
+		emptyPolicy(c, t, a.ID)
+	} else {
+		fwd, in, allowed = c.AddChain(fwd), c.AddChain(in), c.AddChain(allowed)
+		for _, s := range []*nftables.Set{deniedSetOf(t, a.ID), ap, aa} {
+			if err := c.AddSet(s, nil); err != nil {
+				return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+			}
 		}
 	}
 	add := func(ch *nftables.Chain, reason string, ex []expr.Any) {
@@ -340,6 +364,9 @@ func (m *Manager) installPolicy(a *Attachment) error {
 		}
 	}
 	m.outRules(c, fwd, a.ID, a.Address, a.Group, a.Egress)
+	if err := m.addIngress(c, t, a); err != nil {
+		return fmt.Errorf("sandboxnet: map %s: %w", mapIn, err)
+	}
 
 	// The host itself (every address it has, the gateway too) is never
 	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
@@ -348,6 +375,13 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	add(in, "", recordDenied(a.ID, DenyHost))
 	refuse(in, DenyHost)
 
+	if parked {
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("sandboxnet: write %s's chains: %w", a.ID, err)
+		}
+		m.joined(a)
+		return nil
+	}
 	key := ifname(a.Link)
 	if err := c.SetAddElements(outMap, []nftables.SetElement{{Key: key,
 		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: outChain(a.ID)}}}); err != nil {
@@ -363,12 +397,28 @@ func (m *Manager) installPolicy(a *Attachment) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
 	}
+	m.joined(a)
+	return nil
+}
+
+// joined records a's group (none: nothing).
+func (m *Manager) joined(a *Attachment) {
 	if a.Group != "" {
 		m.mu.Lock()
 		m.groups[a.ID] = a.Group
 		m.mu.Unlock()
 	}
-	return nil
+}
+
+// emptyPolicy empties id's chains and sets in the transaction c.
+func emptyPolicy(c *nftables.Conn, t *nftables.Table, id string) {
+	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+		c.FlushChain(&nftables.Chain{Name: ch, Table: t})
+	}
+	ap, aa := admitSets(t, id)
+	for _, s := range []*nftables.Set{deniedSetOf(t, id), ap, aa} {
+		c.FlushSet(s)
+	}
 }
 
 // outRules writes o_<id>: what leaves the sandbox. Every packet of it,
@@ -471,7 +521,7 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 	// The old counts go into a rule that matches nothing, so that Denied
 	// keeps summing them.
 	for reason, n := range before {
-		if n > 0 && reason != DenyConnLimit && reason != DenyRateLimit && reason != DenyHost && reason != DenyDNS && reason != DenyDNSRate {
+		if n > 0 && reason != DenyConnLimit && reason != DenyRateLimit && reason != DenyIngressRate && reason != DenyHost && reason != DenyDNS && reason != DenyDNSRate {
 			c.AddRule(&nftables.Rule{Table: fwd.Table, Chain: fwd, UserData: []byte(reason),
 				Exprs: cat(nfproto(expr.CmpOpEq, 255), []expr.Any{&expr.Counter{Packets: uint64(n)}})})
 		}
@@ -502,8 +552,9 @@ func (m *Manager) removePolicy(id string) error {
 		func() { _ = c.SetDeleteElements(outMap, []nftables.SetElement{{Key: key}}) },
 		func() { _ = c.SetDeleteElements(hostMap, []nftables.SetElement{{Key: key}}) },
 		func() { _ = c.SetDeleteElements(links, []nftables.SetElement{{Key: key}}) },
+		func() { _ = c.SetDeleteElements(inMap(t), []nftables.SetElement{{Key: key}}) },
 		func() {
-			for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+			for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id), inChain(id)} {
 				c.FlushChain(&nftables.Chain{Name: ch, Table: t})
 			}
 		},
@@ -512,6 +563,7 @@ func (m *Manager) removePolicy(id string) error {
 				c.DelChain(&nftables.Chain{Name: ch, Table: t})
 			}
 		},
+		func() { c.DelChain(&nftables.Chain{Name: inChain(id), Table: t}) }, // none before ingress rates
 		func() {
 			n, na := nameOfSets(id)
 			for _, s := range []string{deniedSet(id), n, na} {
@@ -618,8 +670,11 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 	}
 	t := m.table()
 	out := map[string]int64{}
-	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id)} {
+	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id), inChain(id)} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: ch, Table: t})
+		if err != nil && ch == inChain(id) {
+			continue // made by an edge before ingress rates
+		}
 		if err != nil {
 			return nil, fmt.Errorf("sandboxnet: read %s/%s: %w", t.Name, ch, err)
 		}

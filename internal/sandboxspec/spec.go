@@ -114,7 +114,10 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 		req.Tier = api.TierContainer
 	}
 	if !slices.Contains(api.Tiers, req.Tier) {
-		return invalid("tier %q is unknown (tiers: %s)", truncate(req.Tier), strings.Join(api.Tiers, ", "))
+		// A request naming no tier the API has is a bad request (400),
+		// as an unknown route is; a known tier no node offers is the
+		// placement's 503.
+		return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("tier %q is unknown (tiers: %s)", truncate(req.Tier), strings.Join(api.Tiers, ", "))}
 	}
 	if aerr := checkMicroVM(req); aerr != nil {
 		return aerr
@@ -385,6 +388,12 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 	if n.EgressRateMbit < 0 || n.EgressRateMbit > api.MaxEgressRateMbit {
 		return invalid("network.egress_rate_mbit %d: want 0 (the node's default) to %d", n.EgressRateMbit, api.MaxEgressRateMbit)
 	}
+	if n.IngressRateMbit < 0 || n.IngressRateMbit > api.MaxEgressRateMbit {
+		return invalid("network.ingress_rate_mbit %d: want 0 (the node's default) to %d", n.IngressRateMbit, api.MaxEgressRateMbit)
+	}
+	if n.MaxConns < 0 || n.MaxConns > api.MaxNetConns {
+		return invalid("network.max_conns %d: want 0 (the node's default) to %d", n.MaxConns, api.MaxNetConns)
+	}
 	return nil
 }
 
@@ -392,9 +401,9 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 const MinMicroVMMemoryMB = 128
 
 // checkMicroVM refuses what the microvm and vm tiers do not offer yet:
-// networks, layers attached at paths, snapshots and trajectory checkpoints
-// (their writable layer is a disk inside the VM), too little memory to
-// boot; and a display anywhere but on the vm tier.
+// networks, layers attached at paths, too little memory to boot; and a
+// display anywhere but on the vm tier. (Snapshots and trajectories work:
+// a snapshot's layers are a VM's disks, a checkpoint is a disk snapshot.)
 func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
 	if req.Display && req.Tier != api.TierVM {
 		return invalid("display: true needs tier vm (tier %s has no screen)", req.Tier)
@@ -406,10 +415,6 @@ func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
 	switch {
 	case req.Network != nil:
 		return invalid("tier %s: network is not supported yet", t)
-	case req.Snapshot != "":
-		return invalid("tier %s: snapshot is not supported yet", t)
-	case req.Trajectory != "" || (req.Checkpoint != "" && req.Checkpoint != "none"):
-		return invalid("tier %s: trajectories and checkpoints are not supported yet", t)
 	case req.MemoryMB != 0 && req.MemoryMB < MinMicroVMMemoryMB:
 		return invalid("tier %s: memory_mb must be at least %d", t, MinMicroVMMemoryMB)
 	}

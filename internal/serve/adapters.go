@@ -32,8 +32,14 @@ func (r imageResolver) ResolveLayers(ctx context.Context, name string) (*edge.Re
 	for i := len(img.Layers) - 1; i >= 0; i-- {
 		layers = append(layers, img.Layers[i])
 	}
-	return &edge.ResolvedImage{Digest: img.Digest, Layers: layers, Env: img.Config.Env,
-		WorkingDir: img.Config.WorkingDir, User: img.Config.User}, nil
+	ri := &edge.ResolvedImage{Digest: img.Digest, Layers: layers, Env: img.Config.Env,
+		WorkingDir: img.Config.WorkingDir, User: img.Config.User}
+	if img.Disk != nil {
+		if ri.Disk, _, err = r.store.ResolveDisk(ctx, name); err != nil {
+			return nil, err
+		}
+	}
+	return ri, nil
 }
 
 func (r imageResolver) MountLayers(holder string, ids []string) ([]string, error) {
@@ -93,6 +99,8 @@ func storeErr(err error) error {
 		code = api.CodeNotFound
 	case errors.Is(err, image.ErrExists):
 		code = api.CodeConflict
+	case errors.Is(err, image.ErrBadDisk):
+		code = api.CodeBadRequest // a corrupt or unsafe VM disk image: 400
 	case errors.Is(err, image.ErrInvalid), errors.Is(err, image.ErrBadContent):
 		code = api.CodeInvalid
 	case errors.Is(err, image.ErrNoSpace):
@@ -198,6 +206,21 @@ func (r imageResolver) CommitImage(ctx context.Context, req *api.CommitImageRequ
 	img, err := r.store.Commit(ctx, req.Name, req.Base, req.Layers, cfg)
 	if err != nil {
 		return nil, storeErr(err)
+	}
+	a := img.API()
+	return &a, nil
+}
+
+func (r imageResolver) ImportDisk(ctx context.Context, path, name, format string) (*api.Image, error) {
+	img, err := r.store.ImportDisk(ctx, path, name, format)
+	if err != nil {
+		err = storeErr(err)
+		var ae *api.Error
+		if errors.As(err, &ae) { // the staging file means nothing to the client
+			ae.Message = strings.ReplaceAll(ae.Message, path, "the uploaded disk image")
+			ae.Message = strings.ReplaceAll(ae.Message, filepath.Base(path), "the uploaded disk image")
+		}
+		return nil, err
 	}
 	a := img.API()
 	return &a, nil

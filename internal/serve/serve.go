@@ -320,6 +320,12 @@ type UsernsOptions struct {
 	// NetEgressRateMbit is networked sandboxes' default egress rate limit
 	// (container.Config.NetEgressRateMbit).
 	NetEgressRateMbit int
+	// NetMaxConns is networked sandboxes' limit of open connections
+	// (container.Config.NetMaxConns).
+	NetMaxConns uint32
+	// NetIngressRateMbit is networked sandboxes' default ingress rate
+	// limit (container.Config.NetIngressRateMbit).
+	NetIngressRateMbit int
 }
 
 func (o *EdgeOptions) defaults() error {
@@ -422,7 +428,8 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
 		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
-		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream, NetEgressRateMbit: o.Userns.NetEgressRateMbit})
+		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream, NetEgressRateMbit: o.Userns.NetEgressRateMbit, NetMaxConns: o.Userns.NetMaxConns,
+		NetIngressRateMbit: o.Userns.NetIngressRateMbit})
 	if err != nil {
 		stop()
 		return nil, err

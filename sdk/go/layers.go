@@ -120,3 +120,17 @@ func (c *Client) ImportImage(ctx context.Context, name string, r io.Reader) (*ap
 	}
 	return &img, nil
 }
+
+// ImportDisk uploads a VM disk image (format "qcow2" or "raw") and stores
+// it as name, an image that sandboxes of tier "vm" boot with its own
+// bootloader, kernel and init. The server validates it (a corrupt image, a
+// backing file or an external data file is a 400). A seekable r is
+// replayed on retry.
+func (c *Client) ImportDisk(ctx context.Context, name, format string, r io.Reader) (*api.Image, error) {
+	var img api.Image
+	q := url.Values{"name": {name}, "disk": {format}}
+	if _, err := c.doJSON(ctx, &request{method: http.MethodPost, path: "/v1/images:import", query: q, body: r, ctype: "application/octet-stream", retry: true}, &img); err != nil {
+		return nil, err
+	}
+	return &img, nil
+}

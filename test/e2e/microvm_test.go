@@ -208,7 +208,7 @@ func TestMicroVM(t *testing.T) {
 func TestMicroVMTierErrors(t *testing.T) {
 	s := sharedServer(t) // its data dir has no guest kernel: no microvm tier
 	code, body := s.rawRequest(t, "POST", "/v1/sandboxes", s.Token, []byte(`{"image":"busybox","tier":"quantum"}`), nil)
-	if code != 422 || !strings.Contains(body, "container, microvm") {
+	if code != 400 || !strings.Contains(body, "container, microvm, vm") {
 		t.Errorf("unknown tier: %d %s", code, body)
 	}
 	nodes, err := s.C.Nodes(context.Background())

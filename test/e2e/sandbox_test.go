@@ -112,7 +112,7 @@ func TestAuthAndBadInput(t *testing.T) {
 		{"unknown image", "POST", "/v1/sandboxes", "", `{"image":"nope:1"}`, nil, 404},
 		{"negative cpu", "POST", "/v1/sandboxes", "", `{"image":"busybox","cpu":-1}`, nil, 422},
 		{"absurd memory", "POST", "/v1/sandboxes", "", `{"image":"busybox","memory_mb":99999999999}`, nil, 422},
-		{"bad tier", "POST", "/v1/sandboxes", "", `{"image":"busybox","tier":"quantum"}`, nil, 422},
+		{"bad tier", "POST", "/v1/sandboxes", "", `{"image":"busybox","tier":"quantum"}`, nil, 400},
 		{"bad env", "POST", "/v1/sandboxes", "", `{"image":"busybox","env":{"A=B":"x"}}`, nil, 422},
 		{"image traversal", "POST", "/v1/sandboxes", "", `{"image":"../../etc"}`, nil, 422},
 		{"huge body", "POST", "/v1/sandboxes", "", `{"image":"` + strings.Repeat("a", 2<<20) + `"}`, nil, 413},

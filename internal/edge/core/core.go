@@ -3,9 +3,16 @@
 // against the node's capacity, starts and stops sandboxes, reconciles
 // after a crash and reaps expired ones. A job that is not the lifecycle
 // (FnCall workers in internal/edge/fncall, warm pools in
-// internal/edge/pool, and next recycling, pause, snapshots and
-// trajectories) is a package written against Core: it never sees the
-// edge's records or locks, only the Sandbox handles the core gives it.
+// internal/edge/pool, recycled containers in internal/edge/recycle, pause
+// in internal/edge/pause, trajectories in internal/edge/trajectory,
+// snapshots in internal/edge/snapshot, fork from memory in
+// internal/edge/fork) is a package written against Core or against small
+// interfaces of its own: it never sees the edge's records or locks, only
+// the handles the core gives it. Trajectories are written against a Host
+// and a Sandbox of their own (their Sandbox extends this one) because
+// those name their Traj state: here they would import the package that
+// imports this one. Snapshots and fork need none of Core's lifecycle
+// calls, only their own Host, Sandbox (Source, Child) and stores.
 //
 // # Contract
 //
@@ -34,9 +41,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/runtime"
 )
 
 // Sandbox is a handle on one sandbox of the core.
@@ -94,6 +104,52 @@ type Core interface {
 	AfterCommand(sb Sandbox, res *api.ExecResult)
 	// AgentError turns an agent call's error into the API's.
 	AgentError(sb Sandbox, err error) error
+}
+
+// Roots is the core's storage of sandbox roots, for a job that keeps a
+// container across sandboxes (internal/edge/recycle). None of its methods
+// takes a lock of the core.
+type Roots interface {
+	// NewID names a new writable layer (or sandbox).
+	NewID() string
+	// AllocWritable makes the writable layer name with a disk limit of
+	// diskMB, and its overlay upper and work directories.
+	AllocWritable(name string, diskMB int64) (upper, work string, err error)
+	// MountLayers mounts layers (diff ids, top-most first) for holder and
+	// returns their directories; FreeLayer(holder) lets them go.
+	MountLayers(holder string, layers []string) ([]string, error)
+	// FreeLayer frees a writable layer and the layer mounts its name
+	// holds ("": none).
+	FreeLayer(name string)
+	// FreeStorage is FreeLayer(layer) and the removal of the container
+	// store's state directory.
+	FreeStorage(store, layer string)
+}
+
+// Pausable is a sandbox as pausing (internal/edge/pause) sees it: the
+// core keeps its record, which pause changes through these methods and
+// writes with Persist.
+type Pausable interface {
+	Sandbox
+	// PauseLock serializes the sandbox's pauses and resumes; it is held
+	// over each, runtime calls included, and comes before every other
+	// lock of the sandbox (the core's sandbox.pmu).
+	PauseLock() sync.Locker
+	// PauseState is its recorded state; live says it has a container and
+	// is not stopping; h is the container's handle and memoryMB its
+	// memory limit.
+	PauseState() (state string, live bool, h runtime.Handle, memoryMB int64)
+	// MarkPaused records it paused (in memory) when it runs and returns
+	// its container's handle; already says it was paused; a sandbox that
+	// does not run is a conflict (*api.Error).
+	MarkPaused() (h runtime.Handle, already bool, err error)
+	// SetRunning records it running again (no pause time); active also
+	// marks it used now, which starts its idle timeout again.
+	SetRunning(active bool)
+	// SetPausedAt records when its freeze ended.
+	SetPausedAt(t time.Time)
+	// Persist writes its record as it is now (not once it is stopping).
+	Persist() error
 }
 
 // Reclaimer is a job holding idle workers that give way to any create:

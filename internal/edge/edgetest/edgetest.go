@@ -185,6 +185,11 @@ func (s *Images) CommitImage(ctx context.Context, req *api.CommitImageRequest) (
 	return nil, errUnsupported("committing images")
 }
 
+// ImportDisk is not supported.
+func (s *Images) ImportDisk(ctx context.Context, path, name, format string) (*api.Image, error) {
+	return nil, errors.New("edgetest: disk import not supported")
+}
+
 // ImportImage is not supported.
 func (s *Images) ImportImage(ctx context.Context, path, name string) (*api.Image, error) {
 	return nil, errUnsupported("importing images")

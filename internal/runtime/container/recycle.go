@@ -14,6 +14,7 @@ import (
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/confine"
 	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/sandboxnet"
 )
 
 // Wipe and Reroot reuse the container of a deleted sandbox. Wipe: the
@@ -24,7 +25,9 @@ import (
 // sandbox into a fresh overlay (and removes its POSIX message queues), and
 // the agent moves to it. Resume: the agent serves again, with the new
 // sandbox's environment and user. Namespaces, cgroups and the agent stay: that
-// is the saving.
+// is the saving. A networked container keeps its link and address too: Wipe
+// parks its network (sandboxnet.Park), Resume gives it the next networked
+// sandbox's policy (sandboxnet.Reassign) and resolver.
 
 // recycleFDs are descriptors of one container's kernel objects that Wipe
 // keeps from one sandbox to the next (opening them cost more than using
@@ -101,10 +104,6 @@ func (r *Runtime) dropFDs(pid int) {
 // Wipe implements runtime.Recycler.
 func (r *Runtime) Wipe(ctx context.Context, inst *runtime.Instance) error {
 	h := inst.Handle
-	if h.Net != nil {
-		// Its address, policy and counters are its own: never handed on.
-		return fmt.Errorf("%w: it has a network", runtime.ErrNotReusable)
-	}
 	if err := inst.Agent.Call(ctx, agentproto.OpWipe, nil, nil, nil); err != nil {
 		return fmt.Errorf("%w: wipe: %v", runtime.ErrNotReusable, err)
 	}
@@ -120,7 +119,17 @@ func (r *Runtime) Wipe(ctx context.Context, inst *runtime.Instance) error {
 	if err := quietNetwork(fds.sockstat); err != nil {
 		return fmt.Errorf("%w: %v", runtime.ErrNotReusable, err)
 	}
-	return confine.EmptyMessageQueues(fds.mqueue)
+	if err := confine.EmptyMessageQueues(fds.mqueue); err != nil {
+		return err
+	}
+	if h.Net != nil {
+		// Its link and address stay; its policy, counters, connection
+		// tracking and neighbours go (sandboxnet.Park).
+		if err := r.net.Park(h.ID, h.Pid); err != nil {
+			return fmt.Errorf("%w: %v", runtime.ErrNotReusable, err)
+		}
+	}
+	return nil
 }
 
 // agentPidfd opens a pidfd of the agent behind h, checking that the pid is
@@ -173,11 +182,28 @@ func (r *Runtime) Reroot(ctx context.Context, inst *runtime.Instance, spec *runt
 	return nil
 }
 
-// Resume implements runtime.Recycler.
+// Resume implements runtime.Recycler. A networked container (parked by
+// Wipe) serves only a networked sandbox, with that sandbox's policy on
+// its link; a container without a network, only a sandbox without one.
 func (r *Runtime) Resume(ctx context.Context, inst *runtime.Instance, spec *runtime.Spec) error {
+	h := &inst.Handle
+	if (spec.Network != nil) != (h.Net != nil) {
+		return fmt.Errorf("%w: a container with a network serves only a sandbox with one, and one without only one without", runtime.ErrNotReusable)
+	}
+	if spec.Network != nil {
+		a, err := r.net.Reassign(h.ID, spec.Network.Egress, sandboxnet.AttachOptions{Group: spec.Network.Group, EgressRateMbit: spec.Network.EgressRateMbit})
+		if err != nil {
+			return fmt.Errorf("container: network: %w", err)
+		}
+		h.Net = &runtime.NetHandle{Address: a.Address.String(), Gateway: a.Gateway.String()}
+	}
 	req := &agentproto.ResumeRequest{Env: spec.Env, User: spec.User, Cwd: spec.Cwd}
 	if err := inst.Agent.Call(ctx, agentproto.OpResume, req, nil, nil); err != nil {
 		return fmt.Errorf("container: resume agent: %w", err)
+	}
+	if h.Net != nil {
+		// The fresh root has the image's file.
+		return writeResolvConf(ctx, inst.Agent, h.Net.Gateway)
 	}
 	return nil
 }

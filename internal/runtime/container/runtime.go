@@ -54,6 +54,12 @@ type Config struct {
 	// NetEgressRateMbit is a networked sandbox's egress rate limit in
 	// Mbit/s when its create sets none (0: no limit).
 	NetEgressRateMbit int
+	// NetMaxConns is a networked sandbox's limit of open connections
+	// (0: sandboxnet.DefaultMaxConns).
+	NetMaxConns uint32
+	// NetIngressRateMbit is a networked sandbox's ingress rate limit in
+	// Mbit/s when its create sets none (0: no limit).
+	NetIngressRateMbit int
 }
 
 // SocketName is the agent's socket inside a sandbox's StateDir.
@@ -122,6 +128,8 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r.net.Upstream, r.net.Log = cfg.DNSUpstream, cfg.Logger
 	r.net.EgressRateMbit = cfg.NetEgressRateMbit
+	r.net.MaxConns = cfg.NetMaxConns
+	r.net.IngressRateMbit = cfg.NetIngressRateMbit
 	return r, nil
 }
 
@@ -398,7 +406,8 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	lf.Close() // only the agent holds the listener now: its death resets our connection
 	if spec.Network != nil {
 		// Before setup: the sandbox's first command finds its network up.
-		a, err := r.net.AttachWith(spec.ID, h.Pid, spec.Network.Egress, sandboxnet.AttachOptions{Group: spec.Network.Group, EgressRateMbit: spec.Network.EgressRateMbit})
+		a, err := r.net.AttachWith(spec.ID, h.Pid, spec.Network.Egress, sandboxnet.AttachOptions{Group: spec.Network.Group, EgressRateMbit: spec.Network.EgressRateMbit,
+			IngressRateMbit: spec.Network.IngressRateMbit, MaxConns: spec.Network.MaxConns})
 		if err != nil {
 			return nil, fmt.Errorf("container: network: %w", err)
 		}

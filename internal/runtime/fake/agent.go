@@ -32,6 +32,34 @@ type Agent struct {
 	frozen chan struct{} // non-nil while frozen; closed by thaw
 	dead   bool
 	execs  int
+
+	// Writes in flight (file.write): their delay, the most at once.
+	writeDelay       time.Duration
+	writing, maxWrit int
+	writes, failFrom int // file.write requests answered; fail from this one on (0: never)
+}
+
+// FailWritesFrom makes the n-th file.write and every later one fail
+// (no_space), as a full disk does.
+func (a *Agent) FailWritesFrom(n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.failFrom = n
+}
+
+// SetWriteDelay makes each file.write take d (before it writes), so that
+// a test sees how many an upload keeps in flight.
+func (a *Agent) SetWriteDelay(d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.writeDelay = d
+}
+
+// MaxWritesInFlight is the most file.write requests served at once.
+func (a *Agent) MaxWritesInFlight() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.maxWrit
 }
 
 func newAgent(h runtime.Handle, spec *runtime.Spec) *Agent {
@@ -262,7 +290,7 @@ func (a *Agent) handle1(ctx context.Context, req *agentproto.Request, out *write
 		if r.Data == nil {
 			r.Data = req.Payload
 		}
-		return a.write(&r)
+		return a.write(ctx, &r)
 	case agentproto.OpFileRead:
 		var r agentproto.PathRequest
 		if err := json.Unmarshal(req.Body, &r); err != nil {
@@ -305,6 +333,21 @@ func (a *Agent) handle1(ctx context.Context, req *agentproto.Request, out *write
 		}
 		delete(a.files, p)
 		return nil, nil
+	case agentproto.OpFileRename:
+		var r agentproto.RenameRequest
+		if err := json.Unmarshal(req.Body, &r); err != nil {
+			return nil, invalid("malformed rename: %v", err)
+		}
+		from, to := path.Clean("/"+r.From), path.Clean("/"+r.To)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		b, ok := a.files[from]
+		if !ok {
+			return nil, notFound(r.From)
+		}
+		delete(a.files, from)
+		a.files[to] = b
+		return nil, nil
 	case agentproto.OpReset, agentproto.OpWipe, agentproto.OpReroot, agentproto.OpResume:
 		return nil, nil
 	}
@@ -315,13 +358,38 @@ func fileInfo(p string, size int) *agentproto.FileInfo {
 	return &agentproto.FileInfo{Name: path.Base(p), Path: p, Size: int64(size), Mode: 0o644, Type: "file", ModTime: time.Unix(0, 0).UTC()}
 }
 
-func (a *Agent) write(r *agentproto.WriteRequest) (any, error) {
+func (a *Agent) write(ctx context.Context, r *agentproto.WriteRequest) (any, error) {
 	if r.Path == "" {
 		return nil, invalid("no path")
 	}
 	p := path.Clean("/" + r.Path)
 	a.mu.Lock()
+	a.writing++
+	a.maxWrit = max(a.maxWrit, a.writing)
+	d := a.writeDelay
+	a.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.writing--
+	if a.writes++; a.failFrom > 0 && a.writes >= a.failFrom {
+		return nil, &agentproto.Error{Code: agentproto.ErrNoSpace, Message: p + ": no space left on device"}
+	}
+	if r.At {
+		old, ok := a.files[p]
+		if !ok {
+			return nil, notFound(p)
+		}
+		if end := r.Offset + int64(len(r.Data)); end > int64(len(old)) {
+			old = append(old, make([]byte, end-int64(len(old)))...)
+		}
+		copy(old[r.Offset:], r.Data)
+		a.files[p] = old
+		return fileInfo(p, len(old)), nil
+	}
 	b := append([]byte(nil), r.Data...)
 	if r.Append {
 		b = append(append([]byte(nil), a.files[p]...), r.Data...)

@@ -17,7 +17,9 @@
 //     layer0…, the writable disk "rw", a virtio-serial port "warren.agent"
 //     on StateDir/agent.sock, QMP on StateDir/qmp.sock, a free-page-
 //     reporting balloon, the serial console to StateDir/console.log) and
-//     move it into the cgroup.
+//     move it into the cgroup. Runtime.spawn (spawn.go) starts every QEMU
+//     confined: the disks passed as fd sets, chrooted into an empty
+//     directory and dropped to a uid of its own without capabilities.
 //  4. The guest kernel runs /init of the initramfs (BuildInitramfs: the
 //     agent and the kernel's modules, cached by content): agent.VMMain
 //     loads the modules, mounts the layers and the disk, stacks the

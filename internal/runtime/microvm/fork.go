@@ -51,7 +51,7 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 	if pid == 0 {
 		return nil, runtime.ErrGone
 	}
-	args, err := qemuArgs(pid)
+	args, err := qemuArgs(filepath.Dir(h.Socket), pid)
 	if err != nil {
 		return nil, err
 	}

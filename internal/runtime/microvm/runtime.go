@@ -53,11 +53,15 @@ const (
 	// buffer, the kernel file's mapping, QEMU itself): the cgroup's limit
 	// is the guest memory plus this.
 	overheadMB = 256
-	// tcgBufferMB caps TCG's translated-code buffer (QEMU 7.2's default
-	// is 1 GiB, of which an idle guest touched ~43 MiB here; 32 MiB filled
-	// up during boot and slowed it).
-	tcgBufferMB = 64
 )
+
+// TCGBufferMB caps TCG's translated-code buffer (QEMU 7.2's default is 1
+// GiB). A booting guest fills ~55 MiB of it, and what it filled stays
+// resident while the VM lives, idle or not. 32 MiB (one flush of the
+// buffer during boot) saved ~26 MiB per VM against 64 at no measurable
+// cost to create→first exec; 16 and 8 MiB slowed the boot (flushes and
+// retranslation). See docs/BENCHMARKS.md, "MicroVM figures".
+const TCGBufferMB = 32
 
 // Config configures the tier.
 type Config struct {
@@ -98,6 +102,7 @@ type Runtime struct {
 	cfg       Config
 	log       *slog.Logger
 	initramfs string
+	chroot    string // QEMU's empty root (spawn.go)
 	cg        cgroupDriver
 
 	mu       sync.Mutex
@@ -141,7 +146,11 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, cg: newCgroupDriver(),
+	chroot := filepath.Join(cfg.CacheDir, chrootName)
+	if err := makeChroot(chroot); err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, chroot: chroot, cg: newCgroupDriver(),
 		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}}, nil
 }
 
@@ -170,6 +179,10 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, errors.New("microvm: StateDir is required")
 	}
 	switch {
+	case spec.Disk != "":
+		if err := r.checkDiskSpec(spec); err != nil {
+			return nil, err
+		}
 	case len(spec.Lowers) == 0:
 		return nil, errors.New("microvm: no layers")
 	case len(spec.Binds) > 0:
@@ -210,15 +223,15 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if err := r.cg.create(h.Cgroup, memoryOf(spec)+overheadMB); err != nil {
 		return nil, err
 	}
-	cmd, err := r.command(spec, layers, disk)
+	args, err := r.command(spec, layers, disk)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.cg.startIn(h.Cgroup, cmd); err != nil {
-		return nil, fmt.Errorf("microvm: start qemu: %w", err)
+	cmd, err := r.spawn(spec.StateDir, h.Cgroup, args)
+	if err != nil {
+		return nil, err
 	}
 	h.Pid = cmd.Process.Pid
-	r.reap(cmd)
 	if h.PidStart, err = pidStart(h.Pid); err != nil {
 		return nil, fmt.Errorf("microvm: qemu start time: %w", err)
 	}
@@ -273,6 +286,9 @@ func memoryOf(spec *runtime.Spec) int64 {
 // writable storage (spec.Work, else the state directory), linked from the
 // state directory so that Destroy finds it.
 func makeDisk(spec *runtime.Spec) (string, error) {
+	if spec.Disk != "" {
+		return makeOverlay(spec) // diskboot.go
+	}
 	dir := spec.Work
 	if dir == "" {
 		dir = spec.StateDir
@@ -306,8 +322,8 @@ func makeDisk(spec *runtime.Spec) (string, error) {
 	return p, nil
 }
 
-// command is QEMU's command line for spec.
-func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*exec.Cmd, error) {
+// command is QEMU's command line for spec (spawn starts it).
+func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]string, error) {
 	smp := int(math.Ceil(spec.CPU))
 	if smp < 1 {
 		smp = 1
@@ -329,7 +345,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		_, more := r.cfg.Extra(spec)
 		params = append(more, params...)
 	}
-	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(tcgBufferMB)
+	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(TCGBufferMB)
 	if r.cfg.Accel == "kvm" {
 		cpu, accel = "host", "kvm"
 	}
@@ -344,18 +360,18 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 		"-accel", accel, "-cpu", cpu,
 		"-m", strconv.FormatInt(memoryOf(spec), 10), "-smp", strconv.Itoa(smp),
 		"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none",
-		// QEMU's own seccomp filter: no obsolete syscalls, no set*id, no
-		// processes spawned, no scheduler/affinity changes. (QEMU still
-		// runs as root: with -runas to a uid of its own, the memory
-		// snapshot's completion reopens the disks by path, which that uid
-		// may not reach; passing the disks as descriptors is the way out.)
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		// QEMU's own seccomp filter: no obsolete syscalls, no processes
+		// spawned, no scheduler/affinity changes. set*id stays allowed:
+		// "-runas" (spawn.go) drops QEMU to a uid of its own with them,
+		// after which they cannot raise anything (no capabilities).
+		"-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny",
 		"-serial", "file:" + filepath.Join(spec.StateDir, ConsoleName),
 		"-kernel", r.cfg.Kernel.Vmlinux(), "-initrd", r.initramfs,
 		"-append", strings.Join(params, " "),
 		"-qmp", "unix:" + filepath.Join(spec.StateDir, QMPName) + ",server=on,wait=off",
 		// Free page reporting: memory the guest frees goes back to the
-		// host (within seconds).
+		// host (within seconds; blocks of any size, as the agent sets the
+		// guest's page_reporting_order to 0).
 		"-device", "virtio-balloon" + bus + ",free-page-reporting=on",
 		"-device", "virtio-serial" + bus,
 		"-chardev", "socket,id=agent,path=" + filepath.Join(spec.StateDir, SocketName) + ",server=on,wait=off",
@@ -376,21 +392,10 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) (*ex
 			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
 			"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
 	}
-	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("microvm: qemu log: %w", err)
+	if spec.Disk != "" {
+		args = bootFromDisk(args, spec.Disk) // diskboot.go
 	}
-	return r.qemuCommand(args, logf), nil
-}
-
-// qemuCommand runs QEMU with args, its output to logf (closed when reaped).
-func (r *Runtime) qemuCommand(args []string, logf *os.File) *exec.Cmd {
-	cmd := exec.Command(r.cfg.QEMU, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = []string{}
-	// VMs outlive the edge (a restarted edge adopts them).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	return cmd
+	return args, nil
 }
 
 // track registers c as the edge's connection to sandbox id's agent.
@@ -427,7 +432,7 @@ func (r *Runtime) pidOf(h runtime.Handle) int {
 		return 0
 	}
 	for _, q := range found {
-		if q.id == h.ID {
+		if q.id == h.ID && h.Socket != "" && runsAsRecorded(filepath.Dir(h.Socket), q.pid) {
 			return q.pid
 		}
 	}
@@ -539,7 +544,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 				}
 			}
 		}
-		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName} {
+		for _, n := range []string{DiskLink, SocketName, QMPName, PausedName, ArgsName, uidName} {
 			if err := os.Remove(filepath.Join(dir, n)); err != nil && !os.IsNotExist(err) {
 				return fmt.Errorf("microvm: destroy: %w", err)
 			}

@@ -59,12 +59,12 @@ func (r *Runtime) Reclaim(ctx context.Context, h runtime.Handle) (before, after 
 	if pid == 0 {
 		return 0, 0, runtime.ErrGone
 	}
-	args, err := qemuArgs(pid)
+	stateDir := filepath.Dir(h.Socket)
+	args, err := qemuArgs(stateDir, pid)
 	if err != nil {
 		return 0, 0, err
 	}
 	before = rssBytes(pid)
-	stateDir := filepath.Dir(h.Socket)
 	disk, err := os.Readlink(filepath.Join(stateDir, DiskLink))
 	if err != nil {
 		return before, before, fmt.Errorf("microvm: pause: %w", err)
@@ -202,36 +202,23 @@ func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) err
 	return nil
 }
 
-// startIncoming starts QEMU with args reading the memory snapshot mem (as
-// its fd 3), in h's cgroup, and waits until it has read it; the VM is then
-// paused (QMP cont runs it). It returns h with the new QEMU's pid. With
-// ignoreShared, the snapshot leaves out the RAM that args map from a file
-// (fork.go): QEMU starts with "-incoming defer", the capability is set and
-// the snapshot passed over QMP.
+// startIncoming starts QEMU with args reading the memory snapshot mem, in
+// h's cgroup, and waits until it has read it; the VM is then paused (QMP
+// cont runs it). It returns h with the new QEMU's pid. QEMU starts with
+// "-incoming defer" and gets the snapshot over QMP (getfd): it reads it
+// once it runs unprivileged (spawn.go). With ignoreShared, the snapshot
+// leaves out the RAM that args map from a file (fork.go).
 func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []string, mem string, ignoreShared bool) (runtime.Handle, error) {
 	mf, err := os.Open(mem)
 	if err != nil {
 		return h, err
 	}
 	defer mf.Close()
-	if ignoreShared {
-		args = append(append([]string(nil), args...), "-incoming", "defer")
-	} else {
-		args = append(append([]string(nil), args...), "-incoming", "fd:3")
-	}
-	logf, err := os.OpenFile(filepath.Join(filepath.Dir(h.Socket), LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	args = append(append([]string(nil), args...), "-incoming", "defer")
+	cmd, err := r.spawn(filepath.Dir(h.Socket), h.Cgroup, args)
 	if err != nil {
 		return h, err
 	}
-	cmd := r.qemuCommand(args, logf)
-	if !ignoreShared {
-		cmd.ExtraFiles = []*os.File{mf}
-	}
-	if err := r.cg.startIn(h.Cgroup, cmd); err != nil {
-		logf.Close()
-		return h, fmt.Errorf("start qemu: %w", err)
-	}
-	r.reap(cmd)
 	st, err := pidStart(cmd.Process.Pid)
 	if err != nil {
 		return h, err
@@ -239,12 +226,12 @@ func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []st
 	nh := h
 	nh.Pid, nh.PidStart = cmd.Process.Pid, st
 	deadline := time.Now().Add(2 * time.Minute)
-	started := !ignoreShared
+	started := false
 	for {
 		var status raw.RunState
 		err := r.qmpSocket(nh, func(mon *qmp.SocketMonitor, m *raw.Monitor) error {
 			if !started {
-				if err := setIgnoreShared(mon, true); err != nil {
+				if err := setIgnoreShared(mon, ignoreShared); err != nil {
 					return err
 				}
 				if _, err := mon.RunWithFile([]byte(`{"execute":"getfd","arguments":{"fdname":"snapshot"}}`), mf); err != nil {
@@ -291,30 +278,6 @@ func setIgnoreShared(mon *qmp.SocketMonitor, on bool) error {
 // Prefetch has nothing to do: a restored VM's memory is all read.
 func (r *Runtime) Prefetch(ctx context.Context, h runtime.Handle, rest bool) (int64, error) {
 	return 0, nil
-}
-
-// qemuArgs is the command line (without argv[0] and -incoming) of the
-// QEMU at pid.
-func qemuArgs(pid int) ([]string, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil {
-		return nil, err
-	}
-	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-	if len(args) < 2 {
-		return nil, fmt.Errorf("microvm: qemu %d: empty command line", pid)
-	}
-	// Without the -incoming of a restored VM: who starts it again says
-	// where from.
-	var out []string
-	for i := 1; i < len(args); i++ {
-		if args[i] == "-incoming" && i+1 < len(args) {
-			i++
-			continue
-		}
-		out = append(out, args[i])
-	}
-	return out, nil
 }
 
 // rssBytes is pid's resident memory (0 when unknown).

@@ -18,6 +18,14 @@
 // input-send-event, DialDisplay a connection to the VNC socket (RFB; the
 // API server carries it as WebSocket binary frames, which noVNC speaks).
 //
-// Not here: booting a distribution's own disk image with its own init and
-// systemd (`warren image import --disk`, issue 17 item 8's full form).
+// # Disk images (issue 17, item 8)
+//
+// A spec with Disk set (an image imported with `warren image import
+// --disk`, internal/image/disk.go) boots that disk instead: a per-sandbox
+// qcow2 overlay over the stored, read-only image, no -kernel/-initrd, so
+// SeaBIOS runs the image's own bootloader, kernel and init (systemd in the
+// Debian 12 test disk scripts/vm-disk.sh builds), whose warren-agent service
+// (`warren-agent --vm-service warren.agent`) answers on the same port.
+// The mechanics live beside the layered boot, in
+// internal/runtime/microvm/diskboot.go; e2e:TestVMDiskImage boots the test disk.
 package vm

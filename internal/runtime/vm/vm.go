@@ -121,9 +121,17 @@ func (r *Runtime) dump(h runtime.Handle) (image.Image, error) {
 	if _, err := vncPath(h); err != nil {
 		return nil, err
 	}
+	// QEMU (chrooted, unprivileged) writes the dump to a file opened
+	// here and passed to it.
 	p := filepath.Join(filepath.Dir(h.Socket), screenName)
 	defer os.Remove(p)
-	if err := r.QMP(h, func(m *raw.Monitor) error { return m.Screendump(p) }); err != nil {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("vm: screendump: %w", err)
+	}
+	err = r.QMPFile(h, f, func(m *raw.Monitor, path string) error { return m.Screendump(path) })
+	f.Close()
+	if err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(p)

@@ -132,6 +132,11 @@ func TestScreen(t *testing.T) {
 	if err != nil || !strings.Contains(r.Stdout, "Q35") {
 		t.Fatalf("product_name: %q %q %v", r.Stdout, r.Stderr, err)
 	}
+	// The q35 QEMU is confined as the microvm tier's is (microvm/spawn.go).
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", inst.Handle.Pid)); err != nil ||
+		strings.Contains(string(st), "\nUid:\t0\t") || !strings.Contains(string(st), "\nCapEff:\t0000000000000000\n") {
+		t.Errorf("the q35 QEMU runs privileged: %v\n%s", err, st)
+	}
 	shot, err := rt.Screenshot(ctx, inst.Handle)
 	if err != nil {
 		t.Fatalf("Screenshot: %v", err)

@@ -1,7 +1,8 @@
 // Package nettest builds, for tests, a stand-in for the internet inside a
 // network namespace the test owns, so that no test sends a packet off the
 // machine: a namespace holding 10.1.2.3, 10.9.9.9 and 169.254.169.254,
-// each with TCP listeners (greeting "hello") on 80 and 443 (and HoldPort), a
+// each with TCP listeners (greeting "hello") on 80 and 443 (and HoldPort,
+// SourcePort), a
 // DNS server naming them on Mirror (DNS), reached from
 // the host through a veth (host end 10.1.2.1/24) with routes for the
 // other two addresses. Everything is removed when the test ends.
@@ -87,6 +88,7 @@ func InNS(t testing.TB, pid int, f func()) {
 // FakeInternet makes the namespace and its routes.
 func FakeInternet(t testing.TB) {
 	t.Helper()
+	lockInternet(t)
 	pid := NSProc(t)
 	name := fmt.Sprintf("wtinet%d", os.Getpid()%100000)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "inet0", PeerNamespace: netlink.NsPid(pid)}
@@ -118,16 +120,19 @@ func FakeInternet(t testing.TB) {
 		must(t, netlink.LinkSetUp(lo))
 		must(t, netlink.LinkSetUp(l))
 		serveDNS(t)
-		for _, port := range []string{"80", "443", HoldPort} {
+		for _, port := range []string{"80", "443", HoldPort, SourcePort} {
 			ln, err := net.Listen("tcp4", "0.0.0.0:"+port)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			t.Cleanup(func() { ln.Close() })
-			if port == HoldPort {
+			switch port {
+			case HoldPort:
 				go hold(ln)
-			} else {
+			case SourcePort:
+				go source(ln)
+			default:
 				go Serve(ln)
 			}
 		}

@@ -204,7 +204,10 @@ def network_fields(network: Any) -> Dict[str, Any]:
     """The create body's network: a dict of booleans is DSec's shape
     (``{"pypi": True, "npm": False}``: network_rules), "internet" or a
     list of entries is the egress list, a dict with "egress" (and
-    optionally "group", the network group) is sent as is."""
+    optionally "group", the network group, and "egress_rate_mbit" /
+    "ingress_rate_mbit", the rates in Mbit/s, and "max_conns", within the
+    project's quota)
+    is sent as is."""
     if network is None:
         return {}
     if isinstance(network, str):
@@ -394,6 +397,23 @@ def pull_req(ref: str, name: Optional[str]) -> Req:
 def import_image_req(name: str, archive: bytes) -> Req:
     return Req("POST", "/v1/images:import", params=[("name", name)], body=archive,
                content_type="application/x-tar", timeout=3600.0)
+
+
+def import_disk_req(name: str, disk: bytes, fmt: str) -> Req:
+    return Req("POST", "/v1/images:import", params=[("name", name), ("disk", fmt)], body=disk,
+               content_type="application/octet-stream", timeout=3600.0)
+
+
+def disk_format(path: str, fmt: Optional[str]) -> str:
+    """A VM disk image's format: ``fmt``, else by the file's name."""
+    if fmt:
+        return fmt
+    low = str(path).lower()
+    if low.endswith(".qcow2"):
+        return "qcow2"
+    if low.endswith(".raw") or low.endswith(".img"):
+        return "raw"
+    raise ValueError("the disk image's format must be qcow2 or raw: name it .qcow2, .raw or .img, or pass fmt")
 
 
 def commit_image_req(name: str, base: Optional[str], layers: Optional[List[str]],

@@ -186,6 +186,12 @@ class AsyncClient:
                 archive = f.read()
         return Image.from_json(await self._json(_core.import_image_req(name, bytes(archive))))
 
+    async def import_disk(self, name: str, path: PathLike, fmt: Optional[str] = None) -> Image:
+        fmt = _core.disk_format(str(path), fmt)
+        with open(path, "rb") as f:
+            disk = f.read()
+        return Image.from_json(await self._json(_core.import_disk_req(name, disk, fmt)))
+
     async def commit_image(self, name: str, *, base: Optional[str] = None,
                            layers: Optional[List[str]] = None,
                            config: Optional[Dict[str, Any]] = None) -> Image:

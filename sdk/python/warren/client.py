@@ -209,6 +209,16 @@ class Client:
                 archive = f.read()
         return Image.from_json(self._json(_core.import_image_req(name, bytes(archive))))
 
+    def import_disk(self, name: str, path: PathLike, fmt: Optional[str] = None) -> Image:
+        """Upload a VM disk image file (qcow2 or raw: ``fmt``, else by its
+        name) as ``name``, for sandboxes of tier ``"vm"``: they boot its own
+        bootloader, kernel and init. The server refuses a corrupt image or
+        one with a backing file (``BadRequest``). Needs a root token."""
+        fmt = _core.disk_format(str(path), fmt)
+        with open(path, "rb") as f:
+            disk = f.read()
+        return Image.from_json(self._json(_core.import_disk_req(name, disk, fmt)))
+
     def commit_image(self, name: str, *, base: Optional[str] = None,
                      layers: Optional[List[str]] = None,
                      config: Optional[Dict[str, Any]] = None) -> Image:
@@ -253,7 +263,9 @@ class Client:
     def create_project(self, name: str, *, parent: Optional[str] = None,
                        quota: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """Create a subproject (default under the token's project). ``quota`` may set
-        ``sandboxes``, ``cpu`` and ``memory_mb``; it can never exceed the parent's."""
+        ``sandboxes``, ``cpu``, ``memory_mb``, ``storage_bytes`` and the per-sandbox
+        network rates ``egress_rate_mbit`` and ``ingress_rate_mbit`` and ``max_conns``; it can never
+        exceed the parent's."""
         return self._json(json_req("POST", "/v1/projects", _core.project_body(name, parent, quota)))
 
     def projects(self) -> List[Dict[str, Any]]:

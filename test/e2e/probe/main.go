@@ -115,6 +115,9 @@ func hold(secs string) {
 }
 
 func main() {
+	if netMain(os.Args[1:]) {
+		return
+	}
 	if len(os.Args) == 3 && os.Args[1] == "alloc" {
 		alloc(os.Args[2])
 		return

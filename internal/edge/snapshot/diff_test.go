@@ -1,4 +1,4 @@
-package edge
+package snapshot
 
 import (
 	"os"
@@ -37,7 +37,7 @@ func TestPruneUnchanged(t *testing.T) {
 	if err := unix.Lsetxattr(filepath.Join(dir, "was-op"), opaqueXattr, []byte("y"), 0); err != nil {
 		t.Fatal(err)
 	}
-	prev, err := scanManifest(dir)
+	prev, err := ScanManifest(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestPruneUnchanged(t *testing.T) {
 	if err := unix.Lstat(filepath.Join(dir, "d"), &before); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := pruneUnchanged(dir, prev)
+	cur, err := PruneUnchanged(dir, prev)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,188 @@
+package sandboxnet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// A recycled container keeps its network (docs/architecture.md, "Recycled
+// containers"): making a network namespace's veth pair, its addresses and
+// route costs more than the rest of a recycled create. Park, when the
+// container is wiped, takes away its group membership and resolver state, the host's connection tracking entries of its address
+// and the neighbour entries on both ends of its link. Reassign, when the
+// container serves the next sandbox, installs that sandbox's policy on the
+// same link and address, into the same chains and sets, emptied of every
+// rule and element of the previous sandbox (its counters, refusal
+// record, admitted addresses) in the same transaction, exactly as Attach
+// would on a new one (without making chains, sets and map elements
+// again). Wipe has
+// already refused a namespace that holds any socket. Root in a sandbox has
+// no CAP_NET_ADMIN, so it could change neither the link's addresses nor
+// its routes: they are as Attach left them.
+
+// Park removes the policy and the kernel state of the network of id (a
+// container whose every process but its agent is gone; pid is the agent's)
+// and keeps its link and address for Reassign. Nothing runs behind a
+// parked link to send.
+func (m *Manager) Park(id string, pid int) error {
+	m.mu.Lock()
+	i, ok := m.byID[id]
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("sandboxnet: %s has no network here", id)
+	}
+	if err := m.parkPolicy(id); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.policy, id) // its names, budget and refused names
+	m.mu.Unlock()
+	_, addr := m.addrs(i)
+	return m.scrub(id, pid, net.IP(addr.AsSlice()))
+}
+
+// parkPolicy takes a grouped id out of its group at once (its group's
+// members must not reach a parked address): in one transaction with
+// emptying its chains and sets and refusing everything from its link
+// until Reassign. An id without a group keeps its rules until Reassign
+// empties and refills them in its one transaction (nothing runs behind
+// the link meanwhile), which saves a commit per reuse. The chains, sets
+// and map elements stay for the next sandbox.
+func (m *Manager) parkPolicy(id string) error {
+	m.mu.Lock()
+	_, grouped := m.groups[id]
+	m.mu.Unlock()
+	if !grouped {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("sandboxnet: nftables: %w", err)
+	}
+	t := m.table()
+	m.groupMu.Lock()
+	defer m.groupMu.Unlock()
+	leave, drop := m.leaveGroupSteps(c, t, id)
+	if leave != nil {
+		leave()
+	}
+	emptyPolicy(c, t, id)
+	for _, ch := range []string{outChain(id), hostChain(id)} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: ch, Table: t}, Exprs: []expr.Any{verdict(expr.VerdictDrop)}})
+	}
+	if drop != nil {
+		drop() // after the chain that named the set was emptied
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: park %s's policy: %w", id, err)
+	}
+	return nil
+}
+
+// linkCount is what a host end has received and sent, in packets.
+type linkCount struct{ rx, tx uint64 }
+
+// scrub deletes the host's connection tracking entries to and from addr
+// and the neighbour entries of the host's end of id's link and of the
+// sandbox's (in pid's network namespace). The connection tracking table
+// is read whole to find them (~10 ms under load with its 262,144
+// buckets), so that is skipped when the link has carried no packet
+// either way since it was made or last scrubbed: no entry can be its
+// (IPv6 is off on both ends, so the kernel sends nothing on its own).
+func (m *Manager) scrub(id string, pid int, addr net.IP) error {
+	var errs []error
+	link := m.LinkName(id)
+	host, err := netlink.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: find %s: %w", link, err)
+	}
+	var now linkCount
+	if st := host.Attrs().Statistics; st != nil {
+		now = linkCount{st.RxPackets, st.TxPackets}
+	}
+	m.mu.Lock()
+	was, known := m.carried[id]
+	m.mu.Unlock()
+	if !known || now != was || host.Attrs().Statistics == nil {
+		var src, dst netlink.ConntrackFilter
+		if err := errors.Join(src.AddIP(netlink.ConntrackOrigSrcIP, addr), dst.AddIP(netlink.ConntrackOrigDstIP, addr)); err != nil {
+			return err
+		}
+		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst); err != nil {
+			errs = append(errs, fmt.Errorf("sandboxnet: connection tracking of %s: %w", addr, err))
+		}
+	}
+	if err := flushNeigh(nil, host.Attrs().Index); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		m.mu.Lock()
+		m.carried[id] = now
+		m.mu.Unlock()
+	}
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("sandboxnet: netns of %d: %w", pid, err))...)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("sandboxnet: netlink in netns of %d: %w", pid, err))...)
+	}
+	defer h.Close()
+	in, err := h.LinkByName(SandboxLink)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("sandboxnet: find sandbox end: %w", err))...)
+	}
+	return errors.Join(append(errs, flushNeigh(h, in.Attrs().Index))...)
+}
+
+// flushNeigh deletes every neighbour entry of link index (h nil: the
+// host's namespace).
+func flushNeigh(h *netlink.Handle, index int) error {
+	list, del := netlink.NeighList, netlink.NeighDel
+	if h != nil {
+		list, del = h.NeighList, h.NeighDel
+	}
+	ns, err := list(index, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: neighbours: %w", err)
+	}
+	var errs []error
+	for i := range ns {
+		if err := del(&ns[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sandboxnet: delete neighbour %s: %w", ns[i].IP, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Reassign gives the parked network of id (Park) the policy of a new
+// sandbox: egress and opts, as AttachWith would. On an error the caller
+// destroys the container (Release).
+func (m *Manager) Reassign(id string, egress []api.EgressRule, opts AttachOptions) (*Attachment, error) {
+	m.mu.Lock()
+	i, ok := m.byID[id]
+	m.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("sandboxnet: %s has no network here", id)
+	}
+	a := m.attachment(id, i, egress, opts)
+	m.setPolicy(id, egress)
+	if err := m.ensureTable(); err != nil {
+		return nil, err
+	}
+	if err := m.writePolicy(a, true); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
