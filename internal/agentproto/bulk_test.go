@@ -103,7 +103,14 @@ func TestPayloadReadReusesBuffers(t *testing.T) {
 	if got != writes*size {
 		t.Fatalf("read %d payload bytes, want %d", got, writes*size)
 	}
-	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8*size {
+	// A buffer per read allocates all 256 MiB; reused, a few buffers.
+	// Under the race detector sync.Pool drops a quarter of the buffers
+	// given back (~16 of 64): still far from a buffer per read.
+	limit := uint64(8 * size)
+	if raceOn {
+		limit = 40 * size
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit {
 		t.Fatalf("%d payload reads of %d MiB allocated %d MiB", writes, size>>20, alloc>>20)
 	}
 }
