@@ -34,10 +34,6 @@ type cpuGate struct {
 	quota, usage, stat             *os.File // nil when the node is out of descriptors: paths are used
 	levels                         [2][]byte
 	v2                             bool
-	// class: a best-effort sandbox's gate on cgroup v1 writes through
-	// the class's quota book (classcap.go); cpuDir is its cpu directory.
-	class  *v1Class
-	cpuDir string
 }
 
 // CPUGate opens the sandbox's CPU controls.
@@ -62,9 +58,6 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 		g.quotaPath, g.statPath = filepath.Join(cpu, "cpu.cfs_quota_us"), filepath.Join(cpu, "cpu.stat")
 		g.usagePath = filepath.Join(acct, h.Cgroup, "cpuacct.usage")
 		g.levels = [2][]byte{[]byte(strconv.FormatInt(idleQ, 10)), []byte(strconv.FormatInt(fullQ, 10))}
-		if c := r.classV1(); c.member(cpu) {
-			g.class, g.cpuDir = c, cpu
-		}
 		if err := os.WriteFile(filepath.Join(cpu, "cpu.cfs_period_us"), []byte(strconv.Itoa(cfsPeriod)), 0); err != nil {
 			return nil, gateErr(h, err)
 		}
@@ -118,9 +111,6 @@ func (g *cpuGate) Set(full bool) error {
 	v := g.levels[0]
 	if full {
 		v = g.levels[1]
-	}
-	if g.class != nil {
-		return g.class.write(g.cpuDir, g.quota, levelQuota(v))
 	}
 	if g.quota == nil {
 		return os.WriteFile(g.quotaPath, v, 0)

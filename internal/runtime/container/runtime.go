@@ -89,9 +89,8 @@ type Runtime struct {
 	// a sandbox without a network pays for.
 	net *sandboxnet.Manager
 
-	classMu   sync.Mutex // ensureClass, classV1; a leaf
+	classMu   sync.Mutex // ensureClass; a leaf
 	classMade bool
-	class     *v1Class // the class's quota book on cgroup v1 (classcap.go)
 
 	mu       sync.Mutex
 	children map[int]chan struct{} // agents this process started, closed when reaped
@@ -184,19 +183,20 @@ func (r *Runtime) Isolation() (mode, reason string) {
 func (r *Runtime) Name() string { return "container" }
 
 // ClassBestEffort is the parent cgroup, under CgroupParent, of the
-// best-effort sandboxes (CgroupParent/besteffort/<id>): the lowest weight
-// and cpu.idle as a whole, and a CFS quota the edge sets while
-// latency-class sandboxes run operations (ClassCap). Latency-class
-// sandboxes live directly under CgroupParent. With the cpu controller on
-// cgroup v1 (hybrid hosts) the cap clamps the best-effort sandboxes' own
-// quotas while it holds (classcap.go): v1 refuses a parent quota below a
-// child's.
+// best-effort sandboxes (CgroupParent/besteffort/<id>) where the cpu
+// controller is on cgroup v2: the lowest weight and cpu.idle as a whole,
+// and a CFS quota the edge sets while latency-class sandboxes run
+// operations (ClassCap). Latency-class sandboxes live directly under
+// CgroupParent. With the cpu controller on cgroup v1 (hybrid hosts) every
+// sandbox lives directly under CgroupParent: v1 cannot cap the class
+// (ErrClassCapV1), so the extra level would buy nothing.
 const ClassBestEffort = "besteffort"
 
-// classed says whether best-effort sandboxes live under ClassBestEffort
-// (always; sandboxes of an older layout, directly under CgroupParent, are
-// still found by cgroupPath).
-func (r *Runtime) classed() bool { return true }
+// classed says whether best-effort sandboxes live under ClassBestEffort.
+func (r *Runtime) classed() bool {
+	_, v2 := r.cg.(*v2Driver)
+	return v2
+}
 
 // cgroupPathFor is where a sandbox of that class gets its cgroup.
 func (r *Runtime) cgroupPathFor(id string, bestEffort bool) string {
@@ -226,39 +226,36 @@ func (r *Runtime) ensureClass() error {
 	if r.classMade {
 		return nil
 	}
-	var err error
-	switch d := r.cg.(type) {
-	case *v2Driver:
-		err = d.createClass(r.classPath())
-	case *v1Driver:
-		err = d.createClass(r.classPath())
-	default:
-		err = errors.New("container: no cgroup driver for the best-effort class")
+	d, ok := r.cg.(*v2Driver)
+	if !ok {
+		return ErrClassCapV1
 	}
-	if err != nil {
-		return fmt.Errorf("container: best-effort class %s: %w", r.classPath(), err)
+	if err := d.createClass(r.classPath()); err != nil {
+		return err
 	}
 	r.classMade = true
 	return nil
 }
 
+// ErrClassCapV1 says the class cap is not available on cgroup v1: the
+// kernel refuses a CFS quota on a parent below a quota of one of its
+// descendants (tg_cfs_schedulable_down: EINVAL on v1, the effective
+// minimum on v2), and every best-effort sandbox has a quota of its own (its
+// cpu, its idle_cpu). A capped parent would also make every raise of a
+// best-effort sandbox's quota above the cap fail, and its creation.
+var ErrClassCapV1 = errors.New("container: the best-effort class cap needs the cpu controller on cgroup v2 (cgroup v1 refuses a parent quota below a child's)")
+
 // ClassCap implements runtime.ClassCapper: a gate on the best-effort
 // class's parent whose idle level is the cap and whose full level is no
 // quota.
 func (r *Runtime) ClassCap(cores float64) (runtime.CPUGate, error) {
+	if _, v1 := r.cg.(*v1Driver); v1 {
+		return nil, ErrClassCapV1
+	}
 	if len(r.cg.dirs(r.classPath())) == 0 {
 		return nil, fmt.Errorf("%w: no best-effort class cgroup yet", runtime.ErrGone)
 	}
-	g, err := r.CPUGate(runtime.Handle{ID: ClassBestEffort, Cgroup: r.classPath()}, 0, cores)
-	if err != nil {
-		return nil, err
-	}
-	c := r.classV1()
-	if c == nil {
-		return g, nil
-	}
-	cg := g.(*cpuGate)
-	return &v1ClassGate{cpuGate: cg, class: c, capQ: levelQuota(cg.levels[0])}, nil
+	return r.CPUGate(runtime.Handle{ID: ClassBestEffort, Cgroup: r.classPath()}, 0, cores)
 }
 
 // Start creates the sandbox; see the package doc for the sequence.
@@ -426,7 +423,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 
 	if spec.CPU > 0 {
-		if err := r.setCPULimit(h.Cgroup, spec.CPU); err != nil {
+		if err := r.cg.setCPULimit(h.Cgroup, spec.CPU); err != nil {
 			return nil, fmt.Errorf("container: cpu limit: %w", err)
 		}
 	}
@@ -573,9 +570,6 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	r.waitReaped(ctx, h.Pid)
 	var errs []error
 	dirs := r.cg.dirs(h.Cgroup)
-	if d, ok := r.cg.(*v1Driver); ok {
-		r.classV1().forget(filepath.Join(d.mountOf("cpu"), h.Cgroup))
-	}
 	if len(dirs) > 0 && !removeDirs(dirs) {
 		if err := r.killCgroup(ctx, h.Cgroup, dirs); err != nil {
 			errs = append(errs, err)
