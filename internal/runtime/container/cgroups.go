@@ -676,3 +676,19 @@ func (d *v2Driver) freeze(path string, within time.Duration) error {
 func (d *v2Driver) thaw(path string) error { return d.setFreeze(path, "0", freezeTimeout) }
 
 func (d *v2Driver) remove(path string) error { return removeSplit(d.unified(path)) }
+
+// setIdleClass gives the class's cpu directory dir the lowest weight
+// (weightFile) and cpu.idle. A group already idle (made by an earlier
+// process) refuses a weight (EINVAL: sched_group_set_shares) and keeps it.
+func setIdleClass(dir, weightFile, weight string) error {
+	if b, err := os.ReadFile(filepath.Join(dir, "cpu.idle")); err == nil && strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(dir, weightFile), []byte(weight), 0); err != nil {
+		return fmt.Errorf("set %s of %s: %w", weightFile, dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cpu.idle"), []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("set cpu.idle of %s: %w", dir, err)
+	}
+	return nil
+}
