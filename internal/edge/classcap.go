@@ -17,9 +17,10 @@ import (
 // whole (its parent cgroup, runtime.ClassCapper) is capped at
 // Config.BestEffortCap cores, and the cap is released when the last
 // latency-class operation ends: one quota write each way, on a file kept
-// open (on cgroup v1 also one per best-effort sandbox running above the
-// cap: internal/runtime/container/classcap.go). Best-effort operations and
-// nodes without latency-class sandboxes pay nothing.
+// open. The cap needs the cpu controller on cgroup v2: on v1 the runtime
+// answers container.ErrClassCapV1 and the class is left uncapped.
+// Best-effort operations and nodes without latency-class sandboxes pay
+// nothing.
 //
 // classCap.mu is a leaf: it is taken under sandbox.mu (acquire) and
 // nothing is locked under it.
@@ -29,8 +30,8 @@ type classCap struct {
 	mu   sync.Mutex
 	ops  int             // latency-class operations in flight
 	gate runtime.CPUGate // nil until a best-effort class exists
-	// off: the runtime cannot cap the class (no cpu controller, a
-	// default tier without a class), logged once.
+	// off: the runtime cannot cap the class (cgroup v1, no cpu
+	// controller, a default tier without a class), logged once.
 	off bool
 	// caps and releases count the writes (node view).
 	caps, releases int64
