@@ -93,6 +93,7 @@ func New(cfg Config) *Server {
 		api:      cfg.API,
 		log:      cfg.Logger.With("part", "e2b"),
 		mux:      http.NewServeMux(),
+		keys:     newKeyTable(),
 	}
 	s.routes()
 	s.envd = s.newEnvd()

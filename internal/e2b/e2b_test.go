@@ -80,3 +80,38 @@ func TestPortHost(t *testing.T) {
 		}
 	}
 }
+
+// TestAccessTokens checks that a sandbox's access token opens that
+// sandbox only, for its kind only, and only while its key is remembered;
+// a key passes as itself.
+func TestAccessTokens(t *testing.T) {
+	kt, other := newKeyTable(), newKeyTable()
+	kt.remember("sb-a", "e2b_6b6579")
+	kt.remember("sb-b", "e2b_6b6579")
+	ta := kt.token(envdTokenPrefix, "sb-a")
+	if ta == kt.token(envdTokenPrefix, "sb-b") || ta == kt.token(trafficTokenPrefix, "sb-a") || ta == other.token(envdTokenPrefix, "sb-a") {
+		t.Fatal("tokens of two sandboxes, two kinds or two fronts are equal")
+	}
+	if k, err := kt.keyFor(envdTokenPrefix, "sb-a", " "+ta+" "); err != nil || k != "e2b_6b6579" {
+		t.Fatalf("own token: %q %v", k, err)
+	}
+	for _, c := range []struct{ prefix, id, v string }{
+		{envdTokenPrefix, "sb-b", ta},                                         // another sandbox
+		{trafficTokenPrefix, "sb-a", ta},                                      // another kind
+		{envdTokenPrefix, "sb-a", other.token(envdTokenPrefix, "sb-a")},       // another front
+		{envdTokenPrefix, "sb-a", ta[:len(ta)-1]},                             // cut
+		{envdTokenPrefix, "sb-c", kt.token(envdTokenPrefix, "sb-c")},          // key not remembered
+		{trafficTokenPrefix, "sb-a", kt.token(envdTokenPrefix, "sb-a") + "x"}, // garbage
+	} {
+		if k, err := kt.keyFor(c.prefix, c.id, c.v); err == nil {
+			t.Errorf("keyFor(%s, %s, %q) = %q, want refused", c.prefix, c.id, c.v, k)
+		}
+	}
+	if k, err := kt.keyFor(envdTokenPrefix, "sb-z", "e2b_abcd"); err != nil || k != "e2b_abcd" {
+		t.Fatalf("a key passes as itself: %q %v", k, err)
+	}
+	kt.forget("sb-a")
+	if _, err := kt.keyFor(envdTokenPrefix, "sb-a", ta); err == nil {
+		t.Fatal("a forgotten sandbox's token still opens it")
+	}
+}

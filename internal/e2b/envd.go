@@ -6,12 +6,15 @@ package e2b
 // MakeDir, Move, Remove} (Connect RPC, generated handlers), GET/POST
 // /files and GET /health; watch.go serves WatchDir (by polling);
 // process.go serves process.Process/{Start, Connect, List, SendSignal,
-// CloseStdin}. Not yet: stdin, PTY.
+// SendInput, StreamInput, CloseStdin, Update} (live stdin and PTYs are
+// native terminals).
 //
-// Authorisation: create and connect answer envdAccessToken = the caller's
-// own API key, so the SDK sends it as X-Access-Token on every envd
-// request, and each envd call runs as native API calls with that token
-// (the same ownership checks as everything else). A request without it is
+// Authorisation: create and connect answer envdAccessToken, the
+// sandbox's own access token (signed.go), which the SDK sends as
+// X-Access-Token on every envd request. It opens that sandbox only: the
+// call runs as native API calls with the token of the key that created or
+// connected the sandbox (the same ownership checks as everything else).
+// The project's key is accepted there too. A request without either is
 // refused.
 
 import (
@@ -79,7 +82,11 @@ func (ec *envdCaller) live() *warren.Client {
 
 func (s *Server) envdCaller(h http.Header) (*envdCaller, error) {
 	id := h.Get(sandboxIDHeader)
-	tok, err := TokenFromKey(h.Get(accessTokenHeader))
+	key, err := s.keys.keyFor(envdTokenPrefix, id, h.Get(accessTokenHeader))
+	if err != nil {
+		return nil, fmt.Errorf("X-Access-Token: %w", err)
+	}
+	tok, err := TokenFromKey(key)
 	if err != nil {
 		return nil, errors.New("missing or malformed X-Access-Token: connect to the sandbox through the control plane first")
 	}

@@ -14,9 +14,10 @@ package e2b
 // Authorization: as E2B's public sandbox traffic, a port is reached
 // without a key, running as the key that created or connected the sandbox
 // through this front (remembered, as for signed URLs); a request may
-// instead carry a key in e2b-traffic-access-token, which a sandbox
-// created with network.allowPublicTraffic false requires (its
-// trafficAccessToken). The key is not passed on to the sandbox.
+// instead carry the sandbox's traffic access token (signed.go) or a key
+// in e2b-traffic-access-token, which a sandbox created with
+// network.allowPublicTraffic false requires (its trafficAccessToken opens
+// that sandbox's ports only). Neither is passed on to the sandbox.
 
 import (
 	"bytes"
@@ -78,7 +79,11 @@ func (s *Server) serveHost(w http.ResponseWriter, r *http.Request) bool {
 
 // proxyPort forwards r to port of sandbox id through the native proxy.
 func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, port int, id string) {
-	key := r.Header.Get(trafficTokenHeader)
+	key, err := s.keys.keyFor(trafficTokenPrefix, id, r.Header.Get(trafficTokenHeader))
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s: %s: %v", id, trafficTokenHeader, err))
+		return
+	}
 	if key == "" {
 		key = s.keys.public(id)
 	}

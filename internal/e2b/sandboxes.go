@@ -18,8 +18,10 @@ import (
 )
 
 // NewSandbox is the body of POST /sandboxes and /v2/sandboxes. Fields the
-// SDKs send that warren does not use (secure, allow_internet_access,
-// mcp, volumeMounts, …) are ignored; of network, allowPublicTraffic.
+// SDKs send that warren does not use (allow_internet_access, mcp,
+// volumeMounts, …) are ignored; of network, allowPublicTraffic. secure is
+// ignored too, in the safe direction: every sandbox gets its own envd
+// access token (signed.go), as a secure one does at E2B.
 type NewSandbox struct {
 	TemplateID string            `json:"templateID"`
 	Timeout    *int64            `json:"timeout,omitempty"` // seconds
@@ -44,12 +46,13 @@ type Sandbox struct {
 	EnvdVersion string  `json:"envdVersion"`
 	Alias       string  `json:"alias,omitempty"`
 	Domain      *string `json:"domain"`
-	// EnvdAccessToken is the caller's own key: the SDK sends it as
-	// X-Access-Token with every envd request, which runs as that key.
+	// EnvdAccessToken is the sandbox's own access token (signed.go): the
+	// SDK sends it as X-Access-Token with every envd request, which runs
+	// as the key that created or connected the sandbox.
 	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
-	// TrafficAccessToken (the caller's key too) is answered for a sandbox
-	// whose ports are not public: requests to its host carry it in
-	// e2b-traffic-access-token.
+	// TrafficAccessToken (the sandbox's own too, of another kind) is
+	// answered for a sandbox whose ports are not public: requests to its
+	// host carry it in e2b-traffic-access-token.
 	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
 }
 
@@ -106,13 +109,53 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 	if req.TemplateID == "" {
 		return errorf(http.StatusBadRequest, "templateID is required (a warren image name)")
 	}
-	ttl, err := checkTimeout(req.Timeout)
+	spec, err := specOf(ctx, c, req)
 	if err != nil {
 		return err
 	}
+	sb, err := c.Create(ctx, spec)
+	if err != nil {
+		var ae *warren.APIError
+		if errors.As(err, &ae) && ae.Status == http.StatusNotFound && !spec.Resume {
+			return errorf(http.StatusNotFound, "template %q not found: %s", req.TemplateID, ae.Message)
+		}
+		return err
+	}
+	s.keys.remember(sb.ID, r.Header.Get(apiKeyHeader))
+	out := s.toSandbox(sb)
+	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
+		s.keys.setPrivate(sb.ID)
+		out.TrafficAccessToken = s.keys.token(trafficTokenPrefix, sb.ID)
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// specOf is the native create of an E2B create: the template's spec with
+// E2B's timeout, autoPause, metadata and envVars on top. Metadata
+// TrajectoryMetadata makes the sandbox record into that warren
+// trajectory; ResumeMetadata "true" beside it re-attaches to the
+// trajectory instead (warren's resume: the harness's operations
+// fast-forward, docs/api.md "Resume and fast-forward"), which takes
+// nothing else of the create.
+func specOf(ctx context.Context, c *warren.Client, req NewSandbox) (api.CreateSandboxRequest, error) {
+	traj, hasTraj := req.Metadata[TrajectoryMetadata]
+	if v, ok := req.Metadata[ResumeMetadata]; ok {
+		if !hasTraj || (v != "true" && v != "false") {
+			return api.CreateSandboxRequest{}, errorf(http.StatusBadRequest, "metadata %s is \"true\" or \"false\", beside %s naming the trajectory", ResumeMetadata, TrajectoryMetadata)
+		}
+		if v == "true" {
+			return api.CreateSandboxRequest{Trajectory: traj, Resume: true}, nil
+		}
+		req.Metadata = without(req.Metadata, ResumeMetadata)
+	}
+	ttl, err := checkTimeout(req.Timeout)
+	if err != nil {
+		return api.CreateSandboxRequest{}, err
+	}
 	spec, err := specFor(ctx, c, req.TemplateID)
 	if err != nil {
-		return err
+		return api.CreateSandboxRequest{}, err
 	}
 	spec.TTL = ttl
 	if req.AutoPause {
@@ -120,27 +163,16 @@ func (s *Server) create(ctx context.Context, c *warren.Client, w http.ResponseWr
 		// with the pause action, and the longest lifetime.
 		spec.TTL, spec.IdleTimeout, spec.IdleTimeoutAction = AutoPauseTTL, ttl, api.IdleActionPause
 	}
+	if hasTraj {
+		spec.Trajectory = traj
+		req.Metadata = without(req.Metadata, TrajectoryMetadata)
+	}
 	spec.Labels = merge(spec.Labels, req.Metadata)
 	if spec.Image != req.TemplateID {
 		spec.Labels = merge(spec.Labels, map[string]string{TemplateLabel: req.TemplateID})
 	}
 	spec.Env = merge(spec.Env, req.EnvVars)
-	sb, err := c.Create(ctx, spec)
-	if err != nil {
-		var ae *warren.APIError
-		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
-			return errorf(http.StatusNotFound, "template %q not found: %s", req.TemplateID, ae.Message)
-		}
-		return err
-	}
-	s.keys.remember(sb.ID, r.Header.Get(apiKeyHeader))
-	out := toSandbox(sb, r.Header.Get(apiKeyHeader))
-	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
-		s.keys.setPrivate(sb.ID)
-		out.TrafficAccessToken = out.EnvdAccessToken
-	}
-	writeJSON(w, http.StatusCreated, out)
-	return nil
+	return spec, nil
 }
 
 // specFor is the sandbox spec of a templateID: the named template's
@@ -171,6 +203,26 @@ func merge(base, over map[string]string) map[string]string {
 	return out
 }
 
+// without is m without key (a copy).
+func without(m map[string]string, key string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		if k != key {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// TrajectoryMetadata is the metadata key of an E2B create that names the
+// warren trajectory the sandbox records into; it is shown in the
+// sandbox's metadata, not stored as a label.
+const TrajectoryMetadata = "warren/trajectory"
+
+// ResumeMetadata "true", beside TrajectoryMetadata, re-attaches to the
+// trajectory (warren's resume: true) instead of starting it.
+const ResumeMetadata = "warren/resume"
+
 // TemplateLabel records the template a sandbox was made from, when that
 // is not simply its image; it is not shown in E2B's metadata.
 const TemplateLabel = "e2b/template"
@@ -182,9 +234,9 @@ func templateOf(sb *api.Sandbox) string {
 	return sb.Image
 }
 
-func toSandbox(sb *api.Sandbox, key string) *Sandbox {
+func (s *Server) toSandbox(sb *api.Sandbox) *Sandbox {
 	t := templateOf(sb)
-	return &Sandbox{TemplateID: t, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: t, EnvdAccessToken: strings.TrimSpace(key)}
+	return &Sandbox{TemplateID: t, SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion, Alias: t, EnvdAccessToken: s.keys.token(envdTokenPrefix, sb.ID)}
 }
 
 // AutoPauseTTL is the lifetime of an autoPause sandbox (30 days, as long
@@ -226,11 +278,9 @@ func toDetail(sb *api.Sandbox) SandboxDetail {
 	case sb.ExpiresAt != nil:
 		end = *sb.ExpiresAt
 	}
-	md := map[string]string{}
-	for k, v := range sb.Labels {
-		if k != TemplateLabel {
-			md[k] = v
-		}
+	md := without(sb.Labels, TemplateLabel)
+	if sb.Trajectory != "" {
+		md[TrajectoryMetadata] = sb.Trajectory
 	}
 	t := templateOf(sb)
 	return SandboxDetail{
@@ -352,7 +402,11 @@ func (s *Server) connect(ctx context.Context, c *warren.Client, w http.ResponseW
 		}
 	}
 	s.keys.remember(sb.ID, r.Header.Get(apiKeyHeader))
-	writeJSON(w, status, toSandbox(sb, r.Header.Get(apiKeyHeader)))
+	out := s.toSandbox(sb)
+	if s.keys.isPrivate(sb.ID) {
+		out.TrafficAccessToken = s.keys.token(trafficTokenPrefix, sb.ID)
+	}
+	writeJSON(w, status, out)
 	return nil
 }
 

@@ -3,17 +3,30 @@ package e2b
 // Signed file URLs (sandbox.downloadUrl / uploadUrl, e2b.md §4.6): the
 // SDK signs "<path>:<read|write>:<username>:<envdAccessToken>[:<exp>]"
 // with SHA-256 and puts the signature in the URL, which carries no
-// sandbox id and no header. The front remembers the access token it gave
-// for each sandbox created or connected through it (the caller's key),
-// and finds the sandbox whose token verifies the signature; the request
-// then runs as that key. A link therefore works on the apiserver that
-// created or connected the sandbox, until the sandbox is killed or that
-// apiserver restarts (connect again to sign anew).
+// sandbox id and no header. The front remembers the key that created or
+// connected each sandbox through it, and finds the sandbox whose access
+// token verifies the signature; the request then runs as that key. A link
+// therefore works on the apiserver that created or connected the sandbox,
+// until the sandbox is killed or that apiserver restarts (connect again to
+// sign anew).
+//
+// Access tokens: each sandbox created or connected through the front gets
+// an envd access token and a traffic access token of its own (E2B's
+// secure sandboxes; warren gives them to every sandbox, secure or not, so
+// envd is never open). A token is an HMAC of the sandbox id under this
+// front's random secret, so it opens that sandbox only, for as long as
+// this front remembers the key that created or connected it; the key
+// itself is never handed back. The project's key is still accepted in
+// X-Access-Token (it can do everything the token can, and more).
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,14 +36,64 @@ import (
 	warren "github.com/warrenhq/warren/sdk/go"
 )
 
-// maxSignedSandboxes bounds the access tokens remembered.
-const maxSignedSandboxes = 10_000
+// maxSignedSandboxes bounds the keys remembered (about 200 bytes each).
+const maxSignedSandboxes = 100_000
 
-// keyTable is the access token given for each sandbox.
+// Access token kinds and prefixes.
+const (
+	envdTokenPrefix    = "wsat_" // envd: X-Access-Token, signed links
+	trafficTokenPrefix = "wstt_" // a private sandbox's ports (host.go)
+)
+
+// keyTable is the key that created or connected each sandbox, and the
+// secret its access tokens are made with.
 type keyTable struct {
+	secret  []byte // made once (newKeyTable)
 	mu      sync.Mutex
 	keys    map[string]string   // sandbox id -> key
 	private map[string]struct{} // sandboxes whose ports need a key (host.go)
+}
+
+func newKeyTable() keyTable {
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		panic(fmt.Sprintf("e2b: no randomness for access tokens: %v", err)) // crypto/rand does not fail on Linux
+	}
+	return keyTable{secret: secret}
+}
+
+// token is sandbox id's access token of a kind (a prefix above).
+func (t *keyTable) token(prefix, id string) string {
+	m := hmac.New(sha256.New, t.secret)
+	m.Write([]byte(prefix))
+	m.Write([]byte(id))
+	return prefix + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// isAccessToken reports whether v has the shape of an access token (of
+// any sandbox or kind), rather than of a key.
+func isAccessToken(v string) bool {
+	return strings.HasPrefix(v, envdTokenPrefix) || strings.HasPrefix(v, trafficTokenPrefix)
+}
+
+// keyFor is the key a request carrying v for sandbox id runs as: v
+// itself when it is a key, the remembered key when v is id's access token
+// of the kind prefix.
+func (t *keyTable) keyFor(prefix, id, v string) (string, error) {
+	v = strings.TrimSpace(v)
+	if !isAccessToken(v) {
+		return v, nil
+	}
+	if !hmac.Equal([]byte(v), []byte(t.token(prefix, id))) {
+		return "", errors.New("this access token is not this sandbox's")
+	}
+	t.mu.Lock()
+	key := t.keys[id]
+	t.mu.Unlock()
+	if key == "" {
+		return "", errors.New("this server no longer knows the sandbox's token: connect to the sandbox (Sandbox.connect) through this server again")
+	}
+	return key, nil
 }
 
 // setPrivate marks sandbox id's ports as reached with a key only.
@@ -68,6 +131,14 @@ func (t *keyTable) remember(id, key string) {
 	t.keys[id] = key
 }
 
+// isPrivate reports whether sandbox id's ports need a key or token.
+func (t *keyTable) isPrivate(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.private[id]
+	return ok
+}
+
 // public is the key remembered for sandbox id when its ports are public
 // ("" when none, or when they need a key).
 func (t *keyTable) public(id string) string {
@@ -97,7 +168,8 @@ func signature(path, op, user, key, exp string) string {
 }
 
 // match is the sandbox and key whose signature of op this request
-// carries (only the sandbox named by E2b-Sandbox-Id when it is sent).
+// carries (only the sandbox named by E2b-Sandbox-Id when it is sent). The
+// SDK signs with the sandbox's envd access token.
 func (t *keyTable) match(r *http.Request, op string) (id, key string, ok bool) {
 	q := r.URL.Query()
 	sig, exp := q.Get("signature"), q.Get("signature_expiration")
@@ -108,7 +180,7 @@ func (t *keyTable) match(r *http.Request, op string) (id, key string, ok bool) {
 		if only != "" && sid != only {
 			continue
 		}
-		if subtle.ConstantTimeCompare([]byte(signature(q.Get("path"), op, q.Get("username"), k, exp)), []byte(sig)) == 1 {
+		if subtle.ConstantTimeCompare([]byte(signature(q.Get("path"), op, q.Get("username"), t.token(envdTokenPrefix, sid), exp)), []byte(sig)) == 1 {
 			return sid, k, true
 		}
 	}

@@ -137,8 +137,10 @@ func TestE2BEnvdFiles(t *testing.T) {
 	}
 	ans.decode(t, &sb)
 	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.SandboxID) })
-	if sb.EnvdAccessToken != keyA {
-		t.Fatalf("envdAccessToken %q, want the caller's key", sb.EnvdAccessToken)
+	// The access token is the sandbox's own (E2B's secure sandbox), not
+	// the project's key handed back.
+	if !strings.HasPrefix(sb.EnvdAccessToken, "wsat_") || strings.Contains(sb.EnvdAccessToken, keyA[4:]) {
+		t.Fatalf("envdAccessToken %q: want a token of the sandbox's own, not the key", sb.EnvdAccessToken)
 	}
 	e := &envdClient{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}
 
@@ -216,6 +218,37 @@ func TestE2BEnvdFiles(t *testing.T) {
 	e.rpc(t, "Stat", `{"path":"/work/dir/a.txt"}`, 404, "not_found")
 	e.rpc(t, "Remove", `{"path":"/work/sub"}`, 200, "")
 	e.rpc(t, "Stat", `{"path":"/work/sub/deep/c.txt"}`, 404, "not_found")
+
+	// The token opens its own sandbox only, even in the same project; the
+	// project's key works too; connect answers the same token.
+	ans2 := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","secure":false}`)
+	ans2.wantStatus(t, "create a second", 201)
+	var sb2 struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	ans2.decode(t, &sb2)
+	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb2.SandboxID) })
+	if sb2.EnvdAccessToken == "" || sb2.EnvdAccessToken == sb.EnvdAccessToken {
+		t.Fatalf("second sandbox's token %q (first %q): want one of its own, also when not secure", sb2.EnvdAccessToken, sb.EnvdAccessToken)
+	}
+	crossed := &envdClient{base: base, id: sb2.SandboxID, token: sb.EnvdAccessToken}
+	crossed.rpc(t, "Stat", `{"path":"/"}`, 401, "unauthenticated")
+	crossed.req(t, "GET", "/health", "", nil, nil).wantStatus(t, "another sandbox's token", 401)
+	if r := crossed.req(t, "GET", "/files?path=%2Fetc%2Fpasswd", "", nil, nil); r.status != 401 {
+		t.Fatalf("read with another sandbox's token: %d %s", r.status, r.body)
+	}
+	(&envdClient{base: base, id: sb2.SandboxID, token: keyA}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "the project's key", 204)
+	(&envdClient{base: base, id: sb2.SandboxID, token: sb2.EnvdAccessToken}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "its own token", 204)
+	var conn struct {
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	a.do(t, "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout":300}`).decode(t, &conn)
+	if conn.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Fatalf("connect answered token %q, create %q", conn.EnvdAccessToken, sb.EnvdAccessToken)
+	}
+	// A token forged in the token's shape is refused.
+	(&envdClient{base: base, id: sb.SandboxID, token: "wsat_" + strings.Repeat("A", 43)}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "a forged token", 401)
 
 	// Another project's key, no key, an unknown sandbox; the process
 	// service is not served yet.
