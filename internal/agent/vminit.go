@@ -268,13 +268,18 @@ func vmRoot(nLayers int) error {
 	if err := os.Chdir("/"); err != nil {
 		return err
 	}
-	for _, m := range []struct{ dir, fs, opts string }{
-		{"/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=620"},
-		{"/dev/shm", "tmpfs", "mode=1777"},
-		{"/tmp", "tmpfs", "mode=1777"},
+	for _, m := range []struct {
+		dir, fs, opts string
+		flags         uintptr
+	}{
+		// devpts without nodev: its nodes are the terminals (nodev made
+		// opening /dev/pts/N EACCES, and no terminal could start).
+		{"/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=620", unix.MS_NOSUID | unix.MS_NOEXEC},
+		{"/dev/shm", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
+		{"/tmp", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
 	} {
 		_ = os.MkdirAll(m.dir, 0o755)
-		if err := unix.Mount(m.fs, m.dir, m.fs, unix.MS_NOSUID|unix.MS_NODEV, m.opts); err != nil {
+		if err := unix.Mount(m.fs, m.dir, m.fs, m.flags, m.opts); err != nil {
 			return fmt.Errorf("mount %s: %w", m.dir, err)
 		}
 	}

@@ -80,6 +80,9 @@ func TestMicroVM(t *testing.T) {
 		t.Errorf("hypervisor flag / hostname: %q exit %d", r.Stdout, r.ExitCode)
 	}
 
+	// A terminal (issue 18: a PTY session works in every tier).
+	checkTerminal(t, s.C, sb.ID)
+
 	// The agent's exec features, unchanged: a session keeps its state, a
 	// user, a timeout, an output cap, a background command.
 	for _, c := range []struct {

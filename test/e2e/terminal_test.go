@@ -481,3 +481,24 @@ func TestTerminalTypingIsActivity(t *testing.T) {
 		t.Fatal("the terminal outlived its stopped sandbox")
 	}
 }
+
+// checkTerminal opens a terminal in sandbox id (any tier): a tty, its
+// size, a resize the program sees, input, and the exit code.
+func checkTerminal(t *testing.T, c *warren.Client, id string) {
+	t.Helper()
+	term, scr := openTerm(t, c, id, warren.TerminalOptions{
+		Cmd: `tty; stty size; read x; stty size; echo "got:$x"; exit 7`, Cols: 80, Rows: 24})
+	at := scr.waitFor(t, "/dev/pts/", 0)
+	at = scr.waitFor(t, "24 80", at)
+	if err := term.Resize(context.Background(), 100, 30); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := term.Write([]byte("typed\r")); err != nil {
+		t.Fatal(err)
+	}
+	at = scr.waitFor(t, "30 100", at)
+	scr.waitFor(t, "got:typed", at)
+	if res := waitExit(t, term); res.ExitCode != 7 {
+		t.Fatalf("terminal exit: %+v\n%q", res, scr.String())
+	}
+}

@@ -160,6 +160,7 @@ except warren.BadRequest as e:
 		t.Errorf("systemctl is-system-running: %q (exit %d); failed: %s", r.Stdout, r.ExitCode, failed.Stdout)
 	}
 	t.Logf("systemd running %v after the create", time.Since(t0))
+	checkTerminal(t, s.C, sb.ID)
 	if _, err := s.C.WriteFile(ctx, sb.ID, "/root/f", strings.NewReader("on the overlay\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

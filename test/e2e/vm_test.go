@@ -68,6 +68,7 @@ func TestVMTier(t *testing.T) {
 	if r := s.sh(t, sb.ID, "cat /root/f"); r.Stdout != "through the API\n" {
 		t.Errorf("file: %q", r.Stdout)
 	}
+	checkTerminal(t, s.C, sb.ID)
 
 	own := tokens["vmown"]
 	oc := warren.New(s.URL, own)
