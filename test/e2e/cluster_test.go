@@ -86,6 +86,7 @@ type cluster struct {
 	nats    []*proc
 	api     []*proc
 	apiURL  []string
+	e2bURL  string // apiserver 0's E2B front (--e2b-listen)
 	edges   map[string]*proc
 	natsURL string
 	auth    string // the credentials directory
@@ -122,9 +123,15 @@ func startCluster(t *testing.T, edges ...string) *cluster {
 	for i := 0; i < 2; i++ {
 		addr := freePort(t)
 		c.apiURL = append(c.apiURL, "http://"+addr)
-		c.api = append(c.api, startProc(t, fmt.Sprintf("apiserver%d", i), "apiserver", "--nats", c.natsURL, "--replicas", "3",
+		args := []string{"apiserver", "--nats", c.natsURL, "--replicas", "3",
 			"--nats-nkey", filepath.Join(c.auth, "apiserver.nk"),
-			"--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprintf("api%d", i))))
+			"--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprintf("api%d", i))}
+		if i == 0 {
+			e2b := freePort(t)
+			c.e2bURL = "http://" + e2b
+			args = append(args, "--e2b-listen", e2b)
+		}
+		c.api = append(c.api, startProc(t, fmt.Sprintf("apiserver%d", i), args...))
 	}
 	for _, name := range edges {
 		c.startEdge(name)

@@ -507,7 +507,7 @@ func TestPortActivity(t *testing.T) {
 // TestClusterPorts: in cluster mode (separate apiserver and edge
 // processes) a port is reached through every apiserver replica, over the
 // edge's data listener: HTTP, a WebSocket, raw TCP, and a public URL made
-// on one replica and used on another.
+// on one replica and used on another; and a replica's E2B front.
 func TestClusterPorts(t *testing.T) {
 	t.Cleanup(func() { assertNoLeaks(t) })
 	c := startCluster(t, "pa")
@@ -561,4 +561,23 @@ func TestClusterPorts(t *testing.T) {
 	if resp := portReq(t, "GET", c.apiURL[0]+p.Path+"info", "-", nil, nil); resp.StatusCode != 404 {
 		t.Fatalf("public URL revoked on replica 1, used on replica 0: %d %s", resp.StatusCode, readAll(t, resp))
 	}
+
+	// warren apiserver --e2b-listen: the E2B front of a replica creates a
+	// sandbox on the edge, runs a command in it through envd and kills it.
+	e := &e2bClient{base: c.e2bURL, key: c.token}
+	ans := e.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox"}`)
+	ans.wantStatus(t, "E2B create through the apiserver", 201)
+	var esb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	ans.decode(t, &esb)
+	defer func() { _, _ = c.C.Delete(context.Background(), esb.SandboxID) }()
+	st := (&envdClient{base: c.e2bURL, id: esb.SandboxID, token: esb.EnvdAccessToken}).stream(t, "Start",
+		`{"process":{"cmd":"/bin/sh","args":["-c","echo from $(hostname)"]},"stdin":false}`, nil)
+	st.event(t)
+	if out, _, end := st.rest(t); !strings.HasPrefix(out, "from ") || (end["exitCode"] != nil && end["exitCode"] != float64(0)) {
+		t.Fatalf("E2B command through the apiserver: %q %v", out, end)
+	}
+	e.do(t, "DELETE", "/sandboxes/"+esb.SandboxID, "").wantStatus(t, "E2B kill through the apiserver", 204)
 }
