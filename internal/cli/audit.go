@@ -26,7 +26,7 @@ func newAuditCmd(g *globals) *cobra.Command {
 every signal sent to its PID 1 (its agent), on nodes started with --telemetry-refusals every
 syscall refused with EPERM, and on nodes started with --telemetry-files every file write,
 rename, unlink and chmod; each with the trajectory step that was running (0: between steps).
---step K keeps step K's records, --kind one kind (exec, signal, refused, file), --summary
+--step K keeps step K's records, --kind one kind (exec, refused, signal, file, connect, limit, denied), --summary
 counts them per step, -f follows them as they come until the sandbox stops.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -49,7 +49,7 @@ counts them per step, -f follows them as they come until the sandbox stops.`,
 		},
 	}
 	cmd.Flags().Int64Var(&step, "step", 0, "only this trajectory step's records (0 = between steps)")
-	cmd.Flags().StringVar(&kind, "kind", "", "only records of this kind: exec, signal, refused, file")
+	cmd.Flags().StringVar(&kind, "kind", "", "only records of this kind: exec, refused, signal, file, connect, limit, denied")
 	cmd.Flags().BoolVar(&summary, "summary", false, "per step, how many records of each kind")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "print records as they come, until the sandbox stops (--json: NDJSON)")
 	return cmd

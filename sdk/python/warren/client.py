@@ -726,9 +726,10 @@ class Sandbox:
     def audit(self, step: Optional[int] = None, kind: Optional[str] = None,
               summary: bool = False) -> Dict[str, Any]:
         """What the sandbox's processes did, from its node's kernel (``GET .../audit``):
-        ``records`` oldest first (each with ``time``, ``step``, ``kind``: exec, signal or
-        refused, ``pid``, ``ppid``, ``uid``, and ``path``/``argv``, ``signal``/``target`` or
-        ``syscall``), ``dropped``, ``telemetry``. ``step`` and ``kind`` filter; ``summary=True``
+        ``records`` oldest first (each with ``time``, ``step``, ``kind``: exec, refused,
+        signal, file, connect, limit or denied, ``pid``, ``ppid``, ``uid``, and what happened:
+        ``path``/``argv``, ``signal``/``outcome``, ``syscall``, ``op``/``to``, ``dest``,
+        ``reason``), ``dropped``, ``telemetry``. ``step`` and ``kind`` filter; ``summary=True``
         answers ``summary`` (per step, counts by kind) instead of the records."""
         params = [(k, str(v)) for k, v in (("step", step), ("kind", kind)) if v is not None]
         if summary:
