@@ -261,7 +261,11 @@ func TestTerminal(t *testing.T) {
 		}
 		var w0, w1 int64
 		began := time.Now()
-		for deadline := time.Now().Add(30 * time.Second); ; {
+		// The buffers on the way (the agent's 4 MiB socket buffers, two
+		// loopback TCP connections that grow theirs) hold tens of MiB; in
+		// a loaded -race run they filled at ~200 KB/s and were still
+		// filling after 30 s, so the stall may take minutes there.
+		for deadline := time.Now().Add(150 * time.Second); ; {
 			w0 = wchar()
 			time.Sleep(time.Second)
 			if w1 = wchar(); w1 == w0 {
