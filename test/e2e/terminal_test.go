@@ -239,7 +239,9 @@ func TestTerminal(t *testing.T) {
 		// (always_on: at the idle CPU budget the program would be too slow
 		// to fill the buffers on the way.)
 		sb := s.create(t, api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 64, AlwaysOn: true})
-		term, err := s.C.Terminal(ctx, sb.ID, warren.TerminalOptions{Cmd: "echo $$ > /tmp/yes.pid; exec yes"})
+		// (dd writes 4 KiB blocks; busybox yes on a terminal
+		// writes a line, 2 bytes, per call, and took ~27 s to fill them.)
+		term, err := s.C.Terminal(ctx, sb.ID, warren.TerminalOptions{Cmd: "echo $$ > /tmp/yes.pid; exec dd if=/dev/zero bs=4096 2>/dev/null"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,10 +263,8 @@ func TestTerminal(t *testing.T) {
 		}
 		var w0, w1 int64
 		began := time.Now()
-		// The buffers on the way (the agent's 4 MiB socket buffers, two
-		// loopback TCP connections that grow theirs) hold tens of MiB; in
-		// a loaded -race run they filled at ~200 KB/s and were still
-		// filling after 30 s, so the stall may take minutes there.
+		// The buffers on the way hold a few MiB; a loaded -race run
+		// fills them slowly.
 		for deadline := time.Now().Add(150 * time.Second); ; {
 			w0 = wchar()
 			time.Sleep(time.Second)
