@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"io"
 	"net/http"
@@ -55,15 +54,7 @@ func TestE2BEnvdBadInput(t *testing.T) {
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	base := "http://" + e2bAddr
 	a := &e2bClient{base: base, key: s.Token}
-	ans := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox"}`)
-	ans.wantStatus(t, "create", 201)
-	var sb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	ans.decode(t, &sb)
-	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.SandboxID) })
-	e := &envdClient{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}
+	e := a.createEnvd(t, "create", `{"templateID":"busybox"}`, s.C)
 	connectErr := func(what string, r *e2bAnswer, status int, code string) {
 		t.Helper()
 		if r.status != status || !strings.HasPrefix(r.header.Get("Content-Type"), "application/json") || !strings.Contains(string(r.body), `"code":"`+code+`"`) {
@@ -120,13 +111,13 @@ func TestE2BEnvdBadInput(t *testing.T) {
 	// debian_version (the host's has), a symlink to it dangles.
 	e.req(t, "GET", "/files?path=..%2F..%2F..%2F..%2F..%2Fetc%2Fdebian_version", "", nil, nil).wantStatus(t, "read climbing out", 404)
 	e.req(t, "GET", "/files?path=%2F..%2F..%2Fetc%2Fdebian_version", "", nil, nil).wantStatus(t, "read /../..", 404)
-	s.sh(t, sb.SandboxID, "ln -s /etc/debian_version /tmp/out; ln -s ../../../../../etc /tmp/up")
+	s.sh(t, e.id, "ln -s /etc/debian_version /tmp/out; ln -s ../../../../../etc /tmp/up")
 	e.req(t, "GET", "/files?path=%2Ftmp%2Fout", "", nil, nil).wantStatus(t, "read a symlink out", 404)
 	e.req(t, "GET", "/files?path=%2Ftmp%2Fup%2Fdebian_version", "", nil, nil).wantStatus(t, "read through a symlink out", 404)
 	connectErr("stat climbing out", unary("/filesystem.Filesystem/Stat", "application/json", []byte(`{"path":"../../../../etc/debian_version"}`)), 404, "not_found")
 	up := e.upload(t, "?path=..%2F..%2F..%2F..%2Ftmp%2Fescaped.txt", [][2]string{{"x", "inside"}})
 	up.wantStatus(t, "upload climbing out", 200)
-	if b, err := s.C.ReadFileBytes(t.Context(), sb.SandboxID, "/tmp/escaped.txt"); err != nil || string(b) != "inside" {
+	if b, err := s.C.ReadFileBytes(t.Context(), e.id, "/tmp/escaped.txt"); err != nil || string(b) != "inside" {
 		t.Fatalf("an upload climbing out landed elsewhere: %q %v", b, err)
 	}
 	// A path with a NUL byte, an empty path.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	warren "github.com/warrenhq/warren/sdk/go"
 )
 
 // envdClient speaks envd's wire as the official JS SDK does (e2b.md §1,
@@ -129,20 +130,12 @@ func TestE2BEnvdFiles(t *testing.T) {
 	}
 	keyA, keyB := key("fa"), key("fb")
 	a := &e2bClient{base: base, key: keyA}
-	ans := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox"}`)
-	ans.wantStatus(t, "create", 201)
-	var sb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	ans.decode(t, &sb)
-	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.SandboxID) })
+	e := a.createEnvd(t, "create", `{"templateID":"busybox"}`, s.C)
 	// The access token is the sandbox's own (E2B's secure sandbox), not
 	// the project's key handed back.
-	if !strings.HasPrefix(sb.EnvdAccessToken, "wsat_") || strings.Contains(sb.EnvdAccessToken, keyA[4:]) {
-		t.Fatalf("envdAccessToken %q: want a token of the sandbox's own, not the key", sb.EnvdAccessToken)
+	if !strings.HasPrefix(e.token, "wsat_") || strings.Contains(e.token, keyA[4:]) {
+		t.Fatalf("envdAccessToken %q: want a token of the sandbox's own, not the key", e.token)
 	}
-	e := &envdClient{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}
 
 	if a := e.req(t, "GET", "/health", "", nil, nil); a.status != 204 {
 		t.Fatalf("health: %d %s", a.status, a.body)
@@ -221,38 +214,31 @@ func TestE2BEnvdFiles(t *testing.T) {
 
 	// The token opens its own sandbox only, even in the same project; the
 	// project's key works too; connect answers the same token.
-	ans2 := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","secure":false}`)
-	ans2.wantStatus(t, "create a second", 201)
-	var sb2 struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
+	e2 := a.createEnvd(t, "create a second", `{"templateID":"busybox","secure":false}`, s.C)
+	if e2.token == "" || e2.token == e.token {
+		t.Fatalf("second sandbox's token %q (first %q): want one of its own, also when not secure", e2.token, e.token)
 	}
-	ans2.decode(t, &sb2)
-	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb2.SandboxID) })
-	if sb2.EnvdAccessToken == "" || sb2.EnvdAccessToken == sb.EnvdAccessToken {
-		t.Fatalf("second sandbox's token %q (first %q): want one of its own, also when not secure", sb2.EnvdAccessToken, sb.EnvdAccessToken)
-	}
-	crossed := &envdClient{base: base, id: sb2.SandboxID, token: sb.EnvdAccessToken}
+	crossed := &envdClient{base: base, id: e2.id, token: e.token}
 	crossed.rpc(t, "Stat", `{"path":"/"}`, 401, "unauthenticated")
 	crossed.req(t, "GET", "/health", "", nil, nil).wantStatus(t, "another sandbox's token", 401)
 	if r := crossed.req(t, "GET", "/files?path=%2Fetc%2Fpasswd", "", nil, nil); r.status != 401 {
 		t.Fatalf("read with another sandbox's token: %d %s", r.status, r.body)
 	}
-	(&envdClient{base: base, id: sb2.SandboxID, token: keyA}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "the project's key", 204)
-	(&envdClient{base: base, id: sb2.SandboxID, token: sb2.EnvdAccessToken}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "its own token", 204)
+	(&envdClient{base: base, id: e2.id, token: keyA}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "the project's key", 204)
+	(&envdClient{base: base, id: e2.id, token: e2.token}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "its own token", 204)
 	var conn struct {
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
-	a.do(t, "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout":300}`).decode(t, &conn)
-	if conn.EnvdAccessToken != sb.EnvdAccessToken {
-		t.Fatalf("connect answered token %q, create %q", conn.EnvdAccessToken, sb.EnvdAccessToken)
+	a.do(t, "POST", "/sandboxes/"+e.id+"/connect", `{"timeout":300}`).decode(t, &conn)
+	if conn.EnvdAccessToken != e.token {
+		t.Fatalf("connect answered token %q, create %q", conn.EnvdAccessToken, e.token)
 	}
 	// A token forged in the token's shape is refused.
-	(&envdClient{base: base, id: sb.SandboxID, token: "wsat_" + strings.Repeat("A", 43)}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "a forged token", 401)
+	(&envdClient{base: base, id: e.id, token: "wsat_" + strings.Repeat("A", 43)}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "a forged token", 401)
 
 	// Another project's key, no key, an unknown sandbox; the process
 	// service is not served yet.
-	other := &envdClient{base: base, id: sb.SandboxID, token: keyB}
+	other := &envdClient{base: base, id: e.id, token: keyB}
 	other.rpc(t, "Stat", `{"path":"/work/dir/moved.txt"}`, 404, "not_found")
 	other.rpc(t, "Remove", `{"path":"/work"}`, 404, "not_found")
 	if r := other.req(t, "GET", "/files?path=%2Fwork%2Fdir%2Fmoved.txt", "", nil, nil); r.status != 404 || strings.Contains(string(r.body), "hello") {
@@ -260,16 +246,32 @@ func TestE2BEnvdFiles(t *testing.T) {
 	}
 	other.upload(t, "?path=%2Fwork%2Fx", [][2]string{{"/work/x", "evil"}}).wantStatus(t, "another project's upload", 404)
 	other.req(t, "GET", "/health", "", nil, nil).wantStatus(t, "another project's health", 502)
-	anon := &envdClient{base: base, id: sb.SandboxID}
+	anon := &envdClient{base: base, id: e.id}
 	anon.rpc(t, "Stat", `{"path":"/work"}`, 401, "unauthenticated")
 	anon.req(t, "GET", "/health", "", nil, nil).wantStatus(t, "health without token", 401)
 	(&envdClient{base: base, id: "sb-e2e-nosuchsandbox00", token: keyA}).req(t, "GET", "/health", "", nil, nil).wantStatus(t, "unknown sandbox health", 502)
 	if r := other.req(t, "POST", "/process.Process/List", "application/json", strings.NewReader(`{}`), map[string]string{"Connect-Protocol-Version": "1"}); r.status != 404 || !strings.Contains(string(r.body), `"not_found"`) {
 		t.Fatalf("another project's process list: %d %s", r.status, r.body)
 	}
-	if b, err := s.C.ReadFileBytes(ctx, sb.SandboxID, "/work/dir/moved.txt"); err != nil || string(b) != "hello" {
+	if b, err := s.C.ReadFileBytes(ctx, e.id, "/work/dir/moved.txt"); err != nil || string(b) != "hello" {
 		t.Fatalf("after the other project's calls: %q %v", b, err)
 	}
+}
+
+// createEnvd creates a sandbox through the E2B front (the test fails
+// unless it answers 201), deleted through c at the test's end, and returns
+// an envd client of it with its access token.
+func (a *e2bClient) createEnvd(t *testing.T, what, body string, c *warren.Client) *envdClient {
+	t.Helper()
+	ans := a.do(t, "POST", "/v2/sandboxes", body)
+	ans.wantStatus(t, what, 201)
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	ans.decode(t, &sb)
+	t.Cleanup(func() { _, _ = c.Delete(context.Background(), sb.SandboxID) })
+	return &envdClient{base: a.base, id: sb.SandboxID, token: sb.EnvdAccessToken}
 }
 
 // envdStream is one server-streaming Connect call (application/connect+json):
@@ -383,15 +385,7 @@ func TestE2BEnvdProcess(t *testing.T) {
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	base := "http://" + e2bAddr
 	a := &e2bClient{base: base, key: s.Token}
-	ans := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","envVars":{"SBX":"sandbox"}}`)
-	ans.wantStatus(t, "create", 201)
-	var sb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	ans.decode(t, &sb)
-	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.SandboxID) })
-	e := &envdClient{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}
+	e := a.createEnvd(t, "create", `{"templateID":"busybox","envVars":{"SBX":"sandbox"}}`, s.C)
 
 	st := e.stream(t, "Start", `{"process":{"cmd":"/bin/sh","args":["-c","echo hi $SBX $FOO; pwd; echo oops >&2; exit 3"],"envs":{"FOO":"bar"}},"stdin":false}`, map[string]string{"Connect-Timeout-Ms": "60000"})
 	ev := st.event(t)

@@ -16,24 +16,17 @@ func TestE2BTrajectory(t *testing.T) {
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	base := "http://" + e2bAddr
 	a := &e2bClient{base: base, key: s.Token}
-	type created struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	ans := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","metadata":{"warren/trajectory":"e2b-run-1","task":"7"}}`)
-	ans.wantStatus(t, "create with a trajectory", 201)
-	var sb created
-	ans.decode(t, &sb)
 	t.Cleanup(func() { _ = s.C.DeleteTrajectory(context.Background(), "", "e2b-run-1") }) // after the sandbox
-	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.SandboxID) })
-	got, err := s.C.Get(context.Background(), sb.SandboxID)
+	e := a.createEnvd(t, "create with a trajectory", `{"templateID":"busybox","metadata":{"warren/trajectory":"e2b-run-1","task":"7"}}`, s.C)
+	first := e.id
+	got, err := s.C.Get(context.Background(), first)
 	if err != nil || got.Trajectory != "e2b-run-1" || got.Labels["task"] != "7" {
 		t.Fatalf("the sandbox: %+v %v (want trajectory e2b-run-1 and label task=7)", got, err)
 	}
 	var detail struct {
 		Metadata map[string]string `json:"metadata"`
 	}
-	a.do(t, "GET", "/sandboxes/"+sb.SandboxID, "").decode(t, &detail)
+	a.do(t, "GET", "/sandboxes/"+first, "").decode(t, &detail)
 	if detail.Metadata["warren/trajectory"] != "e2b-run-1" || detail.Metadata["task"] != "7" {
 		t.Fatalf("metadata %v: want the trajectory and task", detail.Metadata)
 	}
@@ -47,7 +40,6 @@ func TestE2BTrajectory(t *testing.T) {
 		}
 		return strings.TrimSpace(out)
 	}
-	e := &envdClient{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}
 	if n := run(e); n != "1" {
 		t.Fatalf("first run counted %q, want 1", n)
 	}
@@ -57,14 +49,10 @@ func TestE2BTrajectory(t *testing.T) {
 
 	// The harness restarts: it resumes the trajectory and runs its steps
 	// again; the logged answers come back, nothing runs twice.
-	ans = a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox","metadata":{"warren/trajectory":"e2b-run-1","warren/resume":"true"}}`)
-	ans.wantStatus(t, "resume", 201)
-	var rs created
-	ans.decode(t, &rs)
-	if rs.SandboxID != sb.SandboxID {
-		t.Fatalf("resume answered sandbox %s, want the live %s", rs.SandboxID, sb.SandboxID)
+	e = a.createEnvd(t, "resume", `{"templateID":"busybox","metadata":{"warren/trajectory":"e2b-run-1","warren/resume":"true"}}`, s.C)
+	if e.id != first {
+		t.Fatalf("resume answered sandbox %s, want the live %s", e.id, first)
 	}
-	e = &envdClient{base: base, id: rs.SandboxID, token: rs.EnvdAccessToken}
 	if n := run(e); n != "1" {
 		t.Fatalf("fast-forward of step 1 answered %q, want the logged 1", n)
 	}

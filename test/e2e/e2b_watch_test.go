@@ -27,16 +27,8 @@ func TestE2BEnvdWatcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := &e2bClient{base: base, key: s.Token}
-	ans := a.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox"}`)
-	ans.wantStatus(t, "create", 201)
-	var sb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	ans.decode(t, &sb)
-	t.Cleanup(func() { _, _ = s.C.Delete(context.Background(), sb.SandboxID) })
-	e := &envdClient{base: base, id: sb.SandboxID, token: sb.EnvdAccessToken}
-	s.sh(t, sb.SandboxID, "mkdir -p /w/sub && echo old > /w/old.txt")
+	e := a.createEnvd(t, "create", `{"templateID":"busybox"}`, s.C)
+	s.sh(t, e.id, "mkdir -p /w/sub && echo old > /w/old.txt")
 
 	w := e.rpc(t, "CreateWatcher", `{"path":"/w","recursive":true,"includeEntry":true}`, 200, "")
 	id, _ := w["watcherId"].(string)
@@ -57,7 +49,7 @@ func TestE2BEnvdWatcher(t *testing.T) {
 	if got := events(); len(got) != 0 {
 		t.Fatalf("events before any change: %v", got)
 	}
-	s.sh(t, sb.SandboxID, "echo new > /w/new.txt; echo deep > /w/sub/d.txt; rm /w/old.txt")
+	s.sh(t, e.id, "echo new > /w/new.txt; echo deep > /w/sub/d.txt; rm /w/old.txt")
 	got := events()
 	if got["new.txt"] != "EVENT_TYPE_CREATE" || got["sub/d.txt"] != "EVENT_TYPE_CREATE" || got["old.txt"] != "EVENT_TYPE_REMOVE" || len(got) != 3 {
 		t.Fatalf("events: %v", got)
@@ -67,7 +59,7 @@ func TestE2BEnvdWatcher(t *testing.T) {
 	}
 	// Another project's key reaches no watcher.
 	keyB := "e2b_" + hex.EncodeToString([]byte(tk.Secret))
-	other := &envdClient{base: base, id: sb.SandboxID, token: keyB}
+	other := &envdClient{base: base, id: e.id, token: keyB}
 	other.rpc(t, "GetWatcherEvents", fmt.Sprintf(`{"watcherId":%q}`, id), 404, "not_found")
 	other.rpc(t, "RemoveWatcher", fmt.Sprintf(`{"watcherId":%q}`, id), 404, "not_found")
 	other.rpc(t, "CreateWatcher", `{"path":"/w"}`, 404, "not_found")

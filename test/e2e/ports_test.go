@@ -565,19 +565,12 @@ func TestClusterPorts(t *testing.T) {
 	// warren apiserver --e2b-listen: the E2B front of a replica creates a
 	// sandbox on the edge, runs a command in it through envd and kills it.
 	e := &e2bClient{base: c.e2bURL, key: c.token}
-	ans := e.do(t, "POST", "/v2/sandboxes", `{"templateID":"busybox"}`)
-	ans.wantStatus(t, "E2B create through the apiserver", 201)
-	var esb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	ans.decode(t, &esb)
-	defer func() { _, _ = c.C.Delete(context.Background(), esb.SandboxID) }()
-	st := (&envdClient{base: c.e2bURL, id: esb.SandboxID, token: esb.EnvdAccessToken}).stream(t, "Start",
+	ee := e.createEnvd(t, "E2B create through the apiserver", `{"templateID":"busybox"}`, c.C)
+	st := ee.stream(t, "Start",
 		`{"process":{"cmd":"/bin/sh","args":["-c","echo from $(hostname)"]},"stdin":false}`, nil)
 	st.event(t)
 	if out, _, end := st.rest(t); !strings.HasPrefix(out, "from ") || (end["exitCode"] != nil && end["exitCode"] != float64(0)) {
 		t.Fatalf("E2B command through the apiserver: %q %v", out, end)
 	}
-	e.do(t, "DELETE", "/sandboxes/"+esb.SandboxID, "").wantStatus(t, "E2B kill through the apiserver", 204)
+	e.do(t, "DELETE", "/sandboxes/"+ee.id, "").wantStatus(t, "E2B kill through the apiserver", 204)
 }
