@@ -66,8 +66,15 @@ func TestSilentNodeProbedThenLost(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, up := w.Known("alive"); !up {
-		t.Fatalf("a node that answers was marked down: %+v", w.Nodes())
+	// "alive" is probed beside "dead": until its answer arrives it is
+	// silent (not up), then up again for good.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, up := w.Known("alive"); up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a node that answers was marked down: %+v", w.Nodes())
+		}
 	}
 	lk, err := conn.OpenLost(ctx)
 	if err != nil {
@@ -93,20 +100,26 @@ func TestSilentNodeProbedThenLost(t *testing.T) {
 	if _, lost := w2.Lost(ctx, "sb-dead-cccc", "dead"); lost {
 		t.Fatal("an id never reported lost is lost")
 	}
-	evs, err := w.Events().Read(ctx, 0, 100, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, ev := range evs {
-		if ev.Type == api.EventSandboxLost && ev.Node == "dead" {
-			n++
+	// The events are published after the sandboxes are recorded lost.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		evs, err := w.Events().Read(ctx, 0, 100, time.Second)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if ev.Node == "alive" {
-			t.Fatalf("event about the node that answers: %+v", ev)
+		n := 0
+		for _, ev := range evs {
+			if ev.Type == api.EventSandboxLost && ev.Node == "dead" {
+				n++
+			}
+			if ev.Node == "alive" {
+				t.Fatalf("event about the node that answers: %+v", ev)
+			}
 		}
-	}
-	if n != 2 {
-		t.Fatalf("%d sandbox.lost events, want 2: %+v", n, evs)
+		if n == 2 {
+			break
+		}
+		if n > 2 || time.Now().After(deadline) {
+			t.Fatalf("%d sandbox.lost events, want 2: %+v", n, evs)
+		}
 	}
 }
