@@ -25,8 +25,11 @@ func newShellCmd(g *globals) *cobra.Command {
 		Long: `Open an interactive terminal in a sandbox, like docker exec -it: the sandbox's
 shell, or CMD ("--" and words: argv; one word: a shell string). When stdin is a
 terminal it is put in raw mode (every key, ^C included, goes to the sandbox)
-and window size changes follow (SIGWINCH); this works over SSH too. The exit
-code of warren is the command's. Flags go before the sandbox id.`,
+and window size changes follow (SIGWINCH); this works over SSH too. When stdin
+is not a terminal (a pipe, a file), the command gets no terminal either, like
+docker exec -i: stdout and stderr stay apart and the end of stdin closes the
+command's. The exit code of warren is the command's. Flags go before the
+sandbox id.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, rest := args[0], args[1:]
@@ -69,6 +72,18 @@ func runShell(cmd *cobra.Command, c *warren.Client, id string, opt warren.Termin
 	if tty {
 		if w, h, err := term.GetSize(int(inFile.Fd())); err == nil {
 			opt.Cols, opt.Rows = w, h
+		}
+	} else {
+		// Stdin is not a terminal (a pipe, a file, /dev/null): no terminal
+		// in the sandbox either, as ssh and docker exec -i do. The end of
+		// stdin then closes the program's stdin; on a terminal it would be
+		// a ^D, which a shell still setting up its line editor can miss.
+		opt.NoTTY = true
+		opt.Stderr = cmd.ErrOrStderr()
+		if opt.Cmd == "" && len(opt.Argv) == 0 {
+			// The sandbox's shell, reading its commands from stdin: a
+			// shell string runs as "SHELL -c CMD", so $0 is that shell.
+			opt.Cmd = `exec "$0"`
 		}
 	}
 	opt.Stdout = out

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -230,6 +231,12 @@ func TestDocsExamples(t *testing.T) {
 				cmd = exec.CommandContext(bctx, "python3", "-c", prelude+code)
 			}
 			cmd.Dir, cmd.Env = work, env
+			// At the block's deadline its whole process group goes (a
+			// command it started must not hold the output pipe open and
+			// hang the test: a warren shell did once).
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+			cmd.WaitDelay = 5 * time.Second
 			t0 := time.Now()
 			out, err := cmd.CombinedOutput()
 			cancel()

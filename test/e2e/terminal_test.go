@@ -437,14 +437,38 @@ func TestCLIShell(t *testing.T) {
 		t.Fatalf("warren shell: %v, want exit code 7; screen %q", werr, scr.String())
 	}
 
-	// Stdin a pipe: no raw mode; its end is the program's end of input.
-	c2 := exec.Command(bins.warren, "--url", s.URL, "--token", s.Token, "shell", sb.ID, "cat; exit 9")
+	// Stdin a pipe: no terminal on either side, stderr apart; its end is
+	// the program's end of input. (Before, the remote had a terminal and
+	// both streams came on stdout.)
+	c2 := exec.Command(bins.warren, "--url", s.URL, "--token", s.Token, "shell", sb.ID, "test -t 0 || echo no-tty; echo to-stderr >&2; cat; exit 9")
 	c2.Stdin = strings.NewReader("piped line\n")
-	var out bytes.Buffer
-	c2.Stdout = &out
+	var out, errOut bytes.Buffer
+	c2.Stdout, c2.Stderr = &out, &errOut
 	werr = c2.Run()
-	if !errors.As(werr, &ee) || ee.ExitCode() != 9 || !strings.Contains(out.String(), "piped line") {
-		t.Fatalf("warren shell with a pipe: %v %q", werr, out.String())
+	if !errors.As(werr, &ee) || ee.ExitCode() != 9 || out.String() != "no-tty\npiped line\n" || errOut.String() != "to-stderr\n" {
+		t.Fatalf("warren shell with a pipe: %v stdout %q stderr %q", werr, out.String(), errOut.String())
+	}
+	// The sandbox's own shell with stdin at its end at once (/dev/null):
+	// it reads no command and exits, every time (a ^D on a terminal could
+	// reach the shell before its line editor and be lost: the docs test
+	// hung on it).
+	for i := 0; i < 5; i++ {
+		c3 := exec.Command(bins.warren, "--url", s.URL, "--token", s.Token, "shell", sb.ID)
+		c3.WaitDelay = 5 * time.Second
+		done := make(chan error, 1)
+		if err := c3.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- c3.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("warren shell < /dev/null: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			_ = c3.Process.Kill()
+			t.Fatalf("warren shell < /dev/null did not end (try %d)", i)
+		}
 	}
 }
 
