@@ -448,11 +448,7 @@ func netRuleChange(ctx context.Context, o Options, c *warren.Client, rep *Report
 		return err
 	}
 	defer c.Delete(context.WithoutCancel(ctx), sb.ID)
-	pid, err := agentPidOf(o.dataDir, sb.ID)
-	if err != nil {
-		return err
-	}
-	pidfd, err := unix.PidfdOpen(pid, 0)
+	pidfd, err := agentPidfd(o.dataDir, sb.ID)
 	if err != nil {
 		return err
 	}

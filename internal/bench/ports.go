@@ -43,13 +43,9 @@ func portsFigures(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	if _, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "busybox httpd -f -p 8000 -h /www", Background: true}); err != nil {
 		return err
 	}
-	pid, err := agentPidOf(o.dataDir, sb.ID)
+	pidfd, err := agentPidfd(o.dataDir, sb.ID)
 	if err != nil {
 		return err
-	}
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd of the agent: %w", err)
 	}
 	defer unix.Close(pidfd)
 	direct := &http.Client{Transport: &http.Transport{
@@ -142,4 +138,17 @@ func agentPidOf(dataDir, id string) (int, error) {
 		return 0, fmt.Errorf("record of %s: %v", id, err)
 	}
 	return rec.Handle.Pid, nil
+}
+
+// agentPidfd opens a pidfd of sandbox id's agent (the caller closes it).
+func agentPidfd(dataDir, id string) (int, error) {
+	pid, err := agentPidOf(dataDir, id)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd of the agent: %w", err)
+	}
+	return fd, nil
 }
