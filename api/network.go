@@ -26,9 +26,12 @@ type NetworkSpec struct {
 	// ["internet"].
 	Egress []string `json:"egress"`
 	// Group, when set, names the sandbox's network group: sandboxes of
-	// one project created with the same group (on one node) reach each
-	// other on any port and protocol, both ways, and no other sandbox.
-	// Set at create only; a list change (PUT …/network) keeps it.
+	// one project created with the same group reach each other on any
+	// port and protocol, both ways, and no other sandbox. A group lives
+	// on one node: placement sends every member to the node that holds
+	// the group's first (503 with reason network_group when that node
+	// cannot take one more). Set at create only; a list change
+	// (PUT …/network) keeps it.
 	Group string `json:"group,omitempty"`
 	// EgressRateMbit bounds what the sandbox sends, in Mbit/s (0: the
 	// node's default, --net-egress-rate-mbit; none without it). Set at
@@ -51,6 +54,10 @@ const MaxNetConns = 65536
 // MaxEgressRateMbit bounds NetworkSpec.EgressRateMbit and
 // NetworkSpec.IngressRateMbit.
 const MaxEgressRateMbit = 100000
+
+// NetworkGroupKey is how a node's view (Node.NetworkGroups) names a
+// project's network group: groups of different projects never meet.
+func NetworkGroupKey(project, group string) string { return project + "/" + group }
 
 // NetworkGroupRE is a valid NetworkSpec.Group.
 var NetworkGroupRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)

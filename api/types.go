@@ -774,6 +774,10 @@ type Node struct {
 	States   map[string]int   `json:"states,omitempty"`
 	Projects map[string]Usage `json:"projects,omitempty"`
 	Jobs     map[string]int   `json:"jobs,omitempty"`
+	// NetworkGroups counts live sandboxes per network group
+	// (NetworkGroupKey: "project/group"): placement sends a group's next
+	// member to the node that holds it.
+	NetworkGroups map[string]int `json:"network_groups,omitempty"`
 
 	// Measured on the node.
 	CPUUsed           float64 `json:"cpu_used"`            // cores the sandboxes used over the last seconds
@@ -929,6 +933,9 @@ const (
 	ReasonNodeSelector = "node_selector" // no node has the labels asked for
 	ReasonNoNodes      = "no_nodes"      // no healthy node at all
 	ReasonShuttingDown = "shutting_down" // the node is stopping
+	// ReasonNetworkGroup: the node that holds the sandbox's network group
+	// cannot take one more member (a group lives on one node).
+	ReasonNetworkGroup = "network_group"
 	// ReasonStorageQuota (a 413): the write would take the project over
 	// its storage_bytes quota.
 	ReasonStorageQuota = "storage_quota"

@@ -446,7 +446,8 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 
 // ownView is a node as a project-scoped caller sees it: the fleet's
 // capacity and load, but only the usage and warm pools of the projects it
-// sees, and no job counts (job labels of every project are mixed there).
+// sees, only those projects' network groups, and no job counts (job
+// labels of every project are mixed there).
 func ownView(p *iam.Principal, n api.Node) api.Node {
 	projects := map[string]api.Usage{}
 	for id, u := range n.Projects {
@@ -455,6 +456,13 @@ func ownView(p *iam.Principal, n api.Node) api.Node {
 		}
 	}
 	n.Projects, n.Jobs = projects, nil
+	groups := map[string]int{}
+	for k, c := range n.NetworkGroups {
+		if i := strings.LastIndexByte(k, '/'); i > 0 && p.Sees(iam.KindSandbox, k[:i]) {
+			groups[k] = c
+		}
+	}
+	n.NetworkGroups = groups
 	pools := []api.NodePool{}
 	for _, pl := range n.Pools {
 		if (pl.Project == "" && strings.HasPrefix(pl.Name, "fncall:")) || p.Sees(iam.KindPool, pl.Project) {

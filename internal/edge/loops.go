@@ -115,6 +115,7 @@ func (e *Edge) NodeStatus() api.Node {
 		Name: e.cfg.Node, State: "up", CPUCapacity: e.cfg.CPUCapacity, MemoryMB: e.cfg.MemoryMB,
 		Tiers: e.tiers(), LastHeartbeat: time.Now().UTC(), Labels: e.cfg.Labels,
 		States: map[string]int{}, Projects: map[string]api.Usage{}, Jobs: map[string]int{},
+		NetworkGroups: map[string]int{},
 		CPUOvercommit: e.cfg.CPUOvercommit, MemoryOvercommit: e.cfg.MemoryOvercommit,
 		DiskMB: e.cfg.DiskMB, DiskOvercommit: e.cfg.DiskOvercommit,
 		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
@@ -156,6 +157,9 @@ func (e *Edge) NodeStatus() api.Node {
 			n.Projects[spec.Project] = u
 			if j, ok := spec.Labels["job"]; ok {
 				n.Jobs[j]++
+			}
+			if spec.Network != nil && spec.Network.Group != "" {
+				n.NetworkGroups[api.NetworkGroupKey(spec.Project, spec.Network.Group)]++
 			}
 			cpuNodeLocked(sb, &n.Elastic)
 		}

@@ -1,7 +1,10 @@
 // Package placement picks a node for a new sandbox: filter the healthy nodes
 // that offer the tier, the resources and the labels asked for, prefer those
 // that already hold the image, then take the least loaded of k random
-// candidates. Each replica counts its own recent placements (per node and
+// candidates. The members of a network group go where the group already
+// lives; a new group starts on the fitting node that its name hashes to
+// highest (rendezvous hashing), so that replicas that place its first
+// members at once agree without talking. Each replica counts its own recent placements (per node and
 // per project) until the next heartbeat shows them; it keeps no durable
 // state. It also enforces project quotas against the fleet's usage plus
 // those recent placements.
@@ -10,6 +13,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -78,10 +82,22 @@ type Placer struct {
 	mu       sync.Mutex
 	recent   map[string]*pending  // node -> placements not yet in a heartbeat
 	projects map[string]api.Usage // project -> the same, summed over nodes
+	groups   map[string]groupSeat // network group -> where this replica put it lately
 
 	cands, withImage []int // scratch for Pick
 	loads            []float64
 }
+
+// groupSeat is a network group this replica placed on a node that no
+// heartbeat has shown holding it yet.
+type groupSeat struct {
+	node  string
+	since time.Time
+}
+
+// groupSeatTTL bounds how long a group placement is remembered without a
+// heartbeat showing it (a create that failed on the node leaves none).
+const groupSeatTTL = 30 * time.Second
 
 type pending struct {
 	cpu      float64
@@ -93,7 +109,8 @@ type pending struct {
 
 // New returns a placer over fleet.
 func New(fleet Fleet) *Placer {
-	return &Placer{fleet: fleet, recent: make(map[string]*pending), projects: make(map[string]api.Usage)}
+	return &Placer{fleet: fleet, recent: make(map[string]*pending), projects: make(map[string]api.Usage),
+		groups: make(map[string]groupSeat)}
 }
 
 // Pick chooses a node for spec, skipping the nodes in exclude, and checks
@@ -117,7 +134,13 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 		return "", err
 	}
 	var bi int
-	if i, ok := p.sampleLocked(nodes, spec, exclude); ok {
+	if group := groupOf(spec); group != "" {
+		i, err := p.pickGroupLocked(nodes, spec, group, exclude)
+		if err != nil {
+			return "", err
+		}
+		bi = i
+	} else if i, ok := p.sampleLocked(nodes, spec, exclude); ok {
 		bi = i
 	} else {
 		// Filter without copying nodes: candidate indices and their loads
@@ -158,8 +181,84 @@ func (p *Placer) pick(spec *api.CreateSandboxRequest, exclude map[string]bool, l
 	best := &nodes[bi]
 	if record {
 		p.recordLocked(best.Name, spec, limits)
+		if group := groupOf(spec); group != "" {
+			p.groups[group] = groupSeat{node: best.Name, since: time.Now()}
+		}
 	}
 	return best.Name, nil
+}
+
+// groupOf is spec's network group key ("" without one).
+func groupOf(spec *api.CreateSandboxRequest) string {
+	if spec.Network == nil || spec.Network.Group == "" {
+		return ""
+	}
+	return api.NetworkGroupKey(spec.Project, spec.Network.Group)
+}
+
+// pickGroupLocked places a member of network group: on the node that
+// holds the group (a heartbeat shows it, or this replica put a member
+// there lately), else on the fitting node the group's name hashes to
+// highest. A group never spans nodes: when its node cannot take the
+// member, the answer is a NoNodeError with ReasonNetworkGroup.
+func (p *Placer) pickGroupLocked(nodes []api.Node, spec *api.CreateSandboxRequest, group string, exclude map[string]bool) (int, error) {
+	home := -1
+	for i := range nodes {
+		if nodes[i].NetworkGroups[group] > 0 {
+			home = i
+			break
+		}
+	}
+	if home < 0 {
+		if seat, ok := p.groups[group]; ok {
+			for i := range nodes {
+				n := &nodes[i]
+				if n.Name != seat.node {
+					continue
+				}
+				if time.Since(seat.since) < groupSeatTTL && !n.LastHeartbeat.After(seat.since.Add(2*time.Second)) {
+					home = i
+				}
+				break
+			}
+			if home < 0 {
+				delete(p.groups, group)
+			}
+		}
+	}
+	if home >= 0 {
+		if _, ok := p.fitsLocked(&nodes[home], spec, exclude); !ok {
+			why := "it is excluded"
+			if !exclude[nodes[home].Name] {
+				why = p.whyNoneLocked(nodes[home:home+1], spec, nil).Detail
+			}
+			return 0, &NoNodeError{Reason: api.ReasonNetworkGroup, Detail: fmt.Sprintf(
+				"network group %q lives on node %s, which cannot take another member: %s", spec.Network.Group, nodes[home].Name, why)}
+		}
+		return home, nil
+	}
+	best, bestScore := -1, uint64(0)
+	for i := range nodes {
+		if _, ok := p.fitsLocked(&nodes[i], spec, exclude); !ok {
+			continue
+		}
+		if s := rendezvous(group, nodes[i].Name); best < 0 || s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	if best < 0 {
+		return 0, p.whyNoneLocked(nodes, spec, exclude)
+	}
+	return best, nil
+}
+
+// rendezvous is node's score for key (highest random weight hashing).
+func rendezvous(key, node string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write([]byte(node))
+	return h.Sum64()
 }
 
 // recordLocked counts a placement of spec on node until its heartbeat

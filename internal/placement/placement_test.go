@@ -2,6 +2,8 @@ package placement
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,5 +216,116 @@ func TestNoNodeSaysWhy(t *testing.T) {
 	}
 	if _, err := New(&fleet{}).Pick(spec(), nil, nil); !errors.As(err, new(*NoNodeError)) || err.(*NoNodeError).Reason != api.ReasonNoNodes {
 		t.Errorf("no nodes: %v", err)
+	}
+}
+
+func grouped(project, group string) *api.CreateSandboxRequest {
+	s := spec()
+	s.Project = project
+	s.Network = &api.NetworkSpec{Egress: []string{}, Group: group}
+	return s
+}
+
+// TestNetworkGroupOneNode: a network group lives on one node. A new
+// group's first member goes where its name hashes highest, so two
+// replicas that see the same fleet agree; later members follow the group
+// (this replica's own placements before a heartbeat shows them, then the
+// heartbeat's count); a group whose node is full is refused with
+// ReasonNetworkGroup, never spread; other projects' groups of the same
+// name are apart.
+func TestNetworkGroupOneNode(t *testing.T) {
+	nodes := []api.Node{node("a", nil), node("b", nil), node("c", nil), node("d", nil), node("e", nil)}
+	f := &fleet{nodes: nodes}
+	p1, p2 := New(f), New(&fleet{nodes: nodes})
+	first, err := p1.Pick(grouped("acme", "task-1"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p2.Pick(grouped("acme", "task-1"), nil, nil); err != nil || n != first {
+		t.Fatalf("another replica's first member: %s %v, want %s", n, err, first)
+	}
+	// Followers through this replica, before any heartbeat shows them.
+	for i := 0; i < 8; i++ {
+		if n, err := p1.Pick(grouped("acme", "task-1"), nil, nil); err != nil || n != first {
+			t.Fatalf("member %d: %s %v, want %s", i, n, err, first)
+		}
+	}
+	// Groups spread over the fleet: 40 groups do not all hash to one node.
+	seen := map[string]bool{}
+	for i := 0; i < 40; i++ {
+		n, err := New(&fleet{nodes: nodes}).Pick(grouped("acme", fmt.Sprintf("g%d", i)), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[n] = true
+	}
+	if len(seen) < 3 {
+		t.Errorf("40 groups landed on %d nodes", len(seen))
+	}
+
+	// The heartbeat says where a group lives: a fresh replica follows it,
+	// even to a node that its hash would not choose.
+	home := "a"
+	if first == "a" {
+		home = "b"
+	}
+	f2 := &fleet{nodes: append([]api.Node(nil), nodes...)}
+	for i := range f2.nodes {
+		if f2.nodes[i].Name == home {
+			f2.nodes[i].NetworkGroups = map[string]int{api.NetworkGroupKey("acme", "task-1"): 2}
+		}
+	}
+	p3 := New(f2)
+	if n, err := p3.Pick(grouped("acme", "task-1"), nil, nil); err != nil || n != home {
+		t.Fatalf("member of a group that lives on %s: %s %v", home, n, err)
+	}
+	// The same name in another project is another group.
+	if n, err := p3.Pick(grouped("other", "task-1"), nil, nil); err != nil || n != first {
+		t.Fatalf("another project's group of that name: %s %v, want %s (its own hash)", n, err, first)
+	}
+	// The home node full (10 cores, one taken above): refused, not spread.
+	for i := 0; i < 9; i++ {
+		if n, err := p3.Pick(grouped("acme", "task-1"), nil, nil); err != nil || n != home {
+			t.Fatalf("filling %s: %s %v", home, n, err)
+		}
+	}
+	_, err = p3.Pick(grouped("acme", "task-1"), nil, nil)
+	var ne *NoNodeError
+	if !errors.As(err, &ne) || ne.Reason != api.ReasonNetworkGroup || !strings.Contains(ne.Detail, home) || !strings.Contains(ne.Detail, "cpu") {
+		t.Fatalf("a member past its node's capacity: %v", err)
+	}
+	// A retry that excluded the group's node (it answered 503) is refused too.
+	if _, err := p3.Pick(grouped("acme", "task-1"), map[string]bool{home: true}, nil); !errors.As(err, &ne) || ne.Reason != api.ReasonNetworkGroup {
+		t.Fatalf("group's node excluded: %v", err)
+	}
+	// Sandboxes without a group still go anywhere that fits.
+	if _, err := p3.Pick(spec(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNetworkGroupSeatForgotten: a member this replica placed whose create
+// never showed in a heartbeat (it failed on the node) does not hold the
+// group there: once a later heartbeat of that node lacks it, the next
+// member is placed afresh.
+func TestNetworkGroupSeatForgotten(t *testing.T) {
+	nodes := []api.Node{node("a", nil), node("b", nil), node("c", nil)}
+	f := &fleet{nodes: nodes}
+	p := New(f)
+	first, err := p.Pick(grouped("acme", "g"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first node fills up elsewhere; its next heartbeat (3 s later)
+	// shows no member of the group.
+	for i := range f.nodes {
+		if f.nodes[i].Name == first {
+			f.nodes[i].CPURequested = 10
+			f.nodes[i].LastHeartbeat = time.Now().Add(3 * time.Second)
+		}
+	}
+	n, err := p.Pick(grouped("acme", "g"), nil, nil)
+	if err != nil || n == first {
+		t.Fatalf("after the seat was forgotten: %s %v, want a node other than %s", n, err, first)
 	}
 }

@@ -92,16 +92,25 @@ type cluster struct {
 	auth    string // the credentials directory
 	token   string
 	C       *warren.Client
+	// edgeArgs adds to an edge's command line (startClusterWith).
+	edgeArgs func(name string) []string
 }
 
 func startCluster(t *testing.T, edges ...string) *cluster {
+	t.Helper()
+	return startClusterWith(t, nil, edges...)
+}
+
+// startClusterWith is startCluster whose edges get edgeArgs(name) on
+// their command lines too (nil: none).
+func startClusterWith(t *testing.T, edgeArgs func(name string) []string, edges ...string) *cluster {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "wtest-cluster-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	c := &cluster{t: t, dir: dir, edges: map[string]*proc{}}
+	c := &cluster{t: t, dir: dir, edges: map[string]*proc{}, edgeArgs: edgeArgs}
 	var client, routes []string
 	for i := 0; i < 3; i++ {
 		client = append(client, "nats://"+freePort(t))
@@ -190,9 +199,13 @@ func (c *cluster) startEdge(name string) {
 		p.start()
 		return
 	}
-	c.edges[name] = startProc(c.t, "edge-"+name, "edge", "--nats", c.natsURL, "--replicas", "3", "--node", name,
+	args := []string{"edge", "--nats", c.natsURL, "--replicas", "3", "--node", name,
 		"--nats-nkey", filepath.Join(c.auth, "edge-"+name+".nk"),
-		"--data-dir", dataDir, "--store", filepath.Join(c.dir, "store"), "--agent", bins.agent, "--label", "zone="+name)
+		"--data-dir", dataDir, "--store", filepath.Join(c.dir, "store"), "--agent", bins.agent, "--label", "zone=" + name}
+	if c.edgeArgs != nil {
+		args = append(args, c.edgeArgs(name)...)
+	}
+	c.edges[name] = startProc(c.t, "edge-"+name, args...)
 }
 
 func (c *cluster) dump() {

@@ -136,3 +136,103 @@ func TestClusterNetworkRuleChangedWhileEdgeDown(t *testing.T) {
 		return
 	}
 }
+
+// TestClusterNetworkGroup: a network group lives on one node of a
+// cluster. Members created through both apiservers all land on the node
+// that holds the group, reach each other there, and the node's view
+// counts them; a second group of the same project goes where its own name
+// hashes, and its members do not reach the first group's.
+func TestClusterNetworkGroup(t *testing.T) {
+	t.Cleanup(func() { assertNoLeaks(t) })
+	pools := map[string]string{"nga": "10.214.1.0/24", "ngb": "10.214.2.0/24"}
+	c := startClusterWith(t, func(name string) []string { return []string{"--net-pool", pools[name]} }, "nga", "ngb")
+	ctx := context.Background()
+	defer func() {
+		if t.Failed() {
+			c.dump()
+		}
+	}()
+	apis := []*warren.Client{warren.New(c.apiURL[0], c.token), warren.New(c.apiURL[1], c.token)}
+	create := func(i int, group string) *api.Sandbox {
+		t.Helper()
+		sb, err := apis[i%2].Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 64,
+			Network: &api.NetworkSpec{Egress: []string{}, Group: group}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = c.C.Delete(context.Background(), sb.ID) })
+		return sb
+	}
+	// Two groups; their members created one after another through
+	// alternating apiservers (each replica places on its own view).
+	var task, other []*api.Sandbox
+	for i := 0; i < 4; i++ {
+		task = append(task, create(i, "task"))
+		other = append(other, create(i+1, "other"))
+	}
+	for _, g := range [][]*api.Sandbox{task, other} {
+		for _, sb := range g[1:] {
+			if sb.Node != g[0].Node {
+				t.Fatalf("group %s spans nodes: %s on %s, %s on %s", g[0].Network.Group, g[0].ID, g[0].Node, sb.ID, sb.Node)
+			}
+		}
+	}
+	t.Logf("group task on %s, group other on %s", task[0].Node, other[0].Node)
+
+	addr := func(sb *api.Sandbox) string {
+		n, err := c.C.Network(ctx, sb.ID)
+		if err != nil || n.Address == "" {
+			t.Fatalf("network of %s: %+v %v", sb.ID, n, err)
+		}
+		return n.Address
+	}
+	if _, err := c.C.Exec(ctx, task[0].ID, api.ExecRequest{Cmd: "while true; do echo hi | nc -l -p 7000; done", Background: true}); err != nil {
+		t.Fatal(err)
+	}
+	to := addr(task[0])
+	reach := func(from *api.Sandbox) bool {
+		for try := 0; try < 20; try++ {
+			r, err := c.C.Exec(ctx, from.ID, api.ExecRequest{Cmd: "nc -w 3 " + to + " 7000 </dev/null"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(r.Stdout, "hi") {
+				return true
+			}
+			if from.Network.Group != "task" {
+				return false
+			}
+			time.Sleep(100 * time.Millisecond) // the listener may not be up yet
+		}
+		return false
+	}
+	for _, sb := range task[1:] {
+		if !reach(sb) {
+			t.Errorf("member %s (node %s) does not reach %s of its group", sb.ID, sb.Node, to)
+		}
+	}
+	if reach(other[0]) {
+		t.Errorf("a member of another group reached group task's %s", to)
+	}
+
+	// The node's view counts the group's members (heartbeats, 1 s).
+	key := api.NetworkGroupKey(task[0].Project, "task")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		nodes, err := c.C.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, n := range nodes {
+			got[n.Name] = n.NetworkGroups[key]
+		}
+		if got[task[0].Node] == 4 && len(nodes) == 2 && got["nga"]+got["ngb"] == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("network_groups[%s] per node: %v, want 4 on %s", key, got, task[0].Node)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
