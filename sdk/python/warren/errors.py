@@ -44,7 +44,7 @@ class WarrenError(Exception):
         reason: on a 503, what is short (``cpu``, ``memory``,
             ``memory_pressure``, ``disk``, ``pids``, ``sandboxes``) or why no
             node qualifies (``tier``, ``node_selector``, ``no_nodes``,
-            ``shutting_down``); otherwise ``None``.
+            ``shutting_down``, ``network_group``); otherwise ``None``.
     """
 
     def __init__(self, message: str, code: Optional[str] = None,
