@@ -43,9 +43,15 @@ func ingressRule(t *nftables.Table, ch *nftables.Chain, rateMbit int) *nftables.
 			Burst: uint32(max(rate/10, 64<<10))}, &expr.Counter{}, verdict(expr.VerdictDrop)}}
 }
 
-// addIngress adds, in c's transaction, a's i_<id> and its map element.
-func (m *Manager) addIngress(c *nftables.Conn, t *nftables.Table, a *Attachment) error {
+// addIngress adds, in c's transaction, a's i_<id> and its map element;
+// parked, it empties the chain of the previous sandbox's rule first (an
+// edge before ingress rates made none: adding it first makes the flush
+// valid either way).
+func (m *Manager) addIngress(c *nftables.Conn, t *nftables.Table, a *Attachment, parked bool) error {
 	ch := c.AddChain(&nftables.Chain{Name: inChain(a.ID), Table: t})
+	if parked {
+		c.FlushChain(ch)
+	}
 	if a.IngressRateMbit > 0 {
 		c.AddRule(ingressRule(t, ch, a.IngressRateMbit))
 	}

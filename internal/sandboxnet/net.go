@@ -97,12 +97,18 @@ type Manager struct {
 	// carried: by sandbox id, the packet counts of its host end when its
 	// link was made or last parked (reuse.go); none after a restart.
 	carried map[string]linkCount
-	dns     *resolver      // from the first networked sandbox to Close
-	used    map[int]string // /31 index -> sandbox id
-	byID    map[string]int
-	loaded  bool
-	forward bool
-	tableUp bool // the edge's table exists (removed with its last sandbox)
+	// installed: by sandbox id, the policy its chains hold (policyKey),
+	// so that a reuse with the same policy keeps its rules (reuse.go);
+	// baseline: by sandbox id, what the counters of those rules held when
+	// it was reused that way, by chain and reason (Denied subtracts it).
+	installed map[string]string
+	baseline  map[string]map[counterKey]int64
+	dns       *resolver      // from the first networked sandbox to Close
+	used      map[int]string // /31 index -> sandbox id
+	byID      map[string]int
+	loaded    bool
+	forward   bool
+	tableUp   bool // the edge's table exists (removed with its last sandbox)
 	// upgraded: the table has what this edge's createTable makes (it may
 	// be an earlier edge's).
 	upgraded bool
@@ -120,7 +126,8 @@ func New(pool, owner string) (*Manager, error) {
 	}
 	h := sha256.Sum256([]byte(owner))
 	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{},
-		policy: map[string]dnsPolicy{}, groups: map[string]string{}, carried: map[string]linkCount{}}, nil
+		policy: map[string]dnsPolicy{}, groups: map[string]string{}, carried: map[string]linkCount{},
+		installed: map[string]string{}, baseline: map[string]map[counterKey]int64{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
@@ -257,6 +264,8 @@ func (m *Manager) release(id string) error {
 	}
 	delete(m.policy, id)
 	delete(m.carried, id)
+	delete(m.installed, id)
+	delete(m.baseline, id)
 	return nil
 }
 
@@ -351,10 +360,6 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 		}
 	}()
 	m.setPolicy(id, egress)
-	a.IngressRateMbit = cmp.Or(opts.IngressRateMbit, m.IngressRateMbit)
-	if opts.MaxConns > 0 {
-		a.MaxConns = uint32(opts.MaxConns)
-	}
 	// The policy comes first: the sandbox's end is never up without it.
 	if err := m.ensureTable(); err != nil {
 		return nil, err
@@ -378,6 +383,10 @@ func (m *Manager) attachment(id string, i int, egress []api.EgressRule, opts Att
 	}
 	if a.MaxConns == 0 {
 		a.MaxConns = DefaultMaxConns
+	}
+	a.IngressRateMbit = cmp.Or(opts.IngressRateMbit, m.IngressRateMbit)
+	if opts.MaxConns > 0 {
+		a.MaxConns = uint32(opts.MaxConns)
 	}
 	return a
 }

@@ -498,3 +498,61 @@ func TestSetEgress(t *testing.T) {
 		t.Errorf("%s after it was taken off: %v", nettest.HoldPort, err)
 	}
 }
+
+// BenchmarkParkReassign is what a network adds to a recycled container's
+// wipe and reuse (Park, then Reassign with a new list), with others
+// sandboxes' chains in the table beside it: the kernel validates the
+// table at each commit that adds rules.
+func BenchmarkParkReassign(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("SKIP: needs root")
+	}
+	for _, others := range []int{0, 32, 96} {
+		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
+			m, err := New("10.213.131.0/24", b.Name())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			rules := []api.EgressRule{}
+			for _, e := range []string{"10.1.2.0/24:443/tcp", "10.9.0.0/16"} {
+				r, _ := api.ParseEgress(e)
+				rules = append(rules, r)
+			}
+			var ids []string
+			defer func() {
+				for _, id := range ids {
+					_ = m.Detach(id)
+				}
+			}()
+			for i := 0; i < others; i++ {
+				id := fmt.Sprintf("sb-bench-o%d-%d", i, b.N)
+				if _, err := m.Attach(id, nettest.NSProc(b), rules); err != nil {
+					b.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			pid := nettest.NSProc(b)
+			id := fmt.Sprintf("sb-bench-r%d", b.N)
+			if _, err := m.Attach(id, pid, rules); err != nil {
+				b.Fatal(err)
+			}
+			ids = append(ids, id)
+			b.ResetTimer()
+			var park, reassign time.Duration
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				if err := m.Park(id, pid); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if _, err := m.Reassign(id, rules, AttachOptions{}); err != nil {
+					b.Fatal(err)
+				}
+				park, reassign = park+t1.Sub(t0), reassign+time.Since(t1)
+			}
+			b.ReportMetric(float64(park.Microseconds())/float64(b.N), "park-µs/op")
+			b.ReportMetric(float64(reassign.Microseconds())/float64(b.N), "reassign-µs/op")
+		})
+	}
+}

@@ -364,7 +364,7 @@ func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 		}
 	}
 	m.outRules(c, fwd, a.ID, a.Address, a.Group, a.Egress)
-	if err := m.addIngress(c, t, a); err != nil {
+	if err := m.addIngress(c, t, a, parked); err != nil {
 		return fmt.Errorf("sandboxnet: map %s: %w", mapIn, err)
 	}
 
@@ -380,6 +380,7 @@ func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 			return fmt.Errorf("sandboxnet: write %s's chains: %w", a.ID, err)
 		}
 		m.joined(a)
+		m.written(a)
 		return nil
 	}
 	key := ifname(a.Link)
@@ -398,6 +399,7 @@ func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
 	}
 	m.joined(a)
+	m.written(a)
 	return nil
 }
 
@@ -529,6 +531,15 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: set %s's egress: %w", id, err)
 	}
+	// o_<id> now holds another list, and counts net of the baseline.
+	m.mu.Lock()
+	delete(m.installed, id)
+	for k := range m.baseline[id] {
+		if k.chain == outChain(id) {
+			delete(m.baseline[id], k)
+		}
+	}
+	m.mu.Unlock()
 	return nil
 }
 
@@ -668,8 +679,34 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
-	t := m.table()
+	raw, err := m.counters(c, id)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	base := m.baseline[id]
+	m.mu.Unlock()
 	out := map[string]int64{}
+	for k, n := range raw {
+		out[k.reason] += max(n-base[k], 0)
+	}
+	if _, n := m.DNSDenials(id); n > 0 {
+		out[DenyDNS] = n
+	}
+	if n := m.DNSLimited(id); n > 0 {
+		out[DenyDNSRate] = n
+	}
+	return out, nil
+}
+
+// counterKey names the counters of one reason in one of a sandbox's chains.
+type counterKey struct{ chain, reason string }
+
+// counters reads the packet counters of id's rules that name a reason,
+// summed by chain and reason, as the kernel holds them.
+func (m *Manager) counters(c *nftables.Conn, id string) (map[counterKey]int64, error) {
+	t := m.table()
+	out := map[counterKey]int64{}
 	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id), inChain(id)} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: ch, Table: t})
 		if err != nil && ch == inChain(id) {
@@ -684,16 +721,10 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 			}
 			for _, e := range r.Exprs {
 				if cn, ok := e.(*expr.Counter); ok {
-					out[string(r.UserData)] += int64(cn.Packets)
+					out[counterKey{ch, string(r.UserData)}] += int64(cn.Packets)
 				}
 			}
 		}
-	}
-	if _, n := m.DNSDenials(id); n > 0 {
-		out[DenyDNS] = n
-	}
-	if n := m.DNSLimited(id); n > 0 {
-		out[DenyDNSRate] = n
 	}
 	return out, nil
 }

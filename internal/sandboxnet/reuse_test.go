@@ -8,6 +8,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -174,5 +176,132 @@ func TestParkReassign(t *testing.T) {
 	}
 	if n := conntrackOf(t, a.Address); n != 0 {
 		t.Errorf("parked again: %d connection tracking entries left", n)
+	}
+
+	// A fourth sandbox with the third's very policy: its rules stay (no
+	// rule is written, so the kernel validates nothing), and what the
+	// third left goes all the same: its counts and its refusal record.
+	before := ruleHandles(t, m, outChain(id))
+	if _, err := m.Reassign(id, mustParse(t, nettest.Mirror+":443/tcp"), AttachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if after := ruleHandles(t, m, outChain(id)); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("fourth, same policy: rules rewritten (handles %v, were %v)", after, before)
+	}
+	if d, err := m.Denied(id); err != nil || sumOf(d) != 0 {
+		t.Errorf("fourth: counts %v %v, want none (the third's are not its)", d, err)
+	}
+	if dd, err := m.DeniedDestinations(id); err != nil || len(dd) != 0 {
+		t.Errorf("fourth: refusal record %+v %v, want empty", dd, err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); err != nil {
+		t.Errorf("fourth: its list's destination: %v", err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":80"); !errors.Is(err, unix.ECONNREFUSED) {
+		t.Errorf("fourth: outside its list: %v, want refused", err)
+	}
+	if d, err := m.Denied(id); err != nil || d[DenyNotAllowed] != 1 || sumOf(d) != 1 {
+		t.Errorf("fourth: counts %v %v, want its one refusal", d, err)
+	}
+	// A list change keeps its count (and only its).
+	if err := m.SetEgress(id, mustParse(t, nettest.Mirror+":80/tcp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); !errors.Is(err, unix.ECONNREFUSED) {
+		t.Errorf("fourth, changed: %v, want refused", err)
+	}
+	if d, err := m.Denied(id); err != nil || d[DenyNotAllowed] != 2 || sumOf(d) != 2 {
+		t.Errorf("fourth, changed: counts %v %v, want 2 refusals", d, err)
+	}
+	if err := m.Park(id, pid); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sumOf(d map[string]int64) (n int64) {
+	for _, v := range d {
+		n += v
+	}
+	return n
+}
+
+// ruleHandles lists the handles of chain's rules in m's table.
+func ruleHandles(t *testing.T, m *Manager, chain string) []uint64 {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := c.GetRules(m.table(), &nftables.Chain{Name: chain, Table: m.table()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []uint64
+	for _, r := range rules {
+		hs = append(hs, r.Handle)
+	}
+	return hs
+}
+
+// TestReassignOptions: a reused network takes the new sandbox's
+// connection limit and ingress rate (not the node's defaults), and its
+// ingress chain holds that rate's one rule, not the previous sandbox's
+// beside it.
+func TestReassignOptions(t *testing.T) {
+	needRoot(t)
+	m := newManager(t, "10.213.141.0/24")
+	pid := nettest.NSProc(t)
+	id := fmt.Sprintf("sb-test-o%d", os.Getpid())
+	if _, err := m.AttachWith(id, pid, mustParse(t, "10.1.2.0/24"), AttachOptions{MaxConns: 3, IngressRateMbit: 5}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(id) })
+	check := func(when string, conns uint32, rateMbit int) {
+		t.Helper()
+		c, err := nftables.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []uint32
+		rules, err := c.GetRules(m.table(), &nftables.Chain{Name: allowedChain(id), Table: m.table()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				if cl, ok := e.(*expr.Connlimit); ok {
+					got = append(got, cl.Count)
+				}
+			}
+		}
+		if len(got) != 1 || got[0] != conns {
+			t.Errorf("%s: connection limits %v, want [%d]", when, got, conns)
+		}
+		var rates []uint64
+		rules, err = c.GetRules(m.table(), &nftables.Chain{Name: inChain(id), Table: m.table()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				if l, ok := e.(*expr.Limit); ok {
+					rates = append(rates, l.Rate)
+				}
+			}
+		}
+		if len(rates) != 1 || rates[0] != uint64(rateMbit)*1000*1000/8 {
+			t.Errorf("%s: ingress limits %v bytes/s, want one of %d Mbit/s", when, rates, rateMbit)
+		}
+	}
+	check("attached", 3, 5)
+	for i, opts := range []AttachOptions{{MaxConns: 3, IngressRateMbit: 5}, {MaxConns: 9, IngressRateMbit: 7}} {
+		if err := m.Park(id, pid); err != nil {
+			t.Fatal(err)
+		}
+		// Another list: the rules are written again.
+		if _, err := m.Reassign(id, mustParse(t, fmt.Sprintf("10.1.%d.0/24", 3+i)), opts); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("reused %d", i+1), uint32(opts.MaxConns), opts.IngressRateMbit)
 	}
 }
