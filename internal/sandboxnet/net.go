@@ -103,12 +103,16 @@ type Manager struct {
 	// it was reused that way, by chain and reason (Denied subtracts it).
 	installed map[string]string
 	baseline  map[string]map[counterKey]int64
-	dns       *resolver      // from the first networked sandbox to Close
-	used      map[int]string // /31 index -> sandbox id
-	byID      map[string]int
-	loaded    bool
-	forward   bool
-	tableUp   bool // the edge's table exists (removed with its last sandbox)
+	// baseAt: by sandbox id, its link's packet counts (carried) when its
+	// counters were last zeroed or read into baseline: while they have
+	// not moved, no counter has either.
+	baseAt  map[string]linkCount
+	dns     *resolver      // from the first networked sandbox to Close
+	used    map[int]string // /31 index -> sandbox id
+	byID    map[string]int
+	loaded  bool
+	forward bool
+	tableUp bool // the edge's table exists (removed with its last sandbox)
 	// upgraded: the table has what this edge's createTable makes (it may
 	// be an earlier edge's).
 	upgraded bool
@@ -127,7 +131,7 @@ func New(pool, owner string) (*Manager, error) {
 	h := sha256.Sum256([]byte(owner))
 	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{},
 		policy: map[string]dnsPolicy{}, groups: map[string]string{}, carried: map[string]linkCount{},
-		installed: map[string]string{}, baseline: map[string]map[counterKey]int64{}}, nil
+		installed: map[string]string{}, baseline: map[string]map[counterKey]int64{}, baseAt: map[string]linkCount{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
@@ -266,6 +270,7 @@ func (m *Manager) release(id string) error {
 	delete(m.carried, id)
 	delete(m.installed, id)
 	delete(m.baseline, id)
+	delete(m.baseAt, id)
 	return nil
 }
 

@@ -134,26 +134,37 @@ func (m *Manager) scrub(id string, pid int, addr net.IP) error {
 	if err := flushNeigh(nil, host.Attrs().Index); err != nil {
 		errs = append(errs, err)
 	}
-	if len(errs) == 0 {
-		m.mu.Lock()
-		m.carried[id] = now
-		m.mu.Unlock()
+	if err := flushSandboxNeigh(pid); err != nil {
+		errs = append(errs, err)
 	}
+	m.mu.Lock()
+	if len(errs) == 0 {
+		m.carried[id] = now
+	} else {
+		delete(m.carried, id) // the next park cleans it whole again
+	}
+	m.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// flushSandboxNeigh deletes the neighbour entries of the sandbox's end of
+// its link, in pid's network namespace.
+func flushSandboxNeigh(pid int) error {
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("sandboxnet: netns of %d: %w", pid, err))...)
+		return fmt.Errorf("sandboxnet: netns of %d: %w", pid, err)
 	}
 	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("sandboxnet: netlink in netns of %d: %w", pid, err))...)
+		return fmt.Errorf("sandboxnet: netlink in netns of %d: %w", pid, err)
 	}
 	defer h.Close()
 	in, err := h.LinkByName(SandboxLink)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("sandboxnet: find sandbox end: %w", err))...)
+		return fmt.Errorf("sandboxnet: find sandbox end: %w", err)
 	}
-	return errors.Join(append(errs, flushNeigh(h, in.Attrs().Index))...)
+	return flushNeigh(h, in.Attrs().Index)
 }
 
 // flushNeigh deletes every neighbour entry of link index (h nil: the
@@ -209,10 +220,17 @@ func policyKey(a *Attachment) string {
 }
 
 // written records that id's chains hold a's policy, with fresh counters.
+// A new link has carried nothing; a parked one what Park saw (nothing
+// runs behind it since).
 func (m *Manager) written(a *Attachment) {
 	m.mu.Lock()
 	m.installed[a.ID] = policyKey(a)
 	delete(m.baseline, a.ID)
+	if n, ok := m.carried[a.ID]; ok {
+		m.baseAt[a.ID] = n
+	} else {
+		delete(m.baseAt, a.ID)
+	}
 	m.mu.Unlock()
 }
 
@@ -239,12 +257,27 @@ func (m *Manager) resetPolicy(id string) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: reset %s's sets: %w", id, err)
 	}
+	// Every packet a counter counts crossed the link: while its counts
+	// (as Park read them) have not moved since the baseline was taken,
+	// the baseline holds.
+	m.mu.Lock()
+	now, known := m.carried[id]
+	at, based := m.baseAt[id]
+	m.mu.Unlock()
+	if known && based && now == at {
+		return nil
+	}
 	base, err := m.counters(c, id)
 	if err != nil {
 		return err
 	}
 	m.mu.Lock()
 	m.baseline[id] = base
+	if known {
+		m.baseAt[id] = now
+	} else {
+		delete(m.baseAt, id)
+	}
 	m.mu.Unlock()
 	return nil
 }

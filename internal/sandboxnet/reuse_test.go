@@ -305,3 +305,55 @@ func TestReassignOptions(t *testing.T) {
 		check(fmt.Sprintf("reused %d", i+1), uint32(opts.MaxConns), opts.IngressRateMbit)
 	}
 }
+
+// TestSamePolicyReuseCounts: reuses with the policy the chains hold keep
+// the rules, and each new sandbox counts from zero: after a sandbox that
+// was refused, after one that sent nothing (its link quiet, the baseline
+// kept without reading the counters), and after one that was refused
+// again.
+func TestSamePolicyReuseCounts(t *testing.T) {
+	needRoot(t)
+	nettest.FakeInternet(t)
+	m := newManager(t, "10.213.142.0/24")
+	pid := nettest.NSProc(t)
+	id := fmt.Sprintf("sb-test-q%d", os.Getpid())
+	list := mustParse(t, nettest.Mirror+":443/tcp")
+	if _, err := m.Attach(id, pid, list); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(id) })
+	refused := func(when string) {
+		t.Helper()
+		if err := nettest.Dial(t, pid, nettest.Elsewhere+":443"); !errors.Is(err, unix.ECONNREFUSED) {
+			t.Fatalf("%s: %v, want refused", when, err)
+		}
+	}
+	counts := func(when string, want int64) {
+		t.Helper()
+		if d, err := m.Denied(id); err != nil || sumOf(d) != want {
+			t.Errorf("%s: counts %v %v, want %d in all", when, d, err, want)
+		}
+	}
+	reuse := func() {
+		t.Helper()
+		if err := m.Park(id, pid); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Reassign(id, list, AttachOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused("first")
+	counts("first", 1)
+	reuse()
+	counts("second, before anything", 0)
+	reuse() // the second sent nothing
+	counts("third, before anything", 0)
+	refused("third")
+	counts("third", 1)
+	reuse()
+	counts("fourth, before anything", 0)
+	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); err != nil {
+		t.Errorf("fourth: its list's destination: %v", err)
+	}
+}
