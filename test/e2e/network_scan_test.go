@@ -18,7 +18,8 @@ import (
 )
 
 // TestNetworkPortScan: a networked sandbox scans ports 1..1000 of an
-// address its list does not allow, round after round for a few seconds.
+// address its list does not allow, round after round for a few seconds
+// and at least ten rounds (10,000 SYNs).
 // Every connect is refused at once (none hangs), every one is counted
 // (GET …/network's counters and destinations, the bounded denial log, the
 // node's metric), a neighbour's round trips to the mirror stay within
@@ -83,13 +84,13 @@ func TestNetworkPortScan(t *testing.T) {
 	during, duringOut := rtt()
 	duringTracked := tracked()
 	var scan string
-	for deadline := time.Now().Add(40 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if r := s.sh(t, scanner.ID, "cat /tmp/scan 2>/dev/null"); r.ExitCode == 0 {
 			scan = strings.TrimSpace(r.Stdout)
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the scan did not end in 40 s: %q", s.sh(t, scanner.ID, "cat /tmp/scan.part").Stdout)
+			t.Fatalf("the scan did not end in 60 s: %q", s.sh(t, scanner.ID, "cat /tmp/scan.part").Stdout)
 		}
 	}
 	t.Logf("scan: %s; neighbour before: %s; during: %s; scanner's conntrack entries during: %d", scan, beforeOut, duringOut, duringTracked)
@@ -100,6 +101,9 @@ func TestNetworkPortScan(t *testing.T) {
 		t.Fatalf("scan output %q: %v", scan, err)
 	}
 	attempts := int64(rounds * ports)
+	if attempts < 10000 {
+		t.Errorf("the scan made %d connects, want at least 10,000", attempts)
+	}
 	if refused != rounds*ports || open+timeout+other != 0 {
 		t.Errorf("scan: %s; want all %d connects refused at once", scan, attempts)
 	}

@@ -80,7 +80,8 @@ func scan(addr string, ports, secs int) {
 	var roundMax time.Duration
 	t0 := time.Now()
 	rounds := 0
-	for rounds == 0 || time.Since(t0) < time.Duration(secs)*time.Second {
+	// At least 10 rounds (10,000 SYNs for 1,000 ports), for secs at least.
+	for rounds < 10 || time.Since(t0) < time.Duration(secs)*time.Second {
 		r0 := time.Now()
 		sem := make(chan struct{}, 100)
 		var wg sync.WaitGroup
