@@ -236,9 +236,9 @@ func (m *Manager) written(a *Attachment) {
 
 // resetPolicy is a reuse whose new sandbox has the policy that id's
 // chains hold already (the common case: the same task's next sandbox).
-// Writing rules makes the kernel validate the whole table at the commit
-// (every sandbox's chains: ~70 µs per sandbox on the node), so the rules
-// stay; what the previous sandbox left in them goes: its refusal record
+// Writing ~30 rules is most of a reuse's cost (a commit that adds rules
+// also makes the kernel validate the table), so the rules stay; what
+// the previous sandbox left in them goes: its refusal record
 // and admitted addresses (sets, emptied in a transaction that adds no
 // rule and hence validates nothing), and its counts (the counters as
 // they are now become the baseline that Denied subtracts). The rules'
