@@ -320,6 +320,24 @@ func sandboxCPU(parent string) time.Duration {
 	return 0
 }
 
+// classCPU is the CPU time of the best-effort sandboxes ids: their class's
+// parent cgroup where the node has one (the cpu controller on cgroup v2),
+// else the sum of their own cgroups under parent (cgroup v1: the layout
+// is flat, and a class path read there would say 0).
+func classCPU(parent string, ids []string) time.Duration {
+	class := parent + "/besteffort"
+	for _, dir := range []string{"/sys/fs/cgroup/cpuacct/", "/sys/fs/cgroup/cpu,cpuacct/", "/sys/fs/cgroup/"} {
+		if _, err := os.Stat(dir + class); err == nil {
+			return sandboxCPU(class)
+		}
+	}
+	var d time.Duration
+	for _, id := range ids {
+		d += sandboxCPU(parent + "/" + id)
+	}
+	return d
+}
+
 // fncallFigures measures the FnCall tier.
 func fncallFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
 	cases := []struct {
@@ -579,13 +597,12 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		}
 	}
 	time.Sleep(time.Second)
-	class := o.cgroupParent + "/besteffort"
-	c0, t0 := sandboxCPU(class), time.Now()
+	c0, t0 := classCPU(o.cgroupParent, noise), time.Now()
 	loaded, err := measure(lat)
 	if err != nil {
 		return err
 	}
-	beUsed := (sandboxCPU(class) - c0).Seconds() / time.Since(t0).Seconds()
+	beUsed := (classCPU(o.cgroupParent, noise) - c0).Seconds() / time.Since(t0).Seconds()
 	loadedBE, err := measure(be)
 	if err != nil {
 		return err
@@ -726,7 +743,6 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 		return nil
 	}
 	const pairs = 9
-	class := o.cgroupParent + "/besteffort"
 	var beCPU, beWall time.Duration
 	var quiet, busy []stepStat
 	var ratios []float64
@@ -743,12 +759,12 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 			return err
 		}
 		time.Sleep(300 * time.Millisecond)
-		c0, t0 := sandboxCPU(class), time.Now()
+		c0, t0 := classCPU(o.cgroupParent, noise), time.Now()
 		b, err := once(lat)
 		if err != nil {
 			return err
 		}
-		beCPU, beWall = beCPU+sandboxCPU(class)-c0, beWall+time.Since(t0)
+		beCPU, beWall = beCPU+classCPU(o.cgroupParent, noise)-c0, beWall+time.Since(t0)
 		quiet, busy = append(quiet, q), append(busy, b)
 		ratios = append(ratios, float64(b.d)/float64(q.d))
 	}
