@@ -98,14 +98,11 @@ type Manager struct {
 	// link was made or last parked (reuse.go); none after a restart.
 	carried map[string]linkCount
 	// installed: by sandbox id, the policy its chains hold (policyKey),
-	// so that a reuse with the same policy keeps its rules (reuse.go);
-	// baseline: by sandbox id, what the counters of those rules held when
-	// it was reused that way, by chain and reason (Denied subtracts it).
+	// so that a reuse with the same policy keeps its rules (reuse.go).
 	installed map[string]string
-	baseline  map[string]map[counterKey]int64
 	// baseAt: by sandbox id, its link's packet counts (carried) when its
-	// counters were last zeroed or read into baseline: while they have
-	// not moved, no counter has either.
+	// rules' counters were last zero: while they have not moved, no
+	// counter has either.
 	baseAt  map[string]linkCount
 	dns     *resolver      // from the first networked sandbox to Close
 	used    map[int]string // /31 index -> sandbox id
@@ -131,7 +128,7 @@ func New(pool, owner string) (*Manager, error) {
 	h := sha256.Sum256([]byte(owner))
 	return &Manager{pool: p.Masked(), owner: hex.EncodeToString(h[:4]), used: map[int]string{}, byID: map[string]int{},
 		policy: map[string]dnsPolicy{}, groups: map[string]string{}, carried: map[string]linkCount{},
-		installed: map[string]string{}, baseline: map[string]map[counterKey]int64{}, baseAt: map[string]linkCount{}}, nil
+		installed: map[string]string{}, baseAt: map[string]linkCount{}}, nil
 }
 
 // Pool is the prefix sandbox addresses come from.
@@ -269,7 +266,6 @@ func (m *Manager) release(id string) error {
 	delete(m.policy, id)
 	delete(m.carried, id)
 	delete(m.installed, id)
-	delete(m.baseline, id)
 	delete(m.baseAt, id)
 	return nil
 }

@@ -294,6 +294,16 @@ func mustParse(t *testing.T, s ...string) []api.EgressRule {
 	return out
 }
 
+// benchRules is the benchmarks' egress list.
+func benchRules() []api.EgressRule {
+	var rules []api.EgressRule
+	for _, e := range []string{"10.1.2.0/24:443/tcp", "10.9.0.0/16"} {
+		r, _ := api.ParseEgress(e)
+		rules = append(rules, r)
+	}
+	return rules
+}
+
 // BenchmarkAttachDetach is what a network adds to a sandbox's start and
 // stop (veth pair, addresses, route, nftables table, and their removal).
 func BenchmarkAttachDetach(b *testing.B) {
@@ -305,11 +315,7 @@ func BenchmarkAttachDetach(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer m.Close()
-	rules := []api.EgressRule{}
-	for _, e := range []string{"10.1.2.0/24:443/tcp", "10.9.0.0/16"} {
-		r, _ := api.ParseEgress(e)
-		rules = append(rules, r)
-	}
+	rules := benchRules()
 	pid := nettest.NSProc(b)
 	for i := 0; i < b.N; i++ {
 		id := fmt.Sprintf("sb-bench-%d", i)
@@ -514,11 +520,7 @@ func BenchmarkParkReassign(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer m.Close()
-			rules := []api.EgressRule{}
-			for _, e := range []string{"10.1.2.0/24:443/tcp", "10.9.0.0/16"} {
-				r, _ := api.ParseEgress(e)
-				rules = append(rules, r)
-			}
+			rules := benchRules()
 			var ids []string
 			defer func() {
 				for _, id := range ids {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
@@ -531,14 +532,8 @@ func (m *Manager) SetEgress(id string, egress []api.EgressRule) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandboxnet: set %s's egress: %w", id, err)
 	}
-	// o_<id> now holds another list, and counts net of the baseline.
 	m.mu.Lock()
-	delete(m.installed, id)
-	for k := range m.baseline[id] {
-		if k.chain == outChain(id) {
-			delete(m.baseline[id], k)
-		}
-	}
+	delete(m.installed, id) // o_<id> holds another list now
 	m.mu.Unlock()
 	return nil
 }
@@ -679,34 +674,8 @@ func (m *Manager) Denied(id string) (map[string]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
-	raw, err := m.counters(c, id)
-	if err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	base := m.baseline[id]
-	m.mu.Unlock()
-	out := map[string]int64{}
-	for k, n := range raw {
-		out[k.reason] += max(n-base[k], 0)
-	}
-	if _, n := m.DNSDenials(id); n > 0 {
-		out[DenyDNS] = n
-	}
-	if n := m.DNSLimited(id); n > 0 {
-		out[DenyDNSRate] = n
-	}
-	return out, nil
-}
-
-// counterKey names the counters of one reason in one of a sandbox's chains.
-type counterKey struct{ chain, reason string }
-
-// counters reads the packet counters of id's rules that name a reason,
-// summed by chain and reason, as the kernel holds them.
-func (m *Manager) counters(c *nftables.Conn, id string) (map[counterKey]int64, error) {
 	t := m.table()
-	out := map[counterKey]int64{}
+	out := map[string]int64{}
 	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id), inChain(id)} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: ch, Table: t})
 		if err != nil && ch == inChain(id) {
@@ -721,12 +690,53 @@ func (m *Manager) counters(c *nftables.Conn, id string) (map[counterKey]int64, e
 			}
 			for _, e := range r.Exprs {
 				if cn, ok := e.(*expr.Counter); ok {
-					out[counterKey{ch, string(r.UserData)}] += int64(cn.Packets)
+					out[string(r.UserData)] += int64(cn.Packets)
 				}
 			}
 		}
 	}
+	if _, n := m.DNSDenials(id); n > 0 {
+		out[DenyDNS] = n
+	}
+	if n := m.DNSLimited(id); n > 0 {
+		out[DenyDNSRate] = n
+	}
 	return out, nil
+}
+
+// resetCounters zeroes the counters of id's rules in the kernel:
+// NFT_MSG_GETRULE_RESET dumps a chain's rules and resets their stateful
+// expressions, rule by rule, without a transaction (nothing is
+// validated, nothing but the counts changes). google/nftables has no call
+// for it, so the message goes through the netlink library it uses.
+func (m *Manager) resetCounters(id string) error {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return fmt.Errorf("sandboxnet: netfilter socket: %w", err)
+	}
+	defer conn.Close()
+	for _, ch := range []string{outChain(id), hostChain(id), allowedChain(id), inChain(id)} {
+		attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
+			{Type: unix.NFTA_RULE_TABLE, Data: []byte(m.tableName() + "\x00")},
+			{Type: unix.NFTA_RULE_CHAIN, Data: []byte(ch + "\x00")},
+		})
+		if err != nil {
+			return err
+		}
+		msg := netlink.Message{
+			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE_RESET),
+				Flags: netlink.Request | netlink.Dump},
+			// nfgenmsg: family, version, resource id (big endian).
+			Data: append([]byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0}, attrs...),
+		}
+		if _, err := conn.Execute(msg); err != nil {
+			if ch == inChain(id) && errors.Is(err, unix.ENOENT) {
+				continue // made by an edge before ingress rates
+			}
+			return fmt.Errorf("sandboxnet: reset the counters of %s: %w", ch, err)
+		}
+	}
+	return nil
 }
 
 // DeniedDestinations reads id's record of refused destinations, most

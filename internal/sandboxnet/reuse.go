@@ -25,7 +25,7 @@ import (
 // record, admitted addresses) in the same transaction, exactly as Attach
 // would on a new one (without making chains, sets and map elements
 // again); when the new sandbox's policy is the one its chains hold, it
-// keeps the rules and only empties the sets and rebases the counts
+// keeps the rules and only empties the sets and resets the counters
 // (resetPolicy). Wipe has
 // already refused a namespace that holds any socket. Root in a sandbox has
 // no CAP_NET_ADMIN, so it could change neither the link's addresses nor
@@ -89,7 +89,6 @@ func (m *Manager) parkPolicy(id string) error {
 	}
 	m.mu.Lock()
 	delete(m.installed, id) // its chains now refuse everything
-	delete(m.baseline, id)
 	m.mu.Unlock()
 	return nil
 }
@@ -205,9 +204,11 @@ func (m *Manager) Reassign(id string, egress []api.EgressRule, opts AttachOption
 	m.mu.Lock()
 	same := m.installed[id] != "" && m.installed[id] == policyKey(a)
 	m.mu.Unlock()
-	if same {
-		return a, m.resetPolicy(id)
+	if same && m.resetPolicy(id) == nil {
+		return a, nil
 	}
+	// Otherwise (another policy, or a kernel without the counters'
+	// reset) the rules are written again.
 	if err := m.writePolicy(a, true); err != nil {
 		return nil, err
 	}
@@ -225,7 +226,6 @@ func policyKey(a *Attachment) string {
 func (m *Manager) written(a *Attachment) {
 	m.mu.Lock()
 	m.installed[a.ID] = policyKey(a)
-	delete(m.baseline, a.ID)
 	if n, ok := m.carried[a.ID]; ok {
 		m.baseAt[a.ID] = n
 	} else {
@@ -240,15 +240,14 @@ func (m *Manager) written(a *Attachment) {
 // also makes the kernel validate the table), so the rules stay; what
 // the previous sandbox left in them goes: its refusal record
 // and admitted addresses (sets, emptied in a transaction that adds no
-// rule and hence validates nothing), and its counts (the counters as
-// they are now become the baseline that Denied subtracts). The rules'
-// rate-limit buckets carry over; they hold no data of the previous user.
+// rule and hence validates nothing), and its counts (the kernel resets
+// the rules' counters, resetCounters). The rules' rate-limit buckets
+// carry over; they hold no data of the previous user.
 func (m *Manager) resetPolicy(id string) error {
-	c, err := nftables.New(nftables.AsLasting()) // one socket for the flush and the reads
+	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
-	defer c.CloseLasting()
 	t := m.table()
 	ap, aa := admitSets(t, id)
 	for _, s := range []*nftables.Set{deniedSetOf(t, id), ap, aa} {
@@ -258,21 +257,19 @@ func (m *Manager) resetPolicy(id string) error {
 		return fmt.Errorf("sandboxnet: reset %s's sets: %w", id, err)
 	}
 	// Every packet a counter counts crossed the link: while its counts
-	// (as Park read them) have not moved since the baseline was taken,
-	// the baseline holds.
+	// (as Park read them) have not moved since the counters were zero,
+	// they still are.
 	m.mu.Lock()
 	now, known := m.carried[id]
-	at, based := m.baseAt[id]
+	at, zeroed := m.baseAt[id]
 	m.mu.Unlock()
-	if known && based && now == at {
+	if known && zeroed && now == at {
 		return nil
 	}
-	base, err := m.counters(c, id)
-	if err != nil {
+	if err := m.resetCounters(id); err != nil {
 		return err
 	}
 	m.mu.Lock()
-	m.baseline[id] = base
 	if known {
 		m.baseAt[id] = now
 	} else {

@@ -225,6 +225,28 @@ func sumOf(d map[string]int64) (n int64) {
 	return n
 }
 
+// exprsIn lists the expressions of type E in chain's rules.
+func exprsIn[E expr.Any](t *testing.T, m *Manager, chain string) []E {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := c.GetRules(m.table(), &nftables.Chain{Name: chain, Table: m.table()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []E
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if x, ok := e.(E); ok {
+				out = append(out, x)
+			}
+		}
+	}
+	return out
+}
+
 // ruleHandles lists the handles of chain's rules in m's table.
 func ruleHandles(t *testing.T, m *Manager, chain string) []uint64 {
 	t.Helper()
@@ -258,39 +280,11 @@ func TestReassignOptions(t *testing.T) {
 	t.Cleanup(func() { _ = m.Detach(id) })
 	check := func(when string, conns uint32, rateMbit int) {
 		t.Helper()
-		c, err := nftables.New()
-		if err != nil {
-			t.Fatal(err)
+		if got := exprsIn[*expr.Connlimit](t, m, allowedChain(id)); len(got) != 1 || got[0].Count != conns {
+			t.Errorf("%s: connection limits %+v, want one of %d", when, got, conns)
 		}
-		var got []uint32
-		rules, err := c.GetRules(m.table(), &nftables.Chain{Name: allowedChain(id), Table: m.table()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rules {
-			for _, e := range r.Exprs {
-				if cl, ok := e.(*expr.Connlimit); ok {
-					got = append(got, cl.Count)
-				}
-			}
-		}
-		if len(got) != 1 || got[0] != conns {
-			t.Errorf("%s: connection limits %v, want [%d]", when, got, conns)
-		}
-		var rates []uint64
-		rules, err = c.GetRules(m.table(), &nftables.Chain{Name: inChain(id), Table: m.table()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range rules {
-			for _, e := range r.Exprs {
-				if l, ok := e.(*expr.Limit); ok {
-					rates = append(rates, l.Rate)
-				}
-			}
-		}
-		if len(rates) != 1 || rates[0] != uint64(rateMbit)*1000*1000/8 {
-			t.Errorf("%s: ingress limits %v bytes/s, want one of %d Mbit/s", when, rates, rateMbit)
+		if got := exprsIn[*expr.Limit](t, m, inChain(id)); len(got) != 1 || got[0].Rate != uint64(rateMbit)*1000*1000/8 {
+			t.Errorf("%s: ingress limits %+v, want one of %d Mbit/s", when, got, rateMbit)
 		}
 	}
 	check("attached", 3, 5)
@@ -310,7 +304,7 @@ func TestReassignOptions(t *testing.T) {
 // the rules, and each new sandbox counts from zero: after a sandbox that
 // was refused, after one that sent nothing (its link quiet, the baseline
 // kept without reading the counters), and after one that was refused
-// again.
+// again; and a restarted edge reads the same.
 func TestSamePolicyReuseCounts(t *testing.T) {
 	needRoot(t)
 	nettest.FakeInternet(t)
@@ -355,5 +349,16 @@ func TestSamePolicyReuseCounts(t *testing.T) {
 	counts("fourth, before anything", 0)
 	if err := nettest.Dial(t, pid, nettest.Mirror+":443"); err != nil {
 		t.Errorf("fourth: its list's destination: %v", err)
+	}
+	refused("fourth")
+	reuse()
+	// The edge restarts: a new Manager over the same table sees none of
+	// the fourth's counts (the reset is in the kernel, not in memory).
+	m2, err := New("10.213.142.0/24", t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m2.Denied(id); err != nil || sumOf(d) != 0 {
+		t.Errorf("fifth, read by a restarted edge: counts %v %v, want none", d, err)
 	}
 }
