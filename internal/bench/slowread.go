@@ -21,14 +21,14 @@ import (
 // Slow-read figure: the rate of the slow client, and how much of the file
 // it reads (the memory is sampled after each 100 MiB).
 const (
-	slowReadRate = 5e6 // bytes/s
-	slowReadMB   = 500
+	slowReadRate = 5e6  // bytes/s
+	slowReadMB   = 1024 // the 1 GiB (215 s at the rate)
 )
 
 // slowRead is the "slow-read" figure: the memory (VmRSS) of this process,
 // which holds the private server's apiserver and edge, while a client
 // reads a TransferMB file through the API (GET /v1/sandboxes/{id}/files)
-// at 5 MB/s: before the read, after each 100 MiB up to 500 MiB (or the
+// at 5 MB/s: before the read, after each 100 MiB up to 1 GiB (or the
 // whole file, if smaller), and the most seen in between (sampled each
 // second).
 // Bounded means no growth with the bytes read: every hop holds at most
