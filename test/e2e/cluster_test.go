@@ -146,18 +146,25 @@ func startClusterWith(t *testing.T, edgeArgs func(name string) []string, edges .
 		c.startEdge(name)
 	}
 	deadline := time.Now().Add(90 * time.Second)
-	for _, u := range c.apiURL {
-		for {
-			resp, err := http.Get(u + "/healthz")
+	for i := range c.apiURL {
+		for rebinds := 0; ; {
+			resp, err := http.Get(c.apiURL[i] + "/healthz")
 			if err == nil {
 				resp.Body.Close()
 				if resp.StatusCode == 200 {
 					break
 				}
 			}
+			if p := c.api[i]; !p.running() && rebinds < 3 && strings.Contains(p.logs.String(), "address already in use") {
+				// Another process took a port between freePort and the
+				// apiserver's bind: start it again on new ones.
+				rebinds++
+				c.rebindAPI(i)
+				continue
+			}
 			if time.Now().After(deadline) {
 				c.dump()
-				t.Fatalf("apiserver %s did not become healthy", u)
+				t.Fatalf("apiserver %s did not become healthy", c.apiURL[i])
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -189,6 +196,23 @@ func startClusterWith(t *testing.T, edgeArgs func(name string) []string, edges .
 	})
 	c.waitNodes(len(edges))
 	return c
+}
+
+// rebindAPI starts apiserver i again on new ports (its --listen, and
+// its --e2b-listen if it has one) after it failed to bind.
+func (c *cluster) rebindAPI(i int) {
+	p := c.api[i]
+	for j := 0; j+1 < len(p.args); j++ {
+		switch p.args[j] {
+		case "--listen":
+			p.args[j+1] = freePort(c.t)
+			c.apiURL[i] = "http://" + p.args[j+1]
+		case "--e2b-listen":
+			p.args[j+1] = freePort(c.t)
+			c.e2bURL = "http://" + p.args[j+1]
+		}
+	}
+	p.start()
 }
 
 func (c *cluster) startEdge(name string) {
