@@ -322,6 +322,11 @@ func TestStripModuleSignature(t *testing.T) {
 	}
 }
 
+// counter starts a guest process that counts in /dev/shm/count, 10 a
+// second. Each value is written aside and renamed into place, so that a
+// reader never sees the file empty between truncate and write.
+const counter = "(i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count.new; mv /dev/shm/count.new /dev/shm/count; sleep 0.1; done) >/dev/null 2>&1 &"
+
 // TestMemorySnapshot: pause writes the VM's memory to a file and ends
 // QEMU; resume restores it through the same agent connection, processes
 // and memory-only files intact; destroy removes the snapshot.
@@ -344,7 +349,7 @@ func TestMemorySnapshot(t *testing.T) {
 		}
 	}()
 	// A file on tmpfs (memory only) and a process counting.
-	r, err := runtimetest.Exec(ctx, inst.Agent, "echo in-memory > /dev/shm/mark; (i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.1; done) >/dev/null 2>&1 & sleep 0.5; cat /dev/shm/count")
+	r, err := runtimetest.Exec(ctx, inst.Agent, "echo in-memory > /dev/shm/mark; "+counter+" sleep 0.5; cat /dev/shm/count")
 	if err != nil || r.ExitCode != 0 {
 		t.Fatalf("setup: %v %+v", err, r)
 	}
@@ -419,7 +424,7 @@ func TestForkFromMemory(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	r, err := runtimetest.Exec(ctx, parent.Agent, "echo in-memory > /dev/shm/mark; echo parent > /root/disk; (i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.1; done) >/dev/null 2>&1 & sleep 1; cat /dev/shm/count")
+	r, err := runtimetest.Exec(ctx, parent.Agent, "echo in-memory > /dev/shm/mark; echo parent > /root/disk; "+counter+" sleep 1; cat /dev/shm/count")
 	if err != nil || r.ExitCode != 0 {
 		t.Fatalf("setup: %v %+v", err, r)
 	}
@@ -557,7 +562,7 @@ func startCold(ctx context.Context, t *testing.T, f *fixture, n int) []*runtime.
 				t.Error(err)
 			}
 		})
-		if _, err := runtimetest.Exec(ctx, in.Agent, "echo in-memory > /dev/shm/mark; (i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.1; done) >/dev/null 2>&1 &"); err != nil {
+		if _, err := runtimetest.Exec(ctx, in.Agent, "echo in-memory > /dev/shm/mark; "+counter); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, in)
