@@ -359,6 +359,7 @@ func (s *Server) toAPIError(err error) *api.Error {
 	case errors.As(err, new(*lostError)):
 		return &api.Error{Code: api.CodeConflict, Message: err.Error()}
 	case errors.Is(err, dataplane.ErrBroken):
+		s.log.Warn("data plane stream broke", "err", err)
 		return &api.Error{Code: api.CodeUnavailable, Message: "the stream from the sandbox's node broke"}
 	case errors.Is(err, bus.ErrNoResponders):
 		return &api.Error{Code: api.CodeUnavailable, Message: "the sandbox's node is not available"}

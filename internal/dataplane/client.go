@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warrenhq/warren/api"
@@ -73,8 +74,10 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 	var hdr [4]byte
 	binary.BigEndian.PutUint32(hdr[:], uint32(len(c.Body)))
 	var body io.Reader = io.MultiReader(bytes.NewReader(hdr[:]), bytes.NewReader(c.Body))
+	var up *uploadBody
 	if c.Upload != nil {
-		body = &uploadBody{io.MultiReader(body, c.Upload)}
+		up = &uploadBody{r: io.MultiReader(body, c.Upload)}
+		body = up
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.Addr+callPrefix+c.Op, body)
 	if err != nil {
@@ -99,6 +102,14 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 		return fmt.Errorf("%w: %s: %w", ErrBroken, c.Op, err)
 	}
 	defer resp.Body.Close()
+	// drain reads the answer's end, so that the connection goes back to
+	// the pool; not while the upload is still being sent (the edge
+	// answered before it read it all): then the connection ends.
+	drain := func() {
+		if up == nil || up.ended.Load() {
+			_, _ = io.Copy(io.Discard, resp.Body)
+		}
+	}
 	if resp.StatusCode != http.StatusOK {
 		var eb api.ErrorBody
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -119,7 +130,7 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 		buf = b
 		switch kind {
 		case kindDone:
-			_, _ = io.Copy(io.Discard, resp.Body) // its end: the connection is reused
+			drain()
 			if out != nil && len(b) > 0 {
 				if err := json.Unmarshal(b, out); err != nil {
 					return fmt.Errorf("dataplane: decode %s answer: %w", c.Op, err)
@@ -127,7 +138,7 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 			}
 			return nil
 		case kindError:
-			_, _ = io.Copy(io.Discard, resp.Body)
+			drain()
 			e := new(api.Error)
 			if err := json.Unmarshal(b, e); err != nil || e.Code == "" {
 				return &api.Error{Code: api.CodeInternal, Message: "malformed error answer"}
@@ -155,9 +166,18 @@ var uploadBufs = sync.Pool{New: func() any { b := make([]byte, uploadChunk); ret
 // so far) goes on as one write, one HTTP/1.1 chunk, instead of io.Copy's
 // 32 KiB pieces. A read is passed on as it is, never held back to fill a
 // buffer, so live input is not delayed.
-type uploadBody struct{ r io.Reader }
+type uploadBody struct {
+	r     io.Reader
+	ended atomic.Bool // the whole upload was written
+}
 
-func (u *uploadBody) Read(p []byte) (int, error) { return u.r.Read(p) }
+func (u *uploadBody) Read(p []byte) (int, error) {
+	n, err := u.r.Read(p)
+	if err == io.EOF {
+		u.ended.Store(true)
+	}
+	return n, err
+}
 
 func (u *uploadBody) WriteTo(w io.Writer) (int64, error) {
 	bp := uploadBufs.Get().(*[]byte)
@@ -173,6 +193,7 @@ func (u *uploadBody) WriteTo(w io.Writer) (int64, error) {
 			}
 		}
 		if err == io.EOF {
+			u.ended.Store(true)
 			return total, nil
 		}
 		if err != nil {

@@ -314,3 +314,35 @@ func TestInputFrames(t *testing.T) {
 		t.Fatal("a frame of an unknown kind was read")
 	}
 }
+
+// TestRefusedUpload: an upload the handler refuses without reading it
+// (the sandbox is not the caller's) reaches the caller as the handler's
+// error, never as a broken stream, whatever the size of the upload and
+// however often. A 503 "the stream broke" for another project's sandbox
+// failed TestOwnership once in a clean-clone run.
+func TestRefusedUpload(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Key: testKey, Ops: map[string]bool{"up": true}, Uploads: map[string]bool{"up": true},
+		Handle: func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
+			return nil, &api.Error{Code: api.CodeNotFound, Message: "sandbox s not found"}
+		}}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	c := NewClient(testKey)
+	for _, size := range []int{0, 1, 64 << 10, 1 << 20, 16 << 20} {
+		for i := range 200 {
+			if size >= 1<<20 && i >= 20 {
+				break
+			}
+			err := c.Do(context.Background(), &Call{Addr: ln.Addr().String(), Sandbox: "s", Op: "up", Body: []byte(`{}`),
+				Upload: &failAfter{n: size, err: io.EOF}}, nil, nil)
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
+				t.Fatalf("upload of %d bytes, call %d: %v, want the handler's not_found", size, i, err)
+			}
+		}
+	}
+}

@@ -207,6 +207,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The upload is read while the answer may already be written.
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		in = r.Body
+		// After the answer, what Handle left of the upload (it refused
+		// it) is read to its end here, in the handler: net/http, full
+		// duplex, would otherwise read it after the handler and panic on
+		// the connection's next request ("invalid concurrent Body.Read
+		// call", golang/go#68560), or end the connection after 256 KiB
+		// while the caller, its upload sent, took it back to its pool:
+		// its next call there broke. A caller that has not sent all of
+		// its upload by the answer ends the connection (Client.Do).
+		defer drainUpload(w, r.Body)
 	} else if _, err := io.Copy(io.Discard, r.Body); err != nil {
 		// Read to its end, so that HTTP/1.1 watches the connection: a
 		// caller that goes away cancels ctx.
@@ -236,6 +245,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_ = fw.end(kindDone, b)
+}
+
+// drainWait bounds reading the rest of an upload after the answer.
+const drainWait = 30 * time.Second
+
+// drainUpload reads body to its end (see ServeHTTP).
+func drainUpload(w http.ResponseWriter, body io.Reader) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(drainWait))
+	_, _ = io.Copy(io.Discard, body)
 }
 
 // frameWriter writes an answer's frames, each flushed at once.
