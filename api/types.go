@@ -97,7 +97,8 @@ type CreateSandboxRequest struct {
 	// IdleCPU is the CPU, in cores, the sandbox's processes get between
 	// operations (docs/architecture.md, "Density and elasticity"): while an
 	// exec, a file operation or a command call runs, the sandbox has its
-	// full cpu. Default 0.05; 0 = the kernel's minimum quota (0.01 core).
+	// full cpu. Default 0.05; 0 = frozen between operations (no CPU at
+	// all: background processes stop until the next operation).
 	IdleCPU *float64 `json:"idle_cpu,omitempty"`
 	// AlwaysOn keeps the full cpu between operations too (a sandbox that
 	// serves a port, a long training job).

@@ -697,7 +697,7 @@ func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *
 			return err
 		}
 		steps[k] = st.d
-		name, note := "with the CPU gate", "idle_cpu 0 each (0.01 core)"
+		name, note := "with the CPU gate", "idle_cpu 0 each (frozen between operations)"
 		if always {
 			name, note = "without the CPU gate", "always_on"
 		}

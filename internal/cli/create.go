@@ -131,7 +131,7 @@ func newCreateCmd(g *globals) *cobra.Command {
 	f.IntVar(&netRate, "network-egress-rate-mbit", 0, "bound what the sandbox sends, in Mbit/s (0: the node's default; implies --network)")
 	f.IntVar(&netInRate, "network-ingress-rate-mbit", 0, "bound what the sandbox receives, in Mbit/s (0: the node's default; implies --network)")
 	f.IntVar(&netMaxConns, "network-max-conns", 0, "bound the sandbox's open connections (0: the node's default; implies --network)")
-	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05)")
+	f.Float64Var(&idleCPU, "idle-cpu", 0, "CPU cores the sandbox's processes get between operations (default: the project's, else 0.05; 0 = frozen between operations)")
 	f.StringArrayVar(&auditWS, "audit-workspace", nil, "a directory the agent is meant to change: its file operations stay out of the audit (repeatable)")
 	f.StringArrayVar(&auditPolicy, "audit-policy", nil, "an audit hook KIND:PATTERN=ACTION, e.g. 'write:/opt/toolkit/**=kill-step'; actions flag, kill-step, fail-sandbox (repeatable)")
 	f.BoolVar(&req.AlwaysOn, "always-on", false, "keep the full --cpu between operations too (a sandbox serving a port, a long job)")

@@ -22,6 +22,8 @@ import (
 //     pause) is thawed and its memory limit and swappiness given back, its
 //     agent attached, and it is frozen again in the background; it stays
 //     "paused" throughout, and an operation arriving meanwhile resumes it.
+//   - A record saying running with idle_cpu 0 (frozen between operations)
+//     is thawed before its agent is attached; its gate freezes it again.
 //   - A record saying running whose agent does not answer within
 //     attachTimeout (a frozen cgroup under a record written before this
 //     rule, or a stalled agent) is kept and retried in the background: thawed,
@@ -47,8 +49,9 @@ const (
 func (e *Edge) adopt(ctx context.Context, rec record, refreezes *sync.WaitGroup) bool {
 	id := rec.Sandbox.ID
 	paused := rec.Sandbox.State == api.StatePaused
-	if paused {
-		// A frozen agent cannot answer the attach.
+	if paused || idleCPU(&rec.Spec) == 0 && !rec.Spec.AlwaysOn {
+		// A frozen agent cannot answer the attach (an idle_cpu of 0
+		// freezes the sandbox between operations).
 		e.unfreeze(ctx, rec)
 	}
 	inst, err := e.attach(ctx, rec)

@@ -24,6 +24,11 @@ import (
 // sampled at each switch, so what it used during operations and between
 // them, and how long its processes were held back (harvested), are known.
 //
+// idle_cpu 0 freezes the sandbox between operations (its agent too; the
+// thaw is part of the raise). The freezer is the one pause uses, so a
+// resume, which thaws, writes the level again (pausable.SetRunning), and
+// adoption thaws such a sandbox before it attaches its agent.
+//
 // Everything here is guarded by the sandbox's mu.
 
 // cpuState is a sandbox's CPU gate and what it measured.
@@ -93,8 +98,7 @@ func (e *Edge) cpuOpenLocked(sb *sandbox) {
 	}
 	if sb.cpu.gate != nil {
 		e.cpuSampleLocked(sb)
-		_ = sb.cpu.gate.Close()
-		sb.cpu.gate = nil
+		e.cpuCloseLocked(sb) // thawed, should the old level have frozen it
 	}
 	gate, err := g.CPUGate(sb.inst.Handle, sb.rec.Spec.CPU, idleCPU(&sb.rec.Spec))
 	if err != nil {
@@ -122,6 +126,18 @@ func (e *Edge) cpuSwitchLocked(sb *sandbox) {
 	}
 	e.cpuSampleLocked(sb)
 	sb.cpu.full = want
+}
+
+// cpuReapplyLocked writes sb's level again after something else set its
+// freezer: a resume (or a failed pause) thaws the whole sandbox, and one
+// whose idle level freezes it must be frozen again between operations.
+func (e *Edge) cpuReapplyLocked(sb *sandbox) {
+	if sb.cpu.gate == nil {
+		return
+	}
+	if err := sb.cpu.gate.Set(sb.cpu.full); err != nil {
+		e.log.Warn("cpu gate set", "id", sb.rec.Sandbox.ID, "full", sb.cpu.full, "err", err)
+	}
 }
 
 // cpuSampleLocked charges the CPU time since the last sample to the level

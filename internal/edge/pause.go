@@ -65,6 +65,7 @@ func (p pausable) SetRunning(active bool) {
 	if active {
 		p.lastActive = time.Now()
 	}
+	p.e.cpuReapplyLocked(p.sandbox) // the thaw undid an idle level that freezes
 }
 
 func (p pausable) SetPausedAt(t time.Time) {

@@ -235,7 +235,8 @@ type UsageReporter interface {
 type CPUGater interface {
 	// CPUGate opens the sandbox's CPU controls with its two levels, in
 	// cores: full (0 = unlimited) and idle (the kernel's minimum quota at
-	// least). The caller closes it.
+	// least; 0 also freezes the sandbox, its agent too, at the idle
+	// level). The caller closes it.
 	CPUGate(h Handle, full, idle float64) (CPUGate, error)
 }
 
@@ -254,7 +255,7 @@ type ClassCapper interface {
 type CPUGate interface {
 	// Set gives the sandbox its full CPU (true) or its idle budget (false).
 	// The quota holds when Set returns: a task throttled under the idle
-	// budget runs again at once.
+	// budget, or frozen, runs again at once.
 	Set(full bool) error
 	// Sample reads the sandbox's cumulative CPU time and how long its
 	// processes were held back by its quota, in nanoseconds.

@@ -99,15 +99,22 @@ func (s *server) waitHealthy(d time.Duration) error {
 	}
 }
 
-// thawAll thaws every freezer cgroup of the server of dataDir.
+// thawAll thaws every freezer cgroup of the server of dataDir: v1's, and
+// the cgroup v2 freezer (idle_cpu 0, the trust split).
 func thawAll(dataDir string) {
-	root := filepath.Join("/sys/fs/cgroup/freezer", serve.CgroupParent(dataDir))
-	_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			_ = os.WriteFile(filepath.Join(p, "freezer.state"), []byte("THAWED"), 0)
-		}
-		return nil
-	})
+	for _, f := range []struct{ root, file, thawed string }{
+		{"/sys/fs/cgroup/freezer", "freezer.state", "THAWED"},
+		{"/sys/fs/cgroup/unified", "cgroup.freeze", "0"},
+		{"/sys/fs/cgroup", "cgroup.freeze", "0"},
+	} {
+		root := filepath.Join(f.root, serve.CgroupParent(dataDir))
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				_ = os.WriteFile(filepath.Join(p, f.file), []byte(f.thawed), 0)
+			}
+			return nil
+		})
+	}
 }
 
 // recordState is the state a sandbox's record on disk says.

@@ -396,3 +396,64 @@ func TestAdmissionCountsIdleBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleCPUZeroFreezes: idle_cpu 0 freezes the sandbox between
+// operations (its background spinner uses no CPU at all), every operation
+// thaws it first and runs whole, and the policy holds after a pause and
+// resume and after the server was killed with -9 and adopted it again (the
+// frozen agent is thawed to attach, and frozen again).
+func TestIdleCPUZeroFreezes(t *testing.T) {
+	s := startServer(t)
+	ctx := context.Background()
+	zero := 0.0
+	sb := s.create(t, api.CreateSandboxRequest{CPU: 1, IdleCPU: &zero, Priority: api.PriorityLatency})
+	if sb.IdleCPU != 0 {
+		t.Errorf("view: idle_cpu %g", sb.IdleCPU)
+	}
+	pid := agentPid(t, s, sb.ID)
+	spin(t, s, sb.ID)
+	frozen := func(when string) {
+		t.Helper()
+		time.Sleep(300 * time.Millisecond)
+		if r := cpuRateOf(t, pid, 2*time.Second); r > 0.003 {
+			t.Errorf("%s: the sandbox uses %.4f cores between operations, want none (frozen)", when, r)
+		}
+		t0 := time.Now()
+		r := s.sh(t, sb.ID, "echo $((6*7))")
+		if r.ExitCode != 0 || r.Stdout != "42\n" {
+			t.Errorf("%s: exec after frozen: %+v", when, r)
+		}
+		t.Logf("%s: exec from frozen answered in %v", when, time.Since(t0).Round(time.Microsecond))
+		// During an operation the spinner runs.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.sh(t, sb.ID, "sleep 1")
+		}()
+		time.Sleep(300 * time.Millisecond)
+		if r := cpuRateOf(t, pid, 500*time.Millisecond); r < 0.2 {
+			t.Errorf("%s: during an operation the sandbox uses only %.3f cores", when, r)
+		}
+		<-done
+	}
+	frozen("created")
+	if _, err := s.C.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.C.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	frozen("paused and resumed")
+	s.kill9()
+	took := s.restartWithin(t, 5*time.Second)
+	t.Logf("restart served after %v", took.Round(time.Millisecond))
+	if v, err := s.C.Get(ctx, sb.ID); err != nil || v.State != api.StateRunning {
+		t.Fatalf("after the restart: %+v %v", v, err)
+	}
+	frozen("adopted")
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}

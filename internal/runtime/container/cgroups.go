@@ -398,7 +398,18 @@ func (d *v1Driver) freeze(path string, within time.Duration) error {
 	}
 }
 
+// thaw thaws the v1 freezer and, on the unified mount, the sandbox's v2
+// freezer, which the CPU gate of idle_cpu 0 sets (cpugate.go): a thaw
+// restarts every process of the sandbox, whichever froze it. The trust
+// split's work/, which the agent freezes for a trusted command, is left
+// alone.
 func (d *v1Driver) thaw(path string) error {
+	if u := d.unified(path); u != "" {
+		err := os.WriteFile(filepath.Join(u, "cgroup.freeze"), []byte("0"), 0)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("container: thaw %s: %w", u, err)
+		}
+	}
 	cg, err := d.load(path)
 	if err != nil {
 		return err

@@ -25,7 +25,8 @@ import (
 var _ runtime.CPUGater = (*Runtime)(nil)
 
 // minQuota is the smallest CFS quota the kernel accepts (1 ms), i.e. 1 %
-// of a core at the 100 ms period: what idle_cpu 0 gets.
+// of a core at the 100 ms period: the quota of idle_cpu 0, whose sandbox
+// is also frozen between operations.
 const minQuota = 1000
 
 // cpuGate is the container tier's runtime.CPUGate.
@@ -34,6 +35,15 @@ type cpuGate struct {
 	quota, usage, stat             *os.File // nil when the node is out of descriptors: paths are used
 	levels                         [2][]byte
 	v2                             bool
+	// idle_cpu 0: the sandbox's freezer (v1 freezer.state, or the v2
+	// cgroup.freeze of the sandbox's cgroup: the one pause uses, not the
+	// trust split's work/, which the agent freezes for trusted commands)
+	// holds it between operations, the agent too. A frozen task uses no
+	// CPU at all; the thaw is synchronous (the tasks are woken when the
+	// write returns).
+	freezePath string
+	freeze     *os.File
+	freezes    [2][]byte
 }
 
 // CPUGate opens the sandbox's CPU controls.
@@ -61,6 +71,15 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 		if err := os.WriteFile(filepath.Join(cpu, "cpu.cfs_period_us"), []byte(strconv.Itoa(cfsPeriod)), 0); err != nil {
 			return nil, gateErr(h, err)
 		}
+		if idle <= 0 {
+			if u := d.unified(h.Cgroup); u != "" {
+				g.freezePath = filepath.Join(u, "cgroup.freeze")
+				g.freezes = [2][]byte{[]byte("1"), []byte("0")}
+			} else {
+				g.freezePath = filepath.Join(d.root, "freezer", h.Cgroup, "freezer.state")
+				g.freezes = [2][]byte{[]byte("FROZEN"), []byte("THAWED")}
+			}
+		}
 	case *v2Driver:
 		dir := filepath.Join(d.mount, h.Cgroup)
 		g.v2 = true
@@ -70,6 +89,10 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 			fq = strconv.FormatInt(fullQ, 10)
 		}
 		g.levels = [2][]byte{[]byte(fmt.Sprintf("%d %d", idleQ, cfsPeriod)), []byte(fmt.Sprintf("%s %d", fq, cfsPeriod))}
+		if idle <= 0 {
+			g.freezePath = filepath.Join(dir, "cgroup.freeze")
+			g.freezes = [2][]byte{[]byte("1"), []byte("0")}
+		}
 	default:
 		return nil, errors.New("container: no cgroup driver for a CPU gate")
 	}
@@ -83,11 +106,18 @@ func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate
 	for _, r := range []struct {
 		f    **os.File
 		path string
-	}{{&g.stat, g.statPath}, {&g.usage, g.usagePath}} {
+	}{{&g.stat, g.statPath}, {&g.usage, g.usagePath}, {&g.freeze, g.freezePath}} {
+		if r.path == "" {
+			continue
+		}
 		if g.v2 && r.f == &g.usage {
 			continue // cpu.stat has the usage too
 		}
-		f, err := os.Open(r.path)
+		flag := os.O_RDONLY
+		if r.f == &g.freeze {
+			flag = os.O_WRONLY
+		}
+		f, err := os.OpenFile(r.path, flag, 0)
 		if err != nil {
 			if !errors.Is(err, unix.EMFILE) && !errors.Is(err, unix.ENFILE) {
 				g.Close()
@@ -108,14 +138,38 @@ func gateErr(h runtime.Handle, err error) error {
 }
 
 func (g *cpuGate) Set(full bool) error {
-	v := g.levels[0]
+	lvl := 0
 	if full {
-		v = g.levels[1]
+		lvl = 1
 	}
-	if g.quota == nil {
-		return os.WriteFile(g.quotaPath, v, 0)
+	if full {
+		// The quota first: thawed tasks find their CPU there.
+		if err := writeOpen(g.quota, g.quotaPath, g.levels[lvl]); err != nil {
+			return err
+		}
+		return g.setFrozen(lvl)
 	}
-	_, err := unix.Pwrite(int(g.quota.Fd()), v, 0)
+	if err := g.setFrozen(lvl); err != nil {
+		return err
+	}
+	return writeOpen(g.quota, g.quotaPath, g.levels[lvl])
+}
+
+// setFrozen writes the freezer's level, when the gate has one.
+func (g *cpuGate) setFrozen(lvl int) error {
+	if g.freezePath == "" {
+		return nil
+	}
+	return writeOpen(g.freeze, g.freezePath, g.freezes[lvl])
+}
+
+// writeOpen writes a small cgroup file through its open descriptor f (or
+// its path when f is nil).
+func writeOpen(f *os.File, path string, v []byte) error {
+	if f == nil {
+		return os.WriteFile(path, v, 0)
+	}
+	_, err := unix.Pwrite(int(f.Fd()), v, 0)
 	return err
 }
 
@@ -170,11 +224,11 @@ func statField(b []byte, name string) int64 {
 
 func (g *cpuGate) Close() error {
 	var errs []error
-	for _, f := range []*os.File{g.quota, g.usage, g.stat} {
+	for _, f := range []*os.File{g.quota, g.usage, g.stat, g.freeze} {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
 	}
-	g.quota, g.usage, g.stat = nil, nil, nil
+	g.quota, g.usage, g.stat, g.freeze = nil, nil, nil, nil
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,7 +115,8 @@ func TestCPUGate(t *testing.T) {
 		t.Errorf("a command after a raise was throttled for %v (it ran %.0f ms)", time.Duration(th1-th0), burn.Duration)
 	}
 
-	// idle_cpu 0: the kernel's minimum quota, 1 ms per 100 ms period.
+	// idle_cpu 0: frozen between operations, the agent too; the raise
+	// thaws it, and a command sent right after runs at once.
 	g0, err := f.rt.CPUGate(inst.Handle, 1, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -124,9 +126,52 @@ func TestCPUGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if r := cpuRate(t, g0, 2*time.Second); r > 0.015 {
-		t.Errorf("idle_cpu 0: the spinner uses %.4f cores, want 0.01", r)
+	if r := cpuRate(t, g0, 2*time.Second); r > 0.002 {
+		t.Errorf("idle_cpu 0: the spinner uses %.4f cores, want none (frozen)", r)
 	}
+	if st := freezerState(t, f.rt, inst.Handle.Cgroup); st != "FROZEN" {
+		t.Errorf("idle_cpu 0: the sandbox's freezer is %s", st)
+	}
+	t0 = time.Now()
+	if err := g0.Set(true); err != nil {
+		t.Fatal(err)
+	}
+	if st := freezerState(t, f.rt, inst.Handle.Cgroup); st != "THAWED" {
+		t.Errorf("raised from idle_cpu 0: the sandbox's freezer is %s", st)
+	}
+	var echo agentproto.ExecResult
+	ectx, ecancel := context.WithTimeout(ctx, 2*time.Second)
+	defer ecancel()
+	if err := inst.Agent.Call(ectx, agentproto.OpExec, &agentproto.ExecRequest{Cmd: "echo ok", Collect: true}, &echo, nil); err != nil || string(echo.Stdout) != "ok\n" {
+		t.Fatalf("exec after the raise from frozen: %v %q", err, echo.Stdout)
+	}
+	t.Logf("raise from frozen to the answer of an exec: %v", time.Since(t0))
+	if r := cpuRate(t, g0, 500*time.Millisecond); r < 0.05 {
+		t.Errorf("raised from idle_cpu 0: the spinner uses only %.3f cores", r)
+	}
+}
+
+// freezerState is the sandbox's freezer as the gate of idle_cpu 0 sets it:
+// FROZEN (or FREEZING) and THAWED, from v1's freezer.state or v2's
+// cgroup.freeze.
+func freezerState(t *testing.T, rt *Runtime, cg string) string {
+	t.Helper()
+	path := filepath.Join(rt.cg.unified(cg), "cgroup.freeze")
+	if d, ok := rt.cg.(*v1Driver); ok && d.unified(cg) == "" {
+		b, err := os.ReadFile(filepath.Join(d.root, "freezer", cg, "freezer.state"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return "FROZEN"
+	}
+	return "THAWED"
 }
 
 // TestBestEffortClassCap: on cgroup v2, best-effort sandboxes live under
