@@ -68,6 +68,19 @@ func (p pausable) SetRunning(active bool) {
 	p.e.cpuReapplyLocked(p.sandbox) // the thaw undid an idle level that freezes
 }
 
+func (p pausable) HoldCPU() func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cpu.hold++
+	p.e.cpuSwitchLocked(p.sandbox)
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.cpu.hold--
+		p.e.cpuSwitchLocked(p.sandbox)
+	}
+}
+
 func (p pausable) SetPausedAt(t time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -150,6 +150,10 @@ type Pausable interface {
 	SetPausedAt(t time.Time)
 	// Persist writes its record as it is now (not once it is stopping).
 	Persist() error
+	// HoldCPU gives it its full CPU until release is called: a pause or a
+	// resume runs at full speed (a VM's QEMU writes or reads its memory
+	// inside the sandbox's cgroup, under its CPU gate).
+	HoldCPU() (release func())
 }
 
 // Reclaimer is a job holding idle workers that give way to any create:

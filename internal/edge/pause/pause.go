@@ -89,6 +89,7 @@ func (p *Pauser) Refreeze(ctx context.Context, sb core.Pausable, why string, fro
 // the reclaim. The caller holds sb's pause lock.
 func (p *Pauser) freezeAndReclaim(ctx context.Context, sb core.Pausable, h runtime.Handle, why string, frozen func()) error {
 	id, log := sb.ID(), p.core.Logger()
+	defer sb.HoldCPU()()
 	t0 := time.Now()
 	err := p.rt.Freeze(ctx, h)
 	if frozen != nil {
@@ -133,6 +134,7 @@ func (p *Pauser) Resume(ctx context.Context, sb core.Pausable, prefetch bool) er
 		return nil
 	}
 	id, log := sb.ID(), p.core.Logger()
+	defer sb.HoldCPU()()
 	t0 := time.Now()
 	var prefetched int64
 	if p.rc != nil {

@@ -46,6 +46,7 @@ type fakeSandbox struct {
 	active     bool
 	persisted  []string // the state of each Persist
 	persistErr error
+	holds      int // HoldCPU not yet released
 }
 
 func newSandbox(id, state string) *fakeSandbox { return &fakeSandbox{id: id, state: state} }
@@ -75,6 +76,16 @@ func (s *fakeSandbox) SetRunning(active bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.state, s.pausedAt, s.active = api.StateRunning, nil, active
+}
+func (s *fakeSandbox) HoldCPU() func() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holds++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.holds--
+	}
 }
 func (s *fakeSandbox) SetPausedAt(t time.Time) {
 	s.mu.Lock()
@@ -108,6 +119,20 @@ type fakeRuntime struct {
 	calls           []string
 	freezeErr       error
 	sbs             map[string]*fakeSandbox
+	unheld          []string // calls made without the sandbox's CPU held
+}
+
+// held notes a call made while h's sandbox did not hold its full CPU.
+func (f *fakeRuntime) held(h runtime.Handle, call string) {
+	sb := f.sbs[h.ID]
+	sb.mu.Lock()
+	n := sb.holds
+	sb.mu.Unlock()
+	if n <= 0 {
+		f.mu.Lock()
+		f.unheld = append(f.unheld, call)
+		f.mu.Unlock()
+	}
 }
 
 func (f *fakeRuntime) log(c string) {
@@ -121,15 +146,18 @@ func (f *fakeRuntime) trace() string {
 	return strings.Join(f.calls, " ")
 }
 func (f *fakeRuntime) Freeze(_ context.Context, h runtime.Handle) error {
+	f.held(h, "freeze")
 	f.log("freeze(persisted " + f.sbs[h.ID].history() + ")")
 	return f.freezeErr
 }
 func (f *fakeRuntime) Thaw(context.Context, runtime.Handle) error { f.log("thaw"); return nil }
-func (f *fakeRuntime) Reclaim(context.Context, runtime.Handle) (int64, int64, error) {
+func (f *fakeRuntime) Reclaim(_ context.Context, h runtime.Handle) (int64, int64, error) {
+	f.held(h, "reclaim")
 	f.log("reclaim")
 	return 100, 10, nil
 }
-func (f *fakeRuntime) Restore(_ context.Context, _ runtime.Handle, mem int64) error {
+func (f *fakeRuntime) Restore(_ context.Context, h runtime.Handle, mem int64) error {
+	f.held(h, "restore")
 	f.log(fmt.Sprintf("restore(%d)", mem))
 	return nil
 }
@@ -166,6 +194,11 @@ func TestPauseIntentFirst(t *testing.T) {
 	}
 	if got := sb.history(); got != "paused,paused+at" {
 		t.Fatalf("persisted %q", got)
+	}
+	// The freeze and the reclaim ran with the sandbox's full CPU held (a
+	// VM's QEMU writes its memory under the sandbox's gate), released after.
+	if len(rt.unheld) != 0 || sb.holds != 0 {
+		t.Fatalf("calls without the full CPU held: %v; holds left %d", rt.unheld, sb.holds)
 	}
 	if err := p.Pause(context.Background(), sb, "again"); err != nil || strings.Count(rt.trace(), "freeze") != 1 {
 		t.Fatalf("a second pause: %v, calls %q", err, rt.trace())
@@ -223,6 +256,9 @@ func TestResumeOrder(t *testing.T) {
 	}
 	if st, _, _, _ := sb.PauseState(); st != api.StateRunning || !sb.active || sb.history() != "running" {
 		t.Fatalf("after resume: state %s, active %v, persisted %q", st, sb.active, sb.history())
+	}
+	if len(rt.unheld) != 0 || sb.holds != 0 {
+		t.Fatalf("resume calls without the full CPU held: %v; holds left %d", rt.unheld, sb.holds)
 	}
 	if err := p.Resume(context.Background(), sb, true); err != nil || strings.Count(rt.trace(), "thaw") != 1 {
 		t.Fatalf("resume of a running sandbox: %v, calls %q", err, rt.trace())

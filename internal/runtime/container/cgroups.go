@@ -16,10 +16,12 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/runtime/cpugate"
 )
 
 // cfsPeriod is the cpu quota period (100 ms).
-const cfsPeriod = 100000
+const cfsPeriod = cpugate.Period
 
 // v1Controllers are the cgroup v1 controllers a sandbox gets.
 var v1Controllers = []string{"cpu", "cpuacct", "memory", "pids", "freezer"}

@@ -255,7 +255,7 @@ func (r *Runtime) ClassCap(cores float64) (runtime.CPUGate, error) {
 	if len(r.cg.dirs(r.classPath())) == 0 {
 		return nil, fmt.Errorf("%w: no best-effort class cgroup yet", runtime.ErrGone)
 	}
-	return r.CPUGate(runtime.Handle{ID: ClassBestEffort, Cgroup: r.classPath()}, 0, cores)
+	return r.cpuGate(runtime.Handle{ID: ClassBestEffort, Cgroup: r.classPath()}, 0, cores, false) // a cap, never a freeze
 }
 
 // Start creates the sandbox; see the package doc for the sequence.

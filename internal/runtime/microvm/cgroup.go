@@ -9,11 +9,13 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/warrenhq/warren/internal/runtime/cpugate"
 )
 
 // cgroupDriver puts each VM's QEMU in a cgroup of its own with a memory
-// limit: cgroup v1 (memory, cpu, pids; legacy and hybrid hosts) or the v2
-// hierarchy when the host has only that.
+// limit: cgroup v1 (memory, cpu, cpuacct, pids; legacy and hybrid hosts) or
+// the v2 hierarchy when the host has only that.
 type cgroupDriver struct {
 	root string   // /sys/fs/cgroup
 	v2   bool     // pure cgroup v2
@@ -26,7 +28,7 @@ func newCgroupDriver() cgroupDriver {
 		d.v2 = true
 		return d
 	}
-	for _, c := range []string{"memory", "cpu", "pids"} {
+	for _, c := range []string{"memory", "cpu", "cpuacct", "pids"} {
 		if _, err := os.Stat(filepath.Join(d.root, c)); err == nil {
 			d.v1 = append(d.v1, c)
 		}
@@ -63,6 +65,34 @@ func (d cgroupDriver) create(path string, memoryMB int64) error {
 		return fmt.Errorf("microvm: memory limit: %w", err)
 	}
 	return nil
+}
+
+// gateFiles are path's files for a CPU gate (cpugate.Files); the period is
+// set to the gate's. An error: the host has no cpu controller for QEMU.
+func (d cgroupDriver) gateFiles(path string) (cpugate.Files, error) {
+	if d.v2 {
+		dir := filepath.Join(d.root, path)
+		return cpugate.Files{Quota: filepath.Join(dir, "cpu.max"), Stat: filepath.Join(dir, "cpu.stat"), V2: true}, nil
+	}
+	if !slices.Contains(d.v1, "cpu") {
+		return cpugate.Files{}, errors.New("microvm: no cpu controller for a CPU gate")
+	}
+	dir := filepath.Join(d.root, "cpu", path)
+	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(cpugate.Period)), 0); err != nil {
+		return cpugate.Files{}, err
+	}
+	f := cpugate.Files{Quota: filepath.Join(dir, "cpu.cfs_quota_us"), Stat: filepath.Join(dir, "cpu.stat")}
+	if acct := filepath.Join(d.root, "cpuacct", path, "cpuacct.usage"); fileExists(acct) {
+		f.Usage = acct
+	} else if co := filepath.Join(dir, "cpuacct.usage"); fileExists(co) {
+		f.Usage = co // cpu and cpuacct mounted together
+	}
+	return f, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // setCPU limits path's cgroup to cores (CFS quota over a 100 ms period).

@@ -254,10 +254,14 @@ func (r *Runtime) Usage() (runtime.Usage, error) {
 	return runtime.Usage{}, errors.ErrUnsupported
 }
 
-// CPUGate: the default tier's; another tier's sandbox gets a gate that does
-// nothing (a VM's CPU is its vCPUs).
+// CPUGate: the sandbox's tier's; a tier without one gives a gate that
+// does nothing.
 func (r *Runtime) CPUGate(h runtime.Handle, full, idle float64) (runtime.CPUGate, error) {
-	if g, ok := r.def.(runtime.CPUGater); ok && r.isDef(h) {
+	rt, err := r.of(h)
+	if err != nil {
+		return nil, err
+	}
+	if g, ok := rt.(runtime.CPUGater); ok {
 		return g.CPUGate(h, full, idle)
 	}
 	return noGate{}, nil

@@ -51,7 +51,8 @@ func TestDispatch(t *testing.T) {
 	if len(tiers) != 2 || tiers["sb-a"] != "" || tiers["sb-b"] != "microvm" {
 		t.Errorf("leftovers %v", tiers)
 	}
-	// A VM's sandbox is never recycled and its CPU gate does nothing.
+	// A VM's sandbox is never recycled; a tier without a CPU gate (the
+	// fake) gives one that does nothing.
 	if err := r.Wipe(ctx, b); !errors.Is(err, runtime.ErrNotReusable) {
 		t.Errorf("Wipe of the second tier's sandbox: %v", err)
 	}
