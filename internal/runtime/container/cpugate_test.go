@@ -13,24 +13,11 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
-	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/runtime/runtimetest"
 )
 
 // cpuRate samples the gate's usage over d: cores used.
-func cpuRate(t *testing.T, g runtime.CPUGate, d time.Duration) float64 {
-	t.Helper()
-	u0, _, err := g.Sample()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Now()
-	time.Sleep(d)
-	u1, _, err := g.Sample()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return float64(u1-u0) / float64(time.Since(t0).Nanoseconds())
-}
+var cpuRate = runtimetest.GateRate
 
 // TestCPUGate: a sandbox's background spinner falls to the idle budget
 // once the gate is lowered, gets its CPU back at once when it is raised,

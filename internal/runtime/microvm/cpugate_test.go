@@ -5,25 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/runtime/runtimetest"
 )
-
-// gateRate is the cores g's group used over d.
-func gateRate(t *testing.T, g runtime.CPUGate, d time.Duration) float64 {
-	t.Helper()
-	u0, _, err := g.Sample()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Now()
-	time.Sleep(d)
-	u1, _, err := g.Sample()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return float64(u1-u0) / float64(time.Since(t0).Nanoseconds())
-}
 
 // TestCPUGate: QEMU's cgroup quota follows the gate: a spinner in the guest
 // gets the VM's cpu at the full level and the idle budget at the idle one,
@@ -33,16 +16,7 @@ func TestCPUGate(t *testing.T) {
 	spec := f.spec(t, "gate")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	inst, err := f.rt.Start(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		inst.Agent.Close()
-		if err := f.rt.Destroy(context.Background(), inst.Handle); err != nil {
-			t.Error(err)
-		}
-	}()
+	inst := f.boot(t, ctx, spec)
 	g, err := f.rt.CPUGate(inst.Handle, spec.CPU, 0.05)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +29,7 @@ func TestCPUGate(t *testing.T) {
 		t.Fatalf("spinner: %v %+v", err, r)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if r := gateRate(t, g, time.Second); r < 0.3 {
+	if r := runtimetest.GateRate(t, g, time.Second); r < 0.3 {
 		t.Fatalf("full level: QEMU uses only %.3f cores with a spinning guest; the test cannot tell", r)
 	}
 	t0 := time.Now()
@@ -67,7 +41,7 @@ func TestCPUGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if r := gateRate(t, g, 2*time.Second); r > 0.08 {
+	if r := runtimetest.GateRate(t, g, 2*time.Second); r > 0.08 {
 		t.Errorf("idle level: QEMU uses %.3f cores, want the 0.05 budget", r)
 	}
 	_, th0, _ := g.Sample()
@@ -79,7 +53,7 @@ func TestCPUGate(t *testing.T) {
 		t.Fatalf("exec after the raise: %v %+v", err, r)
 	}
 	t.Logf("raise to the guest's answer: %v", time.Since(t0))
-	if r := gateRate(t, g, time.Second); r < 0.3 {
+	if r := runtimetest.GateRate(t, g, time.Second); r < 0.3 {
 		t.Errorf("raised: QEMU uses only %.3f cores", r)
 	}
 	if _, th1, _ := g.Sample(); th0 <= 0 || th1 < th0 {

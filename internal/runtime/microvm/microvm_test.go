@@ -160,6 +160,22 @@ func newFixture(t testing.TB) *fixture {
 	return f
 }
 
+// boot starts spec's VM; the test's end closes its agent and destroys it.
+func (f *fixture) boot(t *testing.T, ctx context.Context, spec *runtime.Spec) *runtime.Instance {
+	t.Helper()
+	inst, err := f.rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		inst.Agent.Close()
+		if err := f.rt.Destroy(context.Background(), inst.Handle); err != nil {
+			t.Error(err)
+		}
+	})
+	return inst
+}
+
 func (f *fixture) spec(t testing.TB, id string) *runtime.Spec {
 	t.Helper()
 	dir := filepath.Join(f.base, id)
@@ -241,16 +257,7 @@ func TestIdleMemory(t *testing.T) {
 	spec := f.spec(t, "mem")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	inst, err := f.rt.Start(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		inst.Agent.Close()
-		if err := f.rt.Destroy(context.Background(), inst.Handle); err != nil {
-			t.Error(err)
-		}
-	}()
+	inst := f.boot(t, ctx, spec)
 	time.Sleep(10 * time.Second)
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", inst.Handle.Pid))
 	if err != nil {

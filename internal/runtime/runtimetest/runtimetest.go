@@ -278,3 +278,19 @@ func testFreeze(t *testing.T, tr Tier) {
 		t.Errorf("after Thaw: %q exit %d", r.Stdout, r.ExitCode)
 	}
 }
+
+// GateRate samples a CPU gate's usage over d: the cores its group used.
+func GateRate(t testing.TB, g runtime.CPUGate, d time.Duration) float64 {
+	t.Helper()
+	u0, _, err := g.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	time.Sleep(d)
+	u1, _, err := g.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return float64(u1-u0) / float64(time.Since(t0).Nanoseconds())
+}
