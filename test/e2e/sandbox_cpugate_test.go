@@ -457,3 +457,41 @@ func TestIdleCPUZeroFreezes(t *testing.T) {
 	s.stop()
 	assertNoLeaks(t, s)
 }
+
+// TestIdleCPUZeroRecycled: the container of a deleted idle_cpu 0 sandbox,
+// frozen between its operations, is thawed before it is wiped and kept,
+// and the next sandbox in it (idle_cpu 0.02) runs at its own budget and
+// answers; the reverse (idle_cpu 0 in the container of an idle_cpu 0.02
+// sandbox) is frozen between operations.
+func TestIdleCPUZeroRecycled(t *testing.T) {
+	s := startServer(t, "--recycle-idle", "30s")
+	ctx := context.Background()
+	shape := api.CreateSandboxRequest{CPU: 1, MemoryMB: 128, Priority: api.PriorityLatency}
+	zero, small := 0.0, 0.02
+	kept := 0
+	for i, c := range []struct {
+		idle     *float64
+		min, max float64
+	}{{&zero, 0, 0.003}, {&small, 0.005, 0.04}, {&zero, 0, 0.003}} {
+		req := shape
+		req.IdleCPU = c.idle
+		sb := s.create(t, req)
+		if i > 0 {
+			s.recycling(t, func(r api.NodeRecycling) bool { return r.Reused >= int64(i) })
+		}
+		pid := agentPid(t, s, sb.ID)
+		spin(t, s, sb.ID)
+		time.Sleep(500 * time.Millisecond)
+		if r := cpuRateOf(t, pid, 2*time.Second); r < c.min || r > c.max {
+			t.Errorf("sandbox %d (idle_cpu %g): %.4f cores between operations, want %g–%g", i, *c.idle, r, c.min, c.max)
+		}
+		if r := s.sh(t, sb.ID, "echo ok"); r.Stdout != "ok\n" {
+			t.Errorf("sandbox %d: exec: %+v", i, r)
+		}
+		if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		kept++
+		s.recycling(t, func(r api.NodeRecycling) bool { return r.Kept >= int64(kept) })
+	}
+}
