@@ -25,8 +25,9 @@ import (
 // them, and how long its processes were held back (harvested), are known.
 //
 // idle_cpu 0 freezes the sandbox between operations (its agent too; the
-// thaw is part of the raise). The freezer is the one pause uses, so a
-// resume, which thaws, writes the level again (pausable.SetRunning), and
+// thaw is part of the raise). The freezer is the one pause uses: a pause
+// and a resume run under a hold of the full level (pausable.HoldCPU),
+// whose release writes the idle level again after their thaw, and
 // adoption thaws such a sandbox before it attaches its agent.
 //
 // Everything here is guarded by the sandbox's mu.
@@ -126,18 +127,6 @@ func (e *Edge) cpuSwitchLocked(sb *sandbox) {
 	}
 	e.cpuSampleLocked(sb)
 	sb.cpu.full = want
-}
-
-// cpuReapplyLocked writes sb's level again after something else set its
-// freezer: a resume (or a failed pause) thaws the whole sandbox, and one
-// whose idle level freezes it must be frozen again between operations.
-func (e *Edge) cpuReapplyLocked(sb *sandbox) {
-	if sb.cpu.gate == nil {
-		return
-	}
-	if err := sb.cpu.gate.Set(sb.cpu.full); err != nil {
-		e.log.Warn("cpu gate set", "id", sb.rec.Sandbox.ID, "full", sb.cpu.full, "err", err)
-	}
 }
 
 // cpuSampleLocked charges the CPU time since the last sample to the level

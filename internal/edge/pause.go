@@ -65,9 +65,11 @@ func (p pausable) SetRunning(active bool) {
 	if active {
 		p.lastActive = time.Now()
 	}
-	p.e.cpuReapplyLocked(p.sandbox) // the thaw undid an idle level that freezes
 }
 
+// HoldCPU raises sb to its full level (a thaw, for an idle level that
+// freezes) for a pause or a resume; the release lowers it again, so the
+// level holds after whatever the pause or resume did to the freezer.
 func (p pausable) HoldCPU() func() {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -53,8 +53,14 @@ type Files struct {
 type Gate struct {
 	files                        Files
 	quota, usage, stat, freezeFD *os.File // nil when the node is out of descriptors: paths are used
-	levels, freezes              [2][]byte
+	levels                       [2][]byte
 }
+
+// The freezer files' values for the idle and the full level.
+var (
+	freezesV1 = [2][]byte{[]byte("FROZEN"), []byte("THAWED")}
+	freezesV2 = [2][]byte{[]byte("1"), []byte("0")}
+)
 
 // Levels are the quota file's contents for the idle and the full level,
 // in cores: full 0 is unlimited, and neither is below MinQuota (nor idle
@@ -80,10 +86,6 @@ func Levels(full, idle float64, v2 bool) [2][]byte {
 // An error wraps the open's (os.ErrNotExist: the cgroup is gone).
 func Open(f Files, full, idle float64) (*Gate, error) {
 	g := &Gate{files: f, levels: Levels(full, idle, f.V2)}
-	g.freezes = [2][]byte{[]byte("FROZEN"), []byte("THAWED")}
-	if f.FreezeV2 {
-		g.freezes = [2][]byte{[]byte("1"), []byte("0")}
-	}
 	for _, o := range []struct {
 		fd   **os.File
 		path string
@@ -130,7 +132,11 @@ func (g *Gate) setFrozen(lvl int) error {
 	if g.files.Freeze == "" {
 		return nil
 	}
-	return writeOpen(g.freezeFD, g.files.Freeze, g.freezes[lvl])
+	v := freezesV1[lvl]
+	if g.files.FreezeV2 {
+		v = freezesV2[lvl]
+	}
+	return writeOpen(g.freezeFD, g.files.Freeze, v)
 }
 
 // Sample reads the group's cumulative CPU time and how long its tasks were

@@ -82,26 +82,16 @@ func (d cgroupDriver) gateFiles(path string) (cpugate.Files, error) {
 		return cpugate.Files{}, err
 	}
 	f := cpugate.Files{Quota: filepath.Join(dir, "cpu.cfs_quota_us"), Stat: filepath.Join(dir, "cpu.stat")}
-	if acct := filepath.Join(d.root, "cpuacct", path, "cpuacct.usage"); fileExists(acct) {
-		f.Usage = acct
-	} else if co := filepath.Join(dir, "cpuacct.usage"); fileExists(co) {
-		f.Usage = co // cpu and cpuacct mounted together
+	if slices.Contains(d.v1, "cpuacct") { // also where it is mounted with cpu: a link to the same place
+		f.Usage = filepath.Join(d.root, "cpuacct", path, "cpuacct.usage")
 	}
 	return f, nil
 }
 
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
-
 // setCPU limits path's cgroup to cores (CFS quota over a 100 ms period).
 func (d cgroupDriver) setCPU(path string, cores float64) error {
-	const period = 100000
-	quota := int64(cores * period)
-	if quota < 1000 {
-		quota = 1000 // the kernel's minimum
-	}
+	const period = cpugate.Period
+	quota := max(int64(cores*period), cpugate.MinQuota)
 	if d.v2 {
 		return os.WriteFile(filepath.Join(d.root, path, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, period)), 0)
 	}
