@@ -56,6 +56,20 @@ func serve(t testing.TB, h Handler) (*Server, string) {
 	return s, ln.Addr().String()
 }
 
+// serveUploads starts a data server whose one operation, "up", reads an
+// upload, with h on loopback; it returns its address.
+func serveUploads(t testing.TB, h Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Key: testKey, Ops: map[string]bool{"up": true}, Uploads: map[string]bool{"up": true}, Handle: h}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	return ln.Addr().String()
+}
+
 func TestCallStreamsAndAnswers(t *testing.T) {
 	_, addr := serve(t, func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
 		if g.Sandbox != "sb-n-1" || !g.Scoped || g.Scope != "p" || string(body) != `{"id":"sb-n-1"}` {
@@ -183,26 +197,19 @@ func (f *failAfter) Read(p []byte) (int, error) {
 func TestUpload(t *testing.T) {
 	results := make(chan error, 1)
 	var got atomic.Int64
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{Key: testKey, Ops: map[string]bool{"up": true}, Uploads: map[string]bool{"up": true},
-		Handle: func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
-			n, err := io.Copy(io.Discard, in)
-			got.Store(n)
-			results <- err
-			return map[string]int64{"n": n}, err
-		}}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() { _ = s.Close() })
+	addr := serveUploads(t, func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
+		n, err := io.Copy(io.Discard, in)
+		got.Store(n)
+		results <- err
+		return map[string]int64{"n": n}, err
+	})
 	c := NewClient(testKey)
 	var out struct{ N int64 }
-	err = c.Do(context.Background(), &Call{Addr: ln.Addr().String(), Sandbox: "s", Op: "up", Body: []byte(`{}`), Upload: &failAfter{n: 10 << 20, err: io.EOF}}, &out, nil)
+	err := c.Do(context.Background(), &Call{Addr: addr, Sandbox: "s", Op: "up", Body: []byte(`{}`), Upload: &failAfter{n: 10 << 20, err: io.EOF}}, &out, nil)
 	if err != nil || out.N != 10<<20 || <-results != nil {
 		t.Fatalf("whole upload: %v %+v", err, out)
 	}
-	err = c.Do(context.Background(), &Call{Addr: ln.Addr().String(), Sandbox: "s", Op: "up", Body: []byte(`{}`), Upload: &failAfter{n: 10 << 20, err: errors.New("client went away")}}, &out, nil)
+	err = c.Do(context.Background(), &Call{Addr: addr, Sandbox: "s", Op: "up", Body: []byte(`{}`), Upload: &failAfter{n: 10 << 20, err: errors.New("client went away")}}, &out, nil)
 	if herr := <-results; err == nil || herr == nil {
 		t.Fatalf("broken upload: the caller got %v, the handler %v after %d bytes", err, herr, got.Load())
 	}
@@ -321,23 +328,16 @@ func TestInputFrames(t *testing.T) {
 // however often. A 503 "the stream broke" for another project's sandbox
 // failed TestOwnership once in a clean-clone run.
 func TestRefusedUpload(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{Key: testKey, Ops: map[string]bool{"up": true}, Uploads: map[string]bool{"up": true},
-		Handle: func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
-			return nil, &api.Error{Code: api.CodeNotFound, Message: "sandbox s not found"}
-		}}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() { _ = s.Close() })
+	addr := serveUploads(t, func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
+		return nil, &api.Error{Code: api.CodeNotFound, Message: "sandbox s not found"}
+	})
 	c := NewClient(testKey)
 	for _, size := range []int{0, 1, 64 << 10, 1 << 20, 16 << 20} {
 		for i := range 200 {
 			if size >= 1<<20 && i >= 20 {
 				break
 			}
-			err := c.Do(context.Background(), &Call{Addr: ln.Addr().String(), Sandbox: "s", Op: "up", Body: []byte(`{}`),
+			err := c.Do(context.Background(), &Call{Addr: addr, Sandbox: "s", Op: "up", Body: []byte(`{}`),
 				Upload: &failAfter{n: size, err: io.EOF}}, nil, nil)
 			var ae *api.Error
 			if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
