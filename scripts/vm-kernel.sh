@@ -28,9 +28,10 @@ dest="$out/$pkg"
 # The modules the guest loads, dependencies first. virtio itself is modular
 # in Debian's kernel (virtio_mmio for the microvm machine, virtio_pci for
 # the vm tier's q35); ext4 (the writable disk), erofs (layers) and overlay
-# assemble the root.
+# assemble the root; virtio_net (with failover, net_failover) is a networked
+# VM's interface.
 mods=(virtio_ring virtio virtio_mmio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
-      virtio_blk virtio_console virtio_balloon
+      virtio_blk virtio_console virtio_balloon failover net_failover virtio_net
       crc32c_generic libcrc32c crc16 mbcache jbd2 ext4 erofs overlay)
 # A version already unpacked with every module is kept.
 if [[ -s "$dest/vmlinux" && "$(cat "$dest/version" 2>/dev/null)" == "$pkg $pkgver" &&

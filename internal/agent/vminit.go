@@ -100,6 +100,11 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 	if h := params[VMParamHostname]; h != "" {
 		_ = unix.Sethostname([]byte(h))
 	}
+	if n := params[VMParamNet]; n != "" {
+		if err := vmNetwork(n); err != nil {
+			return nil, fmt.Errorf("network: %w", err)
+		}
+	}
 	name := params[VMParamPort]
 	if name == "" {
 		return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)

@@ -5,6 +5,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 
 	"github.com/warrenhq/warren/api"
@@ -308,3 +309,19 @@ type Display interface {
 
 // ErrBadInput means a display input event is malformed.
 var ErrBadInput = errors.New("runtime: bad display input")
+
+// WriteResolvConf names a networked sandbox's gateway (where the node's
+// resolver answers, internal/sandboxnet) as its resolver, through its
+// agent. A symlink there (to a file the image does not have) is replaced.
+func WriteResolvConf(ctx context.Context, c *agentproto.Client, gateway string) error {
+	w := &agentproto.WriteRequest{Path: "/etc/resolv.conf", Data: []byte("nameserver " + gateway + "\noptions ndots:0\n"), Mode: 0o644}
+	err := c.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
+	if err != nil {
+		_ = c.Call(ctx, agentproto.OpFileRemove, &agentproto.RemoveRequest{Path: w.Path}, nil, nil)
+		err = c.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("write /etc/resolv.conf: %w", err)
+	}
+	return nil
+}

@@ -402,16 +402,8 @@ func (m *Manager) link(a *Attachment, pid int) error {
 	if err != nil {
 		return fmt.Errorf("sandboxnet: find %s: %w", a.Link, err)
 	}
-	// No IPv6 on the host end: the sandbox's IPv6 is closed.
-	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+a.Link+"/disable_ipv6", []byte("1"), 0o644)
-	if err := netlink.LinkSetAlias(host, m.alias(a.ID)); err != nil {
-		return fmt.Errorf("sandboxnet: alias %s: %w", a.Link, err)
-	}
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(a.Gateway, 31)}); err != nil {
-		return fmt.Errorf("sandboxnet: address %s: %w", a.Link, err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return fmt.Errorf("sandboxnet: up %s: %w", a.Link, err)
+	if err := m.hostEnd(a, host); err != nil {
+		return err
 	}
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
@@ -445,6 +437,23 @@ func (m *Manager) link(a *Attachment, pid int) error {
 	m.mu.Lock()
 	m.carried[a.ID] = linkCount{} // a new link has carried nothing
 	m.mu.Unlock()
+	return nil
+}
+
+// hostEnd sets up the host end of a's link: its alias (how Sweep and
+// Owned find it), the gateway address, no IPv6, up.
+func (m *Manager) hostEnd(a *Attachment, host netlink.Link) error {
+	// No IPv6 on the host end: the sandbox's IPv6 is closed.
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+a.Link+"/disable_ipv6", []byte("1"), 0o644)
+	if err := netlink.LinkSetAlias(host, m.alias(a.ID)); err != nil {
+		return fmt.Errorf("sandboxnet: alias %s: %w", a.Link, err)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(a.Gateway, 31)}); err != nil {
+		return fmt.Errorf("sandboxnet: address %s: %w", a.Link, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("sandboxnet: up %s: %w", a.Link, err)
+	}
 	return nil
 }
 

@@ -784,3 +784,23 @@ func (m *Manager) DeniedDestinations(id string) ([]api.NetworkDenial, error) {
 	})
 	return out, nil
 }
+
+// Denials is sandbox id's record of refused destinations (DeniedDestinations)
+// followed by the names its resolver refused, each with its count.
+func (m *Manager) Denials(id string) ([]api.NetworkDenial, error) {
+	out, err := m.DeniedDestinations(id)
+	if err != nil {
+		return nil, err
+	}
+	names, _ := m.DNSDenials(id)
+	at := map[string]int{}
+	for _, d := range names {
+		i, ok := at[d.Name]
+		if !ok {
+			i, at[d.Name] = len(out), len(out)
+			out = append(out, api.NetworkDenial{Destination: d.Name, Protocol: "dns", Reason: DenyDNS})
+		}
+		out[i].Count++
+	}
+	return out, nil
+}

@@ -401,7 +401,7 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 const MinMicroVMMemoryMB = 128
 
 // checkMicroVM refuses what the microvm and vm tiers do not offer yet:
-// networks, layers attached at paths, too little memory to boot; and a
+// layers attached at paths, too little memory to boot; and a
 // display anywhere but on the vm tier. (Snapshots and trajectories work:
 // a snapshot's layers are a VM's disks, a checkpoint is a disk snapshot.)
 func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
@@ -412,10 +412,7 @@ func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
 		return nil
 	}
 	t := req.Tier
-	switch {
-	case req.Network != nil:
-		return invalid("tier %s: network is not supported yet", t)
-	case req.MemoryMB != 0 && req.MemoryMB < MinMicroVMMemoryMB:
+	if req.MemoryMB != 0 && req.MemoryMB < MinMicroVMMemoryMB {
 		return invalid("tier %s: memory_mb must be at least %d", t, MinMicroVMMemoryMB)
 	}
 	for _, l := range req.Layers {

@@ -9,6 +9,7 @@ import (
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/runtime/microvm"
 	"github.com/warrenhq/warren/internal/runtime/vm"
+	"github.com/warrenhq/warren/internal/sandboxnet"
 )
 
 // DefaultVMKernel is where `make vm-kernel` (scripts/vm-kernel.sh) puts the
@@ -27,8 +28,9 @@ func VMKernelDir(dataDir, flag string) string {
 }
 
 // vmConfig is the configuration of the microvm and vm tiers when the node
-// can run them: a guest kernel and QEMU. Otherwise it says why not.
-func vmConfig(o EdgeOptions, images *image.LocalStore) (microvm.Config, string) {
+// can run them: a guest kernel and QEMU. Otherwise it says why not. Their
+// sandboxes' networks are net's (the container tier's).
+func vmConfig(o EdgeOptions, images *image.LocalStore, net *sandboxnet.Manager) (microvm.Config, string) {
 	dir := VMKernelDir(o.DataDir, o.VMKernel)
 	if dir == "" {
 		return microvm.Config{}, "--vm-kernel off"
@@ -45,7 +47,7 @@ func vmConfig(o EdgeOptions, images *image.LocalStore) (microvm.Config, string) 
 	}
 	return microvm.Config{
 		Kernel: k, AgentPath: o.AgentPath, CacheDir: filepath.Join(o.DataDir, "cache", "microvm"),
-		CgroupParent: CgroupParent(o.DataDir) + "-vm", Logger: o.Logger,
+		CgroupParent: CgroupParent(o.DataDir) + "-vm", Logger: o.Logger, Net: net,
 		LayerFile: func(dir string) (string, error) {
 			p := images.BlobPath(filepath.Base(dir))
 			if _, err := os.Stat(p); err != nil {
@@ -58,8 +60,8 @@ func vmConfig(o EdgeOptions, images *image.LocalStore) (microvm.Config, string) 
 
 // openVMTiers makes the microvm and vm tiers when the node can run them.
 // Otherwise it says why not.
-func openVMTiers(o EdgeOptions, images *image.LocalStore) (*microvm.Runtime, *vm.Runtime, string) {
-	cfg, why := vmConfig(o, images)
+func openVMTiers(o EdgeOptions, images *image.LocalStore, net *sandboxnet.Manager) (*microvm.Runtime, *vm.Runtime, string) {
+	cfg, why := vmConfig(o, images, net)
 	if why != "" {
 		return nil, nil, why
 	}

@@ -442,7 +442,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		}
 	})
 	var edgeRT runtime.Runtime = rt
-	if vm, full, why := openVMTiers(o, images); vm != nil {
+	if vm, full, why := openVMTiers(o, images, rt.Network()); vm != nil {
 		edgeRT = tiers.New(rt, vm, full)
 		closers = append(closers, func() {
 			if !o.KeepOnShutdown {

@@ -125,6 +125,12 @@ func (f *Forker) Fork(ctx context.Context, req *edgeproto.ForkMemoryRequest) (*e
 		return nil, err
 	}
 	defer release()
+	if src.Handle().Net != nil {
+		// Every child would wake up with the source's address and
+		// connections, on a network that is the source's.
+		return nil, &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf(
+			"sandbox %s has a network: a fork from memory would give every child its address and connections; fork it without \"memory\" (from its disk) instead", req.ID)}
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Timeout)
 	defer cancel()
 	t0 := time.Now()

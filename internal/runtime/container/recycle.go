@@ -203,7 +203,7 @@ func (r *Runtime) Resume(ctx context.Context, inst *runtime.Instance, spec *runt
 	}
 	if h.Net != nil {
 		// The fresh root has the image's file.
-		return writeResolvConf(ctx, inst.Agent, h.Net.Gateway)
+		return runtime.WriteResolvConf(ctx, inst.Agent, h.Net.Gateway)
 	}
 	return nil
 }

@@ -417,7 +417,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, fmt.Errorf("container: agent setup: %w", err)
 	}
 	if h.Net != nil {
-		if err := writeResolvConf(ctx, client, h.Net.Gateway); err != nil {
+		if err := runtime.WriteResolvConf(ctx, client, h.Net.Gateway); err != nil {
 			return nil, err
 		}
 	}
@@ -432,22 +432,6 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		"listen", tListen.Sub(t0), "cgroup", tCgroup.Sub(tListen), "root", tRoot.Sub(tCgroup), "fork", tFork.Sub(tRoot),
 		"setup", tSetup.Sub(tFork), "total", tSetup.Sub(t0))
 	return &runtime.Instance{Handle: h, Agent: client}, nil
-}
-
-// writeResolvConf names the sandbox's gateway (where the node's resolver
-// answers, sandboxnet) as its resolver. A symlink there (to a file the
-// image does not have) is replaced.
-func writeResolvConf(ctx context.Context, c *agentproto.Client, gateway string) error {
-	w := &agentproto.WriteRequest{Path: "/etc/resolv.conf", Data: []byte("nameserver " + gateway + "\noptions ndots:0\n"), Mode: 0o644}
-	err := c.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
-	if err != nil {
-		_ = c.Call(ctx, agentproto.OpFileRemove, &agentproto.RemoveRequest{Path: w.Path}, nil, nil)
-		err = c.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
-	}
-	if err != nil {
-		return fmt.Errorf("container: write /etc/resolv.conf: %w", err)
-	}
-	return nil
 }
 
 // reap waits for an agent this process started, so it never stays a zombie.
@@ -693,12 +677,13 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 		}
 		out = append(out, h)
 	}
-	// Networks whose sandbox has no cgroup left (a crash between them).
+	// Networks whose sandbox has no cgroup left (a crash between them). A
+	// tap is a VM's (internal/runtime/microvm): its tier sweeps it.
 	live := map[string]bool{}
 	for _, h := range out {
 		live[h.ID] = true
 	}
-	if gone, err := r.net.Sweep(func(id string) bool { return live[id] }); err != nil {
+	if gone, err := r.net.Sweep(func(id string) bool { return live[id] || r.net.IsTap(id) }); err != nil {
 		return out, fmt.Errorf("container: sweep networks: %w", err)
 	} else if len(gone) > 0 {
 		r.log.Info("container: removed leftover networks", "ids", gone)
@@ -798,6 +783,9 @@ func (r *Runtime) Close() error {
 	return nil
 }
 
+// Network is the node's sandbox networks, which the VM tiers share.
+func (r *Runtime) Network() *sandboxnet.Manager { return r.net }
+
 // NetworkDenied reads what a networked sandbox's policy refused so far.
 func (r *Runtime) NetworkDenied(h runtime.Handle) (map[string]int64, error) {
 	if h.Net == nil {
@@ -827,19 +815,5 @@ func (r *Runtime) NetworkDeniedDestinations(h runtime.Handle) ([]api.NetworkDeni
 	if h.Net == nil {
 		return nil, nil
 	}
-	out, err := r.net.DeniedDestinations(h.ID)
-	if err != nil {
-		return nil, err
-	}
-	names, _ := r.net.DNSDenials(h.ID)
-	at := map[string]int{}
-	for _, d := range names {
-		i, ok := at[d.Name]
-		if !ok {
-			i, at[d.Name] = len(out), len(out)
-			out = append(out, api.NetworkDenial{Destination: d.Name, Protocol: "dns", Reason: sandboxnet.DenyDNS})
-		}
-		out[i].Count++
-	}
-	return out, nil
+	return r.net.Denials(h.ID)
 }

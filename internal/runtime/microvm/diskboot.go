@@ -35,7 +35,7 @@ func (r *Runtime) checkDiskSpec(spec *runtime.Spec) error {
 	case len(spec.Stateless) > 0:
 		return errors.New("microvm: stateless sandboxes are not supported by this tier")
 	case spec.Network != nil:
-		return errors.New("microvm: networks are not supported by this tier yet")
+		return errors.New("microvm: a VM booted from a disk image has no network yet")
 	case !filepath.IsAbs(spec.Disk) || strings.Contains(spec.Disk, ","):
 		return fmt.Errorf("microvm: disk image path %q: absolute and without commas", spec.Disk)
 	}

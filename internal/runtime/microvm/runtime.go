@@ -25,6 +25,7 @@ import (
 	"github.com/warrenhq/warren/internal/agent"
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/sandboxnet"
 )
 
 // Tier is the tier's name.
@@ -92,6 +93,9 @@ type Config struct {
 	// Extra, when set, adds QEMU arguments and kernel parameters for a
 	// sandbox (the vm tier's display).
 	Extra func(spec *runtime.Spec) (args, params []string)
+	// Net gives networked sandboxes their networks (the container tier's
+	// manager: one per node); nil refuses them.
+	Net *sandboxnet.Manager
 }
 
 // MachineQ35 is the full-VM machine of the "vm" tier.
@@ -189,8 +193,8 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		return nil, errors.New("microvm: layers attached at paths are not supported by this tier yet")
 	case len(spec.Stateless) > 0:
 		return nil, errors.New("microvm: stateless sandboxes are not supported by this tier")
-	case spec.Network != nil:
-		return nil, errors.New("microvm: networks are not supported by this tier yet")
+	case spec.Network != nil && r.cfg.Net == nil:
+		return nil, errors.New("microvm: this node gives VMs no network")
 	}
 	t0 := time.Now()
 	h := runtime.Handle{ID: spec.ID, Tier: r.Name(), Socket: filepath.Join(spec.StateDir, SocketName), Cgroup: r.cgroupPath(spec.ID)}
@@ -223,7 +227,16 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if err := r.cg.create(h.Cgroup, memoryOf(spec)+overheadMB); err != nil {
 		return nil, err
 	}
-	args, err := r.command(spec, layers, disk)
+	// After the cgroup: a crash leaves the network with a cgroup, which
+	// Leftovers finds and reconcile destroys.
+	nc, err := r.attachNetwork(spec)
+	if err != nil {
+		return nil, err
+	}
+	if nc != nil {
+		h.Net = &runtime.NetHandle{Address: nc.address, Gateway: nc.gateway}
+	}
+	args, err := r.command(spec, layers, disk, nc)
 	if err != nil {
 		return nil, err
 	}
@@ -249,6 +262,11 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
 		return nil, fmt.Errorf("microvm: agent setup: %w (qemu: %q; guest console: %q)", err,
 			logTail(filepath.Join(spec.StateDir, LogName), 300), logTail(filepath.Join(spec.StateDir, ConsoleName), 600))
+	}
+	if h.Net != nil {
+		if err := runtime.WriteResolvConf(ctx, client, h.Net.Gateway); err != nil {
+			return nil, fmt.Errorf("microvm: %w", err)
+		}
 	}
 	// The CPU limit holds from now on: the boot (seconds of CPU under TCG)
 	// ran without it, as a container's agent set-up does.
@@ -323,7 +341,7 @@ func makeDisk(spec *runtime.Spec) (string, error) {
 }
 
 // command is QEMU's command line for spec (spawn starts it).
-func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]string, error) {
+func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string, nc *nic) ([]string, error) {
 	smp := int(math.Ceil(spec.CPU))
 	if smp < 1 {
 		smp = 1
@@ -345,15 +363,20 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]s
 		_, more := r.cfg.Extra(spec)
 		params = append(more, params...)
 	}
-	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(TCGBufferMB)
-	if r.cfg.Accel == "kvm" {
-		cpu, accel = "host", "kvm"
-	}
-	// virtio devices: on MMIO for microvm, on PCI for q35.
 	machine, bus := "microvm,x-option-roms=off,isa-serial=on,rtc=on", "-device"
 	if r.cfg.Machine == MachineQ35 {
 		machine, bus = MachineQ35, "-pci"
 	}
+	netArgs, netParam := nc.args(bus)
+	if netParam != "" {
+		params = append(params, netParam)
+	}
+	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(TCGBufferMB)
+	if r.cfg.Accel == "kvm" {
+		cpu, accel = "host", "kvm"
+	}
+	// virtio devices: on MMIO for microvm, on PCI for q35 (machine and
+	// bus above).
 	args := []string{
 		"-name", r.qemuName(spec.ID),
 		"-M", machine,
@@ -383,6 +406,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string) ([]s
 		more, _ := r.cfg.Extra(spec)
 		args = append(args, more...)
 	}
+	args = append(args, netArgs...)
 	for i, l := range layers {
 		if strings.Contains(l, ",") {
 			return nil, fmt.Errorf("microvm: layer path %q has a comma", l)
@@ -500,6 +524,12 @@ func (r *Runtime) Attach(ctx context.Context, h runtime.Handle) (*runtime.Instan
 		}
 		return nil, fmt.Errorf("microvm: attach: %w", err)
 	}
+	if h.Net != nil && r.cfg.Net != nil {
+		if err := r.cfg.Net.Adopt(h.ID); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("microvm: attach: %w", err)
+		}
+	}
 	return &runtime.Instance{Handle: h, Agent: agentproto.NewClient(r.track(h.ID, c))}, nil
 }
 
@@ -530,6 +560,11 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 		if err := r.waitGone(ctx, pid); err != nil {
 			return err
 		}
+	}
+	// Before the cgroup: a crash in between leaves the cgroup, through
+	// which reconcile finds the network again.
+	if err := r.detachNetwork(h); err != nil {
+		return err
 	}
 	if err := r.cg.remove(r.cgroupPath(h.ID)); err != nil {
 		return err
@@ -603,6 +638,11 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 	for _, id := range r.cg.list(r.cfg.CgroupParent) {
 		if !seen[id] {
 			hs = append(hs, runtime.Handle{ID: id, Tier: r.Name(), Cgroup: r.cgroupPath(id)})
+		}
+	}
+	for i := range hs {
+		if r.cfg.Net != nil && r.cfg.Net.Attached(hs[i].ID) {
+			hs[i].Net = &runtime.NetHandle{}
 		}
 	}
 	return hs, nil

@@ -58,6 +58,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/warrenhq/warren/internal/sandboxnet"
 	"syscall"
 
 	"github.com/digitalocean/go-qemu/qmp"
@@ -257,6 +259,19 @@ func withFDSets(args []string) (out []string, files []*os.File, err error) {
 	nset := 0
 	for i := 0; i < len(args); i++ {
 		out = append(out, args[i])
+		if args[i] == "-netdev" && i+1 < len(args) && tapOf(args[i+1]) != "" {
+			// A tap (network.go): opened here, by name, as root; QEMU
+			// gets its queue's descriptor.
+			i++
+			id, _, _ := strings.Cut(strings.TrimPrefix(args[i], "tap,"), ",")
+			f, err := sandboxnet.OpenTap(tapOf(args[i]))
+			if err != nil {
+				return nil, files, fmt.Errorf("microvm: network: %w", err)
+			}
+			files = append(files, f)
+			out = append(out, fmt.Sprintf("tap,%s,fd=%d", id, 2+len(files)))
+			continue
+		}
 		if (args[i] != "-drive" && args[i] != "-blockdev") || i+1 == len(args) {
 			continue
 		}

@@ -198,25 +198,26 @@ func (r *Runtime) PidsRefused(h runtime.Handle) (int64, error) {
 	return 0, nil
 }
 
-// NetworkDenied: the default tier's.
+// NetworkDenied: the sandbox's tier's (container and VM tiers share one
+// sandboxnet.Manager).
 func (r *Runtime) NetworkDenied(h runtime.Handle) (map[string]int64, error) {
-	if nr, ok := r.def.(runtime.NetworkReporter); ok && r.isDef(h) {
+	if nr, ok := r.Tier(h.Tier).(runtime.NetworkReporter); ok {
 		return nr.NetworkDenied(h)
 	}
 	return nil, nil
 }
 
-// NetworkDeniedDestinations: the default tier's.
+// NetworkDeniedDestinations: the sandbox's tier's.
 func (r *Runtime) NetworkDeniedDestinations(h runtime.Handle) ([]api.NetworkDenial, error) {
-	if nr, ok := r.def.(runtime.NetworkReporter); ok && r.isDef(h) {
+	if nr, ok := r.Tier(h.Tier).(runtime.NetworkReporter); ok {
 		return nr.NetworkDeniedDestinations(h)
 	}
 	return nil, nil
 }
 
-// SetEgress: the default tier's.
+// SetEgress: the sandbox's tier's.
 func (r *Runtime) SetEgress(h runtime.Handle, egress []api.EgressRule) error {
-	if ns, ok := r.def.(runtime.NetworkSetter); ok && r.isDef(h) {
+	if ns, ok := r.Tier(h.Tier).(runtime.NetworkSetter); ok {
 		return ns.SetEgress(h, egress)
 	}
 	return fmt.Errorf("tiers: sandbox %s (tier %s) has no network", h.ID, h.Tier)
