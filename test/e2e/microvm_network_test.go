@@ -23,7 +23,8 @@ import (
 // host. Refusals are counted; the list can be changed; a pause to a
 // memory snapshot and a resume keep the network; a kill -9 of warren and
 // its restart adopt it; a fork from memory is refused (the children would
-// share the address); delete leaves no tap, chain or table.
+// share the address); delete leaves no tap, chain or table. The vm tier's
+// VMs of layers have the same network.
 func TestMicroVMNetwork(t *testing.T) {
 	kdir := vmKernelDir(t)
 	nettest.FakeInternet(t)
@@ -134,8 +135,20 @@ func TestMicroVMNetwork(t *testing.T) {
 		t.Errorf("metadata reachable after a restart: %q", r.Stdout)
 	}
 
-	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
-		t.Fatal(err)
+	// The vm tier (q35, virtio-net on PCI) has the same network.
+	full := s.create(t, api.CreateSandboxRequest{Tier: api.TierVM, MemoryMB: 256,
+		Network: &api.NetworkSpec{Egress: []string{nettest.Mirror + "/32:443/tcp"}}})
+	if r := s.sh(t, full.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.ExitCode != 0 || r.Stdout != "hello" {
+		t.Errorf("vm tier, allowed %s:443: exit %d %q %q", nettest.Mirror, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	if r := s.sh(t, full.ID, "nc -w 5 "+nettest.Elsewhere+" 443 </dev/null"); r.ExitCode == 0 {
+		t.Errorf("vm tier, %s:443 reachable: %q", nettest.Elsewhere, r.Stdout)
+	}
+
+	for _, id := range []string{sb.ID, full.ID} {
+		if _, err := s.C.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s.stop()
 	assertNoLeaks(t, s)

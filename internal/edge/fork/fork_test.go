@@ -17,9 +17,9 @@ import (
 	"github.com/warrenhq/warren/internal/runtime"
 )
 
-type fakeSource struct{}
+type fakeSource struct{ net *runtime.NetHandle }
 
-func (fakeSource) Handle() runtime.Handle { return runtime.Handle{ID: "sb-n1-src"} }
+func (s fakeSource) Handle() runtime.Handle { return runtime.Handle{ID: "sb-n1-src", Net: s.net} }
 
 type fakeChild string
 
@@ -29,6 +29,7 @@ func (c fakeChild) ID() string { return string(c) }
 // failRecord fail to be recorded and those in failStart to start.
 type fakeHost struct {
 	tier       string
+	net        *runtime.NetHandle // the source's network
 	failRecord string
 	failStart  string
 	held       bool
@@ -49,7 +50,7 @@ func (h *fakeHost) Tier(id string) (string, error) {
 }
 func (h *fakeHost) Hold(string) (Source, func(), error) {
 	h.held = true
-	return fakeSource{}, func() { h.held = false }, nil
+	return fakeSource{net: h.net}, func() { h.held = false }, nil
 }
 func (h *fakeHost) NewChild(_ context.Context, id string, _ Source) (Child, *runtime.Spec, error) {
 	h.recorded = append(h.recorded, id)
@@ -130,9 +131,13 @@ func TestForkRefusals(t *testing.T) {
 		{"itself", api.TierMicroVM, &fakeRuntime{}, []string{"sb-n1-src"}, api.CodeInvalid, []string{"sb-n1-src"}},
 		{"container", "", &fakeRuntime{}, []string{"sb-n1-a"}, api.CodeInvalid, []string{"container sandbox", "disk fork"}},
 		{"runtime cannot", api.TierMicroVM, noForkRuntime{}, []string{"sb-n1-a"}, api.CodeInvalid, []string{"microvm sandbox"}},
+		{"networked", api.TierMicroVM, &fakeRuntime{}, []string{"sb-n1-a"}, api.CodeInvalid, []string{"has a network", "without \"memory\""}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := &fakeHost{tier: c.tier}
+			if c.name == "networked" {
+				h.net = &runtime.NetHandle{Address: "10.213.0.3", Gateway: "10.213.0.2"}
+			}
 			_, err := New(h, c.rt).Fork(ctx, &edgeproto.ForkMemoryRequest{ID: "sb-n1-src", Children: c.children})
 			wantCode(t, err, c.code, c.words...)
 			if len(h.recorded) != 0 || h.held {
