@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,14 +16,13 @@ import (
 )
 
 // TestMicroVMForkMemory: POST /fork {"memory": true} on a microVM gives N
-// sandboxes restored from one memory snapshot of it. A process of the
-// source holds a value in memory only (read from a file it then deleted)
-// and waits; in each child the same process continues and writes value+1.
-// Each child has its own hostname, machine-id and random numbers, is its
-// source's project's, and goes without a trace when deleted; the source
-// runs on. (The issue's test holds the counter in a Python interpreter; the
-// guest's image is busybox, so a shell process holds it here: the same
-// thing, a process's memory carried into the children.) A container is
+// sandboxes restored from one memory snapshot of it. A Python interpreter
+// of the source holds a counter in memory only (read from a file it then
+// deleted) and waits; in each child the same interpreter continues and
+// writes counter+1. (The guest is busybox with the host's Python 3 as a
+// named layer over it: hostPythonLayer.) Each child has its own hostname,
+// machine-id and random numbers, is its source's project's, and goes
+// without a trace when deleted; the source runs on. A container is
 // refused with a 422 naming the tiers that can.
 func TestMicroVMForkMemory(t *testing.T) {
 	kdir := vmKernelDir(t)
@@ -36,11 +36,25 @@ func TestMicroVMForkMemory(t *testing.T) {
 		t.Errorf("memory fork of a container: want a 422 naming the tier microvm, got %v", err)
 	}
 
-	src := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256})
+	py := hostPythonLayer(t, s)
+	src := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256, Layers: []api.LayerAttachment{{Layer: py}}})
 	seed := 1000 + rand.IntN(1_000_000)
-	script := fmt.Sprintf(`echo %d > /tmp/seed; `+
-		`sh -c 'i=$(cat /tmp/seed); rm /tmp/seed; while [ ! -e /tmp/go ]; do sleep 0.2; done; echo $((i+1)) > /tmp/out' </dev/null >/dev/null 2>&1 & `+
-		`echo $!; cat /etc/machine-id 2>/dev/null; hostname`, seed)
+	// The counter lives in the interpreter only: the seed file is gone
+	// before the fork. The result is written aside and renamed, so a
+	// reader never finds it half written.
+	holder := `import os, time
+n = int(open("/tmp/seed").read())
+os.remove("/tmp/seed")
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.2)
+n += 1
+with open("/tmp/out.new", "w") as f:
+    f.write("%d\n" % n)
+os.rename("/tmp/out.new", "/tmp/out")
+`
+	script := fmt.Sprintf("echo %d > /tmp/seed; cat > /tmp/holder.py <<'EOF'\n%sEOF\n"+
+		"python3 /tmp/holder.py </dev/null >/tmp/holder.log 2>&1 & "+
+		"echo $!; cat /etc/machine-id 2>/dev/null; hostname", seed, holder)
 	r := s.sh(t, src.ID, script)
 	f := strings.Fields(r.Stdout)
 	if r.ExitCode != 0 || len(f) < 2 {
@@ -54,7 +68,7 @@ func TestMicroVMForkMemory(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for s.sh(t, src.ID, "test -e /tmp/seed && echo there").Stdout != "" {
 		if time.Now().After(deadline) {
-			t.Fatal("the holder did not read its seed")
+			t.Fatalf("the holder did not read its seed: %q", s.sh(t, src.ID, "cat /tmp/holder.log").Stdout)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -134,4 +148,54 @@ func TestMicroVMForkMemory(t *testing.T) {
 	if q := qemusOf(s.dataDir); q != "" {
 		t.Errorf("QEMU left after shutdown: %s", q)
 	}
+}
+
+// hostPythonLayer makes the named layer "py/host": the host's Python 3
+// (its interpreter, the shared libraries it loads and its standard library,
+// without tests, IDLE, Tk and the like), to stack over busybox.
+func hostPythonLayer(t *testing.T, s *server) string {
+	t.Helper()
+	bin, err := filepath.EvalSymlinks("/usr/bin/python3")
+	if err != nil {
+		t.Fatalf("the host's python3: %v", err)
+	}
+	ver := filepath.Base(bin) // python3.11
+	dir := t.TempDir()
+	copyTo := func(src, dst string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(dst)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("cp", "-a", "--dereference", src, filepath.Join(dir, dst)).CombinedOutput(); err != nil {
+			t.Fatalf("cp %s: %v %s", src, err, out)
+		}
+	}
+	copyTo(bin, "usr/bin/python3")
+	out, err := exec.Command("ldd", bin).Output()
+	if err != nil {
+		t.Fatalf("ldd %s: %v", bin, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				copyTo(f, strings.TrimPrefix(f, "/"))
+			}
+		}
+	}
+	lib := "/usr/lib/" + ver
+	ents, err := os.ReadDir(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skip := map[string]bool{"test": true, "idlelib": true, "tkinter": true, "lib2to3": true, "ensurepip": true,
+		"dist-packages": true, "site-packages": true, "__pycache__": true, "turtledemo": true}
+	for _, e := range ents {
+		if !skip[e.Name()] && !strings.HasPrefix(e.Name(), "config-") {
+			copyTo(filepath.Join(lib, e.Name()), strings.TrimPrefix(filepath.Join(lib, e.Name()), "/"))
+		}
+	}
+	if out, err := s.warren(t, "layer", "create", "--from-dir", dir, "--name", "py/host"); err != nil {
+		t.Fatalf("layer create py/host: %v\n%s", err, out)
+	}
+	return "py/host"
 }
