@@ -231,7 +231,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ae = &api.Error{Code: api.CodeInternal, Message: err.Error()}
 		}
 		b, _ := json.Marshal(ae)
-		_ = fw.end(kindError, b)
+		_ = fw.last(kindError, b)
 		return
 	}
 	var b []byte
@@ -240,11 +240,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			b = raw
 		} else if b, err = json.Marshal(out); err != nil {
 			b, _ = json.Marshal(&api.Error{Code: api.CodeInternal, Message: "encode answer: " + err.Error()})
-			_ = fw.end(kindError, b)
+			_ = fw.last(kindError, b)
 			return
 		}
 	}
-	_ = fw.end(kindDone, b)
+	_ = fw.last(kindDone, b)
 }
 
 // drainWait bounds reading the rest of an upload after the answer.
@@ -269,6 +269,18 @@ func (f *frameWriter) chunk(stream string, data []byte) error {
 }
 
 func (f *frameWriter) end(kind byte, b []byte) error {
+	return f.write(kind, b, true)
+}
+
+// last writes the answer's last frame without flushing it: net/http
+// flushes it with the end of the response when the handler returns, in
+// one write (a flush here would cost a second write and wake the caller
+// twice; an exec's round trip is mostly such wake-ups).
+func (f *frameWriter) last(kind byte, b []byte) error {
+	return f.write(kind, b, false)
+}
+
+func (f *frameWriter) write(kind byte, b []byte, flush bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
@@ -277,6 +289,9 @@ func (f *frameWriter) end(kind byte, b []byte) error {
 	if err := writeFrame(f.w, kind, b); err != nil {
 		f.err = err
 		return err
+	}
+	if !flush {
+		return nil
 	}
 	if err := f.rc.Flush(); err != nil {
 		f.err = err
