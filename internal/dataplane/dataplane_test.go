@@ -346,3 +346,35 @@ func TestRefusedUpload(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswerWhileUploadOpen: an operation that answers before its upload
+// ends (a terminal whose program exited while its input stays open) gets
+// its answer to the caller at once, not when the caller ends the upload.
+func TestAnswerWhileUploadOpen(t *testing.T) {
+	addr := serveUploads(t, func(ctx context.Context, g *Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(in, buf); err != nil {
+			return nil, err
+		}
+		return map[string]string{"got": string(buf)}, nil
+	})
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() {
+		// The caller's input stays open until the answer arrives.
+		_, _ = pw.Write([]byte("exit"))
+	}()
+	done := make(chan error, 1)
+	var out map[string]string
+	go func() {
+		done <- NewClient(testKey).Do(context.Background(), &Call{Addr: addr, Sandbox: "s", Op: "up", Body: []byte(`{}`), Upload: pr}, &out, nil)
+	}()
+	select {
+	case err := <-done:
+		if err != nil || out["got"] != "exit" {
+			t.Fatalf("answer %v, %v", out, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer in 5 s while the upload stays open")
+	}
+}

@@ -250,9 +250,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // drainWait bounds reading the rest of an upload after the answer.
 const drainWait = 30 * time.Second
 
-// drainUpload reads body to its end (see ServeHTTP).
+// drainUpload sends the answer's last frame (frameWriter.last left it
+// unflushed: a caller that streams its upload until it sees the answer,
+// a terminal's input, would otherwise wait for it as long as this waits
+// for the caller) and reads body to its end (see ServeHTTP).
 func drainUpload(w http.ResponseWriter, body io.Reader) {
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(drainWait))
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	_ = rc.SetReadDeadline(time.Now().Add(drainWait))
 	_, _ = io.Copy(io.Discard, body)
 }
 
