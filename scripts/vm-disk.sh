@@ -112,6 +112,7 @@ After=systemd-remount-fs.service
 
 [Service]
 ExecStartPre=-/sbin/modprobe virtio_console
+ExecStartPre=-/sbin/modprobe virtio_net
 ExecStart=/usr/local/sbin/warren-agent --vm-service warren.agent
 # Its commands live in its cgroup; it opened the port exclusively and
 # removed its node, so a restarted agent could not serve again anyway.
@@ -123,7 +124,7 @@ OOMScoreAdjust=-1000
 WantedBy=sysinit.target
 EOF
 ln -sf /etc/systemd/system/warren-agent.service "$tree/etc/systemd/system/sysinit.target.wants/warren-agent.service"
-# Nothing of a headless, networkless VM waits for these.
+# Nothing of a headless VM (its agent configures its network) waits for these.
 for u in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
   systemd-networkd-wait-online.service getty@tty1.service getty-static.service; do
   ln -sf /dev/null "$tree/etc/systemd/system/$u"

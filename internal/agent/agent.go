@@ -113,6 +113,9 @@ type Agent struct {
 	// vmService: the agent is a service of a VM's own init
 	// (VMServiceMain); setup then sets the VM's hostname.
 	vmService bool
+	// vm: the agent serves a VM's host (VMMain or VMServiceMain); setup
+	// then configures the VM's network interface.
+	vm bool
 }
 
 // New returns an agent. It starts the reaper and makes the agent a child
@@ -230,6 +233,14 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	if a.vmService && cfg.Hostname != "" {
 		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 			a.log.Warn("agent: sethostname", "err", err)
+		}
+	}
+	if cfg.Net != nil {
+		if !a.vm {
+			return nil, errf(agentproto.ErrInvalid, "setup: a network interface is configured by a VM's agent only")
+		}
+		if err := vmNetwork(cfg.Net); err != nil {
+			return nil, errf(agentproto.ErrInternal, "setup: network: %v", err)
 		}
 	}
 	a.root = root

@@ -64,6 +64,7 @@ func VMMain() {
 		os.Exit(1)
 	}
 	a := New(log)
+	a.vm = true
 	if err := a.Serve(port); err != nil {
 		log.Error("agent: serve", "err", err)
 	}
@@ -100,11 +101,7 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 	if h := params[VMParamHostname]; h != "" {
 		_ = unix.Sethostname([]byte(h))
 	}
-	if n := params[VMParamNet]; n != "" {
-		if err := vmNetwork(n); err != nil {
-			return nil, fmt.Errorf("network: %w", err)
-		}
-	}
+
 	name := params[VMParamPort]
 	if name == "" {
 		return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)

@@ -1,10 +1,12 @@
 package agent
 
 // A networked VM's interface (internal/runtime/microvm/network.go): the
-// host names its address, gateway and MAC in the kernel parameter
-// VMParamNet, and the agent, before it serves anything, gives the
-// interface with that MAC the address, brings it and loopback up, and
-// routes everything through the gateway. IPv6 stays off on it: the host
+// host names its address, gateway and MAC in setup (SetupConfig.Net), and
+// the agent gives the interface with that MAC the address, brings it and
+// loopback up, and routes everything through the gateway. The same in a
+// microVM (the agent is PID 1) and in a VM that boots its own system (the
+// agent is its service; the interface may still be on its way there:
+// udev loads the driver). IPv6 stays off on it: the host
 // carries none for sandboxes. What the guest later changes here changes
 // nothing on the host, where the sandbox's policy lives.
 
@@ -13,27 +15,20 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/warrenhq/warren/internal/agentproto"
 )
 
-// VMParamNet is a networked VM's interface: "ADDRESS/BITS,GATEWAY,MAC".
-const VMParamNet = "warren.net"
-
-// vmNetwork configures the interface that param (VMParamNet's value)
-// describes.
-func vmNetwork(param string) error {
-	f := strings.Split(param, ",")
-	if len(f) != 3 {
-		return fmt.Errorf("kernel parameter %s=%q: want ADDRESS/BITS,GATEWAY,MAC", VMParamNet, param)
-	}
-	addr, err := netlink.ParseAddr(f[0])
-	gw := net.ParseIP(f[1])
-	mac, merr := net.ParseMAC(f[2])
+// vmNetwork configures the interface that n describes.
+func vmNetwork(n *agentproto.VMNet) error {
+	addr, err := netlink.ParseAddr(n.Address)
+	gw := net.ParseIP(n.Gateway)
+	mac, merr := net.ParseMAC(n.MAC)
 	if err != nil || gw == nil || merr != nil {
-		return fmt.Errorf("kernel parameter %s=%q: want ADDRESS/BITS,GATEWAY,MAC", VMParamNet, param)
+		return fmt.Errorf("bad interface %+v", *n)
 	}
 	if lo, err := netlink.LinkByName("lo"); err == nil {
 		_ = netlink.LinkSetUp(lo)
@@ -41,7 +36,7 @@ func vmNetwork(param string) error {
 	// The virtio-net driver was loaded with the modules; its interface
 	// may take a moment to be registered.
 	var link netlink.Link
-	for deadline := time.Now().Add(5 * time.Second); link == nil; {
+	for deadline := time.Now().Add(20 * time.Second); link == nil; {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return fmt.Errorf("list links: %w", err)
@@ -61,7 +56,7 @@ func vmNetwork(param string) error {
 	name := link.Attrs().Name
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
 	if err := netlink.AddrAdd(link, addr); err != nil {
-		return fmt.Errorf("address %s on %s: %w", f[0], name, err)
+		return fmt.Errorf("address %s on %s: %w", n.Address, name, err)
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("%s up: %w", name, err)

@@ -30,7 +30,7 @@ func VMServiceMain(port string) {
 	}
 	log.Info("agent: serving as a vm service", "port", port)
 	a := New(log)
-	a.vmService = true
+	a.vmService, a.vm = true, true
 	if err := a.Serve(p); err != nil {
 		log.Error("agent: serve", "err", err)
 	}

@@ -56,10 +56,22 @@ type SetupConfig struct {
 	// OpReset kills every process and empties them again.
 	Stateless []string `json:"stateless,omitempty"`
 
+	// Net is a VM's network interface, which the agent in the guest
+	// configures (a container's is configured from the host: nil).
+	Net *VMNet `json:"net,omitempty"`
+
 	// Unconfined skips confinement (no mounts, no pivot, no privilege drop).
 	// Tests only: the agent then serves file operations relative to RootDir
 	// (or "/" when empty) and runs commands in its own (host) root.
 	Unconfined bool `json:"unconfined,omitempty"`
+}
+
+// VMNet is a VM's interface: the one with MAC gets Address (CIDR) and a
+// default route through Gateway.
+type VMNet struct {
+	Address string `json:"address"`
+	Gateway string `json:"gateway"`
+	MAC     string `json:"mac"`
 }
 
 // Bind attaches a host directory (a mounted layer) read-only, nosuid and

@@ -28,7 +28,7 @@ const startTimeout = 60 * time.Second
 const vmStartTimeout = 4 * time.Minute
 
 // checkDiskImage refuses what a VM disk image (img.Disk) cannot do: boot
-// on another tier than vm, take named layers, or have a network.
+// on another tier than vm, or take named layers.
 func checkDiskImage(spec *api.CreateSandboxRequest, img *ResolvedImage) error {
 	if img.Disk == "" {
 		return nil
@@ -38,9 +38,6 @@ func checkDiskImage(spec *api.CreateSandboxRequest, img *ResolvedImage) error {
 	}
 	if len(spec.Layers) > 0 {
 		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("image %q is a VM disk image: it takes no layers", spec.Image)}
-	}
-	if spec.Network != nil {
-		return &api.Error{Code: api.CodeInvalid, Message: fmt.Sprintf("image %q is a VM disk image: a network for a VM that boots its own system is not supported yet (a VM of layers has one)", spec.Image)}
 	}
 	return nil
 }

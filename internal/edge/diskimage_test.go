@@ -7,9 +7,9 @@ import (
 	"github.com/warrenhq/warren/api"
 )
 
-// TestCheckDiskImage: a VM disk image boots on the vm tier only, without
-// named layers or a network; each refusal is a 422 that says why, and an
-// image of layers is not concerned.
+// TestCheckDiskImage: a VM disk image boots on the vm tier only (with a
+// network or without), without named layers; each refusal is a 422 that
+// says why, and an image of layers is not concerned.
 func TestCheckDiskImage(t *testing.T) {
 	disk := &ResolvedImage{Disk: "/var/lib/warren/disks/x.qcow2"}
 	for _, c := range []struct {
@@ -21,7 +21,7 @@ func TestCheckDiskImage(t *testing.T) {
 		{"vm", api.CreateSandboxRequest{Image: "d", Tier: api.TierVM}, disk, ""},
 		{"microvm", api.CreateSandboxRequest{Image: "d", Tier: api.TierMicroVM}, disk, `create it with tier "vm"`},
 		{"layers", api.CreateSandboxRequest{Image: "d", Tier: api.TierVM, Layers: []api.LayerAttachment{{Layer: "l"}}}, disk, "takes no layers"},
-		{"network", api.CreateSandboxRequest{Image: "d", Tier: api.TierVM, Network: &api.NetworkSpec{}}, disk, "network"},
+		{"network", api.CreateSandboxRequest{Image: "d", Tier: api.TierVM, Network: &api.NetworkSpec{}}, disk, ""},
 		{"layers image with a network", api.CreateSandboxRequest{Image: "b", Tier: api.TierVM, Network: &api.NetworkSpec{}}, &ResolvedImage{}, ""},
 	} {
 		err := checkDiskImage(&c.spec, c.img)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/sandboxnet/nettest"
 )
 
 // vmDiskFile is the vm tier's Debian 12 test disk (scripts/vm-disk.sh,
@@ -52,15 +53,18 @@ func vmDiskFile(t *testing.T) string {
 // whose warren-agent service serves exec and files (its port node gone),
 // which runs systemd services and loads kernel modules;
 // pause and resume keep its processes, and so does kill -9 of warren (the
-// next one adopts the VM); a disk snapshot is a 409; other tiers and layers
-// are refused;
+// next one adopts the VM); its network (the agent service configures it)
+// reaches what its list allows and nothing else, before and after those; a
+// disk snapshot is a 409; other tiers and layers are refused;
 // delete leaves no QEMU and no overlay, and the stored disk never changed.
 // (The one test that boots the disk: a boot costs a minute or more under
 // TCG.)
 func TestVMDiskImage(t *testing.T) {
 	kdir := vmKernelDir(t)
 	raw := vmDiskFile(t)
-	s := startServer(t, "--vm-kernel", kdir)
+	nettest.FakeInternet(t)
+	pool := fmt.Sprintf("10.213.%d.0/24", 20+(os.Getpid()+17)%100)
+	s := startServer(t, "--vm-kernel", kdir, "--net-pool", pool)
 	ctx := context.Background()
 	dir := t.TempDir()
 	qimg := func(args ...string) {
@@ -146,8 +150,23 @@ except warren.BadRequest as e:
 	}
 
 	t0 = time.Now()
-	sb := s.create(t, api.CreateSandboxRequest{Image: "debian:12-vm", Tier: api.TierVM, MemoryMB: 512, Hostname: "vmdisk"})
+	sb := s.create(t, api.CreateSandboxRequest{Image: "debian:12-vm", Tier: api.TierVM, MemoryMB: 512, Hostname: "vmdisk",
+		Network: &api.NetworkSpec{Egress: []string{nettest.Mirror + "/32:443/tcp"}}})
 	t.Logf("create (boot to the agent service): %v", time.Since(t0))
+	// Its network: the agent service configured the interface udev
+	// named; the list holds as for any sandbox (bash's /dev/tcp: the
+	// image has no nc).
+	dial := func(addr, port string) *api.ExecResult {
+		return s.sh(t, sb.ID, "timeout 8 bash -c 'exec 3<>/dev/tcp/"+addr+"/"+port+"; head -c 5 <&3'")
+	}
+	if r := dial(nettest.Mirror, "443"); r.Stdout != "hello" {
+		t.Errorf("disk-image VM, allowed %s:443: exit %d %q %q", nettest.Mirror, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	for _, dst := range [][2]string{{nettest.Elsewhere, "443"}, {nettest.Metadata, "80"}} {
+		if r := dial(dst[0], dst[1]); r.ExitCode == 0 || strings.Contains(r.Stdout, "hello") {
+			t.Errorf("disk-image VM, %s:%s reachable: %q", dst[0], dst[1], r.Stdout)
+		}
+	}
 	if r := s.sh(t, sb.ID, "hostname"); r.Stdout != "vmdisk\n" {
 		t.Errorf("hostname: %q", r.Stdout)
 	}
@@ -198,6 +217,9 @@ except warren.BadRequest as e:
 	s.start()
 	if r := s.sh(t, sb.ID, "cat /dev/shm/mark; systemctl is-active warren-hello"); r.Stdout != "kept\nactive\n" {
 		t.Errorf("after the restart: %q %q", r.Stdout, r.Stderr)
+	}
+	if r := dial(nettest.Mirror, "443"); r.Stdout != "hello" {
+		t.Errorf("disk-image VM's network after pause, resume and a restart: exit %d %q %q", r.ExitCode, r.Stdout, r.Stderr)
 	}
 	// No disk snapshots of a disk image's VM yet: a 409 that says so.
 	if _, err := s.C.Snapshot(ctx, sb.ID, api.CreateSnapshotRequest{}); err == nil || !strings.Contains(err.Error(), "no VM writable disk") {

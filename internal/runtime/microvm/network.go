@@ -6,16 +6,17 @@ package microvm
 // of the tap (spawn's withFDSets opens it by the name in "-netdev
 // tap,ifname=…", so a restore from a memory snapshot opens it again), the
 // guest a virtio-net interface with the sandbox's MAC, and the agent the
-// address, gateway and MAC in a kernel parameter (agent.VMParamNet), from
-// which it configures the interface before anything else runs. The
-// resolver is the gateway's, as for a container.
+// address, gateway and MAC in setup (agentproto.SetupConfig.Net), with
+// which it configures the interface before Start returns: in a microVM
+// and in a VM booted from its own disk alike. The resolver is the
+// gateway's, as for a container.
 
 import (
 	"fmt"
 	"strings"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/agent"
+	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/runtime"
 	"github.com/warrenhq/warren/internal/sandboxnet"
 )
@@ -43,17 +44,24 @@ func (r *Runtime) attachNetwork(spec *runtime.Spec) (*nic, error) {
 	return &nic{link: a.Link, mac: r.cfg.Net.MAC(spec.ID).String(), address: a.Address.String(), gateway: a.Gateway.String()}, nil
 }
 
-// args are QEMU's arguments and the kernel parameter for n (bus: the
-// virtio device suffix of the machine).
-func (n *nic) args(bus string) (args []string, param string) {
+// args are QEMU's arguments for n (bus: the virtio device suffix of the
+// machine).
+func (n *nic) args(bus string) []string {
 	if n == nil {
-		return nil, ""
+		return nil
 	}
 	return []string{
-			"-netdev", "tap,id=net0,ifname=" + n.link,
-			"-device", "virtio-net" + bus + ",netdev=net0,mac=" + n.mac,
-		},
-		agent.VMParamNet + "=" + n.address + "/31," + n.gateway + "," + n.mac
+		"-netdev", "tap,id=net0,ifname=" + n.link,
+		"-device", "virtio-net" + bus + ",netdev=net0,mac=" + n.mac,
+	}
+}
+
+// setup is n as the agent's setup names it.
+func (n *nic) setup() *agentproto.VMNet {
+	if n == nil {
+		return nil
+	}
+	return &agentproto.VMNet{Address: n.address + "/31", Gateway: n.gateway, MAC: n.mac}
 }
 
 // tapOf is the tap named by a "-netdev" value ("tap,…,ifname=NAME,…"),

@@ -256,7 +256,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	tQEMU := time.Now()
 	setup := &agentproto.SetupConfig{
 		RootDir: "/", Unconfined: true, // the VM is the boundary; the agent assembled the root at boot
-		Hostname: spec.Hostname, Env: spec.Env, User: spec.User, Cwd: spec.Cwd,
+		Hostname: spec.Hostname, Env: spec.Env, User: spec.User, Cwd: spec.Cwd, Net: nc.setup(),
 	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
@@ -367,10 +367,7 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string, nc *
 	if r.cfg.Machine == MachineQ35 {
 		machine, bus = MachineQ35, "-pci"
 	}
-	netArgs, netParam := nc.args(bus)
-	if netParam != "" {
-		params = append(params, netParam)
-	}
+	netArgs := nc.args(bus)
 	cpu, accel := "max", "tcg,tb-size="+strconv.Itoa(TCGBufferMB)
 	if r.cfg.Accel == "kvm" {
 		cpu, accel = "host", "kvm"
