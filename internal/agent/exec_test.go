@@ -63,6 +63,14 @@ func TestExecBasics(t *testing.T) {
 	}
 }
 
+// TestSetupNetOnlyInVM: a network interface in setup is a VM's (the agent
+// in the guest configures it); a container's agent refuses it, and a
+// setup without it then succeeds.
+func TestSetupNetOnlyInVM(t *testing.T) {
+	a := startAgent(t, agentproto.SetupConfig{Net: &agentproto.VMNet{Address: "10.213.0.3/31", Gateway: "10.213.0.2", MAC: "02:77:00:00:00:01"}})
+	a.mustExec(agentproto.ExecRequest{Cmd: "true"})
+}
+
 func TestExecStdinEnvCwd(t *testing.T) {
 	a := startAgent(t, agentproto.SetupConfig{Env: map[string]string{"BASE": "b1"}})
 	r := a.mustExec(agentproto.ExecRequest{Cmd: "tr a-z A-Z", Stdin: []byte("abc")})
