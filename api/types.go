@@ -330,7 +330,8 @@ type ExecResult struct {
 	// OOMKilled: the kernel's OOM killer ended the command (the sandbox's
 	// memory limit); KilledBy names what ended a command that did not
 	// exit by itself (KilledBy*); PidsLimited: a fork or thread was refused
-	// by the sandbox's pids limit while the command ran.
+	// by the sandbox's pids limit while the command, which failed, ran (or
+	// since the last failed command).
 	OOMKilled   bool   `json:"oom_killed,omitempty"`
 	KilledBy    string `json:"killed_by,omitempty"`
 	PidsLimited bool   `json:"pids_limited,omitempty"`

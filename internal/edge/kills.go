@@ -9,8 +9,10 @@ import (
 // (the sandbox's memory cgroup counted a kill while the command ran and it,
 // or the child a shell reports as 137, died of SIGKILL), its timeout, or another signal; and whether the pids
 // limit refused a fork meanwhile. The counters are read once before a
-// sandbox's first command and after each one: a refusal or kill of a
-// background process between commands is reported with the next command.
+// sandbox's first command and after each one that failed (explainEnd): a
+// refusal or kill of a background process between commands, or a refusal
+// that a successful command survived, is reported with the next command
+// that fails.
 // A command that failed while the sandbox's writable layer is at its disk
 // limit says disk_full.
 
