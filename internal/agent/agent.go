@@ -235,6 +235,13 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 			a.log.Warn("agent: sethostname", "err", err)
 		}
 	}
+	if a.vm && !a.vmService {
+		// A microVM's layers attached at paths (a VM booted from its own
+		// disk has no layers).
+		if err := vmBinds(cfg.Binds); err != nil {
+			return nil, errf(agentproto.ErrInternal, "setup: %v", err)
+		}
+	}
 	if cfg.Net != nil {
 		if !a.vm {
 			return nil, errf(agentproto.ErrInvalid, "setup: a network interface is configured by a VM's agent only")

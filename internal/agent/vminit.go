@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/agentproto"
 )
 
 // VM kernel command-line parameters the host sets (internal/runtime/microvm).
@@ -39,6 +41,9 @@ const (
 	VMParamHostname = "warren.hostname"
 	// VMDiskRW is the serial of the writable disk (ext4, made by the host).
 	VMDiskRW = "rw"
+	// VMBindPrefix starts the serials of the disks of layers attached at
+	// paths (bind0, bind1, …); setup's Binds name them as their Source.
+	VMBindPrefix = "bind"
 	// VMModulesDir holds the modules of the initramfs, loaded in the order
 	// of VMModulesDir/modules.order.
 	VMModulesDir = "/modules"
@@ -112,6 +117,34 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 	}
 	log.Info("agent: vm booted", "layers", nLayers, "took", time.Since(t0))
 	return port, nil
+}
+
+// vmBinds mounts each bind's layer disk (its Source is the disk's serial)
+// read-only at its Target in the guest's root.
+func vmBinds(binds []agentproto.Bind) error {
+	if len(binds) == 0 {
+		return nil
+	}
+	serials := make([]string, len(binds))
+	for i, b := range binds {
+		if !strings.HasPrefix(b.Source, VMBindPrefix) || !filepath.IsAbs(b.Target) || filepath.Clean(b.Target) != b.Target || b.Target == "/" {
+			return fmt.Errorf("bind %s at %q: want a %s disk at an absolute clean path", b.Source, b.Target, VMBindPrefix)
+		}
+		serials[i] = b.Source
+	}
+	devs, err := disksBySerial(serials)
+	if err != nil {
+		return err
+	}
+	for _, b := range binds {
+		if err := os.MkdirAll(b.Target, 0o755); err != nil {
+			return fmt.Errorf("bind %s: %w", b.Target, err)
+		}
+		if err := unix.Mount(devs[b.Source], b.Target, "erofs", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
+			return fmt.Errorf("mount the layer at %s: %w", b.Target, err)
+		}
+	}
+	return nil
 }
 
 // loadModules loads dir's modules in the order of dir/modules.order.

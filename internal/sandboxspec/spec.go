@@ -400,8 +400,8 @@ func CheckNetwork(n *api.NetworkSpec) *api.Error {
 // MinMicroVMMemoryMB is the least memory a microVM boots with.
 const MinMicroVMMemoryMB = 128
 
-// checkMicroVM refuses what the microvm and vm tiers do not offer yet:
-// layers attached at paths, too little memory to boot; and a
+// checkMicroVM refuses what the microvm and vm tiers do not offer:
+// protected layers, too little memory to boot; and a
 // display anywhere but on the vm tier. (Snapshots and trajectories work:
 // a snapshot's layers are a VM's disks, a checkpoint is a disk snapshot.)
 func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
@@ -416,8 +416,8 @@ func checkMicroVM(req *api.CreateSandboxRequest) *api.Error {
 		return invalid("tier %s: memory_mb must be at least %d", t, MinMicroVMMemoryMB)
 	}
 	for _, l := range req.Layers {
-		if l.Mount != "" {
-			return invalid("tier %s: layers attached at a mount point are not supported yet", t)
+		if l.Protected {
+			return invalid("tier %s: layer %s: protected layers are the container tier's (root in a VM's guest could replace one); attach it without protected", t, l.Layer)
 		}
 	}
 	return nil

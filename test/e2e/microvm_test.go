@@ -282,3 +282,42 @@ func TestMicroVMRestart(t *testing.T) {
 	s.stop()
 	assertNoLeaks(t, s)
 }
+
+// TestMicroVMLayerAtPath: a named layer attached at a path of a microVM
+// (its own read-only disk, mounted there by the agent in the guest) shows
+// its files there, read-only, beside the image's root, also after a pause
+// to a memory snapshot and a resume; a protected layer is refused on the
+// VM tiers (root in the guest could replace it) with a 422 that says so.
+func TestMicroVMLayerAtPath(t *testing.T) {
+	kdir := vmKernelDir(t)
+	s := startServer(t, "--vm-kernel", kdir)
+	ctx := context.Background()
+	if _, err := s.C.CreateLayerFromTar(ctx, "tk/tools", 0, bytes.NewReader(tarOf(t,
+		[2]string{"bin/", "<dir>"}, [2]string{"bin/hello.txt", "from the toolkit"}))); err != nil {
+		t.Fatal(err)
+	}
+	code, body := s.rawRequest(t, "POST", "/v1/sandboxes", s.Token,
+		[]byte(`{"image":"busybox","tier":"microvm","layers":[{"layer":"tk/tools","mount":"/opt/tk","protected":true}]}`), nil)
+	if code != 422 || !strings.Contains(body, "protected") {
+		t.Errorf("a protected layer on a microVM: %d %s, want 422", code, body)
+	}
+	sb := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256,
+		Layers: []api.LayerAttachment{{Layer: "tk/tools", Mount: "/opt/tk"}}})
+	check := func(when string) {
+		t.Helper()
+		r := s.sh(t, sb.ID, "cat /opt/tk/bin/hello.txt; echo; ls /bin/busybox; echo x > /opt/tk/bin/new 2>/dev/null && echo writable; grep ' /opt/tk ' /proc/mounts | cut -d' ' -f3,4 | cut -d, -f1")
+		if r.Stdout != "from the toolkit\n/bin/busybox\nerofs ro\n" {
+			t.Errorf("%s: %q %q", when, r.Stdout, r.Stderr)
+		}
+	}
+	check("the layer at /opt/tk")
+	if _, err := s.C.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	check("after pause and resume")
+	if _, err := s.C.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	assertNoLeaks(t, s)
+}

@@ -24,8 +24,9 @@ func TestBootFromDiskArgs(t *testing.T) {
 	}
 }
 
-// TestCheckDiskSpec: a disk image boots on q35 only, without layers,
-// networks or stateless directories, from an absolute path without commas.
+// TestCheckDiskSpec: a disk image boots on q35 only, without layers or
+// stateless directories, with a network only where the node gives VMs
+// networks, from an absolute path without commas.
 func TestCheckDiskSpec(t *testing.T) {
 	disk := filepath.Join(t.TempDir(), "d.qcow2")
 	if err := os.WriteFile(disk, nil, 0o644); err != nil {
@@ -42,7 +43,7 @@ func TestCheckDiskSpec(t *testing.T) {
 	}{
 		"microvm":   {&Runtime{}, runtime.Spec{Disk: disk}, "vm tier only"},
 		"layers":    {q35, runtime.Spec{Disk: disk, Lowers: []string{"/l"}}, "no layers"},
-		"network":   {q35, runtime.Spec{Disk: disk, Network: &runtime.NetworkSpec{}}, "networks"},
+		"network":   {q35, runtime.Spec{Disk: disk, Network: &runtime.NetworkSpec{}}, "no network"},
 		"stateless": {q35, runtime.Spec{Disk: disk, Stateless: []string{"/tmp"}}, "stateless"},
 		"relative":  {q35, runtime.Spec{Disk: "d.qcow2"}, "absolute"},
 		"comma":     {q35, runtime.Spec{Disk: "/a,b.qcow2"}, "commas"},

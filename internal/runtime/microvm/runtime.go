@@ -189,8 +189,6 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		}
 	case len(spec.Lowers) == 0:
 		return nil, errors.New("microvm: no layers")
-	case len(spec.Binds) > 0:
-		return nil, errors.New("microvm: layers attached at paths are not supported by this tier yet")
 	case len(spec.Stateless) > 0:
 		return nil, errors.New("microvm: stateless sandboxes are not supported by this tier")
 	case spec.Network != nil && r.cfg.Net == nil:
@@ -219,6 +217,10 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 			return nil, fmt.Errorf("microvm: layer %s: %w", d, err)
 		}
 	}
+	binds, setupBinds, err := r.bindDisks(spec)
+	if err != nil {
+		return nil, err
+	}
 	disk, err := makeDisk(spec)
 	if err != nil {
 		return nil, err
@@ -236,7 +238,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if nc != nil {
 		h.Net = &runtime.NetHandle{Address: nc.address, Gateway: nc.gateway}
 	}
-	args, err := r.command(spec, layers, disk, nc)
+	args, err := r.command(spec, layers, binds, disk, nc)
 	if err != nil {
 		return nil, err
 	}
@@ -257,6 +259,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	setup := &agentproto.SetupConfig{
 		RootDir: "/", Unconfined: true, // the VM is the boundary; the agent assembled the root at boot
 		Hostname: spec.Hostname, Env: spec.Env, User: spec.User, Cwd: spec.Cwd, Net: nc.setup(),
+		Binds: setupBinds,
 	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
@@ -278,6 +281,25 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	r.log.Debug("microvm: started", "id", spec.ID, "pid", h.Pid, "accel", r.cfg.Accel,
 		"disk", tDisk.Sub(t0), "qemu", tQEMU.Sub(tDisk), "boot", time.Since(tQEMU), "total", time.Since(t0))
 	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// bindDisks are the EROFS images of spec's layers attached at paths (read-
+// only disks with the serials bind0, bind1, …) and the binds the agent in
+// the guest mounts from them. A protected bind is refused: root in the
+// guest could replace it (sandboxspec refuses it first).
+func (r *Runtime) bindDisks(spec *runtime.Spec) (files []string, binds []agentproto.Bind, err error) {
+	for i, b := range spec.Binds {
+		if b.Protected {
+			return nil, nil, fmt.Errorf("microvm: protected layer at %s: not offered by this tier", b.Target)
+		}
+		f, err := r.cfg.LayerFile(b.Source)
+		if err != nil {
+			return nil, nil, fmt.Errorf("microvm: layer %s: %w", b.Source, err)
+		}
+		files = append(files, f)
+		binds = append(binds, agentproto.Bind{Source: agent.VMBindPrefix + strconv.Itoa(i), Target: b.Target})
+	}
+	return files, binds, nil
 }
 
 // logTail is the last n bytes of the file at p (for errors: the state
@@ -341,7 +363,7 @@ func makeDisk(spec *runtime.Spec) (string, error) {
 }
 
 // command is QEMU's command line for spec (spawn starts it).
-func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string, nc *nic) ([]string, error) {
+func (r *Runtime) command(spec *runtime.Spec, layers, binds []string, disk string, nc *nic) ([]string, error) {
 	smp := int(math.Ceil(spec.CPU))
 	if smp < 1 {
 		smp = 1
@@ -404,14 +426,23 @@ func (r *Runtime) command(spec *runtime.Spec, layers []string, disk string, nc *
 		args = append(args, more...)
 	}
 	args = append(args, netArgs...)
-	for i, l := range layers {
-		if strings.Contains(l, ",") {
-			return nil, fmt.Errorf("microvm: layer path %q has a comma", l)
+	disks := func(files []string, prefix string) error {
+		for i, l := range files {
+			if strings.Contains(l, ",") {
+				return fmt.Errorf("microvm: layer path %q has a comma", l)
+			}
+			id := prefix + strconv.Itoa(i)
+			args = append(args,
+				"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
+				"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
 		}
-		id := "layer" + strconv.Itoa(i)
-		args = append(args,
-			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
-			"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
+		return nil
+	}
+	if err := disks(layers, "layer"); err != nil {
+		return nil, err
+	}
+	if err := disks(binds, agent.VMBindPrefix); err != nil {
+		return nil, err
 	}
 	if spec.Disk != "" {
 		args = bootFromDisk(args, spec.Disk) // diskboot.go
