@@ -346,7 +346,14 @@ func (m *Manager) Attach(id string, pid int, egress []api.EgressRule) (a *Attach
 }
 
 // AttachWith is Attach with the settings of opts.
-func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts AttachOptions) (a *Attachment, err error) {
+func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts AttachOptions) (*Attachment, error) {
+	return m.attach(id, egress, opts, func(a *Attachment) error { return m.link(a, pid) })
+}
+
+// attach allocates id's /31, installs its policy and then makes its link
+// with link (a veth pair, or a VM's tap: tap.go). On an error nothing of
+// it is left.
+func (m *Manager) attach(id string, egress []api.EgressRule, opts AttachOptions, link func(*Attachment) error) (a *Attachment, err error) {
 	if err := m.enableForwarding(); err != nil {
 		return nil, err
 	}
@@ -368,7 +375,7 @@ func (m *Manager) AttachWith(id string, pid int, egress []api.EgressRule, opts A
 	if err := m.installPolicy(a); err != nil {
 		return nil, err
 	}
-	if err := m.link(a, pid); err != nil {
+	if err := link(a); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -33,41 +33,26 @@ const tapFlags = unix.IFF_TAP | unix.IFF_NO_PI
 // AttachTap gives sandbox id a network whose host end is a tap device
 // (for a VM: OpenTap hands QEMU its descriptor) and installs its policy.
 // On an error nothing of it is left.
-func (m *Manager) AttachTap(id string, egress []api.EgressRule, opts AttachOptions) (a *Attachment, err error) {
-	if err := m.enableForwarding(); err != nil {
-		return nil, err
-	}
-	i, err := m.alloc(id)
-	if err != nil {
-		return nil, err
-	}
-	a = m.attachment(id, i, egress, opts)
-	defer func() {
-		if err != nil {
-			_ = m.Detach(id)
-		}
-	}()
-	m.setPolicy(id, egress)
-	if err := m.ensureTable(); err != nil {
-		return nil, err
-	}
-	if err := m.installPolicy(a); err != nil {
-		return nil, err
-	}
+func (m *Manager) AttachTap(id string, egress []api.EgressRule, opts AttachOptions) (*Attachment, error) {
+	return m.attach(id, egress, opts, m.tapLink)
+}
+
+// tapLink makes a's host end a persistent tap device.
+func (m *Manager) tapLink(a *Attachment) error {
 	if err := makeTap(a.Link); err != nil {
-		return nil, err
+		return err
 	}
 	host, err := netlink.LinkByName(a.Link)
 	if err != nil {
-		return nil, fmt.Errorf("sandboxnet: find %s: %w", a.Link, err)
+		return fmt.Errorf("sandboxnet: find %s: %w", a.Link, err)
 	}
 	if err := m.hostEnd(a, host); err != nil {
-		return nil, err
+		return err
 	}
 	m.mu.Lock()
 	m.carried[a.ID] = linkCount{}
 	m.mu.Unlock()
-	return a, nil
+	return nil
 }
 
 // makeTap creates the persistent tap device name.

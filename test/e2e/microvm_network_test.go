@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"testing"
@@ -54,13 +53,7 @@ func TestMicroVMNetwork(t *testing.T) {
 	if r := reach(nettest.MirrorName + " 80"); r.ExitCode != 0 || r.Stdout != "hello" {
 		t.Errorf("allowed name %s:80: exit %d %q %q", nettest.MirrorName, r.ExitCode, r.Stdout, r.Stderr)
 	}
-	hl, err := net.Listen("tcp4", "0.0.0.0:0") // the host, on every address
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hl.Close()
-	go nettest.Serve(hl)
-	hostPort := hl.Addr().(*net.TCPAddr).Port
+	hostPort := hostServer(t)
 	for _, dst := range []string{nettest.Elsewhere + " 443", nettest.Metadata + " 80",
 		fmt.Sprint(nettest.HostEnd, " ", hostPort), fmt.Sprint(n0.Gateway, " ", hostPort)} {
 		if r := reach(dst); r.ExitCode == 0 || strings.Contains(r.Stdout, "hello") {

@@ -53,13 +53,7 @@ func TestNetworkEgress(t *testing.T) {
 	if r := s.sh(t, sb.ID, "nc -w 5 "+nettest.Mirror+" 443 </dev/null"); r.ExitCode != 0 || r.Stdout != "hello" {
 		t.Fatalf("allowed %s:443: exit %d, %q %q", nettest.Mirror, r.ExitCode, r.Stdout, r.Stderr)
 	}
-	hl, err := net.Listen("tcp4", "0.0.0.0:0") // the host, on every address
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hl.Close()
-	go nettest.Serve(hl)
-	hostPort := hl.Addr().(*net.TCPAddr).Port
+	hostPort := hostServer(t)
 	var deadline time.Time
 	n0, err := s.C.Network(t.Context(), sb.ID) // the Go SDK
 	if err != nil || !n0.Enabled || n0.Address == "" || n0.Gateway == "" || n0.Denied != 0 {
@@ -233,4 +227,17 @@ func TestNetworkRestart(t *testing.T) {
 	}
 	s.stop()
 	assertNoLeaks(t, s)
+}
+
+// hostServer serves nettest's greeting on every address of the host, on a
+// port it returns, until the test ends: what a sandbox must not reach.
+func hostServer(t *testing.T) int {
+	t.Helper()
+	hl, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hl.Close() })
+	go nettest.Serve(hl)
+	return hl.Addr().(*net.TCPAddr).Port
 }
