@@ -2,7 +2,6 @@ package sandboxnet
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -62,8 +61,8 @@ func makeTap(name string) error {
 		return err
 	}
 	defer f.Close()
+	// Not persistent yet, the tap goes with f if this fails.
 	if err := unix.IoctlSetInt(int(f.Fd()), unix.TUNSETPERSIST, 1); err != nil {
-		_ = netlinkDel(name)
 		return fmt.Errorf("sandboxnet: make tap %s persistent: %w", name, err)
 	}
 	return nil
@@ -100,19 +99,7 @@ func (m *Manager) IsTap(id string) bool {
 		return false
 	}
 	_, ok := l.(*netlink.Tuntap)
-	return ok || l.Type() == "tun"
-}
-
-func netlinkDel(name string) error {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return nil
-		}
-		return err
-	}
-	return netlink.LinkDel(l)
+	return ok
 }
 
 // MAC is the guest interface's address for sandbox id: locally

@@ -418,7 +418,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	if h.Net != nil {
 		if err := runtime.WriteResolvConf(ctx, client, h.Net.Gateway); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("container: %w", err)
 		}
 	}
 
