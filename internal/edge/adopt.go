@@ -96,7 +96,7 @@ func (e *Edge) adopted(sb *sandbox, inst *runtime.Instance) {
 	e.cpuOpenLocked(sb)
 	sb.mu.Unlock()
 	e.put(sb.rec.Sandbox.ID, sb)
-	setPolicy(sb, sb.rec.Spec.Audit)
+	sb.audit.SetPolicy(sb.rec.Spec.Audit)
 	e.auditStart(sb, inst.Handle)
 	e.watch(sb)
 }

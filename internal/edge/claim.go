@@ -8,7 +8,8 @@ import (
 )
 
 // Lock order: Edge.mu, then pool.Pools.mu, then sandbox.mu (claimLocked);
-// auditRing.mu is a leaf (the whole order is in edge.go).
+// the audit's ring lock (audit.State.Reset) is a leaf (the whole order is
+// in edge.go).
 
 // claimLocked hands out a ready warm-pool member (internal/edge/pool) for
 // a create of spec under the final id, or nil when no pool has one. Called
@@ -53,8 +54,8 @@ func (e *Edge) claimMemberLocked(sb *sandbox, id string, spec *api.CreateSandbox
 	sb.rec.Sandbox.LastActive = now
 	sb.pool = ""
 	sb.mu.Unlock()
-	sb.audit.reset() // what ran while it waited in the pool is nobody's
-	setPolicy(sb, spec.Audit)
+	sb.audit.Reset() // what ran while it waited in the pool is nobody's
+	sb.audit.SetPolicy(spec.Audit)
 	e.dropLocked(internal)
 	e.putLocked(id, sb)
 	return true

@@ -460,7 +460,7 @@ func (e *Edge) started(ctx context.Context, sb *sandbox, inst *runtime.Instance,
 	e.cpuOpenLocked(sb)
 	rec := sb.rec
 	sb.mu.Unlock()
-	setPolicy(sb, rec.Spec.Audit)
+	sb.audit.SetPolicy(rec.Spec.Audit)
 	e.auditStart(sb, h)
 	if !pooled {
 		if err := e.persist(&rec); err != nil {

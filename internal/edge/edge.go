@@ -17,6 +17,9 @@ package edge
 //     and each is held over runtime calls (freeze);
 //  3. sandbox.wmu: one write of a sandbox's record (persistSandbox),
 //     taken under pmu by pause and resume, never under Edge.mu;
+//     3a. audit.State's save lock (internal/edge/audit: one save of a
+//     step's records with the trajectory, audit.Node.Save): taken under
+//     no lock; sandbox.mu (the project charged) and leaves under it;
 //  4. Edge.mu: the edge's maps (sandboxes, live);
 //     4a. the jobs' own locks, each taken under Edge.mu and never
 //     around it (internal/edge/core): fncall.Workers.mu (the FnCall
@@ -28,10 +31,14 @@ package edge
 //     never taken under it);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     classCap.mu (taken under sandbox.mu by acquire),
-//     Edge.usageMu, uploads.mu, history.Commands.mu, auditRing.mu,
-//     recycle.Shelf.mu (the recycled containers; taken under no lock), and
-//     auditState.mu (under Traj.mu; it takes only telemetry.Collector.mu,
-//     see audit.go).
+//     Edge.usageMu, uploads.mu, history.Commands.mu, audit.State's ring,
+//     step and trusted-window locks (internal/edge/audit; a pool claim
+//     resets the ring under Edge.mu), netdeny.Log.mu (internal/edge/netdeny,
+//     the denial logs; taken under Edge.mu and sandbox.mu when a sandbox is
+//     dropped), recycle.Shelf.mu (the recycled containers; taken under no
+//     lock), and audit.Node.mu (the sandboxes registered with the node's
+//     telemetry; under Traj.mu; it takes only telemetry.Collector.mu, see
+//     internal/edge/audit).
 //
 // Goroutines of the edge (Close waits for every one; see Close and drain):
 //
@@ -41,7 +48,8 @@ package edge
 //     cancels them (callCtx) and waits.
 //   - Edge.wg: the edge's own goroutines (the heartbeat, reaper, denial
 //     and roster loops, the network rules' watch, the data listener,
-//     background stops and pauses, telemetry, and what the job packages
+//     background stops and pauses, telemetry and the audit's step saves
+//     (audit.Host.After), and what the job packages
 //     start through core.Core.Go: pool fillers, FnCall workers starting
 //     and resetting). Started with wg.Go, or wg.Add(1) by a goroutine
 //     already counted or by a call in flight (which Close drains first).
@@ -65,8 +73,10 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
+	"github.com/warrenhq/warren/internal/edge/audit"
 	"github.com/warrenhq/warren/internal/edge/fncall"
 	"github.com/warrenhq/warren/internal/edge/fork"
+	"github.com/warrenhq/warren/internal/edge/netdeny"
 	"github.com/warrenhq/warren/internal/edge/pause"
 	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/edge/recycle"
@@ -220,8 +230,8 @@ type Edge struct {
 	// id -> project, under mu.
 	lost        map[string]string
 	lostKV      *bus.Lost
-	rules       netRules // the cluster's named network rules (network.go)
-	denials     denials  // per sandbox, what its network refused (netdenials.go)
+	rules       netRules     // the cluster's named network rules (network.go)
+	denials     *netdeny.Log // per sandbox, what its network refused (internal/edge/netdeny, netdenials.go)
 	events      *bus.Events
 	reconciled  chan struct{} // closed once reconcile is done
 	pendingLost [][2]string   // destroyed by reconcile: sandbox.destroyed to publish
@@ -256,7 +266,9 @@ type Edge struct {
 	trajs   *trajectory.Recorder
 	storage *bus.Storage // the projects' stored bytes and storage quotas (storage.go)
 
-	audit auditState // the node's telemetry (audit.go)
+	// audit is the sandboxes' audit and the node's telemetry
+	// (internal/edge/audit, audit.go).
+	audit *audit.Node
 }
 
 // New checks cfg and prepares directories; Start brings the edge up.
@@ -319,6 +331,8 @@ func New(cfg Config) (*Edge, error) {
 	e.pauser = pause.New(jobCore{e}, cfg.Runtime)
 	e.snapshots = e.newSnapshotter()
 	e.forker = fork.New(forkHost{e}, cfg.Runtime)
+	e.audit = audit.New(auditHost{e}, cfg.Runtime)
+	e.denials = netdeny.New(denyHost{e}, cfg.Runtime)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {
@@ -455,7 +469,7 @@ func (e *Edge) Close(ctx context.Context) error {
 	}
 	e.wg.Close()
 	_ = e.wg.Wait(context.Background())
-	defer e.closeTelemetry()
+	defer e.audit.Close()
 	e.mu.Lock()
 	all := make([]*sandbox, 0, len(e.sandboxes))
 	for _, sb := range e.sandboxes {
@@ -555,7 +569,7 @@ func (e *Edge) dropLocked(id string) {
 		delete(e.live, sb)
 	}
 	delete(e.sandboxes, id)
-	e.denials.forget(id)
+	e.denials.Forget(id)
 }
 
 // newID returns sb-<node>-<random>; the random part has no '-'.

@@ -11,6 +11,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/edge/audit"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
 
@@ -195,7 +196,7 @@ func (e *Edge) agentError(sb *sandbox, err error) error {
 		case agentproto.ErrNoSpace:
 			code = api.CodeTooLarge
 		case agentproto.ErrPidsLimit:
-			e.addAudit(sb, api.AuditRecord{Time: time.Now(), Step: sb.auditStepNow.Load(), Kind: api.AuditKindLimit, Op: api.AuditLimitPids})
+			e.audit.Limit(auditSandbox{sb}, api.AuditLimitPids)
 			return &api.Error{Code: api.CodeTooManyRequests, Reason: api.ReasonPids,
 				Message: ae.Message + ": the sandbox is at its pids limit (its processes hold every pid it may use); retry when some have ended"}
 		}
@@ -269,23 +270,23 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 	start := time.Now()
 	// An audit policy's kill-step cancels ctx; the agent then kills the
 	// command (the agent protocol's cancel).
-	ctx, leave := sb.steps.enter(ctx)
+	ctx, leave := sb.audit.Enter(ctx)
 	defer leave()
 	trustedBackground := false
 	if x.Trusted {
 		// Its window lasts until it ends: for a background one, past
 		// this call (afterCommand below).
-		sb.trusted.begin()
+		sb.audit.BeginTrusted()
 		defer func() {
 			if !trustedBackground {
-				sb.trusted.end()
+				sb.audit.EndTrusted()
 			}
 		}()
 	}
 	err = agent.Call(ctx, agentproto.OpExec, areq, &res, func(r *agentproto.Response) error {
 		return chunk(r.Stream, r.Data)
 	})
-	if err != nil && killedByPolicy(ctx) {
+	if err != nil && audit.KilledByPolicy(ctx) {
 		err = nil
 		res = agentproto.ExecResult{ExitCode: 128 + 9, Signal: "SIGKILL", Duration: time.Since(start).Seconds() * 1000}
 	}
@@ -298,17 +299,17 @@ func (e *Edge) exec(ctx context.Context, req *ExecRequest, chunk func(stream str
 		ExitCode: res.ExitCode, Truncated: res.Truncated, TimedOut: res.TimedOut, Signal: res.Signal,
 		DurationMs: res.Duration, CommandID: res.CommandID,
 	}
-	if killedByPolicy(ctx) {
+	if audit.KilledByPolicy(ctx) {
 		out.KilledBy = api.KilledByPolicy
 	} else if !x.Background {
 		e.explainEnd(sb, out)
-		e.auditLimits(sb, out)
+		e.audit.Limits(auditSandbox{sb}, out)
 	} else if x.KeepCPU && res.CommandID != "" {
 		e.holdCPU(sb, agent, res.CommandID)
 	}
 	if x.Trusted && x.Background && res.CommandID != "" {
 		trustedBackground = true
-		e.afterCommand(agent, res.CommandID, sb.trusted.end)
+		e.afterCommand(agent, res.CommandID, sb.audit.EndTrusted)
 	}
 	sb.hist.Note(x, start, out, nil)
 	return out, nil

@@ -120,7 +120,7 @@ func (e *Edge) NodeStatus() api.Node {
 		DiskMB: e.cfg.DiskMB, DiskOvercommit: e.cfg.DiskOvercommit,
 		SandboxesByState: map[string]int{}, SandboxesByPriority: map[string]int{},
 		Pools: []api.NodePool{}, Features: e.nodeFeatures(), DataAddr: e.dataAddr,
-		NetworkDenied: e.denials.totals(),
+		NetworkDenied: e.denials.Totals(),
 	}
 	n.Accelerator, n.VMKernel = e.vmInfo()
 	e.measure(&n)
@@ -255,7 +255,7 @@ func (e *Edge) reap(ctx context.Context) {
 			delete(e.live, sb)
 			if !sb.stoppedAt.IsZero() && now.Sub(sb.stoppedAt) > e.cfg.TombstoneFor {
 				delete(e.sandboxes, id)
-				e.denials.forget(id)
+				e.denials.Forget(id)
 			}
 		case (st != api.StateRunning && st != api.StatePaused) || sb.stopping:
 		case sb.rec.Sandbox.ExpiresAt != nil && now.After(*sb.rec.Sandbox.ExpiresAt):

@@ -14,12 +14,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
-	"github.com/warrenhq/warren/internal/auditpolicy"
+	"github.com/warrenhq/warren/internal/edge/audit"
 	"github.com/warrenhq/warren/internal/edge/history"
 	"github.com/warrenhq/warren/internal/edge/snapshot"
 	"github.com/warrenhq/warren/internal/edge/trajectory"
@@ -91,24 +90,10 @@ type sandbox struct {
 	traj       *trajectory.Traj // nil unless the sandbox records a trajectory
 	hist       history.Commands // recent commands (its own lock)
 	cpu        cpuState         // its CPU gate: full CPU only while operations run (elastic.go)
-	// cookie names the sandbox to the node's telemetry while its cgroups
-	// are registered (audit.go, under auditState.mu); audit holds what it
-	// recorded.
-	cookie uint64
-	audit  auditRing
-	// policy is the create's audit options, compiled (audit.go); steps
-	// the operations running now that a kill-step hook cancels.
-	policy atomic.Pointer[auditpolicy.Policy]
-	steps  stepCancels
-	// auditStepNow is the trajectory step running now (0: between steps),
-	// for the records the edge itself adds (limits).
-	auditStepNow atomic.Int64
-	// trusted are the times its trusted commands ran (audit.go).
-	trusted trustedWindows
-	// auditSaved is the seq of the newest record persisted with the
-	// trajectory (saveAudit, under auditSaveMu, a leaf lock).
-	auditSaveMu sync.Mutex
-	auditSaved  int64
+	// audit is what its processes did, its audit policy, the operations
+	// a policy hook ends and the times its trusted commands ran
+	// (internal/edge/audit, audit.go; its own locks).
+	audit audit.State
 
 	// killsRead says oomSeen and pidsSeen hold the sandbox's kill counters
 	// as of its last command (kills.go).

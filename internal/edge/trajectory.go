@@ -82,7 +82,7 @@ var _ trajectory.Sandbox = trajSandbox{}
 func (e *Edge) trajSandbox(sb *sandbox) trajSandbox { return trajSandbox{sandbox: sb, e: e} }
 
 func (s trajSandbox) Traj() *trajectory.Traj { return s.traj }
-func (s trajSandbox) AuditStep(step int64)   { s.e.auditStep(s.sandbox, step) }
+func (s trajSandbox) AuditStep(step int64)   { s.e.audit.Step(&s.audit, step) }
 
 func (s trajSandbox) Spec() api.CreateSandboxRequest {
 	s.mu.Lock()
@@ -124,7 +124,7 @@ func (h trajHost) Charge(ctx context.Context, project, key string, n int64) {
 	h.e.chargeTrajectory(ctx, project, key, n)
 }
 func (h trajHost) SaveAudit(sb trajectory.Sandbox, key string, step int64) {
-	h.e.saveAudit(sb.(trajSandbox).sandbox, key, step)
+	h.e.audit.Save(auditSandbox{sb.(trajSandbox).sandbox}, key, step)
 }
 func (h trajHost) Checkpoint(ctx context.Context, sb trajectory.Sandbox, step int64) (string, error) {
 	snap, err := h.e.snapshot(ctx, sb.(trajSandbox).sandbox, "checkpoint", step)

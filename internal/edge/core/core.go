@@ -6,13 +6,16 @@
 // internal/edge/pool, recycled containers in internal/edge/recycle, pause
 // in internal/edge/pause, trajectories in internal/edge/trajectory,
 // snapshots in internal/edge/snapshot, fork from memory in
-// internal/edge/fork) is a package written against Core or against small
-// interfaces of its own: it never sees the edge's records or locks, only
-// the handles the core gives it. Trajectories are written against a Host
-// and a Sandbox of their own (their Sandbox extends this one) because
-// those name their Traj state: here they would import the package that
-// imports this one. Snapshots and fork need none of Core's lifecycle
-// calls, only their own Host, Sandbox (Source, Child) and stores.
+// internal/edge/fork, the sandboxes' audit in internal/edge/audit, their
+// network-denial logs in internal/edge/netdeny) is a package written
+// against Core or against small interfaces of its own: it never sees the
+// edge's records or locks, only the handles the core gives it.
+// Trajectories are written against a Host and a Sandbox of their own
+// (their Sandbox extends this one) because those name their Traj state:
+// here they would import the package that imports this one. Snapshots
+// and fork need none of Core's lifecycle calls, only their own Host,
+// Sandbox (Source, Child) and stores; so do the audit and the denial logs
+// (their own Host and Sandbox).
 //
 // # Contract
 //
@@ -24,7 +27,9 @@
 //     node shuts down): Ready then answers false, Agent may answer nil,
 //     and a call through its agent fails (AgentError says how).
 //   - Go runs a goroutine owned by the edge: Close cancels Context and
-//     waits for every one. A job starts no goroutine of its own otherwise.
+//     waits for every one. A job starts no goroutine of its own otherwise
+//     (but for the audit's timer that forgets a stopped sandbox's
+//     telemetry registration, internal/edge/audit).
 //
 // # Locks
 //
@@ -34,7 +39,11 @@
 // job's Reclaimer (and the warm pools' Take) under Edge.mu, and Reclaim
 // takes sandbox.mu. Therefore a job calls no Core method while it holds
 // its own lock, except Logger, Context, Go, Stop and Reclaim (none takes
-// Edge.mu). Two jobs' locks are never held together.
+// Edge.mu). Two jobs' locks are never held together, but for the audit's
+// and the denial logs': those come last instead (the core may hold
+// sandbox.mu around them, the trajectories their Traj.mu around the
+// audit's Node.mu) and their packages call nothing of the core under
+// them; the audit's save lock is the exception (see internal/edge/audit).
 package core
 
 import (
