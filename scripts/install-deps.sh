@@ -19,6 +19,7 @@ packages=(
   curl jq          # the docs test runs the shell examples of README and docs/
   qemu-system-x86  # the microvm tier (internal/runtime/microvm)
   kmod             # modinfo/depmod for the microvm tier's guest kernel (scripts/vm-kernel.sh)
+  xz-utils lz4     # unpack the guest kernel's payload (xz: Debian's generic kernel, lz4: its cloud kernel)
   qemu-utils       # qemu-img: the vm tier's disk images (import validation, per-sandbox overlays)
   fdisk            # sfdisk: the partition table of the vm tier's test disk (scripts/vm-disk.sh)
 )

@@ -13,11 +13,17 @@
 # directory and pass it to `warren serve --vm-kernel DIR`.
 #
 # usage: scripts/vm-kernel.sh OUT [PACKAGE]   (PACKAGE: default the one
-# linux-image-amd64 depends on)
+# linux-image-cloud-amd64 depends on, else the one linux-image-amd64 does)
+#
+# Debian's cloud kernel is the default: it is built for virtual machines
+# (fewer drivers built in), so a guest reserves less memory at boot and
+# boots sooner (measured in docs/BENCHMARKS.md, "VM tiers, fourth session
+# of 2026-12-02"). Any Debian amd64 kernel package works.
 set -euo pipefail
-
 out=${1:?usage: vm-kernel.sh OUT [PACKAGE]}
-pkg=${2:-$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')}
+depends() { apt-cache depends "$1" 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
+pkg=${2:-$(depends linux-image-cloud-amd64)}
+pkg=${pkg:-$(depends linux-image-amd64)}
 if [[ -z "$pkg" ]]; then
   echo "vm-kernel: no linux-image package in the apt sources (run apt-get update)" >&2
   exit 1
@@ -29,13 +35,14 @@ dest="$out/$pkg"
 # in Debian's kernel (virtio_mmio for the microvm machine, virtio_pci for
 # the vm tier's q35); ext4 (the writable disk), erofs (layers) and overlay
 # assemble the root; virtio_net (with failover, net_failover) is a networked
-# VM's interface.
+# VM's interface. One that the kernel has built in (modules.builtin) is
+# left out of modules.order; wanted records the list asked for.
 mods=(virtio_ring virtio virtio_mmio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
       virtio_blk virtio_console virtio_balloon failover net_failover virtio_net
       crc32c_generic libcrc32c crc16 mbcache jbd2 ext4 erofs overlay)
 # A version already unpacked with every module is kept.
 if [[ -s "$dest/vmlinux" && "$(cat "$dest/version" 2>/dev/null)" == "$pkg $pkgver" &&
-      "$(cat "$dest/modules/modules.order" 2>/dev/null)" == "$(printf '%s.ko\n' "${mods[@]}")" ]]; then
+      "$(cat "$dest/wanted" 2>/dev/null)" == "$(printf '%s\n' "${mods[@]}")" ]]; then
   ln -sfn "$pkg" "$out/current"
   exit 0
 fi
@@ -50,14 +57,18 @@ dpkg-deb -x "$work"/*.deb "$work/x"
 kver=$(ls "$work/x/lib/modules")
 vmlinuz="$work/x/boot/vmlinuz-$kver"
 
-# The bzImage's payload is xz: find its magic and decompress from there
-# (xz reports trailing garbage after the stream; the ELF is whole).
-off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$vmlinuz" | head -1 | cut -d: -f1 || true)
-if [[ -z "$off" ]]; then
-  echo "vm-kernel: no xz payload in $vmlinuz" >&2
+# The bzImage's payload is xz (the generic kernel) or lz4 in its legacy
+# frame (the cloud kernel): find the magic and decompress from there (the
+# decompressor reports trailing garbage after the stream; the ELF is whole).
+payload() { LC_ALL=C grep -obUaP "$1" "$vmlinuz" | head -1 | cut -d: -f1 || true; }
+if off=$(payload '\xfd7zXZ\x00') && [[ -n "$off" ]]; then
+  tail -c +"$((off + 1))" "$vmlinuz" | xz -dc >"$work/vmlinux" 2>/dev/null || true
+elif off=$(payload '\x02\x21\x4c\x18') && [[ -n "$off" ]]; then
+  tail -c +"$((off + 1))" "$vmlinuz" | lz4 -dc >"$work/vmlinux" 2>/dev/null || true
+else
+  echo "vm-kernel: no xz or lz4 payload in $vmlinuz" >&2
   exit 1
 fi
-tail -c +"$((off + 1))" "$vmlinuz" | xz -dc >"$work/vmlinux" 2>/dev/null || true
 if [[ "$(head -c 4 "$work/vmlinux" | od -An -c | tr -d ' ')" != '177ELF' ]]; then
   echo "vm-kernel: the payload of $vmlinuz is not an ELF kernel" >&2
   exit 1
@@ -69,6 +80,9 @@ mv "$work/vmlinux" "$work/out/vmlinux"
 for m in "${mods[@]}"; do
   f=$(find "$work/x/lib/modules/$kver" -name "$m.ko" | head -1)
   if [[ -z "$f" ]]; then
+    if grep -q "/$m.ko\$" "$work/x/lib/modules/$kver/modules.builtin" 2>/dev/null; then
+      continue # built in
+    fi
     echo "vm-kernel: module $m not in $pkg" >&2
     exit 1
   fi
@@ -76,6 +90,7 @@ for m in "${mods[@]}"; do
   echo "$m.ko" >>"$work/out/modules/modules.order"
 done
 echo "$pkg $pkgver" >"$work/out/version"
+printf '%s\n' "${mods[@]}" >"$work/out/wanted"
 rm -rf "$dest"
 mv "$work/out" "$dest"
 ln -sfn "$pkg" "$out/current"
