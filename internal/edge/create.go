@@ -390,7 +390,7 @@ func startTimeoutOf(tier string) time.Duration {
 
 // startNetwork is the runtime's network of spec (nil: none).
 func (e *Edge) startNetwork(spec *api.CreateSandboxRequest) (*runtime.NetworkSpec, error) {
-	n, err := e.runtimeNetwork(spec.Network, false)
+	n, err := e.rules.Resolve(spec.Network, false)
 	if err != nil || n == nil {
 		return nil, err
 	}

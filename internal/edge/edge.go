@@ -36,9 +36,12 @@ package edge
 //     resets the ring under Edge.mu), netdeny.Log.mu (internal/edge/netdeny,
 //     the denial logs; taken under Edge.mu and sandbox.mu when a sandbox is
 //     dropped), recycle.Shelf.mu (the recycled containers; taken under no
-//     lock), and audit.Node.mu (the sandboxes registered with the node's
+//     lock), audit.Node.mu (the sandboxes registered with the node's
 //     telemetry; under Traj.mu; it takes only telemetry.Collector.mu, see
-//     internal/edge/audit).
+//     internal/edge/audit), and netrules.Rules.mu (internal/edge/netrules,
+//     the cluster's named network rules; taken under no lock, or under
+//     sandbox.mu when a changed rule is applied again to a sandbox's list;
+//     never with Edge.mu).
 //
 // Goroutines of the edge (Close waits for every one; see Close and drain):
 //
@@ -77,6 +80,7 @@ import (
 	"github.com/warrenhq/warren/internal/edge/fncall"
 	"github.com/warrenhq/warren/internal/edge/fork"
 	"github.com/warrenhq/warren/internal/edge/netdeny"
+	"github.com/warrenhq/warren/internal/edge/netrules"
 	"github.com/warrenhq/warren/internal/edge/pause"
 	"github.com/warrenhq/warren/internal/edge/pool"
 	"github.com/warrenhq/warren/internal/edge/recycle"
@@ -230,8 +234,8 @@ type Edge struct {
 	// id -> project, under mu.
 	lost        map[string]string
 	lostKV      *bus.Lost
-	rules       netRules     // the cluster's named network rules (network.go)
-	denials     *netdeny.Log // per sandbox, what its network refused (internal/edge/netdeny, netdenials.go)
+	rules       *netrules.Rules // the cluster's named network rules (internal/edge/netrules, network.go)
+	denials     *netdeny.Log    // per sandbox, what its network refused (internal/edge/netdeny, netdenials.go)
 	events      *bus.Events
 	reconciled  chan struct{} // closed once reconcile is done
 	pendingLost [][2]string   // destroyed by reconcile: sandbox.destroyed to publish
@@ -333,6 +337,7 @@ func New(cfg Config) (*Edge, error) {
 	e.forker = fork.New(forkHost{e}, cfg.Runtime)
 	e.audit = audit.New(auditHost{e}, cfg.Runtime)
 	e.denials = netdeny.New(denyHost{e}, cfg.Runtime)
+	e.rules = netrules.New(netHost{e}, cfg.Runtime)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {
@@ -385,7 +390,7 @@ func (e *Edge) Start(ctx context.Context) error {
 		return err
 	}
 	// Rules changed while this edge was down reach its adopted sandboxes.
-	e.wg.Go(func() { e.applyNetRule("") })
+	e.wg.Go(func() { e.rules.Apply("") })
 	if pending := e.pendingLost; len(pending) > 0 {
 		e.pendingLost = nil
 		e.wg.Go(func() {

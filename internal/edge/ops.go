@@ -87,7 +87,7 @@ func init() {
 			return e.stats(ctx, req.ID)
 		})),
 		OpNetwork: ofSandbox(decoded(func(e *Edge, _ context.Context, _ *opCall, req *IDRequest) (any, error) {
-			return e.network(req.ID)
+			return e.rules.Read(req.ID)
 		})),
 		OpNetworkSet: ofSandbox(decoded(func(e *Edge, ctx context.Context, _ *opCall, req *NetworkSetRequest) (any, error) {
 			return e.setNetwork(ctx, req)

@@ -47,6 +47,6 @@ func (r replayer) File(ctx context.Context, id string, st *api.TrajectoryStep, d
 }
 
 func (r replayer) Network(_ context.Context, id string, egress []string) error {
-	_, err := r.e.applyNetwork(id, &api.NetworkSpec{Egress: egress})
+	_, err := r.e.rules.Set(id, &api.NetworkSpec{Egress: egress})
 	return err
 }

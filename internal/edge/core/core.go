@@ -7,15 +7,17 @@
 // in internal/edge/pause, trajectories in internal/edge/trajectory,
 // snapshots in internal/edge/snapshot, fork from memory in
 // internal/edge/fork, the sandboxes' audit in internal/edge/audit, their
-// network-denial logs in internal/edge/netdeny) is a package written
-// against Core or against small interfaces of its own: it never sees the
-// edge's records or locks, only the handles the core gives it.
+// network-denial logs in internal/edge/netdeny, the cluster's named
+// network rules and the sandboxes' egress lists in internal/edge/netrules)
+// is a package written against Core or against small interfaces of its
+// own: it never sees the edge's records or locks, only the handles the
+// core gives it.
 // Trajectories are written against a Host and a Sandbox of their own
 // (their Sandbox extends this one) because those name their Traj state:
 // here they would import the package that imports this one. Snapshots
 // and fork need none of Core's lifecycle calls, only their own Host,
-// Sandbox (Source, Child) and stores; so do the audit and the denial logs
-// (their own Host and Sandbox).
+// Sandbox (Source, Child) and stores; so do the audit, the denial logs
+// and the network rules (their own Host and Sandbox).
 //
 // # Contract
 //
@@ -39,11 +41,12 @@
 // job's Reclaimer (and the warm pools' Take) under Edge.mu, and Reclaim
 // takes sandbox.mu. Therefore a job calls no Core method while it holds
 // its own lock, except Logger, Context, Go, Stop and Reclaim (none takes
-// Edge.mu). Two jobs' locks are never held together, but for the audit's
-// and the denial logs': those come last instead (the core may hold
-// sandbox.mu around them, the trajectories their Traj.mu around the
-// audit's Node.mu) and their packages call nothing of the core under
-// them; the audit's save lock is the exception (see internal/edge/audit).
+// Edge.mu). Two jobs' locks are never held together, but for the audit's,
+// the denial logs' and the network rules': those come last instead (the
+// core may hold sandbox.mu around them, the trajectories their Traj.mu
+// around the audit's Node.mu) and their packages call nothing of the core
+// under them; the audit's save lock is the exception (see
+// internal/edge/audit).
 package core
 
 import (
