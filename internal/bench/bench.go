@@ -90,6 +90,9 @@ type Options struct {
 
 	// TransferMB is the size of the transfer figure's file; default 1024.
 	TransferMB int
+	// TransferRounds is how many times each transfer leg runs (the legs
+	// alternating); default 3.
+	TransferRounds int
 	// E2BSDKDir holds the official e2b npm package for the e2b figure
 	// (default test/e2b-sdk, where scripts/install-deps.sh installs it).
 	E2BSDKDir string
@@ -180,6 +183,9 @@ func (o *Options) defaults() {
 	}
 	if o.NetworkIdle == 0 {
 		o.NetworkIdle = 1000
+	}
+	if o.TransferRounds <= 0 {
+		o.TransferRounds = 3
 	}
 	if o.TransferMB == 0 {
 		o.TransferMB = 1024

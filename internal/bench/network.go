@@ -242,10 +242,11 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-func fmtRounds(xs []float64) string {
+// fmtRounds lists each round's value with format, space-separated.
+func fmtRounds(xs []float64, format string) string {
 	parts := make([]string, len(xs))
 	for i, x := range xs {
-		parts[i] = strconv.FormatFloat(x, 'f', 2, 64)
+		parts[i] = fmt.Sprintf(format, x)
 	}
 	return strings.Join(parts, " ")
 }
@@ -303,15 +304,15 @@ func netCreateFigures(ctx context.Context, o Options, c *warren.Client, rep *Rep
 	p0, p1 := percentiles(lat[0]), percentiles(lat[1])
 	c0, c1 := median(cpu[0]), median(cpu[1])
 	rep.add("network: create→exec→stop host CPU per sandbox, without network", c0, "ms",
-		fmt.Sprintf("median of %d rounds of %d (%s), of which in the sandboxes' cgroups %.2f ms; %.1f sandboxes/s, p50 %.1f ms; %d in a recycled container", netRounds, perLeg, fmtRounds(cpu[0]), median(sbCPU[0]), median(rate[0]), ms(p0.p50), reused[0]))
+		fmt.Sprintf("median of %d rounds of %d (%s), of which in the sandboxes' cgroups %.2f ms; %.1f sandboxes/s, p50 %.1f ms; %d in a recycled container", netRounds, perLeg, fmtRounds(cpu[0], "%.2f"), median(sbCPU[0]), median(rate[0]), ms(p0.p50), reused[0]))
 	rep.add("network: create→exec→stop host CPU per sandbox, with network", c1, "ms",
-		fmt.Sprintf("median of %d rounds of %d (%s), of which in the sandboxes' cgroups %.2f ms; %.1f sandboxes/s, p50 %.1f ms; %d in a recycled container", netRounds, perLeg, fmtRounds(cpu[1]), median(sbCPU[1]), median(rate[1]), ms(p1.p50), reused[1]))
+		fmt.Sprintf("median of %d rounds of %d (%s), of which in the sandboxes' cgroups %.2f ms; %.1f sandboxes/s, p50 %.1f ms; %d in a recycled container", netRounds, perLeg, fmtRounds(cpu[1], "%.2f"), median(sbCPU[1]), median(rate[1]), ms(p1.p50), reused[1]))
 	diffs := make([]float64, len(cpu[0]))
 	for i := range diffs {
 		diffs[i] = cpu[1][i] - cpu[0][i]
 	}
 	rep.add("network: extra host CPU per networked sandbox", median(diffs), "ms",
-		fmt.Sprintf("median of the rounds' differences (%s); bench process + sandbox cgroups, not kworkers; target ≤ 1.5 ms", fmtRounds(diffs)))
+		fmt.Sprintf("median of the rounds' differences (%s); bench process + sandbox cgroups, not kworkers; target ≤ 1.5 ms", fmtRounds(diffs, "%.2f")))
 	rep.add("network: ratio create rate with / without network", median(rate[1])/median(rate[0]), "×", fmt.Sprintf("%d clients", clients))
 	return nil
 }
@@ -414,7 +415,7 @@ func netThroughput(ctx context.Context, o Options, c *warren.Client, rep *Report
 			got[k] = append(got[k], v)
 		}
 	}
-	note := func(k int) string { return fmt.Sprintf("median of %d (%s)", netRounds, fmtRounds(got[k])) }
+	note := func(k int) string { return fmt.Sprintf("median of %d (%s)", netRounds, fmtRounds(got[k], "%.2f")) }
 	rep.add(fmt.Sprintf("network: download %d MiB sandbox←mirror, busybox wget", netBigMB), median(got[0]), "MB/s", note(0)+"; through veth, nftables policy, masquerade")
 	rep.add(fmt.Sprintf("network: download %d MiB host←mirror, busybox wget", netBigMB), median(got[1]), "MB/s", note(1)+"; the image's busybox, chrooted")
 	rep.add("network: ratio sandbox / host throughput, wget", median(got[0])/median(got[1]), "×", "target ≥ 0.8")

@@ -76,36 +76,61 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 		{"plain upload to the sandboxes' disk", http.MethodPut, plainURL + "/disk/up", nil},
 		{"warren upload", http.MethodPut, files + url.Values{"path": {"/up"}}.Encode(), auth},
 	}
-	rates := map[string]float64{}
+	// Rounds: every leg TransferRounds times, the legs alternating, so that
+	// a change of the host's state (page cache, writeback, a neighbour's
+	// load) falls on both sides of a ratio. Each figure is the median of
+	// its rounds, each ratio the median of the rounds' ratios; the notes
+	// list every round.
+	rates := map[string][]float64{}
+	cpus := map[string][]float64{}
+	for range o.TransferRounds {
+		for _, l := range legs {
+			if x := os.Getenv("WARREN_BENCH_LEGS"); x != "" && !strings.Contains(x, l.name) {
+				continue // for profiling one leg alone
+			}
+			rate, perGiB, err := transferLeg(ctx, hc, l.method, l.url, l.hdr, size)
+			if err != nil {
+				rep.add("transfer "+l.name, 0, "MB/s", "failed: "+err.Error())
+				return nil
+			}
+			rates[l.name] = append(rates[l.name], rate)
+			cpus[l.name] = append(cpus[l.name], perGiB)
+		}
+	}
 	for _, l := range legs {
-		if x := os.Getenv("WARREN_BENCH_LEGS"); x != "" && !strings.Contains(x, l.name) {
-			continue // for profiling one leg alone
-		}
-		// Each leg starts with no dirty pages of the legs before it:
-		// the disk's writeback of one upload would slow the next.
-		syscall.Sync()
-		cpu0 := processCPU()
-		rate, err := timeTransfer(ctx, hc, l.method, l.url, l.hdr, size)
-		if err != nil {
-			rep.add("transfer "+l.name, 0, "MB/s", "failed: "+err.Error())
-			continue
-		}
-		rates[l.name] = rate
-		// The CPU this process spent on the leg (the client and the plain
-		// server, or the client, the apiserver and the edge; not the
-		// agent): less noisy than the rate on a shared machine.
-		perGiB := (processCPU() - cpu0).Seconds() * 1000 / (float64(size) / (1 << 30))
-		rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), rate, "MB/s", fmt.Sprintf("%.0f ms CPU per GiB in this process", perGiB))
-	}
-	for _, dir := range []string{"download", "upload"} {
-		if p, w := rates["plain "+dir], rates["warren "+dir]; p > 0 && w > 0 {
-			rep.add("ratio warren / plain net/http "+dir, w/p, "×", "target ≥ 0.5")
+		if rs := rates[l.name]; len(rs) > 0 {
+			rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), median(rs), "MB/s",
+				fmt.Sprintf("median of %d rounds %s; %.0f ms CPU per GiB in this process", len(rs), "("+fmtRounds(rs, "%.0f")+")", median(cpus[l.name])))
 		}
 	}
-	if p, w := rates["plain upload to the sandboxes' disk"], rates["warren upload"]; p > 0 && w > 0 {
-		rep.add("ratio warren / plain net/http upload, same disk", w/p, "×", "both write to the sandboxes' filesystem")
+	ratio := func(name, plain, ours, note string) {
+		p, w := rates[plain], rates[ours]
+		if len(p) == 0 || len(p) != len(w) {
+			return
+		}
+		rs := make([]float64, len(p))
+		for i := range p {
+			rs[i] = w[i] / p[i]
+		}
+		rep.add("ratio warren / plain net/http "+name, median(rs), "×", fmt.Sprintf("median of the rounds' ratios %s; %s", "("+fmtRounds(rs, "%.2f")+")", note))
 	}
+	ratio("download", "plain download", "warren download", "target ≥ 0.5")
+	ratio("upload", "plain upload", "warren upload", "target ≥ 0.5")
+	ratio("upload, same disk", "plain upload to the sandboxes' disk", "warren upload", "both write to the sandboxes' filesystem")
 	return nil
+}
+
+// transferLeg times one leg: its rate (MB/s) and the CPU this process
+// spent on it per GiB (the client and the plain server, or the client, the
+// apiserver and the edge; not the agent): less noisy than the rate on a
+// shared machine. Each leg starts with no dirty pages of the legs before
+// it: the disk's writeback of one upload would slow the next.
+func transferLeg(ctx context.Context, hc *http.Client, method, u string, hdr map[string]string, size int64) (rate, perGiB float64, err error) {
+	syscall.Sync()
+	cpu0 := processCPU()
+	rate, err = timeTransfer(ctx, hc, method, u, hdr, size)
+	perGiB = (processCPU() - cpu0).Seconds() * 1000 / (float64(size) / (1 << 30))
+	return rate, perGiB, err
 }
 
 // timeTransfer sends one request and reads its whole answer: a PUT sends

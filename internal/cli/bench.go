@@ -75,6 +75,7 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.NetworkIdle, "net-idle", 1000, "network: idle sandboxes created without and then with a network for the memory figure")
 	f.StringVar(&o.NetworkParts, "net-parts", "", "network: only these parts, comma-separated: create, throughput, rule, idle (default all)")
 	f.IntVar(&o.TransferMB, "transfer-mb", 1024, "transfer: size of the file downloaded and uploaded (MiB)")
+	f.IntVar(&o.TransferRounds, "transfer-rounds", 3, "transfer: rounds of every leg, alternating; figures are medians")
 	debianTar := os.Getenv("WARREN_DEBIAN_TAR")
 	if debianTar == "" {
 		debianTar = filepath.Join(DefaultDataDir, "cache", "debian-12.tar") // where `make run` builds it
