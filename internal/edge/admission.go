@@ -36,7 +36,7 @@ type usage struct {
 	fnCPU float64
 	fnMem int64
 	// freed is the requested cpu of best-effort sandboxes at their idle
-	// budget beyond that budget (elastic.go).
+	// budget beyond that budget (internal/edge/elastic).
 	freed float64
 }
 
@@ -47,7 +47,7 @@ func (e *Edge) usageLocked() usage {
 		s := sb.rec.Sandbox.State
 		live := (s == api.StateRunning || s == api.StateCreating || s == api.StatePaused) && !sb.reclaimed
 		cpu, mem, disk, fn := sb.rec.Spec.CPU, sb.rec.Spec.MemoryMB, sb.rec.Spec.DiskMB, sb.stateless
-		freed := freedCPULocked(sb)
+		freed := sb.cpu.FreedLocked(&sb.rec.Spec)
 		sb.mu.Unlock()
 		if !live {
 			continue
@@ -72,7 +72,7 @@ func (e *Edge) shortLocked(u usage, spec *api.CreateSandboxRequest) *api.Error {
 	case u.n+1 > e.cfg.MaxSandboxes:
 		return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonSandboxes,
 			Message: fmt.Sprintf("node %s is full: %d of %d sandboxes", e.cfg.Node, u.n, e.cfg.MaxSandboxes)}
-	case e.cfg.CPUCapacity > 0 && u.cpu+spec.CPU > e.cfg.CPUCapacity+1e-9 && !e.elasticFits(u, spec):
+	case e.cfg.CPUCapacity > 0 && u.cpu+spec.CPU > e.cfg.CPUCapacity+1e-9 && !e.elastic.Fits(u.cpu, u.freed, spec):
 		return &api.Error{Code: api.CodeUnavailable, Reason: api.ReasonCPU,
 			Message: fmt.Sprintf("node %s is full: not enough cpu: %.2f of %g cores requested, %g more asked", e.cfg.Node, u.cpu, e.cfg.CPUCapacity, spec.CPU)}
 	case e.cfg.MemoryMB > 0 && u.mem+spec.MemoryMB > e.cfg.MemoryMB:

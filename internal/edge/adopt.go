@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/edge/elastic"
 	"github.com/warrenhq/warren/internal/edge/trajectory"
 	"github.com/warrenhq/warren/internal/runtime"
 )
@@ -49,7 +50,7 @@ const (
 func (e *Edge) adopt(ctx context.Context, rec record, refreezes *sync.WaitGroup) bool {
 	id := rec.Sandbox.ID
 	paused := rec.Sandbox.State == api.StatePaused
-	if paused || idleCPU(&rec.Spec) == 0 && !rec.Spec.AlwaysOn {
+	if paused || elastic.IdleCPU(&rec.Spec) == 0 && !rec.Spec.AlwaysOn {
 		// A frozen agent cannot answer the attach (an idle_cpu of 0
 		// freezes the sandbox between operations).
 		e.unfreeze(ctx, rec)

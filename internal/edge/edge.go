@@ -28,7 +28,10 @@ package edge
 //     claimLocked); never one under the other;
 //  5. sandbox.mu: one sandbox's record and state (taken under Edge.mu by
 //     admission, the reaper, pool claims and the node view; Edge.mu is
-//     never taken under it);
+//     never taken under it); it also guards the sandbox's elastic.CPU
+//     (internal/edge/elastic, the elastic CPU, which has no lock of its
+//     own: its Locked calls run under sandbox.mu, its Hold and typing
+//     timer take it, under no lock or only pmu);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     classCap.mu (taken under sandbox.mu by acquire),
 //     Edge.usageMu, uploads.mu, history.Commands.mu, audit.State's ring,
@@ -77,6 +80,7 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edge/audit"
+	"github.com/warrenhq/warren/internal/edge/elastic"
 	"github.com/warrenhq/warren/internal/edge/fncall"
 	"github.com/warrenhq/warren/internal/edge/fork"
 	"github.com/warrenhq/warren/internal/edge/netdeny"
@@ -128,8 +132,8 @@ type Config struct {
 	MaxMemoryPressure float64
 	// MaxCPUPressure: admission counts a best-effort create against what
 	// the node's best-effort sandboxes really get (their idle_cpu while at
-	// it, elastic.go) only while the host's CPU PSI ("some" avg10, percent)
-	// is at most this. 0 = 90; negative = no check.
+	// it, internal/edge/elastic) only while the host's CPU PSI ("some"
+	// avg10, percent) is at most this. 0 = 90; negative = no check.
 	MaxCPUPressure float64
 	// BestEffortCap caps the best-effort class as a whole at this many
 	// cores while any latency-class sandbox runs an operation
@@ -206,6 +210,10 @@ type Edge struct {
 	// forker forks sandboxes from memory (internal/edge/fork); it has no
 	// lock of its own.
 	forker *fork.Forker
+	// elastic switches the sandboxes' CPU between their full and idle
+	// levels (internal/edge/elastic, elastic.go); it has no lock of its
+	// own: each sandbox's elastic.CPU is under its mu.
+	elastic *elastic.Node
 	// spareRecords are record files kept for reuse (dropRecord).
 	spareMu      sync.Mutex
 	spareRecords []string
@@ -338,6 +346,8 @@ func New(cfg Config) (*Edge, error) {
 	e.audit = audit.New(auditHost{e}, cfg.Runtime)
 	e.denials = netdeny.New(denyHost{e}, cfg.Runtime)
 	e.rules = netrules.New(netHost{e}, cfg.Runtime)
+	gater, _ := cfg.Runtime.(runtime.CPUGater)
+	e.elastic = elastic.New(e.log, gater, cfg.CPUCapacity, cfg.MaxCPUPressure)
 	e.features = hoststat.Features()
 	_, e.features.Freezer = cfg.Runtime.(runtime.Reclaimer)
 	if iso, ok := cfg.Runtime.(isolator); ok {

@@ -37,8 +37,8 @@ func (e *Edge) stats(ctx context.Context, id string) (*api.SandboxStats, error) 
 	}
 	base := sb.rec.CPUBase
 	var cs *api.SandboxCPU
-	if sb.cpu.gate != nil {
-		cs = e.cpuStatsLocked(sb)
+	if sb.cpu.Gated() {
+		cs = sb.cpu.StatsLocked()
 	}
 	sb.mu.Unlock()
 	_, n := sb.hist.List()

@@ -161,7 +161,7 @@ func (e *Edge) NodeStatus() api.Node {
 			if spec.Network != nil && spec.Network.Group != "" {
 				n.NetworkGroups[api.NetworkGroupKey(spec.Project, spec.Network.Group)]++
 			}
-			cpuNodeLocked(sb, &n.Elastic)
+			sb.cpu.AddLocked(&n.Elastic, &sb.rec.Spec)
 		}
 		sb.mu.Unlock()
 	}

@@ -245,7 +245,7 @@ func runGet(e *Edge, _ context.Context, _ *opCall, req *IDRequest) (any, error) 
 	}
 	v := sb.view()
 	sb.mu.Lock()
-	v.CPUStats = e.cpuStatsLocked(sb)
+	v.CPUStats = sb.cpu.StatsLocked()
 	sb.mu.Unlock()
 	return &v, nil
 }

@@ -71,16 +71,7 @@ func (p pausable) SetRunning(active bool) {
 // freezes) for a pause or a resume; the release lowers it again, so the
 // level holds after whatever the pause or resume did to the freezer.
 func (p pausable) HoldCPU() func() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cpu.hold++
-	p.e.cpuSwitchLocked(p.sandbox)
-	return func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.cpu.hold--
-		p.e.cpuSwitchLocked(p.sandbox)
-	}
+	return p.e.elastic.Hold(cpuSandbox{p.sandbox})
 }
 
 func (p pausable) SetPausedAt(t time.Time) {

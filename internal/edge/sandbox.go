@@ -19,6 +19,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/edge/audit"
+	"github.com/warrenhq/warren/internal/edge/elastic"
 	"github.com/warrenhq/warren/internal/edge/history"
 	"github.com/warrenhq/warren/internal/edge/snapshot"
 	"github.com/warrenhq/warren/internal/edge/trajectory"
@@ -89,7 +90,7 @@ type sandbox struct {
 	reclaimed  bool             // an idle FnCall worker stopped for room: admission no longer counts it
 	traj       *trajectory.Traj // nil unless the sandbox records a trajectory
 	hist       history.Commands // recent commands (its own lock)
-	cpu        cpuState         // its CPU gate: full CPU only while operations run (elastic.go)
+	cpu        elastic.CPU      // its CPU gate: full CPU only while operations run (internal/edge/elastic, elastic.go)
 	// audit is what its processes did, its audit policy, the operations
 	// a policy hook ends and the times its trusted commands ran
 	// (internal/edge/audit, audit.go; its own locks).
@@ -106,7 +107,7 @@ func (sb *sandbox) view() api.Sandbox {
 	defer sb.mu.Unlock()
 	v := sb.rec.Sandbox
 	v.LastActive = sb.lastActive
-	v.IdleCPU, v.AlwaysOn = idleCPU(&sb.rec.Spec), sb.rec.Spec.AlwaysOn
+	v.IdleCPU, v.AlwaysOn = elastic.IdleCPU(&sb.rec.Spec), sb.rec.Spec.AlwaysOn
 	v.Labels = copyMap(v.Labels)
 	v.Network = sb.rec.Spec.Network
 	return v
@@ -475,7 +476,7 @@ func (e *Edge) stop(ctx context.Context, sb *sandbox, state, reason string) {
 		return
 	}
 	sb.stopping = true
-	e.cpuCloseLocked(sb)
+	sb.cpu.CloseLocked()
 	inst := sb.inst
 	id := sb.rec.Sandbox.ID
 	store := sb.rec.storage()

@@ -8,16 +8,17 @@
 // snapshots in internal/edge/snapshot, fork from memory in
 // internal/edge/fork, the sandboxes' audit in internal/edge/audit, their
 // network-denial logs in internal/edge/netdeny, the cluster's named
-// network rules and the sandboxes' egress lists in internal/edge/netrules)
-// is a package written against Core or against small interfaces of its
-// own: it never sees the edge's records or locks, only the handles the
-// core gives it.
+// network rules and the sandboxes' egress lists in internal/edge/netrules,
+// the sandboxes' elastic CPU in internal/edge/elastic) is a package
+// written against Core or against small interfaces of its own: it never
+// sees the edge's records or locks, only the handles the core gives it.
 // Trajectories are written against a Host and a Sandbox of their own
 // (their Sandbox extends this one) because those name their Traj state:
 // here they would import the package that imports this one. Snapshots
 // and fork need none of Core's lifecycle calls, only their own Host,
 // Sandbox (Source, Child) and stores; so do the audit, the denial logs
-// and the network rules (their own Host and Sandbox).
+// and the network rules (their own Host and Sandbox), and the elastic CPU
+// (its own Sandbox; a logger and the runtime's gates for a host).
 //
 // # Contract
 //
@@ -46,7 +47,10 @@
 // core may hold sandbox.mu around them, the trajectories their Traj.mu
 // around the audit's Node.mu) and their packages call nothing of the core
 // under them; the audit's save lock is the exception (see
-// internal/edge/audit).
+// internal/edge/audit). The elastic CPU has no lock of its own: a
+// sandbox's elastic.CPU is guarded by the core's sandbox.mu, which its
+// elastic.Sandbox hands over as Pausable.PauseLock hands over pmu (see
+// internal/edge/elastic).
 package core
 
 import (
