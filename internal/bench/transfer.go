@@ -50,7 +50,9 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	// memory than the file, the download would read most of it from disk
 	// while the plain server reads its copy from the host's page cache.
 	// Room for the file and 512 MiB more puts both on the same footing.
-	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 2*int64(o.TransferMB) + 512, DiskMB: 2*int64(o.TransferMB) + 256})
+	// Its disk holds the file, the last upload and the next one (written
+	// beside the file it replaces).
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", MemoryMB: 2*int64(o.TransferMB) + 512, DiskMB: 3*int64(o.TransferMB) + 256})
 	if err != nil {
 		return err
 	}
@@ -83,6 +85,7 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 	// list every round.
 	rates := map[string][]float64{}
 	cpus := map[string][]float64{}
+rounds:
 	for range o.TransferRounds {
 		for _, l := range legs {
 			if x := os.Getenv("WARREN_BENCH_LEGS"); x != "" && !strings.Contains(x, l.name) {
@@ -91,7 +94,7 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 			rate, perGiB, err := transferLeg(ctx, hc, l.method, l.url, l.hdr, size)
 			if err != nil {
 				rep.add("transfer "+l.name, 0, "MB/s", "failed: "+err.Error())
-				return nil
+				break rounds
 			}
 			rates[l.name] = append(rates[l.name], rate)
 			cpus[l.name] = append(cpus[l.name], perGiB)
