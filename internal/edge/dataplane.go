@@ -3,16 +3,10 @@ package edge
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"path"
-	"strings"
-	"sync"
-	"time"
 
 	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/sandboxspec"
@@ -20,6 +14,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/dataplane"
+	fileupload "github.com/warrenhq/warren/internal/edge/upload"
 	"github.com/warrenhq/warren/internal/edgeproto"
 )
 
@@ -122,200 +117,10 @@ func (e *Edge) inScope(g *dataplane.Grant) error {
 	return nil
 }
 
-// Upload chunks: what one agent write carries (raw, or base64 in JSON to
-// an agent that takes no payload), and how many writes of one upload may
-// be in flight at once (each at its offset, to an agent of ProtoOffset).
-const (
-	uploadChunk     = 4 << 20
-	uploadChunkJSON = 1 << 20
-	uploadDepth     = 3
-)
-
-// uploadFile writes req.Path from in: written to a temporary name beside
-// it, then renamed into place; a broken upload (in fails: the caller went
-// away) removes the temporary file. In a trajectory sandbox every write
-// goes through fileRecorded, as the chunks of an upload over the bus do.
-func (e *Edge) uploadFile(ctx context.Context, req *FileRequest, in io.Reader) (any, error) {
-	if req.Path == "" || req.Path == "/" || !strings.HasPrefix(req.Path, "/") {
-		return nil, badRequest("upload: a file path is required")
-	}
-	sb, err := e.lookup(req.ID)
-	if err != nil {
-		return nil, err
-	}
-	<-sb.ready
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	tmp := path.Join(path.Dir(req.Path), ".warren-upload-"+hex.EncodeToString(rnd[:]))
-	fail := func(err error) (any, error) {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_, _ = e.fileRecorded(cctx, OpFileRemove, &FileRequest{ID: req.ID, Path: tmp}, nil)
-		return nil, err
-	}
-	size, depth := uploadChunk, e.uploadDepth(req.ID, sb)
-	if sb.traj != nil {
-		size = uploadChunkJSON
-	}
-	up := newUploadWrites(size, depth)
-	var off int64
-	for first := true; ; first = false {
-		buf := up.buffer()
-		n, rerr := dataplane.ReadChunk(in, buf)
-		if rerr != nil && rerr != io.EOF {
-			up.wait()
-			return fail(&api.Error{Code: api.CodeBadRequest, Message: "upload broken: " + rerr.Error()})
-		}
-		if err := up.err(); err != nil {
-			up.wait()
-			return fail(err)
-		}
-		switch {
-		case first:
-			// The first write creates the file, alone: the others
-			// append to it or write into it.
-			w := &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n]}
-			up.start(func() error { return e.uploadWrite(ctx, sb, w, -1) }, buf)
-			up.wait()
-			if err := up.err(); err != nil {
-				return fail(err)
-			}
-		case n > 0:
-			w := &FileRequest{ID: req.ID, Path: tmp, Mode: req.Mode, Data: buf[:n], Append: true}
-			at := off
-			if depth == 1 {
-				at = -1 // appended, in order: one write at a time
-			}
-			up.start(func() error { return e.uploadWrite(ctx, sb, w, at) }, buf)
-		default:
-			up.release(buf)
-		}
-		off += int64(n)
-		if rerr != nil {
-			break
-		}
-	}
-	up.wait()
-	if err := up.err(); err != nil {
-		return fail(err)
-	}
-	if _, err := e.fileRecorded(ctx, OpFileRename, &FileRequest{ID: req.ID, Path: tmp, To: req.Path}, nil); err != nil {
-		return fail(err)
-	}
-	return e.file(ctx, OpFileStat, &FileRequest{ID: req.ID, Path: req.Path}, nil)
-}
-
-// uploadDepth is how many writes of an upload to sb may be in flight: one
-// (appended in order) in a trajectory sandbox, whose writes are recorded
-// in order, and to an agent that cannot write at an offset.
-func (e *Edge) uploadDepth(id string, sb *sandbox) int {
-	if sb.traj != nil {
-		return 1
-	}
-	_, agent, release, err := e.acquire(id)
-	if err != nil {
-		return 1 // the first write answers the error
-	}
-	defer release()
-	if agent.Proto() < agentproto.ProtoOffset {
-		return 1
-	}
-	return uploadDepth
-}
-
-// uploadWrites are the agent writes of one upload in flight: at most
-// depth at once, and one more buffer being filled from the upload
-// meanwhile. Every write is waited for before the upload ends or fails,
-// so none outlives the removal of the temporary file.
-type uploadWrites struct {
-	free  chan []byte   // buffers not in use
-	slots chan struct{} // one per write in flight
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	first error // the first write that failed
-}
-
-func newUploadWrites(size, depth int) *uploadWrites {
-	u := &uploadWrites{free: make(chan []byte, depth+1), slots: make(chan struct{}, depth)}
-	for range depth + 1 {
-		u.free <- make([]byte, size)
-	}
-	return u
-}
-
-// buffer waits for a buffer no write uses.
-func (u *uploadWrites) buffer() []byte { return <-u.free }
-
-func (u *uploadWrites) release(buf []byte) { u.free <- buf }
-
-// start runs write once a slot is free; its buffer is released after it.
-func (u *uploadWrites) start(write func() error, buf []byte) {
-	u.slots <- struct{}{}
-	u.wg.Add(1)
-	go func() {
-		defer u.wg.Done()
-		err := write()
-		if err != nil {
-			u.mu.Lock()
-			if u.first == nil {
-				u.first = err
-			}
-			u.mu.Unlock()
-		}
-		<-u.slots
-		u.release(buf)
-	}()
-}
-
-func (u *uploadWrites) wait() { u.wg.Wait() }
-
-func (u *uploadWrites) err() error {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.first
-}
-
-// uploadWrite writes one chunk of an upload: recorded in a trajectory
-// sandbox, else straight to the agent (raw when it takes a payload); at
-// its offset at (pwrite) unless at is negative.
-//
-// A write is not cancelled with its upload: a short one that the agent
-// finished after the edge stopped waiting would recreate the temporary
-// file that the upload's failure removes.
-func (e *Edge) uploadWrite(ctx context.Context, sb *sandbox, req *FileRequest, at int64) error {
-	ctx = context.WithoutCancel(ctx)
-	if sb.traj != nil {
-		_, err := e.fileRecorded(ctx, OpFileWrite, req, nil)
-		return err
-	}
-	sb, agent, release, err := e.acquire(req.ID)
-	if err != nil {
-		return err
-	}
-	defer release()
-	w := &agentproto.WriteRequest{Path: req.Path, Mode: req.Mode, Append: req.Append}
-	if at >= 0 {
-		w.At, w.Offset, w.Append = true, at, false
-	}
-	if agent.Proto() >= agentproto.ProtoPayload {
-		err = agent.CallPayload(ctx, agentproto.OpFileWrite, w, req.Data, nil, nil)
-	} else {
-		for data := req.Data; err == nil && (len(data) > 0 || !w.Append); {
-			c := data[:min(len(data), uploadChunkJSON)]
-			w.Data = c
-			err = agent.Call(ctx, agentproto.OpFileWrite, w, nil, nil)
-			w.Append, data = true, data[len(c):]
-		}
-	}
-	if err != nil {
-		return e.agentError(sb, err)
-	}
-	return nil
-}
-
 // uploadTar extracts the tar stream in into req.Path, 4 MiB per agent call
-// (raw to an agent that takes a payload). A broken stream aborts the
-// extraction (nothing of it is extracted) and fails the call.
+// (raw to an agent that takes a payload; the chunks of a file's upload,
+// internal/edge/upload). A broken stream aborts the extraction (nothing
+// of it is extracted) and fails the call.
 func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (any, error) {
 	sb, agent, release, err := e.acquire(req.ID)
 	if err != nil {
@@ -326,9 +131,9 @@ func (e *Edge) uploadTar(ctx context.Context, req *FileRequest, in io.Reader) (a
 		return nil, &api.Error{Code: api.CodeConflict, Message: "archive uploads are not recorded in a trajectory; upload files one by one"}
 	}
 	raw := agent.Proto() >= agentproto.ProtoPayload
-	size := uploadChunk
+	size := fileupload.Chunk
 	if !raw {
-		size = uploadChunkJSON
+		size = fileupload.ChunkJSON
 	}
 	// Each call is let finish (the extraction is the agent's to end: the
 	// final call below), also when the stream broke.

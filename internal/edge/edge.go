@@ -34,24 +34,27 @@ package edge
 //     timer take it, under no lock or only pmu);
 //  6. leaves, under which nothing else is locked: Edge.spareMu,
 //     classCap.mu (taken under sandbox.mu by acquire),
-//     Edge.usageMu, uploads.mu, history.Commands.mu, audit.State's ring,
-//     step and trusted-window locks (internal/edge/audit; a pool claim
-//     resets the ring under Edge.mu), netdeny.Log.mu (internal/edge/netdeny,
+//     Edge.usageMu, uploads.mu (a layer's uploads, layers.go),
+//     history.Commands.mu, audit.State's ring, step and trusted-window
+//     locks (internal/edge/audit; a pool claim resets the ring under
+//     Edge.mu), netdeny.Log.mu (internal/edge/netdeny,
 //     the denial logs; taken under Edge.mu and sandbox.mu when a sandbox is
 //     dropped), recycle.Shelf.mu (the recycled containers; taken under no
 //     lock), audit.Node.mu (the sandboxes registered with the node's
 //     telemetry; under Traj.mu; it takes only telemetry.Collector.mu, see
-//     internal/edge/audit), and netrules.Rules.mu (internal/edge/netrules,
+//     internal/edge/audit), netrules.Rules.mu (internal/edge/netrules,
 //     the cluster's named network rules; taken under no lock, or under
 //     sandbox.mu when a changed rule is applied again to a sandbox's list;
-//     never with Edge.mu).
+//     never with Edge.mu), and the lock of an upload's writes
+//     (internal/edge/upload: the first that failed; taken under no lock).
 //
 // Goroutines of the edge (Close waits for every one; see Close and drain):
 //
 //   - Edge.calls: the bus calls in flight (bus.Conn.ServeOwned starts each
-//     through it); the data listener's calls are its own Server's. Close
-//     refuses new calls, lets these finish until the drain deadline, then
-//     cancels them (callCtx) and waits.
+//     through it); the data listener's calls are its own Server's (a
+//     file upload's writes are its call's, waited for before it answers:
+//     internal/edge/upload). Close refuses new calls, lets these finish
+//     until the drain deadline, then cancels them (callCtx) and waits.
 //   - Edge.wg: the edge's own goroutines (the heartbeat, reaper, denial
 //     and roster loops, the network rules' watch, the data listener,
 //     background stops and pauses, telemetry and the audit's step saves

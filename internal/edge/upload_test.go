@@ -97,3 +97,42 @@ func TestUploadFailedWriteLeavesNothing(t *testing.T) {
 		t.Fatal("the target exists after a failed upload")
 	}
 }
+
+// TestUploadTrajectoryRecorded: in a trajectory sandbox an upload's
+// writes are recorded steps, one at a time (internal/edge/upload through
+// the core's uploadSandbox), then its rename; the file arrives whole.
+func TestUploadTrajectoryRecorded(t *testing.T) {
+	addr := freeAddr(t)
+	n := edgetest.Start(t, func(c *edge.Config) { c.DataListen = addr })
+	sb, err := n.Create(api.CreateSandboxRequest{Trajectory: "t/upload-recorded"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// step is the step a write of a small file is recorded as.
+	step := func() int64 {
+		t.Helper()
+		var fi api.FileInfo
+		if err := n.Call(edge.OpFileWrite, edge.FileRequest{ID: sb.ID, Path: "/mark", Data: []byte("x")}, &fi); err != nil {
+			t.Fatal(err)
+		}
+		return fi.Step
+	}
+	agent := n.Runtime.Agent(sb.ID)
+	agent.SetWriteDelay(10 * time.Millisecond)
+	data := make([]byte, 2<<20+5) // three recorded writes of 1 MiB at most
+	_, _ = rand.Read(data)
+	before := step()
+	if err := upload(t, n, addr, sb.ID, "/up/file", data); err != nil {
+		t.Fatal(err)
+	}
+	if after := step(); after != before+5 {
+		t.Fatalf("a write recorded as step %d after the upload, %d before; want the upload's 3 writes and its rename recorded between", after, before)
+	}
+	got, ok := agent.File("/up/file")
+	if !ok || !bytes.Equal(got, data) {
+		t.Fatalf("uploaded file: %d bytes (found %v), want the %d sent", len(got), ok, len(data))
+	}
+	if m := agent.MaxWritesInFlight(); m != 1 {
+		t.Fatalf("%d agent writes in flight at once in a trajectory sandbox, want 1", m)
+	}
+}

@@ -9,16 +9,18 @@
 // internal/edge/fork, the sandboxes' audit in internal/edge/audit, their
 // network-denial logs in internal/edge/netdeny, the cluster's named
 // network rules and the sandboxes' egress lists in internal/edge/netrules,
-// the sandboxes' elastic CPU in internal/edge/elastic) is a package
-// written against Core or against small interfaces of its own: it never
-// sees the edge's records or locks, only the handles the core gives it.
+// the sandboxes' elastic CPU in internal/edge/elastic, a file's upload
+// over the data plane in internal/edge/upload) is a package written
+// against Core or against small interfaces of its own: it never sees the
+// edge's records or locks, only the handles the core gives it.
 // Trajectories are written against a Host and a Sandbox of their own
 // (their Sandbox extends this one) because those name their Traj state:
 // here they would import the package that imports this one. Snapshots
 // and fork need none of Core's lifecycle calls, only their own Host,
 // Sandbox (Source, Child) and stores; so do the audit, the denial logs
-// and the network rules (their own Host and Sandbox), and the elastic CPU
-// (its own Sandbox; a logger and the runtime's gates for a host).
+// and the network rules (their own Host and Sandbox), the elastic CPU
+// (its own Sandbox; a logger and the runtime's gates for a host) and the
+// uploads (their own Host, Sandbox and Agent).
 //
 // # Contract
 //
@@ -32,7 +34,9 @@
 //   - Go runs a goroutine owned by the edge: Close cancels Context and
 //     waits for every one. A job starts no goroutine of its own otherwise
 //     (but for the audit's timer that forgets a stopped sandbox's
-//     telemetry registration, internal/edge/audit).
+//     telemetry registration, internal/edge/audit, and an upload's
+//     writes, which the upload waits for before it answers,
+//     internal/edge/upload).
 //
 // # Locks
 //
@@ -50,7 +54,8 @@
 // internal/edge/audit). The elastic CPU has no lock of its own: a
 // sandbox's elastic.CPU is guarded by the core's sandbox.mu, which its
 // elastic.Sandbox hands over as Pausable.PauseLock hands over pmu (see
-// internal/edge/elastic).
+// internal/edge/elastic). An upload's one lock (its writes' first error,
+// internal/edge/upload) is taken under no lock and held over nothing.
 package core
 
 import (
