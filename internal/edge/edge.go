@@ -284,6 +284,10 @@ type Edge struct {
 	// audit is the sandboxes' audit and the node's telemetry
 	// (internal/edge/audit, audit.go).
 	audit *audit.Node
+
+	// beatNow asks the heartbeat loop for a heartbeat before its next tick
+	// (Heartbeat).
+	beatNow chan struct{}
 }
 
 // New checks cfg and prepares directories; Start brings the edge up.
@@ -339,7 +343,7 @@ func New(cfg Config) (*Edge, error) {
 	if cfg.MinFreeTasks == 0 {
 		cfg.MinFreeTasks = 2048
 	}
-	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{})}
+	e := &Edge{cfg: cfg, log: cfg.Logger.With("part", "edge", "node", cfg.Node), sandboxes: make(map[string]*sandbox), live: make(map[*sandbox]struct{}), lost: map[string]string{}, reconciled: make(chan struct{}), beatNow: make(chan struct{}, 1)}
 	e.fn = fncall.New(jobCore{e})
 	e.pools = pool.New(jobCore{e}, filepath.Join(cfg.DataDir, "edge", "pools.json"))
 	e.shelf = recycle.New(jobCore{e}, jobCore{e}, cfg.Runtime, cfg.Recycle)

@@ -39,7 +39,19 @@ func (e *Edge) heartbeatLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-e.beatNow:
 		}
+	}
+}
+
+// Heartbeat asks for a heartbeat now rather than at the next tick: a
+// watcher that just subscribed (the apiserver of `warren serve`, waiting
+// for its node) learns of this node at once, not a period later. It does
+// not block; requests made while one is pending are one request.
+func (e *Edge) Heartbeat() {
+	select {
+	case e.beatNow <- struct{}{}:
+	default:
 	}
 }
 

@@ -250,7 +250,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 
-	stopEdge, err := startEdge(ctx, edgeConn, EdgeOptions{
+	stopEdge, e, err := startEdge(ctx, edgeConn, EdgeOptions{
 		Node: o.Node, DataDir: o.DataDir, AgentPath: o.AgentPath, CPUOvercommit: o.CPUOvercommit,
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
@@ -261,7 +261,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer stopEdge()
-	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node, TrajectorySweep: o.TrajectorySweep,
+	return serveAPI(ctx, apiConn, ln, APIOptions{DataDir: o.DataDir, Logger: log, Ready: o.Ready, WaitForNode: o.Node, Announce: e.Heartbeat, TrajectorySweep: o.TrajectorySweep,
 		E2BListen: o.E2BListen, E2BReady: o.E2BReady, HTTP: o.HTTP})
 }
 
@@ -372,7 +372,7 @@ func RunEdge(ctx context.Context, o EdgeOptions) error {
 		return err
 	}
 	defer conn.Close()
-	stop, err := startEdge(ctx, conn, o)
+	stop, _, err := startEdge(ctx, conn, o)
 	if err != nil {
 		return err
 	}
@@ -384,14 +384,14 @@ func RunEdge(ctx context.Context, o EdgeOptions) error {
 }
 
 // startEdge brings up the edge of o on conn; the returned func stops it.
-func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), error) {
+func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), *edge.Edge, error) {
 	if err := o.defaults(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	log := o.Logger
 	images, err := image.Open(o.Store)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var closers []func()
 	stop := func() {
@@ -403,7 +403,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	// the edge stopped them.
 	mounts, err := image.NewMounter(filepath.Join(o.DataDir, "layers"), images)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	closers = append(closers, func() {
 		if !o.KeepOnShutdown {
@@ -417,13 +417,13 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	}
 	writable, closeWritable, err := openWritable(ctx, o.DataDir, o.KeepOnShutdown, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	closers = append(closers, closeWritable)
 	closeRunDir, err := openRunDir(o.DataDir, o.KeepOnShutdown, log)
 	if err != nil {
 		stop()
-		return nil, err
+		return nil, nil, err
 	}
 	closers = append(closers, closeRunDir)
 	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
@@ -432,7 +432,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 		NetIngressRateMbit: o.Userns.NetIngressRateMbit})
 	if err != nil {
 		stop()
-		return nil, err
+		return nil, nil, err
 	}
 	closers = append(closers, func() {
 		if !o.KeepOnShutdown {
@@ -475,18 +475,18 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), erro
 	})
 	if err != nil {
 		stop()
-		return nil, err
+		return nil, nil, err
 	}
 	if err := e.Start(ctx); err != nil {
 		stop()
-		return nil, err
+		return nil, nil, err
 	}
 	closers = append(closers, func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		_ = e.Close(cctx)
 	})
-	return stop, nil
+	return stop, e, nil
 }
 
 // APIOptions configure one apiserver (`warren apiserver`, or the one of `warren serve`).
@@ -500,6 +500,10 @@ type APIOptions struct {
 	Ready func(url, token string)
 	// WaitForNode, when set, delays serving until that node reported in.
 	WaitForNode string
+	// Announce, when set, is called once the watcher listens, so that the
+	// node of WaitForNode reports in at once rather than at its next
+	// heartbeat (`warren serve`: its edge's Heartbeat; a second sooner).
+	Announce func()
 	// E2BListen, when set, also serves E2B's control plane there
 	// (internal/e2b) over this apiserver; E2BReady is then called with its
 	// URL and the admin token ("" as for Ready) before Ready.
@@ -571,6 +575,9 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 		return err
 	}
 	defer w.Close()
+	if o.Announce != nil {
+		o.Announce()
+	}
 	go announceAPIServer(ctx, conn)
 	auth, err := iam.Open(ctx, conn)
 	if err != nil {

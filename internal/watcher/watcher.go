@@ -134,6 +134,12 @@ func Start(ctx context.Context, cfg Config) (*Watcher, error) {
 		return nil, err
 	}
 	w.subs = append(w.subs, sub)
+	// Once the server has the subscriptions, a heartbeat asked for now
+	// (serve's Announce) reaches this watcher.
+	if err := cfg.Bus.NATS().Flush(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("watcher: subscribe: %w", err)
+	}
 	w.wg.Add(1)
 	go w.checkLoop(cfg.CheckEvery)
 	return w, nil

@@ -47,6 +47,7 @@ func auditUntil(t *testing.T, c *warren.Client, id string, what string, ok func(
 // output cap, a background write between steps), skips the declared
 // workspace, and holds nothing of the neighbour.
 func TestAuditMisbehaviour(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}
@@ -243,6 +244,7 @@ func TestAuditMisbehaviour(t *testing.T) {
 // step that tried one, at once, with killed_by "policy"; the sandbox
 // lives on. fail-sandbox ends the sandbox.
 func TestAuditPolicyKillsStep(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}
@@ -316,6 +318,7 @@ func TestAuditPolicyKillsStep(t *testing.T) {
 // sandbox's processes hold every pid it may use answers 429 with reason
 // pids (it was a 500), and the audit records the limit.
 func TestPidsLimitAnswers429(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Pids: 30})
@@ -361,6 +364,7 @@ func TestPidsLimitAnswers429(t *testing.T) {
 // must not refuse the sandbox's next process (they did, for good: the
 // shell reaps only when it runs its next command).
 func TestSessionZombiesDoNotHoldPids(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Pids: 40})
@@ -384,6 +388,7 @@ func TestSessionZombiesDoNotHoldPids(t *testing.T) {
 // while a trusted command's own file work (a grader, beside the agent,
 // the sandbox frozen) stays out of the audit, background ones included.
 func TestAuditArgvAndTrusted(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}

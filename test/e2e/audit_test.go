@@ -61,6 +61,7 @@ func execsOf(t *testing.T, c *warren.Client, id string, step int64, marker strin
 // processes execute, each at the step that ran it; a neighbour's execs are
 // not in its audit; a sibling project's token reads none of it.
 func TestAuditExecsPerStep(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}
@@ -219,6 +220,7 @@ func TestAuditExecsPerStep(t *testing.T) {
 // TestAuditWithoutTelemetry: a node without telemetry says so in its
 // view, runs sandboxes, and answers their audit empty with telemetry false.
 func TestAuditWithoutTelemetry(t *testing.T) {
+	parallel(t)
 	s := startServer(t, "--no-telemetry")
 	if nodeTelemetry(t, s) {
 		t.Fatal("features.telemetry true on a node started with --no-telemetry")
@@ -237,6 +239,7 @@ func TestAuditWithoutTelemetry(t *testing.T) {
 // --telemetry-refusals, a mount the sandbox's seccomp filter refuses and a
 // signal sent to its agent (PID 1) are in its audit at their step.
 func TestAuditRefusalsAndSignals(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}
@@ -292,6 +295,7 @@ func TestAuditRefusalsAndSignals(t *testing.T) {
 // TestAuditAfterRestart: a sandbox adopted by a restarted node (kill -9)
 // is registered with the new node's telemetry: its execs are recorded.
 func TestAuditAfterRestart(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}
@@ -311,6 +315,7 @@ func TestAuditAfterRestart(t *testing.T) {
 // sandbox's command writes, renames, chmods and unlinks is in its audit at
 // its step; the agent's own file work (its session scripts) is not.
 func TestAuditFiles(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}
@@ -356,6 +361,7 @@ func TestAuditFiles(t *testing.T) {
 // TestAuditFollow: ?follow=1 streams records as they come, in seq order,
 // and ends once the sandbox stopped; ?after= resumes.
 func TestAuditFollow(t *testing.T) {
+	parallel(t)
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		t.Skipf("SKIP: the kernel has no BTF (%v): the node runs without telemetry", err)
 	}

@@ -82,6 +82,7 @@ func gzipTar(t *testing.T, files map[string]string) string {
 // image, rebuilds it from the cache, rebuilds after a changed COPY input,
 // and checks that a failing RUN and a broken Dockerfile store nothing.
 func TestImageBuild(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -251,6 +252,7 @@ func TestImageBuild(t *testing.T) {
 // are the defaults of its sandboxes, in a new container and in a recycled
 // one (rerooted from another image); a create's user wins.
 func TestImageDefaults(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	img, err := s.C.CommitImage(ctx, api.CommitImageRequest{Name: "defaults", Base: "busybox",
@@ -306,6 +308,7 @@ func TestImageDefaults(t *testing.T) {
 // have pulls it (here from go-containerregistry's registry on loopback),
 // and the pulled image's config is the build's starting state.
 func TestImageBuildFromRegistry(t *testing.T) {
+	parallel(t)
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	host := strings.TrimPrefix(reg.URL, "http://")
@@ -357,6 +360,7 @@ func TestImageBuildFromRegistry(t *testing.T) {
 // build/<key>), and a project token cannot store images in the shared
 // catalog.
 func TestImageBuildCacheTrust(t *testing.T) {
+	parallel(t)
 	// A build on a first server tells the key (the same on any server with
 	// the same busybox image).
 	ctx := context.Background()

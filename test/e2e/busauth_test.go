@@ -41,6 +41,7 @@ func wantViolation(t *testing.T, ch chan error, what string) {
 // node's subjects nor the apiserver's replies; and an edge refuses a
 // request that carries no scope and no root marker.
 func TestBusAuth(t *testing.T) {
+	parallel(t)
 	natsAddr := freePort(t)
 	s := startServer(t, "--nats-listen", natsAddr)
 	url := "nats://" + natsAddr

@@ -46,6 +46,7 @@ func lines(s string) []string { return strings.Fields(s) }
 // TestCLIVerbs drives every client verb of the CLI against a real server
 // and checks what it did through the Go SDK.
 func TestCLIVerbs(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	state := func(id string) string {

@@ -218,7 +218,7 @@ func (c *cluster) rebindAPI(i int) {
 func (c *cluster) startEdge(name string) {
 	c.t.Helper()
 	dataDir := filepath.Join(c.dir, "edge-"+name)
-	startedDataDirs[dataDir] = true
+	noteStarted(dataDir)
 	if p := c.edges[name]; p != nil {
 		p.start()
 		return

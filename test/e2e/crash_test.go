@@ -57,7 +57,7 @@ func (s *server) launch(wrap []string, d time.Duration) error {
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	startedDataDirs[s.dataDir] = true
+	noteStarted(s.dataDir)
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}

@@ -181,6 +181,7 @@ func installSDK(t *testing.T) string {
 var topLevelAwait = regexp.MustCompile(`(?m)^(await |async with |async for )`)
 
 func TestDocsExamples(t *testing.T) {
+	parallel(t)
 	for _, tool := range []string{"python3", "curl", "jq", "bash"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("SKIP: the examples use %s, which this machine lacks", tool)

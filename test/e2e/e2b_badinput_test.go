@@ -50,6 +50,7 @@ func envelope(flags byte, size uint32, payload string) []byte {
 // frame; none is a 500, none hangs, and nothing outside the sandbox is
 // reached.
 func TestE2BEnvdBadInput(t *testing.T) {
+	parallel(t)
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	base := "http://" + e2bAddr

@@ -112,6 +112,7 @@ func entryOfAnswer(t *testing.T, m map[string]any) map[string]any {
 // the JSON codec, /files, /health) on the E2B origin as the SDK does, and
 // checks that another project's key reaches nothing.
 func TestE2BEnvdFiles(t *testing.T) {
+	parallel(t)
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	ctx := context.Background()
@@ -381,6 +382,7 @@ func (st *envdStream) rest(t *testing.T) (stdout, stderr string, end map[string]
 // Connect-Timeout-Ms killing a command, and live stdin (SendInput,
 // CloseStdin, SIGTERM, bad input to Update and SendInput).
 func TestE2BEnvdProcess(t *testing.T) {
+	parallel(t)
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	base := "http://" + e2bAddr

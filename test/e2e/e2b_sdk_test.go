@@ -48,6 +48,7 @@ func runE2BSDK(t *testing.T, script, base, token string, env ...string) (string,
 // kill), getHost (a server in the sandbox through the E2B listener);
 // kill twice; an unknown template.
 func TestE2BOfficialSDK(t *testing.T) {
+	parallel(t)
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	portsrvBinary(t) // sdk.mjs copies it into the sandbox (getHost)

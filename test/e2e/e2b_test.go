@@ -187,6 +187,7 @@ func has(ids []string, id string) bool {
 // error shapes, and that another project's key neither sees nor kills the
 // sandbox.
 func TestE2BControlPlane(t *testing.T) {
+	parallel(t)
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	ctx := context.Background()

@@ -12,6 +12,7 @@ import (
 // "warren/resume" re-attaches to the trajectory: the same command answers
 // the logged result at once instead of running again.
 func TestE2BTrajectory(t *testing.T) {
+	parallel(t)
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	base := "http://" + e2bAddr

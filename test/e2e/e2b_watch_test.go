@@ -15,6 +15,7 @@ import (
 // Connect unary calls: events between polls, recursion, removal, and that
 // another project's key reaches no watcher.
 func TestE2BEnvdWatcher(t *testing.T) {
+	parallel(t)
 	e2bAddr := freePort(t)
 	s := startServer(t, "--e2b-listen", e2bAddr)
 	ctx := context.Background()

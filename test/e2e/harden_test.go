@@ -12,6 +12,7 @@ import (
 // TestCreateUnknownUser: a default user the image does not know is the
 // client's mistake: 400 naming it, not 503.
 func TestCreateUnknownUser(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	code, body := s.rawRequest(t, "POST", "/v1/sandboxes", s.Token, []byte(`{"image":"busybox","user":"nosuch"}`), nil)
 	if code != 400 || !strings.Contains(body, "nosuch") {
@@ -27,6 +28,7 @@ func TestCreateUnknownUser(t *testing.T) {
 // TestNoHostPathsInside: the mount table and PID 1's command line inside
 // a sandbox name no path of the node.
 func TestNoHostPathsInside(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	if _, err := s.C.CreateLayerFromTar(context.Background(), "tk/paths", 0, bytes.NewReader(tarOf(t, [2]string{"bin/tool", "x"}))); err != nil {
 		t.Fatal(err)

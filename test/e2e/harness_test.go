@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -63,13 +64,69 @@ func TestMain(m *testing.M) {
 	for _, stop := range sharedStops {
 		stop()
 	}
+	// The tests of the parallel phase checked their own servers; what none
+	// of them could check alone is checked here, for every server.
+	if leaks := waitNoLeaks(startedDirs(), true); len(leaks) > 0 {
+		fmt.Printf("FAIL: leaks after every test ended:\n%s\n", strings.Join(leaks, "\n"))
+		if code == 0 {
+			code = 1
+		}
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
 // startedDataDirs are the data dirs of every server this process started;
-// the leak checks look for what they may have left.
-var startedDataDirs = map[string]bool{}
+// the leak checks look for what they may have left. parallelRunning counts
+// the tests of the parallel phase (parallel) that have not ended. startedMu
+// guards both.
+var (
+	startedMu       sync.Mutex
+	startedDataDirs = map[string]bool{}
+	parallelRunning int
+)
+
+// noteStarted records the data dir of a server about to start.
+func noteStarted(dataDir string) {
+	startedMu.Lock()
+	defer startedMu.Unlock()
+	startedDataDirs[dataDir] = true
+}
+
+// startedDirs is a copy of startedDataDirs.
+func startedDirs() map[string]bool {
+	startedMu.Lock()
+	defer startedMu.Unlock()
+	return maps.Clone(startedDataDirs)
+}
+
+// othersRunning reports whether a test of the parallel phase other than
+// the caller may be running; the host-wide checks (agent processes) then
+// cannot tell whose a process is.
+func othersRunning() bool {
+	startedMu.Lock()
+	defer startedMu.Unlock()
+	return parallelRunning > 1
+}
+
+// parallel makes t one of the tests that run together, -parallel at a
+// time, after every sequential test of the package has ended (Go's
+// t.Parallel). Only tests that neither share a server nor depend on the
+// host being otherwise quiet belong there: no test of the shared server,
+// of networks (one address pool per host), of CPU or memory pressure, or of
+// timing figures. A parallel test checks the leaks of its own servers; the
+// host-wide checks run once all have ended (TestMain).
+func parallel(t *testing.T) {
+	t.Parallel()
+	startedMu.Lock()
+	parallelRunning++
+	startedMu.Unlock()
+	t.Cleanup(func() { // registered first, so it runs after the test's other cleanups
+		startedMu.Lock()
+		parallelRunning--
+		startedMu.Unlock()
+	})
+}
 
 // server is one running `warren serve`.
 type server struct {
@@ -137,7 +194,7 @@ func (s *server) start() {
 	s.cmd.Stderr = s.logs
 	// If this test process dies, the server gets SIGTERM and cleans up.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	startedDataDirs[s.dataDir] = true
+	noteStarted(s.dataDir)
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

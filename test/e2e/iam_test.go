@@ -19,6 +19,7 @@ func mustCode(t *testing.T, what string, err error, code string) {
 }
 
 func TestIAMProjectsQuotasTokens(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	admin := s.C
@@ -198,6 +199,7 @@ func TestIAMProjectsQuotasTokens(t *testing.T) {
 }
 
 func TestBatchCreateAndSelector(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	res, err := s.C.BatchCreate(ctx, api.BatchCreateRequest{Count: 6, Spec: api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: 32, Labels: map[string]string{"job": "b1"}}})
@@ -238,6 +240,7 @@ func TestBatchCreateAndSelector(t *testing.T) {
 }
 
 func TestCLIProjectsTokens(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	run := func(args ...string) string {
 		t.Helper()

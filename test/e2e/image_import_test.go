@@ -57,6 +57,7 @@ func rootfsTar(t *testing.T) []byte {
 // (the CLI's default): the server stores it, a sandbox runs it; bad input
 // is a 4xx.
 func TestImageImportUpload(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	p := filepath.Join(t.TempDir(), "rootfs.tar")
 	if err := os.WriteFile(p, rootfsTar(t), 0o644); err != nil {
@@ -140,6 +141,7 @@ func TestImageImportUpload(t *testing.T) {
 // takes minutes): the tools an agent reaches for are there, and the Python
 // standard library is byte-compiled, so importing it writes nothing.
 func TestDebianImage(t *testing.T) {
+	parallel(t)
 	p := os.Getenv("WARREN_DEBIAN_TAR")
 	if p == "" {
 		t.Skip("SKIP: set WARREN_DEBIAN_TAR to the output of scripts/build-debian-image.sh")

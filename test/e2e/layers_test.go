@@ -66,6 +66,7 @@ func waitNoLayerMounts(t *testing.T, s *server, when string) {
 }
 
 func TestLayerMountsShared(t *testing.T) {
+	parallel(t)
 	// Recycled containers hold their fresh roots' layers until they
 	// expire, after a second here.
 	s := startServer(t, "--recycle-idle", "1s")
@@ -155,6 +156,7 @@ func (s *server) warren(t *testing.T, args ...string) (string, error) {
 }
 
 func TestNamedLayers(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 
@@ -265,6 +267,7 @@ func isCode(err error, code string) bool {
 }
 
 func TestCompositionAndProtectedToolkit(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	mk := func(name string, body []byte) {
@@ -379,6 +382,7 @@ func TestCompositionAndProtectedToolkit(t *testing.T) {
 // the same base, reproduce its root: deletions and opaque directories
 // honoured, privileges the base did not have dropped.
 func TestLayerFromSandboxComposes(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	b := s.create(t, api.CreateSandboxRequest{})
@@ -412,6 +416,7 @@ func TestLayerFromSandboxComposes(t *testing.T) {
 // TestImagePull pulls from go-containerregistry's in-memory registry on
 // loopback and runs the image.
 func TestImagePull(t *testing.T) {
+	parallel(t)
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
 		t.Skip("SKIP: no /bin/busybox")

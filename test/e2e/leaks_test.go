@@ -19,16 +19,13 @@ import (
 // process started.
 func assertNoLeaks(t *testing.T, servers ...*server) {
 	t.Helper()
-	dataDirs := startedDataDirs
+	dataDirs := startedDirs()
 	agentCheck := true
 	if len(servers) == 0 && len(sharedStops) > 0 {
 		// The shared server runs until TestZZSharedServerStopsClean: every
 		// other server of this process must be clean, not it.
-		dataDirs = map[string]bool{}
-		for d := range startedDataDirs {
-			if shared == nil || d != shared.dataDir {
-				dataDirs[d] = true
-			}
+		if shared != nil {
+			delete(dataDirs, shared.dataDir)
 		}
 		agentCheck = false
 	}
@@ -40,6 +37,21 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 		// Other servers of this process may still run their agents.
 		agentCheck = len(sharedStops) == 0
 	}
+	// So may the servers of the other tests of the parallel phase.
+	agentCheck = agentCheck && !othersRunning()
+	if leaks := waitNoLeaks(dataDirs, agentCheck); len(leaks) > 0 {
+		for _, s := range servers {
+			t.Logf("server log (%s):\n%s", s.dataDir, tail(s.logs.String(), 60))
+		}
+		t.Fatalf("leaks after the servers stopped:\n%s", strings.Join(leaks, "\n"))
+	}
+}
+
+// waitNoLeaks gives the servers of dataDirs 5 s to have left nothing
+// behind and returns what remains: cgroups (and so their processes), qemu
+// processes, mounts, networks and, with agentCheck, any agent process on
+// the host.
+func waitNoLeaks(dataDirs map[string]bool, agentCheck bool) []string {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var leaks []string
@@ -70,14 +82,8 @@ func assertNoLeaks(t *testing.T, servers ...*server) {
 				}
 			}
 		}
-		if len(leaks) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			for _, s := range servers {
-				t.Logf("server log (%s):\n%s", s.dataDir, tail(s.logs.String(), 60))
-			}
-			t.Fatalf("leaks after the servers stopped:\n%s", strings.Join(leaks, "\n"))
+		if len(leaks) == 0 || time.Now().After(deadline) {
+			return leaks
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -25,6 +25,7 @@ import (
 // without a trace when deleted; the source runs on. A container is
 // refused with a 422 naming the tiers that can.
 func TestMicroVMForkMemory(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()

@@ -30,6 +30,7 @@ func (s *server) createFrom(t *testing.T, tier, snapID string) *api.Sandbox {
 // image never had) starts a container and a microVM that both see those
 // changes; a container's snapshot starts a microVM.
 func TestMicroVMSnapshot(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()
@@ -108,6 +109,7 @@ func TestMicroVMSnapshot(t *testing.T) {
 // resume rebuilds a microVM from the last checkpoint, replays the logged
 // steps and runs the new ones live on it.
 func TestMicroVMTrajectory(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()
@@ -191,6 +193,7 @@ func TestMicroVMTrajectory(t *testing.T) {
 // disk snapshots as the microvm tier does, also of a paused VM; one starts
 // a container and a vm.
 func TestVMTierSnapshot(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()
@@ -231,6 +234,7 @@ func TestVMTierSnapshot(t *testing.T) {
 // TestMicroVMForkDisk: a fork (not from memory) of a microVM is one disk
 // snapshot and children of the source's tier, which see its files.
 func TestMicroVMForkDisk(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()
@@ -265,6 +269,7 @@ func TestMicroVMForkDisk(t *testing.T) {
 // at a path (a protected toolkit) cannot start a microVM (the tier has no
 // such attachments yet): a 422 that says why, not a failed start.
 func TestMicroVMSnapshotRefusal(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()

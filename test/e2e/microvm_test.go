@@ -46,6 +46,7 @@ func qemusOf(dataDir string) string {
 // and files work as for containers; the guest sees none of the host and
 // cannot reach the agent's port; delete leaves nothing behind.
 func TestMicroVM(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()
@@ -234,6 +235,7 @@ func TestMicroVMTierErrors(t *testing.T) {
 // TestMicroVMRestart: kill -9 of warren leaves the VM running; the next
 // warren adopts it (its processes and files intact) and deletes it cleanly.
 func TestMicroVMRestart(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()
@@ -289,6 +291,7 @@ func TestMicroVMRestart(t *testing.T) {
 // to a memory snapshot and a resume; a protected layer is refused on the
 // VM tiers (root in the guest could replace it) with a 422 that says so.
 func TestMicroVMLayerAtPath(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()

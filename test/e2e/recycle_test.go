@@ -39,6 +39,7 @@ func (s *server) recycling(t *testing.T, want func(api.NodeRecycling) bool) api.
 // IPC objects, environment) and is as confined as a fresh one; a
 // container that holds connections in TIME_WAIT is destroyed instead.
 func TestRecycledContainer(t *testing.T) {
+	parallel(t)
 	s := startServer(t, "--recycle-idle", "5s")
 	ctx := context.Background()
 	shape := api.CreateSandboxRequest{CPU: 0.5, MemoryMB: 128}
@@ -115,6 +116,7 @@ ps -o args | grep -c '[s]leep 1000'
 // TestRecycledOtherRoot: a recycled container serves a create with other
 // layers (rerooted again) and another image's environment and user.
 func TestRecycledOtherRoot(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	a := s.create(t, api.CreateSandboxRequest{})
@@ -136,6 +138,7 @@ func TestRecycledOtherRoot(t *testing.T) {
 
 // TestRecycleOff: with --recycle 0 every sandbox gets a new container.
 func TestRecycleOff(t *testing.T) {
+	parallel(t)
 	s := startServer(t, "--recycle", "0")
 	ctx := context.Background()
 	for i := 0; i < 2; i++ {
@@ -155,6 +158,7 @@ func TestRecycleOff(t *testing.T) {
 // container and its own writable layer), and a waiting container is
 // removed as a leftover.
 func TestRecycledAdoptedAfterRestart(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	a := s.create(t, api.CreateSandboxRequest{})
@@ -188,6 +192,7 @@ func TestRecycledAdoptedAfterRestart(t *testing.T) {
 // dropped when a create takes it, and the create gets a new container:
 // with the same root (resumed) and with another (rerooted first).
 func TestRecycledContainerDied(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	for i, req := range []api.CreateSandboxRequest{{}, {DiskMB: 700}} {

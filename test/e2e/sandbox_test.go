@@ -24,6 +24,12 @@ var (
 )
 
 func sharedServer(t *testing.T) *server {
+	startedMu.Lock()
+	inParallelPhase := parallelRunning > 0
+	startedMu.Unlock()
+	if inParallelPhase { // it stopped with the sequential tests (TestZZSharedServerStopsClean)
+		t.Fatal("a test of the parallel phase (parallel) cannot use the shared server: start its own")
+	}
 	sharedOnce.Do(func() {
 		// The shared server outlives single tests; TestMain's exit stops it
 		// through the cleanup of the test that started it, so start it from

@@ -14,6 +14,7 @@ import (
 )
 
 func TestSnapshotRestoreChainFork(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	src := s.create(t, api.CreateSandboxRequest{})
@@ -109,6 +110,7 @@ func TestSnapshotRestoreChainFork(t *testing.T) {
 }
 
 func TestSnapshotDeleteInUse(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	src := s.create(t, api.CreateSandboxRequest{})
@@ -194,6 +196,7 @@ func restore(t *testing.T, s *server, snapID string) *api.Sandbox {
 // WARREN_SNAPSHOT_MB sets the data (default 100; the figure in
 // docs/BENCHMARKS.md uses 300).
 func TestSnapshotIncremental(t *testing.T) {
+	parallel(t)
 	mb := 100
 	if v := os.Getenv("WARREN_SNAPSHOT_MB"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -24,6 +24,7 @@ import (
 // deletes its own project's snapshots and trajectories (issue 19, problem
 // 3: it got 400 on GET/DELETE /v1/snapshots/<its own id>).
 func TestMemberOwnSnapshotsTrajectories(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	for _, p := range []api.CreateProjectRequest{{Name: "m1"}, {Name: "m2"}} {
@@ -143,6 +144,7 @@ func dirBytes(t *testing.T, dir string) int64 {
 // beyond it is 413 storage_quota), and a trajectory_ttl deletes it by
 // itself.
 func TestTrajectoryStorageBounded(t *testing.T) {
+	parallel(t)
 	s := startServer(t, "--trajectory-sweep", "1s")
 	ctx := context.Background()
 	if _, err := s.C.CreateProject(ctx, api.CreateProjectRequest{Name: "st"}); err != nil {

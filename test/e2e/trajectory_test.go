@@ -20,6 +20,7 @@ func counterOp(i int) api.ExecRequest {
 }
 
 func TestTrajectoryRecordKillResume(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-1/run", Checkpoint: "none"})
@@ -162,6 +163,7 @@ func TestTrajectoryRecordKillResume(t *testing.T) {
 }
 
 func TestTrajectoryRebuildFromCheckpoint(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-2", Checkpoint: "every-step"})
@@ -213,6 +215,7 @@ func TestTrajectoryRebuildFromCheckpoint(t *testing.T) {
 }
 
 func TestTrajectoryRebuildWithoutCheckpointReexecutes(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rollout-3"})
@@ -251,6 +254,7 @@ func TestTrajectoryRebuildWithoutCheckpointReexecutes(t *testing.T) {
 }
 
 func TestTrajectoryBranchOnDivergence(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "br", Checkpoint: "2"})
@@ -350,6 +354,7 @@ func TestTrajectoryBranchOnDivergence(t *testing.T) {
 }
 
 func TestTrajectoryReplayDeterminism(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "rp"})
@@ -405,6 +410,7 @@ func TestTrajectoryReplayDeterminism(t *testing.T) {
 // the API server from its copy of the log) and file operations (answered by
 // the edge), streamed and not, then diverges after a few replayed steps.
 func TestTrajectoryFastForwardMixed(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "ffm"})
@@ -505,6 +511,7 @@ func TestTrajectoryFastForwardMixed(t *testing.T) {
 // stderr, and fields to ignore, make it deterministic again, over the API
 // and the CLI. Bad masks and unknown fields are a 400.
 func TestTrajectoryReplayMasks(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	sb := s.create(t, api.CreateSandboxRequest{Trajectory: "mask"})

@@ -13,6 +13,7 @@ import (
 // gives to other users keep those owners (as the sandbox saw them) in a
 // snapshot restored into another sandbox and in a layer packed from it.
 func TestUsernsOwnersAndNodeView(t *testing.T) {
+	parallel(t)
 	s := startServer(t)
 	ctx := context.Background()
 	nodes, err := s.C.Nodes(ctx)

@@ -60,6 +60,7 @@ func vmDiskFile(t *testing.T) string {
 // (The one test that boots the disk: a boot costs a minute or more under
 // TCG.)
 func TestVMDiskImage(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	raw := vmDiskFile(t)
 	nettest.FakeInternet(t)

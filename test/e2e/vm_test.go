@@ -28,6 +28,7 @@ import (
 // the guest's tty1) and streams (a WebSocket carrying RFB); a sibling
 // project sees none of it; delete leaves no QEMU, disk, socket or cgroup.
 func TestVMTier(t *testing.T) {
+	parallel(t)
 	kdir := vmKernelDir(t)
 	s := startServer(t, "--vm-kernel", kdir)
 	ctx := context.Background()
