@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/bus"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/sandboxspec"
@@ -156,9 +158,9 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// uploadToStore sends the request body to one node's store in
-// uploadChunk messages of base (a layer or an image upload) and decodes
-// the last message's answer into out. A body that fails midway (too large,
+// uploadToStore sends the request body to one node's store, over its data
+// listener, else (a node without one) in uploadChunk messages of base (a
+// layer or an image upload) on the bus, and decodes the answer into out. A body that fails midway (too large,
 // cut short) aborts the upload on the node, so nothing half-written stays.
 func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edgeproto.LayerRequest, out any) error {
 	node, err := s.anyNode()
@@ -167,6 +169,20 @@ func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edge
 	}
 	ctx := r.Context()
 	body := http.MaxBytesReader(w, r.Body, MaxLayerUpload)
+	if addr := s.dataAddr(node, edgeproto.OpLayerUpload); addr != "" {
+		// Over the data plane: the whole body as one stream, with flow
+		// control; a body that breaks (too large, cut short) resets it,
+		// and the node keeps nothing of it.
+		b, err := json.Marshal(&base)
+		if err != nil {
+			return fmt.Errorf("apiserver: encode %s: %w", edgeproto.OpLayerUpload, err)
+		}
+		err = s.data.Do(ctx, &dataplane.Call{Addr: addr, Op: edgeproto.OpLayerUpload, Body: b, Upload: body}, out, nil)
+		if errors.Is(err, dataplane.ErrUnreachable) {
+			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is not available", node)}
+		}
+		return err
+	}
 	buf := make([]byte, uploadChunk)
 	handle := ""
 	abort := func() {

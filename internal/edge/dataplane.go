@@ -23,7 +23,7 @@ var dataUploads = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpPort:
 
 // duplexOps read an upload while their answer streams: the uploads, and
 // the input of a command with live input.
-var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, edgeproto.OpDisplay: true}
+var duplexOps = map[string]bool{OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, edgeproto.OpDisplay: true, OpLayerUpload: true}
 
 // startData opens the data listener (Config.DataListen) and serves the
 // streaming operations on it with the same handler, and the same scope
@@ -59,6 +59,9 @@ func (e *Edge) startData(ctx context.Context) error {
 // handleData serves one data-plane call through handle. The body must name
 // the grant's sandbox: a grant for one sandbox reaches no other.
 func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
+	if op == OpLayerUpload {
+		return e.uploadToStore(ctx, g, body, in)
+	}
 	var id IDRequest
 	if err := json.Unmarshal(body, &id); err != nil {
 		return nil, badRequest("malformed request: %v", err)

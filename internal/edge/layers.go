@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/dataplane"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/sandboxspec"
 )
@@ -164,16 +166,55 @@ func (e *Edge) upload(ctx context.Context, req *LayerRequest) (any, error) {
 		return &UploadResult{Handle: handle, Bytes: u.n}, nil
 	}
 	defer finish()
-	if u.n == 0 {
+	return e.storeUpload(ctx, u.f.Name(), u.n, &LayerRequest{Name: u.name, Version: u.ver, Image: u.image, Disk: u.disk})
+}
+
+// storeUpload makes what req names of the uploaded file at path (n bytes):
+// a VM disk image, an image archive or a layer.
+func (e *Edge) storeUpload(ctx context.Context, path string, n int64, req *LayerRequest) (any, error) {
+	if n == 0 {
 		return nil, badRequest("the uploaded archive is empty")
 	}
-	if u.image != "" && u.disk != "" {
-		return e.cfg.Images.ImportDisk(ctx, u.f.Name(), u.image, u.disk)
+	if req.Image != "" && req.Disk != "" {
+		return e.cfg.Images.ImportDisk(ctx, path, req.Image, req.Disk)
 	}
-	if u.image != "" {
-		return e.cfg.Images.ImportImage(ctx, u.f.Name(), u.image)
+	if req.Image != "" {
+		return e.cfg.Images.ImportImage(ctx, path, req.Image)
 	}
-	return e.cfg.Images.CreateLayerFromTar(ctx, u.name, u.ver, u.f.Name())
+	return e.cfg.Images.CreateLayerFromTar(ctx, req.Name, req.Version, path)
+}
+
+// uploadToStore is an upload to the store over the data plane: the whole
+// file in one stream (with its flow control, instead of base64 chunks on
+// the bus), staged beside the store, then made into what the request names.
+// A broken stream (the client went away, its body was too large) or a
+// failure leaves no staged file. The grant names no sandbox: the apiserver
+// checked the caller's right to the name, as for the bus's upload.
+func (e *Edge) uploadToStore(ctx context.Context, g *dataplane.Grant, body []byte, in io.Reader) (any, error) {
+	if g.Sandbox != "" || g.Scoped {
+		return nil, &api.Error{Code: api.CodeForbidden, Message: "a store upload's grant names no sandbox and no scope"}
+	}
+	var req LayerRequest
+	if err := decode(body, &req); err != nil {
+		return nil, err
+	}
+	if req.Handle != "" || len(req.Data) > 0 || req.Final || req.Abort {
+		return nil, badRequest("a store upload over the data plane is one stream: no handle, data, final or abort")
+	}
+	f, err := e.cfg.Images.StageFile()
+	if err != nil {
+		return nil, fmt.Errorf("stage upload: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	n, err := io.Copy(f, io.LimitReader(in, MaxLayerUpload+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: layer upload: %w", dataplane.ErrBroken, err)
+	}
+	if n > MaxLayerUpload {
+		return nil, &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("layer upload exceeds %d bytes", int64(MaxLayerUpload))}
+	}
+	return e.storeUpload(ctx, f.Name(), n, &req)
 }
 
 // packSandbox stores the writable layer of a sandbox as a named layer.

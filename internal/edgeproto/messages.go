@@ -73,7 +73,10 @@ const OpFileUpload = "file_upload"
 const OpTarUpload = "tar_upload"
 
 // DataOps are the operations the data listener serves: those that stream.
-var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, OpDisplay: true}
+// OpLayerUpload there is the node's store's: its grant names no sandbox,
+// and the whole upload (a layer, an image archive or a VM disk) is one
+// stream.
+var DataOps = map[string]bool{OpExec: true, OpFileRead: true, OpTarGet: true, OpFileUpload: true, OpTarUpload: true, OpExecLive: true, OpPort: true, OpDisplay: true, OpLayerUpload: true}
 
 // NetworkSetRequest replaces a running sandbox's egress list.
 type NetworkSetRequest struct {
@@ -81,9 +84,11 @@ type NetworkSetRequest struct {
 	Network api.NetworkSpec `json:"network"`
 }
 
-// LayerRequest is the body of the layer operations. Upload chunks carry
-// Data; the first has no Handle and its answer names one; the one with
-// Final set creates the layer and answers with it.
+// LayerRequest is the body of the layer operations. Upload chunks (on the
+// bus) carry Data; the first has no Handle and its answer names one; the
+// one with Final set creates the layer and answers with it. On the data
+// plane an upload is one call: the request names what to make, the upload
+// is the whole file.
 type LayerRequest struct {
 	Name    string `json:"name,omitempty"`
 	Version int    `json:"version,omitempty"`
