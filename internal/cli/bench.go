@@ -17,7 +17,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	var o bench.Options
-	var out, cpuProfile string
+	var out, cpuProfile, memProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "measure warren against runc and bubblewrap on this machine (starts a private server)",
@@ -41,6 +41,14 @@ func newBenchCmd() *cobra.Command {
 					return err
 				}
 				defer pprof.StopCPUProfile()
+			}
+			if memProfile != "" {
+				defer func() {
+					if f, err := os.Create(memProfile); err == nil {
+						_ = pprof.Lookup("allocs").WriteTo(f, 0)
+						f.Close()
+					}
+				}()
 			}
 			rep, err := bench.Run(cmd.Context(), o)
 			if err != nil {
@@ -87,6 +95,7 @@ func newBenchCmd() *cobra.Command {
 	f.BoolVar(&o.VM.KSM, "vm-ksm", false, "vm: also measure the idle microVMs with the host's KSM on (host-wide; put back afterwards)")
 	f.IntVar(&o.VM.Forks, "vm-fork", 8, "vm: children of the fork from memory")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the run (the bench and its in-process server) to this file")
+	f.StringVar(&memProfile, "memprofile", "", "write a Go profile of the run's allocations (the bench and its in-process server) to this file")
 	f.StringVar(&out, "out", "", "append the results to this file: a CSV history (docs/benchmarks-history.csv) when it ends in .csv, else a Markdown table")
 	f.StringVar(&o.E2BSDKDir, "e2b-sdk", filepath.Join("test", "e2b-sdk"), "e2b: directory of the official e2b npm package (scripts/install-deps.sh installs it in test/e2b-sdk)")
 	f.StringVar(&o.Figures, "figures", "core", "what to measure, comma-separated: core, layers, elastic, history, all, or any of "+strings.Join(bench.FigureSets, ", "))
