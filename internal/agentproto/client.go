@@ -68,17 +68,14 @@ func (c *Client) readLoop() {
 		}
 		c.mu.Unlock()
 		if cl != nil {
-			select {
-			case cl.ch <- r:
-			case <-cl.quit: // the caller gave up
-			}
+			cl.put(r) // false: the caller gave up, and r goes nowhere
 		}
 	}
 	c.mu.Lock()
 	c.closed = true
 	c.err = fmt.Errorf("%w: %v", ErrClosed, err)
 	for id, cl := range c.pending {
-		close(cl.ch)
+		cl.end()
 		delete(c.pending, id)
 	}
 	c.mu.Unlock()
@@ -131,8 +128,7 @@ func (c *Client) call(ctx context.Context, op string, body any, payload []byte, 
 	if onChunk != nil {
 		window, size = Window, Window/FrameCost+16
 	}
-	cl := &call{ch: make(chan *Response, size), quit: make(chan struct{})}
-	ch := cl.ch
+	cl := newCall(size)
 	defer close(cl.quit)
 	c.mu.Lock()
 	if c.closed {
@@ -158,51 +154,58 @@ func (c *Client) call(ctx context.Context, op string, body any, payload []byte, 
 	var chunkErr error
 	var owed int64 // credit taken by the consumer, not yet returned
 	for {
-		select {
-		case <-ctx.Done():
+		// ctx first, also while answers keep coming.
+		if ctx.Err() != nil {
 			c.forget(id)
 			c.cancel(id)
 			return ctx.Err()
-		case r, ok := <-ch:
-			if !ok {
+		}
+		r, ended := cl.take()
+		if r == nil {
+			if ended {
 				return c.Err()
 			}
-			switch r.Kind {
-			case KindChunk:
-				if onChunk != nil && chunkErr == nil {
-					chunkErr = onChunk(r)
-				}
-				if bulk && r.pooled != nil {
-					chunkBufs.Put(r.pooled)
-				}
-				if window > 0 {
-					if owed += int64(len(r.Data)) + FrameCost; owed >= window/4 {
-						c.control(OpCredit, &CreditRequest{ID: id, Bytes: owed})
-						owed = 0
-					}
-				}
-			case KindError:
-				if r.Error == nil {
-					return &Error{Code: ErrInternal, Message: "error without detail"}
-				}
-				return r.Error
-			default:
-				if chunkErr != nil {
-					return chunkErr
-				}
-				if out != nil && len(r.Body) > 0 {
-					if err := json.Unmarshal(r.Body, out); err != nil {
-						return fmt.Errorf("agentproto: decode %s answer: %w", op, err)
-					}
-				}
-				if op == OpSetup || op == OpPing {
-					var v PingResult
-					if json.Unmarshal(r.Body, &v) == nil {
-						c.proto.Store(int32(v.Proto))
-					}
-				}
-				return nil
+			select {
+			case <-ctx.Done():
+			case <-cl.ready:
 			}
+			continue
+		}
+		switch r.Kind {
+		case KindChunk:
+			if onChunk != nil && chunkErr == nil {
+				chunkErr = onChunk(r)
+			}
+			if bulk && r.pooled != nil {
+				chunkBufs.Put(r.pooled)
+			}
+			if window > 0 {
+				if owed += int64(len(r.Data)) + FrameCost; owed >= window/4 {
+					c.control(OpCredit, &CreditRequest{ID: id, Bytes: owed})
+					owed = 0
+				}
+			}
+		case KindError:
+			if r.Error == nil {
+				return &Error{Code: ErrInternal, Message: "error without detail"}
+			}
+			return r.Error
+		default:
+			if chunkErr != nil {
+				return chunkErr
+			}
+			if out != nil && len(r.Body) > 0 {
+				if err := json.Unmarshal(r.Body, out); err != nil {
+					return fmt.Errorf("agentproto: decode %s answer: %w", op, err)
+				}
+			}
+			if op == OpSetup || op == OpPing {
+				var v PingResult
+				if json.Unmarshal(r.Body, &v) == nil {
+					c.proto.Store(int32(v.Proto))
+				}
+			}
+			return nil
 		}
 	}
 }
@@ -227,7 +230,75 @@ func (c *Client) forget(id uint64) {
 	c.mu.Unlock()
 }
 
+// call is one call's mailbox. The read loop appends the call's responses
+// in order and waits only while limit of them are queued (the call's
+// window's worth of frames: for a call that follows its window, never),
+// until the caller takes one or gives up. The queue grows only as far as
+// the agent sends: a channel of the limit's capacity cost 8 KiB per call
+// (most answer with one frame), a third of the bytes an exec allocated.
 type call struct {
-	ch   chan *Response
-	quit chan struct{}
+	mu    sync.Mutex
+	q     []*Response
+	head  int  // q[head:] are queued
+	ended bool // the connection ended: nothing more comes
+	limit int
+
+	ready chan struct{} // a response was queued, or the connection ended (capacity 1)
+	space chan struct{} // the caller took a response (capacity 1)
+	quit  chan struct{} // closed when the caller returns
+}
+
+func newCall(limit int) *call {
+	return &call{limit: limit, ready: make(chan struct{}, 1), space: make(chan struct{}, 1), quit: make(chan struct{})}
+}
+
+// notify leaves a token in a channel of capacity 1, if it has none.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// put queues r (the read loop): false when the caller gave up meanwhile.
+func (cl *call) put(r *Response) bool {
+	cl.mu.Lock()
+	for len(cl.q)-cl.head >= cl.limit {
+		cl.mu.Unlock()
+		select {
+		case <-cl.space:
+		case <-cl.quit:
+			return false
+		}
+		cl.mu.Lock()
+	}
+	cl.q = append(cl.q, r)
+	cl.mu.Unlock()
+	notify(cl.ready)
+	return true
+}
+
+// end marks the connection ended (the read loop's last word).
+func (cl *call) end() {
+	cl.mu.Lock()
+	cl.ended = true
+	cl.mu.Unlock()
+	notify(cl.ready)
+}
+
+// take returns the next queued response; nil when none is, with ended
+// true once none ever will be.
+func (cl *call) take() (r *Response, ended bool) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.head == len(cl.q) {
+		return nil, cl.ended
+	}
+	r = cl.q[cl.head]
+	cl.q[cl.head] = nil
+	if cl.head++; cl.head == len(cl.q) {
+		cl.q, cl.head = cl.q[:0], 0
+	}
+	notify(cl.space)
+	return r, false
 }

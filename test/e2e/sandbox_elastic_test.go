@@ -147,7 +147,10 @@ func TestPauseResume(t *testing.T) {
 	swaptest.Ensure(t, 2048)
 	s := sharedServer(t)
 	ctx := context.Background()
-	sb := s.create(t, api.CreateSandboxRequest{MemoryMB: 256, Labels: map[string]string{"job": "pause-a"}})
+	// A shape of its own (the hostname is part of it): a container recycled
+	// from another test's sandbox of the same shape keeps that sandbox's
+	// cgroup name, and cgroupFile reads the cgroup by this one's id.
+	sb := s.create(t, api.CreateSandboxRequest{MemoryMB: 256, Hostname: "pause-resume", Labels: map[string]string{"job": "pause-a"}})
 	// A shell holding ~64 MiB of anonymous memory.
 	if _, err := s.C.Exec(ctx, sb.ID, api.ExecRequest{Cmd: `echo $$ >/tmp/holder; x=$(head -c 64000000 /dev/zero | tr '\0' a); echo ready >/tmp/ready; sleep 600`, Background: true}); err != nil {
 		t.Fatal(err)
