@@ -113,9 +113,10 @@ func othersRunning() bool {
 // time, after every sequential test of the package has ended (Go's
 // t.Parallel). Only tests that neither share a server nor depend on the
 // host being otherwise quiet belong there: no test of the shared server,
-// of networks (one address pool per host), of CPU or memory pressure, or of
-// timing figures. A parallel test checks the leaks of its own servers; the
-// host-wide checks run once all have ended (TestMain).
+// of networks (one address pool per host), of CPU or memory pressure, of
+// timing figures, or of host-wide counts (loop devices). A parallel test
+// checks the leaks of its own servers; the host-wide checks run once all
+// have ended (TestMain).
 func parallel(t *testing.T) {
 	t.Parallel()
 	startedMu.Lock()

@@ -66,7 +66,8 @@ func waitNoLayerMounts(t *testing.T, s *server, when string) {
 }
 
 func TestLayerMountsShared(t *testing.T) {
-	parallel(t)
+	// Not parallel: it counts the host's loop devices, which other tests
+	// (VM disks) use for a moment.
 	// Recycled containers hold their fresh roots' layers until they
 	// expire, after a second here.
 	s := startServer(t, "--recycle-idle", "1s")
