@@ -66,8 +66,8 @@ func waitNoLayerMounts(t *testing.T, s *server, when string) {
 }
 
 func TestLayerMountsShared(t *testing.T) {
-	// Not parallel: it counts the host's loop devices, which other tests
-	// (VM disks) use for a moment.
+	// Not parallel: it counts the host's loop devices, and every server
+	// that starts attaches one (its scratch filesystem, internal/scratch).
 	// Recycled containers hold their fresh roots' layers until they
 	// expire, after a second here.
 	s := startServer(t, "--recycle-idle", "1s")
