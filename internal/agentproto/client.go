@@ -68,7 +68,7 @@ func (c *Client) readLoop() {
 		}
 		c.mu.Unlock()
 		if cl != nil {
-			cl.put(r) // false: the caller gave up, and r goes nowhere
+			cl.put(r)
 		}
 	}
 	c.mu.Lock()
@@ -260,22 +260,22 @@ func notify(ch chan struct{}) {
 	}
 }
 
-// put queues r (the read loop): false when the caller gave up meanwhile.
-func (cl *call) put(r *Response) bool {
+// put queues r (the read loop); r goes nowhere when the caller gave up
+// meanwhile.
+func (cl *call) put(r *Response) {
 	cl.mu.Lock()
 	for len(cl.q)-cl.head >= cl.limit {
 		cl.mu.Unlock()
 		select {
 		case <-cl.space:
 		case <-cl.quit:
-			return false
+			return
 		}
 		cl.mu.Lock()
 	}
 	cl.q = append(cl.q, r)
 	cl.mu.Unlock()
 	notify(cl.ready)
-	return true
 }
 
 // end marks the connection ended (the read loop's last word).

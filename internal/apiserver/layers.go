@@ -2,7 +2,6 @@ package apiserver
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -160,8 +159,9 @@ func (s *Server) createLayer(w http.ResponseWriter, r *http.Request) error {
 
 // uploadToStore sends the request body to one node's store, over its data
 // listener, else (a node without one) in uploadChunk messages of base (a
-// layer or an image upload) on the bus, and decodes the answer into out. A body that fails midway (too large,
-// cut short) aborts the upload on the node, so nothing half-written stays.
+// layer or an image upload) on the bus, and decodes the answer into out.
+// A body that fails midway (too large, cut short) aborts the upload on the
+// node, so nothing half-written stays.
 func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edgeproto.LayerRequest, out any) error {
 	node, err := s.anyNode()
 	if err != nil {
@@ -173,11 +173,8 @@ func (s *Server) uploadToStore(w http.ResponseWriter, r *http.Request, base edge
 		// Over the data plane: the whole body as one stream, with flow
 		// control; a body that breaks (too large, cut short) resets it,
 		// and the node keeps nothing of it.
-		b, err := json.Marshal(&base)
-		if err != nil {
-			return fmt.Errorf("apiserver: encode %s: %w", edgeproto.OpLayerUpload, err)
-		}
-		err = s.data.Do(ctx, &dataplane.Call{Addr: addr, Op: edgeproto.OpLayerUpload, Body: b, Upload: body}, out, nil)
+		// The grant names no sandbox and no scope (nil headers).
+		err := s.callData(withUpload(ctx, body), addr, "", edgeproto.OpLayerUpload, &base, out, nil, nil)
 		if errors.Is(err, dataplane.ErrUnreachable) {
 			return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("node %s is not available", node)}
 		}

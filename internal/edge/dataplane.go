@@ -57,7 +57,8 @@ func (e *Edge) startData(ctx context.Context) error {
 }
 
 // handleData serves one data-plane call through handle. The body must name
-// the grant's sandbox: a grant for one sandbox reaches no other.
+// the grant's sandbox: a grant for one sandbox reaches no other. A store
+// upload (OpLayerUpload) names none, and its grant must not either.
 func (e *Edge) handleData(ctx context.Context, g *dataplane.Grant, op string, body []byte, in io.Reader, chunk func(string, []byte) error) (any, error) {
 	if op == OpLayerUpload {
 		return e.uploadToStore(ctx, g, body, in)

@@ -100,6 +100,14 @@ func startedDirs() map[string]bool {
 	return maps.Clone(startedDataDirs)
 }
 
+// inParallelPhase reports whether the tests of the parallel phase have
+// begun (the sequential ones, the shared server's among them, have ended).
+func inParallelPhase() bool {
+	startedMu.Lock()
+	defer startedMu.Unlock()
+	return parallelRunning > 0
+}
+
 // othersRunning reports whether a test of the parallel phase other than
 // the caller may be running; the host-wide checks (agent processes) then
 // cannot tell whose a process is.

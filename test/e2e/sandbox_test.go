@@ -24,10 +24,7 @@ var (
 )
 
 func sharedServer(t *testing.T) *server {
-	startedMu.Lock()
-	inParallelPhase := parallelRunning > 0
-	startedMu.Unlock()
-	if inParallelPhase { // it stopped with the sequential tests (TestZZSharedServerStopsClean)
+	if inParallelPhase() { // it stopped with the sequential tests (TestZZSharedServerStopsClean)
 		t.Fatal("a test of the parallel phase (parallel) cannot use the shared server: start its own")
 	}
 	sharedOnce.Do(func() {
