@@ -200,6 +200,15 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	if a.setup {
 		return nil, errf(agentproto.ErrInvalid, "setup: already done")
 	}
+	if cfg.VMLayers > 0 || vmTemplate.pending {
+		// A microVM restored from a memory template: its root first.
+		if !a.vm || a.vmService {
+			return nil, errf(agentproto.ErrInvalid, "setup: vm_layers is for the agent of a microVM")
+		}
+		if err := vmAttach(cfg.VMLayers); err != nil {
+			return nil, errf(agentproto.ErrInternal, "setup: %v", err)
+		}
+	}
 	pid := hostPid()
 	rootDir := "/"
 	if cfg.Unconfined {

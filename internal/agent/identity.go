@@ -43,13 +43,33 @@ func (a *Agent) identity(r *agentproto.IdentityRequest) error {
 	if err := reseed(r.Entropy); err != nil {
 		return errf(agentproto.ErrInternal, "identity: reseed: %v", err)
 	}
+	if r.UnixNano > 0 {
+		if err := setClock(r.UnixNano); err != nil {
+			return err
+		}
+	}
 	if err := unix.Sethostname([]byte(r.Hostname)); err != nil {
 		return errf(agentproto.ErrInternal, "identity: sethostname: %v", err)
+	}
+	if r.KernelOnly {
+		return nil
 	}
 	for name, content := range map[string]string{"hostname": r.Hostname, "machine-id": r.MachineID} {
 		if err := replaceFile(filepath.Join("/etc", name), content+"\n"); err != nil {
 			return errf(agentproto.ErrInternal, "identity: %v", err)
 		}
+	}
+	return nil
+}
+
+// setClock sets the (VM's) clock to unixNano.
+func setClock(unixNano int64) error {
+	if unixNano <= 0 {
+		return errf(agentproto.ErrInvalid, "clock: no time given")
+	}
+	tv := unix.NsecToTimeval(unixNano)
+	if err := unix.Settimeofday(&tv); err != nil {
+		return errf(agentproto.ErrInternal, "set the clock: %v", err)
 	}
 	return nil
 }

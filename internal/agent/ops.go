@@ -66,6 +66,13 @@ var agentOps = map[string]agentOp{
 		return nil, a.identity(r)
 	})},
 
+	agentproto.OpClock: {phase: phaseSetUp, run: withBody(func(a *Agent, _ context.Context, _ *call, _ *agentproto.Request, r *agentproto.ClockRequest) (any, error) {
+		if !a.vm {
+			return nil, nil // a container's clock is the host's
+		}
+		return nil, setClock(r.UnixNano)
+	})},
+
 	agentproto.OpUpperTar: {run: func(a *Agent, ctx context.Context, cl *call, _ *agentproto.Request) (any, error) {
 		return a.upperTar(ctx, cl)
 	}},

@@ -39,6 +39,15 @@ const (
 	VMParamPort = "warren.port"
 	// VMParamHostname is the guest's hostname.
 	VMParamHostname = "warren.hostname"
+	// VMParamTemplate=1 boots a memory template (the runtime's
+	// template.go): the agent opens its port without the disk driver and
+	// without a root, and the VMs restored from the template's memory
+	// attach their own disks at setup (SetupConfig.VMLayers).
+	VMParamTemplate = "warren.template"
+	// VMDiskModule is the disk driver a template loads only at setup:
+	// until then no disk of the template's is known to the guest, so each
+	// restored VM's kernel probes its own.
+	VMDiskModule = "virtio_blk.ko"
 	// VMDiskRW is the serial of the writable disk (ext4, made by the host).
 	VMDiskRW = "rw"
 	// VMBindPrefix starts the serials of the disks of layers attached at
@@ -88,13 +97,30 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 			return nil, fmt.Errorf("mount %s: %w", m.dir, err)
 		}
 	}
-	if err := loadModules(VMModulesDir); err != nil {
-		return nil, err
-	}
-	finePageReporting(log)
 	params, err := kernelParams()
 	if err != nil {
 		return nil, err
+	}
+	template := params[VMParamTemplate] == "1"
+	skip := ""
+	if template {
+		skip = VMDiskModule
+	}
+	if err := loadModules(VMModulesDir, skip); err != nil {
+		return nil, err
+	}
+	finePageReporting(log)
+	if template {
+		if params[VMParamPort] == "" {
+			return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)
+		}
+		port, err := openPort(params[VMParamPort])
+		if err != nil {
+			return nil, err
+		}
+		vmTemplate.pending = true
+		log.Info("agent: vm template booted", "took", time.Since(t0))
+		return port, nil
 	}
 	nLayers, err := strconv.Atoi(params[VMParamLayers])
 	if err != nil || nLayers < 1 {
@@ -147,8 +173,51 @@ func vmBinds(binds []agentproto.Bind) error {
 	return nil
 }
 
-// loadModules loads dir's modules in the order of dir/modules.order.
-func loadModules(dir string) error {
+// vmTemplate is the state of a VM booted as a memory template.
+var vmTemplate struct {
+	// pending: the root is not assembled yet (vmAttach does it at setup).
+	// Set before the agent serves and cleared by setup, which runs in line
+	// (conn.go): no lock.
+	pending bool
+}
+
+// vmAttach assembles a VM's root after its restore from a memory
+// template: the disk driver is loaded now, so that the guest's kernel
+// finds this VM's disks, and the root is stacked from nLayers layers as
+// a VM booted on its own does.
+func vmAttach(nLayers int) error {
+	if !vmTemplate.pending {
+		return errors.New("this VM assembled its root at boot")
+	}
+	if nLayers < 1 {
+		return fmt.Errorf("a VM restored from a template needs its layer count (got %d)", nLayers)
+	}
+	if err := loadModule(filepath.Join(VMModulesDir, VMDiskModule)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := vmRoot(nLayers); err != nil {
+		return err
+	}
+	vmTemplate.pending = false
+	return nil
+}
+
+// loadModule loads the kernel module in the file p.
+func loadModule(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("module %s: %w", filepath.Base(p), err)
+	}
+	defer f.Close()
+	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("load module %s: %w", filepath.Base(p), err)
+	}
+	return nil
+}
+
+// loadModules loads dir's modules in the order of dir/modules.order, but
+// the one called skip.
+func loadModules(dir, skip string) error {
 	order, err := os.ReadFile(filepath.Join(dir, "modules.order"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // a kernel with everything built in
@@ -157,14 +226,11 @@ func loadModules(dir string) error {
 		return err
 	}
 	for _, name := range strings.Fields(string(order)) {
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			return fmt.Errorf("module %s: %w", name, err)
+		if name == skip {
+			continue
 		}
-		err = unix.FinitModule(int(f.Fd()), "", 0)
-		f.Close()
-		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("load module %s: %w", name, err)
+		if err := loadModule(filepath.Join(dir, name)); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -74,11 +74,17 @@ const (
 	// OpInput feeds a running exec that has live input (a PTY or
 	// LiveStdin): InputRequest (+ payload) -> nothing.
 	OpInput = "input"
-	// OpIdentity gives a VM restored from another's memory (a fork) an
-	// identity of its own: hostname, /etc/hostname, /etc/machine-id, and
-	// the kernel's random pool reseeded with the host's bytes (the
-	// restored pool is every sibling's). IdentityRequest -> nothing
+	// OpIdentity gives a VM restored from another's memory (a fork, or a
+	// memory template) an identity of its own: hostname, /etc/hostname,
+	// /etc/machine-id, the kernel's random pool reseeded with the host's
+	// bytes (the restored pool is every sibling's) and the clock set to the
+	// host's. IdentityRequest -> nothing
 	OpIdentity = "identity"
+	// OpClock sets a VM's clock to the host's: a VM restored from a memory
+	// snapshot (a pause) runs on with the clock it had when it was saved.
+	// The agent of a container, which shares the host's clock, does
+	// nothing. ClockRequest -> nothing
+	OpClock = "clock"
 	// OpUpperTar streams a VM's writable changes (the guest overlay's
 	// upper directory on the sandbox's writable disk) as an OCI layer tar:
 	// overlay whiteouts as ".wh.NAME", opaque directories with

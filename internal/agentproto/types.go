@@ -59,6 +59,11 @@ type SetupConfig struct {
 	// Net is a VM's network interface, which the agent in the guest
 	// configures (a container's is configured from the host: nil).
 	Net *VMNet `json:"net,omitempty"`
+	// VMLayers is, for a microVM restored from a memory template (booted
+	// without disks), how many layer disks it has: the agent loads the disk
+	// driver and assembles the root from them before anything else. 0: the
+	// VM assembled its root at boot.
+	VMLayers int `json:"vm_layers,omitempty"`
 
 	// Unconfined skips confinement (no mounts, no pivot, no privilege drop).
 	// Tests only: the agent then serves file operations relative to RootDir
@@ -274,6 +279,17 @@ type IdentityRequest struct {
 	Hostname  string `json:"hostname"`
 	MachineID string `json:"machine_id"` // 32 lower-case hex digits
 	Entropy   []byte `json:"entropy"`    // from the host's random source, credited to the pool
+	// UnixNano is the host's time: a restored guest's clock is its
+	// snapshot's (0: leave the clock).
+	UnixNano int64 `json:"unix_nano,omitempty"`
+	// KernelOnly leaves /etc/hostname and /etc/machine-id alone: the VM's
+	// root is its own (restored from a memory template, which had none).
+	KernelOnly bool `json:"kernel_only,omitempty"`
+}
+
+// ClockRequest asks for OpClock.
+type ClockRequest struct {
+	UnixNano int64 `json:"unix_nano"` // the host's time
 }
 
 // UpperTarResult answers OpUpperTar.

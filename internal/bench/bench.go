@@ -106,7 +106,10 @@ type Options struct {
 	// VMKernel is the private server's --vm-kernel (the microvm tier's
 	// guest kernel); VM sizes the vm figures.
 	VMKernel string
-	VM       VMOptions
+	// NoVMTemplates: the private server boots every microVM from its
+	// kernel (serve.Options.NoVMTemplates).
+	NoVMTemplates bool
+	VM            VMOptions
 }
 
 // FigureSets are the names Figures accepts (besides all, layers, elastic, history).
@@ -243,6 +246,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			Recycle:        recycleOption(o.Recycle),
 			Userns:         serve.UsernsOptions{HostRoot: o.HostRoot},
 			VMKernel:       o.VMKernel,
+			NoVMTemplates:  o.NoVMTemplates,
 			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready:          func(url, token string) { ready <- [2]string{url, token} },
 			E2BListen:      e2bListen,

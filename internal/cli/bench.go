@@ -89,6 +89,7 @@ func newBenchCmd() *cobra.Command {
 		debianTar = filepath.Join(DefaultDataDir, "cache", "debian-12.tar") // where `make run` builds it
 	}
 	f.StringVar(&o.DebianTar, "debian-tar", debianTar, "fncall: debian:12 root filesystem tarball (scripts/build-debian-image.sh) to import for the python3 figure")
+	f.BoolVar(&o.NoVMTemplates, "no-vm-templates", false, "vm: the private server boots every microVM from its kernel (no memory templates)")
 	f.StringVar(&o.VMKernel, "vm-kernel", serve.VMKernelDir(DefaultDataDir, ""), "vm: the microvm tier's guest kernel directory (make vm-kernel)")
 	f.IntVar(&o.VM.Creates, "vm-creates", 8, "vm: microVMs created one after another for create→first exec")
 	f.IntVar(&o.VM.Idle, "vm-idle", 20, "vm: idle microVMs started together and measured for host memory and node capacity")

@@ -80,7 +80,10 @@ type Options struct {
 	// VMKernel is the microvm tier's guest kernel directory (default
 	// DefaultVMKernel under DataDir; "off": no microvm tier).
 	VMKernel string
-	Logger   *slog.Logger
+	// NoVMTemplates boots every microVM from its kernel instead of
+	// restoring it from a memory template (microvm.Config.NoTemplates).
+	NoVMTemplates bool
+	Logger        *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
 	// E2BListen, when set, also serves E2B's control plane there
@@ -255,7 +258,7 @@ func Run(ctx context.Context, o Options) error {
 		MemoryOvercommit: o.MemoryOvercommit, DiskOvercommit: o.DiskOvercommit, KeepOnShutdown: o.KeepOnShutdown, Logger: log,
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
-		Userns: o.Userns, VMKernel: o.VMKernel,
+		Userns: o.Userns, VMKernel: o.VMKernel, NoVMTemplates: o.NoVMTemplates,
 	})
 	if err != nil {
 		return err
@@ -294,6 +297,7 @@ type EdgeOptions struct {
 	DataAdvertise string
 	Userns        UsernsOptions
 	VMKernel      string // see Options.VMKernel
+	NoVMTemplates bool   // see Options.NoVMTemplates
 	Logger        *slog.Logger
 }
 

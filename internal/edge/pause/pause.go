@@ -19,10 +19,12 @@ package pause
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/agentproto"
 	"github.com/warrenhq/warren/internal/edge/core"
 	"github.com/warrenhq/warren/internal/runtime"
 )
@@ -152,6 +154,10 @@ func (p *Pauser) Resume(ctx context.Context, sb core.Pausable, prefetch bool) er
 	if err := p.rt.Thaw(ctx, h); err != nil {
 		return fmt.Errorf("edge: thaw %s: %w", id, err)
 	}
+	if p.rc != nil {
+		// A VM's clock stood still in its memory snapshot.
+		setGuestClock(ctx, sb, log)
+	}
 	if p.rc != nil && prefetch {
 		// The rest while the sandbox already runs: queuing the reads of a
 		// big working set takes tens of milliseconds.
@@ -207,4 +213,19 @@ func (p *Pauser) Matching(ctx context.Context, sbs []core.Pausable, resume bool)
 	}
 	wg.Wait()
 	return out
+}
+
+// setGuestClock sets the clock of sb's guest to the host's
+// (agentproto.OpClock: a container's agent does nothing); a failure is
+// logged, the sandbox runs on.
+func setGuestClock(ctx context.Context, sb core.Pausable, log *slog.Logger) {
+	client := sb.Agent()
+	if client == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Call(cctx, agentproto.OpClock, &agentproto.ClockRequest{UnixNano: time.Now().UnixNano()}, nil, nil); err != nil {
+		log.Warn("set the clock of a resumed sandbox", "id", sb.ID(), "err", err)
+	}
 }

@@ -122,7 +122,7 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 	// (copy-on-write), else (the template failed) the snapshot read into
 	// each.
 	tmpl := &forkSource{args: args, parentState: parentState, parentDisk: parentDisk, snapshot: mem}
-	if ram, dev, terr := r.ramTemplate(ctx, h.ID, tmpl, disks[0], memMB); terr != nil {
+	if ram, dev, terr := r.ramTemplate(ctx, h.ID, tmpl, disks[0], memMB, ""); terr != nil {
 		r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", h.ID, "err", terr)
 	} else {
 		defer os.Remove(ram) // the children hold it mapped
@@ -186,7 +186,8 @@ func (src *forkSource) argsFor(name, state, disk string) []string {
 // QEMU again without its RAM (x-ignore-shared: the device state alone) and
 // ends it. Children restore the small snapshot over a private mapping of
 // the file: they share its pages until they write them.
-func (r *Runtime) ramTemplate(ctx context.Context, parentID string, src *forkSource, disk string, memMB int64) (ram, dev string, err error) {
+// The RAM file goes into ramDir ("": /dev/shm where it exists).
+func (r *Runtime) ramTemplate(ctx context.Context, parentID string, src *forkSource, disk string, memMB int64, ramDir string) (ram, dev string, err error) {
 	dir, err := os.MkdirTemp("", "warren-vmt") // short: socket paths
 	if err != nil {
 		return "", "", err
@@ -203,11 +204,13 @@ func (r *Runtime) ramTemplate(ctx context.Context, parentID string, src *forkSou
 			os.Remove(dev)
 		}
 	}()
-	shm := "/dev/shm"
-	if st, serr := os.Stat(shm); serr != nil || !st.IsDir() {
-		shm = filepath.Dir(src.snapshot)
+	if ramDir == "" {
+		ramDir = "/dev/shm"
+		if st, serr := os.Stat(ramDir); serr != nil || !st.IsDir() {
+			ramDir = filepath.Dir(src.snapshot)
+		}
 	}
-	f, err := os.CreateTemp(shm, "warren-vm-ram-")
+	f, err := os.CreateTemp(ramDir, "warren-vm-ram-")
 	if err != nil {
 		return "", "", err
 	}
@@ -385,17 +388,18 @@ func (r *Runtime) startChild(ctx context.Context, s *runtime.Spec, src *forkSour
 	if hostname == "" {
 		hostname = s.ID
 	}
-	if err := setIdentity(ctx, client, hostname); err != nil {
+	if err := setIdentity(ctx, client, hostname, false); err != nil {
 		client.Close()
 		return fail(err)
 	}
 	return inst, nil
 }
 
-// setIdentity gives a restored child its own hostname, machine-id and
-// random pool (agentproto.OpIdentity): the host's random bytes, which no
-// sibling saw, are credited to the guest kernel's pool.
-func setIdentity(ctx context.Context, client *agentproto.Client, hostname string) error {
+// setIdentity gives a restored VM its own hostname, machine-id (unless
+// kernelOnly), clock and random pool (agentproto.OpIdentity): the host's
+// random bytes, which no sibling saw, are credited to the guest kernel's
+// pool.
+func setIdentity(ctx context.Context, client *agentproto.Client, hostname string, kernelOnly bool) error {
 	id := make([]byte, 16)
 	seed := make([]byte, 256)
 	if _, err := rand.Read(id); err != nil {
@@ -406,7 +410,8 @@ func setIdentity(ctx context.Context, client *agentproto.Client, hostname string
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req := &agentproto.IdentityRequest{Hostname: hostname, MachineID: hex.EncodeToString(id), Entropy: seed}
+	req := &agentproto.IdentityRequest{Hostname: hostname, MachineID: hex.EncodeToString(id), Entropy: seed,
+		UnixNano: time.Now().UnixNano(), KernelOnly: kernelOnly}
 	if err := client.Call(cctx, agentproto.OpIdentity, req, nil, nil); err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -96,6 +95,9 @@ type Config struct {
 	// Net gives networked sandboxes their networks (the container tier's
 	// manager: one per node); nil refuses them.
 	Net *sandboxnet.Manager
+	// NoTemplates boots every VM from its kernel instead of restoring most
+	// from a memory template of their shape (template.go).
+	NoTemplates bool
 }
 
 // MachineQ35 is the full-VM machine of the "vm" tier.
@@ -109,9 +111,16 @@ type Runtime struct {
 	chroot    string // QEMU's empty root (spawn.go)
 	cg        cgroupDriver
 
-	mu       sync.Mutex
-	children map[int]chan struct{} // QEMUs this process started, closed when reaped
-	conns    map[string]*vmConn    // the edge's agent connection per sandbox (snapshot.go)
+	mu        sync.Mutex
+	children  map[int]chan struct{}            // QEMUs this process started, closed when reaped
+	conns     map[string]*vmConn               // the edge's agent connection per sandbox (snapshot.go)
+	templates map[templateShape]*templateBuild // template.go
+
+	// Template builds run beside the creates that wait for them; Close
+	// cancels and waits for them.
+	bg       sync.WaitGroup
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -154,12 +163,23 @@ func New(cfg Config) (*Runtime, error) {
 	if err := makeChroot(chroot); err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, chroot: chroot, cg: newCgroupDriver(),
-		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}}, nil
+	r := &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, chroot: chroot, cg: newCgroupDriver(),
+		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}, templates: map[templateShape]*templateBuild{}}
+	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
+	if cfg.Machine != "" {
+		return r, nil // no templates (template.go); CacheDir may be the microvm tier's
+	}
+	if err := r.removeOldTemplates(); err != nil {
+		return nil, fmt.Errorf("microvm: old memory templates: %w", err)
+	}
+	return r, nil
 }
 
-// Close removes the tier's parent cgroups (when no VM is left in them).
+// Close ends the template builds under way and removes the tier's parent
+// cgroups (when no VM is left in them).
 func (r *Runtime) Close() error {
+	r.bgCancel()
+	r.bg.Wait()
 	return r.cg.remove(r.cfg.CgroupParent)
 }
 
@@ -238,17 +258,24 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if nc != nil {
 		h.Net = &runtime.NetHandle{Address: nc.address, Gateway: nc.gateway}
 	}
-	args, err := r.command(spec, layers, binds, disk, nc)
-	if err != nil {
-		return nil, err
-	}
-	cmd, err := r.spawn(spec.StateDir, h.Cgroup, args)
-	if err != nil {
-		return nil, err
-	}
-	h.Pid = cmd.Process.Pid
-	if h.PidStart, err = pidStart(h.Pid); err != nil {
-		return nil, fmt.Errorf("microvm: qemu start time: %w", err)
+	tmpl := r.templateFor(ctx, spec, len(layers), len(binds))
+	if tmpl != nil {
+		if h, err = r.startFromTemplate(ctx, h, spec, tmpl, layers, binds, disk); err != nil {
+			return nil, fmt.Errorf("microvm: %w", err)
+		}
+	} else {
+		args, err := r.command(spec, layers, binds, disk, nc, false)
+		if err != nil {
+			return nil, err
+		}
+		cmd, err := r.spawn(spec.StateDir, h.Cgroup, args)
+		if err != nil {
+			return nil, err
+		}
+		h.Pid = cmd.Process.Pid
+		if h.PidStart, err = pidStart(h.Pid); err != nil {
+			return nil, fmt.Errorf("microvm: qemu start time: %w", err)
+		}
 	}
 	conn, err := r.dial(ctx, h)
 	if err != nil {
@@ -261,10 +288,19 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		Hostname: spec.Hostname, Env: spec.Env, User: spec.User, Cwd: spec.Cwd, Net: nc.setup(),
 		Binds: setupBinds,
 	}
+	if tmpl != nil {
+		setup.VMLayers = len(layers)
+	}
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
 		return nil, fmt.Errorf("microvm: agent setup: %w (qemu: %q; guest console: %q)", err,
 			logTail(filepath.Join(spec.StateDir, LogName), 300), logTail(filepath.Join(spec.StateDir, ConsoleName), 600))
+	}
+	if tmpl != nil {
+		// Its template's hostname, random pool and clock until now.
+		if err := setIdentity(ctx, client, hostnameOf(spec), true); err != nil {
+			return nil, fmt.Errorf("microvm: %w", err)
+		}
 	}
 	if h.Net != nil {
 		if err := runtime.WriteResolvConf(ctx, client, h.Net.Gateway); err != nil {
@@ -363,15 +399,10 @@ func makeDisk(spec *runtime.Spec) (string, error) {
 }
 
 // command is QEMU's command line for spec (spawn starts it).
-func (r *Runtime) command(spec *runtime.Spec, layers, binds []string, disk string, nc *nic) ([]string, error) {
-	smp := int(math.Ceil(spec.CPU))
-	if smp < 1 {
-		smp = 1
-	}
-	hostname := spec.Hostname
-	if hostname == "" || strings.ContainsAny(hostname, " \t\n") {
-		hostname = "sandbox"
-	}
+// With template, the guest boots as a memory template (template.go).
+func (r *Runtime) command(spec *runtime.Spec, layers, binds []string, disk string, nc *nic, template bool) ([]string, error) {
+	smp := smpOf(spec)
+	hostname := hostnameOf(spec)
 	params := []string{
 		"console=ttyS0", "quiet", "loglevel=3", "panic=-1", "reboot=t",
 		// Without it ~30 % of TCG boots hang calibrating the TSC.
@@ -380,6 +411,9 @@ func (r *Runtime) command(spec *runtime.Spec, layers, binds []string, disk strin
 		agent.VMParamLayers + "=" + strconv.Itoa(len(layers)),
 		agent.VMParamPort + "=" + portName,
 		agent.VMParamHostname + "=" + hostname,
+	}
+	if template {
+		params = append(params, agent.VMParamTemplate+"=1")
 	}
 	if r.cfg.Extra != nil {
 		_, more := r.cfg.Extra(spec)

@@ -1,0 +1,333 @@
+package microvm
+
+// Memory templates: a create restores a booted guest instead of booting
+// one. The first create of a shape (guest memory, vCPUs) boots a template
+// VM whose agent stops before the guest knows any disk: the disk driver
+// (agent.VMDiskModule) is not loaded and no root is assembled. Its memory
+// is saved, restored once into RAM that is a file (as fork.go's ramTemplate
+// does) and saved again without the RAM (the device state alone). Every
+// later create of the shape restores that device state over a private
+// mapping of the RAM file, with its own disks in the template's disk
+// slots, and its agent then loads the disk driver and assembles the root
+// at setup (SetupConfig.VMLayers), and takes an identity of its own
+// (hostname, random pool, clock: OpIdentity).
+//
+// What it buys: the guest's kernel and agent pages are the RAM file's,
+// shared by every VM of the shape until one writes them (host memory per
+// idle VM), and a restore skips the kernel's boot (create→first exec).
+//
+// The disk slots: a template's VM has templateLayers layer disks and
+// templateBinds bind disks besides the writable one, so that every VM
+// restored from it has the same devices; a VM with fewer fills the rest
+// with a one-page placeholder, which its guest never mounts. A spec that
+// needs more disks, a network, its own boot disk or the vm tier's extra
+// devices boots as before. So does every VM when the template of its shape
+// cannot be built (logged; tried again a minute later).
+//
+// Templates live in CacheDir/templates/<generation>-<shape>; the generation
+// hashes what the guest's memory depends on (initramfs, kernel, QEMU,
+// accelerator, the slots), and New removes every other generation.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/digitalocean/go-qemu/qmp/raw"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/runtime"
+)
+
+const (
+	templateLayers = 6 // layer disk slots of a template's VM
+	templateBinds  = 2 // bind disk slots
+	// templateFormat changes when what a template holds changes in a way
+	// the generation's other inputs do not show.
+	templateFormat = 1
+	templatesDir   = "templates"
+	// templateRetry is how long after a failed build a shape boots
+	// without a template.
+	templateRetry = time.Minute
+)
+
+// Files of a template's directory.
+const (
+	templatePlaceholder = "empty" // the disk of an unused slot
+	templateDevice      = "dev"   // the device state (x-ignore-shared)
+	templateRAM         = "ram"   // the guest's memory, mapped privately
+)
+
+// templateShape is what a template is built for.
+type templateShape struct {
+	memMB int64
+	smp   int
+}
+
+func (s templateShape) String() string { return fmt.Sprintf("%dm-%dc", s.memMB, s.smp) }
+
+// vmTemplate is a built template.
+type vmTemplate struct {
+	dir   string
+	shape templateShape
+}
+
+func (t *vmTemplate) path(name string) string { return filepath.Join(t.dir, name) }
+
+// templateBuild is one shape's template, built once (done closes).
+type templateBuild struct {
+	done    chan struct{}
+	t       *vmTemplate
+	err     error
+	retryAt time.Time
+}
+
+// smpOf is the vCPU count of spec's VM.
+func smpOf(spec *runtime.Spec) int {
+	return max(1, int(math.Ceil(spec.CPU)))
+}
+
+// templateFor is the template spec's VM restores from, or nil: the VM
+// boots from its kernel (see the file comment for which do).
+func (r *Runtime) templateFor(ctx context.Context, spec *runtime.Spec, layers, binds int) *vmTemplate {
+	if r.cfg.NoTemplates || r.cfg.Machine != "" || r.cfg.Extra != nil || spec.Network != nil || spec.Disk != "" ||
+		layers > templateLayers || binds > templateBinds {
+		return nil
+	}
+	shape := templateShape{memMB: memoryOf(spec), smp: smpOf(spec)}
+	r.mu.Lock()
+	b := r.templates[shape]
+	if b != nil && b.retryAt.After(time.Time{}) && time.Now().After(b.retryAt) {
+		b = nil
+	}
+	if b == nil {
+		b = &templateBuild{done: make(chan struct{})}
+		r.templates[shape] = b
+		r.bg.Add(1)
+		go func() {
+			defer r.bg.Done()
+			t0 := time.Now()
+			t, err := r.buildTemplate(r.bgCtx, shape)
+			r.mu.Lock()
+			b.t, b.err = t, err
+			if err != nil {
+				b.retryAt = time.Now().Add(templateRetry)
+			}
+			r.mu.Unlock()
+			close(b.done)
+			if err != nil {
+				r.log.Warn("microvm: no memory template: VMs of this shape boot from the kernel", "shape", shape, "err", err)
+			} else {
+				r.log.Debug("microvm: memory template ready", "shape", shape, "dir", t.dir, "took", time.Since(t0))
+			}
+		}()
+	}
+	r.mu.Unlock()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return nil
+	}
+	if b.err != nil {
+		return nil
+	}
+	return b.t
+}
+
+// templateGeneration hashes what a template's memory depends on.
+func (r *Runtime) templateGeneration() (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "format %d\x00initramfs %s\x00accel %s\x00tb %d\x00slots %d %d\x00",
+		templateFormat, filepath.Base(r.initramfs), r.cfg.Accel, TCGBufferMB, templateLayers, templateBinds)
+	for _, p := range []string{r.cfg.Kernel.Vmlinux(), r.cfg.QEMU} {
+		st, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s %d %d\x00", p, st.Size(), st.ModTime().UnixNano())
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// removeOldTemplates removes the templates of other generations and
+// builds that a crash interrupted (New: no build runs yet).
+func (r *Runtime) removeOldTemplates() error {
+	gen, err := r.templateGeneration()
+	if err != nil {
+		return err
+	}
+	root := filepath.Join(r.cfg.CacheDir, templatesDir)
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), gen+"-") {
+			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// templateArgs is QEMU's command line for the VM id (state directory
+// state) of a template of shape: its layers and binds in the template's
+// slots, the rest filled with placeholder.
+func (r *Runtime) templateArgs(id, state string, shape templateShape, layers, binds []string, disk, placeholder string) ([]string, error) {
+	pad := func(files []string, n int) []string {
+		out := append([]string(nil), files...)
+		for len(out) < n {
+			out = append(out, placeholder)
+		}
+		return out
+	}
+	spec := &runtime.Spec{ID: id, StateDir: state, MemoryMB: shape.memMB, CPU: float64(shape.smp)}
+	return r.command(spec, pad(layers, templateLayers), pad(binds, templateBinds), disk, nil, true)
+}
+
+// buildTemplate boots the template of shape, or finds it built.
+func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vmTemplate, err error) {
+	gen, err := r.templateGeneration()
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(r.cfg.CacheDir, templatesDir)
+	t := &vmTemplate{dir: filepath.Join(root, gen+"-"+shape.String()), shape: shape}
+	if templateComplete(t) {
+		return t, nil
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(root, ".build-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)                      // renamed on success
+	state, err := os.MkdirTemp("", "warren-vmt") // short: socket paths
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(state)
+	placeholder := filepath.Join(tmp, templatePlaceholder)
+	if err := os.WriteFile(placeholder, make([]byte, 4096), 0o600); err != nil {
+		return nil, err
+	}
+	// Sandbox ids never start with a dot (Start): no sandbox's name.
+	tid := ".template-" + gen[:8] + "-" + shape.String()
+	h := runtime.Handle{ID: tid, Tier: r.Name(), Socket: filepath.Join(state, SocketName), Cgroup: r.cgroupPath(tid)}
+	defer func() {
+		if derr := r.Destroy(context.WithoutCancel(ctx), h); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	args, err := r.templateArgs(tid, state, shape, nil, nil, placeholder, placeholder)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.cg.create(h.Cgroup, shape.memMB+overheadMB); err != nil {
+		return nil, err
+	}
+	cmd, err := r.spawn(state, h.Cgroup, args)
+	if err != nil {
+		return nil, err
+	}
+	h.Pid = cmd.Process.Pid
+	if h.PidStart, err = pidStart(h.Pid); err != nil {
+		return nil, err
+	}
+	bctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	conn, err := r.dial(bctx, h)
+	if err != nil {
+		return nil, err
+	}
+	client := agentproto.NewClient(conn)
+	var pong agentproto.PingResult
+	err = client.Call(bctx, agentproto.OpPing, nil, &pong, nil)
+	client.Close()
+	if err != nil {
+		return nil, fmt.Errorf("template's agent: %w (guest console: %q)", err, logTail(filepath.Join(state, ConsoleName), 600))
+	}
+	if err := r.Freeze(bctx, h); err != nil {
+		return nil, err
+	}
+	full := filepath.Join(tmp, "full")
+	if err := r.saveMemory(bctx, h, full, false); err != nil {
+		return nil, fmt.Errorf("memory snapshot: %w", err)
+	}
+	if err := r.Destroy(bctx, h); err != nil {
+		return nil, err
+	}
+	src := &forkSource{args: args, parentState: state, parentDisk: placeholder, snapshot: full}
+	ram, dev, err := r.ramTemplate(bctx, tid, src, placeholder, shape.memMB, tmp)
+	if err != nil {
+		return nil, fmt.Errorf("RAM file: %w", err)
+	}
+	if err := os.Rename(ram, filepath.Join(tmp, templateRAM)); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(dev, filepath.Join(tmp, templateDevice)); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(full); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, t.dir); err != nil {
+		if templateComplete(t) { // another build of the same shape won
+			return t, nil
+		}
+		return nil, err
+	}
+	return t, nil
+}
+
+// templateComplete reports whether t's files are all there.
+func templateComplete(t *vmTemplate) bool {
+	for _, n := range []string{templatePlaceholder, templateDevice, templateRAM} {
+		if _, err := os.Stat(t.path(n)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// startFromTemplate starts spec's VM (handle h, cgroup made) from t with
+// its layers, binds and writable disk: QEMU restores t's device state over
+// a private mapping of its RAM file, and runs. It returns h with QEMU's
+// pid; the agent assembles the root at setup (SetupConfig.VMLayers).
+func (r *Runtime) startFromTemplate(ctx context.Context, h runtime.Handle, spec *runtime.Spec, t *vmTemplate, layers, binds []string, disk string) (runtime.Handle, error) {
+	args, err := r.templateArgs(spec.ID, spec.StateDir, t.shape, layers, binds, disk, t.path(templatePlaceholder))
+	if err != nil {
+		return h, err
+	}
+	if args, err = withRAMFile(args, t.path(templateRAM), t.shape.memMB, false); err != nil {
+		return h, err
+	}
+	if h, err = r.startIncoming(ctx, h, args, t.path(templateDevice), true); err != nil {
+		return h, fmt.Errorf("restore the memory template: %w", err)
+	}
+	if err := r.qmp(h, func(m *raw.Monitor) error { return m.Cont() }); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+// hostnameOf is the guest hostname of spec's VM.
+func hostnameOf(spec *runtime.Spec) string {
+	if spec.Hostname == "" || strings.ContainsAny(spec.Hostname, " \t\n") || len(spec.Hostname) > 64 {
+		return "sandbox"
+	}
+	return spec.Hostname
+}

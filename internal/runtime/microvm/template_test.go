@@ -1,0 +1,104 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/internal/agentproto"
+	"github.com/warrenhq/warren/internal/runtime"
+	"github.com/warrenhq/warren/internal/runtime/runtimetest"
+)
+
+// mapsTemplateRAM reports whether QEMU pid maps a memory template's RAM
+// file (so the VM was restored from one, not booted).
+func mapsTemplateRAM(t *testing.T, pid int) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, "/"+templatesDir+"/") && strings.HasSuffix(line, "/"+templateRAM) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestMemoryTemplate: VMs of one shape are restored from its memory
+// template, each with its own disks (a layer attached at a path too), its
+// own hostname and random numbers, and the host's clock although the
+// template's memory is older; a VM with more disks than the template's
+// slots boots from its kernel; New removes templates of other generations.
+func TestMemoryTemplate(t *testing.T) {
+	stale := filepath.Join(buildDir, "cache", templatesDir, "0123456789abcdef-256m-1c")
+	if err := os.MkdirAll(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("a template of another generation outlived New: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	a := f.boot(t, ctx, f.spec(t, "tmpl-a"))
+	// The template is at least this old when b restores it: without the
+	// clock set at restore, b's clock would be as far behind.
+	time.Sleep(6 * time.Second)
+	specB := f.spec(t, "tmpl-b")
+	specB.Binds = []agentproto.Bind{{Source: filepath.Join(f.base, "tool"), Target: "/opt/tool"}}
+	b := f.boot(t, ctx, specB)
+
+	const probe = "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s; " +
+		"echo mine > /root/$(hostname); ls /root | tr '\\n' ' '; echo; ls /opt/tool/bin/busybox 2>&1"
+	out := map[string][]string{}
+	for name, in := range map[string]*runtime.Instance{"a": a, "b": b} {
+		if !mapsTemplateRAM(t, in.Handle.Pid) {
+			t.Errorf("VM %s was not restored from a memory template", name)
+		}
+		r, err := runtimetest.Exec(ctx, in.Agent, probe)
+		if err != nil || r.ExitCode > 1 {
+			t.Fatalf("VM %s: %v %+v", name, err, r)
+		}
+		out[name] = strings.Split(strings.TrimSpace(r.Stdout), "\n")
+		if len(out[name]) != 5 {
+			t.Fatalf("VM %s answered %q", name, r.Stdout)
+		}
+		lines := out[name]
+		if lines[0] != "vm-tmpl-"+name {
+			t.Errorf("VM %s: hostname %q", name, lines[0])
+		}
+		guest, _ := strconv.ParseInt(lines[2], 10, 64)
+		if d := time.Now().Unix() - guest; d > 3 || d < -3 {
+			t.Errorf("VM %s: guest clock %d s off the host's", name, d)
+		}
+		if strings.TrimSpace(lines[3]) != "vm-tmpl-"+name {
+			t.Errorf("VM %s sees another VM's disk: /root holds %q", name, lines[3])
+		}
+		if want := (name == "b"); strings.HasPrefix(lines[4], "/opt/tool/bin/busybox") != want {
+			t.Errorf("VM %s: the layer attached at /opt/tool: %q", name, lines[4])
+		}
+	}
+	if out["a"][1] == out["b"][1] || len(out["a"][1]) != 32 {
+		t.Errorf("random bytes: %q and %q", out["a"][1], out["b"][1])
+	}
+
+	// More layers than the template has slots: booted from the kernel.
+	spec := f.spec(t, "tmpl-many")
+	for i := range templateLayers {
+		spec.Lowers = append(spec.Lowers, filepath.Join(f.base, "extra"+strconv.Itoa(i)))
+	}
+	c := f.boot(t, ctx, spec)
+	if mapsTemplateRAM(t, c.Handle.Pid) {
+		t.Errorf("a VM of %d layers was restored from a template of %d slots", len(spec.Lowers), templateLayers)
+	}
+	if r, err := runtimetest.Exec(ctx, c.Agent, "hostname"); err != nil || r.Stdout != "vm-tmpl-many\n" {
+		t.Errorf("the booted VM: %v %+v", err, r)
+	}
+}
