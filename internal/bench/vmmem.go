@@ -42,9 +42,9 @@ func (p *vmParts) add(o vmParts) {
 	p.ksmRSS += o.ksmRSS
 }
 
-// qemuParts reads /proc/pid/smaps. The guest's RAM is the anonymous
-// mapping of the guest's size; TCG's code buffer the one of its size
-// (QEMU leaves its last page as a guard).
+// qemuParts reads /proc/pid/smaps. The guest's RAM is the mapping of the
+// guest's size; TCG's code buffer the anonymous one of its size (QEMU
+// leaves its last page as a guard).
 func qemuParts(pid int, accel string) (vmParts, error) {
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/smaps")
 	if err != nil {
@@ -101,10 +101,10 @@ func parseSmaps(r io.Reader, accel string) (vmParts, error) {
 }
 
 // mappingKind classifies an smaps header line's mapping.
+// The guest's RAM is the mapping of the guest's size: anonymous, or the
+// RAM file of a memory template or a fork mapped privately.
 func mappingKind(fs []string, accel string) string {
-	if len(fs) >= 6 && strings.HasPrefix(fs[5], "/") {
-		return "file"
-	}
+	file := len(fs) >= 6 && strings.HasPrefix(fs[5], "/")
 	lo, hi, ok := strings.Cut(fs[0], "-")
 	if !ok {
 		return "qemu"
@@ -119,6 +119,8 @@ func mappingKind(fs []string, accel string) string {
 	switch {
 	case size == guestMiB<<20:
 		return "guest"
+	case file:
+		return "file"
 	case strings.EqualFold(accel, "tcg") && size <= tcg && size > tcg-1<<20:
 		return "tcg"
 	}

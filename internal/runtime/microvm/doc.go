@@ -29,6 +29,10 @@
 //     returns when the agent answers. Under TCG here: 1.7–5 s depending on
 //     the host's load (docs/BENCHMARKS.md).
 //
+// Most VMs skip 3 and 4: they restore the memory template of their shape
+// instead of booting (template.go), and their agent assembles the root at
+// setup.
+//
 // Destroy kills QEMU (pid checked against its start time, or found by
 // its -name), waits, and removes the disk, the memory snapshot, the
 // sockets and the cgroup. Leftovers finds this runtime's QEMUs by name in

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,6 +169,15 @@ func New(cfg Config) (*Runtime, error) {
 	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
 	if cfg.Machine != "" {
 		return r, nil // no templates (template.go); CacheDir may be the microvm tier's
+	}
+	mods, err := cfg.Kernel.modules()
+	if err != nil {
+		return nil, fmt.Errorf("microvm: modules: %w", err)
+	}
+	if !slices.Contains(mods, agent.VMDiskModule) {
+		// Built in, the disk driver would probe the template's own disks.
+		r.log.Info("microvm: no memory templates: the guest kernel has no " + agent.VMDiskModule + " module")
+		r.cfg.NoTemplates = true
 	}
 	if err := r.removeOldTemplates(); err != nil {
 		return nil, fmt.Errorf("microvm: old memory templates: %w", err)

@@ -21,7 +21,8 @@ package microvm
 // restored from it has the same devices; a VM with fewer fills the rest
 // with a one-page placeholder, which its guest never mounts. A spec that
 // needs more disks, a network, its own boot disk or the vm tier's extra
-// devices boots as before. So does every VM when the template of its shape
+// devices boots as before, and so does every VM of a guest kernel whose
+// virtio_blk is built in (it would probe the template's own disks). So does every VM when the template of its shape
 // cannot be built (logged; tried again a minute later).
 //
 // Templates live in CacheDir/templates/<generation>-<shape>; the generation
