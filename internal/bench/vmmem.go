@@ -115,13 +115,13 @@ func mappingKind(fs []string, accel string) string {
 		return "qemu"
 	}
 	size := b - a
-	tcg := uint64(microvm.TCGBufferMB) << 20
+	isTCG := func(mb int) bool { tcg := uint64(mb) << 20; return size <= tcg && size > tcg-1<<20 }
 	switch {
 	case size == guestMiB<<20:
 		return "guest"
 	case file:
 		return "file"
-	case strings.EqualFold(accel, "tcg") && size <= tcg && size > tcg-1<<20:
+	case strings.EqualFold(accel, "tcg") && (isTCG(microvm.TCGBufferMB) || isTCG(microvm.RestoredTCGBufferMB)):
 		return "tcg"
 	}
 	return "qemu"

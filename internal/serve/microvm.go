@@ -48,6 +48,7 @@ func vmConfig(o EdgeOptions, images *image.LocalStore, net *sandboxnet.Manager) 
 	return microvm.Config{
 		Kernel: k, AgentPath: o.AgentPath, CacheDir: filepath.Join(o.DataDir, "cache", "microvm"),
 		CgroupParent: CgroupParent(o.DataDir) + "-vm", Logger: o.Logger, Net: net, NoTemplates: o.NoVMTemplates,
+		RestoredTCGBufferMB: o.VMTCGBufferMB,
 		LayerFile: func(dir string) (string, error) {
 			p := images.BlobPath(filepath.Base(dir))
 			if _, err := os.Stat(p); err != nil {

@@ -83,6 +83,9 @@ type Options struct {
 	// NoVMTemplates boots every microVM from its kernel instead of
 	// restoring it from a memory template (microvm.Config.NoTemplates).
 	NoVMTemplates bool
+	// VMTCGBufferMB is TCG's code buffer of a microVM restored from a
+	// template (microvm.Config.RestoredTCGBufferMB; 0: its default).
+	VMTCGBufferMB int
 	Logger        *slog.Logger
 	// Ready, when set, is called once the API answers (with its URL and the admin token).
 	Ready func(url, token string)
@@ -259,6 +262,7 @@ func Run(ctx context.Context, o Options) error {
 		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
 		Recycle: o.Recycle, RecycleIdle: o.RecycleIdle, NoTelemetry: o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
 		Userns: o.Userns, VMKernel: o.VMKernel, NoVMTemplates: o.NoVMTemplates,
+		VMTCGBufferMB: o.VMTCGBufferMB,
 	})
 	if err != nil {
 		return err
@@ -298,6 +302,7 @@ type EdgeOptions struct {
 	Userns        UsernsOptions
 	VMKernel      string // see Options.VMKernel
 	NoVMTemplates bool   // see Options.NoVMTemplates
+	VMTCGBufferMB int    // see Options.VMTCGBufferMB
 	Logger        *slog.Logger
 }
 

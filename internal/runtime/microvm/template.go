@@ -38,6 +38,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -315,6 +316,12 @@ func (r *Runtime) startFromTemplate(ctx context.Context, h runtime.Handle, spec 
 	}
 	if args, err = withRAMFile(args, t.path(templateRAM), t.shape.memMB, false); err != nil {
 		return h, err
+	}
+	// Not part of the migrated state: the buffer starts empty either way.
+	for i, a := range args {
+		if strings.HasPrefix(a, "tcg,tb-size=") {
+			args[i] = "tcg,tb-size=" + strconv.Itoa(r.cfg.RestoredTCGBufferMB)
+		}
 	}
 	if h, err = r.startIncoming(ctx, h, args, t.path(templateDevice), true); err != nil {
 		return h, fmt.Errorf("restore the memory template: %w", err)
