@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,6 +85,16 @@ func TestMemoryTemplate(t *testing.T) {
 		if want := (name == "b"); strings.HasPrefix(lines[4], "/opt/tool/bin/busybox") != want {
 			t.Errorf("VM %s: the layer attached at /opt/tool: %q", name, lines[4])
 		}
+	}
+	if dirs, _ := filepath.Glob(filepath.Join(buildDir, "cache", templatesDir, "*")); len(dirs) > 0 {
+		var blocks int64
+		for _, n := range []string{templatePlaceholder, templateDevice, templateRAM} {
+			var st syscall.Stat_t
+			if syscall.Stat(filepath.Join(dirs[0], n), &st) == nil {
+				blocks += st.Blocks
+			}
+		}
+		t.Logf("the template's files take %d MiB of disk", blocks*512>>20)
 	}
 	if out["a"][1] == out["b"][1] || len(out["a"][1]) != 32 {
 		t.Errorf("random bytes: %q and %q", out["a"][1], out["b"][1])
