@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,10 +45,12 @@ const (
 	// without a root, and the VMs restored from the template's memory
 	// attach their own disks at setup (SetupConfig.VMLayers).
 	VMParamTemplate = "warren.template"
-	// VMDiskModule is the disk driver a template loads only at setup:
-	// until then no disk of the template's is known to the guest, so each
-	// restored VM's kernel probes its own.
+	// VMDiskModule and VMNetModule are the drivers a template loads only
+	// at setup: until then the guest knows none of the template's disks
+	// or interfaces, so each restored VM's kernel probes its own (and its
+	// interface negotiates with its own tap).
 	VMDiskModule = "virtio_blk.ko"
+	VMNetModule  = "virtio_net.ko"
 	// VMDiskRW is the serial of the writable disk (ext4, made by the host).
 	VMDiskRW = "rw"
 	// VMBindPrefix starts the serials of the disks of layers attached at
@@ -102,9 +105,9 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 		return nil, err
 	}
 	template := params[VMParamTemplate] == "1"
-	skip := ""
+	var skip []string
 	if template {
-		skip = VMDiskModule
+		skip = []string{VMDiskModule, VMNetModule}
 	}
 	if err := loadModules(VMModulesDir, skip); err != nil {
 		return nil, err
@@ -179,6 +182,10 @@ var vmTemplate struct {
 	// Set before the agent serves and cleared by setup, which runs in line
 	// (conn.go): no lock.
 	pending bool
+	// restored: this VM was restored from a template (set with pending
+	// cleared): its interface has the template's MAC until setup gives it
+	// its own (vmNetwork).
+	restored bool
 }
 
 // vmAttach assembles a VM's root after its restore from a memory
@@ -192,13 +199,15 @@ func vmAttach(nLayers int) error {
 	if nLayers < 1 {
 		return fmt.Errorf("a VM restored from a template needs its layer count (got %d)", nLayers)
 	}
-	if err := loadModule(filepath.Join(VMModulesDir, VMDiskModule)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	for _, m := range []string{VMDiskModule, VMNetModule} {
+		if err := loadModule(filepath.Join(VMModulesDir, m)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	if err := vmRoot(nLayers); err != nil {
 		return err
 	}
-	vmTemplate.pending = false
+	vmTemplate.pending, vmTemplate.restored = false, true
 	return nil
 }
 
@@ -216,8 +225,8 @@ func loadModule(p string) error {
 }
 
 // loadModules loads dir's modules in the order of dir/modules.order, but
-// the one called skip.
-func loadModules(dir, skip string) error {
+// those named in skip.
+func loadModules(dir string, skip []string) error {
 	order, err := os.ReadFile(filepath.Join(dir, "modules.order"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // a kernel with everything built in
@@ -226,7 +235,7 @@ func loadModules(dir, skip string) error {
 		return err
 	}
 	for _, name := range strings.Fields(string(order)) {
-		if name == skip {
+		if slices.Contains(skip, name) {
 			continue
 		}
 		if err := loadModule(filepath.Join(dir, name)); err != nil {

@@ -34,7 +34,14 @@ func vmNetwork(n *agentproto.VMNet) error {
 		_ = netlink.LinkSetUp(lo)
 	}
 	// The virtio-net driver was loaded with the modules; its interface
-	// may take a moment to be registered.
+	// may take a moment to be registered. A VM restored from a memory
+	// template has one interface, with the template's MAC: it gets the
+	// VM's (virtio-net's control queue tells the device, which then takes
+	// frames for it).
+	match := func(l netlink.Link) bool { return bytes.Equal(l.Attrs().HardwareAddr, mac) }
+	if vmTemplate.restored {
+		match = func(l netlink.Link) bool { return l.Type() == "device" && len(l.Attrs().HardwareAddr) == 6 }
+	}
 	var link netlink.Link
 	for deadline := time.Now().Add(20 * time.Second); link == nil; {
 		links, err := netlink.LinkList()
@@ -42,7 +49,7 @@ func vmNetwork(n *agentproto.VMNet) error {
 			return fmt.Errorf("list links: %w", err)
 		}
 		for _, l := range links {
-			if bytes.Equal(l.Attrs().HardwareAddr, mac) {
+			if match(l) {
 				link = l
 			}
 		}
@@ -54,6 +61,11 @@ func vmNetwork(n *agentproto.VMNet) error {
 		}
 	}
 	name := link.Attrs().Name
+	if !bytes.Equal(link.Attrs().HardwareAddr, mac) {
+		if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+			return fmt.Errorf("MAC %s on %s: %w", mac, name, err)
+		}
+	}
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
 	if err := netlink.AddrAdd(link, addr); err != nil {
 		return fmt.Errorf("address %s on %s: %w", n.Address, name, err)

@@ -36,6 +36,12 @@ func TestMicroVMNetwork(t *testing.T) {
 	if sb.Tier != api.TierMicroVM || sb.Network == nil || len(sb.Network.Egress) != 2 {
 		t.Fatalf("created: %+v", sb)
 	}
+	if !fromTemplate(t, s.dataDir, sb.ID) {
+		t.Errorf("the networked microVM was booted, not restored from its shape's memory template")
+	}
+	if r := s.sh(t, sb.ID, "cat /sys/class/net/eth0/address"); r.Stdout == "" || strings.Contains(r.Stdout, "02:77:61:72:00:01") {
+		t.Errorf("the guest's MAC: %q (the template's is 02:77:61:72:00:01)", r.Stdout)
+	}
 	n0, err := s.C.Network(ctx, sb.ID)
 	if err != nil || !n0.Enabled || n0.Address == "" || n0.Gateway == "" {
 		t.Fatalf("network: %+v %v", n0, err)

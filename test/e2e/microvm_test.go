@@ -43,6 +43,26 @@ func qemusOf(dataDir string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// fromTemplate reports whether the QEMU of sandbox id (of the server on
+// dataDir) maps a memory template's RAM file: the VM was restored from the
+// template of its shape, not booted.
+func fromTemplate(t *testing.T, dataDir, id string) bool {
+	t.Helper()
+	for _, line := range strings.Split(qemusOf(dataDir), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !strings.Contains(line, "/"+id+" ") {
+			continue
+		}
+		maps, err := os.ReadFile("/proc/" + f[0] + "/maps")
+		if err != nil {
+			t.Fatalf("QEMU of %s: %v", id, err)
+		}
+		return strings.Contains(string(maps), "/cache/microvm/templates/")
+	}
+	t.Fatalf("no QEMU runs for %s: %q", id, qemusOf(dataDir))
+	return false
+}
+
 // TestMicroVM: `tier: "microvm"` boots a VM whose PID 1 is the agent; exec
 // and files work as for containers; the guest sees none of the host and
 // cannot reach the agent's port; delete leaves nothing behind.
@@ -64,6 +84,9 @@ func TestMicroVM(t *testing.T) {
 	t0 := time.Now()
 	sb := s.create(t, api.CreateSandboxRequest{Tier: api.TierMicroVM, MemoryMB: 256, Hostname: "vmbox"})
 	created := time.Since(t0)
+	if !fromTemplate(t, s.dataDir, sb.ID) {
+		t.Errorf("the microVM was booted, not restored from its shape's memory template")
+	}
 	r := s.sh(t, sb.ID, "uname -r")
 	t.Logf("tier %s (%s): create %v, create→first exec %v", sb.Tier, n.Accelerator, created, time.Since(t0))
 	if sb.Tier != api.TierMicroVM {

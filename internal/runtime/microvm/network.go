@@ -42,10 +42,14 @@ func (r *Runtime) attachNetwork(spec *runtime.Spec) (*nic, error) {
 }
 
 // args are QEMU's arguments for n (bus: the virtio device suffix of the
-// machine).
+// machine). An interface without a link has no host end (a memory
+// template's: template.go).
 func (n *nic) args(bus string) []string {
 	if n == nil {
 		return nil
+	}
+	if n.link == "" {
+		return []string{"-device", "virtio-net" + bus + ",mac=" + n.mac}
 	}
 	return []string{
 		"-netdev", "tap,id=net0,ifname=" + n.link,

@@ -129,6 +129,8 @@ type Runtime struct {
 	children  map[int]chan struct{}            // QEMUs this process started, closed when reaped
 	conns     map[string]*vmConn               // the edge's agent connection per sandbox (snapshot.go)
 	templates map[templateShape]*templateBuild // template.go
+	// netTemplates: networked VMs restore templates too (template.go).
+	netTemplates bool
 
 	// Template builds run beside the creates that wait for them; Close
 	// cancels and waits for them.
@@ -195,6 +197,9 @@ func New(cfg Config) (*Runtime, error) {
 		r.log.Info("microvm: no memory templates: the guest kernel has no " + agent.VMDiskModule + " module")
 		r.cfg.NoTemplates = true
 	}
+	// Built in, the network driver would bind the template's interface,
+	// which has no host end: networked VMs boot then.
+	r.netTemplates = slices.Contains(mods, agent.VMNetModule)
 	if err := r.removeOldTemplates(); err != nil {
 		return nil, fmt.Errorf("microvm: old memory templates: %w", err)
 	}
@@ -286,7 +291,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	tmpl := r.templateFor(ctx, spec, len(layers), len(binds))
 	if tmpl != nil {
-		if h, err = r.startFromTemplate(ctx, h, spec, tmpl, layers, binds, disk); err != nil {
+		if h, err = r.startFromTemplate(ctx, h, spec, tmpl, layers, binds, disk, nc); err != nil {
 			return nil, fmt.Errorf("microvm: %w", err)
 		}
 	} else {

@@ -16,12 +16,18 @@ package microvm
 // shared by every VM of the shape until one writes them (host memory per
 // idle VM), and a restore skips the kernel's boot (create→first exec).
 //
+// A networked VM restores a template of its own shape with a virtio-net
+// interface (no host end in the template; the VM's tap in the VM), whose
+// driver the template does not load either (agent.VMDeferredModules): it
+// negotiates with the VM's tap. The template's MAC is migrated state, so
+// the agent gives the interface the VM's MAC at setup.
+//
 // The disk slots: a template's VM has templateLayers layer disks and
 // templateBinds bind disks besides the writable one, so that every VM
 // restored from it has the same devices; a VM with fewer fills the rest
 // with a one-page placeholder, which its guest never mounts. A spec that
-// needs more disks, a network, its own boot disk or the vm tier's extra
-// devices boots as before, and so does every VM of a guest kernel whose
+// needs more disks, its own boot disk or the vm tier's extra devices boots
+// as before, and so does every VM of a guest kernel whose
 // virtio_blk is built in (it would probe the template's own disks). So does every VM when the template of its shape
 // cannot be built (logged; tried again a minute later).
 //
@@ -53,7 +59,7 @@ const (
 	templateBinds  = 2 // bind disk slots
 	// templateFormat changes when what a template holds changes in a way
 	// the generation's other inputs do not show.
-	templateFormat = 1
+	templateFormat = 2
 	templatesDir   = "templates"
 	// templateRetry is how long after a failed build a shape boots
 	// without a template.
@@ -71,9 +77,21 @@ const (
 type templateShape struct {
 	memMB int64
 	smp   int
+	net   bool // a network interface (virtio-net) after the writable disk
 }
 
-func (s templateShape) String() string { return fmt.Sprintf("%dm-%dc", s.memMB, s.smp) }
+func (s templateShape) String() string {
+	n := ""
+	if s.net {
+		n = "-net"
+	}
+	return fmt.Sprintf("%dm-%dc%s", s.memMB, s.smp, n)
+}
+
+// templateMAC is the MAC of a networked template's interface, which its
+// VMs inherit (the MAC is part of virtio-net's migrated state): their agent
+// gives the interface its own at setup (agent.vmNetwork).
+const templateMAC = "02:77:61:72:00:01"
 
 // vmTemplate is a built template.
 type vmTemplate struct {
@@ -99,11 +117,11 @@ func smpOf(spec *runtime.Spec) int {
 // templateFor is the template spec's VM restores from, or nil: the VM
 // boots from its kernel (see the file comment for which do).
 func (r *Runtime) templateFor(ctx context.Context, spec *runtime.Spec, layers, binds int) *vmTemplate {
-	if r.cfg.NoTemplates || r.cfg.Machine != "" || r.cfg.Extra != nil || spec.Network != nil || spec.Disk != "" ||
-		layers > templateLayers || binds > templateBinds {
+	if r.cfg.NoTemplates || r.cfg.Machine != "" || r.cfg.Extra != nil || spec.Disk != "" ||
+		layers > templateLayers || binds > templateBinds || (spec.Network != nil && !r.netTemplates) {
 		return nil
 	}
-	shape := templateShape{memMB: memoryOf(spec), smp: smpOf(spec)}
+	shape := templateShape{memMB: memoryOf(spec), smp: smpOf(spec), net: spec.Network != nil}
 	r.mu.Lock()
 	b := r.templates[shape]
 	if b != nil && b.retryAt.After(time.Time{}) && time.Now().After(b.retryAt) {
@@ -185,8 +203,9 @@ func (r *Runtime) removeOldTemplates() error {
 
 // templateArgs is QEMU's command line for the VM id (state directory
 // state) of a template of shape: its layers and binds in the template's
-// slots, the rest filled with placeholder.
-func (r *Runtime) templateArgs(id, state string, shape templateShape, layers, binds []string, disk, placeholder string) ([]string, error) {
+// slots, the rest filled with placeholder, and its network interface nc
+// (a networked shape; nil: the template's own, which has no host end).
+func (r *Runtime) templateArgs(id, state string, shape templateShape, layers, binds []string, disk, placeholder string, nc *nic) ([]string, error) {
 	pad := func(files []string, n int) []string {
 		out := append([]string(nil), files...)
 		for len(out) < n {
@@ -195,7 +214,10 @@ func (r *Runtime) templateArgs(id, state string, shape templateShape, layers, bi
 		return out
 	}
 	spec := &runtime.Spec{ID: id, StateDir: state, MemoryMB: shape.memMB, CPU: float64(shape.smp)}
-	return r.command(spec, pad(layers, templateLayers), pad(binds, templateBinds), disk, nil, true)
+	if shape.net && nc == nil {
+		nc = &nic{mac: templateMAC}
+	}
+	return r.command(spec, pad(layers, templateLayers), pad(binds, templateBinds), disk, nc, true)
 }
 
 // buildTemplate boots the template of shape, or finds it built.
@@ -234,7 +256,7 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 			err = derr
 		}
 	}()
-	args, err := r.templateArgs(tid, state, shape, nil, nil, placeholder, placeholder)
+	args, err := r.templateArgs(tid, state, shape, nil, nil, placeholder, placeholder, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -309,8 +331,8 @@ func templateComplete(t *vmTemplate) bool {
 // its layers, binds and writable disk: QEMU restores t's device state over
 // a private mapping of its RAM file, and runs. It returns h with QEMU's
 // pid; the agent assembles the root at setup (SetupConfig.VMLayers).
-func (r *Runtime) startFromTemplate(ctx context.Context, h runtime.Handle, spec *runtime.Spec, t *vmTemplate, layers, binds []string, disk string) (runtime.Handle, error) {
-	args, err := r.templateArgs(spec.ID, spec.StateDir, t.shape, layers, binds, disk, t.path(templatePlaceholder))
+func (r *Runtime) startFromTemplate(ctx context.Context, h runtime.Handle, spec *runtime.Spec, t *vmTemplate, layers, binds []string, disk string, nc *nic) (runtime.Handle, error) {
+	args, err := r.templateArgs(spec.ID, spec.StateDir, t.shape, layers, binds, disk, t.path(templatePlaceholder), nc)
 	if err != nil {
 		return h, err
 	}
