@@ -3,9 +3,11 @@ package agent
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -48,6 +50,11 @@ func (a *Agent) identity(r *agentproto.IdentityRequest) error {
 			return err
 		}
 	}
+	if r.NoPageReporting {
+		if err := unbindBalloon(); err != nil {
+			return errf(agentproto.ErrInternal, "identity: %v", err)
+		}
+	}
 	if err := unix.Sethostname([]byte(r.Hostname)); err != nil {
 		return errf(agentproto.ErrInternal, "identity: sethostname: %v", err)
 	}
@@ -57,6 +64,30 @@ func (a *Agent) identity(r *agentproto.IdentityRequest) error {
 	for name, content := range map[string]string{"hostname": r.Hostname, "machine-id": r.MachineID} {
 		if err := replaceFile(filepath.Join("/etc", name), content+"\n"); err != nil {
 			return errf(agentproto.ErrInternal, "identity: %v", err)
+		}
+	}
+	return nil
+}
+
+// balloonDriver is the sysfs directory of the guest's balloon driver.
+const balloonDriver = "/sys/bus/virtio/drivers/virtio_balloon"
+
+// unbindBalloon unbinds the balloon's driver from its devices, which ends
+// free page reporting (the device stays, driverless).
+func unbindBalloon() error {
+	ents, err := os.ReadDir(balloonDriver)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // not loaded
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "virtio") {
+			continue // bind, unbind, module, uevent, …
+		}
+		if err := os.WriteFile(filepath.Join(balloonDriver, "unbind"), []byte(e.Name()), 0o200); err != nil {
+			return fmt.Errorf("unbind the balloon %s: %w", e.Name(), err)
 		}
 	}
 	return nil

@@ -51,6 +51,10 @@ const (
 	// interface negotiates with its own tap).
 	VMDiskModule = "virtio_blk.ko"
 	VMNetModule  = "virtio_net.ko"
+	// VMBalloonModule is never loaded by a template or its VMs: their
+	// RAM is shared, and the host must discard none of it (free page
+	// reporting would; internal/runtime/microvm/ramfile.go).
+	VMBalloonModule = "virtio_balloon.ko"
 	// VMDiskRW is the serial of the writable disk (ext4, made by the host).
 	VMDiskRW = "rw"
 	// VMBindPrefix starts the serials of the disks of layers attached at
@@ -107,7 +111,7 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 	template := params[VMParamTemplate] == "1"
 	var skip []string
 	if template {
-		skip = []string{VMDiskModule, VMNetModule}
+		skip = []string{VMDiskModule, VMNetModule, VMBalloonModule}
 	}
 	if err := loadModules(VMModulesDir, skip); err != nil {
 		return nil, err

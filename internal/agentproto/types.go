@@ -285,6 +285,10 @@ type IdentityRequest struct {
 	// KernelOnly leaves /etc/hostname and /etc/machine-id alone: the VM's
 	// root is its own (restored from a memory template, which had none).
 	KernelOnly bool `json:"kernel_only,omitempty"`
+	// NoPageReporting ends the guest's free page reporting (the balloon's
+	// driver is unbound): its RAM is shared with other VMs (a fork's
+	// children), and the host may not discard any of it.
+	NoPageReporting bool `json:"no_page_reporting,omitempty"`
 }
 
 // ClockRequest asks for OpClock.

@@ -57,7 +57,7 @@ func fromTemplate(t *testing.T, dataDir, id string) bool {
 		if err != nil {
 			t.Fatalf("QEMU of %s: %v", id, err)
 		}
-		return strings.Contains(string(maps), "/cache/microvm/templates/")
+		return strings.Contains(string(maps), "/memfd:warren-template-ram")
 	}
 	t.Fatalf("no QEMU runs for %s: %q", id, qemusOf(dataDir))
 	return false

@@ -9,10 +9,11 @@ package microvm
 //
 // Memory is shared copy-on-write: a template QEMU restores the snapshot
 // into RAM that is a file (on /dev/shm) mapped shared, is snapshotted again
-// with x-ignore-shared (the device state only) and ends; each child maps
-// the file privately (memory-backend-file,share=off) and restores the small
-// snapshot, so it holds only the pages it writes. The file is unlinked once
-// the children run (their mappings keep it). A child that is paused or
+// with x-ignore-shared (the device state only) and ends; the file is copied
+// into a sealed memfd (ramfile.go) and removed; each child maps the memfd
+// privately (memory-backend-file,share=off) and restores the small
+// snapshot, so it holds only the pages it writes, and stops reporting free
+// pages (OpIdentity). A child that is paused or
 // forked in its turn goes back to anonymous RAM (withoutRAMFile). If the
 // template fails, each child reads the whole snapshot instead.
 //
@@ -118,16 +119,23 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 		return nil, fmt.Errorf("microvm: fork: %w", err)
 	}
 
-	// The children's memory: one RAM file that each maps privately
-	// (copy-on-write), else (the template failed) the snapshot read into
-	// each.
+	// The children's memory: one sealed RAM memfd that each maps
+	// privately (copy-on-write), else (the template failed) the snapshot
+	// read into each.
 	tmpl := &forkSource{args: args, parentState: parentState, parentDisk: parentDisk, snapshot: mem}
 	if ram, dev, terr := r.ramTemplate(ctx, h.ID, tmpl, disks[0], memMB, ""); terr != nil {
 		r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", h.ID, "err", terr)
 	} else {
-		defer os.Remove(ram) // the children hold it mapped
-		defer os.Remove(dev)
-		tmpl.ram, tmpl.ramMB, tmpl.snapshot = ram, memMB, dev
+		mf, serr := sealedCopy(ram, forkRAMName)
+		os.Remove(ram)
+		if serr != nil {
+			os.Remove(dev)
+			r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", h.ID, "err", serr)
+		} else {
+			defer mf.Close() // the children hold it mapped
+			defer os.Remove(dev)
+			tmpl.ram, tmpl.ramMB, tmpl.snapshot = mf, memMB, dev
+		}
 	}
 	// The children start side by side (each waits mostly on its QEMU).
 	started := make([]*runtime.Instance, len(specs))
@@ -151,7 +159,7 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 	if err := errors.Join(errs...); err != nil {
 		return insts, err
 	}
-	r.log.Debug("microvm: forked from memory", "id", h.ID, "children", len(specs), "frozen", frozen, "shared", tmpl.ram != "", "took", time.Since(t0))
+	r.log.Debug("microvm: forked from memory", "id", h.ID, "children", len(specs), "frozen", frozen, "shared", tmpl.ram != nil, "took", time.Since(t0))
 	return insts, nil
 }
 
@@ -159,8 +167,8 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 type forkSource struct {
 	args                    []string // the parent's QEMU arguments (anonymous RAM)
 	parentState, parentDisk string
-	snapshot                string // the memory snapshot the children read
-	ram                     string // the RAM file they map privately ("": none)
+	snapshot                string   // the memory snapshot the children read
+	ram                     *os.File // the sealed RAM memfd they map privately (nil: none)
 	ramMB                   int64
 }
 
@@ -223,7 +231,7 @@ func (r *Runtime) ramTemplate(ctx context.Context, parentID string, src *forkSou
 	if err := r.cg.create(th.Cgroup, memMB+overheadMB); err != nil {
 		return ram, "", err
 	}
-	if th, err = r.startIncoming(ctx, th, args, src.snapshot, false); err != nil {
+	if th, err = r.startIncoming(ctx, th, args, src.snapshot, false, nil); err != nil {
 		return ram, "", err
 	}
 	dev = src.snapshot + ".dev"
@@ -355,17 +363,17 @@ func (r *Runtime) startChild(ctx context.Context, s *runtime.Spec, src *forkSour
 		_ = r.Destroy(context.WithoutCancel(ctx), h)
 		return nil, err
 	}
-	shared := src.ram != ""
+	shared := src.ram != nil
 	if shared {
 		var err error
-		if args, err = withRAMFile(args, src.ram, src.ramMB, false); err != nil {
+		if args, err = withRAMFile(args, ramFDPath, src.ramMB, false); err != nil {
 			return fail(err)
 		}
 	}
 	if err := r.cg.create(h.Cgroup, memoryOf(s)+overheadMB); err != nil {
 		return fail(err)
 	}
-	nh, err := r.startIncoming(ctx, h, args, src.snapshot, shared)
+	nh, err := r.startIncoming(ctx, h, args, src.snapshot, shared, src.ram)
 	h = nh
 	if err != nil {
 		return fail(err)
@@ -388,18 +396,23 @@ func (r *Runtime) startChild(ctx context.Context, s *runtime.Spec, src *forkSour
 	if hostname == "" {
 		hostname = s.ID
 	}
-	if err := setIdentity(ctx, client, hostname, false); err != nil {
+	if err := setIdentity(ctx, client, hostname, identityFork); err != nil {
 		client.Close()
 		return fail(err)
 	}
 	return inst, nil
 }
 
-// setIdentity gives a restored VM its own hostname, machine-id (unless
-// kernelOnly), clock and random pool (agentproto.OpIdentity): the host's
-// random bytes, which no sibling saw, are credited to the guest kernel's
-// pool.
-func setIdentity(ctx context.Context, client *agentproto.Client, hostname string, kernelOnly bool) error {
+// Whose identity setIdentity sets.
+const (
+	identityFork     = iota // a fork's child: its files too, and free page reporting ends (its RAM is shared)
+	identityTemplate        // a template's VM: its kernel's only (its root is its own; no reporting since the template)
+)
+
+// setIdentity gives a restored VM its own hostname, machine-id (a fork's
+// child), clock and random pool (agentproto.OpIdentity): the host's random
+// bytes, which no sibling saw, are credited to the guest kernel's pool.
+func setIdentity(ctx context.Context, client *agentproto.Client, hostname string, kind int) error {
 	id := make([]byte, 16)
 	seed := make([]byte, 256)
 	if _, err := rand.Read(id); err != nil {
@@ -411,7 +424,7 @@ func setIdentity(ctx context.Context, client *agentproto.Client, hostname string
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req := &agentproto.IdentityRequest{Hostname: hostname, MachineID: hex.EncodeToString(id), Entropy: seed,
-		UnixNano: time.Now().UnixNano(), KernelOnly: kernelOnly}
+		UnixNano: time.Now().UnixNano(), KernelOnly: kind == identityTemplate, NoPageReporting: kind == identityFork}
 	if err := client.Call(cctx, agentproto.OpIdentity, req, nil, nil); err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}

@@ -468,6 +468,14 @@ func TestForkFromMemory(t *testing.T) {
 			t.Errorf("child %d: %q (parent's count was %d)", i, r.Stdout, before)
 		}
 	}
+	// The children report no free pages (the host would discard them from
+	// the RAM they share): the balloon's driver is unbound.
+	for i, k := range kids {
+		r, err := runtimetest.Exec(ctx, k.Agent, "ls /sys/bus/virtio/drivers/virtio_balloon/ | grep -c '^virtio'")
+		if err != nil || strings.TrimSpace(r.Stdout) != "0" {
+			t.Errorf("child %d: balloon devices bound: %v %q", i, err, r.Stdout)
+		}
+	}
 	// The children map one RAM file privately: its pages are shared
 	// until a child writes them.
 	time.Sleep(2 * time.Second) // let the children settle (free page reporting)
@@ -542,7 +550,7 @@ func ramMapping(pid int) (string, int64) {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 6 && strings.Contains(f[5], "warren-vm-ram-") {
+		if len(f) >= 6 && (strings.Contains(f[5], "warren-vm-ram-") || strings.Contains(f[5], "/memfd:"+forkRAMName)) {
 			var st syscall.Stat_t
 			if err := syscall.Stat("/proc/"+strconv.Itoa(pid)+"/map_files/"+f[0], &st); err != nil {
 				return f[5], 0
@@ -553,10 +561,13 @@ func ramMapping(pid int) (string, int64) {
 	return "", 0
 }
 
-// startCold boots n VMs running the same counting loop as the fork's
-// parent, for comparison; they are destroyed at the test's end.
+// startCold boots n VMs (from the kernel, not from a memory template)
+// running the same counting loop as the fork's parent, for comparison;
+// they are destroyed at the test's end.
 func startCold(ctx context.Context, t *testing.T, f *fixture, n int) []*runtime.Instance {
 	t.Helper()
+	defer func(was bool) { f.rt.cfg.NoTemplates = was }(f.rt.cfg.NoTemplates)
+	f.rt.cfg.NoTemplates = true
 	var out []*runtime.Instance
 	for i := range n {
 		in, err := f.rt.Start(ctx, f.spec(t, fmt.Sprintf("cold%d", i)))

@@ -211,6 +211,17 @@ func New(cfg Config) (*Runtime, error) {
 func (r *Runtime) Close() error {
 	r.bgCancel()
 	r.bg.Wait()
+	r.mu.Lock()
+	for _, b := range r.templates {
+		select {
+		case <-b.done:
+			if b.t != nil {
+				b.t.ram.Close() // the VMs keep their mappings
+			}
+		default:
+		}
+	}
+	r.mu.Unlock()
 	return r.cg.remove(r.cfg.CgroupParent)
 }
 
@@ -299,7 +310,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		if err != nil {
 			return nil, err
 		}
-		cmd, err := r.spawn(spec.StateDir, h.Cgroup, args)
+		cmd, err := r.spawn(spec.StateDir, h.Cgroup, args, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -329,7 +340,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	}
 	if tmpl != nil {
 		// Its template's hostname, random pool and clock until now.
-		if err := setIdentity(ctx, client, hostnameOf(spec), true); err != nil {
+		if err := setIdentity(ctx, client, hostnameOf(spec), identityTemplate); err != nil {
 			return nil, fmt.Errorf("microvm: %w", err)
 		}
 	}

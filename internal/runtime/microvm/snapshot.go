@@ -194,7 +194,7 @@ func (r *Runtime) Restore(ctx context.Context, h runtime.Handle, memoryMB int64)
 // restart starts QEMU from p and waits until it has read the snapshot.
 func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) error {
 	t0 := time.Now()
-	nh, err := r.startIncoming(ctx, h, p.Args, p.Memory, false)
+	nh, err := r.startIncoming(ctx, h, p.Args, p.Memory, false, nil)
 	if err != nil {
 		return fmt.Errorf("microvm: resume: %w", err)
 	}
@@ -207,15 +207,16 @@ func (r *Runtime) restart(ctx context.Context, h runtime.Handle, p pausedVM) err
 // cont runs it). It returns h with the new QEMU's pid. QEMU starts with
 // "-incoming defer" and gets the snapshot over QMP (getfd): it reads it
 // once it runs unprivileged (spawn.go). With ignoreShared, the snapshot
-// leaves out the RAM that args map from a file (fork.go).
-func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []string, mem string, ignoreShared bool) (runtime.Handle, error) {
+// leaves out the RAM that args map from a file (fork.go), ram when it is
+// the shared RAM's memfd (ramfile.go).
+func (r *Runtime) startIncoming(ctx context.Context, h runtime.Handle, args []string, mem string, ignoreShared bool, ram *os.File) (runtime.Handle, error) {
 	mf, err := os.Open(mem)
 	if err != nil {
 		return h, err
 	}
 	defer mf.Close()
 	args = append(append([]string(nil), args...), "-incoming", "defer")
-	cmd, err := r.spawn(filepath.Dir(h.Socket), h.Cgroup, args)
+	cmd, err := r.spawn(filepath.Dir(h.Socket), h.Cgroup, args, ram)
 	if err != nil {
 		return h, err
 	}

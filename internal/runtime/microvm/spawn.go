@@ -175,8 +175,9 @@ func makeChroot(dir string) error {
 
 // spawn starts QEMU with args (paths, as recorded in ArgsName) for the VM
 // whose state directory is stateDir, in cgroup, confined as the file
-// comment says, and reaps it when it ends.
-func (r *Runtime) spawn(stateDir, cgroup string, args []string) (*exec.Cmd, error) {
+// comment says, and reaps it when it ends. ram, when set, is the shared RAM
+// that args name as ramFDPath (ramfile.go).
+func (r *Runtime) spawn(stateDir, cgroup string, args []string, ram *os.File) (*exec.Cmd, error) {
 	if err := os.Chmod(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("microvm: state dir: %w", err)
 	}
@@ -210,10 +211,18 @@ func (r *Runtime) spawn(stateDir, cgroup string, args []string) (*exec.Cmd, erro
 	if err != nil {
 		return nil, fmt.Errorf("microvm: qemu log: %w", err)
 	}
+	extra := files
+	if ram != nil {
+		extra = append(append([]*os.File(nil), files...), ram)
+		qargs = withRAMDescriptor(qargs, 2+len(extra))
+	} else if strings.Contains(strings.Join(qargs, " "), ramFDPath) {
+		logf.Close()
+		return nil, errors.New("microvm: the command line names a shared RAM descriptor, and none was given")
+	}
 	cmd := exec.Command(r.cfg.QEMU, qargs...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = []string{}
-	cmd.ExtraFiles = files
+	cmd.ExtraFiles = extra
 	// VMs outlive the edge (a restarted edge adopts them).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := r.cg.startIn(cgroup, cmd); err != nil {

@@ -3,11 +3,13 @@ package microvm
 // Memory templates: a create restores a booted guest instead of booting
 // one. The first create of a shape (guest memory, vCPUs) boots a template
 // VM whose agent stops before the guest knows any disk: the disk driver
-// (agent.VMDiskModule) is not loaded and no root is assembled. Its memory
+// (agent.VMDiskModule) is not loaded, nor the balloon's (no free page
+// reporting: the RAM will be shared), and no root is assembled. Its memory
 // is saved, restored once into RAM that is a file (as fork.go's ramTemplate
 // does) and saved again without the RAM (the device state alone). Every
 // later create of the shape restores that device state over a private
-// mapping of the RAM file, with its own disks in the template's disk
+// mapping of the RAM file (its sealed copy in memory: ramfile.go), with its
+// own disks in the template's disk
 // slots, and its agent then loads the disk driver and assembles the root
 // at setup (SetupConfig.VMLayers), and takes an identity of its own
 // (hostname, random pool, clock: OpIdentity).
@@ -97,6 +99,7 @@ const templateMAC = "02:77:61:72:00:01"
 type vmTemplate struct {
 	dir   string
 	shape templateShape
+	ram   *os.File // the RAM file's sealed copy, which the VMs map (ramfile.go)
 }
 
 func (t *vmTemplate) path(name string) string { return filepath.Join(t.dir, name) }
@@ -229,7 +232,7 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 	root := filepath.Join(r.cfg.CacheDir, templatesDir)
 	t := &vmTemplate{dir: filepath.Join(root, gen+"-"+shape.String()), shape: shape}
 	if templateComplete(t) {
-		return t, nil
+		return t, t.seal()
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
@@ -263,7 +266,7 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 	if err := r.cg.create(h.Cgroup, shape.memMB+overheadMB); err != nil {
 		return nil, err
 	}
-	cmd, err := r.spawn(state, h.Cgroup, args)
+	cmd, err := r.spawn(state, h.Cgroup, args, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -308,13 +311,16 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 	if err := os.Remove(full); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, t.dir); err != nil {
-		if templateComplete(t) { // another build of the same shape won
-			return t, nil
-		}
+	if err := os.Rename(tmp, t.dir); err != nil && !templateComplete(t) { // else another build of the shape won
 		return nil, err
 	}
-	return t, nil
+	return t, t.seal()
+}
+
+// seal loads t's RAM file into the sealed memfd its VMs map.
+func (t *vmTemplate) seal() (err error) {
+	t.ram, err = sealedCopy(t.path(templateRAM), templateRAMName)
+	return err
 }
 
 // templateComplete reports whether t's files are all there.
@@ -336,7 +342,7 @@ func (r *Runtime) startFromTemplate(ctx context.Context, h runtime.Handle, spec 
 	if err != nil {
 		return h, err
 	}
-	if args, err = withRAMFile(args, t.path(templateRAM), t.shape.memMB, false); err != nil {
+	if args, err = withRAMFile(args, ramFDPath, t.shape.memMB, false); err != nil {
 		return h, err
 	}
 	// Not part of the migrated state: the buffer starts empty either way.
@@ -345,7 +351,7 @@ func (r *Runtime) startFromTemplate(ctx context.Context, h runtime.Handle, spec 
 			args[i] = "tcg,tb-size=" + strconv.Itoa(r.cfg.RestoredTCGBufferMB)
 		}
 	}
-	if h, err = r.startIncoming(ctx, h, args, t.path(templateDevice), true); err != nil {
+	if h, err = r.startIncoming(ctx, h, args, t.path(templateDevice), true, t.ram); err != nil {
 		return h, fmt.Errorf("restore the memory template: %w", err)
 	}
 	if err := r.qmp(h, func(m *raw.Monitor) error { return m.Cont() }); err != nil {

@@ -2,7 +2,9 @@ package microvm
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,7 +27,7 @@ func mapsTemplateRAM(t *testing.T, pid int) bool {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(line, "/"+templatesDir+"/") && strings.HasSuffix(line, "/"+templateRAM) {
+		if strings.Contains(line, "/memfd:"+templateRAMName) {
 			return true
 		}
 	}
@@ -49,6 +51,11 @@ func TestMemoryTemplate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	a := f.boot(t, ctx, f.spec(t, "tmpl-a"))
+	tmpl := f.rt.templateFor(ctx, f.spec(t, "tmpl-a"), 1, 0) // built: a's
+	if tmpl == nil {
+		t.Fatal("no template for a's shape")
+	}
+	ramSum := fileSum(t, tmpl.ram)
 	// The template is at least this old when b restores it: without the
 	// clock set at restore, b's clock would be as far behind.
 	time.Sleep(6 * time.Second)
@@ -100,6 +107,17 @@ func TestMemoryTemplate(t *testing.T) {
 		t.Errorf("random bytes: %q and %q", out["a"][1], out["b"][1])
 	}
 
+	// The VMs freed memory meanwhile (the guest reports free pages to
+	// the host): the template's RAM, which every VM of the shape maps,
+	// must not have changed.
+	if got := fileSum(t, tmpl.ram); got != ramSum {
+		t.Errorf("the template's RAM changed while VMs ran from it")
+	}
+	// Nothing can change it: the memfd is sealed.
+	if _, err := tmpl.ram.WriteAt([]byte{1}, 4096); err == nil {
+		t.Error("a write to the template's RAM succeeded")
+	}
+
 	// More layers than the template has slots: booted from the kernel.
 	spec := f.spec(t, "tmpl-many")
 	for i := range templateLayers {
@@ -112,4 +130,14 @@ func TestMemoryTemplate(t *testing.T) {
 	if r, err := runtimetest.Exec(ctx, c.Agent, "hostname"); err != nil || r.Stdout != "vm-tmpl-many\n" {
 		t.Errorf("the booted VM: %v %+v", err, r)
 	}
+}
+
+// fileSum is the SHA-256 of f's content (hex).
+func fileSum(t *testing.T, f *os.File) string {
+	t.Helper()
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, 1<<40)); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
 }
