@@ -113,6 +113,11 @@ func TestMemoryTemplate(t *testing.T) {
 	if got := fileSum(t, tmpl.ram); got != ramSum {
 		t.Errorf("the template's RAM changed while VMs ran from it")
 	}
+	// No VM of a template reports free pages (the host would discard them
+	// from the RAM they share): no balloon driver.
+	if r, err := runtimetest.Exec(ctx, a.Agent, "ls -d /sys/bus/virtio/drivers/virtio_balloon 2>/dev/null || echo none"); err != nil || r.Stdout != "none\n" {
+		t.Errorf("balloon driver in a template's VM: %v %q", err, r.Stdout)
+	}
 	// Nothing can change it: the memfd is sealed.
 	if _, err := tmpl.ram.WriteAt([]byte{1}, 4096); err == nil {
 		t.Error("a write to the template's RAM succeeded")
