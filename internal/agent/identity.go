@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,6 +93,44 @@ func unbindBalloon() error {
 	}
 	return nil
 }
+
+// reportFreePages turns the guest's free page reporting (back) on, once
+// its RAM is its own (a VM restored from its own memory snapshot): the
+// balloon's driver, unbound by OpIdentity, is bound again, or, in a VM of
+// a memory template, which never loaded it, loaded from the bytes the
+// template kept.
+func reportFreePages() error {
+	if _, err := os.Stat(balloonDriver); errors.Is(err, os.ErrNotExist) {
+		if vmTemplate.balloon == nil {
+			return nil // a kernel with the balloon built in, or none
+		}
+		if err := unix.InitModule(vmTemplate.balloon, ""); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load %s: %w", VMBalloonModule, err)
+		}
+		finePageReporting(slog.Default())
+		return nil
+	}
+	devs, err := os.ReadDir("/sys/bus/virtio/devices")
+	if err != nil {
+		return err
+	}
+	for _, d := range devs {
+		id, err := os.ReadFile(filepath.Join("/sys/bus/virtio/devices", d.Name(), "device"))
+		if err != nil || strings.TrimSpace(string(id)) != virtioIDBalloon {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/sys/bus/virtio/devices", d.Name(), "driver")); err == nil {
+			continue // bound
+		}
+		if err := os.WriteFile(filepath.Join(balloonDriver, "bind"), []byte(d.Name()), 0o200); err != nil {
+			return fmt.Errorf("bind the balloon %s: %w", d.Name(), err)
+		}
+	}
+	return nil
+}
+
+// virtioIDBalloon is the balloon's virtio device id, as sysfs shows it.
+const virtioIDBalloon = "0x0005"
 
 // setClock sets the (VM's) clock to unixNano.
 func setClock(unixNano int64) error {

@@ -70,7 +70,15 @@ var agentOps = map[string]agentOp{
 		if !a.vm {
 			return nil, nil // a container's clock is the host's
 		}
-		return nil, setClock(r.UnixNano)
+		if err := setClock(r.UnixNano); err != nil {
+			return nil, err
+		}
+		if r.OwnRAM {
+			if err := reportFreePages(); err != nil {
+				return nil, errf(agentproto.ErrInternal, "clock: free page reporting: %v", err)
+			}
+		}
+		return nil, nil
 	})},
 
 	agentproto.OpUpperTar: {run: func(a *Agent, ctx context.Context, cl *call, _ *agentproto.Request) (any, error) {

@@ -121,6 +121,9 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 		if params[VMParamPort] == "" {
 			return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)
 		}
+		if b, err := os.ReadFile(filepath.Join(VMModulesDir, VMBalloonModule)); err == nil {
+			vmTemplate.balloon = b
+		}
 		port, err := openPort(params[VMParamPort])
 		if err != nil {
 			return nil, err
@@ -190,6 +193,10 @@ var vmTemplate struct {
 	// cleared): its interface has the template's MAC until setup gives it
 	// its own (vmNetwork).
 	restored bool
+	// balloon is the balloon's module (VMBalloonModule), kept before the
+	// initramfs's files go: a VM of the template loads it once its RAM is
+	// its own (reportFreePages).
+	balloon []byte
 }
 
 // vmAttach assembles a VM's root after its restore from a memory

@@ -82,8 +82,10 @@ const (
 	OpIdentity = "identity"
 	// OpClock sets a VM's clock to the host's: a VM restored from a memory
 	// snapshot (a pause) runs on with the clock it had when it was saved.
-	// The agent of a container, which shares the host's clock, does
-	// nothing. ClockRequest -> nothing
+	// With OwnRAM it also turns free page reporting (back) on, which a VM
+	// whose RAM was shared (a template's, a fork's child) ran without. The
+	// agent of a container, which shares the host's clock, does nothing.
+	// ClockRequest -> nothing
 	OpClock = "clock"
 	// OpUpperTar streams a VM's writable changes (the guest overlay's
 	// upper directory on the sandbox's writable disk) as an OCI layer tar:

@@ -294,6 +294,10 @@ type IdentityRequest struct {
 // ClockRequest asks for OpClock.
 type ClockRequest struct {
 	UnixNano int64 `json:"unix_nano"` // the host's time
+	// OwnRAM: the VM was restored from its own memory snapshot (a pause),
+	// so its RAM is no longer shared with a template's or a fork's other
+	// VMs: free page reporting may run (again).
+	OwnRAM bool `json:"own_ram,omitempty"`
 }
 
 // UpperTarResult answers OpUpperTar.

@@ -180,6 +180,15 @@ func TestMicroVM(t *testing.T) {
 		t.Errorf("after the forging attempt: %q", r.Stdout)
 	}
 
+	// A VM of a memory template reports no free pages (its RAM is shared)
+	// until a pause gives it RAM of its own.
+	balloons := func() string {
+		return strings.TrimSpace(s.sh(t, sb.ID, "ls /sys/bus/virtio/drivers/virtio_balloon/ 2>/dev/null | grep -c '^virtio'").Stdout)
+	}
+	if b := balloons(); b != "0" {
+		t.Errorf("balloon devices bound before the pause: %q", b)
+	}
+
 	// Pause writes the VM's memory to a file and ends QEMU; the next
 	// request restores it, processes and memory-only files intact.
 	if r := s.sh(t, sb.ID, "echo in-memory > /dev/shm/mark; (sleep 1000 &); echo ok"); r.Stdout != "ok\n" {
@@ -205,6 +214,9 @@ func TestMicroVM(t *testing.T) {
 	fields := strings.Fields(r.Stdout)
 	if guest, err := strconv.ParseInt(fields[len(fields)-1], 10, 64); err != nil || guest < time.Now().Unix()-2 {
 		t.Errorf("the resumed guest's clock: %q (host %d): it stood still while paused", r.Stdout, time.Now().Unix())
+	}
+	if b := balloons(); b != "1" {
+		t.Errorf("balloon devices bound after the resume: %q (free page reporting stays off)", b)
 	}
 
 	// Delete: QEMU gone, disk and sockets freed.

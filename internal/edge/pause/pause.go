@@ -215,9 +215,9 @@ func (p *Pauser) Matching(ctx context.Context, sbs []core.Pausable, resume bool)
 	return out
 }
 
-// setGuestClock sets the clock of sb's guest to the host's
-// (agentproto.OpClock: a container's agent does nothing); a failure is
-// logged, the sandbox runs on.
+// setGuestClock sets the clock of sb's guest to the host's and lets it
+// report free pages again (agentproto.OpClock: a container's agent does
+// nothing); a failure is logged, the sandbox runs on.
 func setGuestClock(ctx context.Context, sb core.Pausable, log *slog.Logger) {
 	client := sb.Agent()
 	if client == nil {
@@ -225,7 +225,9 @@ func setGuestClock(ctx context.Context, sb core.Pausable, log *slog.Logger) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := client.Call(cctx, agentproto.OpClock, &agentproto.ClockRequest{UnixNano: time.Now().UnixNano()}, nil, nil); err != nil {
+	// A VM restored from its pause snapshot runs on RAM of its own.
+	req := &agentproto.ClockRequest{UnixNano: time.Now().UnixNano(), OwnRAM: true}
+	if err := client.Call(cctx, agentproto.OpClock, req, nil, nil); err != nil {
 		log.Warn("set the clock of a resumed sandbox", "id", sb.ID(), "err", err)
 	}
 }
