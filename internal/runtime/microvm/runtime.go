@@ -203,6 +203,9 @@ func New(cfg Config) (*Runtime, error) {
 	if err := r.removeOldTemplates(); err != nil {
 		return nil, fmt.Errorf("microvm: old memory templates: %w", err)
 	}
+	if err := r.makePlaceholder(); err != nil {
+		return nil, fmt.Errorf("microvm: memory templates: %w", err)
+	}
 	return r, nil
 }
 

@@ -70,7 +70,10 @@ const (
 
 // Files of a template's directory.
 const (
-	templatePlaceholder = "empty" // the disk of an unused slot
+	// placeholderName is the disk of an unused slot, in CacheDir/templates
+	// and shared by every generation: a VM's recorded command line names
+	// it, and a VM of an older generation may still be paused or resumed.
+	placeholderName = ".placeholder"
 	templateDevice      = "dev"   // the device state (x-ignore-shared)
 	templateRAM         = "ram"   // the guest's memory, mapped privately
 )
@@ -195,13 +198,30 @@ func (r *Runtime) removeOldTemplates() error {
 		return err
 	}
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), gen+"-") {
+		if !strings.HasPrefix(e.Name(), gen+"-") && e.Name() != placeholderName {
 			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// placeholder is the disk of an unused slot (made by New).
+func (r *Runtime) placeholder() string {
+	return filepath.Join(r.cfg.CacheDir, templatesDir, placeholderName)
+}
+
+// makePlaceholder makes the placeholder disk unless it exists.
+func (r *Runtime) makePlaceholder() error {
+	p := r.placeholder()
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	return writeAtomic(p, make([]byte, 4096))
 }
 
 // templateArgs is QEMU's command line for the VM id (state directory
@@ -247,7 +267,9 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 		return nil, err
 	}
 	defer os.RemoveAll(state)
-	placeholder := filepath.Join(tmp, templatePlaceholder)
+	// The template's own disks (the writable one too): a page of its own,
+	// which its guest never reads.
+	placeholder := filepath.Join(tmp, "disk")
 	if err := os.WriteFile(placeholder, make([]byte, 4096), 0o600); err != nil {
 		return nil, err
 	}
@@ -308,8 +330,10 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 	if err := os.Rename(dev, filepath.Join(tmp, templateDevice)); err != nil {
 		return nil, err
 	}
-	if err := os.Remove(full); err != nil {
-		return nil, err
+	for _, p := range []string{full, placeholder} {
+		if err := os.Remove(p); err != nil {
+			return nil, err
+		}
 	}
 	if err := os.Rename(tmp, t.dir); err != nil && !templateComplete(t) { // else another build of the shape won
 		return nil, err
@@ -325,7 +349,7 @@ func (t *vmTemplate) seal() (err error) {
 
 // templateComplete reports whether t's files are all there.
 func templateComplete(t *vmTemplate) bool {
-	for _, n := range []string{templatePlaceholder, templateDevice, templateRAM} {
+	for _, n := range []string{templateDevice, templateRAM} {
 		if _, err := os.Stat(t.path(n)); err != nil {
 			return false
 		}
@@ -338,7 +362,7 @@ func templateComplete(t *vmTemplate) bool {
 // a private mapping of its RAM file, and runs. It returns h with QEMU's
 // pid; the agent assembles the root at setup (SetupConfig.VMLayers).
 func (r *Runtime) startFromTemplate(ctx context.Context, h runtime.Handle, spec *runtime.Spec, t *vmTemplate, layers, binds []string, disk string, nc *nic) (runtime.Handle, error) {
-	args, err := r.templateArgs(spec.ID, spec.StateDir, t.shape, layers, binds, disk, t.path(templatePlaceholder), nc)
+	args, err := r.templateArgs(spec.ID, spec.StateDir, t.shape, layers, binds, disk, r.placeholder(), nc)
 	if err != nil {
 		return h, err
 	}

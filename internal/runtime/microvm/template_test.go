@@ -48,6 +48,11 @@ func TestMemoryTemplate(t *testing.T) {
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Errorf("a template of another generation outlived New: %v", err)
 	}
+	// The placeholder disk is every generation's (VMs of an older one
+	// name it in their command lines): New keeps it.
+	if _, err := os.Stat(f.rt.placeholder()); err != nil {
+		t.Errorf("the placeholder disk: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	a := f.boot(t, ctx, f.spec(t, "tmpl-a"))
@@ -93,16 +98,15 @@ func TestMemoryTemplate(t *testing.T) {
 			t.Errorf("VM %s: the layer attached at /opt/tool: %q", name, lines[4])
 		}
 	}
-	if dirs, _ := filepath.Glob(filepath.Join(buildDir, "cache", templatesDir, "*")); len(dirs) > 0 {
-		var blocks int64
-		for _, n := range []string{templatePlaceholder, templateDevice, templateRAM} {
-			var st syscall.Stat_t
-			if syscall.Stat(filepath.Join(dirs[0], n), &st) == nil {
-				blocks += st.Blocks
-			}
+	var blocks int64
+	for _, n := range []string{templateDevice, templateRAM} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(tmpl.path(n), &st); err != nil {
+			t.Error(err)
 		}
-		t.Logf("the template's files take %d MiB of disk", blocks*512>>20)
+		blocks += st.Blocks
 	}
+	t.Logf("the template's files take %d MiB of disk", blocks*512>>20)
 	if out["a"][1] == out["b"][1] || len(out["a"][1]) != 32 {
 		t.Errorf("random bytes: %q and %q", out["a"][1], out["b"][1])
 	}
