@@ -212,7 +212,9 @@ func New(cfg Config) (*Runtime, error) {
 // Close ends the template builds under way and removes the tier's parent
 // cgroups (when no VM is left in them).
 func (r *Runtime) Close() error {
+	r.mu.Lock() // templateFor starts no build once bgCtx is done
 	r.bgCancel()
+	r.mu.Unlock()
 	r.bg.Wait()
 	r.mu.Lock()
 	for _, b := range r.templates {

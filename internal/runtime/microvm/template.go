@@ -129,6 +129,10 @@ func (r *Runtime) templateFor(ctx context.Context, spec *runtime.Spec, layers, b
 	}
 	shape := templateShape{memMB: memoryOf(spec), smp: smpOf(spec), net: spec.Network != nil}
 	r.mu.Lock()
+	if r.bgCtx.Err() != nil { // closed
+		r.mu.Unlock()
+		return nil
+	}
 	b := r.templates[shape]
 	if b != nil && b.retryAt.After(time.Time{}) && time.Now().After(b.retryAt) {
 		b = nil
