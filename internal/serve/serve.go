@@ -464,6 +464,9 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), *edg
 			}
 		})
 		log.Info("microvm and vm tiers on", "accel", vm.Accel(), "kernel", vm.KernelVersion())
+		// The default shape's memory template, before the first create
+		// asks for it.
+		vm.WarmTemplate()
 	} else {
 		log.Info("microvm and vm tiers off", "reason", why)
 	}

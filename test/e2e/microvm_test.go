@@ -37,10 +37,19 @@ func vmKernelDir(t *testing.T) string {
 	return dir
 }
 
-// qemusOf lists the QEMU processes whose command line names dataDir.
+// qemusOf lists the QEMU processes of sandboxes whose command line names
+// dataDir.
 func qemusOf(dataDir string) string {
 	out, _ := exec.Command("pgrep", "-af", "qemu-system.*"+dataDir).Output()
-	return strings.TrimSpace(string(out))
+	var vms []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		// A memory template's VM (the node builds the default shape's
+		// at start) is no sandbox's.
+		if line != "" && !strings.Contains(line, "/.template-") {
+			vms = append(vms, line)
+		}
+	}
+	return strings.Join(vms, "\n")
 }
 
 // fromTemplate reports whether the QEMU of sandbox id (of the server on

@@ -151,6 +151,7 @@ func newFixture(t testing.TB) *fixture {
 	}
 	f.rt = rt
 	t.Cleanup(func() {
+		_ = rt.Close() // ends template builds under way
 		for _, d := range rt.cg.dirs(f.parent) {
 			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
 				t.Errorf("remove cgroup parent: %v", err)

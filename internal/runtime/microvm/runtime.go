@@ -131,6 +131,9 @@ type Runtime struct {
 	templates map[templateShape]*templateBuild // template.go
 	// netTemplates: networked VMs restore templates too (template.go).
 	netTemplates bool
+	// building holds the ids of the template VMs this process runs now:
+	// not leftovers (a build may run while the edge reconciles at start).
+	building map[string]bool
 
 	// Template builds run beside the creates that wait for them; Close
 	// cancels and waits for them.
@@ -183,7 +186,8 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger, initramfs: initrd, chroot: chroot, cg: newCgroupDriver(),
-		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}, templates: map[templateShape]*templateBuild{}}
+		children: map[int]chan struct{}{}, conns: map[string]*vmConn{}, templates: map[templateShape]*templateBuild{},
+		building: map[string]bool{}}
 	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
 	if cfg.Machine != "" {
 		return r, nil // no templates (template.go); CacheDir may be the microvm tier's
@@ -734,9 +738,17 @@ func (r *Runtime) Leftovers(ctx context.Context) ([]runtime.Handle, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
 	seen := map[string]bool{}
+	for id := range r.building {
+		seen[id] = true
+	}
+	r.mu.Unlock()
 	var hs []runtime.Handle
 	for _, q := range found {
+		if seen[q.id] {
+			continue
+		}
 		st, err := pidStart(q.pid)
 		if err != nil {
 			continue

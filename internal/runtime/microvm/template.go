@@ -74,8 +74,8 @@ const (
 	// and shared by every generation: a VM's recorded command line names
 	// it, and a VM of an older generation may still be paused or resumed.
 	placeholderName = ".placeholder"
-	templateDevice      = "dev"   // the device state (x-ignore-shared)
-	templateRAM         = "ram"   // the guest's memory, mapped privately
+	templateDevice  = "dev" // the device state (x-ignore-shared)
+	templateRAM     = "ram" // the guest's memory, mapped privately
 )
 
 // templateShape is what a template is built for.
@@ -127,10 +127,39 @@ func (r *Runtime) templateFor(ctx context.Context, spec *runtime.Spec, layers, b
 		layers > templateLayers || binds > templateBinds || (spec.Network != nil && !r.netTemplates) {
 		return nil
 	}
-	shape := templateShape{memMB: memoryOf(spec), smp: smpOf(spec), net: spec.Network != nil}
+	b := r.startTemplate(templateShape{memMB: memoryOf(spec), smp: smpOf(spec), net: spec.Network != nil})
+	if b == nil {
+		return nil
+	}
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return nil
+	}
+	if b.err != nil {
+		return nil
+	}
+	return b.t
+}
+
+// WarmTemplate starts building the memory template of a create that asks
+// for nothing (DefaultMemoryMB, one vCPU, no network), unless it is built
+// or templates are off, and returns at once: the first such create then
+// waits for less, or for nothing.
+func (r *Runtime) WarmTemplate() {
+	if r.cfg.NoTemplates || r.cfg.Machine != "" || r.cfg.Extra != nil {
+		return
+	}
+	r.startTemplate(templateShape{memMB: DefaultMemoryMB, smp: 1})
+}
+
+// startTemplate returns the build of shape's template, started now unless
+// it is under way, done, or failed less than templateRetry ago; nil once
+// the runtime is closing.
+func (r *Runtime) startTemplate(shape templateShape) *templateBuild {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.bgCtx.Err() != nil { // closed
-		r.mu.Unlock()
 		return nil
 	}
 	b := r.templates[shape]
@@ -152,23 +181,15 @@ func (r *Runtime) templateFor(ctx context.Context, spec *runtime.Spec, layers, b
 			}
 			r.mu.Unlock()
 			close(b.done)
-			if err != nil {
+			switch {
+			case err != nil && r.bgCtx.Err() == nil:
 				r.log.Warn("microvm: no memory template: VMs of this shape boot from the kernel", "shape", shape, "err", err)
-			} else {
-				r.log.Debug("microvm: memory template ready", "shape", shape, "dir", t.dir, "took", time.Since(t0))
+			case err == nil:
+				r.log.Info("microvm: memory template ready", "shape", shape.String(), "took", time.Since(t0).Round(time.Millisecond))
 			}
 		}()
 	}
-	r.mu.Unlock()
-	select {
-	case <-b.done:
-	case <-ctx.Done():
-		return nil
-	}
-	if b.err != nil {
-		return nil
-	}
-	return b.t
+	return b
 }
 
 // templateGeneration hashes what a template's memory depends on.
@@ -279,6 +300,15 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 	}
 	// Sandbox ids never start with a dot (Start): no sandbox's name.
 	tid := ".template-" + gen[:8] + "-" + shape.String()
+	r.mu.Lock()
+	r.building[tid], r.building[tid+".fork"] = true, true // ramTemplate's
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.building, tid)
+		delete(r.building, tid+".fork")
+		r.mu.Unlock()
+	}()
 	h := runtime.Handle{ID: tid, Tier: r.Name(), Socket: filepath.Join(state, SocketName), Cgroup: r.cgroupPath(tid)}
 	defer func() {
 		if derr := r.Destroy(context.WithoutCancel(ctx), h); derr != nil && err == nil {

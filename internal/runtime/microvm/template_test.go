@@ -150,3 +150,63 @@ func fileSum(t *testing.T, f *os.File) string {
 	}
 	return fmt.Sprintf("%x", h.Sum(nil))
 }
+
+// TestWarmTemplate: WarmTemplate builds the default shape's template before
+// any create asks for it (serve calls it at start); the edge's reconcile,
+// which may run meanwhile, is not shown the template's VM as a leftover;
+// templates off, nothing is built.
+func TestWarmTemplate(t *testing.T) {
+	f := newFixture(t)
+	f.rt.cfg.CacheDir = t.TempDir() // no template built yet
+	if err := f.rt.makePlaceholder(); err != nil {
+		t.Fatal(err)
+	}
+	shape := templateShape{memMB: DefaultMemoryMB, smp: 1}
+	f.rt.WarmTemplate()
+	f.rt.mu.Lock()
+	b := f.rt.templates[shape]
+	f.rt.mu.Unlock()
+	if b == nil {
+		t.Fatal("WarmTemplate started no build of the default shape")
+	}
+	sawBuild := false
+	for deadline := time.Now().Add(time.Minute); !sawBuild && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		qs, err := f.rt.findQEMUs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range qs {
+			sawBuild = sawBuild || strings.HasPrefix(q.id, ".template-")
+		}
+	}
+	if !sawBuild {
+		t.Fatal("no template VM ran")
+	}
+	left, err := f.rt.Leftovers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range left {
+		if strings.HasPrefix(h.ID, ".template-") {
+			t.Errorf("the template being built is listed as a leftover: %+v", h)
+		}
+	}
+	select {
+	case <-b.done:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the build did not end in 3 minutes")
+	}
+	if b.err != nil || !templateComplete(b.t) {
+		t.Fatalf("the default shape's template: %v", b.err)
+	}
+
+	off := newFixture(t)
+	off.rt.cfg.NoTemplates = true
+	off.rt.WarmTemplate()
+	off.rt.mu.Lock()
+	n := len(off.rt.templates)
+	off.rt.mu.Unlock()
+	if n != 0 {
+		t.Errorf("templates off, and WarmTemplate started %d builds", n)
+	}
+}
