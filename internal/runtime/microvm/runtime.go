@@ -310,23 +310,8 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		h.Net = &runtime.NetHandle{Address: nc.address, Gateway: nc.gateway}
 	}
 	tmpl := r.templateFor(ctx, spec, len(layers), len(binds))
-	if tmpl != nil {
-		if h, err = r.startFromTemplate(ctx, h, spec, tmpl, layers, binds, disk, nc); err != nil {
-			return nil, fmt.Errorf("microvm: %w", err)
-		}
-	} else {
-		args, err := r.command(spec, layers, binds, disk, nc, false)
-		if err != nil {
-			return nil, err
-		}
-		cmd, err := r.spawn(spec.StateDir, h.Cgroup, args, nil)
-		if err != nil {
-			return nil, err
-		}
-		h.Pid = cmd.Process.Pid
-		if h.PidStart, err = pidStart(h.Pid); err != nil {
-			return nil, fmt.Errorf("microvm: qemu start time: %w", err)
-		}
+	if h, err = r.launch(ctx, h, spec, tmpl, layers, binds, disk, nc); err != nil {
+		return nil, err
 	}
 	conn, err := r.dial(ctx, h)
 	if err != nil {
@@ -368,6 +353,32 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	r.log.Debug("microvm: started", "id", spec.ID, "pid", h.Pid, "accel", r.cfg.Accel,
 		"disk", tDisk.Sub(t0), "qemu", tQEMU.Sub(tDisk), "boot", time.Since(tQEMU), "total", time.Since(t0))
 	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// launch starts spec's QEMU (handle h, cgroup made) with its disks and
+// network, restored from tmpl or, when nil, booting; it returns h with
+// QEMU's pid.
+func (r *Runtime) launch(ctx context.Context, h runtime.Handle, spec *runtime.Spec, tmpl *vmTemplate, layers, binds []string, disk string, nc *nic) (runtime.Handle, error) {
+	if tmpl != nil {
+		h, err := r.startFromTemplate(ctx, h, spec, tmpl, layers, binds, disk, nc)
+		if err != nil {
+			return h, fmt.Errorf("microvm: %w", err)
+		}
+		return h, nil
+	}
+	args, err := r.command(spec, layers, binds, disk, nc, false)
+	if err != nil {
+		return h, err
+	}
+	cmd, err := r.spawn(spec.StateDir, h.Cgroup, args, nil)
+	if err != nil {
+		return h, err
+	}
+	h.Pid = cmd.Process.Pid
+	if h.PidStart, err = pidStart(h.Pid); err != nil {
+		return h, fmt.Errorf("microvm: qemu start time: %w", err)
+	}
+	return h, nil
 }
 
 // bindDisks are the EROFS images of spec's layers attached at paths (read-

@@ -269,7 +269,7 @@ func (r *Runtime) templateArgs(id, state string, shape templateShape, layers, bi
 }
 
 // buildTemplate boots the template of shape, or finds it built.
-func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vmTemplate, err error) {
+func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (*vmTemplate, error) {
 	gen, err := r.templateGeneration()
 	if err != nil {
 		return nil, err
@@ -292,12 +292,6 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 		return nil, err
 	}
 	defer os.RemoveAll(state)
-	// The template's own disks (the writable one too): a page of its own,
-	// which its guest never reads.
-	placeholder := filepath.Join(tmp, "disk")
-	if err := os.WriteFile(placeholder, make([]byte, 4096), 0o600); err != nil {
-		return nil, err
-	}
 	// Sandbox ids never start with a dot (Start): no sandbox's name.
 	tid := ".template-" + gen[:8] + "-" + shape.String()
 	r.mu.Lock()
@@ -309,13 +303,51 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 		delete(r.building, tid+".fork")
 		r.mu.Unlock()
 	}()
+	bctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	src, err := r.bootTemplate(bctx, tid, shape, state, tmp)
+	if err != nil {
+		return nil, err
+	}
+	ram, dev, err := r.ramTemplate(bctx, tid, src, src.parentDisk, shape.memMB, tmp)
+	if err != nil {
+		return nil, fmt.Errorf("RAM file: %w", err)
+	}
+	if err := os.Rename(ram, filepath.Join(tmp, templateRAM)); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(dev, filepath.Join(tmp, templateDevice)); err != nil {
+		return nil, err
+	}
+	for _, p := range []string{src.snapshot, src.parentDisk} {
+		if err := os.Remove(p); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Rename(tmp, t.dir); err != nil && !templateComplete(t) { // else another build of the shape won
+		return nil, err
+	}
+	return t, t.seal()
+}
+
+// bootTemplate boots the template VM tid of shape (its sockets in state),
+// waits for its agent, and saves its memory into dir; the VM is gone when
+// it returns. The result names the VM's command line, its disk and the
+// snapshot, for ramTemplate.
+func (r *Runtime) bootTemplate(ctx context.Context, tid string, shape templateShape, state, dir string) (_ *forkSource, err error) {
+	// The template's own disks (the writable one too): a page of its own,
+	// which its guest never reads.
+	disk := filepath.Join(dir, "disk")
+	if err := os.WriteFile(disk, make([]byte, 4096), 0o600); err != nil {
+		return nil, err
+	}
 	h := runtime.Handle{ID: tid, Tier: r.Name(), Socket: filepath.Join(state, SocketName), Cgroup: r.cgroupPath(tid)}
 	defer func() {
 		if derr := r.Destroy(context.WithoutCancel(ctx), h); derr != nil && err == nil {
 			err = derr
 		}
 	}()
-	args, err := r.templateArgs(tid, state, shape, nil, nil, placeholder, placeholder, nil)
+	args, err := r.templateArgs(tid, state, shape, nil, nil, disk, disk, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -330,49 +362,25 @@ func (r *Runtime) buildTemplate(ctx context.Context, shape templateShape) (_ *vm
 	if h.PidStart, err = pidStart(h.Pid); err != nil {
 		return nil, err
 	}
-	bctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	conn, err := r.dial(bctx, h)
+	conn, err := r.dial(ctx, h)
 	if err != nil {
 		return nil, err
 	}
 	client := agentproto.NewClient(conn)
 	var pong agentproto.PingResult
-	err = client.Call(bctx, agentproto.OpPing, nil, &pong, nil)
+	err = client.Call(ctx, agentproto.OpPing, nil, &pong, nil)
 	client.Close()
 	if err != nil {
 		return nil, fmt.Errorf("template's agent: %w (guest console: %q)", err, logTail(filepath.Join(state, ConsoleName), 600))
 	}
-	if err := r.Freeze(bctx, h); err != nil {
+	if err := r.Freeze(ctx, h); err != nil {
 		return nil, err
 	}
-	full := filepath.Join(tmp, "full")
-	if err := r.saveMemory(bctx, h, full, false); err != nil {
+	full := filepath.Join(dir, "full")
+	if err := r.saveMemory(ctx, h, full, false); err != nil {
 		return nil, fmt.Errorf("memory snapshot: %w", err)
 	}
-	if err := r.Destroy(bctx, h); err != nil {
-		return nil, err
-	}
-	src := &forkSource{args: args, parentState: state, parentDisk: placeholder, snapshot: full}
-	ram, dev, err := r.ramTemplate(bctx, tid, src, placeholder, shape.memMB, tmp)
-	if err != nil {
-		return nil, fmt.Errorf("RAM file: %w", err)
-	}
-	if err := os.Rename(ram, filepath.Join(tmp, templateRAM)); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(dev, filepath.Join(tmp, templateDevice)); err != nil {
-		return nil, err
-	}
-	for _, p := range []string{full, placeholder} {
-		if err := os.Remove(p); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.Rename(tmp, t.dir); err != nil && !templateComplete(t) { // else another build of the shape won
-		return nil, err
-	}
-	return t, t.seal()
+	return &forkSource{args: args, parentState: state, parentDisk: disk, snapshot: full}, nil
 }
 
 // seal loads t's RAM file into the sealed memfd its VMs map.
