@@ -244,28 +244,36 @@ func (c *cluster) dump() {
 	}
 }
 
-// waitNodes waits until n nodes are up.
+// waitNodes waits until every running apiserver sees n nodes up.
 func (c *cluster) waitNodes(n int) {
 	c.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		nodes, err := c.C.Nodes(context.Background())
-		up := 0
-		if err == nil {
-			for _, nd := range nodes {
-				if nd.State == "up" {
-					up++
+	// Every apiserver's view: each places on its own (a group's first
+	// member goes where its name hashes among the nodes a replica sees).
+	for i, u := range c.apiURL {
+		if !c.api[i].running() {
+			continue // a test stopped it
+		}
+		client := warren.New(u, c.token)
+		for {
+			nodes, err := client.Nodes(context.Background())
+			up := 0
+			if err == nil {
+				for _, nd := range nodes {
+					if nd.State == "up" {
+						up++
+					}
 				}
 			}
+			if up >= n {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.dump()
+				c.t.Fatalf("%d nodes up at %s, want %d (err %v)", up, u, n, err)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		if up >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.dump()
-			c.t.Fatalf("%d nodes up, want %d (err %v)", up, n, err)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
