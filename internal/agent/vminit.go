@@ -108,6 +108,10 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 	if err != nil {
 		return nil, err
 	}
+	name := params[VMParamPort]
+	if name == "" {
+		return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)
+	}
 	template := params[VMParamTemplate] == "1"
 	var skip []string
 	if template {
@@ -118,13 +122,10 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 	}
 	finePageReporting(log)
 	if template {
-		if params[VMParamPort] == "" {
-			return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)
-		}
 		if b, err := os.ReadFile(filepath.Join(VMModulesDir, VMBalloonModule)); err == nil {
 			vmTemplate.balloon = b
 		}
-		port, err := openPort(params[VMParamPort])
+		port, err := openPort(name)
 		if err != nil {
 			return nil, err
 		}
@@ -143,10 +144,6 @@ func vmBoot(log *slog.Logger) (*portListener, error) {
 		_ = unix.Sethostname([]byte(h))
 	}
 
-	name := params[VMParamPort]
-	if name == "" {
-		return nil, fmt.Errorf("kernel parameter %s missing", VMParamPort)
-	}
 	port, err := openPort(name)
 	if err != nil {
 		return nil, err

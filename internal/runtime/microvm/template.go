@@ -123,8 +123,7 @@ func smpOf(spec *runtime.Spec) int {
 // templateFor is the template spec's VM restores from, or nil: the VM
 // boots from its kernel (see the file comment for which do).
 func (r *Runtime) templateFor(ctx context.Context, spec *runtime.Spec, layers, binds int) *vmTemplate {
-	if r.cfg.NoTemplates || r.cfg.Machine != "" || r.cfg.Extra != nil || spec.Disk != "" ||
-		layers > templateLayers || binds > templateBinds || (spec.Network != nil && !r.netTemplates) {
+	if !r.templatesOn() || spec.Disk != "" || layers > templateLayers || binds > templateBinds || (spec.Network != nil && !r.netTemplates) {
 		return nil
 	}
 	b := r.startTemplate(templateShape{memMB: memoryOf(spec), smp: smpOf(spec), net: spec.Network != nil})
@@ -142,12 +141,18 @@ func (r *Runtime) templateFor(ctx context.Context, spec *runtime.Spec, layers, b
 	return b.t
 }
 
+// templatesOn reports whether this runtime restores VMs from templates at
+// all (the microvm machine, without extra devices, templates not off).
+func (r *Runtime) templatesOn() bool {
+	return !r.cfg.NoTemplates && r.cfg.Machine == "" && r.cfg.Extra == nil
+}
+
 // WarmTemplate starts building the memory template of a create that asks
 // for nothing (DefaultMemoryMB, one vCPU, no network), unless it is built
 // or templates are off, and returns at once: the first such create then
 // waits for less, or for nothing.
 func (r *Runtime) WarmTemplate() {
-	if r.cfg.NoTemplates || r.cfg.Machine != "" || r.cfg.Extra != nil {
+	if !r.templatesOn() {
 		return
 	}
 	r.startTemplate(templateShape{memMB: DefaultMemoryMB, smp: 1})
