@@ -78,12 +78,31 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 		}
 	}()
 
-	// Stop, snapshot, copy the disks, continue.
+	t0 := time.Now()
+	disks, frozen, err := r.snapshotForFork(ctx, h, mem, parentDisk, specs)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: fork: %w", err)
+	}
+	tmpl := &forkSource{args: args, parentState: parentState, parentDisk: parentDisk, snapshot: mem}
+	release := r.shareForkRAM(ctx, h.ID, tmpl, disks[0], memMB)
+	defer release() // the children hold the RAM mapped
+	if insts, err = r.startChildren(ctx, specs, tmpl, disks); err != nil {
+		return insts, err
+	}
+	r.log.Debug("microvm: forked from memory", "id", h.ID, "children", len(specs), "frozen", frozen, "shared", tmpl.ram != nil, "took", time.Since(t0))
+	return insts, nil
+}
+
+// snapshotForFork freezes h's VM, saves its memory to mem, gives each
+// child spec a copy of the parent's disk (linked from its state
+// directory), and thaws the VM; it returns the copies' paths and how long
+// the parent stood still. On an error it removes the copies.
+func (r *Runtime) snapshotForFork(ctx context.Context, h runtime.Handle, mem, parentDisk string, specs []*runtime.Spec) (disks []string, frozen time.Duration, err error) {
 	if err := r.Freeze(ctx, h); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	t0 := time.Now()
-	disks := make([]string, len(specs))
+	disks = make([]string, len(specs))
 	err = r.saveMemory(ctx, h, mem, false)
 	for i, s := range specs {
 		if err != nil {
@@ -108,7 +127,7 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 	if terr := r.Thaw(context.WithoutCancel(ctx), h); terr != nil && err == nil {
 		err = terr
 	}
-	frozen := time.Since(t0)
+	frozen = time.Since(t0)
 	if err != nil {
 		for i, s := range specs {
 			if disks[i] != "" {
@@ -116,28 +135,41 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 				os.Remove(filepath.Join(s.StateDir, DiskLink))
 			}
 		}
-		return nil, fmt.Errorf("microvm: fork: %w", err)
+		return nil, frozen, err
 	}
+	return disks, frozen, nil
+}
 
-	// The children's memory: one sealed RAM memfd that each maps
-	// privately (copy-on-write), else (the template failed) the snapshot
-	// read into each.
-	tmpl := &forkSource{args: args, parentState: parentState, parentDisk: parentDisk, snapshot: mem}
-	if ram, dev, terr := r.ramTemplate(ctx, h.ID, tmpl, disks[0], memMB, ""); terr != nil {
-		r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", h.ID, "err", terr)
-	} else {
-		mf, serr := sealedCopy(ram, forkRAMName)
-		os.Remove(ram)
-		if serr != nil {
-			os.Remove(dev)
-			r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", h.ID, "err", serr)
-		} else {
-			defer mf.Close() // the children hold it mapped
-			defer os.Remove(dev)
-			tmpl.ram, tmpl.ramMB, tmpl.snapshot = mf, memMB, dev
-		}
+// shareForkRAM gives tmpl the children's memory: one sealed RAM memfd
+// that each maps privately (copy-on-write), made from the snapshot by
+// restoring it once (disk is a child's disk, for that restore). If that
+// fails, tmpl is left as it was and each child reads the snapshot. The
+// returned release closes the memfd and removes its device state once the
+// children have started.
+func (r *Runtime) shareForkRAM(ctx context.Context, id string, tmpl *forkSource, disk string, memMB int64) (release func()) {
+	ram, dev, err := r.ramTemplate(ctx, id, tmpl, disk, memMB, "")
+	if err != nil {
+		r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", id, "err", err)
+		return func() {}
 	}
-	// The children start side by side (each waits mostly on its QEMU).
+	mf, err := sealedCopy(ram, forkRAMName)
+	os.Remove(ram)
+	if err != nil {
+		os.Remove(dev)
+		r.log.Warn("microvm: fork: no shared memory, each child reads the snapshot", "id", id, "err", err)
+		return func() {}
+	}
+	tmpl.ram, tmpl.ramMB, tmpl.snapshot = mf, memMB, dev
+	return func() {
+		os.Remove(dev)
+		mf.Close()
+	}
+}
+
+// startChildren starts one child per spec from tmpl, side by side (each
+// waits mostly on its QEMU), and returns those that started, with the
+// errors of those that did not.
+func (r *Runtime) startChildren(ctx context.Context, specs []*runtime.Spec, tmpl *forkSource, disks []string) ([]*runtime.Instance, error) {
 	started := make([]*runtime.Instance, len(specs))
 	errs := make([]error, len(specs))
 	var wg sync.WaitGroup
@@ -151,16 +183,13 @@ func (r *Runtime) Fork(ctx context.Context, h runtime.Handle, specs []*runtime.S
 		}()
 	}
 	wg.Wait()
-	for i := range specs {
-		if started[i] != nil {
-			insts = append(insts, started[i])
+	var insts []*runtime.Instance
+	for _, in := range started {
+		if in != nil {
+			insts = append(insts, in)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return insts, err
-	}
-	r.log.Debug("microvm: forked from memory", "id", h.ID, "children", len(specs), "frozen", frozen, "shared", tmpl.ram != nil, "took", time.Since(t0))
-	return insts, nil
+	return insts, errors.Join(errs...)
 }
 
 // forkSource is what a fork's children start from.

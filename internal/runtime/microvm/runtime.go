@@ -247,23 +247,8 @@ func (r *Runtime) cgroupPath(id string) string { return r.cfg.CgroupParent + "/"
 
 // Start boots the VM and returns once its agent answers setup.
 func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.Instance, err error) {
-	if spec.ID == "" || spec.ID != filepath.Base(spec.ID) || spec.ID[0] == '.' || strings.ContainsAny(spec.ID, ", ") {
-		return nil, fmt.Errorf("microvm: bad sandbox id %q", spec.ID)
-	}
-	if spec.StateDir == "" {
-		return nil, errors.New("microvm: StateDir is required")
-	}
-	switch {
-	case spec.Disk != "":
-		if err := r.checkDiskSpec(spec); err != nil {
-			return nil, err
-		}
-	case len(spec.Lowers) == 0:
-		return nil, errors.New("microvm: no layers")
-	case len(spec.Stateless) > 0:
-		return nil, errors.New("microvm: stateless sandboxes are not supported by this tier")
-	case spec.Network != nil && r.cfg.Net == nil:
-		return nil, errors.New("microvm: this node gives VMs no network")
+	if err := r.checkStartSpec(spec); err != nil {
+		return nil, err
 	}
 	t0 := time.Now()
 	h := runtime.Handle{ID: spec.ID, Tier: r.Name(), Socket: filepath.Join(spec.StateDir, SocketName), Cgroup: r.cgroupPath(spec.ID)}
@@ -327,32 +312,65 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	if tmpl != nil {
 		setup.VMLayers = len(layers)
 	}
+	if err := r.setUp(ctx, client, h, spec, setup, tmpl != nil); err != nil {
+		return nil, err
+	}
+	r.log.Debug("microvm: started", "id", spec.ID, "pid", h.Pid, "accel", r.cfg.Accel,
+		"disk", tDisk.Sub(t0), "qemu", tQEMU.Sub(tDisk), "boot", time.Since(tQEMU), "total", time.Since(t0))
+	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// checkStartSpec refuses a spec that Start cannot run: a bad id, no state
+// directory, no layers (or a bad disk for a full VM), stateless paths, or
+// a network on a node that gives VMs none.
+func (r *Runtime) checkStartSpec(spec *runtime.Spec) error {
+	if spec.ID == "" || spec.ID != filepath.Base(spec.ID) || spec.ID[0] == '.' || strings.ContainsAny(spec.ID, ", ") {
+		return fmt.Errorf("microvm: bad sandbox id %q", spec.ID)
+	}
+	if spec.StateDir == "" {
+		return errors.New("microvm: StateDir is required")
+	}
+	switch {
+	case spec.Disk != "":
+		return r.checkDiskSpec(spec)
+	case len(spec.Lowers) == 0:
+		return errors.New("microvm: no layers")
+	case len(spec.Stateless) > 0:
+		return errors.New("microvm: stateless sandboxes are not supported by this tier")
+	case spec.Network != nil && r.cfg.Net == nil:
+		return errors.New("microvm: this node gives VMs no network")
+	}
+	return nil
+}
+
+// setUp sends the agent its setup, then, for a VM restored from a
+// template, its own identity; writes resolv.conf for a networked VM; and
+// from then on holds the VM to its CPU limit.
+func (r *Runtime) setUp(ctx context.Context, client *agentproto.Client, h runtime.Handle, spec *runtime.Spec, setup *agentproto.SetupConfig, fromTemplate bool) error {
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
-		return nil, fmt.Errorf("microvm: agent setup: %w (qemu: %q; guest console: %q)", err,
+		return fmt.Errorf("microvm: agent setup: %w (qemu: %q; guest console: %q)", err,
 			logTail(filepath.Join(spec.StateDir, LogName), 300), logTail(filepath.Join(spec.StateDir, ConsoleName), 600))
 	}
-	if tmpl != nil {
+	if fromTemplate {
 		// Its template's hostname, random pool and clock until now.
 		if err := setIdentity(ctx, client, hostnameOf(spec), identityTemplate); err != nil {
-			return nil, fmt.Errorf("microvm: %w", err)
+			return fmt.Errorf("microvm: %w", err)
 		}
 	}
 	if h.Net != nil {
 		if err := runtime.WriteResolvConf(ctx, client, h.Net.Gateway); err != nil {
-			return nil, fmt.Errorf("microvm: %w", err)
+			return fmt.Errorf("microvm: %w", err)
 		}
 	}
 	// The CPU limit holds from now on: the boot (seconds of CPU under TCG)
 	// ran without it, as a container's agent set-up does.
 	if spec.CPU > 0 {
 		if err := r.cg.setCPU(h.Cgroup, spec.CPU); err != nil {
-			return nil, fmt.Errorf("microvm: cpu limit: %w", err)
+			return fmt.Errorf("microvm: cpu limit: %w", err)
 		}
 	}
-	r.log.Debug("microvm: started", "id", spec.ID, "pid", h.Pid, "accel", r.cfg.Accel,
-		"disk", tDisk.Sub(t0), "qemu", tQEMU.Sub(tDisk), "boot", time.Since(tQEMU), "total", time.Since(t0))
-	return &runtime.Instance{Handle: h, Agent: client}, nil
+	return nil
 }
 
 // launch starts spec's QEMU (handle h, cgroup made) with its disks and
@@ -464,23 +482,7 @@ func makeDisk(spec *runtime.Spec) (string, error) {
 // With template, the guest boots as a memory template (template.go).
 func (r *Runtime) command(spec *runtime.Spec, layers, binds []string, disk string, nc *nic, template bool) ([]string, error) {
 	smp := smpOf(spec)
-	hostname := hostnameOf(spec)
-	params := []string{
-		"console=ttyS0", "quiet", "loglevel=3", "panic=-1", "reboot=t",
-		// Without it ~30 % of TCG boots hang calibrating the TSC.
-		"tsc_early_khz=2000000",
-		"cryptomgr.notests", // crypto self-tests cost ~1.2 s under TCG
-		agent.VMParamLayers + "=" + strconv.Itoa(len(layers)),
-		agent.VMParamPort + "=" + portName,
-		agent.VMParamHostname + "=" + hostname,
-	}
-	if template {
-		params = append(params, agent.VMParamTemplate+"=1")
-	}
-	if r.cfg.Extra != nil {
-		_, more := r.cfg.Extra(spec)
-		params = append(more, params...)
-	}
+	params := r.kernelParams(spec, len(layers), template)
 	machine, bus := "microvm,x-option-roms=off,isa-serial=on,rtc=on", "-device"
 	if r.cfg.Machine == MachineQ35 {
 		machine, bus = MachineQ35, "-pci"
@@ -522,26 +524,54 @@ func (r *Runtime) command(spec *runtime.Spec, layers, binds []string, disk strin
 		args = append(args, more...)
 	}
 	args = append(args, netArgs...)
-	disks := func(files []string, prefix string) error {
-		for i, l := range files {
-			if strings.Contains(l, ",") {
-				return fmt.Errorf("microvm: layer path %q has a comma", l)
-			}
-			id := prefix + strconv.Itoa(i)
-			args = append(args,
-				"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
-				"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
-		}
-		return nil
-	}
-	if err := disks(layers, "layer"); err != nil {
+	args, err := readOnlyDisks(args, bus, layers, "layer")
+	if err != nil {
 		return nil, err
 	}
-	if err := disks(binds, agent.VMBindPrefix); err != nil {
+	if args, err = readOnlyDisks(args, bus, binds, agent.VMBindPrefix); err != nil {
 		return nil, err
 	}
 	if spec.Disk != "" {
 		args = bootFromDisk(args, spec.Disk) // diskboot.go
+	}
+	return args, nil
+}
+
+// kernelParams is the guest kernel's command line for spec: quiet, no
+// reboot, the agent's parameters (layer count, port, hostname, template
+// or not), after whatever the configuration's Extra adds.
+func (r *Runtime) kernelParams(spec *runtime.Spec, layers int, template bool) []string {
+	params := []string{
+		"console=ttyS0", "quiet", "loglevel=3", "panic=-1", "reboot=t",
+		// Without it ~30 % of TCG boots hang calibrating the TSC.
+		"tsc_early_khz=2000000",
+		"cryptomgr.notests", // crypto self-tests cost ~1.2 s under TCG
+		agent.VMParamLayers + "=" + strconv.Itoa(layers),
+		agent.VMParamPort + "=" + portName,
+		agent.VMParamHostname + "=" + hostnameOf(spec),
+	}
+	if template {
+		params = append(params, agent.VMParamTemplate+"=1")
+	}
+	if r.cfg.Extra != nil {
+		_, more := r.cfg.Extra(spec)
+		params = append(more, params...)
+	}
+	return params
+}
+
+// readOnlyDisks appends to args one read-only virtio-blk disk per file,
+// on bus, with ids and serials prefix0, prefix1, ... (the agent finds
+// them by serial).
+func readOnlyDisks(args []string, bus string, files []string, prefix string) ([]string, error) {
+	for i, l := range files {
+		if strings.Contains(l, ",") {
+			return nil, fmt.Errorf("microvm: layer path %q has a comma", l)
+		}
+		id := prefix + strconv.Itoa(i)
+		args = append(args,
+			"-drive", "id="+id+",file="+l+",format=raw,if=none,readonly=on",
+			"-device", "virtio-blk"+bus+",drive="+id+",serial="+id)
 	}
 	return args, nil
 }
