@@ -194,6 +194,10 @@ func hostPid() int {
 	return os.Getpid()
 }
 
+// doSetup sets the sandbox up once (OpSetup): a microVM's root, the
+// confinement (unless unconfined), the root directory the agent resolves
+// paths in, a VM's binds and network, the defaults of every command and the
+// warm shells. It holds a.mu throughout.
 func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -215,30 +219,53 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 		if cfg.RootDir != "" {
 			rootDir = cfg.RootDir
 		}
-	} else {
-		// The spawner thread starts before confinement, while the host's
-		// cgroup file systems are still in reach, to join the cgroups of
-		// the sandbox's processes; Enter confines it with every other
-		// thread, and it cuts its bounding set afterwards.
-		sp, err := startSpawner(func() error { return joinCgroups(cfg.SpawnerCgroups) })
-		if err != nil {
-			a.log.Error("agent: spawner thread", "err", err)
-			return nil, errf(agentproto.ErrInternal, "setup: spawner: %v", err)
-		}
-		if err := confineEnter(cfg); err != nil {
-			a.log.Error("agent: confinement failed", "err", err)
-			return nil, errf(agentproto.ErrInternal, "setup: confine: %v", err)
-		}
-		if _, err := sp.run(func() (int, error) { return 0, confine.DropBoundingSet() }); err != nil {
-			a.log.Error("agent: spawner thread", "err", err)
-			return nil, errf(agentproto.ErrInternal, "setup: spawner: %v", err)
-		}
-		a.spawner = sp
+	} else if err := a.confineSelf(cfg); err != nil {
+		return nil, err
 	}
 	root, err := openRoot(rootDir)
 	if err != nil {
 		return nil, errf(agentproto.ErrInternal, "setup: open root %s: %v", rootDir, err)
 	}
+	if err := a.setupMachine(cfg); err != nil {
+		return nil, err
+	}
+	if err := a.adoptConfig(root, cfg); err != nil {
+		return nil, err
+	}
+	a.prepareCommands(cfg)
+	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
+	return &agentproto.SetupResult{Pid: pid, Proto: agentproto.Proto}, nil
+}
+
+// confineSelf confines the agent for setup: it starts the spawner thread,
+// enters the confinement and has the spawner cut its bounding set, in that
+// order, and keeps the spawner in a.spawner. Its caller holds a.mu.
+func (a *Agent) confineSelf(cfg *agentproto.SetupConfig) error {
+	// The spawner thread starts before confinement, while the host's
+	// cgroup file systems are still in reach, to join the cgroups of
+	// the sandbox's processes; Enter confines it with every other
+	// thread, and it cuts its bounding set afterwards.
+	sp, err := startSpawner(func() error { return joinCgroups(cfg.SpawnerCgroups) })
+	if err != nil {
+		a.log.Error("agent: spawner thread", "err", err)
+		return errf(agentproto.ErrInternal, "setup: spawner: %v", err)
+	}
+	if err := confineEnter(cfg); err != nil {
+		a.log.Error("agent: confinement failed", "err", err)
+		return errf(agentproto.ErrInternal, "setup: confine: %v", err)
+	}
+	if _, err := sp.run(func() (int, error) { return 0, confine.DropBoundingSet() }); err != nil {
+		a.log.Error("agent: spawner thread", "err", err)
+		return errf(agentproto.ErrInternal, "setup: spawner: %v", err)
+	}
+	a.spawner = sp
+	return nil
+}
+
+// setupMachine does setup's part that a VM's agent alone does: the
+// service VM's hostname, a microVM's layer binds and a VM's network
+// interface (which any other agent refuses). Its caller holds a.mu.
+func (a *Agent) setupMachine(cfg *agentproto.SetupConfig) error {
 	if a.vmService && cfg.Hostname != "" {
 		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 			a.log.Warn("agent: sethostname", "err", err)
@@ -248,17 +275,24 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 		// A microVM's layers attached at paths (a VM booted from its own
 		// disk has no layers).
 		if err := vmBinds(cfg.Binds); err != nil {
-			return nil, errf(agentproto.ErrInternal, "setup: %v", err)
+			return errf(agentproto.ErrInternal, "setup: %v", err)
 		}
 	}
 	if cfg.Net != nil {
 		if !a.vm {
-			return nil, errf(agentproto.ErrInvalid, "setup: a network interface is configured by a VM's agent only")
+			return errf(agentproto.ErrInvalid, "setup: a network interface is configured by a VM's agent only")
 		}
 		if err := vmNetwork(cfg.Net); err != nil {
-			return nil, errf(agentproto.ErrInternal, "setup: network: %v", err)
+			return errf(agentproto.ErrInternal, "setup: network: %v", err)
 		}
 	}
+	return nil
+}
+
+// adoptConfig keeps the root and the configuration, with the defaults
+// every command starts from (shell, environment, user), and marks the
+// agent set up. Its caller holds a.mu.
+func (a *Agent) adoptConfig(root *fsRoot, cfg *agentproto.SetupConfig) error {
 	a.root = root
 	a.cfg = *cfg
 	a.shell = cfg.Shell
@@ -272,13 +306,21 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	if cfg.User != "" {
 		cred, err := resolveUser(root, cfg.User)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		a.defUser = cred
 	}
-	_, err = os.Stat("/proc/self/fd")
+	_, err := os.Stat("/proc/self/fd")
 	a.dotOK = err == nil
 	a.setup = true
+	return nil
+}
+
+// prepareCommands readies what commands run with once the agent is set
+// up: the live shells' FIFO directory, the warm shells, a stateless
+// worker's scheduling and (confined) the baseline of the sandbox. Its
+// caller holds a.mu.
+func (a *Agent) prepareCommands(cfg *agentproto.SetupConfig) {
 	// Live shells' and the zygote's per-command FIFOs: in the sandbox's
 	// private /dev tmpfs (a tmpfs of their own in a stateless sandbox), or
 	// (unconfined: tests) in a directory any user can reach.
@@ -305,8 +347,6 @@ func (a *Agent) doSetup(ctx context.Context, cfg *agentproto.SetupConfig) (any, 
 	if !cfg.Unconfined {
 		a.recordBaseline()
 	}
-	a.log.Info("agent: set up", "root", rootDir, "unconfined", cfg.Unconfined, "shell", a.shell)
-	return &agentproto.SetupResult{Pid: pid, Proto: agentproto.Proto}, nil
 }
 
 // UnconfinedFIFODir is where an unconfined agent (tests) makes the FIFOs and

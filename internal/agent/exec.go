@@ -68,17 +68,12 @@ type execPlan struct {
 	collect  bool // the output goes into the result (req.Collect)
 }
 
+// plan validates req and works out what it runs with: the user, the
+// session, the environment (the session's, with what the request and the
+// agent inject) and the working directory.
 func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
-	if (req.Cmd == "") == (len(req.Argv) == 0) {
-		return nil, errf(agentproto.ErrInvalid, "exec: exactly one of cmd and argv must be set")
-	}
-	if strings.IndexByte(req.Cmd, 0) >= 0 {
-		return nil, errf(agentproto.ErrInvalid, "exec: cmd contains a NUL byte")
-	}
-	for _, s := range req.Argv {
-		if strings.IndexByte(s, 0) >= 0 {
-			return nil, errf(agentproto.ErrInvalid, "exec: argv contains a NUL byte")
-		}
+	if err := checkCommand(req); err != nil {
+		return nil, err
 	}
 	var tkPath string
 	if req.Trusted {
@@ -108,16 +103,51 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 		p.sess = &session{} // nothing a session exported reaches a trusted command
 	}
 	env, cwd := p.sess.snapshot(a.baseEnv)
+	home, name := "/root", "root"
+	if p.cred != nil {
+		home, name = p.cred.home, p.cred.name
+	}
+	if err := p.setEnv(env, home, name, tkPath); err != nil {
+		return nil, err
+	}
+	c, err := a.workDir(req.Cwd, cwd, home)
+	if err != nil {
+		return nil, err
+	}
+	p.cwd = c
+	return p, nil
+}
+
+// checkCommand refuses a request that does not set exactly one of cmd and
+// argv, or whose command holds a NUL byte.
+func checkCommand(req *agentproto.ExecRequest) error {
+	if (req.Cmd == "") == (len(req.Argv) == 0) {
+		return errf(agentproto.ErrInvalid, "exec: exactly one of cmd and argv must be set")
+	}
+	if strings.IndexByte(req.Cmd, 0) >= 0 {
+		return errf(agentproto.ErrInvalid, "exec: cmd contains a NUL byte")
+	}
+	for _, s := range req.Argv {
+		if strings.IndexByte(s, 0) >= 0 {
+			return errf(agentproto.ErrInvalid, "exec: argv contains a NUL byte")
+		}
+	}
+	return nil
+}
+
+// setEnv makes the plan's environment from the session's env (kept as
+// p.prior; a trusted command gets none of what is unsafe for it): HOME,
+// USER and LOGNAME from the user's home and name when env lacks them, the
+// request's variables, and for a trusted command tkPath ahead of PATH.
+// What it adds is also kept in p.injected.
+func (p *execPlan) setEnv(env map[string]string, home, name, tkPath string) error {
+	req := p.req
 	p.prior = env
 	p.env = make(map[string]string, len(env)+4)
 	for k, v := range env {
 		if !req.Trusted || !unsafeForTrusted(k) {
 			p.env[k] = v
 		}
-	}
-	home, name := "/root", "root"
-	if p.cred != nil {
-		home, name = p.cred.home, p.cred.name
 	}
 	inject := func(k, v string) {
 		p.env[k] = v
@@ -132,33 +162,39 @@ func (a *Agent) plan(req *agentproto.ExecRequest) (*execPlan, error) {
 	}
 	for k, v := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return nil, errf(agentproto.ErrInvalid, "exec: bad environment variable %q", k)
+			return errf(agentproto.ErrInvalid, "exec: bad environment variable %q", k)
 		}
 		inject(k, v)
 	}
 	if req.Trusted {
 		inject("PATH", tkPath+":"+p.env["PATH"])
 	}
+	return nil
+}
+
+// workDir is the directory a command starts in: the one it asked for
+// (which must be a directory), else the session's, the image's WORKDIR,
+// the user's home or /, the first of them that is a directory.
+func (a *Agent) workDir(asked, session, home string) (string, error) {
 	switch {
-	case req.Cwd != "":
-		c, err := cleanPath(req.Cwd)
+	case asked != "":
+		c, err := cleanPath(asked)
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		if !isDir(c) {
-			return nil, errf(agentproto.ErrNotFound, "exec: cwd %s is not a directory", c)
+			return "", errf(agentproto.ErrNotFound, "exec: cwd %s is not a directory", c)
 		}
-		p.cwd = c
-	case cwd != "" && isDir(cwd):
-		p.cwd = cwd
+		return c, nil
+	case session != "" && isDir(session):
+		return session, nil
 	case a.cfg.Cwd != "" && isDir(a.cfg.Cwd):
-		p.cwd = a.cfg.Cwd // the image's WORKDIR
+		return a.cfg.Cwd, nil // the image's WORKDIR
 	case isDir(home):
-		p.cwd = home
+		return home, nil
 	default:
-		p.cwd = "/"
+		return "/", nil
 	}
-	return p, nil
 }
 
 func isDir(p string) bool {
@@ -493,61 +529,7 @@ func (r *running) feedStdin(data []byte) {
 // reaper still collects it). When no report comes (the shell was killed, or
 // the command replaced the trap) the status is the reaped one.
 func (a *Agent) finish(p *execPlan, r *running) *agentproto.ExecResult {
-	reports := r.reports
-	if r.state != nil {
-		ch := make(chan []byte, 1)
-		go readState(r.state, ch)
-		reports = ch
-	}
-	var (
-		ws       unix.WaitStatus
-		endedAt  time.Time
-		st       shellState
-		reported bool
-		exiting  bool // the live shell's exit trap reported
-	)
-awaitEnd:
-	for {
-		select {
-		case ei := <-r.exit:
-			ws, endedAt, r.sawExit = ei.status, ei.at, true
-			break awaitEnd
-		case b, open := <-reports:
-			if !open {
-				reports = nil // only the exit is left to wait for
-				continue
-			}
-			var stale bool
-			if st, exiting, reported, stale = r.parseReport(b); stale {
-				continue
-			}
-			if reported {
-				endedAt = time.Now()
-				break awaitEnd
-			}
-			reports = nil
-		}
-	}
-	if !reported && reports != nil && ws.Exited() {
-		// The shell ended normally: its report was written before, and
-		// may just not have been read yet.
-		deadline := time.After(stateWait)
-	late:
-		for {
-			select {
-			case b, open := <-reports:
-				var stale bool
-				if !open {
-					break late
-				}
-				if st, exiting, reported, stale = r.parseReport(b); !stale {
-					break late
-				}
-			case <-deadline:
-				break late
-			}
-		}
-	}
+	e := r.awaitEnd()
 	r.mu.Lock()
 	r.exited = true
 	timedOut := r.timedOut
@@ -568,22 +550,110 @@ awaitEnd:
 		// commands and live shells never use it.
 		defer a.pool.refillSoon()
 	}
-	res := &agentproto.ExecResult{Duration: float64(endedAt.Sub(r.start).Microseconds()) / 1000}
+	res := &agentproto.ExecResult{Duration: float64(e.at.Sub(r.start).Microseconds()) / 1000}
 	switch {
-	case reported:
-		res.ExitCode = st.status
-	case ws.Exited():
-		res.ExitCode = ws.ExitStatus()
-	case ws.Signaled():
-		res.ExitCode = 128 + int(ws.Signal())
-		res.Signal = unix.SignalName(ws.Signal())
+	case e.reported:
+		res.ExitCode = e.st.status
+	case e.ws.Exited():
+		res.ExitCode = e.ws.ExitStatus()
+	case e.ws.Signaled():
+		res.ExitCode = 128 + int(e.ws.Signal())
+		res.Signal = unix.SignalName(e.ws.Signal())
 	}
 	res.TimedOut = timedOut
 
-	// Wait for the output to end. A daemon the command left behind may keep
-	// the pipes open: after drainGrace stop waiting, but never while output
-	// written before the exit is still in the pipe or being delivered (on a
-	// loaded machine the readers may be late), up to drainMax.
+	if r.drainOutput() {
+		res.Truncated = true
+	}
+	if r.stdin != nil {
+		r.stdin.Close() // unblocks a stdin writer the command never read
+	}
+
+	if r.state != nil {
+		r.state.Close()
+	}
+	if e.reported && (r.live == nil || !r.live.fork) {
+		p.sess.update(e.st.cwd, e.st.env, p.injected, p.prior)
+	}
+	if r.live != nil {
+		a.endLive(r, e.st, e.reported, e.exiting)
+	}
+	return res
+}
+
+// commandEnd is how a command ended, as finish learnt it.
+type commandEnd struct {
+	ws       unix.WaitStatus // the reaped status, when the exit came first
+	at       time.Time       // when it ended
+	st       shellState      // the shell's state report
+	reported bool            // st holds the report
+	exiting  bool            // the live shell's exit trap reported
+}
+
+// awaitEnd waits for the command to end: for its state report or its
+// process's exit, whichever comes first (the exit sets r.sawExit). After a
+// normal exit without a report, it waits up to stateWait for a report that
+// was written but not yet read.
+func (r *running) awaitEnd() commandEnd {
+	reports := r.reports
+	if r.state != nil {
+		ch := make(chan []byte, 1)
+		go readState(r.state, ch)
+		reports = ch
+	}
+	var e commandEnd
+awaitEnd:
+	for {
+		select {
+		case ei := <-r.exit:
+			e.ws, e.at, r.sawExit = ei.status, ei.at, true
+			break awaitEnd
+		case b, open := <-reports:
+			if !open {
+				reports = nil // only the exit is left to wait for
+				continue
+			}
+			var stale bool
+			if e.st, e.exiting, e.reported, stale = r.parseReport(b); stale {
+				continue
+			}
+			if e.reported {
+				e.at = time.Now()
+				break awaitEnd
+			}
+			reports = nil
+		}
+	}
+	if !e.reported && reports != nil && e.ws.Exited() {
+		// The shell ended normally: its report was written before, and
+		// may just not have been read yet.
+		deadline := time.After(stateWait)
+	late:
+		for {
+			select {
+			case b, open := <-reports:
+				var stale bool
+				if !open {
+					break late
+				}
+				if e.st, e.exiting, e.reported, stale = r.parseReport(b); !stale {
+					break late
+				}
+			case <-deadline:
+				break late
+			}
+		}
+	}
+	return e
+}
+
+// drainOutput waits for the command's output to end and detaches its
+// streams; it reports whether any of them was truncated. A daemon the
+// command left behind may keep the pipes open: after drainGrace it stops
+// waiting, but never while output written before the exit is still in the
+// pipe or being delivered (on a loaded machine the readers may be late),
+// up to drainMax.
+func (r *running) drainOutput() bool {
 	graceAt, maxAt := time.Now().Add(drainGrace), time.Now().Add(drainMax)
 	for _, o := range r.outs {
 	wait:
@@ -599,25 +669,13 @@ awaitEnd:
 			}
 		}
 	}
+	truncated := false
 	for _, o := range r.outs {
 		if o.detach() {
-			res.Truncated = true
+			truncated = true
 		}
 	}
-	if r.stdin != nil {
-		r.stdin.Close() // unblocks a stdin writer the command never read
-	}
-
-	if r.state != nil {
-		r.state.Close()
-	}
-	if reported && (r.live == nil || !r.live.fork) {
-		p.sess.update(st.cwd, st.env, p.injected, p.prior)
-	}
-	if r.live != nil {
-		a.endLive(r, st, reported, exiting)
-	}
-	return res
+	return truncated
 }
 
 // readState reads the shell's state report (see stateTrap).

@@ -318,80 +318,23 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 	}
 	// One random token names the command's files and marks its report.
 	token := "c" + randomHex()
-	var (
-		names []string // made in dfd
-		paths []string // the same, as the shell sees them
-		reads []*os.File
-		keep  []int
-	)
-	fail := func(err error) (*running, error) {
-		for _, f := range reads {
-			f.Close()
-		}
-		closeAll(keep...)
-		for _, n := range names {
-			_ = unix.Unlinkat(dfd, n, 0)
-		}
-		return nil, err
+	f := &liveFiles{dfd: dfd}
+	if err := a.makeLiveFIFOs(f, token, ls.cred); err != nil {
+		return nil, f.remove(err)
 	}
-	for _, suffix := range []string{".out", ".err"} {
-		name := token + suffix
-		err := unix.Mkfifoat(dfd, name, 0o600)
-		if err == unix.ENOENT && len(names) == 0 {
-			// A process of the sandbox removed the directory: make it again.
-			if dfd, err = a.remakeFIFODir(dfd); err == nil {
-				err = unix.Mkfifoat(dfd, name, 0o600)
-			}
-		}
-		if err != nil {
-			return fail(err)
-		}
-		names = append(names, name)
-		paths = append(paths, a.live.dir+"/"+name)
-		if ls.cred != nil {
-			if err := unix.Fchownat(dfd, name, int(ls.cred.uid), int(ls.cred.gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				return fail(err)
-			}
-		}
-		r, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return fail(err)
-		}
-		reads = append(reads, pollFile(r, suffix[1:]))
-		// Our own writer keeps the FIFO from reading as ended before the
-		// shell has opened it; it is closed once the command reported.
-		w, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return fail(err)
-		}
-		keep = append(keep, w)
-	}
-	b.WriteString("__warren_cmd=" + shellQuote(p.req.Cmd) + "\n")
-	if ls.fork {
-		// A subshell of the zygote, which reports when it ends; an exit
-		// trap of the command writes to the command's streams too.
-		b.WriteString(`exec </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + "\n")
-		b.WriteString(`eval "$__warren_cmd"` + "\n")
-	} else {
-		// The command runs in a function, so a `return` in it ends the
-		// function, not the sourced file before its report.
-		b.WriteString(`__warren_body() { \eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-; }\n")
-		b.WriteString("__warren_body\n")
-		b.WriteString(liveReport(token))
-		b.WriteString("__warren_done=1\n")
-	}
+	writeLiveBody(&b, p.req.Cmd, ls.fork, token, f.paths)
 	script := token + ".sh"
-	names = append(names, script)
-	if err := writeScriptFile(dfd, script, b.String(), ls.cred); err != nil {
-		return fail(err)
+	f.names = append(f.names, script)
+	if err := writeScriptFile(f.dfd, script, b.String(), ls.cred); err != nil {
+		return nil, f.remove(err)
 	}
 
 	r := &running{pid: ls.pid, exit: ls.exit, start: time.Now(), reports: ls.reports, token: token,
-		live: ls, sess: p.sess, keep: keep, fifoDir: dfd, fifos: names, startTicks: bootTicks()}
+		live: ls, sess: p.sess, keep: f.keep, fifoDir: f.dfd, fifos: f.names, startTicks: bootTicks()}
 	r.armTimeout(p.req.Timeout)
 	r.outs = []*outStream{
-		newOutStream(agentproto.StreamStdout, reads[0], limit, emit, p.collect),
-		newOutStream(agentproto.StreamStderr, reads[1], limit, emit, p.collect),
+		newOutStream(agentproto.StreamStdout, f.reads[0], limit, emit, p.collect),
+		newOutStream(agentproto.StreamStderr, f.reads[1], limit, emit, p.collect),
 	}
 	// The leading newline ends any partial line written into the pipe. A
 	// zygote's pipe is the agent's alone, and it is given the token only.
@@ -404,6 +347,91 @@ func (a *Agent) startLiveCommand(p *execPlan, ls *liveShell, limit int64, emit f
 		a.log.Debug("agent: live shell write", "err", err)
 	}
 	return r, nil
+}
+
+// liveFiles are the files a live shell's command is given in the FIFO
+// directory dfd: its output FIFOs, with the agent's reader and (kept open)
+// writer of each, and its script.
+type liveFiles struct {
+	dfd   int
+	names []string // made in dfd
+	paths []string // the same, as the shell sees them
+	reads []*os.File
+	keep  []int
+}
+
+// remove undoes what f holds (a command that could not start): it closes
+// the descriptors, removes the files and returns err.
+func (f *liveFiles) remove(err error) error {
+	for _, r := range f.reads {
+		r.Close()
+	}
+	closeAll(f.keep...)
+	for _, n := range f.names {
+		_ = unix.Unlinkat(f.dfd, n, 0)
+	}
+	return err
+}
+
+// makeLiveFIFOs makes the command's stdout and stderr FIFOs (token.out,
+// token.err) in f.dfd, owned by cred's user, and opens the agent's reader
+// and writer of each. A FIFO directory that a process of the sandbox
+// removed is made again (f.dfd changes). On an error, what was made is in
+// f, for remove.
+func (a *Agent) makeLiveFIFOs(f *liveFiles, token string, cred *credential) error {
+	for _, suffix := range []string{".out", ".err"} {
+		name := token + suffix
+		err := unix.Mkfifoat(f.dfd, name, 0o600)
+		if err == unix.ENOENT && len(f.names) == 0 {
+			// A process of the sandbox removed the directory: make it again.
+			if f.dfd, err = a.remakeFIFODir(f.dfd); err == nil {
+				err = unix.Mkfifoat(f.dfd, name, 0o600)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		f.names = append(f.names, name)
+		f.paths = append(f.paths, a.live.dir+"/"+name)
+		if cred != nil {
+			if err := unix.Fchownat(f.dfd, name, int(cred.uid), int(cred.gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return err
+			}
+		}
+		r, err := unix.Openat(f.dfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return err
+		}
+		f.reads = append(f.reads, pollFile(r, suffix[1:]))
+		// Our own writer keeps the FIFO from reading as ended before the
+		// shell has opened it; it is closed once the command reported.
+		w, err := unix.Openat(f.dfd, name, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return err
+		}
+		f.keep = append(f.keep, w)
+	}
+	return nil
+}
+
+// writeLiveBody writes the script's part that runs cmd with its output to
+// the FIFOs at paths: in a zygote's subshell (fork), or in a function of a
+// live shell followed by the report marked with token.
+func writeLiveBody(b *strings.Builder, cmd string, fork bool, token string, paths []string) {
+	b.WriteString("__warren_cmd=" + shellQuote(cmd) + "\n")
+	if fork {
+		// A subshell of the zygote, which reports when it ends; an exit
+		// trap of the command writes to the command's streams too.
+		b.WriteString(`exec </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + "\n")
+		b.WriteString(`eval "$__warren_cmd"` + "\n")
+	} else {
+		// The command runs in a function, so a `return` in it ends the
+		// function, not the sourced file before its report.
+		b.WriteString(`__warren_body() { \eval "$__warren_cmd" </dev/null >` + shellQuote(paths[0]) + ` 2>` + shellQuote(paths[1]) + " 3<&- 4>&-; }\n")
+		b.WriteString("__warren_body\n")
+		b.WriteString(liveReport(token))
+		b.WriteString("__warren_done=1\n")
+	}
 }
 
 // writeScriptFile writes a live shell's script in dfd, readable by its

@@ -330,16 +330,9 @@ func vmRoot(nLayers int) error {
 	if err != nil {
 		return err
 	}
-	lowers := make([]string, nLayers)
-	for i := range nLayers {
-		dir := "/.warren/layer" + strconv.Itoa(i)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		if err := unix.Mount(devs["layer"+strconv.Itoa(i)], dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
-			return fmt.Errorf("mount layer %d: %w", i, err)
-		}
-		lowers[i] = dir
+	lowers, err := mountLayers(devs, nLayers)
+	if err != nil {
+		return err
 	}
 	if err := os.MkdirAll("/.warren/rw", 0o755); err != nil {
 		return err
@@ -402,6 +395,24 @@ func vmRoot(nLayers int) error {
 		}
 	}
 	return nil
+}
+
+// mountLayers mounts the nLayers read-only layer disks (devs by serial:
+// layer0, layer1, ...) at /.warren/layerN, in order, and returns their
+// directories.
+func mountLayers(devs map[string]string, nLayers int) ([]string, error) {
+	lowers := make([]string, nLayers)
+	for i := range nLayers {
+		dir := "/.warren/layer" + strconv.Itoa(i)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		if err := unix.Mount(devs["layer"+strconv.Itoa(i)], dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+			return nil, fmt.Errorf("mount layer %d: %w", i, err)
+		}
+		lowers[i] = dir
+	}
+	return lowers, nil
 }
 
 // openPort opens the virtio-serial port called name exclusively and

@@ -105,24 +105,7 @@ func upperTree(ctx context.Context, tw *tar.Writer, dirfd int, prefix string, li
 		h.AccessTime = time.Unix(st.Atim.Sec, st.Atim.Nsec)
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
-			fd, err := openNoFollow(dirfd, n, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			h.Name, h.Typeflag = name+"/", tar.TypeDir
-			opaque, err := fdXattrs(fd, h)
-			if err == nil {
-				err = tw.WriteHeader(h)
-			}
-			if err == nil && opaque {
-				err = tw.WriteHeader(&tar.Header{Name: name + "/.wh..wh..opq", Typeflag: tar.TypeReg, Mode: 0o600,
-					ModTime: h.ModTime, Format: tar.FormatPAX})
-			}
-			if err == nil {
-				err = upperTree(ctx, tw, fd, name+"/", links)
-			}
-			unix.Close(fd)
-			if err != nil {
+			if err := upperDir(ctx, tw, dirfd, n, name, h, links); err != nil {
 				return err
 			}
 		case unix.S_IFLNK:
@@ -173,6 +156,30 @@ func upperTree(ctx context.Context, tw *tar.Writer, dirfd int, prefix string, li
 		}
 	}
 	return nil
+}
+
+// upperDir adds directory n of dirfd, called name in the tar, with header
+// h: its entry, its opaque marker if it has one, and (upperTree) what it
+// holds.
+func upperDir(ctx context.Context, tw *tar.Writer, dirfd int, n, name string, h *tar.Header, links map[[2]uint64]string) error {
+	fd, err := openNoFollow(dirfd, n, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	h.Name, h.Typeflag = name+"/", tar.TypeDir
+	opaque, err := fdXattrs(fd, h)
+	if err == nil {
+		err = tw.WriteHeader(h)
+	}
+	if err == nil && opaque {
+		err = tw.WriteHeader(&tar.Header{Name: name + "/.wh..wh..opq", Typeflag: tar.TypeReg, Mode: 0o600,
+			ModTime: h.ModTime, Format: tar.FormatPAX})
+	}
+	if err == nil {
+		err = upperTree(ctx, tw, fd, name+"/", links)
+	}
+	unix.Close(fd)
+	return err
 }
 
 // upperFile adds regular file n of dirfd with header h.

@@ -115,6 +115,9 @@ func (c *Client) CallLive(ctx context.Context, op string, body any, out any, onC
 	return c.call(ctx, op, body, nil, out, onChunk, started, false)
 }
 
+// call sends op and waits for its answer (see Call): bulk reuses the
+// chunks' buffers (CallBulk), started learns the id once the request is
+// sent (CallLive).
 func (c *Client) call(ctx context.Context, op string, body any, payload []byte, out any, onChunk func(*Response) error, started func(uint64), bulk bool) error {
 	raw, err := json.Marshal(body)
 	if err != nil {
@@ -150,7 +153,14 @@ func (c *Client) call(ctx context.Context, op string, body any, payload []byte, 
 	if started != nil {
 		started(id)
 	}
+	return c.await(ctx, cl, id, op, out, onChunk, window, bulk)
+}
 
+// await takes the answer of call id (op, mailbox cl): each chunk goes to
+// onChunk (until it fails) and, with a window, its credit back to the
+// agent; the done body is decoded into out. Cancelling ctx forgets the
+// call and tells the agent to cancel it.
+func (c *Client) await(ctx context.Context, cl *call, id uint64, op string, out any, onChunk func(*Response) error, window int64, bulk bool) error {
 	var chunkErr error
 	var owed int64 // credit taken by the consumer, not yet returned
 	for {
@@ -194,20 +204,27 @@ func (c *Client) call(ctx context.Context, op string, body any, payload []byte, 
 			if chunkErr != nil {
 				return chunkErr
 			}
-			if out != nil && len(r.Body) > 0 {
-				if err := json.Unmarshal(r.Body, out); err != nil {
-					return fmt.Errorf("agentproto: decode %s answer: %w", op, err)
-				}
-			}
-			if op == OpSetup || op == OpPing {
-				var v PingResult
-				if json.Unmarshal(r.Body, &v) == nil {
-					c.proto.Store(int32(v.Proto))
-				}
-			}
-			return nil
+			return c.answer(op, r, out)
 		}
 	}
+}
+
+// answer takes op's final answer r: its body is decoded into out (when out
+// is non-nil), and an answer to OpSetup or OpPing tells the agent's
+// protocol version.
+func (c *Client) answer(op string, r *Response, out any) error {
+	if out != nil && len(r.Body) > 0 {
+		if err := json.Unmarshal(r.Body, out); err != nil {
+			return fmt.Errorf("agentproto: decode %s answer: %w", op, err)
+		}
+	}
+	if op == OpSetup || op == OpPing {
+		var v PingResult
+		if json.Unmarshal(r.Body, &v) == nil {
+			c.proto.Store(int32(v.Proto))
+		}
+	}
+	return nil
 }
 
 // cancel asks the agent to cancel call id (best effort: a closed channel

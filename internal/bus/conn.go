@@ -241,6 +241,17 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 		_ = sub.SetPendingLimits(-1, 512<<20)
 	}
 
+	msg := requestMsg(ctx, subject, op, inbox, body)
+	if err := c.nc.PublishMsg(msg); err != nil {
+		return fmt.Errorf("bus: publish %s: %w", op, err)
+	}
+	return c.awaitAnswer(ctx, subject, op, ch, out, onChunk)
+}
+
+// requestMsg is the message of a call of op on subject, answered to inbox:
+// the op and the headers ctx carries (outHeadersKey) on it, and a call that
+// names no scope made as root.
+func requestMsg(ctx context.Context, subject, op, inbox string, body []byte) *nats.Msg {
 	msg := nats.NewMsg(subject + "." + op)
 	msg.Reply = inbox
 	msg.Header.Set(hdrOp, op)
@@ -252,14 +263,16 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 		msg.Header.Set(HeaderRoot, "1") // a call that names no scope is made as root
 	}
 	msg.Data = body
-	if err := c.nc.PublishMsg(msg); err != nil {
-		return fmt.Errorf("bus: publish %s: %w", op, err)
-	}
+	return msg
+}
 
-	// A call that stays silent is probed every probeEvery: a ping that
-	// nothing serves means the serving process is gone (killed with the
-	// call in flight), and the call fails at once rather than after
-	// idleLimit, which remains for a process that is alive but stuck.
+// awaitAnswer takes the answer of a call of op on subject from ch until
+// its end (see Call), while ctx lasts. A call that stays silent is probed
+// every probeEvery: a ping that nothing serves means the serving process
+// is gone (killed with the call in flight), and the call fails at once
+// rather than after idleLimit, which remains for a process that is alive
+// but stuck.
+func (c *Conn) awaitAnswer(ctx context.Context, subject, op string, ch chan *nats.Msg, out any, onChunk func(Chunk) error) error {
 	tick := time.NewTimer(probeEvery)
 	defer tick.Stop()
 	last := time.Now()
@@ -289,36 +302,46 @@ func (c *Conn) CallRaw(ctx context.Context, subject, op string, body []byte, out
 			}
 		case m := <-ch:
 			last = time.Now()
-			if m.Header.Get("Status") == "503" {
-				return ErrNoResponders
-			}
-			switch m.Header.Get(hdrKind) {
-			case kindPing:
-			case kindChunk:
-				if onChunk != nil && chunkErr == nil {
-					chunkErr = onChunk(Chunk{Stream: m.Header.Get(hdrStream), Data: m.Data})
-				}
-			case kindError:
-				e := new(api.Error)
-				if err := json.Unmarshal(m.Data, e); err != nil || e.Code == "" {
-					return &api.Error{Code: api.CodeInternal, Message: "malformed error answer"}
-				}
-				return e
-			case kindDone:
-				if chunkErr != nil {
-					return chunkErr
-				}
-				if out != nil && len(m.Data) > 0 {
-					if err := json.Unmarshal(m.Data, out); err != nil {
-						return fmt.Errorf("bus: decode %s answer: %w", op, err)
-					}
-				}
-				return nil
-			default:
-				return fmt.Errorf("bus: answer of unknown kind %q", m.Header.Get(hdrKind))
+			if end, err := answerMsg(m, op, out, onChunk, &chunkErr); end {
+				return err
 			}
 		}
 	}
+}
+
+// answerMsg takes one message m of op's answer: a chunk goes to onChunk
+// (until it fails: *chunkErr), and the answer's end (an error, or done
+// with its body decoded into out) ends the call with the error returned.
+func answerMsg(m *nats.Msg, op string, out any, onChunk func(Chunk) error, chunkErr *error) (end bool, err error) {
+	if m.Header.Get("Status") == "503" {
+		return true, ErrNoResponders
+	}
+	switch m.Header.Get(hdrKind) {
+	case kindPing:
+	case kindChunk:
+		if onChunk != nil && *chunkErr == nil {
+			*chunkErr = onChunk(Chunk{Stream: m.Header.Get(hdrStream), Data: m.Data})
+		}
+	case kindError:
+		e := new(api.Error)
+		if err := json.Unmarshal(m.Data, e); err != nil || e.Code == "" {
+			return true, &api.Error{Code: api.CodeInternal, Message: "malformed error answer"}
+		}
+		return true, e
+	case kindDone:
+		if *chunkErr != nil {
+			return true, *chunkErr
+		}
+		if out != nil && len(m.Data) > 0 {
+			if err := json.Unmarshal(m.Data, out); err != nil {
+				return true, fmt.Errorf("bus: decode %s answer: %w", op, err)
+			}
+		}
+		return true, nil
+	default:
+		return true, fmt.Errorf("bus: answer of unknown kind %q", m.Header.Get(hdrKind))
+	}
+	return false, nil
 }
 
 // startMux subscribes the shared reply inbox once.

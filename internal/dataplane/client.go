@@ -71,19 +71,7 @@ type Call struct {
 func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream string, data []byte) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // an unfinished stream is reset
-	// The request as one buffer (its length, then it): a plain
-	// bytes.Reader, which the transport sends without a copy buffer of its
-	// own (an io.MultiReader's WriteTo took 32 KiB per call: 42 % of the
-	// bytes allocated in a loop of exec calls).
-	framed := make([]byte, 4+len(c.Body))
-	binary.BigEndian.PutUint32(framed, uint32(len(c.Body)))
-	copy(framed[4:], c.Body)
-	var body io.Reader = bytes.NewReader(framed)
-	var up *uploadBody
-	if c.Upload != nil {
-		up = &uploadBody{r: io.MultiReader(body, c.Upload)}
-		body = up
-	}
+	body, up := callBody(c)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.Addr+callPrefix+c.Op, body)
 	if err != nil {
 		return fmt.Errorf("dataplane: %w", err)
@@ -123,9 +111,35 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 		}
 		return fmt.Errorf("dataplane: %s: status %d", c.Op, resp.StatusCode)
 	}
+	return readAnswer(ctx, resp.Body, c.Op, drain, out, onChunk)
+}
+
+// callBody is c's request body: the request as one buffer (its length,
+// then it), then c's upload, if any (up, which tells when it was sent
+// whole).
+func callBody(c *Call) (body io.Reader, up *uploadBody) {
+	// A plain bytes.Reader, which the transport sends without a copy
+	// buffer of its own (an io.MultiReader's WriteTo took 32 KiB per call:
+	// 42 % of the bytes allocated in a loop of exec calls).
+	framed := make([]byte, 4+len(c.Body))
+	binary.BigEndian.PutUint32(framed, uint32(len(c.Body)))
+	copy(framed[4:], c.Body)
+	body = bytes.NewReader(framed)
+	if c.Upload != nil {
+		up = &uploadBody{r: io.MultiReader(body, c.Upload)}
+		body = up
+	}
+	return body, up
+}
+
+// readAnswer reads the frames of op's answer from r until its end: the
+// chunks go to onChunk (its error ends the call), the result is decoded
+// into out, an error answered comes back as *api.Error. drain runs at the
+// answer's end, before it is decoded.
+func readAnswer(ctx context.Context, r io.Reader, op string, drain func(), out any, onChunk func(stream string, data []byte) error) error {
 	var buf []byte
 	for {
-		kind, b, err := readFrame(resp.Body, buf)
+		kind, b, err := readFrame(r, buf)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -138,7 +152,7 @@ func (cl *Client) Do(ctx context.Context, c *Call, out any, onChunk func(stream 
 			drain()
 			if out != nil && len(b) > 0 {
 				if err := json.Unmarshal(b, out); err != nil {
-					return fmt.Errorf("dataplane: decode %s answer: %w", c.Op, err)
+					return fmt.Errorf("dataplane: decode %s answer: %w", op, err)
 				}
 			}
 			return nil

@@ -187,19 +187,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel = context.WithDeadline(ctx, d)
 		defer cancel()
 	}
-	// The body: the JSON request's length (4 bytes, big-endian), the
-	// request, then the upload, if any.
-	var hdr [4]byte
-	if _, err := io.ReadFull(r.Body, hdr[:]); err != nil {
-		return // the caller went away
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > maxRequestBody {
-		refuse(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, "data plane: request too large")
-		return
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r.Body, body); err != nil {
+	body, ok := readRequest(w, r)
+	if !ok {
 		return
 	}
 	var in io.Reader = http.NoBody
@@ -225,26 +214,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
 	out, err := s.Handle(ctx, g, op, body, in, fw.chunk)
-	if err != nil {
-		var ae *api.Error
-		if !errors.As(err, &ae) {
-			ae = &api.Error{Code: api.CodeInternal, Message: err.Error()}
-		}
-		b, _ := json.Marshal(ae)
-		_ = fw.last(kindError, b)
-		return
+	fw.answer(out, err)
+}
+
+// readRequest reads the JSON request at the start of r's body: its length
+// (4 bytes, big-endian), then it; the upload, if any, follows. A request
+// over maxRequestBody is refused; ok is false when there is none to serve
+// (refused, or the caller went away).
+func readRequest(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r.Body, hdr[:]); err != nil {
+		return nil, false // the caller went away
 	}
-	var b []byte
-	if out != nil {
-		if raw, ok := out.(json.RawMessage); ok {
-			b = raw
-		} else if b, err = json.Marshal(out); err != nil {
-			b, _ = json.Marshal(&api.Error{Code: api.CodeInternal, Message: "encode answer: " + err.Error()})
-			_ = fw.last(kindError, b)
-			return
-		}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > maxRequestBody {
+		refuse(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, "data plane: request too large")
+		return nil, false
 	}
-	_ = fw.last(kindDone, b)
+	body = make([]byte, n)
+	if _, err := io.ReadFull(r.Body, body); err != nil {
+		return nil, false
+	}
+	return body, true
 }
 
 // drainWait bounds reading the rest of an upload after the answer.
@@ -267,6 +258,32 @@ type frameWriter struct {
 	w   io.Writer
 	rc  *http.ResponseController
 	err error
+}
+
+// answer writes the answer's last frame: the error err (an *api.Error
+// keeps its code), else out as JSON (a json.RawMessage as it is; none
+// when out is nil).
+func (f *frameWriter) answer(out any, err error) {
+	if err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) {
+			ae = &api.Error{Code: api.CodeInternal, Message: err.Error()}
+		}
+		b, _ := json.Marshal(ae)
+		_ = f.last(kindError, b)
+		return
+	}
+	var b []byte
+	if out != nil {
+		if raw, ok := out.(json.RawMessage); ok {
+			b = raw
+		} else if b, err = json.Marshal(out); err != nil {
+			b, _ = json.Marshal(&api.Error{Code: api.CodeInternal, Message: "encode answer: " + err.Error()})
+			_ = f.last(kindError, b)
+			return
+		}
+	}
+	_ = f.last(kindDone, b)
 }
 
 func (f *frameWriter) chunk(stream string, data []byte) error {

@@ -68,8 +68,9 @@ func ofSandbox(run func(*Edge, context.Context, *opCall) (any, error)) opSpec {
 // DataOps) on the data listener.
 var edgeOps map[string]opSpec
 
-// init fills edgeOps. It is one long function on purpose: it is the table
-// itself, one short entry per op, and reads best whole.
+// init fills edgeOps. It is long because it is the edge's whole table of
+// operations, one short entry per op (the loops at its end register the
+// ops that share a runner), and reads best whole, as a table.
 func init() {
 	edgeOps = map[string]opSpec{
 		OpCreate:      {scope: scopeOwn, run: decoded(runCreate)},

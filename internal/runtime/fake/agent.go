@@ -325,33 +325,43 @@ func (a *Agent) handle1(ctx context.Context, req *agentproto.Request, out *write
 		if err := json.Unmarshal(req.Body, &r); err != nil {
 			return nil, invalid("malformed remove: %v", err)
 		}
-		p := path.Clean("/" + r.Path)
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		if _, ok := a.files[p]; !ok {
-			return nil, notFound(r.Path)
-		}
-		delete(a.files, p)
-		return nil, nil
+		return a.remove(&r)
 	case agentproto.OpFileRename:
 		var r agentproto.RenameRequest
 		if err := json.Unmarshal(req.Body, &r); err != nil {
 			return nil, invalid("malformed rename: %v", err)
 		}
-		from, to := path.Clean("/"+r.From), path.Clean("/"+r.To)
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		b, ok := a.files[from]
-		if !ok {
-			return nil, notFound(r.From)
-		}
-		delete(a.files, from)
-		a.files[to] = b
-		return nil, nil
+		return a.rename(&r)
 	case agentproto.OpReset, agentproto.OpWipe, agentproto.OpReroot, agentproto.OpResume:
 		return nil, nil
 	}
 	return nil, invalid("fake agent: operation %q is not supported", req.Op)
+}
+
+// remove removes the file r names (file.remove).
+func (a *Agent) remove(r *agentproto.RemoveRequest) (any, error) {
+	p := path.Clean("/" + r.Path)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.files[p]; !ok {
+		return nil, notFound(r.Path)
+	}
+	delete(a.files, p)
+	return nil, nil
+}
+
+// rename moves the file at r.From to r.To (file.rename).
+func (a *Agent) rename(r *agentproto.RenameRequest) (any, error) {
+	from, to := path.Clean("/"+r.From), path.Clean("/"+r.To)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b, ok := a.files[from]
+	if !ok {
+		return nil, notFound(r.From)
+	}
+	delete(a.files, from)
+	a.files[to] = b
+	return nil, nil
 }
 
 func fileInfo(p string, size int) *agentproto.FileInfo {
