@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"time"
@@ -115,12 +114,10 @@ func withPrivateServer(ctx context.Context, o Options, tweak func(*serve.Options
 		return err
 	}
 	defer os.RemoveAll(dataDir)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
 	if err != nil {
 		return err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	so := serve.Options{
 		DataDir: dataDir, Listen: addr, Node: "bench-audit", AgentPath: o.AgentPath,
 		CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit, DiskOvercommit: BenchDiskOvercommit,
@@ -128,19 +125,11 @@ func withPrivateServer(ctx context.Context, o Options, tweak func(*serve.Options
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	tweak(&so)
-	sctx, stop := context.WithCancel(ctx)
-	ready := make(chan [2]string, 1)
-	done := make(chan error, 1)
-	so.Ready = func(url, token string) { ready <- [2]string{url, token} }
-	go func() { done <- serve.Run(sctx, so) }()
-	select {
-	case r := <-ready:
-		err = fn(warren.New(r[0], r[1]))
-		stop()
-		<-done
+	url, token, stop, err := startServe(ctx, so)
+	if err != nil {
 		return err
-	case err := <-done:
-		stop()
-		return fmt.Errorf("bench: warren serve: %w", err)
 	}
+	err = fn(warren.New(url, token))
+	stop()
+	return err
 }

@@ -198,69 +198,43 @@ func (o *Options) defaults() {
 // Run starts a private `warren serve`, measures, and stops it.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o.defaults()
-	for _, w := range strings.Split(o.Figures, ",") {
-		w = strings.TrimSpace(w)
-		if w != "" && w != "all" && w != "layers" && w != "elastic" && w != "history" && !slices.Contains(FigureSets, w) {
-			return nil, fmt.Errorf("bench: unknown figure set %q (known: all, layers, elastic, history, %s)", w, strings.Join(FigureSets, ", "))
-		}
+	if err := checkFigures(o.Figures); err != nil {
+		return nil, err
 	}
 	dataDir, err := os.MkdirTemp("", "warren-bench-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dataDir)
-	if o.want("fncall") && o.DebianTar != "" {
-		if _, err := os.Stat(o.DebianTar); err == nil {
-			fmt.Fprintf(o.Out, "importing %s as debian:12...\n", o.DebianTar)
-			store, err := image.Open(filepath.Join(dataDir, "images"))
-			if err != nil {
-				return nil, err
-			}
-			if _, err := store.Import(ctx, o.DebianTar, "debian:12"); err != nil {
-				return nil, fmt.Errorf("bench: import %s: %w", o.DebianTar, err)
-			}
-		}
+	if err := importDebian(ctx, o, dataDir); err != nil {
+		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-
 	e2bListen := ""
 	if o.want("e2b") {
 		if e2bListen, err = freeAddr(); err != nil {
 			return nil, err
 		}
 	}
-	sctx, stop := context.WithCancel(ctx)
-	ready := make(chan [2]string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve.Run(sctx, serve.Options{
-			DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
-			CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
-			DiskOvercommit: BenchDiskOvercommit,
-			BestEffortCap:  o.BestEffortCap,
-			Recycle:        recycleOption(o.Recycle),
-			Userns:         serve.UsernsOptions{HostRoot: o.HostRoot},
-			VMKernel:       o.VMKernel,
-			NoVMTemplates:  o.NoVMTemplates,
-			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:          func(url, token string) { ready <- [2]string{url, token} },
-			E2BListen:      e2bListen,
-		})
-	}()
-	var url, token string
-	select {
-	case r := <-ready:
-		url, token = r[0], r[1]
-	case err := <-done:
-		stop()
-		return nil, fmt.Errorf("bench: warren serve: %w", err)
+	url, token, stop, err := startServe(ctx, serve.Options{
+		DataDir: dataDir, Listen: addr, Node: "bench", AgentPath: o.AgentPath,
+		CPUOvercommit: BenchCPUOvercommit, MemoryOvercommit: BenchMemoryOvercommit,
+		DiskOvercommit: BenchDiskOvercommit,
+		BestEffortCap:  o.BestEffortCap,
+		Recycle:        recycleOption(o.Recycle),
+		Userns:         serve.UsernsOptions{HostRoot: o.HostRoot},
+		VMKernel:       o.VMKernel,
+		NoVMTemplates:  o.NoVMTemplates,
+		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		E2BListen:      e2bListen,
+	})
+	if err != nil {
+		return nil, err
 	}
-	defer func() { stop(); <-done }()
+	defer stop()
 
 	c := warren.New(url, token)
 	rep := &Report{Started: time.Now().UTC()}
@@ -270,16 +244,78 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if e2bListen != "" {
 		o.e2bURL = "http://" + e2bListen
 	}
+	if err := runFigures(ctx, o, c, dataDir, rep); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// checkFigures returns an error naming the first figure set of the
+// comma-separated list figures that Run does not know.
+func checkFigures(figures string) error {
+	for _, w := range strings.Split(figures, ",") {
+		w = strings.TrimSpace(w)
+		if w != "" && w != "all" && w != "layers" && w != "elastic" && w != "history" && !slices.Contains(FigureSets, w) {
+			return fmt.Errorf("bench: unknown figure set %q (known: all, layers, elastic, history, %s)", w, strings.Join(FigureSets, ", "))
+		}
+	}
+	return nil
+}
+
+// importDebian imports o.DebianTar as debian:12 into the image store of
+// dataDir when the fncall figure is wanted and the tarball exists.
+func importDebian(ctx context.Context, o Options, dataDir string) error {
+	if !o.want("fncall") || o.DebianTar == "" {
+		return nil
+	}
+	if _, err := os.Stat(o.DebianTar); err != nil {
+		return nil
+	}
+	fmt.Fprintf(o.Out, "importing %s as debian:12...\n", o.DebianTar)
+	store, err := image.Open(filepath.Join(dataDir, "images"))
+	if err != nil {
+		return err
+	}
+	if _, err := store.Import(ctx, o.DebianTar, "debian:12"); err != nil {
+		return fmt.Errorf("bench: import %s: %w", o.DebianTar, err)
+	}
+	return nil
+}
+
+// startServe runs `warren serve` with so (its Ready callback set here) in
+// a goroutine and waits until it is ready: its URL and token, and a
+// function that stops it and waits for it to end. An error is serve's own
+// when it ends before it is ready.
+func startServe(ctx context.Context, so serve.Options) (url, token string, stop func(), err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	so.Ready = func(url, token string) { ready <- [2]string{url, token} }
+	go func() { done <- serve.Run(sctx, so) }()
+	select {
+	case r := <-ready:
+		return r[0], r[1], func() { cancel(); <-done }, nil
+	case err := <-done:
+		cancel()
+		return "", "", nil, fmt.Errorf("bench: warren serve: %w", err)
+	}
+}
+
+// runFigures measures every wanted figure against the private server of
+// c (dataDir its data dir) into rep. The core, layer and history figures
+// end the run on an error; every other figure records its error as a
+// failed result and the run goes on.
+func runFigures(ctx context.Context, o Options, c *warren.Client, dataDir string, rep *Report) error {
 	if o.want("exec") || o.want("create") {
 		if err := runCore(ctx, o, c, dataDir, rep); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := runLayers(ctx, o, c, dataDir, rep); err != nil {
-		return nil, err
+		return err
 	}
 	if err := runHistory(ctx, o, c, rep); err != nil {
-		return nil, fmt.Errorf("bench history: %w", err)
+		return fmt.Errorf("bench history: %w", err)
 	}
 	for _, f := range []struct {
 		name string
@@ -292,7 +328,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			rep.add(f.name, 0, "", "failed: "+err.Error())
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 func runCore(ctx context.Context, o Options, c *warren.Client, dataDir string, rep *Report) error {

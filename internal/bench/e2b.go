@@ -153,10 +153,7 @@ func nativeE2BLoops(ctx context.Context, c *warren.Client) (*nativeSamples, erro
 			s.runArgv = append(s.runArgv, time.Since(t0))
 		}
 	}
-	mib := make([]byte, 1<<20)
-	for i := range mib {
-		mib[i] = byte(i % 251)
-	}
+	mib := e2bPayload()
 	for i := 0; i < e2bFiles; i++ {
 		t0 := time.Now()
 		if _, err := c.WriteFileBytes(ctx, sb.ID, "/tmp/bench.bin", mib, 0o644); err != nil {
@@ -195,67 +192,110 @@ func warmUp(ctx context.Context, c *warren.Client) error {
 // wire from Go (the requests the SDK sends, e2b.md §6), so the front's
 // cost is compared with the native API's in one client runtime.
 func frontE2BLoops(ctx context.Context, base, token string) (*nativeSamples, error) {
-	hc := &http.Client{}
 	key := "e2b_" + hex.EncodeToString([]byte(token))
-	do := func(method, path, ctype string, body []byte, hdr map[string]string, want int) ([]byte, error) {
-		req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		if ctype != "" {
-			req.Header.Set("Content-Type", ctype)
-		}
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return nil, err
-		}
-		if resp.StatusCode != want {
-			return nil, fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, tail(string(b), 200))
-		}
-		return b, nil
-	}
-	ctl := map[string]string{"X-API-KEY": key}
-	create := func() (string, error) {
-		b, err := do("POST", "/v2/sandboxes", "application/json", []byte(`{"templateID":"busybox","timeout":600}`), ctl, http.StatusCreated)
-		if err != nil {
-			return "", err
-		}
-		var sb struct {
-			SandboxID string `json:"sandboxID"`
-		}
-		return sb.SandboxID, json.Unmarshal(b, &sb)
-	}
+	f := &e2bWire{hc: &http.Client{}, base: base, ctl: map[string]string{"X-API-KEY": key}}
 	var s nativeSamples
-	for i := 0; i < e2bCreates; i++ {
-		t0 := time.Now()
-		id, err := create()
-		if err != nil {
-			return nil, err
-		}
-		s.create = append(s.create, time.Since(t0))
-		if _, err := do("DELETE", "/sandboxes/"+id, "", nil, ctl, http.StatusNoContent); err != nil {
-			return nil, err
-		}
+	var err error
+	if s.create, err = f.createLoop(ctx); err != nil {
+		return nil, err
 	}
-	id, err := create()
+	id, err := f.create(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _, _ = do("DELETE", "/sandboxes/"+id, "", nil, ctl, http.StatusNoContent) }()
+	defer func() { _ = f.delete(ctx, id) }()
 	envd := map[string]string{"E2b-Sandbox-Id": id, "X-Access-Token": key, "Connect-Protocol-Version": "1"}
+	if s.run, err = f.runLoop(ctx, envd); err != nil {
+		return nil, err
+	}
+	if s.files, err = f.filesLoop(ctx, envd); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// e2bWire is a client of the E2B front's wire: its base URL and the
+// control plane's headers (the API key).
+type e2bWire struct {
+	hc   *http.Client
+	base string
+	ctl  map[string]string
+}
+
+// do sends one request with body (of Content-Type ctype when not empty)
+// and headers hdr, and returns the answer's body; an error when the
+// status is not want.
+func (f *e2bWire) do(ctx context.Context, method, path, ctype string, body []byte, hdr map[string]string, want int) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, f.base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := f.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != want {
+		return nil, fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, tail(string(b), 200))
+	}
+	return b, nil
+}
+
+// create creates a busybox sandbox through the front and returns its id.
+func (f *e2bWire) create(ctx context.Context) (string, error) {
+	b, err := f.do(ctx, "POST", "/v2/sandboxes", "application/json", []byte(`{"templateID":"busybox","timeout":600}`), f.ctl, http.StatusCreated)
+	if err != nil {
+		return "", err
+	}
+	var sb struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	return sb.SandboxID, json.Unmarshal(b, &sb)
+}
+
+// delete deletes sandbox id through the front.
+func (f *e2bWire) delete(ctx context.Context, id string) error {
+	_, err := f.do(ctx, "DELETE", "/sandboxes/"+id, "", nil, f.ctl, http.StatusNoContent)
+	return err
+}
+
+// createLoop times e2bCreates creates, each followed by a delete (not
+// timed).
+func (f *e2bWire) createLoop(ctx context.Context) ([]time.Duration, error) {
+	var ds []time.Duration
+	for i := 0; i < e2bCreates; i++ {
+		t0 := time.Now()
+		id, err := f.create(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ds = append(ds, time.Since(t0))
+		if err := f.delete(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	return ds, nil
+}
+
+// runLoop times e2bRuns process starts of `bash -l -c true` (after 5
+// untimed ones) with the envd headers envd, each until the process ended.
+func (f *e2bWire) runLoop(ctx context.Context, envd map[string]string) ([]time.Duration, error) {
 	start := []byte(`{"process":{"cmd":"/bin/bash","args":["-l","-c","true"]},"stdin":false}`)
 	frame := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(start))), start...)
+	var ds []time.Duration
 	for i := 0; i < 5+e2bRuns; i++ {
 		t0 := time.Now()
-		b, err := do("POST", "/process.Process/Start", "application/connect+json", frame, envd, http.StatusOK)
+		b, err := f.do(ctx, "POST", "/process.Process/Start", "application/connect+json", frame, envd, http.StatusOK)
 		if err != nil {
 			return nil, err
 		}
@@ -263,39 +303,63 @@ func frontE2BLoops(ctx context.Context, base, token string) (*nativeSamples, err
 			return nil, fmt.Errorf("Start answered %q", tail(string(b), 200))
 		}
 		if i >= 5 {
-			s.run = append(s.run, time.Since(t0))
+			ds = append(ds, time.Since(t0))
 		}
 	}
-	mib := make([]byte, 1<<20)
-	for i := range mib {
-		mib[i] = byte(i % 251)
-	}
+	return ds, nil
+}
+
+// filesLoop times e2bFiles round trips of a 1 MiB file (a multipart
+// upload, built inside the timing as the SDK builds it, then a download)
+// with the envd headers envd.
+func (f *e2bWire) filesLoop(ctx context.Context, envd map[string]string) ([]time.Duration, error) {
+	mib := e2bPayload()
+	var ds []time.Duration
 	for i := 0; i < e2bFiles; i++ {
 		t0 := time.Now()
-		var buf bytes.Buffer
-		mw := multipart.NewWriter(&buf)
-		h := textproto.MIMEHeader{}
-		h.Set("Content-Disposition", `form-data; name="file"; filename="/tmp/bench.bin"`)
-		h.Set("Content-Type", "application/octet-stream")
-		pw, err := mw.CreatePart(h)
+		body, ctype, err := multipartFile("/tmp/bench.bin", mib)
 		if err != nil {
 			return nil, err
 		}
-		_, _ = pw.Write(mib)
-		_ = mw.Close()
-		if _, err := do("POST", "/files?path=%2Ftmp%2Fbench.bin", mw.FormDataContentType(), buf.Bytes(), envd, http.StatusOK); err != nil {
+		if _, err := f.do(ctx, "POST", "/files?path=%2Ftmp%2Fbench.bin", ctype, body, envd, http.StatusOK); err != nil {
 			return nil, err
 		}
-		back, err := do("GET", "/files?path=%2Ftmp%2Fbench.bin", "", nil, envd, http.StatusOK)
+		back, err := f.do(ctx, "GET", "/files?path=%2Ftmp%2Fbench.bin", "", nil, envd, http.StatusOK)
 		if err != nil {
 			return nil, err
 		}
-		s.files = append(s.files, time.Since(t0))
+		ds = append(ds, time.Since(t0))
 		if len(back) != len(mib) {
 			return nil, fmt.Errorf("read %d bytes, wrote %d", len(back), len(mib))
 		}
 	}
-	return &s, nil
+	return ds, nil
+}
+
+// multipartFile is a multipart form of one part "file" named filename
+// holding data: the body and its Content-Type.
+func multipartFile(filename string, data []byte) ([]byte, string, error) {
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	h := textproto.MIMEHeader{}
+	h.Set("Content-Disposition", `form-data; name="file"; filename="`+filename+`"`)
+	h.Set("Content-Type", "application/octet-stream")
+	pw, err := mw.CreatePart(h)
+	if err != nil {
+		return nil, "", err
+	}
+	_, _ = pw.Write(data)
+	_ = mw.Close()
+	return buf.Bytes(), mw.FormDataContentType(), nil
+}
+
+// e2bPayload is the 1 MiB file of the files figures (bytes i mod 251).
+func e2bPayload() []byte {
+	mib := make([]byte, 1<<20)
+	for i := range mib {
+		mib[i] = byte(i % 251)
+	}
+	return mib
 }
 
 func millis(v []float64) []time.Duration {

@@ -123,53 +123,10 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 	runtime.GC()
 	settle()
 	before, rssBefore := memAvailable(), selfRSS()
-	var mu sync.Mutex
-	var ids []string
-	var refused atomic.Bool
-	var reason string
 	t0 := time.Now()
-	_, _ = parallel(ctx, o.DensityMax, 8, func(ctx context.Context, i int) error {
-		if refused.Load() {
-			return nil
-		}
-		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.25, MemoryMB: densityMemoryMB, Labels: map[string]string{"bench": "density"}})
-		if err != nil {
-			if refused.CompareAndSwap(false, true) {
-				mu.Lock()
-				reason = err.Error()
-				mu.Unlock()
-			}
-			return err
-		}
-		mu.Lock()
-		ids = append(ids, sb.ID)
-		if len(ids)%500 == 0 {
-			fmt.Fprintf(o.Out, "density: %d live, %.0f MiB available\n", len(ids), float64(memAvailable())/(1<<20))
-		}
-		mu.Unlock()
-		if _, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cd /tmp", Session: "s"}); err != nil && refused.CompareAndSwap(false, true) {
-			mu.Lock()
-			reason = "session: " + err.Error()
-			mu.Unlock()
-		}
-		return err
-	})
+	ids, reason := densityFill(ctx, o, c)
 	took := time.Since(t0)
-	defer func() {
-		fmt.Fprintf(o.Out, "density: deleting %d...\n", len(ids))
-		deleteAll(ctx, c, ids)
-		if left, err := c.List(context.WithoutCancel(ctx), warren.ListOptions{Labels: map[string]string{"bench": "density"}}); err == nil {
-			live := 0
-			for _, sb := range left {
-				if sb.State != api.StateStopped && sb.State != api.StateFailed {
-					live++
-				}
-			}
-			if live > 0 {
-				rep.add("density: cleanup", float64(live), "sandboxes", "still live after deleting")
-			}
-		}
-	}()
+	defer densityCleanup(ctx, o, c, rep, ids)
 	runtime.GC()
 	settle()
 	after, rssAfter := memAvailable(), selfRSS()
@@ -201,37 +158,66 @@ func density(ctx context.Context, o Options, c *warren.Client, rep *Report) erro
 	return nil
 }
 
+// densityFill creates up to o.DensityMax density sandboxes from 8 clients,
+// each with its shell session "s" started by one exec, until the first
+// create or session fails: the sandboxes created, and that failure ("" if
+// none).
+func densityFill(ctx context.Context, o Options, c *warren.Client) (ids []string, reason string) {
+	var mu sync.Mutex
+	var refused atomic.Bool
+	_, _ = parallel(ctx, o.DensityMax, 8, func(ctx context.Context, i int) error {
+		if refused.Load() {
+			return nil
+		}
+		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.25, MemoryMB: densityMemoryMB, Labels: map[string]string{"bench": "density"}})
+		if err != nil {
+			if refused.CompareAndSwap(false, true) {
+				mu.Lock()
+				reason = err.Error()
+				mu.Unlock()
+			}
+			return err
+		}
+		mu.Lock()
+		ids = append(ids, sb.ID)
+		if len(ids)%500 == 0 {
+			fmt.Fprintf(o.Out, "density: %d live, %.0f MiB available\n", len(ids), float64(memAvailable())/(1<<20))
+		}
+		mu.Unlock()
+		if _, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cd /tmp", Session: "s"}); err != nil && refused.CompareAndSwap(false, true) {
+			mu.Lock()
+			reason = "session: " + err.Error()
+			mu.Unlock()
+		}
+		return err
+	})
+	return ids, reason
+}
+
+// densityCleanup deletes the density sandboxes ids and reports as a
+// result any sandbox labelled for density still live after that.
+func densityCleanup(ctx context.Context, o Options, c *warren.Client, rep *Report, ids []string) {
+	fmt.Fprintf(o.Out, "density: deleting %d...\n", len(ids))
+	deleteAll(ctx, c, ids)
+	if left, err := c.List(context.WithoutCancel(ctx), warren.ListOptions{Labels: map[string]string{"bench": "density"}}); err == nil {
+		live := 0
+		for _, sb := range left {
+			if sb.State != api.StateStopped && sb.State != api.StateFailed {
+				live++
+			}
+		}
+		if live > 0 {
+			rep.add("density: cleanup", float64(live), "sandboxes", "still live after deleting")
+		}
+	}
+}
+
 // burst creates BurstCount sandboxes with BurstClients clients, without and
 // with a warm pool of BurstPool.
 func burst(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
 	spec := api.CreateSandboxRequest{Image: "busybox", CPU: 0.25, MemoryMB: 16}
-	run := func(label string) (time.Duration, latencies, int, error) {
-		ids := make([]string, o.BurstCount)
-		var fromPool atomic.Int64
-		t0 := time.Now()
-		lats, err := parallel(ctx, o.BurstCount, o.BurstClients, func(ctx context.Context, i int) error {
-			sb, err := c.Create(ctx, spec)
-			if err != nil {
-				return err
-			}
-			ids[i] = sb.ID
-			if sb.Pool != "" {
-				fromPool.Add(1)
-			}
-			return nil
-		})
-		all := time.Since(t0)
-		var live []string
-		for _, id := range ids {
-			if id != "" {
-				live = append(live, id)
-			}
-		}
-		deleteAll(ctx, c, live)
-		return all, percentiles(lats), int(fromPool.Load()), err
-	}
 	fmt.Fprintf(o.Out, "burst: %d creates, %d clients, no pool...\n", o.BurstCount, o.BurstClients)
-	all, lat, _, err := run("no pool")
+	all, lat, _, err := burstCreates(ctx, o, c, spec)
 	if err != nil {
 		return err
 	}
@@ -243,54 +229,103 @@ func burst(ctx context.Context, o Options, c *warren.Client, rep *Report) error 
 		return err
 	}
 	defer c.DeletePool(context.WithoutCancel(ctx), pr.Name)
-	tf := time.Now()
-	for {
-		p, err := c.Pool(ctx, pr.Name)
-		if err != nil {
-			return err
-		}
-		if p.Ready >= o.BurstPool {
-			break
-		}
-		if time.Since(tf) > 10*time.Minute {
-			return fmt.Errorf("pool never filled: %+v", p)
-		}
-		time.Sleep(200 * time.Millisecond)
+	fill, err := waitPoolFilled(ctx, c, pr.Name, o.BurstPool)
+	if err != nil {
+		return err
 	}
-	fill := time.Since(tf)
 	settle()
 	fmt.Fprintf(o.Out, "burst: %d creates, %d clients, pool of %d...\n", o.BurstCount, o.BurstClients, o.BurstPool)
-	all2, lat2, fromPool, err := run("pool")
+	all2, lat2, fromPool, err := burstCreates(ctx, o, c, spec)
 	if err != nil {
 		return err
 	}
 	rep.add("burst with pool: all ready", all2.Seconds(), "s", fmt.Sprintf("pool %d (filled in %.1f s), %d served from it; create p50 %.1f ms, p99 %.1f ms", o.BurstPool, fill.Seconds(), fromPool, ms(lat2.p50), ms(lat2.p99)))
-	// Claims alone: the pool's own latency with little contention.
-	if _, err := c.CreatePool(ctx, api.PoolRequest{Name: pr.Name, Image: pr.Image, CPU: pr.CPU, MemoryMB: pr.MemoryMB, Size: 20}); err == nil {
-		for t := time.Now(); time.Since(t) < time.Minute; time.Sleep(100 * time.Millisecond) {
-			if p, err := c.Pool(ctx, pr.Name); err == nil && p.Ready >= 20 {
-				break
-			}
-		}
-		settle()
-		var lats []time.Duration
-		var ids []string
-		for i := 0; i < 20; i++ {
-			t := time.Now()
-			sb, err := c.Create(ctx, spec)
-			if err != nil {
-				break
-			}
-			if sb.Pool != "" {
-				lats = append(lats, time.Since(t))
-			}
-			ids = append(ids, sb.ID)
-		}
-		deleteAll(ctx, c, ids)
-		p := percentiles(lats)
-		rep.add("warm-pool create p50 (sequential)", ms(p.p50), "ms", fmt.Sprintf("p99 %.1f ms over %d claims; target ≤ 5 ms", ms(p.p99), len(lats)))
-	}
+	warmPoolClaims(ctx, c, rep, pr, spec)
 	return nil
+}
+
+// burstCreates creates o.BurstCount sandboxes of spec from o.BurstClients
+// clients and deletes them: the time until all were created, the creates'
+// latencies, how many came from a pool, and the first create's error.
+func burstCreates(ctx context.Context, o Options, c *warren.Client, spec api.CreateSandboxRequest) (time.Duration, latencies, int, error) {
+	ids := make([]string, o.BurstCount)
+	var fromPool atomic.Int64
+	t0 := time.Now()
+	lats, err := parallel(ctx, o.BurstCount, o.BurstClients, func(ctx context.Context, i int) error {
+		sb, err := c.Create(ctx, spec)
+		if err != nil {
+			return err
+		}
+		ids[i] = sb.ID
+		if sb.Pool != "" {
+			fromPool.Add(1)
+		}
+		return nil
+	})
+	all := time.Since(t0)
+	deleteAll(ctx, c, nonEmpty(ids))
+	return all, percentiles(lats), int(fromPool.Load()), err
+}
+
+// nonEmpty is the ids of ids that are not empty, in order (a new slice).
+func nonEmpty(ids []string) []string {
+	var live []string
+	for _, id := range ids {
+		if id != "" {
+			live = append(live, id)
+		}
+	}
+	return live
+}
+
+// waitPoolFilled polls pool name every 200 ms until size of its sandboxes
+// are ready, and returns how long that took; an error after 10 minutes.
+func waitPoolFilled(ctx context.Context, c *warren.Client, name string, size int) (time.Duration, error) {
+	tf := time.Now()
+	for {
+		p, err := c.Pool(ctx, name)
+		if err != nil {
+			return 0, err
+		}
+		if p.Ready >= size {
+			return time.Since(tf), nil
+		}
+		if time.Since(tf) > 10*time.Minute {
+			return 0, fmt.Errorf("pool never filled: %+v", p)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// warmPoolClaims is the pool's own latency with little contention: pool
+// pr resized to 20, then 20 sequential creates of spec claiming from it.
+// It measures nothing when the resize fails.
+func warmPoolClaims(ctx context.Context, c *warren.Client, rep *Report, pr api.PoolRequest, spec api.CreateSandboxRequest) {
+	if _, err := c.CreatePool(ctx, api.PoolRequest{Name: pr.Name, Image: pr.Image, CPU: pr.CPU, MemoryMB: pr.MemoryMB, Size: 20}); err != nil {
+		return
+	}
+	for t := time.Now(); time.Since(t) < time.Minute; time.Sleep(100 * time.Millisecond) {
+		if p, err := c.Pool(ctx, pr.Name); err == nil && p.Ready >= 20 {
+			break
+		}
+	}
+	settle()
+	var lats []time.Duration
+	var ids []string
+	for i := 0; i < 20; i++ {
+		t := time.Now()
+		sb, err := c.Create(ctx, spec)
+		if err != nil {
+			break
+		}
+		if sb.Pool != "" {
+			lats = append(lats, time.Since(t))
+		}
+		ids = append(ids, sb.ID)
+	}
+	deleteAll(ctx, c, ids)
+	p := percentiles(lats)
+	rep.add("warm-pool create p50 (sequential)", ms(p.p50), "ms", fmt.Sprintf("p99 %.1f ms over %d claims; target ≤ 5 ms", ms(p.p99), len(lats)))
 }
 
 // selfCPU is the CPU time this process used so far.
@@ -400,25 +435,65 @@ func fncallFigures(ctx context.Context, o Options, c *warren.Client, rep *Report
 // anonymous memory (job-level pause) and measures the memory returned and
 // resume-to-first-exec.
 func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
+	swapNote, swapOff := pauseSwapOn(o)
+	defer swapOff()
+	fmt.Fprintf(o.Out, "pause: %d sandboxes holding %d MiB each...\n", o.PauseCount, o.PauseHoldMB)
+	ids, err := pauseHolders(ctx, o, c)
+	defer func() { deleteAll(ctx, c, nonEmpty(ids)) }()
+	if err != nil {
+		return err
+	}
+	settle()
+	before := memAvailable()
+	t0 := time.Now()
+	res, err := c.PauseMatching(ctx, map[string]string{"job": "bench-pause"})
+	if err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	settle()
+	after := memAvailable()
+	rep.add("pause: host memory returned", float64(after-before)/(1<<20), "MiB",
+		fmt.Sprintf("%d sandboxes × %d MiB held, job-level pause of %d in %.1f s; %s", o.PauseCount, o.PauseHoldMB, len(res.Sandboxes), took.Seconds(), swapNote))
+	resumed, err := pauseResumes(ctx, o, c, ids)
+	if err != nil {
+		return err
+	}
+	reportPauseResumes(o, rep, resumed[0], resumed[1])
+	return nil
+}
+
+// pauseSwapOn turns swap on for the pause figure (scripts/swap.sh, sized
+// for the memory the holders keep): the note that says whether it is on,
+// and a function that turns it off again (nothing to do when it is not on).
+func pauseSwapOn(o Options) (note string, off func()) {
+	off = func() {}
 	script, err := swaptest.Script()
 	if err == nil {
 		size := o.PauseCount*o.PauseHoldMB*5/4 + 1024
 		if out, err2 := exec.Command(script, "up", fmt.Sprint(size)).CombinedOutput(); err2 != nil {
 			err = fmt.Errorf("%v: %s", err2, strings.TrimSpace(string(out)))
 		} else {
-			defer exec.Command(script, "down").Run()
+			down := exec.Command(script, "down")
+			off = func() { _ = down.Run() }
 		}
 	}
-	swapNote := "swap on (scripts/swap.sh)"
 	if err != nil {
-		swapNote = "no swap (" + err.Error() + "): only page cache can be returned"
+		return "no swap (" + err.Error() + "): only page cache can be returned", off
 	}
-	fmt.Fprintf(o.Out, "pause: %d sandboxes holding %d MiB each...\n", o.PauseCount, o.PauseHoldMB)
+	return "swap on (scripts/swap.sh)", off
+}
+
+// pauseHolders creates o.PauseCount sandboxes of the job "bench-pause"
+// from 4 clients, each with a background shell holding o.PauseHoldMB of
+// memory, and waits until every holder is ready. The ids are indexed by
+// sandbox ("" where a create failed), with the first error.
+func pauseHolders(ctx context.Context, o Options, c *warren.Client) ([]string, error) {
 	ids := make([]string, o.PauseCount)
 	// The holder keeps the string in its shell's heap; on a line in /tmp/go
 	// it measures it (reading every page) and writes the length to /tmp/len.
 	hold := fmt.Sprintf(`x=$(head -c %d /dev/zero | tr '\0' a); mkfifo /tmp/go; echo ready >/tmp/ready; read l </tmp/go; echo ${#x} >/tmp/len.t; mv /tmp/len.t /tmp/len; sleep 100000`, o.PauseHoldMB<<20)
-	_, err = parallel(ctx, o.PauseCount, 4, func(ctx context.Context, i int) error {
+	_, err := parallel(ctx, o.PauseCount, 4, func(ctx context.Context, i int) error {
 		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 0.1, MemoryMB: int64(o.PauseHoldMB*2 + 32), Labels: map[string]string{"job": "bench-pause"}})
 		if err != nil {
 			return err
@@ -438,34 +513,21 @@ func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		}
 		return fmt.Errorf("memory holder in %s not ready", sb.ID)
 	})
-	defer func() {
-		var live []string
-		for _, id := range ids {
-			if id != "" {
-				live = append(live, id)
-			}
-		}
-		deleteAll(ctx, c, live)
-	}()
-	if err != nil {
-		return err
-	}
-	settle()
-	before := memAvailable()
-	t0 := time.Now()
-	res, err := c.PauseMatching(ctx, map[string]string{"job": "bench-pause"})
-	if err != nil {
-		return err
-	}
-	took := time.Since(t0)
-	settle()
-	after := memAvailable()
-	rep.add("pause: host memory returned", float64(after-before)/(1<<20), "MiB",
-		fmt.Sprintf("%d sandboxes × %d MiB held, job-level pause of %d in %.1f s; %s", o.PauseCount, o.PauseHoldMB, len(res.Sandboxes), took.Seconds(), swapNote))
-	// Resume: every other sandbox without prefetch (the same-run baseline),
-	// then the first exec, then a step that touches all the held memory
-	// (the holder measures its string: every page is read).
-	var res2 [2]struct{ resume, first, touch []time.Duration }
+	return ids, err
+}
+
+// resumeSamples are the pause figure's timings of one kind of resume: the
+// explicit resume, the first exec after it, and the step that touches all
+// the held memory.
+type resumeSamples struct{ resume, first, touch []time.Duration }
+
+// pauseResumes resumes the paused sandboxes ids one after another, every
+// other one without prefetch (the same-run baseline), then runs the first
+// exec, then a step that touches all the held memory (the holder measures
+// its string: every page is read). Index 0 holds the samples with
+// prefetch, 1 those without.
+func pauseResumes(ctx context.Context, o Options, c *warren.Client, ids []string) ([2]resumeSamples, error) {
+	var res [2]resumeSamples
 	noPrefetch := false
 	for i, id := range ids {
 		k := i % 2 // 0: prefetch, 1: none
@@ -475,25 +537,30 @@ func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		}
 		t := time.Now()
 		if _, err := c.ResumeWith(ctx, id, opts); err != nil {
-			return err
+			return res, err
 		}
-		res2[k].resume = append(res2[k].resume, time.Since(t))
+		res[k].resume = append(res[k].resume, time.Since(t))
 		t = time.Now()
 		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "true"}); err != nil {
-			return err
+			return res, err
 		}
-		res2[k].first = append(res2[k].first, time.Since(t))
+		res[k].first = append(res[k].first, time.Since(t))
 		t = time.Now()
 		r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: `echo >/tmp/go; until [ -s /tmp/len ]; do usleep 500; done; cat /tmp/len`})
 		if err != nil {
-			return err
+			return res, err
 		}
 		if strings.TrimSpace(r.Stdout) != fmt.Sprint(o.PauseHoldMB<<20) {
-			return fmt.Errorf("touch step in %s: exit %d, signal %q, %q %q", id, r.ExitCode, r.Signal, r.Stdout, r.Stderr)
+			return res, fmt.Errorf("touch step in %s: exit %d, signal %q, %q %q", id, r.ExitCode, r.Signal, r.Stdout, r.Stderr)
 		}
-		res2[k].touch = append(res2[k].touch, time.Since(t))
+		res[k].touch = append(res[k].touch, time.Since(t))
 	}
-	p, q := res2[0], res2[1]
+	return res, nil
+}
+
+// reportPauseResumes adds the resume figures: resume-to-first-exec and
+// the touch of all held memory, with prefetch (p) and without (q).
+func reportPauseResumes(o Options, rep *Report, p, q resumeSamples) {
 	sum := func(a, b []time.Duration) latencies {
 		out := make([]time.Duration, len(a))
 		for i := range a {
@@ -511,7 +578,6 @@ func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report)
 		fmt.Sprintf("%d MiB read by the holder right after the first exec; p99 %.0f ms; %d sandboxes", o.PauseHoldMB, ms(tp.p99), len(p.touch)))
 	rep.add("pause: touch all held memory after resume, without prefetch", ms(tq.p50), "ms p50",
 		fmt.Sprintf("same-run baseline (resume with prefetch: false); p99 %.0f ms; %d sandboxes; ratio with/without %.2f", ms(tq.p99), len(q.touch), float64(tp.p50)/float64(tq.p50)))
-	return nil
 }
 
 // interference runs a fixed CPU-bound step in a latency sandbox on an idle
@@ -519,91 +585,45 @@ func pauseFigures(ctx context.Context, o Options, c *warren.Client, rep *Report)
 // reports the slowdown; a best-effort prober under the same load is the
 // contrast.
 func interference(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
-	// The step reads its shell's /proc/self/schedstat before and after
-	// the loop: its own CPU time and its run-queue wait (time runnable but
-	// not running), in ns.
-	const step = `read c0 w0 x < /proc/self/schedstat; i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; read c1 w1 x < /proc/self/schedstat; echo $((c1-c0)) $((w1-w0))`
 	capNote := "best-effort class cap off"
 	if o.BestEffortCap >= 0 {
 		capNote = fmt.Sprintf("best-effort class cap %g core", cmp.Or(o.BestEffortCap, 0.1))
 	}
-	// Every sandbox here is always_on: the neighbours must stay busy
-	// between operations (the CPU gate's own figure follows).
-	mk := func(prio string, labels map[string]string) (string, error) {
-		sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1, MemoryMB: 64, Priority: prio, Labels: labels, AlwaysOn: true})
-		if err != nil {
-			return "", err
-		}
-		return sb.ID, nil
-	}
 	var ids []string
 	defer func() { deleteAll(ctx, c, ids) }()
-	once := func(id string) (stepStat, error) {
-		r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: step})
-		if err != nil {
-			return stepStat{}, err
-		}
-		st := stepStat{d: time.Duration(r.DurationMs * float64(time.Millisecond))}
-		var cpu, wait int64
-		if _, err := fmt.Sscan(r.Stdout, &cpu, &wait); err != nil || r.ExitCode != 0 {
-			return st, fmt.Errorf("interference: step: exit %d, output %q %q", r.ExitCode, r.Stdout, r.Stderr)
-		}
-		st.cpu, st.wait = time.Duration(cpu), time.Duration(wait)
-		return st, nil
-	}
-	lat, err := mk(api.PriorityLatency, nil)
+	lat, err := interferenceSandbox(ctx, c, api.PriorityLatency, nil)
 	if err != nil {
 		return err
 	}
 	ids = append(ids, lat)
-	be, err := mk(api.PriorityBestEffort, nil)
+	be, err := interferenceSandbox(ctx, c, api.PriorityBestEffort, nil)
 	if err != nil {
 		return err
 	}
 	ids = append(ids, be)
-	measure := func(id string) (stepStat, error) {
-		var ss []stepStat
-		for i := 0; i < 7; i++ {
-			st, err := once(id)
-			if err != nil {
-				return stepStat{}, err
-			}
-			ss = append(ss, st)
-		}
-		return medianStat(ss), nil
-	}
 	fmt.Fprintln(o.Out, "interference: idle baseline...")
-	idle, err := measure(lat)
+	idle, err := interferenceMedian(ctx, c, lat)
 	if err != nil {
 		return err
 	}
-	idleBE, err := measure(be)
+	idleBE, err := interferenceMedian(ctx, c, be)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(o.Out, "interference: with best-effort neighbours saturating the CPU...")
-	var noise []string
-	for i := 0; i < 4; i++ {
-		id, err := mk(api.PriorityBestEffort, map[string]string{"bench": "noise"})
-		if err != nil {
-			return err
-		}
-		ids = append(ids, id)
-		noise = append(noise, id)
-		// The spinners' pids go to /tmp/spin (the paired figure stops
-		// and continues them).
-		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "echo $$ > /tmp/spin; while :; do :; done & echo $! >> /tmp/spin; while :; do :; done", Background: true}); err != nil {
-			return err
-		}
+	noise, err := interferenceNoise(ctx, c)
+	ids = append(ids, noise...)
+	if err != nil {
+		return err
 	}
 	time.Sleep(time.Second)
 	c0, t0 := classCPU(o.cgroupParent, noise), time.Now()
-	loaded, err := measure(lat)
+	loaded, err := interferenceMedian(ctx, c, lat)
 	if err != nil {
 		return err
 	}
 	beUsed := (classCPU(o.cgroupParent, noise) - c0).Seconds() / time.Since(t0).Seconds()
-	loadedBE, err := measure(be)
+	loadedBE, err := interferenceMedian(ctx, c, be)
 	if err != nil {
 		return err
 	}
@@ -617,7 +637,7 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	// same host (the figures above take the baseline first; on a host
 	// shared with other jobs the load moves between them by more than
 	// the effect).
-	if err := interferencePaired(ctx, o, c, rep, lat, noise, once, capNote); err != nil {
+	if err := interferencePaired(ctx, o, c, rep, lat, noise, capNote); err != nil {
 		return err
 	}
 	deleteAll(ctx, c, ids[2:])
@@ -625,7 +645,75 @@ func interference(ctx context.Context, o Options, c *warren.Client, rep *Report)
 	if o.InterferenceIdle <= 0 {
 		return nil
 	}
-	return interferenceWaiting(ctx, o, c, rep, lat, idle.d, measure)
+	return interferenceWaiting(ctx, o, c, rep, lat, idle.d)
+}
+
+// interferenceStepCmd is the interference figure's fixed CPU-bound step.
+// It reads its shell's /proc/self/schedstat before and after the loop
+// and prints its own CPU time and its run-queue wait (time runnable but
+// not running), in ns.
+const interferenceStepCmd = `read c0 w0 x < /proc/self/schedstat; i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; read c1 w1 x < /proc/self/schedstat; echo $((c1-c0)) $((w1-w0))`
+
+// interferenceSandbox creates a sandbox of the interference figure with
+// priority prio and labels, and returns its id. Every sandbox here is
+// always_on: the neighbours must stay busy between operations (the CPU
+// gate's own figure follows).
+func interferenceSandbox(ctx context.Context, c *warren.Client, prio string, labels map[string]string) (string, error) {
+	sb, err := c.Create(ctx, api.CreateSandboxRequest{Image: "busybox", CPU: 1, MemoryMB: 64, Priority: prio, Labels: labels, AlwaysOn: true})
+	if err != nil {
+		return "", err
+	}
+	return sb.ID, nil
+}
+
+// interferenceNoise creates the 4 best-effort neighbours, each running two
+// spinning processes in the background: the ids created, also those
+// created before an error.
+func interferenceNoise(ctx context.Context, c *warren.Client) ([]string, error) {
+	var noise []string
+	for i := 0; i < 4; i++ {
+		id, err := interferenceSandbox(ctx, c, api.PriorityBestEffort, map[string]string{"bench": "noise"})
+		if err != nil {
+			return noise, err
+		}
+		noise = append(noise, id)
+		// The spinners' pids go to /tmp/spin (the paired figure stops
+		// and continues them).
+		if _, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "echo $$ > /tmp/spin; while :; do :; done & echo $! >> /tmp/spin; while :; do :; done", Background: true}); err != nil {
+			return noise, err
+		}
+	}
+	return noise, nil
+}
+
+// interferenceStep runs the step once in sandbox id: its time as the agent
+// measured it, and its own CPU time and run-queue wait.
+func interferenceStep(ctx context.Context, c *warren.Client, id string) (stepStat, error) {
+	r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: interferenceStepCmd})
+	if err != nil {
+		return stepStat{}, err
+	}
+	st := stepStat{d: time.Duration(r.DurationMs * float64(time.Millisecond))}
+	var cpu, wait int64
+	if _, err := fmt.Sscan(r.Stdout, &cpu, &wait); err != nil || r.ExitCode != 0 {
+		return st, fmt.Errorf("interference: step: exit %d, output %q %q", r.ExitCode, r.Stdout, r.Stderr)
+	}
+	st.cpu, st.wait = time.Duration(cpu), time.Duration(wait)
+	return st, nil
+}
+
+// interferenceMedian runs the step 7 times in sandbox id and returns the
+// median of each of its figures.
+func interferenceMedian(ctx context.Context, c *warren.Client, id string) (stepStat, error) {
+	var ss []stepStat
+	for i := 0; i < 7; i++ {
+		st, err := interferenceStep(ctx, c, id)
+		if err != nil {
+			return stepStat{}, err
+		}
+		ss = append(ss, st)
+	}
+	return medianStat(ss), nil
 }
 
 // stepStat is one interference step: its time as the agent measured it,
@@ -646,7 +734,7 @@ func medianStat(ss []stepStat) stepStat {
 // the gate (default) and without it (always_on): the latency step's
 // slowdown against the empty node, exec `true` p50, and the CPU the
 // waiting sandboxes took.
-func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, idle time.Duration, measure func(string) (stepStat, error)) error {
+func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, idle time.Duration) error {
 	const execs = 200
 	execP50 := func() (time.Duration, error) {
 		var ds []time.Duration
@@ -687,7 +775,7 @@ func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *
 		}
 		time.Sleep(2 * time.Second)
 		u0, t0 := sandboxCPU(o.cgroupParent), time.Now()
-		st, err := measure(lat)
+		st, err := interferenceMedian(ctx, c, lat)
 		used[k] = (sandboxCPU(o.cgroupParent) - u0).Seconds() / time.Since(t0).Seconds()
 		if err == nil {
 			trues[k], err = execP50()
@@ -708,7 +796,7 @@ func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *
 	}
 	// The empty node again, after both: the host's other load moves the
 	// baseline by more than the effect between the start and the end.
-	after, err := measure(lat)
+	after, err := interferenceMedian(ctx, c, lat)
 	if err != nil {
 		return err
 	}
@@ -729,7 +817,7 @@ func interferenceWaiting(ctx context.Context, o Options, c *warren.Client, rep *
 // spinners stopped and running, alternately (pairs), and reports the
 // median of the per-pair slowdowns and the step's run-queue wait in both
 // halves.
-func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, noise []string, once func(string) (stepStat, error), capNote string) error {
+func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *Report, lat string, noise []string, capNote string) error {
 	signal := func(sig string) error {
 		for _, id := range noise {
 			r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "kill -" + sig + " $(cat /tmp/spin)"})
@@ -751,7 +839,7 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 			return err
 		}
 		time.Sleep(200 * time.Millisecond)
-		q, err := once(lat)
+		q, err := interferenceStep(ctx, c, lat)
 		if err != nil {
 			return err
 		}
@@ -760,7 +848,7 @@ func interferencePaired(ctx context.Context, o Options, c *warren.Client, rep *R
 		}
 		time.Sleep(300 * time.Millisecond)
 		c0, t0 := classCPU(o.cgroupParent, noise), time.Now()
-		b, err := once(lat)
+		b, err := interferenceStep(ctx, c, lat)
 		if err != nil {
 			return err
 		}

@@ -243,76 +243,89 @@ func (b *layerBench) lazy(ctx context.Context) error {
 	os.RemoveAll(src)
 	blob := b.store.BlobPath(l.Digest)
 	dev, devOK := deviceOf(blob)
-	touch := int(float64(b.l.ImageMB) * b.l.TouchPercent / 100)
-	if touch < 1 {
-		touch = 1
-	}
-	// The task reads `touch` files spread over the image.
-	var files []string
-	step := b.l.ImageMB / touch
-	for i := 0; i < touch; i++ {
-		files = append(files, fmt.Sprintf("/data/f%05d", i*step))
-	}
-	task := "cat " + strings.Join(files, " ") + " > /dev/null"
-
-	var createT, taskT [2]time.Duration
-	run := func(eager bool) (time.Duration, int64, error) {
-		k := 0
-		if eager {
-			k = 1
-		}
-		syncAll()
-		dropFileCache(blob)
-		r0, _, _ := dev.sectors()
-		t0 := time.Now()
-		if eager {
-			if err := copyFile(blob, filepath.Join(b.work, "eager.erofs")); err != nil {
-				return 0, 0, err
-			}
-		}
-		tc := time.Now()
-		sb, err := b.create(ctx, api.LayerAttachment{Layer: "bench/img"})
-		if err != nil {
-			return 0, 0, err
-		}
-		defer b.c.Delete(context.WithoutCancel(ctx), sb.ID)
-		tt := time.Now()
-		createT[k] = tt.Sub(tc)
-		res, err := b.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: task})
-		taskT[k] = time.Since(tt)
-		if err != nil {
-			return 0, 0, err
-		}
-		if res.ExitCode != 0 {
-			return 0, 0, fmt.Errorf("task exited %d: %s", res.ExitCode, res.Stderr)
-		}
-		d := time.Since(t0)
-		r1, _, _ := dev.sectors()
-		os.Remove(filepath.Join(b.work, "eager.erofs"))
-		return d, (r1 - r0) * 512, nil
-	}
-	lazyT, lazyRead, err := run(false)
+	task := lazyTask(b.l.ImageMB, b.l.TouchPercent)
+	lz, err := b.lazyLeg(ctx, blob, dev, task, false)
 	if err != nil {
 		return err
 	}
-	eagerT, _, err := run(true)
+	eager, err := b.lazyLeg(ctx, blob, dev, task, true)
 	if err != nil {
 		return err
 	}
 	size := l.ErofsSize
 	if devOK {
 		b.rep.add(fmt.Sprintf("lazy: bytes read from the store, task touching %.0f%% of a %d MiB image", b.l.TouchPercent, b.l.ImageMB),
-			100*float64(lazyRead)/float64(size), "% of the image",
-			fmt.Sprintf("%s read of %s (block device reads during create + first exec, cold cache); target ≤ 10 %%", humanMiB(lazyRead), humanMiB(size)))
+			100*float64(lz.read)/float64(size), "% of the image",
+			fmt.Sprintf("%s read of %s (block device reads during create + first exec, cold cache); target ≤ 10 %%", humanMiB(lz.read), humanMiB(size)))
 	} else {
 		b.rep.add("lazy: bytes read from the store", 0, "%", "not measured: the store is on no block device in /proc/diskstats")
 	}
-	b.rep.add("lazy: create + first exec of the task, cold cache", ms(lazyT), "ms",
-		fmt.Sprintf("create %.0f ms + task %.0f ms; layers mounted in place, read on demand", ms(createT[0]), ms(taskT[0])))
-	b.rep.add("eager: copy the image, then create + first exec", ms(eagerT), "ms",
+	b.rep.add("lazy: create + first exec of the task, cold cache", ms(lz.total), "ms",
+		fmt.Sprintf("create %.0f ms + task %.0f ms; layers mounted in place, read on demand", ms(lz.create), ms(lz.task)))
+	b.rep.add("eager: copy the image, then create + first exec", ms(eager.total), "ms",
 		fmt.Sprintf("copy %.0f ms (read + write + fsync of the whole image) + create %.0f ms + task %.0f ms; lazy is %.1f× faster",
-			ms(eagerT-createT[1]-taskT[1]), ms(createT[1]), ms(taskT[1]), float64(eagerT)/float64(max(lazyT, 1))))
+			ms(eager.total-eager.create-eager.task), ms(eager.create), ms(eager.task), float64(eager.total)/float64(max(lz.total, 1))))
 	return nil
+}
+
+// lazyTask is the lazy figure's task: it reads touchPercent of an image
+// of imageMB files of 1 MiB (at least one), spread over the image.
+func lazyTask(imageMB int, touchPercent float64) string {
+	touch := int(float64(imageMB) * touchPercent / 100)
+	if touch < 1 {
+		touch = 1
+	}
+	var files []string
+	step := imageMB / touch
+	for i := 0; i < touch; i++ {
+		files = append(files, fmt.Sprintf("/data/f%05d", i*step))
+	}
+	return "cat " + strings.Join(files, " ") + " > /dev/null"
+}
+
+// lazyTiming is one leg of the lazy figure: create + first exec of the
+// task (and, eager, the copy before them), its create and its task alone,
+// and the bytes read from the store's device meanwhile.
+type lazyTiming struct {
+	total, create, task time.Duration
+	read                int64
+}
+
+// lazyLeg runs the task in a new sandbox on the image layer with a cold
+// page cache for blob; eager first copies the whole image (with fsync), as
+// a runtime without lazy layers would.
+func (b *layerBench) lazyLeg(ctx context.Context, blob string, dev diskDev, task string, eager bool) (lazyTiming, error) {
+	var lt lazyTiming
+	syncAll()
+	dropFileCache(blob)
+	r0, _, _ := dev.sectors()
+	t0 := time.Now()
+	if eager {
+		if err := copyFile(blob, filepath.Join(b.work, "eager.erofs")); err != nil {
+			return lt, err
+		}
+	}
+	tc := time.Now()
+	sb, err := b.create(ctx, api.LayerAttachment{Layer: "bench/img"})
+	if err != nil {
+		return lt, err
+	}
+	defer b.c.Delete(context.WithoutCancel(ctx), sb.ID)
+	tt := time.Now()
+	lt.create = tt.Sub(tc)
+	res, err := b.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: task})
+	lt.task = time.Since(tt)
+	if err != nil {
+		return lt, err
+	}
+	if res.ExitCode != 0 {
+		return lt, fmt.Errorf("task exited %d: %s", res.ExitCode, res.Stderr)
+	}
+	lt.total = time.Since(t0)
+	r1, _, _ := dev.sectors()
+	os.Remove(filepath.Join(b.work, "eager.erofs"))
+	lt.read = (r1 - r0) * 512
+	return lt, nil
 }
 
 func copyFile(src, dst string) error {
@@ -353,15 +366,58 @@ func (b *layerBench) burst(ctx context.Context) error {
 		b.rep.add("burst: bytes written", 0, "MiB", "not measured: the data dir is on no block device in /proc/diskstats")
 		return nil
 	}
-	// warren: each workspace becomes a layer once; sandboxes stack it.
+	warrenBytes, wTime, err := b.burstWarren(ctx, dev, tars, n)
+	if err != nil {
+		return err
+	}
+	unpackBytes, uTime, err := burstUnpack(ctx, dev, filepath.Join(b.work, "unpacked"), tars, n)
+	if err != nil {
+		return err
+	}
+	b.rep.add(fmt.Sprintf("burst of %d sandboxes over %d workspaces (%d MiB each): bytes written, warren", n, k, b.l.WorkspaceMB),
+		float64(warrenBytes)/mib, "MiB", fmt.Sprintf("each workspace packed once as a layer, then %d creates; %.1f s", n, wTime.Seconds()))
+	b.rep.add("burst: bytes written, unpacking the tarball per sandbox", float64(unpackBytes)/mib, "MiB",
+		fmt.Sprintf("%d unpacks; %.1f s", n, uTime.Seconds()))
+	if unpackBytes > 0 {
+		b.rep.add("burst: fewer bytes written than unpacking per sandbox", 100*(1-float64(warrenBytes)/float64(unpackBytes)), "%",
+			"DSec reports 57 % fewer; aim for more")
+	}
+	return nil
+}
+
+// burstWarren is warren's side of the burst figure: each workspace tarball
+// of tars becomes a layer once, then n sandboxes stack them (sandbox i the
+// workspace i mod len(tars)) and are deleted. It returns the bytes written
+// to dev and the time until the last sandbox answered.
+func (b *layerBench) burstWarren(ctx context.Context, dev diskDev, tars []string, n int) (int64, time.Duration, error) {
 	syncAll()
 	_, w0, _ := dev.sectors()
 	t0 := time.Now()
 	for i, p := range tars {
 		if _, err := b.store.CreateLayerFromTar(ctx, fmt.Sprintf("bench/burst-%03d", i), 0, p); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
+	ids, err := b.burstCreates(ctx, n, len(tars))
+	wTime := time.Since(t0)
+	syncAll()
+	_, w1, _ := dev.sectors()
+	for _, id := range ids {
+		if id != "" {
+			_, _ = b.c.Delete(context.WithoutCancel(ctx), id)
+		}
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return (w1 - w0) * 512, wTime, nil
+}
+
+// burstCreates creates n sandboxes from o.Concurrency clients, sandbox i
+// on the workspace layer i mod k, and checks that each sees its workspace:
+// the ids indexed by sandbox ("" where a create failed), and the first
+// error.
+func (b *layerBench) burstCreates(ctx context.Context, n, k int) ([]string, error) {
 	ids := make([]string, n)
 	var mu sync.Mutex
 	var firstErr error
@@ -392,53 +448,37 @@ func (b *layerBench) burst(ctx context.Context) error {
 		}(i)
 	}
 	wg.Wait()
-	wTime := time.Since(t0)
-	syncAll()
-	_, w1, _ := dev.sectors()
-	for _, id := range ids {
-		if id != "" {
-			_, _ = b.c.Delete(context.WithoutCancel(ctx), id)
-		}
-	}
-	if firstErr != nil {
-		return firstErr
-	}
-	warrenBytes := (w1 - w0) * 512
+	return ids, firstErr
+}
 
-	// Baseline: unpack the workspace tarball per sandbox.
-	base := filepath.Join(b.work, "unpacked")
+// burstUnpack is the burst figure's baseline: the workspace tarball of
+// each of n sandboxes unpacked into a directory of its own under base
+// (sandbox i the tarball i mod len(tars)). It returns the bytes written to
+// dev and the time the unpacks took, and removes base.
+func burstUnpack(ctx context.Context, dev diskDev, base string, tars []string, n int) (int64, time.Duration, error) {
 	syncAll()
 	_, u0, _ := dev.sectors()
 	t1 := time.Now()
 	for i := 0; i < n; i++ {
 		d := filepath.Join(base, fmt.Sprint(i))
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
+			return 0, 0, err
 		}
-		f, err := os.Open(tars[i%k])
+		f, err := os.Open(tars[i%len(tars)])
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
 		_, err = image.Unpack(ctx, f, d, image.Limits{})
 		f.Close()
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
 	uTime := time.Since(t1)
 	syncAll()
 	_, u1, _ := dev.sectors()
 	os.RemoveAll(base)
-	unpackBytes := (u1 - u0) * 512
-	b.rep.add(fmt.Sprintf("burst of %d sandboxes over %d workspaces (%d MiB each): bytes written, warren", n, k, b.l.WorkspaceMB),
-		float64(warrenBytes)/mib, "MiB", fmt.Sprintf("each workspace packed once as a layer, then %d creates; %.1f s", n, wTime.Seconds()))
-	b.rep.add("burst: bytes written, unpacking the tarball per sandbox", float64(unpackBytes)/mib, "MiB",
-		fmt.Sprintf("%d unpacks; %.1f s", n, uTime.Seconds()))
-	if unpackBytes > 0 {
-		b.rep.add("burst: fewer bytes written than unpacking per sandbox", 100*(1-float64(warrenBytes)/float64(unpackBytes)), "%",
-			"DSec reports 57 % fewer; aim for more")
-	}
-	return nil
+	return (u1 - u0) * 512, uTime, nil
 }
 
 func writeWorkspaceTarFile(p string, mb, seed int) error {

@@ -73,29 +73,16 @@ func networkFigures(ctx context.Context, o Options, c *warren.Client, rep *Repor
 // mirror is the stand-in mirror: its namespace (held by fd), veth and
 // servers.
 type mirror struct {
-	nsfd  int
-	link  string
-	srv   *http.Server
-	lns   []net.Listener
-	close func()
+	nsfd int
+	link string
+	srv  *http.Server
+	lns  []net.Listener
 }
 
+// startMirror makes the mirror's network namespace, wires it to the host
+// with a veth, and starts its servers; close undoes all of it.
 func startMirror() (*mirror, error) {
 	m := &mirror{nsfd: -1, link: fmt.Sprintf("wbmir%d", os.Getpid()%100000)}
-	m.close = func() {
-		if m.srv != nil {
-			m.srv.Close()
-		}
-		for _, ln := range m.lns {
-			ln.Close()
-		}
-		if l, err := netlink.LinkByName(m.link); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-		if m.nsfd >= 0 {
-			unix.Close(m.nsfd)
-		}
-	}
 	var err error
 	inNewNetns(func(fd int, e error) {
 		if e != nil {
@@ -107,10 +94,38 @@ func startMirror() (*mirror, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := m.wire(); err != nil {
+		m.close()
+		return nil, err
+	}
+	m.serve()
+	return m, nil
+}
+
+// close stops the mirror's servers and removes its veth and namespace
+// (whatever of them exists).
+func (m *mirror) close() {
+	if m.srv != nil {
+		m.srv.Close()
+	}
+	for _, ln := range m.lns {
+		ln.Close()
+	}
+	if l, err := netlink.LinkByName(m.link); err == nil {
+		_ = netlink.LinkDel(l)
+	}
+	if m.nsfd >= 0 {
+		unix.Close(m.nsfd)
+	}
+}
+
+// wire adds the veth between the host (netMirrorHost) and the mirror's
+// namespace (netMirror) and, in the namespace, listens on the mirror's
+// ports 8080 and 8081.
+func (m *mirror) wire() error {
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: m.link}, PeerName: "mir0", PeerNamespace: netlink.NsFd(m.nsfd)}
 	if err := netlink.LinkAdd(veth); err != nil {
-		m.close()
-		return nil, fmt.Errorf("veth: %w", err)
+		return fmt.Errorf("veth: %w", err)
 	}
 	host, err := netlink.LinkByName(m.link)
 	if err == nil {
@@ -120,33 +135,39 @@ func startMirror() (*mirror, error) {
 		err = netlink.LinkSetUp(host)
 	}
 	if err == nil {
-		err = inNetns(m.nsfd, func() error {
-			l, err := netlink.LinkByName("mir0")
-			if err != nil {
-				return err
-			}
-			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(netMirror), Mask: net.CIDRMask(24, 32)}}); err != nil {
-				return err
-			}
-			lo, _ := netlink.LinkByName("lo")
-			_ = netlink.LinkSetUp(lo)
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-			for _, port := range []string{"8080", "8081"} {
-				ln, err := net.Listen("tcp4", netMirror+":"+port)
-				if err != nil {
-					return err
-				}
-				m.lns = append(m.lns, ln)
-			}
-			return nil
-		})
+		err = inNetns(m.nsfd, m.listen)
 	}
+	return err
+}
+
+// listen, run in the mirror's namespace, sets its end of the veth and its
+// loopback up and listens on netMirror's ports 8080 and 8081.
+func (m *mirror) listen() error {
+	l, err := netlink.LinkByName("mir0")
 	if err != nil {
-		m.close()
-		return nil, err
+		return err
 	}
+	if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(netMirror), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		return err
+	}
+	lo, _ := netlink.LinkByName("lo")
+	_ = netlink.LinkSetUp(lo)
+	if err := netlink.LinkSetUp(l); err != nil {
+		return err
+	}
+	for _, port := range []string{"8080", "8081"} {
+		ln, err := net.Listen("tcp4", netMirror+":"+port)
+		if err != nil {
+			return err
+		}
+		m.lns = append(m.lns, ln)
+	}
+	return nil
+}
+
+// serve starts the mirror's servers: on 8080 an HTTP server answering
+// /N with N MiB of zeros, on 8081 a listener that accepts and closes.
+func (m *mirror) serve() {
 	zeros := make([]byte, 1<<20)
 	m.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mb, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
@@ -167,7 +188,6 @@ func startMirror() (*mirror, error) {
 			c.Close()
 		}
 	}()
-	return m, nil
 }
 
 // inNewNetns calls f, on a locked thread, with a descriptor of a new
@@ -339,18 +359,6 @@ func netThroughput(ctx context.Context, o Options, c *warren.Client, rep *Report
 	}
 	defer unix.Close(pidfd)
 	url := fmt.Sprintf("http://%s:8080/%d", netMirror, netBigMB)
-	size := float64(netBigMB << 20)
-	wgetIn := func() (float64, error) {
-		t0 := time.Now()
-		r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "wget -q -O - " + url + " >/dev/null"})
-		if err != nil {
-			return 0, err
-		}
-		if r.ExitCode != 0 {
-			return 0, fmt.Errorf("wget in the sandbox: exit %d %s", r.ExitCode, r.Stderr)
-		}
-		return size / time.Since(t0).Seconds() / 1e6, nil
-	}
 	// The host's wget is the sandbox's: the busybox of the same image,
 	// chrooted into its root (the host's network namespace).
 	rootfs, release, err := busyboxRoot(o.dataDir)
@@ -358,52 +366,16 @@ func netThroughput(ctx context.Context, o Options, c *warren.Client, rep *Report
 		return err
 	}
 	defer release()
-	// wgetOut runs it in the network namespace of netnsPath ("": the
-	// host's), outside any sandbox's cgroups and seccomp filter.
-	wgetOut := func(netnsPath string) (float64, error) {
-		t0 := time.Now()
-		null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-		if err != nil {
-			return 0, err
-		}
-		defer null.Close()
-		var stderr strings.Builder
-		cmd := exec.CommandContext(ctx, "/bin/busybox", "wget", "-q", "-O", "-", url)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
-		if netnsPath != "" {
-			cmd = exec.CommandContext(ctx, "nsenter", "--net="+netnsPath, "--root="+rootfs, "/bin/busybox", "wget", "-q", "-O", "-", url)
-		}
-		cmd.Dir, cmd.Stdout, cmd.Stderr = "/", null, &stderr
-		if err := cmd.Run(); err != nil {
-			return 0, fmt.Errorf("wget on the host: %v %s", err, stderr.String())
-		}
-		return size / time.Since(t0).Seconds() / 1e6, nil
-	}
-	goGet := func(nsfd int) (float64, error) {
-		dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var d net.Dialer
-			if nsfd < 0 {
-				return d.DialContext(ctx, network, addr)
-			}
-			var conn net.Conn
-			err := inNetns(nsfd, func() (err error) { conn, err = d.DialContext(ctx, network, addr); return })
-			return conn, err
-		}
-		hc := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true, DisableCompression: true}}
-		t0 := time.Now()
-		if _, err := getN(ctx, hc, url, nil, netBigMB<<20); err != nil {
-			return 0, err
-		}
-		return size / time.Since(t0).Seconds() / 1e6, nil
-	}
+	wgetIn := func() (float64, error) { return wgetInSandbox(ctx, c, sb.ID, url) }
 	if _, err := wgetIn(); err != nil { // warm-up, and the path works
 		return err
 	}
 	legs := []struct {
 		name string
 		fn   func() (float64, error)
-	}{{"wget sandbox", wgetIn}, {"wget host", func() (float64, error) { return wgetOut("") }},
-		{"wget netns", func() (float64, error) { return wgetOut(fmt.Sprintf("/proc/%d/ns/net", pid)) }}, {"go sandbox", func() (float64, error) { return goGet(pidfd) }}, {"go host", func() (float64, error) { return goGet(-1) }}}
+	}{{"wget sandbox", wgetIn}, {"wget host", func() (float64, error) { return wgetChrooted(ctx, rootfs, "", url) }},
+		{"wget netns", func() (float64, error) { return wgetChrooted(ctx, rootfs, fmt.Sprintf("/proc/%d/ns/net", pid), url) }},
+		{"go sandbox", func() (float64, error) { return goGetFrom(ctx, pidfd, url) }}, {"go host", func() (float64, error) { return goGetFrom(ctx, -1, url) }}}
 	got := make([][]float64, len(legs))
 	for round := 0; round < netRounds; round++ {
 		for j := range legs {
@@ -415,6 +387,15 @@ func netThroughput(ctx context.Context, o Options, c *warren.Client, rep *Report
 			got[k] = append(got[k], v)
 		}
 	}
+	reportNetThroughput(rep, got)
+	return nil
+}
+
+// reportNetThroughput adds the throughput figures from the rounds' rates
+// of the legs, in netThroughput's order: wget in the sandbox, on the host
+// and in the sandbox's netns; the Go client in the sandbox's netns and on
+// the host.
+func reportNetThroughput(rep *Report, got [][]float64) {
 	note := func(k int) string { return fmt.Sprintf("median of %d (%s)", netRounds, fmtRounds(got[k], "%.2f")) }
 	rep.add(fmt.Sprintf("network: download %d MiB sandbox←mirror, busybox wget", netBigMB), median(got[0]), "MB/s", note(0)+"; through veth, nftables policy, masquerade")
 	rep.add(fmt.Sprintf("network: download %d MiB host←mirror, busybox wget", netBigMB), median(got[1]), "MB/s", note(1)+"; the image's busybox, chrooted")
@@ -424,7 +405,68 @@ func netThroughput(ctx context.Context, o Options, c *warren.Client, rep *Report
 	rep.add(fmt.Sprintf("network: download %d MiB sandbox←mirror, Go client in the sandbox's netns", netBigMB), median(got[3]), "MB/s", note(3))
 	rep.add(fmt.Sprintf("network: download %d MiB host←mirror, Go client", netBigMB), median(got[4]), "MB/s", note(4))
 	rep.add("network: ratio sandbox / host throughput, Go client", median(got[3])/median(got[4]), "×", "the same client both ways: the path alone")
-	return nil
+}
+
+// netRate is the rate in MB/s of a netBigMB MiB download begun at t0 and
+// ending now.
+func netRate(t0 time.Time) float64 {
+	return float64(netBigMB<<20) / time.Since(t0).Seconds() / 1e6
+}
+
+// wgetInSandbox downloads url with busybox wget in sandbox id: MB/s.
+func wgetInSandbox(ctx context.Context, c *warren.Client, id, url string) (float64, error) {
+	t0 := time.Now()
+	r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "wget -q -O - " + url + " >/dev/null"})
+	if err != nil {
+		return 0, err
+	}
+	if r.ExitCode != 0 {
+		return 0, fmt.Errorf("wget in the sandbox: exit %d %s", r.ExitCode, r.Stderr)
+	}
+	return netRate(t0), nil
+}
+
+// wgetChrooted downloads url with the busybox wget of rootfs, chrooted
+// into it, in the network namespace of netnsPath ("": the host's), outside
+// any sandbox's cgroups and seccomp filter: MB/s.
+func wgetChrooted(ctx context.Context, rootfs, netnsPath, url string) (float64, error) {
+	t0 := time.Now()
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer null.Close()
+	var stderr strings.Builder
+	cmd := exec.CommandContext(ctx, "/bin/busybox", "wget", "-q", "-O", "-", url)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
+	if netnsPath != "" {
+		cmd = exec.CommandContext(ctx, "nsenter", "--net="+netnsPath, "--root="+rootfs, "/bin/busybox", "wget", "-q", "-O", "-", url)
+	}
+	cmd.Dir, cmd.Stdout, cmd.Stderr = "/", null, &stderr
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("wget on the host: %v %s", err, stderr.String())
+	}
+	return netRate(t0), nil
+}
+
+// goGetFrom downloads url with a Go client whose connection is dialled in
+// the network namespace of nsfd (-1: the host's): MB/s.
+func goGetFrom(ctx context.Context, nsfd int, url string) (float64, error) {
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		if nsfd < 0 {
+			return d.DialContext(ctx, network, addr)
+		}
+		var conn net.Conn
+		err := inNetns(nsfd, func() (err error) { conn, err = d.DialContext(ctx, network, addr); return })
+		return conn, err
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true, DisableCompression: true}}
+	t0 := time.Now()
+	if _, err := getN(ctx, hc, url, nil, netBigMB<<20); err != nil {
+		return 0, err
+	}
+	return netRate(t0), nil
 }
 
 // netRuleChange times a change of egress to its effect, seen by a probe
@@ -454,29 +496,7 @@ func netRuleChange(ctx context.Context, o Options, c *warren.Client, rep *Report
 		return err
 	}
 	defer unix.Close(pidfd)
-	probe := func() bool {
-		ok := false
-		_ = inNetns(pidfd, func() error {
-			conn, err := net.DialTimeout("tcp4", netMirror+":8081", 200*time.Millisecond)
-			if err == nil {
-				conn.Close()
-				ok = true
-			}
-			return nil
-		})
-		return ok
-	}
-	// waitFor polls the probe until it says want; the time from t0.
-	waitFor := func(want bool, t0 time.Time) (time.Duration, error) {
-		for time.Since(t0) < 10*time.Second {
-			if probe() == want {
-				return time.Since(t0), nil
-			}
-			time.Sleep(time.Millisecond)
-		}
-		return 0, fmt.Errorf("no effect in 10 s (want reachable=%v)", want)
-	}
-	if probe() {
+	if probeMirror(pidfd) {
 		return errors.New("the probe port is reachable before any rule allows it")
 	}
 	var own, named, call []time.Duration
@@ -491,7 +511,7 @@ func netRuleChange(ctx context.Context, o Options, c *warren.Client, rep *Report
 			return err
 		}
 		call = append(call, time.Since(t0))
-		d, err := waitFor(allow, t0)
+		d, err := waitProbe(pidfd, allow, t0)
 		if err != nil {
 			return fmt.Errorf("own list: %w", err)
 		}
@@ -510,7 +530,7 @@ func netRuleChange(ctx context.Context, o Options, c *warren.Client, rep *Report
 		if err := put(ports); err != nil {
 			return err
 		}
-		d, err := waitFor(allow, t0)
+		d, err := waitProbe(pidfd, allow, t0)
 		if err != nil {
 			return fmt.Errorf("named rule: %w", err)
 		}
@@ -520,6 +540,33 @@ func netRuleChange(ctx context.Context, o Options, c *warren.Client, rep *Report
 	rep.add("network: named rule change to effect p99", ms(pn.p99), "ms", fmt.Sprintf("p50 %.2f ms, %d changes (PUT /v1/network-rules/{name} until a probe in the sandbox sees it); target ≤ 50 ms", ms(pn.p50), n))
 	rep.add("network: sandbox list change to effect p99", ms(po.p99), "ms", fmt.Sprintf("p50 %.2f ms, %d changes (PUT …/network until the probe sees it; the call alone p50 %.2f ms, p99 %.2f ms)", ms(po.p50), n, ms(pc.p50), ms(pc.p99)))
 	return nil
+}
+
+// probeMirror says whether a connect to the mirror's port 8081 from the
+// network namespace of pidfd succeeds within 200 ms.
+func probeMirror(pidfd int) bool {
+	ok := false
+	_ = inNetns(pidfd, func() error {
+		conn, err := net.DialTimeout("tcp4", netMirror+":8081", 200*time.Millisecond)
+		if err == nil {
+			conn.Close()
+			ok = true
+		}
+		return nil
+	})
+	return ok
+}
+
+// waitProbe polls probeMirror from pidfd's namespace until it says want,
+// and returns the time since t0; an error after 10 s.
+func waitProbe(pidfd int, want bool, t0 time.Time) (time.Duration, error) {
+	for time.Since(t0) < 10*time.Second {
+		if probeMirror(pidfd) == want {
+			return time.Since(t0), nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return 0, fmt.Errorf("no effect in 10 s (want reachable=%v)", want)
 }
 
 // netIdleMemory creates o.NetworkIdle idle sandboxes without a network,

@@ -64,28 +64,52 @@ func transfer(ctx context.Context, o Options, c *warren.Client, rep *Report) err
 		return fmt.Errorf("write the file in the sandbox: %v %+v", err, r)
 	}
 	rep.add(fmt.Sprintf("transfer in-sandbox write (dd) %d MiB", o.TransferMB), float64(size)/1e6/time.Since(start).Seconds(), "MB/s", "the sandbox's own write rate")
-	hc := &http.Client{}
-	auth := map[string]string{"Authorization": "Bearer " + o.apiToken}
-	files := o.apiURL + "/v1/sandboxes/" + sb.ID + "/files?"
-	type leg struct {
-		name, method, url string
-		hdr               map[string]string
+	legs := transferLegs(plainURL, o.apiURL+"/v1/sandboxes/"+sb.ID+"/files?", o.apiToken)
+	rates, cpus := transferRounds(ctx, o, rep, legs, size)
+	// Each figure is the median of its rounds, each ratio the median of
+	// the rounds' ratios; the notes list every round.
+	for _, l := range legs {
+		if rs := rates[l.name]; len(rs) > 0 {
+			rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), median(rs), "MB/s",
+				fmt.Sprintf("median of %d rounds %s; %.0f ms CPU per GiB in this process", len(rs), "("+fmtRounds(rs, "%.0f")+")", median(cpus[l.name])))
+		}
 	}
-	legs := []leg{
+	transferRatio(rep, rates, "download", "plain download", "warren download", "target ≥ 0.5")
+	transferRatio(rep, rates, "upload", "plain upload", "warren upload", "target ≥ 0.5")
+	transferRatio(rep, rates, "upload, same disk", "plain upload to the sandboxes' disk", "warren upload", "both write to the sandboxes' filesystem")
+	return nil
+}
+
+// httpLeg is one leg of the transfer figure: a request by its method and
+// URL, with headers hdr.
+type httpLeg struct {
+	name, method, url string
+	hdr               map[string]string
+}
+
+// transferLegs are the transfer figure's legs, in the order they run:
+// downloads and uploads from the plain server at plainURL and through the
+// sandbox's files API (files: its URL up to the query) with token.
+func transferLegs(plainURL, files, token string) []httpLeg {
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	return []httpLeg{
 		{"plain download", http.MethodGet, plainURL + "/big", nil},
 		{"warren download", http.MethodGet, files + url.Values{"path": {"/big"}}.Encode(), auth},
 		{"plain upload", http.MethodPut, plainURL + "/up", nil},
 		{"plain upload to the sandboxes' disk", http.MethodPut, plainURL + "/disk/up", nil},
 		{"warren upload", http.MethodPut, files + url.Values{"path": {"/up"}}.Encode(), auth},
 	}
-	// Rounds: every leg TransferRounds times, the legs alternating, so that
-	// a change of the host's state (page cache, writeback, a neighbour's
-	// load) falls on both sides of a ratio. Each figure is the median of
-	// its rounds, each ratio the median of the rounds' ratios; the notes
-	// list every round.
-	rates := map[string][]float64{}
-	cpus := map[string][]float64{}
-rounds:
+}
+
+// transferRounds runs every leg o.TransferRounds times, the legs
+// alternating, so that a change of the host's state (page cache,
+// writeback, a neighbour's load) falls on both sides of a ratio: each
+// leg's rates (MB/s) and CPU per GiB by leg name. A failed leg is
+// reported as a result and ends the rounds. WARREN_BENCH_LEGS, when set,
+// runs only the legs whose names it contains (to profile one leg alone).
+func transferRounds(ctx context.Context, o Options, rep *Report, legs []httpLeg, size int64) (rates, cpus map[string][]float64) {
+	rates, cpus = map[string][]float64{}, map[string][]float64{}
+	hc := &http.Client{}
 	for range o.TransferRounds {
 		for _, l := range legs {
 			if x := os.Getenv("WARREN_BENCH_LEGS"); x != "" && !strings.Contains(x, l.name) {
@@ -94,33 +118,28 @@ rounds:
 			rate, perGiB, err := transferLeg(ctx, hc, l.method, l.url, l.hdr, size)
 			if err != nil {
 				rep.add("transfer "+l.name, 0, "MB/s", "failed: "+err.Error())
-				break rounds
+				return rates, cpus
 			}
 			rates[l.name] = append(rates[l.name], rate)
 			cpus[l.name] = append(cpus[l.name], perGiB)
 		}
 	}
-	for _, l := range legs {
-		if rs := rates[l.name]; len(rs) > 0 {
-			rep.add(fmt.Sprintf("transfer %s %d MiB", l.name, o.TransferMB), median(rs), "MB/s",
-				fmt.Sprintf("median of %d rounds %s; %.0f ms CPU per GiB in this process", len(rs), "("+fmtRounds(rs, "%.0f")+")", median(cpus[l.name])))
-		}
+	return rates, cpus
+}
+
+// transferRatio adds the ratio of leg ours to leg plain as the median of
+// the rounds' ratios (the notes list every round), when both ran as many
+// rounds.
+func transferRatio(rep *Report, rates map[string][]float64, name, plain, ours, note string) {
+	p, w := rates[plain], rates[ours]
+	if len(p) == 0 || len(p) != len(w) {
+		return
 	}
-	ratio := func(name, plain, ours, note string) {
-		p, w := rates[plain], rates[ours]
-		if len(p) == 0 || len(p) != len(w) {
-			return
-		}
-		rs := make([]float64, len(p))
-		for i := range p {
-			rs[i] = w[i] / p[i]
-		}
-		rep.add("ratio warren / plain net/http "+name, median(rs), "×", fmt.Sprintf("median of the rounds' ratios %s; %s", "("+fmtRounds(rs, "%.2f")+")", note))
+	rs := make([]float64, len(p))
+	for i := range p {
+		rs[i] = w[i] / p[i]
 	}
-	ratio("download", "plain download", "warren download", "target ≥ 0.5")
-	ratio("upload", "plain upload", "warren upload", "target ≥ 0.5")
-	ratio("upload, same disk", "plain upload to the sandboxes' disk", "warren upload", "both write to the sandboxes' filesystem")
-	return nil
+	rep.add("ratio warren / plain net/http "+name, median(rs), "×", fmt.Sprintf("median of the rounds' ratios %s; %s", "("+fmtRounds(rs, "%.2f")+")", note))
 }
 
 // transferLeg times one leg: its rate (MB/s) and the CPU this process

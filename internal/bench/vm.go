@@ -27,6 +27,9 @@ type VMOptions struct {
 	Forks   int  // children of the fork from memory; default 8
 }
 
+// vmFigures measures the microvm and vm tiers' create→first exec, then
+// idle microVMs of 256 MiB (host memory, via idleFigures), their pause to
+// a memory snapshot and resume, and a fork from memory (vmForkFigure).
 func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) error {
 	creates, idle := o.VM.Creates, o.VM.Idle
 	if creates <= 0 {
@@ -35,18 +38,10 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 	if idle <= 0 {
 		idle = 20
 	}
-	nodes, err := c.Nodes(ctx)
+	accel, err := nodeAccelerator(ctx, c)
 	if err != nil {
 		return err
 	}
-	accel := ""
-	for _, n := range nodes {
-		accel = n.Accelerator
-	}
-	if accel == "" {
-		return fmt.Errorf("the node offers no microvm tier (make vm-kernel; qemu-system-x86)")
-	}
-	accel = strings.ToUpper(accel)
 	req := api.CreateSandboxRequest{Tier: api.TierMicroVM, Image: "busybox", MemoryMB: 256}
 
 	for _, tier := range []string{api.TierMicroVM, api.TierVM} {
@@ -86,10 +81,35 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 	if err := idleFigures(ctx, o, rep, ids, accel, availBefore, started); err != nil {
 		return err
 	}
+	if err := vmPauseFigures(ctx, c, rep, ids[:min(3, len(ids))], accel); err != nil {
+		return err
+	}
+	return vmForkFigure(ctx, o, c, rep, req, accel)
+}
 
-	// Pause = a memory snapshot (QEMU ends); the next exec restores it.
+// nodeAccelerator is the (last) node's microvm accelerator, upper case
+// (KVM or TCG); an error when no node offers the microvm tier.
+func nodeAccelerator(ctx context.Context, c *warren.Client) (string, error) {
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return "", err
+	}
+	accel := ""
+	for _, n := range nodes {
+		accel = n.Accelerator
+	}
+	if accel == "" {
+		return "", fmt.Errorf("the node offers no microvm tier (make vm-kernel; qemu-system-x86)")
+	}
+	return strings.ToUpper(accel), nil
+}
+
+// vmPauseFigures pauses each of the microVMs ids (a pause is a memory
+// snapshot: QEMU ends) and resumes it with an exec (the exec restores
+// it): the percentiles of both.
+func vmPauseFigures(ctx context.Context, c *warren.Client, rep *Report, ids []string, accel string) error {
 	var pauses, resumes []time.Duration
-	for _, id := range ids[:min(3, len(ids))] {
+	for _, id := range ids {
 		t0 := time.Now()
 		if _, err := c.Pause(ctx, id); err != nil {
 			return err
@@ -107,7 +127,7 @@ func vmFigures(ctx context.Context, o Options, c *warren.Client, rep *Report) er
 	pp, rp := percentiles(pauses), percentiles(resumes)
 	rep.add("microvm pause to a memory snapshot p50 ("+accel+")", ms(pp.p50), "ms", fmt.Sprintf("QEMU ends: host memory freed entirely; p99 %.0f ms over %d", ms(pp.p99), len(pauses)))
 	rep.add("microvm resume from the snapshot → first exec p50 ("+accel+")", ms(rp.p50), "ms", fmt.Sprintf("p99 %.0f ms over %d", ms(rp.p99), len(resumes)))
-	return vmForkFigure(ctx, o, c, rep, req, accel)
+	return nil
 }
 
 // vmForkFigure: POST /fork {"count": N, "memory": true} on a VM running a
