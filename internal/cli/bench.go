@@ -10,62 +10,84 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/warrenhq/warren/internal/bench"
 	"github.com/warrenhq/warren/internal/serve"
 )
 
+// benchFlags are the values of `warren bench`'s flags: the measurement's
+// options and where its results and profiles go.
+type benchFlags struct {
+	o                           bench.Options
+	out, cpuProfile, memProfile string
+}
+
+// newBenchCmd is `warren bench`: it measures warren against runc and
+// bubblewrap with a private server (internal/bench).
 func newBenchCmd() *cobra.Command {
-	var o bench.Options
-	var out, cpuProfile, memProfile string
+	b := &benchFlags{}
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "measure warren against runc and bubblewrap on this machine (starts a private server)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.AgentPath == "" {
-				p, err := serve.FindAgent()
-				if err != nil {
-					return err
-				}
-				o.AgentPath = p
-			}
-			o.Out = cmd.ErrOrStderr()
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer pprof.StopCPUProfile()
-			}
-			if memProfile != "" {
-				defer func() {
-					if f, err := os.Create(memProfile); err == nil {
-						_ = pprof.Lookup("allocs").WriteTo(f, 0)
-						f.Close()
-					}
-				}()
-			}
-			rep, err := bench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			md := rep.Markdown("warren bench " + strings.Join(os.Args[2:], " "))
-			fmt.Fprint(cmd.OutOrStdout(), md)
-			if strings.HasSuffix(out, ".csv") {
-				return appendCSV(out, rep.Rows("warren bench "+strings.Join(os.Args[2:], " ")))
-			}
-			if out != "" {
-				return appendResults(out, md)
-			}
-			return nil
+			return b.run(cmd)
 		},
 	}
-	f := cmd.Flags()
+	b.register(cmd.Flags())
+	return cmd
+}
+
+// run measures with b's options (profiling the run when asked), prints the
+// Markdown report and appends the results to --out.
+func (b *benchFlags) run(cmd *cobra.Command) error {
+	o := &b.o
+	if o.AgentPath == "" {
+		p, err := serve.FindAgent()
+		if err != nil {
+			return err
+		}
+		o.AgentPath = p
+	}
+	o.Out = cmd.ErrOrStderr()
+	if b.cpuProfile != "" {
+		f, err := os.Create(b.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if b.memProfile != "" {
+		defer func() {
+			if f, err := os.Create(b.memProfile); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
+	}
+	rep, err := bench.Run(cmd.Context(), *o)
+	if err != nil {
+		return err
+	}
+	md := rep.Markdown("warren bench " + strings.Join(os.Args[2:], " "))
+	fmt.Fprint(cmd.OutOrStdout(), md)
+	if strings.HasSuffix(b.out, ".csv") {
+		return appendCSV(b.out, rep.Rows("warren bench "+strings.Join(os.Args[2:], " ")))
+	}
+	if b.out != "" {
+		return appendResults(b.out, md)
+	}
+	return nil
+}
+
+// register defines bench's flags on f, with b's fields as their values.
+func (b *benchFlags) register(f *pflag.FlagSet) {
+	o := &b.o
 	f.DurationVar(&o.Duration, "duration", 20*time.Second, "length of each throughput measurement")
 	f.IntVar(&o.Concurrency, "concurrency", 16, "concurrent clients")
 	f.IntVar(&o.Recycle, "recycle", 0, "the private server's --recycle (0: its default; -1: no recycling)")
@@ -95,9 +117,9 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.VM.Idle, "vm-idle", 20, "vm: idle microVMs started together and measured for host memory and node capacity")
 	f.BoolVar(&o.VM.KSM, "vm-ksm", false, "vm: also measure the idle microVMs with the host's KSM on (host-wide; put back afterwards)")
 	f.IntVar(&o.VM.Forks, "vm-fork", 8, "vm: children of the fork from memory")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "write a Go CPU profile of the run (the bench and its in-process server) to this file")
-	f.StringVar(&memProfile, "memprofile", "", "write a Go profile of the run's allocations (the bench and its in-process server) to this file")
-	f.StringVar(&out, "out", "", "append the results to this file: a CSV history (docs/benchmarks-history.csv) when it ends in .csv, else a Markdown table")
+	f.StringVar(&b.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the run (the bench and its in-process server) to this file")
+	f.StringVar(&b.memProfile, "memprofile", "", "write a Go profile of the run's allocations (the bench and its in-process server) to this file")
+	f.StringVar(&b.out, "out", "", "append the results to this file: a CSV history (docs/benchmarks-history.csv) when it ends in .csv, else a Markdown table")
 	f.StringVar(&o.E2BSDKDir, "e2b-sdk", filepath.Join("test", "e2b-sdk"), "e2b: directory of the official e2b npm package (scripts/install-deps.sh installs it in test/e2b-sdk)")
 	f.StringVar(&o.Figures, "figures", "core", "what to measure, comma-separated: core, layers, elastic, history, all, or any of "+strings.Join(bench.FigureSets, ", "))
 	f.IntVar(&o.History.Steps, "ff-steps", 1000, "fast-forward: cached steps re-issued")
@@ -112,7 +134,6 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.Layers.BurstWorkspaces, "burst-workspaces", 50, "burst: distinct workspaces")
 	f.IntVar(&o.Layers.WorkspaceMB, "workspace-mb", 4, "burst: size of one workspace (MiB)")
 	f.IntVar(&o.Layers.UpgradeWorkspaces, "upgrade-workspaces", 1000, "upgrade: workspaces sharing the toolkit")
-	return cmd
 }
 
 // appendResults adds a run to the results file, below the marker line.

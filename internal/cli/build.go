@@ -12,6 +12,8 @@ import (
 	"github.com/warrenhq/warren/internal/imagebuild"
 )
 
+// newImageBuildCmd is `warren image build`: it builds an image from a
+// Dockerfile through the API (internal/imagebuild).
 func newImageBuildCmd(g *globals) *cobra.Command {
 	var (
 		file, tag string
@@ -52,20 +54,8 @@ and here-documents are not supported.`,
 			o.DockerfileName = file
 			o.Tag = tag
 			o.NoCache = noCache
-			o.BuildArgs = map[string]string{}
-			for _, a := range args {
-				k, v, ok := strings.Cut(a, "=")
-				if !ok {
-					// As in Docker: --build-arg K takes K from the environment.
-					v, ok = os.LookupEnv(k)
-					if !ok {
-						continue
-					}
-				}
-				if k == "" {
-					return fmt.Errorf("--build-arg %q: expected KEY=VALUE", a)
-				}
-				o.BuildArgs[k] = v
+			if o.BuildArgs, err = parseBuildArgs(args); err != nil {
+				return err
 			}
 			o.Out = cmd.OutOrStdout()
 			if g.json {
@@ -96,4 +86,25 @@ and here-documents are not supported.`,
 	f.Float64Var(&o.Timeout, "timeout", 0, "seconds each RUN may take (default 3600)")
 	_ = cmd.MarkFlagRequired("tag")
 	return cmd
+}
+
+// parseBuildArgs reads the --build-arg values: KEY=VALUE, or KEY alone to
+// take KEY from the environment as Docker does (skipped when unset).
+func parseBuildArgs(args []string) (map[string]string, error) {
+	buildArgs := map[string]string{}
+	for _, a := range args {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok {
+			// As in Docker: --build-arg K takes K from the environment.
+			v, ok = os.LookupEnv(k)
+			if !ok {
+				continue
+			}
+		}
+		if k == "" {
+			return nil, fmt.Errorf("--build-arg %q: expected KEY=VALUE", a)
+		}
+		buildArgs[k] = v
+	}
+	return buildArgs, nil
 }

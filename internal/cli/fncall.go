@@ -11,6 +11,8 @@ import (
 	"github.com/warrenhq/warren/api"
 )
 
+// newFnCallCmd is `warren fncall`: it runs one stateless task in a
+// pre-warmed container and exits with the task's exit code.
 func newFnCallCmd(g *globals) *cobra.Command {
 	var (
 		req          api.FnCallRequest
@@ -28,20 +30,15 @@ string. --file LOCAL:/PATH copies a local file in before the command runs
 Flags go before the command. Output is printed when the task ends.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			words := args
-			argv := cmd.ArgsLenAtDash() == 0
-			if len(words) > 0 && words[0] == "--" {
-				argv, words = true, words[1:]
+			argv, shell, err := commandWords(args, cmd.ArgsLenAtDash() == 0)
+			if err != nil {
+				return err
 			}
-			if len(words) == 0 {
-				return fmt.Errorf("no command given")
-			}
-			if argv || len(words) > 1 {
-				req.Argv = words
+			if argv != nil {
+				req.Argv = argv
 			} else {
-				req.Cmd = words[0]
+				req.Cmd = shell
 			}
-			var err error
 			if req.Env, err = parseKV("env", envs); err != nil {
 				return err
 			}
@@ -51,26 +48,13 @@ Flags go before the command. Output is printed when the task ends.`,
 			if req.MemoryMB, err = parseSizeMB("memory", mem); err != nil {
 				return err
 			}
-			for _, f := range files {
-				local, remote, ok := cutLast(f, ":/")
-				if !ok || local == "" {
-					return fmt.Errorf("--file %q: want LOCAL:/PATH", f)
-				}
-				b, err := os.ReadFile(local)
-				if err != nil {
-					return fmt.Errorf("--file: %w", err)
-				}
-				if req.Files == nil {
-					req.Files = map[string][]byte{}
-				}
-				req.Files["/"+remote] = b
+			if req.Files, err = readFnCallFiles(req.Files, files); err != nil {
+				return err
 			}
 			if stdin {
-				b, err := io.ReadAll(cmd.InOrStdin())
-				if err != nil {
-					return fmt.Errorf("read stdin: %w", err)
+				if req.Stdin, err = readStdin(cmd); err != nil {
+					return err
 				}
-				req.Stdin = string(b)
 			}
 			res, err := g.client().FnCall(cmd.Context(), req)
 			if err != nil {
@@ -85,10 +69,7 @@ Flags go before the command. Output is printed when the task ends.`,
 				io.WriteString(cmd.ErrOrStderr(), res.Stderr)
 				reportEnd(cmd.ErrOrStderr(), res)
 			}
-			if code := exitCode(res); code != 0 {
-				return &exitError{code: code}
-			}
-			return nil
+			return exitStatus(res)
 		},
 	}
 	f := cmd.Flags()
@@ -102,6 +83,26 @@ Flags go before the command. Output is printed when the task ends.`,
 	f.StringVar(&mem, "memory", "", "memory limit: MiB or a size like 512m (default 512m)")
 	f.BoolVarP(&stdin, "stdin", "i", false, "send warren's standard input to the task")
 	return cmd
+}
+
+// readFnCallFiles adds the files of the --file values (LOCAL:/PATH) to
+// dst, keyed by /PATH, making dst when there is one; it returns dst.
+func readFnCallFiles(dst map[string][]byte, files []string) (map[string][]byte, error) {
+	for _, f := range files {
+		local, remote, ok := cutLast(f, ":/")
+		if !ok || local == "" {
+			return dst, fmt.Errorf("--file %q: want LOCAL:/PATH", f)
+		}
+		b, err := os.ReadFile(local)
+		if err != nil {
+			return dst, fmt.Errorf("--file: %w", err)
+		}
+		if dst == nil {
+			dst = map[string][]byte{}
+		}
+		dst["/"+remote] = b
+	}
+	return dst, nil
 }
 
 // cutLast cuts s around the last sep; after excludes sep's first byte

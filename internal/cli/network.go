@@ -79,65 +79,7 @@ func newNetworkCmd(g *globals) *cobra.Command {
 // newNetworkRulesCmd manages the cluster's named network rules.
 func newNetworkRulesCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "network-rules", Aliases: []string{"network-rule"}, Short: "named network rules (\"pypi\"): root admins write, everyone reads"}
-	var (
-		rule  api.NetworkRule
-		ports []string
-	)
-	put := &cobra.Command{
-		Use:   "put NAME (--host H | --cidr C)... [--port P]... [--proto tcp|udp]",
-		Short: "create or replace a rule; running sandboxes that name it follow within a second",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			rule.Name = args[0]
-			rule.Ports = nil
-			for _, p := range ports {
-				n, err := strconv.Atoi(p)
-				if err != nil {
-					return fmt.Errorf("--port %q: not a number", p)
-				}
-				rule.Ports = append(rule.Ports, n)
-			}
-			out, err := g.client().PutNetworkRule(cmd.Context(), rule)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), out)
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s version %d\n", out.Name, out.Version)
-			return err
-		},
-	}
-	f := put.Flags()
-	f.StringArrayVar(&rule.Hosts, "host", nil, "a DNS name or *.suffix (repeatable)")
-	f.StringArrayVar(&rule.CIDRs, "cidr", nil, "an IPv4 CIDR or address (repeatable)")
-	f.StringArrayVar(&ports, "port", nil, "a port, 1-65535 (repeatable; none: every port)")
-	f.StringArrayVar(&rule.Protocols, "proto", nil, "tcp or udp (repeatable; none: both)")
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "list the rules",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			rs, err := g.client().NetworkRules(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), api.NetworkRuleList{Rules: rs})
-			}
-			tb := newTable(cmd.OutOrStdout(), "NAME", "VERSION", "HOSTS", "CIDRS", "PORTS", "PROTOCOLS")
-			for _, r := range rs {
-				var ps []string
-				for _, p := range r.Ports {
-					ps = append(ps, strconv.Itoa(p))
-				}
-				tb.row(r.Name, strconv.FormatUint(r.Version, 10), orDash(strings.Join(r.Hosts, ",")), orDash(strings.Join(r.CIDRs, ",")),
-					orDash(strings.Join(ps, ",")), orDash(strings.Join(r.Protocols, ",")))
-			}
-			return tb.flush()
-		},
-	}
+	put, ls := newNetworkRulePutCmd(g), newNetworkRulesLsCmd(g)
 	get := &cobra.Command{
 		Use:   "get NAME",
 		Short: "show one rule",
@@ -165,4 +107,73 @@ func newNetworkRulesCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(put, ls, get, rm)
 	return cmd
+}
+
+// newNetworkRulePutCmd is `warren network-rules put`: it creates or
+// replaces a rule and prints its name and version.
+func newNetworkRulePutCmd(g *globals) *cobra.Command {
+	var (
+		rule  api.NetworkRule
+		ports []string
+	)
+	cmd := &cobra.Command{
+		Use:   "put NAME (--host H | --cidr C)... [--port P]... [--proto tcp|udp]",
+		Short: "create or replace a rule; running sandboxes that name it follow within a second",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rule.Name = args[0]
+			rule.Ports = nil
+			for _, p := range ports {
+				n, err := strconv.Atoi(p)
+				if err != nil {
+					return fmt.Errorf("--port %q: not a number", p)
+				}
+				rule.Ports = append(rule.Ports, n)
+			}
+			out, err := g.client().PutNetworkRule(cmd.Context(), rule)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s version %d\n", out.Name, out.Version)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&rule.Hosts, "host", nil, "a DNS name or *.suffix (repeatable)")
+	f.StringArrayVar(&rule.CIDRs, "cidr", nil, "an IPv4 CIDR or address (repeatable)")
+	f.StringArrayVar(&ports, "port", nil, "a port, 1-65535 (repeatable; none: every port)")
+	f.StringArrayVar(&rule.Protocols, "proto", nil, "tcp or udp (repeatable; none: both)")
+	return cmd
+}
+
+// newNetworkRulesLsCmd is `warren network-rules ls`: it lists the rules.
+func newNetworkRulesLsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "list the rules",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rs, err := g.client().NetworkRules(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), api.NetworkRuleList{Rules: rs})
+			}
+			tb := newTable(cmd.OutOrStdout(), "NAME", "VERSION", "HOSTS", "CIDRS", "PORTS", "PROTOCOLS")
+			for _, r := range rs {
+				var ps []string
+				for _, p := range r.Ports {
+					ps = append(ps, strconv.Itoa(p))
+				}
+				tb.row(r.Name, strconv.FormatUint(r.Version, 10), orDash(strings.Join(r.Hosts, ",")), orDash(strings.Join(r.CIDRs, ",")),
+					orDash(strings.Join(ps, ",")), orDash(strings.Join(r.Protocols, ",")))
+			}
+			return tb.flush()
+		},
+	}
 }

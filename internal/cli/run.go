@@ -9,6 +9,8 @@ import (
 	"github.com/warrenhq/warren/api"
 )
 
+// newRunCmd is `warren run`: it runs a command in a sandbox, streaming its
+// output, and exits with the command's exit code.
 func newRunCmd(g *globals) *cobra.Command {
 	var (
 		req     api.ExecRequest
@@ -26,20 +28,17 @@ Flags go before the sandbox id. Output streams live; the exit code of warren
 is the command's.`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, rest := args[0], args[1:]
-			argv := cmd.ArgsLenAtDash() == 1
-			if len(rest) > 0 && rest[0] == "--" { // flags stop at ID, so "--" arrives as a word
-				argv, rest = true, rest[1:]
+			id := args[0]
+			// Flags stop at ID, so "--" arrives as a word (commandWords).
+			argv, shell, err := commandWords(args[1:], cmd.ArgsLenAtDash() == 1)
+			if err != nil {
+				return err
 			}
-			if len(rest) == 0 {
-				return fmt.Errorf("no command given")
-			}
-			if argv || len(rest) > 1 {
-				req.Argv = rest
+			if argv != nil {
+				req.Argv = argv
 			} else {
-				req.Cmd = rest[0]
+				req.Cmd = shell
 			}
-			var err error
 			if req.Env, err = parseKV("env", envs); err != nil {
 				return err
 			}
@@ -47,45 +46,11 @@ is the command's.`,
 				return err
 			}
 			if stdin {
-				b, err := io.ReadAll(cmd.InOrStdin())
-				if err != nil {
-					return fmt.Errorf("read stdin: %w", err)
-				}
-				req.Stdin = string(b)
-			}
-			c := g.client()
-			out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			if detach {
-				req.Background = true
-				res, err := c.Exec(cmd.Context(), id, req)
-				if err != nil {
+				if req.Stdin, err = readStdin(cmd); err != nil {
 					return err
 				}
-				if g.json {
-					return printJSON(out, res)
-				}
-				_, err = fmt.Fprintln(out, res.CommandID)
-				return err
 			}
-			var res *api.ExecResult
-			if g.json {
-				res, err = c.Exec(cmd.Context(), id, req)
-				if err == nil {
-					err = printJSON(out, res)
-				}
-			} else {
-				res, err = c.ExecStream(cmd.Context(), id, req, out, errw)
-			}
-			if err != nil {
-				return err
-			}
-			if !g.json {
-				reportEnd(errw, res)
-			}
-			if code := exitCode(res); code != 0 {
-				return &exitError{code: code}
-			}
-			return nil
+			return runExec(cmd, g, id, &req, detach)
 		},
 	}
 	f := cmd.Flags()
@@ -99,6 +64,78 @@ is the command's.`,
 	f.BoolVarP(&detach, "detach", "d", false, "run in the background and print the command id")
 	f.BoolVar(&req.Trusted, "trusted", false, "run with the shell and programs of the sandbox's protected toolkit layer, outside any session")
 	return cmd
+}
+
+// runExec runs req in sandbox id for `warren run`. Detached, it prints the
+// command's id; else it prints its output (streamed, or as JSON at the end)
+// and returns an exitError with the command's exit code when not 0.
+func runExec(cmd *cobra.Command, g *globals, id string, req *api.ExecRequest, detach bool) error {
+	c := g.client()
+	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	if detach {
+		req.Background = true
+		res, err := c.Exec(cmd.Context(), id, *req)
+		if err != nil {
+			return err
+		}
+		if g.json {
+			return printJSON(out, res)
+		}
+		_, err = fmt.Fprintln(out, res.CommandID)
+		return err
+	}
+	var res *api.ExecResult
+	var err error
+	if g.json {
+		res, err = c.Exec(cmd.Context(), id, *req)
+		if err == nil {
+			err = printJSON(out, res)
+		}
+	} else {
+		res, err = c.ExecStream(cmd.Context(), id, *req, out, errw)
+	}
+	if err != nil {
+		return err
+	}
+	if !g.json {
+		reportEnd(errw, res)
+	}
+	return exitStatus(res)
+}
+
+// commandWords reads the words of a command line (run, fncall): with
+// dashed (they came after "--") or a first word "--" (cobra passes "--"
+// on as a word once flags stopped), or when there are several, they are
+// argv; a single word is a shell string. No words is an error.
+func commandWords(words []string, dashed bool) (argv []string, shell string, err error) {
+	if len(words) > 0 && words[0] == "--" {
+		dashed, words = true, words[1:]
+	}
+	if len(words) == 0 {
+		return nil, "", fmt.Errorf("no command given")
+	}
+	if dashed || len(words) > 1 {
+		return words, "", nil
+	}
+	return nil, words[0], nil
+}
+
+// readStdin reads all of cmd's standard input (--stdin of run and fncall).
+func readStdin(cmd *cobra.Command) (string, error) {
+	b, err := io.ReadAll(cmd.InOrStdin())
+	if err != nil {
+		return "", fmt.Errorf("read stdin: %w", err)
+	}
+	return string(b), nil
+}
+
+// exitStatus is nil when res exited 0, else an exitError with its exit
+// code (exitCode).
+func exitStatus(res *api.ExecResult) error {
+	if code := exitCode(res); code != 0 {
+		return &exitError{code: code}
+	}
+	return nil
 }
 
 // reportEnd says on w how a command ended when its exit code cannot.

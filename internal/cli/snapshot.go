@@ -123,17 +123,29 @@ func trajectoryWithAudit(cmd *cobra.Command, g *globals, name string) ([]api.Tra
 	}
 }
 
+// newTrajCmd is `warren traj`: it reads, compares, replays and deletes
+// trajectory logs. --project, for every subcommand, names the project that
+// owns the trajectory.
 func newTrajCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "traj", Short: "trajectory logs"}
-	var path, project string
-	var withAudit, auditSummary bool
+	var project string
 	cmd.PersistentFlags().StringVar(&project, "project", "", "the project that owns the trajectory (names are per project; default: the token's)")
+	cmd.AddCommand(newTrajShowCmd(g, &project), newTrajDiffCmd(g, &project), newTrajReplayCmd(g, &project), newTrajLsCmd(g), newTrajRmCmd(g, &project))
+	return cmd
+}
+
+// newTrajShowCmd is `warren traj show`: it prints the steps of a
+// trajectory of *project, with their audit records or only the audit's
+// summary when asked.
+func newTrajShowCmd(g *globals, project *string) *cobra.Command {
+	var path string
+	var withAudit, auditSummary bool
 	show := &cobra.Command{
 		Use:   "show TRAJECTORY",
 		Short: "print every step of a trajectory",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if (withAudit || auditSummary) && project != "" {
+			if (withAudit || auditSummary) && *project != "" {
 				return fmt.Errorf("--audit and --audit-summary read the token's own project's trajectories (drop --project)")
 			}
 			if auditSummary {
@@ -152,40 +164,58 @@ func newTrajCmd(g *globals) *cobra.Command {
 			if withAudit {
 				steps, err = trajectoryWithAudit(cmd, g, args[0])
 			} else {
-				steps, err = g.client().TrajectoryAllOf(cmd.Context(), project, args[0])
+				steps, err = g.client().TrajectoryAllOf(cmd.Context(), *project, args[0])
 			}
 			if err != nil {
 				return err
 			}
 			if path != "" {
-				var keep []api.TrajectoryStep
-				for _, st := range steps {
-					if st.Path == path || st.To == path || strings.HasPrefix(st.Path, strings.TrimSuffix(path, "/")+"/") {
-						keep = append(keep, st)
-					}
-				}
-				steps = keep
+				steps = stepsOnPath(steps, path)
 			}
-			if g.json {
-				if steps == nil {
-					steps = []api.TrajectoryStep{}
-				}
-				return printJSON(cmd.OutOrStdout(), steps)
-			}
-			t := newTable(cmd.OutOrStdout(), "STEP", "AT", "OP", "OPERATION", "RESULT")
-			for _, st := range steps {
-				t.row(fmt.Sprint(st.Step), st.At.Format(time.RFC3339), st.Op, describeOp(&st), describeResult(&st))
-				for _, r := range st.Audit {
-					t.row("", r.Time.Format("15:04:05.000"), "  "+r.Kind, auditWhat(&r), "")
-				}
-			}
-			return t.flush()
+			return printTrajSteps(cmd, g, steps)
 		},
 	}
 	show.Flags().StringVar(&path, "path", "", "only the steps that changed this path")
 	show.Flags().BoolVar(&withAudit, "audit", false, "under each step, what its sandbox's processes did (the kernel's audit records)")
 	show.Flags().BoolVar(&auditSummary, "audit-summary", false, "only the audit's counts per step and kind, and the records a policy rule matched")
-	diff := &cobra.Command{
+	return show
+}
+
+// stepsOnPath keeps the steps that changed path or a path below it.
+func stepsOnPath(steps []api.TrajectoryStep, path string) []api.TrajectoryStep {
+	var keep []api.TrajectoryStep
+	for _, st := range steps {
+		if st.Path == path || st.To == path || strings.HasPrefix(st.Path, strings.TrimSuffix(path, "/")+"/") {
+			keep = append(keep, st)
+		}
+	}
+	return keep
+}
+
+// printTrajSteps prints steps for `warren traj show`: as JSON, or a table
+// with each step's audit records below it.
+func printTrajSteps(cmd *cobra.Command, g *globals, steps []api.TrajectoryStep) error {
+	if g.json {
+		if steps == nil {
+			steps = []api.TrajectoryStep{}
+		}
+		return printJSON(cmd.OutOrStdout(), steps)
+	}
+	t := newTable(cmd.OutOrStdout(), "STEP", "AT", "OP", "OPERATION", "RESULT")
+	for _, st := range steps {
+		t.row(fmt.Sprint(st.Step), st.At.Format(time.RFC3339), st.Op, describeOp(&st), describeResult(&st))
+		for _, r := range st.Audit {
+			t.row("", r.Time.Format("15:04:05.000"), "  "+r.Kind, auditWhat(&r), "")
+		}
+	}
+	return t.flush()
+}
+
+// newTrajDiffCmd is `warren traj diff`: it lists the files that the file
+// operations of a trajectory of *project changed between two steps, and
+// its commands there.
+func newTrajDiffCmd(g *globals, project *string) *cobra.Command {
+	return &cobra.Command{
 		Use:   "diff TRAJECTORY A B",
 		Short: "list the files that file operations changed after step A up to step B (commands are listed, not analysed)",
 		Args:  cobra.ExactArgs(3),
@@ -197,35 +227,11 @@ func newTrajCmd(g *globals) *cobra.Command {
 			if _, err := fmt.Sscanf(args[2], "%d", &b); err != nil || b < a {
 				return fmt.Errorf("step B %q is not a step number at least A", args[2])
 			}
-			steps, err := g.client().TrajectoryAllOf(cmd.Context(), project, args[0])
+			steps, err := g.client().TrajectoryAllOf(cmd.Context(), *project, args[0])
 			if err != nil {
 				return err
 			}
-			changed := map[string]string{}
-			var order []string
-			var execs []api.TrajectoryStep
-			note := func(p, what string) {
-				if _, ok := changed[p]; !ok {
-					order = append(order, p)
-				}
-				changed[p] = what
-			}
-			for _, st := range steps {
-				if st.Step <= a || st.Step > b || st.Error != nil {
-					continue
-				}
-				switch st.Op {
-				case "write", "mkdir":
-					note(st.Path, "changed")
-				case "remove":
-					note(st.Path, "removed")
-				case "rename":
-					note(st.Path, "removed")
-					note(st.To, "changed")
-				case "exec":
-					execs = append(execs, st)
-				}
-			}
+			changed, order, execs := changedBetween(steps, a, b)
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"files": changed, "commands": execs})
 			}
@@ -239,13 +245,50 @@ func newTrajCmd(g *globals) *cobra.Command {
 			return t.flush()
 		},
 	}
+}
+
+// changedBetween reads the successful steps after a up to b: changed maps
+// each path their file operations touched to "changed" or "removed" (its
+// last change), order lists those paths as first touched, and execs are
+// the commands, which it does not analyse.
+func changedBetween(steps []api.TrajectoryStep, a, b int64) (changed map[string]string, order []string, execs []api.TrajectoryStep) {
+	changed = map[string]string{}
+	note := func(p, what string) {
+		if _, ok := changed[p]; !ok {
+			order = append(order, p)
+		}
+		changed[p] = what
+	}
+	for _, st := range steps {
+		if st.Step <= a || st.Step > b || st.Error != nil {
+			continue
+		}
+		switch st.Op {
+		case "write", "mkdir":
+			note(st.Path, "changed")
+		case "remove":
+			note(st.Path, "removed")
+		case "rename":
+			note(st.Path, "removed")
+			note(st.To, "changed")
+		case "exec":
+			execs = append(execs, st)
+		}
+	}
+	return changed, order, execs
+}
+
+// newTrajReplayCmd is `warren traj replay`: it re-executes a trajectory of
+// *project in a fresh sandbox, lists the steps whose outcome differs, and
+// exits with status 1 if any does.
+func newTrajReplayCmd(g *globals, project *string) *cobra.Command {
 	var rreq api.ReplayRequest
 	replay := &cobra.Command{
 		Use:   "replay TRAJECTORY [--mask REGEX]... [--ignore FIELD]...",
 		Short: "re-execute a trajectory's log in a fresh sandbox and list the steps whose outcome differs (exit status 1 if any)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rreq.Trajectory, rreq.Project = args[0], project
+			rreq.Trajectory, rreq.Project = args[0], *project
 			rep, err := g.client().ReplayTrajectoryWith(cmd.Context(), rreq)
 			if err != nil {
 				return err
@@ -273,7 +316,13 @@ func newTrajCmd(g *globals) *cobra.Command {
 	replay.Flags().BoolVar(&rreq.Keep, "keep", false, "leave the replay's sandbox running")
 	replay.Flags().StringArrayVar(&rreq.Masks, "mask", nil, "regular expression whose matches in stdout and stderr are not compared (repeatable)")
 	replay.Flags().StringArrayVar(&rreq.Ignore, "ignore", nil, "outcome field not to compare: "+strings.Join(api.ReplayFields, ", ")+" (repeatable)")
-	ls := &cobra.Command{
+	return replay
+}
+
+// newTrajLsCmd is `warren traj ls`: it lists the trajectories the token
+// sees, with the bytes each stores.
+func newTrajLsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "ls",
 		Short: "list the trajectories of the token's project and the projects below it, with the bytes each stores",
 		Args:  cobra.NoArgs,
@@ -296,21 +345,23 @@ func newTrajCmd(g *globals) *cobra.Command {
 			return t.flush()
 		},
 	}
-	rm := &cobra.Command{
+}
+
+// newTrajRmCmd is `warren traj rm`: it deletes trajectories of *project.
+func newTrajRmCmd(g *globals, project *string) *cobra.Command {
+	return &cobra.Command{
 		Use:   "rm TRAJECTORY...",
 		Short: "delete trajectories: their logs and the inputs they kept (a live sandbox recording one, or a branch of it, keeps it: 409)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, name := range args {
-				if err := g.client().DeleteTrajectory(cmd.Context(), project, name); err != nil {
+				if err := g.client().DeleteTrajectory(cmd.Context(), *project, name); err != nil {
 					return fmt.Errorf("%s: %w", name, err)
 				}
 			}
 			return nil
 		},
 	}
-	cmd.AddCommand(show, diff, replay, ls, rm)
-	return cmd
 }
 
 // describeOutcome shows the parts of a step's outcome named in fields.

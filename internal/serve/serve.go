@@ -435,10 +435,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), *edg
 		return nil, nil, err
 	}
 	closers = append(closers, closeRunDir)
-	rt, err := container.New(container.Config{AgentPath: o.AgentPath, Logger: log, CgroupParent: CgroupParent(o.DataDir),
-		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
-		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream, NetEgressRateMbit: o.Userns.NetEgressRateMbit, NetMaxConns: o.Userns.NetMaxConns,
-		NetIngressRateMbit: o.Userns.NetIngressRateMbit})
+	rt, err := container.New(containerConfig(o))
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -450,41 +447,11 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), *edg
 			}
 		}
 	})
-	var edgeRT runtime.Runtime = rt
-	if vm, full, why := openVMTiers(o, images, rt.Network()); vm != nil {
-		edgeRT = tiers.New(rt, vm, full)
-		closers = append(closers, func() {
-			if !o.KeepOnShutdown {
-				if err := vm.Close(); err != nil {
-					log.Warn("remove the microvm tier's parent cgroup", "err", err)
-				}
-				if err := full.Close(); err != nil {
-					log.Warn("remove the vm tier's parent cgroup", "err", err)
-				}
-			}
-		})
-		log.Info("microvm and vm tiers on", "accel", vm.Accel(), "kernel", vm.KernelVersion())
-		// The default shape's memory template, before the first create
-		// asks for it.
-		vm.WarmTemplate()
-	} else {
-		log.Info("microvm and vm tiers off", "reason", why)
+	edgeRT, closeVM := withVMTiers(o, images, rt)
+	if closeVM != nil {
+		closers = append(closers, closeVM)
 	}
-	memMB := totalMemoryMB()
-	diskMB, diskSpace := diskCapacity(writable, o.DiskOvercommit, log)
-	e, err := edge.New(edge.Config{
-		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: edgeRT,
-		Images: imageResolver{store: images, mounts: mounts}, Writable: writable, Logger: log,
-		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
-		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
-		Labels:         o.Labels,
-		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
-		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
-		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
-		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
-		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
-		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
-	})
+	e, err := edge.New(edgeConfig(o, conn, edgeRT, imageResolver{store: images, mounts: mounts}, writable))
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -499,6 +466,65 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), *edg
 		_ = e.Close(cctx)
 	})
 	return stop, e, nil
+}
+
+// containerConfig is the configuration of the edge's container runtime
+// (the container tier) for o.
+func containerConfig(o EdgeOptions) container.Config {
+	return container.Config{AgentPath: o.AgentPath, Logger: o.Logger, CgroupParent: CgroupParent(o.DataDir),
+		IDBase: o.Userns.IDBase, IDRanges: o.Userns.IDRanges, AllowHostRoot: o.Userns.AllowHostRoot, HostRoot: o.Userns.HostRoot,
+		NetPool: o.Userns.NetPool, DNSUpstream: o.Userns.DNSUpstream, NetEgressRateMbit: o.Userns.NetEgressRateMbit, NetMaxConns: o.Userns.NetMaxConns,
+		NetIngressRateMbit: o.Userns.NetIngressRateMbit}
+}
+
+// withVMTiers puts the microvm and vm tiers beside the container runtime
+// rt when the node can run them (openVMTiers), and starts the default
+// shape's memory template. It returns the runtime the edge uses, and the
+// func that removes the tiers' parent cgroups at shutdown (unless o keeps
+// them), nil when the tiers are off.
+func withVMTiers(o EdgeOptions, images *image.LocalStore, rt *container.Runtime) (runtime.Runtime, func()) {
+	log := o.Logger
+	vm, full, why := openVMTiers(o, images, rt.Network())
+	if vm == nil {
+		log.Info("microvm and vm tiers off", "reason", why)
+		return rt, nil
+	}
+	closeVM := func() {
+		if !o.KeepOnShutdown {
+			if err := vm.Close(); err != nil {
+				log.Warn("remove the microvm tier's parent cgroup", "err", err)
+			}
+			if err := full.Close(); err != nil {
+				log.Warn("remove the vm tier's parent cgroup", "err", err)
+			}
+		}
+	}
+	log.Info("microvm and vm tiers on", "accel", vm.Accel(), "kernel", vm.KernelVersion())
+	// The default shape's memory template, before the first create
+	// asks for it.
+	vm.WarmTemplate()
+	return tiers.New(rt, vm, full), closeVM
+}
+
+// edgeConfig is the configuration of the edge of o on conn: its runtime,
+// images and writable layers, and its capacity (this host's CPUs, memory
+// and scratch space, scaled by o's overcommit factors).
+func edgeConfig(o EdgeOptions, conn *bus.Conn, rt runtime.Runtime, images imageResolver, writable edge.WritableLayers) edge.Config {
+	memMB := totalMemoryMB()
+	diskMB, diskSpace := diskCapacity(writable, o.DiskOvercommit, o.Logger)
+	return edge.Config{
+		Node: o.Node, DataDir: o.DataDir, Bus: conn, Runtime: rt,
+		Images: images, Writable: writable, Logger: o.Logger,
+		CPUCapacity:    float64(goruntime.NumCPU()) * o.CPUOvercommit,
+		MemoryMB:       int64(float64(memMB) * o.MemoryOvercommit),
+		Labels:         o.Labels,
+		KeepOnShutdown: o.KeepOnShutdown, Recycle: o.Recycle, RecycleIdle: o.RecycleIdle,
+		CPUOvercommit: o.CPUOvercommit, MemoryOvercommit: o.MemoryOvercommit,
+		DiskMB: diskMB, DiskOvercommit: o.DiskOvercommit, DiskSpace: diskSpace,
+		MinMemoryAvailableMB: o.MinMemoryAvailableMB, MaxMemoryPressure: o.MaxMemoryPressure, MaxCPUPressure: o.MaxCPUPressure, BestEffortCap: o.BestEffortCap,
+		Telemetry: !o.NoTelemetry, TelemetryRefusals: o.TelemetryRefusals, TelemetryFiles: o.TelemetryFiles,
+		DataListen: o.DataListen, DataAdvertise: o.DataAdvertise,
+	}
 }
 
 // APIOptions configure one apiserver (`warren apiserver`, or the one of `warren serve`).
@@ -611,20 +637,8 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	errc := make(chan error, 2)
 	// The E2B front first: once the native API answers, both are up.
 	if e2bLn != nil {
-		front := e2b.New(e2b.Config{API: api, Logger: log})
-		e2bSrv := o.HTTP.server(front, limits)
-		go func() { errc <- e2bSrv.Serve(e2bLn) }()
-		defer func() {
-			front.Close() // its live commands (stdin, PTYs) end, and their streams
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = e2bSrv.Shutdown(sctx)
-		}()
-		e2bURL := "http://" + e2bLn.Addr().String()
-		log.Info("serving E2B's control plane", "url", e2bURL)
-		if o.E2BReady != nil {
-			o.E2BReady(e2bURL, token)
-		}
+		stopE2B := serveE2B(o, api, e2bLn, limits, token, errc)
+		defer stopE2B()
 	}
 	go func() { errc <- srv.Serve(ln) }()
 	url := "http://" + ln.Addr().String()
@@ -648,6 +662,28 @@ func serveAPI(ctx context.Context, conn *bus.Conn, ln net.Listener, o APIOptions
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return nil
+}
+
+// serveE2B serves E2B's control plane (internal/e2b) over api on ln,
+// sending the server's end to errc, and calls o.E2BReady with its URL and
+// token. The returned func ends the front's live commands and shuts its
+// server down.
+func serveE2B(o APIOptions, api *apiserver.Server, ln net.Listener, limits *connlimit.Limiter, token string, errc chan<- error) func() {
+	front := e2b.New(e2b.Config{API: api, Logger: o.Logger})
+	srv := o.HTTP.server(front, limits)
+	go func() { errc <- srv.Serve(ln) }()
+	stop := func() {
+		front.Close() // its live commands (stdin, PTYs) end, and their streams
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}
+	url := "http://" + ln.Addr().String()
+	o.Logger.Info("serving E2B's control plane", "url", url)
+	if o.E2BReady != nil {
+		o.E2BReady(url, token)
+	}
+	return stop
 }
 
 // limiter raises the descriptor limit to its hard value and makes the

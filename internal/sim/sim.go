@@ -95,110 +95,167 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	var procs []*proc
-	defer func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			_ = procs[i].cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func(c *exec.Cmd) { _ = c.Wait(); close(done) }(procs[i].cmd)
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				_ = procs[i].cmd.Process.Kill()
-			}
-		}
-	}()
-	start := func(name string, args ...string) (*proc, error) {
-		cmd := exec.Command(exe, args...)
-		if name == "apiserver0" && os.Getenv("WARREN_SIM_PPROF") != "" {
-			cmd.Env = append(os.Environ(), "WARREN_PPROF="+os.Getenv("WARREN_SIM_PPROF"))
-		}
-		logf, _ := os.Create(filepath.Join(dir, name+".log"))
-		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		p := &proc{name: name, cmd: cmd}
-		procs = append(procs, p)
-		return p, nil
+	s := &simulation{cfg: cfg, exe: exe, dir: dir}
+	defer s.stop()
+	if err := s.startProcesses(); err != nil {
+		return err
 	}
-	logOf := func(name string) string {
-		b, _ := os.ReadFile(filepath.Join(dir, name+".log"))
-		s := string(b)
-		if len(s) > 2000 {
-			s = s[len(s)-2000:]
-		}
-		return s
+	if err := s.connect(ctx); err != nil {
+		return err
 	}
+	return s.measure(ctx)
+}
 
-	// NATS.
+// simulation is the state of one Run: its processes, its clients of the
+// apiservers, and what the phases measured for the report.
+type simulation struct {
+	cfg Config
+	exe string // this binary, run as every process
+	dir string // the processes' data and logs
+
+	procs     []*proc // every process started, in order
+	natsProcs []*proc
+	apiProcs  []*proc
+	edges     *proc
+	all       []*proc // the processes measured, this one last
+
+	urls    []string // of the apiservers
+	token   string   // the admin token
+	clients []*warren.Client
+
+	spec     api.CreateSandboxRequest // of every create but the burst's
+	live     int                      // sandboxes created
+	singles  int64                    // created by the single-create phase
+	batched  int64                    // by the batch phase
+	filled   int64                    // by the fill phase
+	singleEl time.Duration            // the single-create phase's length
+	phaseUse map[string][]usage       // per phase, per process of all
+	empty    []usage                  // before the first create
+	held     []usage                  // once filled to Hold
+}
+
+// start starts this binary with args as process name, its output in
+// name.log.
+func (s *simulation) start(name string, args ...string) (*proc, error) {
+	cmd := exec.Command(s.exe, args...)
+	if name == "apiserver0" && os.Getenv("WARREN_SIM_PPROF") != "" {
+		cmd.Env = append(os.Environ(), "WARREN_PPROF="+os.Getenv("WARREN_SIM_PPROF"))
+	}
+	logf, _ := os.Create(filepath.Join(s.dir, name+".log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{name: name, cmd: cmd}
+	s.procs = append(s.procs, p)
+	return p, nil
+}
+
+// stop ends the processes, last started first: SIGTERM, then SIGKILL
+// after 20 seconds.
+func (s *simulation) stop() {
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		_ = s.procs[i].cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func(c *exec.Cmd) { _ = c.Wait(); close(done) }(s.procs[i].cmd)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = s.procs[i].cmd.Process.Kill()
+		}
+	}
+}
+
+// logOf is the end of process name's log (its last 2000 bytes).
+func (s *simulation) logOf(name string) string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, name+".log"))
+	out := string(b)
+	if len(out) > 2000 {
+		out = out[len(out)-2000:]
+	}
+	return out
+}
+
+// simAuth are the NATS credential arguments of the simulation's
+// processes: the NATS servers', the apiservers' and the simulated edges'.
+type simAuth struct{ nats, api, edges []string }
+
+// auth makes the NATS credentials, unless cfg.NoAuth: one per simulated
+// node (each then has its own connection), one for the apiservers.
+func (s *simulation) auth() (simAuth, error) {
+	a := simAuth{nats: []string{"--no-auth"}, api: []string{}, edges: []string{"--conns", "8"}}
+	if s.cfg.NoAuth {
+		return a, nil
+	}
+	authDir := filepath.Join(s.dir, "nats-auth")
+	var names []string
+	for i := 0; i < s.cfg.Nodes; i++ {
+		names = append(names, fmt.Sprintf("sim%d", i))
+	}
+	if _, err := bus.EnsureAuth(authDir, names); err != nil {
+		return a, err
+	}
+	a.nats = []string{"--auth-dir", authDir}
+	a.api = []string{"--nats-nkey", filepath.Join(authDir, bus.SeedFile(bus.RoleAPIServer, ""))}
+	a.edges = []string{"--auth-dir", authDir}
+	return a, nil
+}
+
+// startProcesses starts the NATS servers (a cluster when there are
+// several), the apiservers and the process of the simulated edges.
+func (s *simulation) startProcesses() error {
+	cfg := s.cfg
 	var clientURLs, routes []string
 	for i := 0; i < cfg.NATSServers; i++ {
 		clientURLs = append(clientURLs, "nats://"+freeAddr())
 		routes = append(routes, "nats-route://"+freeAddr())
 	}
-	// Credentials: one per simulated node (each then has its own
-	// connection), one for the apiservers.
-	authDir := filepath.Join(dir, "nats-auth")
-	authArgs := []string{"--no-auth"}
-	apiAuth := []string{}
-	edgeAuth := []string{"--conns", "8"}
-	if !cfg.NoAuth {
-		var names []string
-		for i := 0; i < cfg.Nodes; i++ {
-			names = append(names, fmt.Sprintf("sim%d", i))
-		}
-		if _, err := bus.EnsureAuth(authDir, names); err != nil {
-			return err
-		}
-		authArgs = []string{"--auth-dir", authDir}
-		apiAuth = []string{"--nats-nkey", filepath.Join(authDir, bus.SeedFile(bus.RoleAPIServer, ""))}
-		edgeAuth = []string{"--auth-dir", authDir}
+	auth, err := s.auth()
+	if err != nil {
+		return err
 	}
-	var natsProcs []*proc
 	for i := 0; i < cfg.NATSServers; i++ {
 		args := []string{"nats", "--name", fmt.Sprintf("n%d", i), "--listen", strings.TrimPrefix(clientURLs[i], "nats://"),
-			"--data-dir", filepath.Join(dir, fmt.Sprintf("nats%d", i))}
-		args = append(args, authArgs...)
+			"--data-dir", filepath.Join(s.dir, fmt.Sprintf("nats%d", i))}
+		args = append(args, auth.nats...)
 		if cfg.NATSServers > 1 {
 			args = append(args, "--cluster-listen", strings.TrimPrefix(routes[i], "nats-route://"), "--routes", strings.Join(routes, ","))
 		}
-		p, err := start(fmt.Sprintf("nats%d", i), args...)
+		p, err := s.start(fmt.Sprintf("nats%d", i), args...)
 		if err != nil {
 			return err
 		}
-		natsProcs = append(natsProcs, p)
+		s.natsProcs = append(s.natsProcs, p)
 	}
 	natsURL := strings.Join(clientURLs, ",")
 	replicas := "1"
 	if cfg.NATSServers >= 3 {
 		replicas = "3"
 	}
-	// Apiservers.
-	var apiProcs []*proc
-	var urls []string
 	for i := 0; i < cfg.APIServers; i++ {
 		addr := freeAddr()
-		urls = append(urls, "http://"+addr)
-		p, err := start(fmt.Sprintf("apiserver%d", i), append([]string{"apiserver", "--nats", natsURL, "--replicas", replicas,
-			"--listen", addr, "--data-dir", filepath.Join(dir, fmt.Sprintf("api%d", i))}, apiAuth...)...)
+		s.urls = append(s.urls, "http://"+addr)
+		p, err := s.start(fmt.Sprintf("apiserver%d", i), append([]string{"apiserver", "--nats", natsURL, "--replicas", replicas,
+			"--listen", addr, "--data-dir", filepath.Join(s.dir, fmt.Sprintf("api%d", i))}, auth.api...)...)
 		if err != nil {
 			return err
 		}
-		apiProcs = append(apiProcs, p)
+		s.apiProcs = append(s.apiProcs, p)
 	}
 	// Simulated edges: capacity for Hold + everything else, spread evenly.
 	per := (cfg.Hold+cfg.Burst+cfg.Clients*100000)/max(1, cfg.Nodes) + 1000
-	edges, err := start("edges", append([]string{"sim-edges", "--nats", natsURL, "--nodes", strconv.Itoa(cfg.Nodes),
-		"--max-sandboxes", strconv.Itoa(per)}, edgeAuth...)...)
-	if err != nil {
-		return err
-	}
-	// Wait for health and the token.
+	s.edges, err = s.start("edges", append([]string{"sim-edges", "--nats", natsURL, "--nodes", strconv.Itoa(cfg.Nodes),
+		"--max-sandboxes", strconv.Itoa(per)}, auth.edges...)...)
+	return err
+}
+
+// connect waits (90 seconds at most) for every apiserver to answer and
+// every simulated node to be up, reads the admin token and makes the
+// clients.
+func (s *simulation) connect(ctx context.Context) error {
 	deadline := time.Now().Add(90 * time.Second)
-	var token string
-	for _, u := range urls {
+	for _, u := range s.urls {
 		for {
 			resp, err := http.Get(u + "/healthz")
 			if err == nil {
@@ -208,61 +265,82 @@ func Run(ctx context.Context, cfg Config) error {
 				}
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("sim: apiserver %s did not start:\n%s", u, logOf("apiserver0"))
+				return fmt.Errorf("sim: apiserver %s did not start:\n%s", u, s.logOf("apiserver0"))
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	for i := range apiProcs {
-		if b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("api%d", i), "admin-token")); err == nil {
-			token = strings.TrimSpace(string(b))
+	for i := range s.apiProcs {
+		if b, err := os.ReadFile(filepath.Join(s.dir, fmt.Sprintf("api%d", i), "admin-token")); err == nil {
+			s.token = strings.TrimSpace(string(b))
 		}
 	}
 	tr := warren.NewTransport()
 	tr.MaxIdleConnsPerHost = 1024
 	hc := &http.Client{Transport: tr}
-	clients := make([]*warren.Client, len(urls))
-	for i, u := range urls {
-		clients[i] = warren.New(u, token, warren.WithHTTPClient(hc), warren.WithRetry(1, 0, 0))
+	s.clients = make([]*warren.Client, len(s.urls))
+	for i, u := range s.urls {
+		s.clients[i] = warren.New(u, s.token, warren.WithHTTPClient(hc), warren.WithRetry(1, 0, 0))
 	}
 	for {
-		nodes, err := clients[0].Nodes(ctx)
+		nodes, err := s.clients[0].Nodes(ctx)
 		up := 0
 		for _, n := range nodes {
 			if n.State == "up" {
 				up++
 			}
 		}
-		if err == nil && up >= cfg.Nodes {
+		if err == nil && up >= s.cfg.Nodes {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("sim: %d of %d nodes up (%v):\n%s", up, cfg.Nodes, err, logOf("edges"))
+			return fmt.Errorf("sim: %d of %d nodes up (%v):\n%s", up, s.cfg.Nodes, err, s.logOf("edges"))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	time.Sleep(1500 * time.Millisecond) // every apiserver sees every node
+	return nil
+}
 
-	self := &proc{name: "load generator (warren sim)", cmd: &exec.Cmd{Process: &os.Process{Pid: os.Getpid()}}}
-	all := append(append(append([]*proc{}, natsProcs...), apiProcs...), edges, self)
-	snap := func() []usage {
-		out := make([]usage, len(all))
-		for i, p := range all {
-			out[i] = p.usage()
-		}
-		return out
+// snap is the usage of every measured process now.
+func (s *simulation) snap() []usage {
+	out := make([]usage, len(s.all))
+	for i, p := range s.all {
+		out[i] = p.usage()
 	}
-	out := cfg.Out
-	fmt.Fprintf(out, "warren sim: %d NATS server(s), %d apiservers, %d simulated nodes, %d clients on this machine\n\n",
-		cfg.NATSServers, cfg.APIServers, cfg.Nodes, cfg.Clients)
-	fmt.Fprintf(out, "| phase | sandboxes | seconds | creations/s | p50 ms | p99 ms | errors |\n| --- | --- | --- | --- | --- | --- | --- |\n")
-	live := 0
-	phaseUse := map[string][]usage{}
-	spec := api.CreateSandboxRequest{Image: "busybox", CPU: 0.01, MemoryMB: 16, Labels: map[string]string{"job": "sim"}}
+	return out
+}
 
-	// Phase 1: many clients, one sandbox per call.
-	u0 := snap()
-	empty := u0
+// measure runs the four phases (single creates, batch creates, the fill to
+// Hold, the burst), writing a row of the table for each, then the table of
+// the processes.
+func (s *simulation) measure(ctx context.Context) error {
+	self := &proc{name: "load generator (warren sim)", cmd: &exec.Cmd{Process: &os.Process{Pid: os.Getpid()}}}
+	s.all = append(append(append([]*proc{}, s.natsProcs...), s.apiProcs...), s.edges, self)
+	out := s.cfg.Out
+	fmt.Fprintf(out, "warren sim: %d NATS server(s), %d apiservers, %d simulated nodes, %d clients on this machine\n\n",
+		s.cfg.NATSServers, s.cfg.APIServers, s.cfg.Nodes, s.cfg.Clients)
+	fmt.Fprintf(out, "| phase | sandboxes | seconds | creations/s | p50 ms | p99 ms | errors |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	s.live = 0
+	s.phaseUse = map[string][]usage{}
+	s.spec = api.CreateSandboxRequest{Image: "busybox", CPU: 0.01, MemoryMB: 16, Labels: map[string]string{"job": "sim"}}
+	s.singlePhase(ctx)
+	s.batchPhase(ctx)
+	if err := s.fillPhase(ctx); err != nil {
+		return err
+	}
+	s.burstPhase(ctx)
+	s.reportProcesses()
+	return nil
+}
+
+// singlePhase runs cfg.Clients clients, each creating one sandbox per call
+// (with the SDK or a lean HTTP/1.1 client) for cfg.Duration, and writes
+// the phase's row.
+func (s *simulation) singlePhase(ctx context.Context) {
+	cfg := s.cfg
+	u0 := s.snap()
+	s.empty = u0
 	var n1, e1 atomic.Int64
 	var firstErr atomic.Value
 	lat := make([][]time.Duration, cfg.Clients)
@@ -272,9 +350,9 @@ func Run(ctx context.Context, cfg Config) error {
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
-			create := func() error { _, err := clients[c%len(clients)].CreateWithKey(ctx, spec, ""); return err }
+			create := func() error { _, err := s.clients[c%len(s.clients)].CreateWithKey(ctx, s.spec, ""); return err }
 			if !cfg.SDKClients {
-				rc, err := newRawClient(urls[c%len(urls)], token, spec)
+				rc, err := newRawClient(s.urls[c%len(s.urls)], s.token, s.spec)
 				if err != nil {
 					e1.Add(1)
 					return
@@ -283,21 +361,22 @@ func Run(ctx context.Context, cfg Config) error {
 				create = rc.create
 			}
 			for time.Since(t0) < cfg.Duration {
-				s := time.Now()
+				st := time.Now()
 				if err := create(); err != nil {
 					if e1.Add(1) == 1 {
 						firstErr.Store(err.Error())
 					}
 					continue
 				}
-				lat[c] = append(lat[c], time.Since(s))
+				lat[c] = append(lat[c], time.Since(st))
 				n1.Add(1)
 			}
 		}(c)
 	}
 	wg.Wait()
 	el := time.Since(t0)
-	live += int(n1.Load())
+	s.singles = n1.Load()
+	s.live += int(s.singles)
 	var alll []time.Duration
 	for _, l := range lat {
 		alll = append(alll, l...)
@@ -307,35 +386,41 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.SDKClients {
 		kind = "Go SDK"
 	}
-	fmt.Fprintf(out, "| single creates, %d clients (%s) | %d | %.1f | %.0f | %.2f | %.2f | %d |\n", cfg.Clients, kind, n1.Load(), el.Seconds(),
+	fmt.Fprintf(cfg.Out, "| single creates, %d clients (%s) | %d | %.1f | %.0f | %.2f | %.2f | %d |\n", cfg.Clients, kind, n1.Load(), el.Seconds(),
 		float64(n1.Load())/el.Seconds(), ms(p50), ms(p99), e1.Load())
 	if v := firstErr.Load(); v != nil {
 		fmt.Fprintf(os.Stderr, "warren sim: first single-create error: %s\n", v)
 	}
-	phaseUse["single"] = diff(snap(), u0, el)
-	singleEl := el
+	s.phaseUse["single"] = diff(s.snap(), u0, el)
+	s.singleEl = el
+}
 
-	// Phase 2: batch creates.
-	u0 = snap()
+// batchPhase runs max(2, cfg.Clients/8) clients, each creating
+// cfg.BatchSize sandboxes per call for cfg.Duration, and writes the
+// phase's row.
+func (s *simulation) batchPhase(ctx context.Context) {
+	cfg := s.cfg
+	u0 := s.snap()
 	var n2, e2 atomic.Int64
 	var blat []time.Duration
 	var bmu sync.Mutex
-	t0 = time.Now()
+	t0 := time.Now()
 	bc := max(2, cfg.Clients/8)
+	var wg sync.WaitGroup
 	for c := 0; c < bc; c++ {
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
-			cl := clients[c%len(clients)]
+			cl := s.clients[c%len(s.clients)]
 			for time.Since(t0) < cfg.Duration {
-				s := time.Now()
-				r, err := cl.BatchCreate(ctx, api.BatchCreateRequest{Count: cfg.BatchSize, Spec: spec, IDsOnly: true})
+				st := time.Now()
+				r, err := cl.BatchCreate(ctx, api.BatchCreateRequest{Count: cfg.BatchSize, Spec: s.spec, IDsOnly: true})
 				if err != nil {
 					e2.Add(int64(cfg.BatchSize))
 					continue
 				}
 				bmu.Lock()
-				blat = append(blat, time.Since(s))
+				blat = append(blat, time.Since(st))
 				bmu.Unlock()
 				n2.Add(int64(r.Created))
 				e2.Add(int64(r.Failed))
@@ -343,25 +428,31 @@ func Run(ctx context.Context, cfg Config) error {
 		}(c)
 	}
 	wg.Wait()
-	el = time.Since(t0)
-	live += int(n2.Load())
-	fmt.Fprintf(out, "| batch creates of %d, %d clients (latency per call) | %d | %.1f | %.0f | %.2f | %.2f | %d |\n", cfg.BatchSize, bc,
+	el := time.Since(t0)
+	s.batched = n2.Load()
+	s.live += int(s.batched)
+	fmt.Fprintf(cfg.Out, "| batch creates of %d, %d clients (latency per call) | %d | %.1f | %.0f | %.2f | %.2f | %d |\n", cfg.BatchSize, bc,
 		n2.Load(), el.Seconds(), float64(n2.Load())/el.Seconds(), ms(pct(blat, 50)), ms(pct(blat, 99)), e2.Load())
-	phaseUse["batch"] = diff(snap(), u0, el)
+	s.phaseUse["batch"] = diff(s.snap(), u0, el)
+}
 
-	// Phase 3: fill to Hold live sandboxes.
-	before := snap()
-	t0 = time.Now()
+// fillPhase creates sandboxes in batches of 4096 (four calls at a time)
+// until cfg.Hold are live, then lets the heartbeats settle and takes the
+// held snapshot. It fails when more creates failed than Hold.
+func (s *simulation) fillPhase(ctx context.Context) error {
+	cfg := s.cfg
+	t0 := time.Now()
 	var n3, e3 atomic.Int64
-	for live < cfg.Hold {
-		need := cfg.Hold - live
+	var wg sync.WaitGroup
+	for s.live < cfg.Hold {
+		need := cfg.Hold - s.live
 		chunk := min(need, 4096)
 		par := min(4, (need+chunk-1)/chunk)
 		for c := 0; c < par; c++ {
 			wg.Add(1)
 			go func(c int) {
 				defer wg.Done()
-				r, err := clients[c%len(clients)].BatchCreate(ctx, api.BatchCreateRequest{Count: chunk, Spec: spec, IDsOnly: true})
+				r, err := s.clients[c%len(s.clients)].BatchCreate(ctx, api.BatchCreateRequest{Count: chunk, Spec: s.spec, IDsOnly: true})
 				if err != nil {
 					e3.Add(int64(chunk))
 					return
@@ -371,56 +462,65 @@ func Run(ctx context.Context, cfg Config) error {
 			}(c)
 		}
 		wg.Wait()
-		live = int(n1.Load() + n2.Load() + n3.Load())
+		s.filled = n3.Load()
+		s.live = int(s.singles + s.batched + s.filled)
 		if e3.Load() > int64(cfg.Hold) {
 			return fmt.Errorf("sim: filling failed: %d errors", e3.Load())
 		}
 	}
-	el = time.Since(t0)
+	el := time.Since(t0)
 	time.Sleep(2 * time.Second) // heartbeats settle
-	held := snap()
-	fmt.Fprintf(out, "| fill to %d live (batches of 4096) | %d | %.1f | %.0f | | | %d |\n", cfg.Hold, n3.Load(), el.Seconds(),
+	s.held = s.snap()
+	fmt.Fprintf(cfg.Out, "| fill to %d live (batches of 4096) | %d | %.1f | %.0f | | | %d |\n", cfg.Hold, n3.Load(), el.Seconds(),
 		float64(n3.Load())/el.Seconds(), e3.Load())
+	return nil
+}
 
-	// Phase 4: the burst, one call.
-	u0 = snap()
-	t0 = time.Now()
-	r, err := clients[0].BatchCreate(ctx, api.BatchCreateRequest{Count: cfg.Burst, Spec: api.CreateSandboxRequest{
+// burstPhase creates cfg.Burst sandboxes in one call and writes the
+// phase's row.
+func (s *simulation) burstPhase(ctx context.Context) {
+	cfg := s.cfg
+	u0 := s.snap()
+	t0 := time.Now()
+	r, err := s.clients[0].BatchCreate(ctx, api.BatchCreateRequest{Count: cfg.Burst, Spec: api.CreateSandboxRequest{
 		Image: "busybox", CPU: 0.01, MemoryMB: 16, Labels: map[string]string{"job": "burst"}}, IDsOnly: true})
-	el = time.Since(t0)
+	el := time.Since(t0)
 	if err != nil {
-		fmt.Fprintf(out, "| burst of %d in one call | 0 | %.2f | | | | %v |\n", cfg.Burst, el.Seconds(), err)
+		fmt.Fprintf(cfg.Out, "| burst of %d in one call | 0 | %.2f | | | | %v |\n", cfg.Burst, el.Seconds(), err)
 	} else {
-		live += r.Created
-		fmt.Fprintf(out, "| burst of %d in one call | %d | %.2f | %.0f | | | %d |\n", cfg.Burst, r.Created, el.Seconds(),
+		s.live += r.Created
+		fmt.Fprintf(cfg.Out, "| burst of %d in one call | %d | %.2f | %.0f | | | %d |\n", cfg.Burst, r.Created, el.Seconds(),
 			float64(r.Created)/el.Seconds(), r.Failed)
 	}
-	phaseUse["burst"] = diff(snap(), u0, el)
+	s.phaseUse["burst"] = diff(s.snap(), u0, el)
+}
 
-	// Processes.
-	fmt.Fprintf(out, "\nLive sandboxes at the end: %d.\n\n", live)
-	fmt.Fprintf(out, "| process | cores, single phase | cores, batch phase | cores, burst | RSS MiB, 0 live | RSS MiB, %d live | RSS MiB, end | bytes per live sandbox |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n", int(n1.Load()+n2.Load()+n3.Load()))
-	end := snap()
-	_ = before
-	for i, p := range all {
-		perSB := fmt.Sprintf("%.0f", (end[i].rss-empty[i].rss)*1024*1024/float64(max(1, live)))
-		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n", p.name, phaseUse["single"][i].cpu, phaseUse["batch"][i].cpu,
-			phaseUse["burst"][i].cpu, empty[i].rss, held[i].rss, end[i].rss, perSB)
+// reportProcesses writes the table of the processes (their cores per
+// phase, their memory empty, held and at the end) and the CPU each single
+// create cost.
+func (s *simulation) reportProcesses() {
+	out := s.cfg.Out
+	fmt.Fprintf(out, "\nLive sandboxes at the end: %d.\n\n", s.live)
+	fmt.Fprintf(out, "| process | cores, single phase | cores, batch phase | cores, burst | RSS MiB, 0 live | RSS MiB, %d live | RSS MiB, end | bytes per live sandbox |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n", int(s.singles+s.batched+s.filled))
+	end := s.snap()
+	for i, p := range s.all {
+		perSB := fmt.Sprintf("%.0f", (end[i].rss-s.empty[i].rss)*1024*1024/float64(max(1, s.live)))
+		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n", p.name, s.phaseUse["single"][i].cpu, s.phaseUse["batch"][i].cpu,
+			s.phaseUse["burst"][i].cpu, s.empty[i].rss, s.held[i].rss, end[i].rss, perSB)
 	}
 	// CPU per create is steadier than creations/s on a shared machine: it
 	// does not depend on what else runs.
-	if n := float64(n1.Load()); n > 0 {
+	if n := float64(s.singles); n > 0 {
 		var sum float64
-		per := make([]string, len(all))
-		for i, p := range all {
-			c := phaseUse["single"][i].cpu * singleEl.Seconds() / n * 1e6
+		per := make([]string, len(s.all))
+		for i, p := range s.all {
+			c := s.phaseUse["single"][i].cpu * s.singleEl.Seconds() / n * 1e6
 			sum += c
 			per[i] = fmt.Sprintf("%s %.0f", p.name, c)
 		}
 		fmt.Fprintf(out, "\nSingle creates: %.0f µs of CPU per create over all processes (%s).\n", sum, strings.Join(per, ", "))
 	}
 	fmt.Fprintf(out, "\n(The simulated edges are one process holding every fake sandbox; the load generator is this process.)\n")
-	return nil
 }
 
 // diff is CPU in cores (seconds per second) over el, per process.
