@@ -37,94 +37,20 @@ func (s *Server) batchCreate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ctx := r.Context()
-	res := &api.BatchCreateResult{IDs: make([]string, 0, req.Count)}
-	errs := map[api.Error]int{}
-	var mu sync.Mutex
-	fail := func(n int, e api.Error) {
-		mu.Lock()
-		res.Failed += n
-		errs[e] += n
-		mu.Unlock()
+	b := &batchRun{
+		s: s, spec: &spec, limits: limits, idsOnly: req.IDsOnly,
+		res:     &api.BatchCreateResult{IDs: make([]string, 0, req.Count)},
+		errs:    map[api.Error]int{},
+		exclude: map[string]bool{},
 	}
 	left := req.Count
-	exclude := map[string]bool{}
 	for try := 0; try < maxPlacementTries && left > 0; try++ {
-		byNode := map[string][]edgeproto.CreateRequest{}
-		placed := 0
-		for i := 0; i < left; i++ {
-			node, err := s.placer.Pick(&spec, exclude, limits)
-			if err != nil {
-				var qe *placement.QuotaError
-				ae := noNode(err, "more sandboxes")
-				if errors.As(err, &qe) {
-					ae = &api.Error{Code: api.CodeForbidden, Message: qe.Error()}
-					if qe.Transient {
-						ae.Code = api.CodeTooManyRequests
-					}
-				}
-				fail(left-i, *ae)
-				break
-			}
-			byNode[node] = append(byNode[node], edgeproto.CreateRequest{ID: edgeproto.NewSandboxID(node), Spec: spec})
-			placed++
-		}
-		left = 0
-		var retryMu sync.Mutex
-		retry := 0
-		var wg sync.WaitGroup
-		for node, items := range byNode {
-			for start := 0; start < len(items); start += batchChunk {
-				end := min(start+batchChunk, len(items))
-				wg.Add(1)
-				go func(node string, items []edgeproto.CreateRequest) {
-					defer wg.Done()
-					var out edgeproto.CreateBatchResult
-					err := s.callNode(ctx, node, edgeproto.OpCreateBatch, &edgeproto.CreateBatchRequest{Items: items}, &out)
-					if err == nil && len(out.Items) != len(items) {
-						err = &api.Error{Code: api.CodeInternal, Message: "node answered a batch with the wrong count"}
-					}
-					for i := range items {
-						var e *api.Error
-						if err != nil {
-							ae := s.toAPIError(err)
-							e = ae
-						} else {
-							e = out.Items[i].Error
-						}
-						if e == nil {
-							mu.Lock()
-							res.Created++
-							res.IDs = append(res.IDs, out.Items[i].Sandbox.ID)
-							if !req.IDsOnly {
-								res.Sandboxes = append(res.Sandboxes, *out.Items[i].Sandbox)
-							}
-							mu.Unlock()
-							continue
-						}
-						s.placer.Release(node, &spec, limits)
-						if e.Code == api.CodeUnavailable {
-							retryMu.Lock()
-							retry++
-							exclude[node] = true
-							retryMu.Unlock()
-							continue
-						}
-						fail(1, *e)
-					}
-				}(node, items[start:end])
-			}
-		}
-		wg.Wait()
-		left = retry
+		left = b.create(r.Context(), b.place(left))
 		if try == maxPlacementTries-1 && left > 0 {
-			fail(left, api.Error{Code: api.CodeUnavailable, Message: "nodes refused these sandboxes"})
+			b.fail(left, api.Error{Code: api.CodeUnavailable, Message: "nodes refused these sandboxes"})
 		}
 	}
-	for e, n := range errs {
-		res.Errors = append(res.Errors, api.BatchError{Count: n, Error: e})
-	}
-	sort.Slice(res.Errors, func(i, j int) bool { return res.Errors[i].Count > res.Errors[j].Count })
+	res := b.result()
 	status := http.StatusCreated
 	if res.Created == 0 {
 		if len(res.Errors) > 0 {
@@ -133,6 +59,125 @@ func (s *Server) batchCreate(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, status, res)
 	return nil
+}
+
+// batchRun is one batch create in progress: the spec and limits all its
+// sandboxes share, what it has made and refused so far, and the nodes that
+// answered a sandbox with unavailable (left out of later placements).
+type batchRun struct {
+	s       *Server
+	spec    *api.CreateSandboxRequest
+	limits  []placement.Limit
+	idsOnly bool
+
+	mu   sync.Mutex // guards res and errs
+	res  *api.BatchCreateResult
+	errs map[api.Error]int
+
+	retryMu sync.Mutex // guards retry and exclude while chunks are sent
+	retry   int
+	exclude map[string]bool
+}
+
+// fail counts n sandboxes refused with e.
+func (b *batchRun) fail(n int, e api.Error) {
+	b.mu.Lock()
+	b.res.Failed += n
+	b.errs[e] += n
+	b.mu.Unlock()
+}
+
+// place picks a node for each of left sandboxes and returns their create
+// requests by node. When no node can take one, it and the rest are
+// counted as failed with the reason.
+func (b *batchRun) place(left int) map[string][]edgeproto.CreateRequest {
+	byNode := map[string][]edgeproto.CreateRequest{}
+	for i := 0; i < left; i++ {
+		node, err := b.s.placer.Pick(b.spec, b.exclude, b.limits)
+		if err != nil {
+			var qe *placement.QuotaError
+			ae := noNode(err, "more sandboxes")
+			if errors.As(err, &qe) {
+				ae = &api.Error{Code: api.CodeForbidden, Message: qe.Error()}
+				if qe.Transient {
+					ae.Code = api.CodeTooManyRequests
+				}
+			}
+			b.fail(left-i, *ae)
+			break
+		}
+		byNode[node] = append(byNode[node], edgeproto.CreateRequest{ID: edgeproto.NewSandboxID(node), Spec: *b.spec})
+	}
+	return byNode
+}
+
+// create sends the placed requests, one bus request per node and chunk of
+// batchChunk, all in parallel, and returns how many sandboxes a node
+// refused as unavailable (to place again; those nodes are excluded from
+// now on).
+func (b *batchRun) create(ctx context.Context, byNode map[string][]edgeproto.CreateRequest) int {
+	b.retry = 0
+	var wg sync.WaitGroup
+	for node, items := range byNode {
+		for start := 0; start < len(items); start += batchChunk {
+			end := min(start+batchChunk, len(items))
+			wg.Add(1)
+			go func(node string, items []edgeproto.CreateRequest) {
+				defer wg.Done()
+				b.createChunk(ctx, node, items)
+			}(node, items[start:end])
+		}
+	}
+	wg.Wait()
+	return b.retry
+}
+
+// createChunk sends one chunk of create requests to node and counts each
+// sandbox made, refused (its place released) or to place again.
+func (b *batchRun) createChunk(ctx context.Context, node string, items []edgeproto.CreateRequest) {
+	var out edgeproto.CreateBatchResult
+	err := b.s.callNode(ctx, node, edgeproto.OpCreateBatch, &edgeproto.CreateBatchRequest{Items: items}, &out)
+	if err == nil && len(out.Items) != len(items) {
+		err = &api.Error{Code: api.CodeInternal, Message: "node answered a batch with the wrong count"}
+	}
+	for i := range items {
+		var e *api.Error
+		if err != nil {
+			ae := b.s.toAPIError(err)
+			e = ae
+		} else {
+			e = out.Items[i].Error
+		}
+		if e == nil {
+			b.mu.Lock()
+			b.res.Created++
+			b.res.IDs = append(b.res.IDs, out.Items[i].Sandbox.ID)
+			if !b.idsOnly {
+				b.res.Sandboxes = append(b.res.Sandboxes, *out.Items[i].Sandbox)
+			}
+			b.mu.Unlock()
+			continue
+		}
+		b.s.placer.Release(node, b.spec, b.limits)
+		if e.Code == api.CodeUnavailable {
+			b.retryMu.Lock()
+			b.retry++
+			b.exclude[node] = true
+			b.retryMu.Unlock()
+			continue
+		}
+		b.fail(1, *e)
+	}
+}
+
+// result is the batch's answer: the counts, and the errors grouped, the
+// most frequent first.
+func (b *batchRun) result() *api.BatchCreateResult {
+	for e, n := range b.errs {
+		b.res.Errors = append(b.res.Errors, api.BatchError{Count: n, Error: e})
+	}
+	sort.Slice(b.res.Errors, func(i, j int) bool { return b.res.Errors[i].Count > b.res.Errors[j].Count })
+	return b.res
 }
 
 // callNode sends one node-level operation (not about one sandbox) on behalf

@@ -41,22 +41,15 @@ func queryBool(r *http.Request, name string) bool {
 	return b
 }
 
+// putFile writes the request's body to ?path= in a sandbox (?mode= its
+// octal permissions): a small file in one atomic write, a large one over
+// the data plane when the edge streams uploads, or else in chunks over the
+// bus.
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	p, err := CheckPath(r.URL.Query().Get("path"))
+	p, mode, err := putTarget(r)
 	if err != nil {
 		return err
-	}
-	if p == "/" {
-		return &api.Error{Code: api.CodeBadRequest, Message: "cannot write to /"}
-	}
-	var mode uint32
-	if m := r.URL.Query().Get("mode"); m != "" {
-		v, err := strconv.ParseUint(m, 8, 32)
-		if err != nil || v > 0o7777 {
-			return &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("mode %q is not an octal permission", truncate(m))}
-		}
-		mode = uint32(v)
 	}
 	if r.ContentLength > MaxFileBody {
 		return &api.Error{Code: api.CodeTooLarge, Message: fmt.Sprintf("file exceeds %d bytes", MaxFileBody)}
@@ -98,12 +91,45 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, &info)
 		return nil
 	}
-	// Large files over the bus: append to a temporary name beside the
-	// target, then rename.
+	if err := s.uploadOverBus(r.Context(), id, p, mode, buf, n, body); err != nil {
+		return err
+	}
+	if err := s.callEdge(r.Context(), id, edgeproto.OpFileStat, &edgeproto.FileRequest{ID: id, Path: p}, &info, nil); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, &info)
+	return nil
+}
+
+// putTarget is a file upload's checked ?path= (not /) and ?mode= (octal
+// permissions; 0 when absent).
+func putTarget(r *http.Request) (string, uint32, error) {
+	p, err := CheckPath(r.URL.Query().Get("path"))
+	if err != nil {
+		return "", 0, err
+	}
+	if p == "/" {
+		return "", 0, &api.Error{Code: api.CodeBadRequest, Message: "cannot write to /"}
+	}
+	var mode uint32
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > 0o7777 {
+			return "", 0, &api.Error{Code: api.CodeBadRequest, Message: fmt.Sprintf("mode %q is not an octal permission", truncate(m))}
+		}
+		mode = uint32(v)
+	}
+	return p, mode, nil
+}
+
+// uploadOverBus writes a large file to p over the bus: the first n bytes
+// already read into buf, then the rest of body, appended chunk by chunk to
+// a temporary name beside p, which is then renamed to p. On an error the
+// temporary file is removed (also, above all, when the client went away).
+func (s *Server) uploadOverBus(ctx context.Context, id, p string, mode uint32, buf []byte, n int, body io.Reader) error {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(path.Dir(p), ".warren-upload-"+hex.EncodeToString(rnd[:]))
-	ctx := r.Context()
 	fail := func(err error) error {
 		// Also (above all) when the client went away: its ctx is done.
 		cctx, cancel := cleanupContext(ctx)
@@ -140,10 +166,6 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	if err := s.callEdge(ctx, id, edgeproto.OpFileRename, &edgeproto.FileRequest{ID: id, Path: tmp, To: p}, nil, nil); err != nil {
 		return fail(err)
 	}
-	if err := s.callEdge(ctx, id, edgeproto.OpFileStat, &edgeproto.FileRequest{ID: id, Path: p}, &info, nil); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, &info)
 	return nil
 }
 

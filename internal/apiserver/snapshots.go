@@ -15,6 +15,7 @@ import (
 	"github.com/warrenhq/warren/internal/bus"
 	"github.com/warrenhq/warren/internal/edgeproto"
 	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/placement"
 )
 
 // MaxFork bounds how many sandboxes one fork creates.
@@ -118,21 +119,7 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 		}
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
 	}
-	// Trajectories.
-	err = s.trajMeta.Each(ctx, func(key string, raw []byte) error {
-		var rec edgeproto.TrajectoryRecord
-		if json.Unmarshal(raw, &rec) != nil {
-			return nil
-		}
-		switch sid {
-		case rec.CheckpointSnap:
-			return &errInUse{fmt.Sprintf("it is the latest checkpoint of trajectory %q", rec.Name)}
-		case rec.Spec.Snapshot:
-			return &errInUse{fmt.Sprintf("trajectory %q starts from it", rec.Name)}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := s.trajectoryUse(ctx, sid); err != nil {
 		return nil, check(err)
 	}
 	// Sandboxes on every node (whatever the caller may see): one restored
@@ -146,11 +133,49 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 	}
 	// Its chain's diffs that no other snapshot and no live sandbox needs
 	// go, then the record.
+	needed, err := s.neededDiffs(ctx, sid, liveLayers)
+	if err != nil {
+		return nil, check(err)
+	}
+	gone, err := s.deleteDiffs(ctx, sid, snap, needed)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.snaps.Delete(ctx, sid); err != nil {
+		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
+	}
+	s.charge(ctx, snap.Project, -snap.Size)
+	return gone, nil
+}
+
+// trajectoryUse returns an *errInUse when a trajectory needs snapshot sid
+// (its latest checkpoint, or the state it starts from), or the store's
+// error.
+func (s *Server) trajectoryUse(ctx context.Context, sid string) error {
+	return s.trajMeta.Each(ctx, func(key string, raw []byte) error {
+		var rec edgeproto.TrajectoryRecord
+		if json.Unmarshal(raw, &rec) != nil {
+			return nil
+		}
+		switch sid {
+		case rec.CheckpointSnap:
+			return &errInUse{fmt.Sprintf("it is the latest checkpoint of trajectory %q", rec.Name)}
+		case rec.Spec.Snapshot:
+			return &errInUse{fmt.Sprintf("trajectory %q starts from it", rec.Name)}
+		}
+		return nil
+	})
+}
+
+// neededDiffs is the set of snapshot diffs (by snapshot id) that must stay
+// when snapshot sid goes: those a live sandbox uses (liveLayers) and every
+// other snapshot's own and its chain's.
+func (s *Server) neededDiffs(ctx context.Context, sid string, liveLayers map[string]bool) (map[string]bool, error) {
 	needed := map[string]bool{}
 	for id := range liveLayers {
 		needed[id] = true
 	}
-	err = s.snaps.Each(ctx, func(key string, raw []byte) error {
+	err := s.snaps.Each(ctx, func(key string, raw []byte) error {
 		var o api.Snapshot
 		if key == sid || json.Unmarshal(raw, &o) != nil {
 			return nil
@@ -164,8 +189,15 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 		return nil
 	})
 	if err != nil {
-		return nil, check(err)
+		return nil, err
 	}
+	return needed, nil
+}
+
+// deleteDiffs deletes the diff layers of snapshot sid's chain (its own
+// and the earlier ones snap lists) that are not needed, and returns the
+// layers the store removed. A diff already gone is no error.
+func (s *Server) deleteDiffs(ctx context.Context, sid string, snap *api.Snapshot, needed map[string]bool) ([]api.Layer, error) {
 	gone := []api.Layer{}
 	candidates := []string{sid}
 	for _, l := range snap.Layers {
@@ -186,10 +218,6 @@ func (s *Server) removeSnapshot(ctx context.Context, p *iam.Principal, sid strin
 		}
 		gone = append(gone, l.Layers...)
 	}
-	if err := s.snaps.Delete(ctx, sid); err != nil {
-		return nil, &api.Error{Code: api.CodeUnavailable, Message: err.Error()}
-	}
-	s.charge(ctx, snap.Project, -snap.Size)
 	return gone, nil
 }
 
@@ -274,19 +302,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 		Project: src.Project, CPU: src.CPU, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, Pids: src.Pids,
 		Labels: src.Labels, User: src.User, TTL: src.TTL, IdleTimeout: src.IdleTimeout,
 	}
-	limits := s.limitsOf(src.Project)
-	reserved := 0
-	release := func() {
-		for ; reserved > 0; reserved-- {
-			s.placer.Release(node, &spec, limits)
-		}
-	}
-	for reserved < req.Count {
-		if err := s.placer.Reserve(node, &spec, limits); err != nil {
-			release()
-			return placeError(err, "the fork")
-		}
-		reserved++
+	release, err := s.reserveFork(node, &spec, s.limitsOf(src.Project), req.Count)
+	if err != nil {
+		return err
 	}
 	if req.Memory {
 		return s.forkMemory(w, r, id, node, req.Count, release)
@@ -298,14 +316,46 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	}
 	spec.Snapshot = snap.ID
 	out := api.ForkResult{Snapshot: &snap, Sandboxes: make([]api.Sandbox, req.Count)}
-	errs := make([]error, req.Count)
+	if err := s.restoreForks(ctx, node, &spec, out.Sandboxes, release); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, &out)
+	return nil
+}
+
+// reserveFork reserves room for count children of spec on node, all or
+// none (a quota refused is the error). release frees what it reserved; the
+// caller calls it when the fork fails after this.
+func (s *Server) reserveFork(node string, spec *api.CreateSandboxRequest, limits []placement.Limit, count int) (release func(), err error) {
+	reserved := 0
+	release = func() {
+		for ; reserved > 0; reserved-- {
+			s.placer.Release(node, spec, limits)
+		}
+	}
+	for reserved < count {
+		if err := s.placer.Reserve(node, spec, limits); err != nil {
+			release()
+			return nil, placeError(err, "the fork")
+		}
+		reserved++
+	}
+	return release, nil
+}
+
+// restoreForks creates one child of spec (restored from its snapshot) on
+// node for each element of kids, in parallel, and fills it in. If any
+// fails, it calls release, deletes the children that were made and returns
+// the first error.
+func (s *Server) restoreForks(ctx context.Context, node string, spec *api.CreateSandboxRequest, kids []api.Sandbox, release func()) error {
+	errs := make([]error, len(kids))
 	var wg sync.WaitGroup
-	for i := 0; i < req.Count; i++ {
+	for i := 0; i < len(kids); i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
 			kid := edgeproto.NewSandboxID(node)
-			errs[i] = s.callEdge(ctx, kid, edgeproto.OpCreate, &edgeproto.CreateRequest{ID: kid, Spec: spec}, &out.Sandboxes[i], nil)
+			errs[i] = s.callEdge(ctx, kid, edgeproto.OpCreate, &edgeproto.CreateRequest{ID: kid, Spec: *spec}, &kids[i], nil)
 		}(i)
 	}
 	wg.Wait()
@@ -315,13 +365,12 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			dctx := context.WithoutCancel(ctx)
 			for i, e := range errs {
 				if e == nil {
-					_ = s.callEdge(dctx, out.Sandboxes[i].ID, edgeproto.OpDelete, &edgeproto.IDRequest{ID: out.Sandboxes[i].ID}, nil, nil)
+					_ = s.callEdge(dctx, kids[i].ID, edgeproto.OpDelete, &edgeproto.IDRequest{ID: kids[i].ID}, nil, nil)
 				}
 			}
 			return err
 		}
 	}
-	writeJSON(w, http.StatusCreated, &out)
 	return nil
 }
 

@@ -240,6 +240,10 @@ type writeInfo struct {
 	Path string `json:"path"`
 }
 
+// envdWrite is envd's file upload (POST /files): a multipart form of
+// "file" parts, or one octet-stream body (plain or gzip), each written
+// (its directories made) to ?path= or, in a form, to the part's filename.
+// It answers what it wrote.
 func (s *Server) envdWrite(w http.ResponseWriter, r *http.Request) {
 	ec := s.httpCaller(w, r, "write")
 	if ec == nil {
@@ -268,52 +272,11 @@ func (s *Server) envdWrite(w http.ResponseWriter, r *http.Request) {
 	}
 	switch ct {
 	case "multipart/form-data":
-		mr := multipart.NewReader(r.Body, params["boundary"])
-		for {
-			part, err := mr.NextPart()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed multipart body: %v", err))
-				return
-			}
-			if part.FormName() != "file" {
-				continue
-			}
-			dst := qpath
-			if dst == "" {
-				dst = partFileName(part)
-			}
-			if dst == "" {
-				writeError(w, http.StatusBadRequest, "a file part has no filename and the request no path")
-				return
-			}
-			if !write(dst, part) {
-				return
-			}
+		if !writeParts(w, multipart.NewReader(r.Body, params["boundary"]), qpath, write) {
+			return
 		}
 	case "application/octet-stream":
-		if qpath == "" {
-			writeError(w, http.StatusBadRequest, "an octet-stream upload needs ?path=")
-			return
-		}
-		var body io.Reader = r.Body
-		switch enc := r.Header.Get("Content-Encoding"); enc {
-		case "", "identity":
-		case "gzip":
-			zr, err := gzip.NewReader(r.Body)
-			if err != nil {
-				writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed gzip body: %v", err))
-				return
-			}
-			defer zr.Close()
-			body = zr
-		default:
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("unsupported Content-Encoding %q", enc))
-			return
-		}
-		if !write(qpath, body) {
+		if !writeStream(w, r, qpath, write) {
 			return
 		}
 	default:
@@ -325,6 +288,63 @@ func (s *Server) envdWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// writeParts writes each "file" part of a multipart upload with write, to
+// qpath or else the part's filename. It reports false when it has answered
+// the request with an error (or write has).
+func writeParts(w http.ResponseWriter, mr *multipart.Reader, qpath string, write func(dst string, body io.Reader) bool) bool {
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			return true
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed multipart body: %v", err))
+			return false
+		}
+		if part.FormName() != "file" {
+			continue
+		}
+		dst := qpath
+		if dst == "" {
+			dst = partFileName(part)
+		}
+		if dst == "" {
+			writeError(w, http.StatusBadRequest, "a file part has no filename and the request no path")
+			return false
+		}
+		if !write(dst, part) {
+			return false
+		}
+	}
+}
+
+// writeStream writes an octet-stream upload's body (gunzipped when its
+// Content-Encoding is gzip) with write to qpath, which it needs. It
+// reports false when it has answered the request with an error (or write
+// has).
+func writeStream(w http.ResponseWriter, r *http.Request, qpath string, write func(dst string, body io.Reader) bool) bool {
+	if qpath == "" {
+		writeError(w, http.StatusBadRequest, "an octet-stream upload needs ?path=")
+		return false
+	}
+	var body io.Reader = r.Body
+	switch enc := r.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed gzip body: %v", err))
+			return false
+		}
+		defer zr.Close()
+		body = zr
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("unsupported Content-Encoding %q", enc))
+		return false
+	}
+	return write(qpath, body)
 }
 
 // partFileName is the full filename of a part (Part.FileName keeps only

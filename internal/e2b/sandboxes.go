@@ -452,59 +452,11 @@ func (s *Server) list(ctx context.Context, c *warren.Client, w http.ResponseWrit
 // sandbox of the page, so creations and deletions between pages neither
 // repeat nor skip the others.
 func (s *Server) listWith(ctx context.Context, c *warren.Client, w http.ResponseWriter, q url.Values) error {
-	states := map[string]bool{"running": true, "paused": true}
-	if v := q.Get("state"); v != "" {
-		states = map[string]bool{}
-		for _, st := range strings.Split(v, ",") {
-			if st != "running" && st != "paused" {
-				return errorf(http.StatusBadRequest, "state %q is not running or paused", st)
-			}
-			states[st] = true
-		}
+	lq, err := parseListQuery(q)
+	if err != nil {
+		return err
 	}
-	labels := map[string]string{}
-	if v := q.Get("metadata"); v != "" {
-		md, err := url.ParseQuery(v)
-		if err != nil {
-			return errorf(http.StatusBadRequest, "metadata %q is not k=v&k2=v2: %v", v, err)
-		}
-		for k, vs := range md {
-			labels[k] = vs[len(vs)-1]
-		}
-	}
-	limit := defaultLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxListLimit {
-			return errorf(http.StatusBadRequest, "limit must be between 1 and %d, got %q", maxListLimit, v)
-		}
-		limit = n
-	}
-	desc := false
-	switch q.Get("order") {
-	case "", "asc":
-	case "desc":
-		desc = true
-	default:
-		return errorf(http.StatusBadRequest, "order must be asc or desc, got %q", q.Get("order"))
-	}
-	var after *pageKey
-	if v := q.Get("nextToken"); v != "" {
-		k, err := parsePageKey(v)
-		if err != nil {
-			return err
-		}
-		after = &k
-	}
-	var startedAfter time.Time
-	if v := q.Get("startedAfter"); v != "" {
-		t, err := time.Parse(time.RFC3339, v)
-		if err != nil {
-			return errorf(http.StatusBadRequest, "startedAfter %q is not an RFC 3339 time", v)
-		}
-		startedAfter = t
-	}
-	all, err := c.List(ctx, warren.ListOptions{Labels: labels})
+	all, err := c.List(ctx, warren.ListOptions{Labels: lq.labels})
 	if err != nil {
 		return err
 	}
@@ -512,29 +464,29 @@ func (s *Server) listWith(ctx context.Context, c *warren.Client, w http.Response
 	var keep []api.Sandbox
 	for _, sb := range all {
 		st := e2bState(sb.State)
-		if st == "" || !states[st] || (tmpl != "" && templateOf(&sb) != tmpl) || sb.CreatedAt.Before(startedAfter) {
+		if st == "" || !lq.states[st] || (tmpl != "" && templateOf(&sb) != tmpl) || sb.CreatedAt.Before(lq.startedAfter) {
 			continue
 		}
 		keep = append(keep, sb)
 	}
 	slices.SortFunc(keep, func(a, b api.Sandbox) int {
 		c := cmpKey(keyOf(&a), keyOf(&b))
-		if desc {
+		if lq.desc {
 			return -c
 		}
 		return c
 	})
-	out := make([]SandboxDetail, 0, min(limit, len(keep)))
+	out := make([]SandboxDetail, 0, min(lq.limit, len(keep)))
 	var last *api.Sandbox
 	more := false
 	for i := range keep {
-		if after != nil {
-			c := cmpKey(keyOf(&keep[i]), *after)
-			if (!desc && c <= 0) || (desc && c >= 0) {
+		if lq.after != nil {
+			c := cmpKey(keyOf(&keep[i]), *lq.after)
+			if (!lq.desc && c <= 0) || (lq.desc && c >= 0) {
 				continue
 			}
 		}
-		if len(out) == limit {
+		if len(out) == lq.limit {
 			more = true
 			break
 		}
@@ -546,6 +498,70 @@ func (s *Server) listWith(ctx context.Context, c *warren.Client, w http.Response
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// listQuery is a list's filters and page, as listWith's query gives them.
+type listQuery struct {
+	states       map[string]bool   // E2B states to keep
+	labels       map[string]string // metadata every sandbox must have
+	limit        int
+	desc         bool
+	after        *pageKey // the last sandbox of the previous page, or nil
+	startedAfter time.Time
+}
+
+// parseListQuery checks and parses listWith's query parameters (all but
+// template, which needs no check), with their defaults: running and paused
+// sandboxes, defaultLimit of them, in ascending order from the first.
+func parseListQuery(q url.Values) (listQuery, error) {
+	lq := listQuery{states: map[string]bool{"running": true, "paused": true}, labels: map[string]string{}, limit: defaultLimit}
+	if v := q.Get("state"); v != "" {
+		lq.states = map[string]bool{}
+		for _, st := range strings.Split(v, ",") {
+			if st != "running" && st != "paused" {
+				return listQuery{}, errorf(http.StatusBadRequest, "state %q is not running or paused", st)
+			}
+			lq.states[st] = true
+		}
+	}
+	if v := q.Get("metadata"); v != "" {
+		md, err := url.ParseQuery(v)
+		if err != nil {
+			return listQuery{}, errorf(http.StatusBadRequest, "metadata %q is not k=v&k2=v2: %v", v, err)
+		}
+		for k, vs := range md {
+			lq.labels[k] = vs[len(vs)-1]
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return listQuery{}, errorf(http.StatusBadRequest, "limit must be between 1 and %d, got %q", maxListLimit, v)
+		}
+		lq.limit = n
+	}
+	switch q.Get("order") {
+	case "", "asc":
+	case "desc":
+		lq.desc = true
+	default:
+		return listQuery{}, errorf(http.StatusBadRequest, "order must be asc or desc, got %q", q.Get("order"))
+	}
+	if v := q.Get("nextToken"); v != "" {
+		k, err := parsePageKey(v)
+		if err != nil {
+			return listQuery{}, err
+		}
+		lq.after = &k
+	}
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return listQuery{}, errorf(http.StatusBadRequest, "startedAfter %q is not an RFC 3339 time", v)
+		}
+		lq.startedAfter = t
+	}
+	return lq, nil
 }
 
 // pageKey orders the list: start time, then id.

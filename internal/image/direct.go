@@ -65,72 +65,89 @@ func normalizeChanges(root string, lowers []string, idBase uint32) error {
 		if p == root {
 			return nil
 		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFSOCK:
-			return removeKeepingParentTimes(p) // not archived
-		case unix.S_IFBLK:
+		return normalizeEntry(root, p, lowers, idBase)
+	})
+}
+
+// normalizeEntry makes p (below root) what unpacking its entry of
+// tarChanges would give: a socket goes (it is not archived), a device node
+// other than a whiteout refuses the direct way (errNotDirect), owners are
+// shifted back by idBase, overlay's other xattrs go, and setuid/setgid and
+// file capabilities stay only where privileged lets them.
+func normalizeEntry(root, p string, lowers []string, idBase uint32) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFSOCK:
+		return removeKeepingParentTimes(p) // not archived
+	case unix.S_IFBLK:
+		return errNotDirect
+	case unix.S_IFCHR:
+		if st.Rdev != 0 {
 			return errNotDirect
-		case unix.S_IFCHR:
-			if st.Rdev != 0 {
-				return errNotDirect
-			}
-			return stripXattrs(p, false) // a whiteout
 		}
-		if idBase != 0 {
-			uid, gid := shiftID(int(st.Uid), idBase), shiftID(int(st.Gid), idBase)
-			if uid != int(st.Uid) || gid != int(st.Gid) {
-				// chown clears setuid/setgid: put the mode back.
-				if err := os.Lchown(p, uid, gid); err != nil {
+		return stripXattrs(p, false) // a whiteout
+	}
+	if idBase != 0 {
+		uid, gid := shiftID(int(st.Uid), idBase), shiftID(int(st.Gid), idBase)
+		if uid != int(st.Uid) || gid != int(st.Gid) {
+			// chown clears setuid/setgid: put the mode back.
+			if err := os.Lchown(p, uid, gid); err != nil {
+				return err
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFLNK && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+				if err := unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777, 0); err != nil {
 					return err
 				}
-				if st.Mode&unix.S_IFMT != unix.S_IFLNK && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
-					if err := unix.Fchmodat(unix.AT_FDCWD, p, st.Mode&0o7777, 0); err != nil {
-						return err
-					}
-				}
 			}
 		}
-		if err := stripXattrs(p, st.Mode&unix.S_IFMT == unix.S_IFDIR); err != nil {
-			return err
-		}
-		const suid = unix.S_ISUID | unix.S_ISGID
-		capVal, capErr := getXattr(p, "security.capability")
-		if st.Mode&suid == 0 && capErr != nil {
-			return nil
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		hdr := &tar.Header{Mode: int64(st.Mode & 0o7777), Typeflag: tar.TypeReg}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			hdr.Typeflag = tar.TypeDir
-		case unix.S_IFLNK:
-			hdr.Typeflag = tar.TypeSymlink
-		case unix.S_IFIFO:
-			hdr.Typeflag = tar.TypeFifo
-		}
-		if capErr == nil {
-			hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": capVal}
-		}
-		privileged(hdr, filepath.ToSlash(rel), lowers)
-		if _, kept := hdr.PAXRecords["SCHILY.xattr.security.capability"]; capErr == nil && !kept {
-			if err := unix.Lremovexattr(p, "security.capability"); err != nil && !errors.Is(err, unix.ENODATA) {
-				return err
-			}
-		}
-		if m := uint32(hdr.Mode); m != st.Mode&0o7777 && st.Mode&unix.S_IFMT != unix.S_IFLNK {
-			if err := unix.Fchmodat(unix.AT_FDCWD, p, m, 0); err != nil {
-				return err
-			}
-		}
+	}
+	if err := stripXattrs(p, st.Mode&unix.S_IFMT == unix.S_IFDIR); err != nil {
+		return err
+	}
+	return normalizePrivileges(root, p, &st, lowers)
+}
+
+// normalizePrivileges drops p's setuid/setgid bits and file capabilities
+// (st is its stat) where privileged, which unpacking applies to the
+// archive's header of p, would drop them: where the layers below (lowers)
+// do not have them.
+func normalizePrivileges(root, p string, st *unix.Stat_t, lowers []string) error {
+	const suid = unix.S_ISUID | unix.S_ISGID
+	capVal, capErr := getXattr(p, "security.capability")
+	if st.Mode&suid == 0 && capErr != nil {
 		return nil
-	})
+	}
+	rel, err := filepath.Rel(root, p)
+	if err != nil {
+		return err
+	}
+	hdr := &tar.Header{Mode: int64(st.Mode & 0o7777), Typeflag: tar.TypeReg}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		hdr.Typeflag = tar.TypeDir
+	case unix.S_IFLNK:
+		hdr.Typeflag = tar.TypeSymlink
+	case unix.S_IFIFO:
+		hdr.Typeflag = tar.TypeFifo
+	}
+	if capErr == nil {
+		hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": capVal}
+	}
+	privileged(hdr, filepath.ToSlash(rel), lowers)
+	if _, kept := hdr.PAXRecords["SCHILY.xattr.security.capability"]; capErr == nil && !kept {
+		if err := unix.Lremovexattr(p, "security.capability"); err != nil && !errors.Is(err, unix.ENODATA) {
+			return err
+		}
+	}
+	if m := uint32(hdr.Mode); m != st.Mode&0o7777 && st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		if err := unix.Fchmodat(unix.AT_FDCWD, p, m, 0); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // removeKeepingParentTimes removes p without changing its directory's

@@ -228,6 +228,9 @@ func (u *unpacker) removeExisting(dir int, rel string, keepDir bool) (existedDir
 	return false, unix.Unlinkat(dir, base, 0)
 }
 
+// entry writes one tar entry below the root: it checks the name and ids,
+// opens the entry's parent (creating missing directories, never through a
+// symlink) and hands the entry to the function of its type.
 func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	rel, err := cleanName(hdr.Name)
 	if err != nil {
@@ -261,109 +264,137 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		isDir, err := u.removeExisting(dir, rel, true)
-		if err != nil {
-			return err
-		}
-		if !isDir {
-			if err := unix.Mkdirat(dir, base, 0o700); err != nil {
-				return err
-			}
-		}
-		how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveFlags}
-		fd, err := unix.Openat2(dir, base, how)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		if err := u.setMeta(fd, hdr); err != nil {
-			return err
-		}
-		u.dirTimes = append(u.dirTimes, dirTime{rel, hdr.AccessTime, hdr.ModTime})
-		return nil
-
+		return u.dirEntry(dir, rel, base, hdr)
 	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck
-		if _, err := u.removeExisting(dir, rel, false); err != nil {
-			return err
-		}
-		fd, err := unix.Openat(dir, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return err
-		}
-		werr := copyToFd(fd, r, hdr.Size)
-		if werr == nil {
-			werr = u.setMeta(fd, hdr)
-		}
-		unix.Close(fd)
-		if werr != nil {
-			return werr
-		}
-		return setTimes(dir, base, hdr)
-
+		return u.fileEntry(dir, rel, base, hdr, r)
 	case tar.TypeSymlink:
-		if hdr.Linkname == "" || len(hdr.Linkname) > maxPathLen || strings.IndexByte(hdr.Linkname, 0) >= 0 {
-			return errors.New("invalid symlink target")
-		}
-		if _, err := u.removeExisting(dir, rel, false); err != nil {
-			return err
-		}
-		if err := unix.Symlinkat(hdr.Linkname, dir, base); err != nil {
-			return err
-		}
-		return u.setMetaAt(dir, base, hdr, false)
-
+		return u.symlinkEntry(dir, rel, base, hdr)
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil || target == "" {
-			return fmt.Errorf("invalid hard link target %q", hdr.Linkname)
-		}
-		if target == rel {
-			return errors.New("hard link to itself")
-		}
-		if _, err := u.removeExisting(dir, rel, false); err != nil {
-			return err
-		}
-		tdir, err := u.openDir(path.Dir(target), false)
-		if err != nil {
-			return fmt.Errorf("hard link target %q: %w", hdr.Linkname, err)
-		}
-		// flags 0: a symlink target is linked itself, never followed.
-		if err := unix.Linkat(tdir, path.Base(target), dir, base, 0); err != nil {
-			return fmt.Errorf("hard link to %q: %w", hdr.Linkname, err)
-		}
-		return nil
-
+		return u.hardLinkEntry(dir, rel, base, hdr)
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		if hdr.Typeflag != tar.TypeFifo {
-			// A sandbox's /dev is its own tmpfs, so the device nodes of a
-			// root filesystem tarball's dev/ are never seen: drop them.
-			// Anywhere else a device node has no business in a layer.
-			if rel == "dev" || strings.HasPrefix(rel, "dev/") {
-				return nil
-			}
-			return errors.New("device nodes are not allowed in layers (only under dev/, where they are dropped)")
-		}
-		mode := uint32(unix.S_IFIFO)
-		if hdr.Typeflag == tar.TypeChar {
-			mode = unix.S_IFCHR
-		} else if hdr.Typeflag == tar.TypeBlock {
-			mode = unix.S_IFBLK
-		}
-		if hdr.Devmajor < 0 || hdr.Devminor < 0 || hdr.Devmajor > 0xfff || hdr.Devminor > 0xfffff {
-			return errors.New("device number out of range")
-		}
-		if _, err := u.removeExisting(dir, rel, false); err != nil {
-			return err
-		}
-		dev := int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))
-		if err := unix.Mknodat(dir, base, mode|0o600, dev); err != nil {
-			return err
-		}
-		return u.setMetaAt(dir, base, hdr, true)
-
+		return u.nodeEntry(dir, rel, base, hdr)
 	default:
 		return fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
 	}
+}
+
+// dirEntry makes the directory entry rel (base in the open directory
+// dir), or keeps the directory already there, and sets its metadata; its
+// times are set last, by finishDirs.
+func (u *unpacker) dirEntry(dir int, rel, base string, hdr *tar.Header) error {
+	isDir, err := u.removeExisting(dir, rel, true)
+	if err != nil {
+		return err
+	}
+	if !isDir {
+		if err := unix.Mkdirat(dir, base, 0o700); err != nil {
+			return err
+		}
+	}
+	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveFlags}
+	fd, err := unix.Openat2(dir, base, how)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := u.setMeta(fd, hdr); err != nil {
+		return err
+	}
+	u.dirTimes = append(u.dirTimes, dirTime{rel, hdr.AccessTime, hdr.ModTime})
+	return nil
+}
+
+// fileEntry writes the regular file entry rel (base in dir) with its
+// content from r, in place of what was there, created anew (O_EXCL, never
+// through a symlink).
+func (u *unpacker) fileEntry(dir int, rel, base string, hdr *tar.Header, r io.Reader) error {
+	if _, err := u.removeExisting(dir, rel, false); err != nil {
+		return err
+	}
+	fd, err := unix.Openat(dir, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	werr := copyToFd(fd, r, hdr.Size)
+	if werr == nil {
+		werr = u.setMeta(fd, hdr)
+	}
+	unix.Close(fd)
+	if werr != nil {
+		return werr
+	}
+	return setTimes(dir, base, hdr)
+}
+
+// symlinkEntry makes the symlink entry rel (base in dir), in place of
+// what was there. Its target is checked for size and NUL only: nothing
+// here ever follows it.
+func (u *unpacker) symlinkEntry(dir int, rel, base string, hdr *tar.Header) error {
+	if hdr.Linkname == "" || len(hdr.Linkname) > maxPathLen || strings.IndexByte(hdr.Linkname, 0) >= 0 {
+		return errors.New("invalid symlink target")
+	}
+	if _, err := u.removeExisting(dir, rel, false); err != nil {
+		return err
+	}
+	if err := unix.Symlinkat(hdr.Linkname, dir, base); err != nil {
+		return err
+	}
+	return u.setMetaAt(dir, base, hdr, false)
+}
+
+// hardLinkEntry makes the hard link entry rel (base in dir), in place of
+// what was there, to a target inside the layer reached without symlinks.
+func (u *unpacker) hardLinkEntry(dir int, rel, base string, hdr *tar.Header) error {
+	target, err := cleanName(hdr.Linkname)
+	if err != nil || target == "" {
+		return fmt.Errorf("invalid hard link target %q", hdr.Linkname)
+	}
+	if target == rel {
+		return errors.New("hard link to itself")
+	}
+	if _, err := u.removeExisting(dir, rel, false); err != nil {
+		return err
+	}
+	tdir, err := u.openDir(path.Dir(target), false)
+	if err != nil {
+		return fmt.Errorf("hard link target %q: %w", hdr.Linkname, err)
+	}
+	// flags 0: a symlink target is linked itself, never followed.
+	if err := unix.Linkat(tdir, path.Base(target), dir, base, 0); err != nil {
+		return fmt.Errorf("hard link to %q: %w", hdr.Linkname, err)
+	}
+	return nil
+}
+
+// nodeEntry makes the FIFO entry rel (base in dir), in place of what was
+// there. Device nodes are dropped under dev/ and refused elsewhere.
+func (u *unpacker) nodeEntry(dir int, rel, base string, hdr *tar.Header) error {
+	if hdr.Typeflag != tar.TypeFifo {
+		// A sandbox's /dev is its own tmpfs, so the device nodes of a
+		// root filesystem tarball's dev/ are never seen: drop them.
+		// Anywhere else a device node has no business in a layer.
+		if rel == "dev" || strings.HasPrefix(rel, "dev/") {
+			return nil
+		}
+		return errors.New("device nodes are not allowed in layers (only under dev/, where they are dropped)")
+	}
+	mode := uint32(unix.S_IFIFO)
+	if hdr.Typeflag == tar.TypeChar {
+		mode = unix.S_IFCHR
+	} else if hdr.Typeflag == tar.TypeBlock {
+		mode = unix.S_IFBLK
+	}
+	if hdr.Devmajor < 0 || hdr.Devminor < 0 || hdr.Devmajor > 0xfff || hdr.Devminor > 0xfffff {
+		return errors.New("device number out of range")
+	}
+	if _, err := u.removeExisting(dir, rel, false); err != nil {
+		return err
+	}
+	dev := int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))
+	if err := unix.Mknodat(dir, base, mode|0o600, dev); err != nil {
+		return err
+	}
+	return u.setMetaAt(dir, base, hdr, true)
 }
 
 // whiteout turns an OCI whiteout entry into its overlayfs form.

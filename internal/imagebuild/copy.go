@@ -134,53 +134,13 @@ func (b *builder) planCopy(op string, sd instructions.SourcesAndDest, chmod stri
 		}
 		plan.mode = int64(m)
 	}
-	type source struct {
-		path string
-		info fs.FileInfo
-	}
-	var srcs []source
+	var srcs []copySource
 	for _, s := range sd.SourcePaths {
-		if isURL(s) {
-			if op == "ADD" {
-				return nil, fmt.Errorf("ADD %s: remote URLs are not supported (a build reaches no network): download the file into the build context and ADD or COPY it from there", s)
-			}
-			return nil, fmt.Errorf("COPY %s: not a path in the build context", s)
-		}
-		rel := strings.TrimPrefix(path.Clean("/"+filepath.ToSlash(s)), "/")
-		pattern := filepath.Join(ctxDir, filepath.FromSlash(rel))
-		matches, err := filepath.Glob(pattern)
+		found, err := copySources(op, s, ctxDir, pm)
 		if err != nil {
-			return nil, fmt.Errorf("%s %s: %w", op, s, err)
+			return nil, err
 		}
-		matches = slices.DeleteFunc(matches, func(m string) bool {
-			r, err := filepath.Rel(ctxDir, m)
-			return err != nil || (r != "." && excluded(pm, r))
-		})
-		if len(matches) == 0 {
-			return nil, fmt.Errorf("%s %s: no such file or directory in the build context %s (or excluded by .dockerignore)", op, s, ctxDir)
-		}
-		sort.Strings(matches)
-		for _, m := range matches {
-			fi, err := os.Lstat(m)
-			if err != nil {
-				return nil, err
-			}
-			if fi.Mode()&fs.ModeSymlink != 0 {
-				// The source itself: follow it, inside the context only.
-				real, err := filepath.EvalSymlinks(m)
-				if err != nil {
-					return nil, fmt.Errorf("%s %s: %w", op, s, err)
-				}
-				if r, err := filepath.Rel(ctxDir, real); err != nil || r == ".." || strings.HasPrefix(r, "../") {
-					return nil, fmt.Errorf("%s %s: the symlink leads out of the build context", op, s)
-				}
-				if fi, err = os.Stat(real); err != nil {
-					return nil, err
-				}
-				m = real
-			}
-			srcs = append(srcs, source{m, fi})
-		}
+		srcs = append(srcs, found...)
 	}
 	dest := sd.DestPath
 	if dest == "" {
@@ -204,30 +164,96 @@ func (b *builder) planCopy(op string, sd instructions.SourcesAndDest, chmod stri
 	if !destDir {
 		plan.dir, single = path.Dir(dest), path.Base(dest)
 	}
+	if err := plan.addSources(op, srcs, dest, single, unpack); err != nil {
+		return nil, err
+	}
+	return plan, nil
+}
+
+// copySource is one source of a COPY or ADD found in the build context.
+type copySource struct {
+	path string
+	info fs.FileInfo
+}
+
+// copySources finds what the source s (a path or glob pattern in the build
+// context ctxDir, not a URL) names, in order, leaving out what
+// .dockerignore (pm) excludes. A source that is itself a symlink is
+// followed, and must lead to something inside the context.
+func copySources(op, s, ctxDir string, pm *patternmatcher.PatternMatcher) ([]copySource, error) {
+	if isURL(s) {
+		if op == "ADD" {
+			return nil, fmt.Errorf("ADD %s: remote URLs are not supported (a build reaches no network): download the file into the build context and ADD or COPY it from there", s)
+		}
+		return nil, fmt.Errorf("COPY %s: not a path in the build context", s)
+	}
+	rel := strings.TrimPrefix(path.Clean("/"+filepath.ToSlash(s)), "/")
+	pattern := filepath.Join(ctxDir, filepath.FromSlash(rel))
+	matches, err := filepath.Glob(pattern)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", op, s, err)
+	}
+	matches = slices.DeleteFunc(matches, func(m string) bool {
+		r, err := filepath.Rel(ctxDir, m)
+		return err != nil || (r != "." && excluded(pm, r))
+	})
+	if len(matches) == 0 {
+		return nil, fmt.Errorf("%s %s: no such file or directory in the build context %s (or excluded by .dockerignore)", op, s, ctxDir)
+	}
+	sort.Strings(matches)
+	var srcs []copySource
+	for _, m := range matches {
+		fi, err := os.Lstat(m)
+		if err != nil {
+			return nil, err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			// The source itself: follow it, inside the context only.
+			real, err := filepath.EvalSymlinks(m)
+			if err != nil {
+				return nil, fmt.Errorf("%s %s: %w", op, s, err)
+			}
+			if r, err := filepath.Rel(ctxDir, real); err != nil || r == ".." || strings.HasPrefix(r, "../") {
+				return nil, fmt.Errorf("%s %s: the symlink leads out of the build context", op, s)
+			}
+			if fi, err = os.Stat(real); err != nil {
+				return nil, err
+			}
+			m = real
+		}
+		srcs = append(srcs, copySource{m, fi})
+	}
+	return srcs, nil
+}
+
+// addSources adds srcs to the plan: a directory's contents, (ADD, unpack
+// set) a local archive to extract, or a regular file. dest is the cleaned
+// destination; single, when set, is the name one file gets in p.dir.
+func (p *copyPlan) addSources(op string, srcs []copySource, dest, single string, unpack bool) error {
 	for _, s := range srcs {
 		switch {
 		case s.info.IsDir():
-			if err := plan.addDir(s.path); err != nil {
-				return nil, err
+			if err := p.addDir(s.path); err != nil {
+				return err
 			}
 		case unpack && isArchive(s.path):
 			if single != "" {
-				plan.dir = dest // ADD a.tar /x: extracted into /x
+				p.dir = dest // ADD a.tar /x: extracted into /x
 			}
-			plan.archives = append(plan.archives, s.path)
+			p.archives = append(p.archives, s.path)
 		case s.info.Mode().IsRegular():
 			name := s.info.Name()
 			if single != "" {
 				name = single
-				plan.single, plan.srcName = single, s.info.Name()
+				p.single, p.srcName = single, s.info.Name()
 			}
-			plan.entries = append(plan.entries, copyEntry{src: s.path, name: name, info: s.info})
-			plan.tops = append(plan.tops, name)
+			p.entries = append(p.entries, copyEntry{src: s.path, name: name, info: s.info})
+			p.tops = append(p.tops, name)
 		default:
-			return nil, fmt.Errorf("%s %s: not a regular file or directory", op, s.path)
+			return fmt.Errorf("%s %s: not a regular file or directory", op, s.path)
 		}
 	}
-	return plan, nil
+	return nil
 }
 
 // addDir adds the contents of dir (not dir itself).

@@ -312,53 +312,11 @@ func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 		return fmt.Errorf("sandboxnet: nftables: %w", err)
 	}
 	t := m.table()
-	outMap, hostMap, links := m.sets(t)
-	ap, aa := admitSets(t, a.ID)
-	fwd := &nftables.Chain{Name: outChain(a.ID), Table: t}
-	in := &nftables.Chain{Name: hostChain(a.ID), Table: t}
-	allowed := &nftables.Chain{Name: allowedChain(a.ID), Table: t}
-	if parked {
-		emptyPolicy(c, t, a.ID)
-	} else {
-		fwd, in, allowed = c.AddChain(fwd), c.AddChain(in), c.AddChain(allowed)
-		for _, s := range []*nftables.Set{deniedSetOf(t, a.ID), ap, aa} {
-			if err := c.AddSet(s, nil); err != nil {
-				return fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
-			}
-		}
+	fwd, in, allowed, err := policyChains(c, t, a.ID, parked)
+	if err != nil {
+		return err
 	}
-	add := func(ch *nftables.Chain, reason string, ex []expr.Any) {
-		r := &nftables.Rule{Table: t, Chain: ch, Exprs: ex}
-		if reason != "" {
-			r.UserData = []byte(reason)
-		}
-		c.AddRule(r)
-	}
-	counted := func(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
-	// refuse counts and refuses what match selects: a TCP connect with a
-	// reset (never rate-limited, unlike ICMP errors, so a refused connect
-	// is not retried and counts once), anything else with an ICMP
-	// administratively-prohibited.
-	refuse := func(ch *nftables.Chain, reason string, match ...[]expr.Any) {
-		m := cat(match...)
-		add(ch, reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
-		add(ch, reason, cat(m, counted(rejectAdmin())))
-	}
-	// Allowed destinations jump to a_<id>: replies pass, and a new
-	// connection passes one rule that counts the sandbox's open
-	// connections (its own list, so a scan or a flood fills its share of
-	// the host's connection tracking, not the host's).
-	if a.EgressRateMbit > 0 {
-		// What the sandbox sends past its rate (and a burst of 100 ms of
-		// it, at least 64 KiB) is dropped: TCP backs off to the rate.
-		rate := uint64(a.EgressRateMbit) * 1000 * 1000 / 8
-		add(allowed, DenyRateLimit, []expr.Any{&expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Over: true,
-			Unit: expr.LimitTimeSecond, Burst: uint32(max(rate/10, 64<<10))}, &expr.Counter{}, verdict(expr.VerdictDrop)})
-	}
-	add(allowed, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
-	add(allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
-		&expr.Counter{}, rejectAdmin()})
-	add(allowed, "", []expr.Any{verdict(expr.VerdictAccept)})
+	allowedRules(c, allowed, a)
 	if a.Group != "" {
 		if err := m.joinGroup(c, t, a); err != nil {
 			return err
@@ -372,9 +330,9 @@ func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 	// The host itself (every address it has, the gateway too) is never
 	// reachable. IPv6 (the kernel's own neighbour discovery) is dropped
 	// uncounted: the host end has no IPv6.
-	add(in, "", cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), []expr.Any{verdict(expr.VerdictDrop)}))
-	add(in, "", recordDenied(a.ID, DenyHost))
-	refuse(in, DenyHost)
+	addRule(c, in, "", cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), []expr.Any{verdict(expr.VerdictDrop)}))
+	addRule(c, in, "", recordDenied(a.ID, DenyHost))
+	refuseRules(c, in, DenyHost)
 
 	if parked {
 		if err := c.Flush(); err != nil {
@@ -384,6 +342,61 @@ func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 		m.written(a)
 		return nil
 	}
+	if err := m.addLink(c, t, a); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
+	}
+	m.joined(a)
+	m.written(a)
+	return nil
+}
+
+// policyChains returns sandbox id's chains (o_, h_ and a_) in the
+// transaction c: added with its sets (denied, admitted), or (parked)
+// emptied with them.
+func policyChains(c *nftables.Conn, t *nftables.Table, id string, parked bool) (fwd, in, allowed *nftables.Chain, err error) {
+	ap, aa := admitSets(t, id)
+	fwd = &nftables.Chain{Name: outChain(id), Table: t}
+	in = &nftables.Chain{Name: hostChain(id), Table: t}
+	allowed = &nftables.Chain{Name: allowedChain(id), Table: t}
+	if parked {
+		emptyPolicy(c, t, id)
+		return fwd, in, allowed, nil
+	}
+	fwd, in, allowed = c.AddChain(fwd), c.AddChain(in), c.AddChain(allowed)
+	for _, s := range []*nftables.Set{deniedSetOf(t, id), ap, aa} {
+		if err := c.AddSet(s, nil); err != nil {
+			return nil, nil, nil, fmt.Errorf("sandboxnet: set %s: %w", s.Name, err)
+		}
+	}
+	return fwd, in, allowed, nil
+}
+
+// allowedRules writes a_<id>, where allowed destinations jump: replies
+// pass, and a new connection passes one rule that counts the sandbox's
+// open connections (its own list, so a scan or a flood fills its share of
+// the host's connection tracking, not the host's). With an egress rate,
+// what goes past it is dropped first.
+func allowedRules(c *nftables.Conn, allowed *nftables.Chain, a *Attachment) {
+	if a.EgressRateMbit > 0 {
+		// What the sandbox sends past its rate (and a burst of 100 ms of
+		// it, at least 64 KiB) is dropped: TCP backs off to the rate.
+		rate := uint64(a.EgressRateMbit) * 1000 * 1000 / 8
+		addRule(c, allowed, DenyRateLimit, []expr.Any{&expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Over: true,
+			Unit: expr.LimitTimeSecond, Burst: uint32(max(rate/10, 64<<10))}, &expr.Counter{}, verdict(expr.VerdictDrop)})
+	}
+	addRule(c, allowed, "", cat(established(), []expr.Any{verdict(expr.VerdictAccept)}))
+	addRule(c, allowed, DenyConnLimit, []expr.Any{&expr.Connlimit{Count: a.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV},
+		&expr.Counter{}, rejectAdmin()})
+	addRule(c, allowed, "", []expr.Any{verdict(expr.VerdictAccept)})
+}
+
+// addLink adds a's link to the transaction c: the forward and host maps'
+// elements that jump to its chains, and its entry in the set of links.
+func (m *Manager) addLink(c *nftables.Conn, t *nftables.Table, a *Attachment) error {
+	outMap, hostMap, links := m.sets(t)
 	key := ifname(a.Link)
 	if err := c.SetAddElements(outMap, []nftables.SetElement{{Key: key,
 		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: outChain(a.ID)}}}); err != nil {
@@ -396,12 +409,30 @@ func (m *Manager) writePolicy(a *Attachment, parked bool) error {
 	if err := c.SetAddElements(links, []nftables.SetElement{{Key: key}}); err != nil {
 		return fmt.Errorf("sandboxnet: set %s: %w", setLinks, err)
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("sandboxnet: install %s's chains: %w", a.ID, err)
-	}
-	m.joined(a)
-	m.written(a)
 	return nil
+}
+
+// addRule adds a rule of exprs ex to ch (in ch's table) in the
+// transaction c, named by reason (its user data) unless reason is empty.
+func addRule(c *nftables.Conn, ch *nftables.Chain, reason string, ex []expr.Any) {
+	r := &nftables.Rule{Table: ch.Table, Chain: ch, Exprs: ex}
+	if reason != "" {
+		r.UserData = []byte(reason)
+	}
+	c.AddRule(r)
+}
+
+// counted puts a counter before ex.
+func counted(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
+
+// refuseRules adds to ch the rules that count and refuse what match
+// selects: a TCP connect with a reset (never rate-limited, unlike ICMP
+// errors, so a refused connect is not retried and counts once), anything
+// else with an ICMP administratively-prohibited.
+func refuseRules(c *nftables.Conn, ch *nftables.Chain, reason string, match ...[]expr.Any) {
+	m := cat(match...)
+	addRule(c, ch, reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
+	addRule(c, ch, reason, cat(m, counted(rejectAdmin())))
 }
 
 // joined records a's group (none: nothing).
@@ -429,20 +460,11 @@ func emptyPolicy(c *nftables.Conn, t *nftables.Table, id string) {
 // connection to a destination taken off the list (SetEgress) is cut at
 // its next packet.
 func (m *Manager) outRules(c *nftables.Conn, fwd *nftables.Chain, id string, addr netip.Addr, group string, egress []api.EgressRule) {
-	t := fwd.Table
-	add := func(reason string, ex []expr.Any) {
-		r := &nftables.Rule{Table: t, Chain: fwd, Exprs: ex}
-		if reason != "" {
-			r.UserData = []byte(reason)
-		}
-		c.AddRule(r)
-	}
-	counted := func(ex ...expr.Any) []expr.Any { return append([]expr.Any{&expr.Counter{}}, ex...) }
+	add := func(reason string, ex []expr.Any) { addRule(c, fwd, reason, ex) }
 	refuse := func(reason string, match ...[]expr.Any) {
 		m := cat(match...)
 		add("", cat(m, recordDenied(id, reason)))
-		add(reason, cat(m, isTCP(), counted(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})))
-		add(reason, cat(m, counted(rejectAdmin())))
+		refuseRules(c, fwd, reason, m)
 	}
 	add(DenyIPv6, cat(nfproto(expr.CmpOpNeq, unix.NFPROTO_IPV4), counted(rejectAdmin())))
 	add(DenySpoofed, cat(ip4(12, expr.CmpOpNeq, netip.PrefixFrom(addr, 32)), counted(verdict(expr.VerdictDrop))))

@@ -133,6 +133,48 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	case !imageRE.MatchString(req.Image) || strings.Contains(req.Image, ".."):
 		return invalid("image name %q is malformed", truncate(req.Image))
 	}
+	if aerr := normalizeResources(req); aerr != nil {
+		return aerr
+	}
+	if aerr := normalizeModes(req); aerr != nil {
+		return aerr
+	}
+	if aerr := foldNetworkRules(req); aerr != nil {
+		return aerr
+	}
+	if aerr := CheckNetwork(req.Network); aerr != nil {
+		return aerr
+	}
+	if _, err := auditpolicy.Compile(req.Audit); err != nil {
+		return invalid("%v", err)
+	}
+	if len(req.Env) > MaxEnv {
+		return invalid("at most %d env variables", MaxEnv)
+	}
+	if err := CheckEnv(req.Env); err != nil {
+		return err
+	}
+	if len(req.Labels) > MaxLabels {
+		return invalid("at most %d labels", MaxLabels)
+	}
+	if aerr := checkLabelMap(req.Labels, "label key", "label"); aerr != nil {
+		return aerr
+	}
+	if len(req.NodeSelector) > MaxLabels {
+		return invalid("at most %d node_selector entries", MaxLabels)
+	}
+	if aerr := checkLabelMap(req.NodeSelector, "node_selector key", "node_selector"); aerr != nil {
+		return aerr
+	}
+	if aerr := normalizeIdentity(req); aerr != nil {
+		return aerr
+	}
+	return checkLayers(req.Layers)
+}
+
+// normalizeResources checks req's cpu, idle_cpu, memory_mb, disk_mb, pids,
+// ttl and idle_timeout, and fills in the defaults of those left out.
+func normalizeResources(req *api.CreateSandboxRequest) *api.Error {
 	switch {
 	case req.CPU == 0:
 		req.CPU = DefaultCPU
@@ -166,6 +208,12 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if req.IdleTimeout < 0 || req.IdleTimeout > MaxTTL {
 		return invalid("idle_timeout must be between 0 and %d seconds", MaxTTL)
 	}
+	return nil
+}
+
+// normalizeModes checks req's priority and idle_timeout_action, and fills
+// in their defaults (best effort; stop).
+func normalizeModes(req *api.CreateSandboxRequest) *api.Error {
 	switch req.Priority {
 	case "":
 		req.Priority = api.PriorityBestEffort
@@ -180,43 +228,26 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	default:
 		return invalid("idle_timeout_action %q is unknown (want %q or %q)", truncate(req.IdleTimeoutAction), api.IdleActionStop, api.IdleActionPause)
 	}
-	if aerr := foldNetworkRules(req); aerr != nil {
-		return aerr
-	}
-	if aerr := CheckNetwork(req.Network); aerr != nil {
-		return aerr
-	}
-	if _, err := auditpolicy.Compile(req.Audit); err != nil {
-		return invalid("%v", err)
-	}
-	if len(req.Env) > MaxEnv {
-		return invalid("at most %d env variables", MaxEnv)
-	}
-	if err := CheckEnv(req.Env); err != nil {
-		return err
-	}
-	if len(req.Labels) > MaxLabels {
-		return invalid("at most %d labels", MaxLabels)
-	}
-	for k, v := range req.Labels {
+	return nil
+}
+
+// checkLabelMap checks the keys and values of labels or a node selector;
+// its errors name a key as keyWhat and a value as valueWhat.
+func checkLabelMap(m map[string]string, keyWhat, valueWhat string) *api.Error {
+	for k, v := range m {
 		if !labelKeyRE.MatchString(k) {
-			return invalid("label key %q is malformed", truncate(k))
+			return invalid("%s %q is malformed", keyWhat, truncate(k))
 		}
 		if len(v) > 256 || !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\n") {
-			return invalid("label %q has a malformed value", k)
+			return invalid("%s %q has a malformed value", valueWhat, k)
 		}
 	}
-	if len(req.NodeSelector) > MaxLabels {
-		return invalid("at most %d node_selector entries", MaxLabels)
-	}
-	for k, v := range req.NodeSelector {
-		if !labelKeyRE.MatchString(k) {
-			return invalid("node_selector key %q is malformed", truncate(k))
-		}
-		if len(v) > 256 || !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\n") {
-			return invalid("node_selector %q has a malformed value", k)
-		}
-	}
+	return nil
+}
+
+// normalizeIdentity checks req's project, user and hostname, and fills in
+// the default hostname.
+func normalizeIdentity(req *api.CreateSandboxRequest) *api.Error {
 	if req.Project != "" && !ValidProject(req.Project) {
 		return invalid("project %q is malformed (names of [a-z0-9-] joined by '.')", truncate(req.Project))
 	}
@@ -229,7 +260,7 @@ func Normalize(req *api.CreateSandboxRequest) *api.Error {
 	if !hostnameRE.MatchString(req.Hostname) {
 		return invalid("hostname %q is malformed", truncate(req.Hostname))
 	}
-	return checkLayers(req.Layers)
+	return nil
 }
 
 // reservedMounts are paths the sandbox's own /proc, /sys and /dev cover.

@@ -258,13 +258,13 @@ func (r *Runtime) ClassCap(cores float64) (runtime.CPUGate, error) {
 	return r.cpuGate(runtime.Handle{ID: ClassBestEffort, Cgroup: r.classPath()}, 0, cores, false) // a cap, never a freeze
 }
 
-// Start creates the sandbox; see the package doc for the sequence.
+// Start creates the sandbox; see the package doc for the sequence, whose
+// steps are listenAgent (1), makeCgroup (2), userNamespace (3), the cgroup
+// driver's start (4), adopt (5) and setUp (6). Any failure undoes
+// everything (undoStart).
 func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.Instance, err error) {
-	if spec.ID == "" || spec.ID != filepath.Base(spec.ID) || spec.ID[0] == '.' {
-		return nil, fmt.Errorf("container: bad sandbox id %q", spec.ID)
-	}
-	if spec.StateDir == "" {
-		return nil, errors.New("container: StateDir is required")
+	if err := checkStartSpec(spec); err != nil {
+		return nil, err
 	}
 	t0 := time.Now()
 	h := runtime.Handle{
@@ -273,49 +273,20 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		Cgroup: r.cgroupPathFor(spec.ID, spec.Priority == api.PriorityBestEffort),
 	}
 	var (
-		cmd    *exec.Cmd
+		lf     *os.File
 		conn   net.Conn
 		client *agentproto.Client
 	)
 	defer func() {
-		if err == nil {
-			return
-		}
-		if client != nil {
-			client.Close()
-		} else if conn != nil {
-			conn.Close()
-		}
-		if derr := r.Destroy(context.WithoutCancel(ctx), h); derr != nil {
-			r.log.Error("container: undo failed start", "id", spec.ID, "err", derr)
+		if err != nil {
+			r.undoStart(ctx, h, conn, client)
 		}
 	}()
 
-	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("container: state dir: %w", err)
-	}
-	os.Remove(h.Socket) // a stale socket of an earlier attempt
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: h.Socket, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("container: listen: %w", err)
-	}
-	l.SetUnlinkOnClose(false) // the agent keeps listening after we let go
-	lf, err := l.File()
-	l.Close()
-	if err != nil {
-		return nil, fmt.Errorf("container: listener fd: %w", err)
+	if lf, conn, err = listenAgent(spec.StateDir, h.Socket); err != nil {
+		return nil, err
 	}
 	defer lf.Close()
-	if err := os.Chmod(h.Socket, 0o600); err != nil {
-		return nil, fmt.Errorf("container: chmod socket: %w", err)
-	}
-	// Connect now: the connection waits in the backlog until the agent
-	// accepts it, so no polling for readiness is needed.
-	conn, err = net.Dial("unix", h.Socket)
-	if err != nil {
-		return nil, fmt.Errorf("container: connect: %w", err)
-	}
-	agentproto.SizeBuffers(conn)
 	logf, err := os.OpenFile(filepath.Join(spec.StateDir, LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("container: agent log: %w", err)
@@ -324,21 +295,129 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 	tListen := time.Now()
 
 	idle := spec.Priority == api.PriorityBestEffort
+	if err := r.makeCgroup(h.Cgroup, spec, idle); err != nil {
+		return nil, err
+	}
+	tCgroup := time.Now()
+
+	setup := r.setupConfig(spec, h.Cgroup)
+	extra, env, err := r.splitFiles(h.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFiles(extra)
+	cmd := r.agentCmd(env, logf, append([]*os.File{lf}, extra...))
+	if r.ids != nil {
+		mounts, err := r.userNamespace(spec, &h, setup, cmd, len(extra))
+		if err != nil {
+			return nil, err
+		}
+		defer closeFiles(mounts)
+	}
+	tRoot := time.Now()
+	if err := r.cg.start(h.Cgroup, cmd, idle, h.IDBase); err != nil {
+		return nil, fmt.Errorf("container: start agent: %w", err)
+	}
+	tFork := time.Now()
+	if err := r.adopt(cmd, &h, spec.Priority); err != nil {
+		return nil, err
+	}
+	lf.Close() // only the agent holds the listener now: its death resets our connection
+	if err := r.attachNetwork(spec, &h); err != nil {
+		return nil, err
+	}
+
+	client = agentproto.NewClient(conn)
+	if err := r.setUp(ctx, client, setup, &h, spec.CPU); err != nil {
+		return nil, err
+	}
+	tSetup := time.Now()
+	r.log.Debug("container: started", "id", spec.ID, "pid", h.Pid,
+		"listen", tListen.Sub(t0), "cgroup", tCgroup.Sub(tListen), "root", tRoot.Sub(tCgroup), "fork", tFork.Sub(tRoot),
+		"setup", tSetup.Sub(tFork), "total", tSetup.Sub(t0))
+	return &runtime.Instance{Handle: h, Agent: client}, nil
+}
+
+// checkStartSpec refuses a spec whose id is not one plain file name (no
+// path, not hidden) or that has no state directory.
+func checkStartSpec(spec *runtime.Spec) error {
+	if spec.ID == "" || spec.ID != filepath.Base(spec.ID) || spec.ID[0] == '.' {
+		return fmt.Errorf("container: bad sandbox id %q", spec.ID)
+	}
+	if spec.StateDir == "" {
+		return errors.New("container: StateDir is required")
+	}
+	return nil
+}
+
+// undoStart undoes a failed Start: it closes the connection to the agent
+// (through its client once there is one) and destroys what was made of
+// the sandbox h.
+func (r *Runtime) undoStart(ctx context.Context, h runtime.Handle, conn net.Conn, client *agentproto.Client) {
+	if client != nil {
+		client.Close()
+	} else if conn != nil {
+		conn.Close()
+	}
+	if derr := r.Destroy(context.WithoutCancel(ctx), h); derr != nil {
+		r.log.Error("container: undo failed start", "id", h.ID, "err", derr)
+	}
+}
+
+// listenAgent is step 1 of Start: it makes stateDir, listens on socket
+// (0600) and connects to it right away. The connection waits in the
+// backlog until the agent accepts it, so no polling for readiness is
+// needed. It returns the listener's file, for the agent to inherit, and
+// the connection.
+func listenAgent(stateDir, socket string) (*os.File, net.Conn, error) {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("container: state dir: %w", err)
+	}
+	os.Remove(socket) // a stale socket of an earlier attempt
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, nil, fmt.Errorf("container: listen: %w", err)
+	}
+	l.SetUnlinkOnClose(false) // the agent keeps listening after we let go
+	lf, err := l.File()
+	l.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("container: listener fd: %w", err)
+	}
+	if err := os.Chmod(socket, 0o600); err != nil {
+		lf.Close()
+		return nil, nil, fmt.Errorf("container: chmod socket: %w", err)
+	}
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		lf.Close()
+		return nil, nil, fmt.Errorf("container: connect: %w", err)
+	}
+	agentproto.SizeBuffers(conn)
+	return lf, conn, nil
+}
+
+// makeCgroup is step 2 of Start: it creates the sandbox's cgroups at
+// cgroup (making the best-effort class's parent first when an idle
+// sandbox goes there), with its memory and pids limits but no CPU quota
+// yet.
+func (r *Runtime) makeCgroup(cgroup string, spec *runtime.Spec, idle bool) error {
 	if idle && r.classed() {
 		if err := r.ensureClass(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	// The CPU quota is set once the agent is set up: its start and
 	// confinement (a few ms of CPU, ours, not the sandbox's) would
 	// otherwise use up a small quota's first period and hold the first
 	// command back until the next one (up to 100 ms).
-	if err := r.cg.create(h.Cgroup, limits{memoryMB: spec.MemoryMB, pids: spec.Pids, idle: idle}); err != nil {
-		return nil, err
-	}
-	tCgroup := time.Now()
+	return r.cg.create(cgroup, limits{memoryMB: spec.MemoryMB, pids: spec.Pids, idle: idle})
+}
 
-	setup := &agentproto.SetupConfig{
+// setupConfig is what OpSetup tells the agent of spec, the sandbox's
+// cgroup being cgroup.
+func (r *Runtime) setupConfig(spec *runtime.Spec, cgroup string) *agentproto.SetupConfig {
+	return &agentproto.SetupConfig{
 		RootDir:   spec.RootDir,
 		Lowers:    spec.Lowers,
 		Binds:     spec.Binds,
@@ -351,14 +430,16 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		Stateless: spec.Stateless,
 		ShmMB:     confine.ShmMBFor(spec.MemoryMB),
 
-		SpawnerCgroups: r.cg.spawnerCgroups(h.Cgroup),
+		SpawnerCgroups: r.cg.spawnerCgroups(cgroup),
 	}
-	extra, env, err := r.splitFiles(h.Cgroup)
-	if err != nil {
-		return nil, err
-	}
-	defer closeFiles(extra)
-	cmd = &exec.Cmd{
+}
+
+// agentCmd is the command that starts the agent in its new namespaces
+// (but for the user namespace: userNamespace), with the environment env,
+// stdout and stderr to logf and files as its descriptors from 3 on (the
+// listener first).
+func (r *Runtime) agentCmd(env []string, logf *os.File, files []*os.File) *exec.Cmd {
+	return &exec.Cmd{
 		Path: r.cfg.AgentPath,
 		// argv[0] is all a sandbox can read of PID 1 (/proc/1/cmdline;
 		// exe, environ and maps are closed to it): no host path.
@@ -366,7 +447,7 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 		Env:        env,
 		Stdout:     logf,
 		Stderr:     logf,
-		ExtraFiles: append([]*os.File{lf}, extra...),
+		ExtraFiles: files,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS |
 				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET | syscall.CLONE_NEWCGROUP,
@@ -374,64 +455,79 @@ func (r *Runtime) Start(ctx context.Context, spec *runtime.Spec) (inst *runtime.
 			Pdeathsig: 0, // sandboxes outlive the edge
 		},
 	}
-	if r.ids != nil {
-		if h.IDBase, err = r.ids.alloc(spec.ID); err != nil {
-			return nil, err
-		}
-		// The mounts follow the listener and the trust split's files.
-		mounts, err := r.userRoot(spec, h.IDBase, setup, agentListenFD+1+len(extra))
-		if err != nil {
-			return nil, err
-		}
-		defer closeFiles(mounts)
-		r.inUserns(cmd, h.IDBase, mounts)
+}
+
+// userNamespace is step 3 of Start: it allocates the sandbox's id range
+// (into h.IDBase), mounts its root for it (setup then names the mounts)
+// and makes cmd start the agent in a user namespace mapped to the range,
+// inheriting the mounts after its nextra files of the trust split. It
+// returns the mounts, for the caller to close once the agent has started.
+func (r *Runtime) userNamespace(spec *runtime.Spec, h *runtime.Handle, setup *agentproto.SetupConfig, cmd *exec.Cmd, nextra int) ([]*os.File, error) {
+	var err error
+	if h.IDBase, err = r.ids.alloc(spec.ID); err != nil {
+		return nil, err
 	}
-	tRoot := time.Now()
-	if err := r.cg.start(h.Cgroup, cmd, idle, h.IDBase); err != nil {
-		return nil, fmt.Errorf("container: start agent: %w", err)
+	// The mounts follow the listener and the trust split's files.
+	mounts, err := r.userRoot(spec, h.IDBase, setup, agentListenFD+1+nextra)
+	if err != nil {
+		return nil, err
 	}
-	tFork := time.Now()
+	r.inUserns(cmd, h.IDBase, mounts)
+	return mounts, nil
+}
+
+// adopt is step 5 of Start, once cmd has started the agent: it records the
+// agent's pid and the pid's start time in h, gives a latency sandbox's
+// agent a core-scheduling cookie of its own and starts reaping it.
+func (r *Runtime) adopt(cmd *exec.Cmd, h *runtime.Handle, priority string) error {
 	h.Pid = cmd.Process.Pid
-	if spec.Priority == api.PriorityLatency {
+	if priority == api.PriorityLatency {
 		r.coreCookie(h.Pid)
 	}
+	var err error
 	h.PidStart, err = pidStart(h.Pid)
 	r.reap(cmd)
 	if err != nil {
-		return nil, fmt.Errorf("container: agent start time: %w", err)
+		return fmt.Errorf("container: agent start time: %w", err)
 	}
-	lf.Close() // only the agent holds the listener now: its death resets our connection
-	if spec.Network != nil {
-		// Before setup: the sandbox's first command finds its network up.
-		a, err := r.net.AttachWith(spec.ID, h.Pid, spec.Network.Egress, sandboxnet.AttachOptions{Group: spec.Network.Group, EgressRateMbit: spec.Network.EgressRateMbit,
-			IngressRateMbit: spec.Network.IngressRateMbit, MaxConns: spec.Network.MaxConns})
-		if err != nil {
-			return nil, fmt.Errorf("container: network: %w", err)
-		}
-		h.Net = &runtime.NetHandle{Address: a.Address.String(), Gateway: a.Gateway.String()}
-	}
+	return nil
+}
 
-	client = agentproto.NewClient(conn)
+// attachNetwork attaches the sandbox's network, if spec asks for one, and
+// records its address in h. It comes before setup: the sandbox's first
+// command finds its network up.
+func (r *Runtime) attachNetwork(spec *runtime.Spec, h *runtime.Handle) error {
+	if spec.Network == nil {
+		return nil
+	}
+	a, err := r.net.AttachWith(spec.ID, h.Pid, spec.Network.Egress, sandboxnet.AttachOptions{Group: spec.Network.Group, EgressRateMbit: spec.Network.EgressRateMbit,
+		IngressRateMbit: spec.Network.IngressRateMbit, MaxConns: spec.Network.MaxConns})
+	if err != nil {
+		return fmt.Errorf("container: network: %w", err)
+	}
+	h.Net = &runtime.NetHandle{Address: a.Address.String(), Gateway: a.Gateway.String()}
+	return nil
+}
+
+// setUp is step 6 of Start: the agent confines itself (OpSetup) and, with
+// a network, gets its resolv.conf; then the sandbox's CPU quota (cpu
+// cores; none for 0) is set.
+func (r *Runtime) setUp(ctx context.Context, client *agentproto.Client, setup *agentproto.SetupConfig, h *runtime.Handle, cpu float64) error {
 	var res agentproto.SetupResult
 	if err := client.Call(ctx, agentproto.OpSetup, setup, &res, nil); err != nil {
-		return nil, fmt.Errorf("container: agent setup: %w", err)
+		return fmt.Errorf("container: agent setup: %w", err)
 	}
 	if h.Net != nil {
 		if err := runtime.WriteResolvConf(ctx, client, h.Net.Gateway); err != nil {
-			return nil, fmt.Errorf("container: %w", err)
+			return fmt.Errorf("container: %w", err)
 		}
 	}
-
-	if spec.CPU > 0 {
-		if err := r.cg.setCPULimit(h.Cgroup, spec.CPU); err != nil {
-			return nil, fmt.Errorf("container: cpu limit: %w", err)
+	if cpu > 0 {
+		if err := r.cg.setCPULimit(h.Cgroup, cpu); err != nil {
+			return fmt.Errorf("container: cpu limit: %w", err)
 		}
 	}
-	tSetup := time.Now()
-	r.log.Debug("container: started", "id", spec.ID, "pid", h.Pid,
-		"listen", tListen.Sub(t0), "cgroup", tCgroup.Sub(tListen), "root", tRoot.Sub(tCgroup), "fork", tFork.Sub(tRoot),
-		"setup", tSetup.Sub(tFork), "total", tSetup.Sub(t0))
-	return &runtime.Instance{Handle: h, Agent: client}, nil
+	return nil
 }
 
 // reap waits for an agent this process started, so it never stays a zombie.
