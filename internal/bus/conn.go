@@ -497,26 +497,11 @@ func (c *Conn) handle(ctx context.Context, m *nats.Msg, h Handler) {
 	stopped = true
 	ping.Stop()
 	pingMu.Unlock()
-	if err != nil {
-		var ae *api.Error
-		if !errors.As(err, &ae) {
-			ae = &api.Error{Code: api.CodeInternal, Message: err.Error()}
-		}
-		b, _ := json.Marshal(ae)
+	if b, failed := api.AnswerBody(out, err); failed {
 		w.send(kindError, b)
-		return
+	} else {
+		w.send(kindDone, b)
 	}
-	var b []byte
-	if out != nil {
-		if raw, ok := out.(json.RawMessage); ok {
-			b = raw
-		} else if b, err = json.Marshal(out); err != nil {
-			b, _ = json.Marshal(&api.Error{Code: api.CodeInternal, Message: "encode answer: " + err.Error()})
-			w.send(kindError, b)
-			return
-		}
-	}
-	w.send(kindDone, b)
 }
 
 func safeCall(ctx context.Context, h Handler, op string, body []byte, w *Replier) (out any, err error) {

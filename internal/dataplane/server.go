@@ -264,26 +264,11 @@ type frameWriter struct {
 // keeps its code), else out as JSON (a json.RawMessage as it is; none
 // when out is nil).
 func (f *frameWriter) answer(out any, err error) {
-	if err != nil {
-		var ae *api.Error
-		if !errors.As(err, &ae) {
-			ae = &api.Error{Code: api.CodeInternal, Message: err.Error()}
-		}
-		b, _ := json.Marshal(ae)
+	if b, failed := api.AnswerBody(out, err); failed {
 		_ = f.last(kindError, b)
-		return
+	} else {
+		_ = f.last(kindDone, b)
 	}
-	var b []byte
-	if out != nil {
-		if raw, ok := out.(json.RawMessage); ok {
-			b = raw
-		} else if b, err = json.Marshal(out); err != nil {
-			b, _ = json.Marshal(&api.Error{Code: api.CodeInternal, Message: "encode answer: " + err.Error()})
-			_ = f.last(kindError, b)
-			return
-		}
-	}
-	_ = f.last(kindDone, b)
 }
 
 func (f *frameWriter) chunk(stream string, data []byte) error {

@@ -426,6 +426,7 @@ func startEdge(ctx context.Context, conn *bus.Conn, o EdgeOptions) (func(), *edg
 	}
 	writable, closeWritable, err := openWritable(ctx, o.DataDir, o.KeepOnShutdown, log)
 	if err != nil {
+		stop()
 		return nil, nil, err
 	}
 	closers = append(closers, closeWritable)

@@ -35,7 +35,8 @@
 //     that follow within a grace period cost ~10 µs each. Hosts that mount
 //     cgroups with "favordynmods" avoid that wait; this package does not
 //     change host mounts.
-//  5. a goroutine reaps the agent (cmd.Wait); the edge's copy of the listener
+//  5. a goroutine reaps the agent (it waits on a pidfd, then wait4; cmd.Wait
+//     where pidfds are missing); the edge's copy of the listener
 //     is closed, so the agent's death resets the connection.
 //  6. OpSetup: the agent runs confine.Enter (overlay, pivot_root, /proc,
 //     /sys, /dev, masks, hostname, loopback, capabilities, no_new_privs,
