@@ -89,7 +89,14 @@ type cgroupDriver interface {
 //     box's processes only (the kernel walks thread-group leaders, and
 //     the agent's is outside), never the agent: its oom_score_adj cannot
 //     be lowered where CAP_SYS_RESOURCE is missing (these hosts);
-//   - a fork bomb at the box's pids limit leaves the agent threads to grow.
+//   - a fork bomb at the box's pids limit leaves the agent threads to grow;
+//   - the sandbox's CPU quota (on its cgroup, setCPULimit) is shared by
+//     the agent's threads and the box as one group of the lowest weight
+//     (cpu.shares 2), so busy processes of the sandbox, however many, take
+//     what the agent leaves and the agent answers within a quota period or
+//     two; without it each busy process weighs as much as an agent thread,
+//     and forty of them at 0.1 core made a stat take two seconds
+//     (TestAgentAnswersUnderCPUFlood).
 const (
 	boxName          = "box"
 	agentReserveMB   = 32
@@ -97,7 +104,10 @@ const (
 )
 
 // boxControllers are the v1 controllers that have a box.
-var boxControllers = []string{"memory", "pids"}
+var boxControllers = []string{"cpu", "memory", "pids"}
+
+// boxShares is the box's CPU weight beside the agent's threads (1024 each).
+const boxShares = sharesBestEffort
 
 func newCgroupDriver() (cgroupDriver, error) {
 	switch cgroups.Mode() {
@@ -267,7 +277,7 @@ func (d *v1Driver) createBox(path string, lim limits) error {
 			return fmt.Errorf("container: create cgroup %s:%s: %w", c, dir, err)
 		}
 	}
-	var files [][2]string
+	files := [][2]string{{"cpu", "cpu.shares=" + strconv.Itoa(boxShares)}}
 	if lim.memoryMB > 0 {
 		b := strconv.FormatInt(lim.memoryMB<<20, 10)
 		files = append(files, [2]string{"memory", "memory.limit_in_bytes=" + b})

@@ -210,9 +210,9 @@ func TestStartAttachDestroy(t *testing.T) {
 		t.Errorf("cat /proc/self/cgroup: %+v", o)
 	} else {
 		for _, line := range strings.Split(strings.TrimSpace(o.stdout), "\n") {
-			// v1 memory and pids: sandbox processes are in the box; the v2
-			// line: in the trust split's work.
-			box := strings.Contains(line, ":memory:") || strings.Contains(line, ":pids:")
+			// v1 cpu, memory and pids: sandbox processes are in the box;
+			// the v2 line: in the trust split's work.
+			box := strings.Contains(line, ":memory:") || strings.Contains(line, ":pids:") || strings.Contains(line, ":cpu:")
 			switch {
 			case box && strings.HasSuffix(line, ":/"+boxName):
 			case !box && (strings.HasSuffix(line, ":/") || line == "0::/"+agentproto.CgroupWork):
