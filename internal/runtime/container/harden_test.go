@@ -133,7 +133,7 @@ x=a; while true; do x=$x$x; done
 // threads busy at its CPU quota does not starve its agent: the agent's
 // threads share the quota with the box as one group, not with each busy
 // process (cgroups.go, the box), so calls that need no fork answer within
-// a few quota periods each, and a command that ends the flood still runs.
+// a few quota periods each.
 func TestAgentAnswersUnderCPUFlood(t *testing.T) {
 	f := newFixture(t)
 	spec := f.spec(t, "cpuflood")
